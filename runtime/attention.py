@@ -1,0 +1,52 @@
+"""Llama-family attention over a ``KVCache`` with tree masks; shared by the target and the drafts.
+
+The projection modules are the checkpoint's own ``q_proj``/``k_proj``/``v_proj``/``o_proj`` (so
+Qwen2's q/k/v biases come for free); only the cache handling and the mask are the runtime's.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdec_kit.runtime.kv_cache import KVCache
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, H, Q, D]; cos/sin [B, Q, D] as returned by transformers' rotary embedding modules."""
+    return x * cos[:, None] + rotate_half(x) * sin[:, None]
+
+
+def cached_attention(
+    attn: nn.Module,
+    hidden: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    cache: KVCache,
+    layer: int,
+    slots: torch.Tensor,
+    mask: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+) -> torch.Tensor:
+    """One attention block: project, rotate, write K/V at ``slots``, attend under ``mask``, project out."""
+    bsz, q_len, _ = hidden.shape
+    q = attn.q_proj(hidden).view(bsz, q_len, num_heads, head_dim).transpose(1, 2)
+    k = attn.k_proj(hidden).view(bsz, q_len, num_kv_heads, head_dim).transpose(1, 2)
+    v = attn.v_proj(hidden).view(bsz, q_len, num_kv_heads, head_dim).transpose(1, 2)
+    q = apply_rope(q, cos, sin)
+    k = apply_rope(k, cos, sin)
+    cache.write(layer, k, v, slots)
+    keys, values = cache.view(layer, mask.shape[-1])
+    out = F.scaled_dot_product_attention(
+        q, keys, values, attn_mask=mask, enable_gqa=num_heads != num_kv_heads
+    )
+    out = out.transpose(1, 2).reshape(bsz, q_len, num_heads * head_dim)
+    return attn.o_proj(out)

@@ -1,0 +1,223 @@
+"""Drafters: turn the newest verified context into a batch of token trees (one per sequence).
+
+Every drafter receives, per cycle, the target features of the positions just committed paired with
+the tokens that follow them (the last one is the tree root: the verified-but-uncached token) and
+returns a ``DraftTree``. ``FeatureTreeDrafter`` drives EAGLE/HASS and GRIFFIN drafts over a static or
+an EAGLE-2 dynamic tree; ``MedusaDrafter`` reads Medusa heads into a static tree; ``NoDrafter`` gives
+the root alone, which makes the same loop plain autoregressive decoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from specdec_kit.runtime.drafts.layers import FeatureDraft
+from specdec_kit.runtime.drafts.medusa import MedusaHeads
+from specdec_kit.runtime.kv_cache import KVCache
+from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree, ancestor_masks
+
+
+@dataclass
+class DraftTree:
+    tokens: torch.Tensor  # [B, N] long, column 0 is the root
+    parents: torch.Tensor  # [B, N] long, -1 for the root and for padding
+    valid: torch.Tensor  # [B, N] bool, False for padding nodes
+    tree_mask: torch.Tensor  # [B, N, N] bool ancestor mask
+    depth: torch.Tensor  # [B, N] long
+
+    @classmethod
+    def from_parents(cls, tokens: torch.Tensor, parents: torch.Tensor, valid: torch.Tensor) -> "DraftTree":
+        mask, depth = ancestor_masks(parents, valid)
+        return cls(tokens=tokens, parents=parents, valid=valid, tree_mask=mask, depth=depth)
+
+    @classmethod
+    def from_static(cls, tokens: torch.Tensor, tree: StaticTree) -> "DraftTree":
+        bsz = tokens.shape[0]
+        buf = tree.buffers
+        return cls(
+            tokens=tokens,
+            parents=buf.parents.to(tokens.device).expand(bsz, -1),
+            valid=torch.ones_like(tokens, dtype=torch.bool),
+            tree_mask=buf.tree_mask.to(tokens.device).expand(bsz, -1, -1),
+            depth=buf.position_offsets.to(tokens.device).expand(bsz, -1),
+        )
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.tokens.shape[1])
+
+
+def last_real(x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """x [B, Q, ...] -> x[b, counts[b] - 1]."""
+    idx = (counts - 1).view(-1, *([1] * (x.ndim - 1))).expand(-1, 1, *x.shape[2:])
+    return torch.gather(x, 1, idx).squeeze(1)
+
+
+class Drafter:
+    """Interface; ``max_nodes`` bounds the tree size (for cache sizing)."""
+
+    max_nodes: int = 1
+    max_depth: int = 0
+
+    def reset(self, batch: int, capacity: int) -> None:
+        pass
+
+    def draft(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
+        raise NotImplementedError
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        pass
+
+
+class NoDrafter(Drafter):
+    """Plain decoding: the tree is the root alone."""
+
+    def draft(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
+        roots = torch.gather(tokens, 1, (counts - 1)[:, None])
+        bsz = roots.shape[0]
+        ones = torch.ones(bsz, 1, 1, dtype=torch.bool, device=roots.device)
+        minus = torch.full((bsz, 1), -1, dtype=torch.long, device=roots.device)
+        return DraftTree(roots, minus, ones[:, :, 0], ones, torch.zeros_like(minus))
+
+
+class MedusaDrafter(Drafter):
+    """Medusa heads over a static tree: a node at depth k takes head k-1's top-``rank`` token."""
+
+    def __init__(self, heads: MedusaHeads, tree: StaticTree):
+        if tree.buffers.max_depth > heads.num_heads:
+            raise ValueError(f"static tree depth {tree.buffers.max_depth} exceeds the {heads.num_heads} Medusa heads")
+        self.heads, self.tree = heads, tree
+        self.max_nodes, self.max_depth = tree.buffers.num_nodes, tree.buffers.max_depth
+
+    @torch.inference_mode()
+    def draft(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
+        last = last_real(features, counts)  # [B, d]
+        roots = last_real(tokens, counts)
+        logits = self.heads(last)  # [B, H, V]
+        top = torch.topk(logits, self.tree.max_rank, dim=-1).indices  # [B, H, R]
+        depth = self.tree.buffers.position_offsets[1:].to(top.device)
+        ranks = self.tree.ranks[1:].to(top.device)
+        node_tokens = top[:, depth - 1, ranks]  # [B, N-1]
+        return DraftTree.from_static(torch.cat([roots[:, None], node_tokens], dim=1), self.tree)
+
+
+class FeatureTreeDrafter(Drafter):
+    """EAGLE/HASS/GRIFFIN draft with the target's LM head, over a static or a dynamic tree."""
+
+    def __init__(self, draft: FeatureDraft, lm_head: nn.Module, tree: StaticTree | DynamicTreeConfig):
+        self.model, self.lm_head, self.tree = draft, lm_head, tree
+        if isinstance(tree, StaticTree):
+            self.max_nodes, self.max_depth = tree.buffers.num_nodes, tree.buffers.max_depth
+        else:
+            self.max_nodes, self.max_depth = tree.total_tokens, tree.depth + 1
+        self.cache: KVCache | None = None
+
+    def reset(self, batch: int, capacity: int) -> None:
+        self.cache = self.model.new_cache(batch, capacity)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        self.cache.select_rows(rows)
+
+    def _logp(self, prediction: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(self.lm_head(prediction).float(), dim=-1)
+
+    @torch.inference_mode()
+    def draft(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
+        cache = self.cache
+        bsz, q_len = tokens.shape
+        dev = tokens.device
+        ar = torch.arange(q_len, device=dev)
+        causal = (ar[None, :] <= ar[:, None]).expand(bsz, q_len, q_len)
+        positions = cache.lengths[:, None] + ar[None, :]
+        pred, reg = self.model(features.to(self.model.embed_tokens.weight.dtype), tokens, positions, causal, cache)
+        cache.commit(ar.expand(bsz, q_len), counts)  # context pairs join the draft's sequence in place
+        roots = last_real(tokens, counts)
+        last_logp = self._logp(last_real(pred, counts))  # [B, V]
+        last_reg = last_real(reg, counts)  # [B, d]
+        if isinstance(self.tree, StaticTree):
+            return self._static(roots, last_logp, last_reg)
+        return self._dynamic(roots, last_logp, last_reg)
+
+    def _step(self, feats, toks, level_pos, pending, offset):
+        positions = (self.cache.lengths + level_pos)[:, None].expand_as(toks)
+        pred, reg = self.model(feats, toks, positions, pending, self.cache, offset)
+        return self._logp(pred), reg
+
+    def _static(self, roots: torch.Tensor, root_logp: torch.Tensor, root_reg: torch.Tensor) -> DraftTree:
+        tree = self.tree
+        buf = tree.buffers
+        n = buf.num_nodes
+        bsz, dev = roots.shape[0], roots.device
+        depth = buf.position_offsets.tolist()
+        parents = buf.parents.tolist()
+        ranks = tree.ranks.tolist()
+        draft_mask = buf.tree_mask[1:, 1:].to(dev)  # among draft nodes (slot i-1 holds node i)
+        node_tokens = torch.zeros(bsz, n, dtype=torch.long, device=dev)
+        node_tokens[:, 0] = roots
+        topk = {0: torch.topk(root_logp, tree.max_rank, dim=-1).indices}  # node -> [B, R]
+        reg = {0: root_reg}
+        for level in range(1, buf.max_depth + 1):
+            nodes = [i for i in range(1, n) if depth[i] == level]
+            for i in nodes:
+                node_tokens[:, i] = topk[parents[i]][:, ranks[i]]
+            if level == buf.max_depth:
+                break
+            start, end = nodes[0], nodes[-1] + 1
+            feats = torch.stack([reg[parents[i]] for i in nodes], dim=1)
+            pending = draft_mask[start - 1 : end - 1, : end - 1].expand(bsz, -1, -1)
+            logp, out_reg = self._step(feats, node_tokens[:, start:end], level - 1, pending, start - 1)
+            top = torch.topk(logp, tree.max_rank, dim=-1).indices
+            for j, i in enumerate(nodes):
+                topk[i], reg[i] = top[:, j], out_reg[:, j]
+        return DraftTree.from_static(node_tokens, tree)
+
+    def _dynamic(self, roots: torch.Tensor, root_logp: torch.Tensor, root_reg: torch.Tensor) -> DraftTree:
+        cfg: DynamicTreeConfig = self.tree
+        k = cfg.top_k
+        bsz, dev = roots.shape[0], roots.device
+        rows = torch.arange(bsz, device=dev)[:, None]
+        scores, beam_tokens = torch.topk(root_logp, k, dim=-1)  # level 1: the root's top-k
+        cand_tokens, cand_scores = [beam_tokens], [scores]
+        cand_parents = [torch.full((bsz, k), -1, dtype=torch.long, device=dev)]
+        cand_depth = [torch.ones(bsz, k, dtype=torch.long, device=dev)]
+        beam_ids = torch.arange(k, device=dev).expand(bsz, k)  # candidate id of each beam
+        beam_feats = root_reg[:, None, :].expand(bsz, k, root_reg.shape[-1])
+        beam_anc = torch.eye(k, dtype=torch.bool, device=dev).expand(bsz, k, k)  # over draft slots so far
+        base = k
+        for level in range(1, cfg.depth + 1):
+            logp, reg = self._step(beam_feats, beam_tokens, level - 1, beam_anc, (level - 1) * k)
+            child_logp, child_tok = torch.topk(logp, k, dim=-1)  # [B, K, K]
+            cum = (child_logp + scores[:, :, None]).view(bsz, k * k)
+            cand_tokens.append(child_tok.view(bsz, k * k))
+            cand_scores.append(cum)
+            cand_parents.append(beam_ids.repeat_interleave(k, dim=1))
+            cand_depth.append(torch.full((bsz, k * k), level + 1, dtype=torch.long, device=dev))
+            if level == cfg.depth:
+                break
+            scores, flat = torch.topk(cum, k, dim=-1)
+            parent_beam = flat // k
+            beam_tokens = child_tok.view(bsz, k * k)[rows, flat]
+            beam_feats = reg[rows, parent_beam]
+            new_slot = torch.eye(k, dtype=torch.bool, device=dev).expand(bsz, k, k)
+            beam_anc = torch.cat([beam_anc[rows, parent_beam], new_slot], dim=2)
+            beam_ids = base + flat
+            base += k * k
+        tokens = torch.cat(cand_tokens, dim=1)
+        parents = torch.cat(cand_parents, dim=1)
+        depth = torch.cat(cand_depth, dim=1)
+        # Keep the best total_tokens-1 by cumulative log-prob; a child never outranks its parent
+        # (log-probs <= 0, and ties go to the shallower node), so the kept nodes form a tree.
+        key = torch.cat(cand_scores, dim=1).double() - depth.double() * 1e-9
+        keep = min(cfg.total_tokens - 1, key.shape[1])
+        chosen = torch.sort(torch.topk(key, keep, dim=-1).indices, dim=-1).values  # parents first
+        node_of = torch.full_like(tokens, -1)
+        node_of.scatter_(1, chosen, torch.arange(1, keep + 1, device=dev).expand(bsz, keep))
+        par_cand = torch.gather(parents, 1, chosen)
+        par_node = torch.where(par_cand < 0, torch.zeros_like(par_cand), torch.gather(node_of, 1, par_cand.clamp(min=0)))
+        node_tokens = torch.cat([roots[:, None], torch.gather(tokens, 1, chosen)], dim=1)
+        node_parents = torch.cat([torch.full((bsz, 1), -1, dtype=torch.long, device=dev), par_node], dim=1)
+        valid = torch.ones_like(node_tokens, dtype=torch.bool)
+        return DraftTree.from_parents(node_tokens, node_parents, valid)

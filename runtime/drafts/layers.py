@@ -1,0 +1,121 @@
+"""The single Llama decoder layer that EAGLE/HASS and GRIFFIN drafts share, and the step they share.
+
+Layer 0 has no ``input_layernorm`` (the fused input goes straight into attention), exactly as in the
+reference ``cnets`` modules; ``widened=True`` gives GRIFFIN's TEH, whose ``down_proj`` is [2d, I] and
+whose residual is duplicated so that the output carries two features side by side.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import LlamaConfig
+from transformers.activations import ACT2FN
+from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
+
+from specdec_kit.runtime.attention import cached_attention
+from specdec_kit.runtime.kv_cache import KVCache
+
+
+class DraftAttention(nn.Module):
+    def __init__(self, config: LlamaConfig, qkv_bias: bool):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads or self.num_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        d = config.hidden_size
+        self.q_proj = nn.Linear(d, self.num_heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(d, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(d, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, d, bias=False)
+
+
+class DraftMLP(nn.Module):
+    def __init__(self, config: LlamaConfig, out_features: int):
+        super().__init__()
+        d, inter = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(d, inter, bias=False)
+        self.up_proj = nn.Linear(d, inter, bias=False)
+        self.down_proj = nn.Linear(inter, out_features, bias=False)
+        self.act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DraftDecoderLayer(nn.Module):
+    def __init__(self, config: LlamaConfig, index: int, qkv_bias: bool = False, widened: bool = False):
+        super().__init__()
+        self.index = index
+        self.widened = widened
+        if index != 0:
+            self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.self_attn = DraftAttention(config, qkv_bias)
+        out = config.hidden_size * (2 if widened else 1)
+        self.mlp = DraftMLP(config, out)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, hidden, cos, sin, cache: KVCache, slots, mask) -> torch.Tensor:
+        residual = hidden
+        if self.index != 0:
+            hidden = self.input_layernorm(hidden)
+        attn = self.self_attn
+        hidden = residual + cached_attention(
+            attn, hidden, cos, sin, cache, self.index, slots, mask, attn.num_heads, attn.num_kv_heads, attn.head_dim
+        )
+        residual = torch.cat((hidden, hidden), dim=-1) if self.widened else hidden
+        return residual + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class FeatureDraft(nn.Module):
+    """Common body of feature-level drafts (EAGLE/HASS, GRIFFIN): fuse, run the layers, split.
+
+    Subclasses define ``fuse(features, embeds)`` and ``split(hidden) -> (prediction, regression)``:
+    the prediction feature goes through the target's LM head, the regression feature is the next
+    draft step's feature input (the same tensor for EAGLE).
+    """
+
+    config: LlamaConfig
+    layers: nn.ModuleList
+    embed_tokens: nn.Embedding
+
+    def _init_rotary(self, config: LlamaConfig) -> None:
+        # Non-persistent buffers only: not part of the checkpoint's keys.
+        self.rotary_emb = LlamaRotaryEmbedding(config=config)
+
+    @property
+    def attention_shape(self) -> tuple[int, int, int]:
+        attn = self.layers[0].self_attn
+        return len(self.layers), attn.num_kv_heads, attn.head_dim
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        layers, heads, dim = self.attention_shape
+        weight = self.embed_tokens.weight
+        return KVCache.allocate(layers, batch, heads, dim, capacity, weight.dtype, weight.device)
+
+    def fuse(self, features: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def split(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def forward(
+        self,
+        features: torch.Tensor,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        pending_mask: torch.Tensor,
+        cache: KVCache,
+        offset: int = 0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """features [B, Q, d] paired with the tokens [B, Q] that follow them; new K/V go to the pending
+        slots ``lengths + offset + [0, Q)`` and ``pending_mask`` [B, Q, offset + Q] picks the visible ones."""
+        q_len = tokens.shape[1]
+        cache.ensure_capacity(int(cache.lengths.max().item()) + offset + q_len)
+        hidden = self.fuse(features, self.embed_tokens(tokens).to(features.dtype))
+        cos, sin = self.rotary_emb(hidden, positions)
+        slots = cache.slots(q_len, offset)
+        mask = cache.attention_mask(pending_mask)
+        for layer in self.layers:
+            hidden = layer(hidden, cos, sin, cache, slots, mask)
+        return self.split(hidden)

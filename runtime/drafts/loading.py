@@ -1,0 +1,211 @@
+"""Strict loading (and writing) of draft checkpoints in their official layouts.
+
+Layouts (``reference/drafts.md``):
+
+* EAGLE-1/2, HASS, GRIFFIN: ``config.json`` (a Llama config with ``num_hidden_layers`` 1 and the
+  optional ``bias`` / ``qkv_bias`` keys) + ``pytorch_model.bin`` (or ``model.safetensors``).
+* Medusa: ``config.json`` with ``medusa_num_heads`` / ``medusa_num_layers`` + ``medusa_lm_head.pt`` or
+  ``medusa_lm_head.safetensors`` whose keys lack the ``medusa_head.`` prefix (the legacy layout), or a
+  ``model.safetensors`` / ``pytorch_model.bin`` holding ``medusa_head.*`` keys beside base weights.
+
+The single key map per format lives in ``_key_map``; everything else is a strict ``load_state_dict``
+preceded by checks that name the file, the key and the expected and found values.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import LlamaConfig
+
+from specdec_kit.runtime.drafts.eagle import EagleDraft
+from specdec_kit.runtime.drafts.griffin import GriffinDraft
+from specdec_kit.runtime.drafts.medusa import MedusaHeads
+
+DRAFT_KINDS = ("griffin", "eagle", "eagle2", "hass", "medusa")
+FEATURE_WEIGHT_FILES = ("pytorch_model.bin", "model.safetensors")
+MEDUSA_WEIGHT_FILES = ("medusa_lm_head.pt", "medusa_lm_head.safetensors", "model.safetensors", "pytorch_model.bin")
+MEDUSA_PREFIX = "medusa_head."
+
+
+class DraftLoadError(ValueError):
+    """A draft checkpoint that cannot be used with this target; the message says where and why."""
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise DraftLoadError(f"{config_file}: missing; a draft checkpoint directory needs config.json")
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise DraftLoadError(f"{config_file}: unreadable or not JSON ({exc})") from exc
+    if not isinstance(config, dict):
+        raise DraftLoadError(f"{config_file}: expected a JSON object, found {type(config).__name__}")
+    return config
+
+
+def read_weights(file: Path) -> dict[str, torch.Tensor]:
+    """safetensors, or a pickle loaded with ``weights_only=True`` (never executes code from the file)."""
+    try:
+        if file.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(file))
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as exc:  # corrupted, truncated or foreign files all land here
+        raise DraftLoadError(f"{file}: cannot read weights ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise DraftLoadError(f"{file}: expected a mapping of parameter names to tensors")
+    return state
+
+
+def _find_file(path: Path, names: tuple[str, ...]) -> Path:
+    for name in names:
+        if (path / name).is_file():
+            return path / name
+    raise DraftLoadError(f"{path}: no weights file; expected one of {list(names)}")
+
+
+def _require(config: dict[str, Any], key: str, file: Path) -> Any:
+    if key not in config:
+        raise DraftLoadError(f"{file}: key {key!r} is missing")
+    return config[key]
+
+
+def _check_fits(file: Path, key: str, expected: Any, found: Any) -> None:
+    if expected != found:
+        raise DraftLoadError(f"{file}: {key} does not fit the target: expected {expected}, found {found}")
+
+
+def llama_config(config: dict[str, Any], file: Path) -> LlamaConfig:
+    for key in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size"):
+        _require(config, key, file)
+    fields = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "bias", "qkv_bias")}
+    fields.setdefault("num_hidden_layers", 1)
+    return LlamaConfig(**fields)
+
+
+def _key_map(kind: str, file: Path, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The one documented renaming per layout: Medusa's legacy files lack the ``medusa_head.`` prefix,
+    and a full Medusa model file also carries base-model weights, which the draft does not own."""
+    if kind != "medusa":
+        return state
+    if file.name.startswith("medusa_lm_head"):
+        return {MEDUSA_PREFIX + k: v for k, v in state.items()}
+    return {k: v for k, v in state.items() if k.startswith(MEDUSA_PREFIX)}
+
+
+def strict_load(module: nn.Module, state: dict[str, torch.Tensor], file: Path) -> None:
+    expected = module.state_dict()
+    missing = sorted(set(expected) - set(state))
+    extra = sorted(set(state) - set(expected))
+    if missing:
+        raise DraftLoadError(
+            f"{file}: key {missing[0]!r} is missing (expected shape {list(expected[missing[0]].shape)})"
+            + (f"; {len(missing) - 1} more missing" if len(missing) > 1 else "")
+        )
+    if extra:
+        raise DraftLoadError(
+            f"{file}: unexpected key {extra[0]!r} (shape {list(state[extra[0]].shape)}) not in this draft format"
+            + (f"; {len(extra) - 1} more unexpected" if len(extra) > 1 else "")
+        )
+    for key, tensor in expected.items():
+        if tuple(state[key].shape) != tuple(tensor.shape):
+            raise DraftLoadError(
+                f"{file}: key {key!r} has shape {list(state[key].shape)}, expected {list(tensor.shape)}"
+            )
+    module.load_state_dict(state, strict=True)
+
+
+def build_draft(kind: str, config: dict[str, Any], file: Path, target_hidden: int, target_vocab: int) -> nn.Module:
+    """An uninitialised draft module of ``kind`` shaped by ``config`` (validated against the target)."""
+    if kind not in DRAFT_KINDS:
+        raise DraftLoadError(f"unknown draft kind {kind!r}; expected one of {list(DRAFT_KINDS)}")
+    if kind == "medusa":
+        heads = int(_require(config, "medusa_num_heads", file))
+        layers = int(config.get("medusa_num_layers", 1))
+        if heads < 1 or layers < 0:
+            raise DraftLoadError(f"{file}: medusa_num_heads must be >= 1 and medusa_num_layers >= 0, found {heads}, {layers}")
+        if "hidden_size" in config:
+            _check_fits(file, "hidden_size", target_hidden, config["hidden_size"])
+        return MedusaHeads(target_hidden, target_vocab, heads, layers)
+    cfg = llama_config(config, file)
+    _check_fits(file, "hidden_size", target_hidden, cfg.hidden_size)
+    _check_fits(file, "vocab_size", target_vocab, cfg.vocab_size)
+    qkv_bias = bool(config.get("qkv_bias", False))
+    if kind == "griffin":
+        if cfg.num_hidden_layers != 1:
+            raise DraftLoadError(f"{file}: key 'num_hidden_layers' is {cfg.num_hidden_layers}, expected 1 for GRIFFIN")
+        return GriffinDraft(cfg, qkv_bias=qkv_bias)
+    return EagleDraft(cfg, fc_bias=bool(config.get("bias", True)), qkv_bias=qkv_bias)
+
+
+def load_draft(
+    path: str | Path,
+    kind: str,
+    target_hidden: int,
+    target_vocab: int,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> nn.Module:
+    """Load an official-layout draft checkpoint strictly; refuse one that does not fit the target."""
+    path = Path(path)
+    if not path.is_dir():
+        raise DraftLoadError(f"{path}: draft checkpoint directory does not exist")
+    config = read_config(path)
+    config_file = path / "config.json"
+    module = build_draft(kind, config, config_file, target_hidden, target_vocab)
+    file = _find_file(path, MEDUSA_WEIGHT_FILES if kind == "medusa" else FEATURE_WEIGHT_FILES)
+    state = _key_map(kind, file, read_weights(file))
+    strict_load(module, state, file)
+    return module.to(device=device, dtype=dtype).eval()
+
+
+def draft_config_dict(module: nn.Module, kind: str, base_model: str = "") -> dict[str, Any]:
+    """The config.json each official layout carries."""
+    if isinstance(module, MedusaHeads):
+        return {
+            "medusa_num_heads": module.num_heads,
+            "medusa_num_layers": module.num_layers,
+            "base_model_name_or_path": base_model,
+            "hidden_size": module.hidden_size,
+            "vocab_size": module.vocab_size,
+            "version": "2",
+        }
+    cfg = module.config.to_dict()
+    keep = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers",
+            "hidden_act", "max_position_embeddings", "rms_norm_eps", "vocab_size", "bos_token_id", "eos_token_id",
+            "pad_token_id", "tie_word_embeddings", "head_dim", "rope_parameters", "rope_theta", "rope_scaling")
+    out = {k: cfg[k] for k in keep if k in cfg and cfg[k] is not None}
+    out["architectures"] = ["LlamaForCausalLM"]
+    out["model_type"] = "llama"
+    out["qkv_bias"] = module.layers[0].self_attn.q_proj.bias is not None
+    if isinstance(module, EagleDraft):
+        out["bias"] = module.fc.bias is not None
+    return out
+
+
+def save_draft(module: nn.Module, path: str | Path, kind: str, safetensors: bool = False, base_model: str = "") -> Path:
+    """Write ``module`` in the official layout of ``kind`` (so the reference code could load it too)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(draft_config_dict(module, kind, base_model), indent=2))
+    state = {k: v.detach().to("cpu").contiguous() for k, v in module.state_dict().items()}
+    if kind == "medusa":
+        state = {k[len(MEDUSA_PREFIX):]: v for k, v in state.items()}
+        name = "medusa_lm_head.safetensors" if safetensors else "medusa_lm_head.pt"
+    else:
+        name = "model.safetensors" if safetensors else "pytorch_model.bin"
+    file = path / name
+    if safetensors:
+        from safetensors.torch import save_file
+
+        save_file(state, str(file))
+    else:
+        torch.save(state, file)
+    return file

@@ -1,0 +1,122 @@
+"""Preallocated key/value cache shared by the target and the feature drafts.
+
+Layout ``[layers, batch, kv_heads, capacity, head_dim]``; every row keeps its own committed length,
+so a batch may hold sequences of different lengths without padding the prefix. New tokens are
+written *after* a row's committed length (optionally past ``offset`` pending slots), may see any
+committed slot plus the pending slots their mask allows, and only become part of the sequence when
+``commit`` copies the accepted ones into place, which is the KV compaction of tree decoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class KVCache:
+    keys: torch.Tensor  # [L, B, H, S, D]
+    values: torch.Tensor  # [L, B, H, S, D]
+    lengths: torch.Tensor  # [B] int64, committed tokens per row
+
+    @classmethod
+    def allocate(
+        cls,
+        num_layers: int,
+        batch: int,
+        num_kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> "KVCache":
+        shape = (num_layers, batch, num_kv_heads, capacity, head_dim)
+        return cls(
+            keys=torch.zeros(shape, dtype=dtype, device=device),
+            values=torch.zeros(shape, dtype=dtype, device=device),
+            lengths=torch.zeros(batch, dtype=torch.long, device=device),
+        )
+
+    @property
+    def batch(self) -> int:
+        return self.keys.shape[1]
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[3]
+
+    def ensure_capacity(self, needed: int) -> None:
+        """Grow (by doubling) so that slot ``needed - 1`` exists; rarely taken, amortised O(1)."""
+        if needed <= self.capacity:
+            return
+        new_cap = max(needed, 2 * self.capacity)
+        pad = new_cap - self.capacity
+        shape = list(self.keys.shape)
+        shape[3] = pad
+        zeros = self.keys.new_zeros(shape)
+        self.keys = torch.cat([self.keys, zeros], dim=3)
+        self.values = torch.cat([self.values, zeros.clone()], dim=3)
+
+    def slots(self, num_new: int, offset: int = 0) -> torch.Tensor:
+        """Absolute slot of each new token: ``lengths[b] + offset + i``; shape [B, num_new]."""
+        ar = torch.arange(num_new, device=self.lengths.device)
+        return self.lengths[:, None] + offset + ar[None, :]
+
+    def attention_mask(self, pending_mask: torch.Tensor) -> torch.Tensor:
+        """Boolean mask [B, 1, Q, K] over slots ``[0, K)`` for Q new tokens.
+
+        ``pending_mask`` [B, Q, P] says which of the P pending slots ``lengths[b] + [0, P)`` each new
+        token sees (the new tokens themselves are the last Q of them); committed slots are always
+        visible. K = max(lengths) + P.
+        """
+        bsz, q_len, p_len = pending_mask.shape
+        k_len = int(self.lengths.max().item()) + p_len
+        key_pos = torch.arange(k_len, device=pending_mask.device)
+        rel = key_pos[None, :] - self.lengths[:, None]  # [B, K]
+        committed = rel < 0
+        in_pending = (rel >= 0) & (rel < p_len)
+        gathered = torch.gather(
+            pending_mask, 2, rel.clamp(0, p_len - 1)[:, None, :].expand(bsz, q_len, k_len)
+        )
+        mask = committed[:, None, :] | (in_pending[:, None, :] & gathered)
+        return mask[:, None, :, :]
+
+    def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, slots: torch.Tensor) -> None:
+        """Scatter new keys/values [B, H, Q, D] into ``slots`` [B, Q]."""
+        idx = slots[:, None, :, None].expand(-1, k_new.shape[1], -1, k_new.shape[3])
+        self.keys[layer].scatter_(2, idx, k_new)
+        self.values[layer].scatter_(2, idx, v_new)
+
+    def view(self, layer: int, k_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.keys[layer, :, :, :k_len], self.values[layer, :, :, :k_len]
+
+    def commit(self, pending_index: torch.Tensor, counts: torch.Tensor) -> None:
+        """Make pending slots part of each row's sequence.
+
+        ``pending_index`` [B, A]: for row b, its j-th newly committed token is the one in pending slot
+        ``lengths[b] + pending_index[b, j]`` (j < counts[b]; the rest is ignored). The entries are
+        copied to ``lengths[b] + j`` and ``lengths`` grows by ``counts``.
+        """
+        if pending_index.numel() == 0:
+            return
+        ar = torch.arange(pending_index.shape[1], device=pending_index.device)
+        valid = ar[None, :] < counts[:, None]
+        src_rel = torch.where(valid, pending_index, ar[None, :])
+        if bool((src_rel != ar[None, :]).any()):
+            src = self.lengths[:, None] + src_rel
+            dst = self.lengths[:, None] + ar[None, :]
+            num_layers, _, heads, _, dim = self.keys.shape
+            shape = (num_layers, -1, heads, src.shape[1], dim)
+            src_idx = src[None, :, None, :, None].expand(shape)
+            dst_idx = dst[None, :, None, :, None].expand(shape)
+            for tensor in (self.keys, self.values):
+                moved = torch.gather(tensor, 3, src_idx)
+                tensor.scatter_(3, dst_idx, moved)
+        self.lengths += counts
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only ``rows`` (e.g. drop finished sequences from the running batch)."""
+        self.keys = self.keys[:, rows].contiguous()
+        self.values = self.values[:, rows].contiguous()
+        self.lengths = self.lengths[rows].clone()

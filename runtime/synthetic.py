@@ -1,0 +1,144 @@
+"""Tiny synthetic targets and drafts built in memory (tests, smoke runs, the pre-zoo demo).
+
+``tiny_target`` is a random Llama-family model. With ``context_mix`` < 1 the attention and MLP
+outputs are scaled down, so the model is close to a bigram model whose next token is a fixed function
+of the current one; ``oracle_*`` then build drafts in the official layouts that predict that function
+exactly (EAGLE, GRIFFIN) or through a least-squares fit (Medusa), so acceptance is high but not
+perfect. Nothing here is trained: it is for exercising the runtime, not for measuring methods.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from specdec_kit.runtime.drafts.eagle import EagleDraft
+from specdec_kit.runtime.drafts.griffin import GriffinDraft
+from specdec_kit.runtime.drafts.medusa import MedusaHeads
+from specdec_kit.runtime.target import TargetModel
+
+FAMILIES = {
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "mistral": (MistralConfig, MistralForCausalLM),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+}
+
+
+def tiny_hf_model(
+    family: str = "llama",
+    hidden_size: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int = 128,
+    vocab: int = 256,
+    context_mix: float = 1.0,
+    seed: int = 0,
+    max_positions: int = 1024,
+    dtype: torch.dtype = torch.float32,
+):
+    config_cls, model_cls = FAMILIES[family]
+    config = config_cls(
+        hidden_size=hidden_size, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        intermediate_size=intermediate, vocab_size=vocab, max_position_embeddings=max_positions,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None, tie_word_embeddings=False,
+    )
+    if family == "mistral":
+        config.sliding_window = None
+    torch.manual_seed(seed)
+    model = model_cls(config).to(dtype).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.mul_(context_mix)
+            layer.mlp.down_proj.weight.mul_(context_mix)
+            if family == "qwen2":  # exercise the q/k/v biases with non-zero values
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(0, 0.1)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def tiny_target(**kwargs) -> TargetModel:
+    return TargetModel(tiny_hf_model(**kwargs))
+
+
+def draft_config(target: TargetModel, intermediate: int | None = None) -> LlamaConfig:
+    cfg = target.config
+    return LlamaConfig(
+        hidden_size=cfg.hidden_size, intermediate_size=intermediate or cfg.intermediate_size,
+        num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
+        num_hidden_layers=1, vocab_size=cfg.vocab_size, max_position_embeddings=cfg.max_position_embeddings,
+        rms_norm_eps=cfg.rms_norm_eps, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+    )
+
+
+def random_eagle(target: TargetModel, seed: int = 1) -> EagleDraft:
+    torch.manual_seed(seed)
+    draft = EagleDraft(draft_config(target)).to(target.dtype)
+    draft.embed_tokens.weight.data.copy_(target.embed_tokens.weight.data)
+    return draft.eval()
+
+
+def random_griffin(target: TargetModel, seed: int = 2) -> GriffinDraft:
+    torch.manual_seed(seed)
+    draft = GriffinDraft(draft_config(target)).to(target.dtype)
+    draft.embed_tokens.weight.data.copy_(target.embed_tokens.weight.data)
+    return draft.eval()
+
+
+def random_medusa(target: TargetModel, heads: int = 4, layers: int = 1, seed: int = 3) -> MedusaHeads:
+    torch.manual_seed(seed)
+    medusa = MedusaHeads(target.hidden_size, target.vocab_size, heads, layers).to(target.dtype)
+    for head in medusa.medusa_head:
+        for block in head[:-1]:
+            torch.nn.init.normal_(block.linear.weight, std=0.05)
+    return medusa.eval()
+
+
+def _identity_fc(fc: torch.nn.Linear, d: int, embeds: torch.Tensor) -> None:
+    """fc([emb; feature]) = emb / rms(emb): the draft's guess of the next feature is the next token's
+    embedding at the scale of the target's normalised features (so its distribution is as sharp)."""
+    scale = 1.0 / float(embeds.float().pow(2).mean().sqrt())
+    fc.weight.zero_()
+    fc.weight[:, :d] = scale * torch.eye(d, dtype=fc.weight.dtype)
+    if fc.bias is not None:
+        fc.bias.zero_()
+
+
+@torch.no_grad()
+def oracle_eagle(target: TargetModel) -> EagleDraft:
+    """Exact for a pure bigram target: rmsnorm (unit weights) only rescales, so argmax is unchanged."""
+    draft = random_eagle(target)
+    _identity_fc(draft.fc, target.hidden_size, draft.embed_tokens.weight)
+    draft.layers[0].self_attn.o_proj.weight.zero_()
+    draft.layers[0].mlp.down_proj.weight.zero_()
+    return draft
+
+
+@torch.no_grad()
+def oracle_griffin(target: TargetModel) -> GriffinDraft:
+    draft = random_griffin(target)
+    _identity_fc(draft.fc.fc, target.hidden_size, draft.embed_tokens.weight)
+    draft.fc.mlp.down_proj.weight.zero_()
+    draft.layers[0].self_attn.o_proj.weight.zero_()
+    draft.layers[0].mlp.down_proj.weight.zero_()
+    return draft
+
+
+@torch.no_grad()
+def fitted_medusa(target: TargetModel, heads: int = 4) -> MedusaHeads:
+    """Head k maps the feature of token x to (approximately) the feature of the token k+1 steps after
+    x under the target's bigram map, by least squares; exact when vocab <= hidden size."""
+    emb = target.embed_tokens.weight.float()
+    norm = target.hf_model.model.norm
+    feats = norm(emb.to(target.dtype)).float()  # [V, d]: the bigram target's feature for each token
+    nxt = target.lm_head(feats.to(target.dtype)).argmax(-1)  # bigram map f
+    medusa = MedusaHeads(target.hidden_size, target.vocab_size, heads, 1).to(target.dtype)
+    pinv = torch.linalg.pinv(feats.T)  # [V, d]
+    mapped = torch.arange(target.vocab_size)
+    for k, head in enumerate(medusa.medusa_head):
+        mapped = nxt[mapped]  # f^{k+1}
+        m = feats[mapped].T @ pinv  # [d, d]: feature(x) -> feature(f^{k+1}(x))
+        head[-1].weight.copy_((target.lm_head.weight.float() @ m).to(target.dtype))
+    return medusa.eval()

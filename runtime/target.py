@@ -1,0 +1,145 @@
+"""Target adapter: any Llama-architecture Hugging Face causal LM as a tree-verification engine.
+
+One forward runs a batch of token trees (tree mask + position ids) on top of a preallocated
+``KVCache`` and returns the logits and the last-layer features (the post-final-norm hidden state,
+exactly what the EAGLE/GRIFFIN reference code feeds its draft). The checkpoint's own modules do the
+maths (norms, MLPs, projections, rotary tables); the adapter owns only cache layout and masking.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specdec_kit.runtime.attention import cached_attention
+from specdec_kit.runtime.device import resolve_device, resolve_dtype
+from specdec_kit.runtime.kv_cache import KVCache
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+
+
+class TargetLoadError(ValueError):
+    """A target checkpoint that the runtime cannot drive; the message names the file and the field."""
+
+
+@dataclass
+class TargetOutput:
+    logits: torch.Tensor  # [B, Q', V] (Q' = Q, or the number of selected positions)
+    features: torch.Tensor  # [B, Q, d]
+
+
+class TargetModel(nn.Module):
+    """Wraps a ``transformers`` Llama/Mistral/Qwen2 model; see module docstring."""
+
+    def __init__(self, hf_model: nn.Module):
+        super().__init__()
+        config = hf_model.config
+        arch = type(hf_model).__name__
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise TargetLoadError(
+                f"target architecture {arch!r} is not supported; expected one of {SUPPORTED_ARCHITECTURES}"
+            )
+        self.hf_model = hf_model.eval()
+        self.config = config
+        self.architecture = arch
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.hidden_size = config.hidden_size
+        self.vocab_size = config.vocab_size
+        self.num_layers = config.num_hidden_layers
+        window = getattr(config, "sliding_window", None)
+        use_window = getattr(config, "use_sliding_window", arch == "MistralForCausalLM")
+        self.max_context = int(window) if (window and use_window) else int(config.max_position_embeddings)
+
+    # -- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(
+        cls, path: str | Path, dtype: str | torch.dtype | None = None, device: str | torch.device | None = None
+    ) -> "TargetModel":
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        path = Path(path)
+        config_file = path / "config.json"
+        if not config_file.is_file():
+            raise TargetLoadError(f"{config_file}: missing; a Hugging Face checkpoint directory needs config.json")
+        config = AutoConfig.from_pretrained(path)
+        archs = getattr(config, "architectures", None) or []
+        if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+            raise TargetLoadError(
+                f"{config_file}: key 'architectures' is {archs}; expected one of {list(SUPPORTED_ARCHITECTURES)}"
+            )
+        dev = resolve_device(device)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, dev))
+        return cls(model.to(dev))
+
+    @property
+    def device(self) -> torch.device:
+        return self.hf_model.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.hf_model.lm_head.weight.dtype
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self.hf_model.model.embed_tokens
+
+    @property
+    def lm_head(self) -> nn.Linear:
+        return self.hf_model.lm_head
+
+    def eos_token_ids(self) -> list[int]:
+        ids = getattr(self.hf_model.generation_config, "eos_token_id", None)
+        if ids is None:
+            ids = self.config.eos_token_id
+        if ids is None:
+            return []
+        return [int(i) for i in (ids if isinstance(ids, (list, tuple)) else [ids])]
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        return KVCache.allocate(
+            self.num_layers, batch, self.num_kv_heads, self.head_dim, capacity, self.dtype, self.device
+        )
+
+    # -- the one forward ----------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        pending_mask: torch.Tensor,
+        cache: KVCache,
+        logits_at: torch.Tensor | None = None,
+    ) -> TargetOutput:
+        """Run Q new tokens per row (a tree, a chain or a prompt) over the cache.
+
+        tokens, positions: [B, Q]; pending_mask: [B, Q, Q] which new tokens each new token sees
+        (itself and its tree ancestors); the committed prefix is always visible. K/V of the new tokens
+        land in the pending slots ``lengths + [0, Q)``; ``cache.commit`` keeps the accepted ones.
+        logits_at: optional [B, Q'] indices of the positions that need logits (prefill needs one).
+        """
+        inner = self.hf_model.model
+        q_len = tokens.shape[1]
+        cache.ensure_capacity(int(cache.lengths.max().item()) + q_len)
+        hidden = inner.embed_tokens(tokens)
+        cos, sin = inner.rotary_emb(hidden, positions)
+        slots = cache.slots(q_len)
+        mask = cache.attention_mask(pending_mask)
+        for i, layer in enumerate(inner.layers):
+            residual = hidden
+            hidden = layer.input_layernorm(hidden)
+            hidden = cached_attention(
+                layer.self_attn, hidden, cos, sin, cache, i, slots, mask,
+                self.num_heads, self.num_kv_heads, self.head_dim,
+            )
+            hidden = residual + hidden
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        features = inner.norm(hidden)
+        selected = features if logits_at is None else torch.gather(
+            features, 1, logits_at[..., None].expand(-1, -1, features.shape[-1])
+        )
+        return TargetOutput(logits=self.hf_model.lm_head(selected), features=features)
