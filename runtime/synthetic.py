@@ -1,6 +1,6 @@
 """Tiny synthetic targets and drafts built in memory (tests, smoke runs, the pre-zoo demo).
 
-``tiny_target`` is a random Llama-family model. With ``context_mix`` < 1 the attention and MLP
+``tiny_target`` is a random Llama-family model (``logit_scale`` sharpens its output distribution). With ``context_mix`` < 1 the attention and MLP
 outputs are scaled down, so the model is close to a bigram model whose next token is a fixed function
 of the current one; ``oracle_*`` then build drafts in the official layouts that predict that function
 exactly (EAGLE, GRIFFIN) or through a least-squares fit (Medusa), so acceptance is high but not
@@ -33,6 +33,7 @@ def tiny_hf_model(
     intermediate: int = 128,
     vocab: int = 256,
     context_mix: float = 1.0,
+    logit_scale: float = 1.0,
     seed: int = 0,
     max_positions: int = 1024,
     dtype: torch.dtype = torch.float32,
@@ -48,6 +49,7 @@ def tiny_hf_model(
     torch.manual_seed(seed)
     model = model_cls(config).to(dtype).eval()
     with torch.no_grad():
+        model.lm_head.weight.mul_(logit_scale)  # random init gives near-uniform outputs; sharpen them
         for layer in model.model.layers:
             layer.self_attn.o_proj.weight.mul_(context_mix)
             layer.mlp.down_proj.weight.mul_(context_mix)

@@ -1,0 +1,58 @@
+"""Shared tiny models and reference generations (all built in memory, CPU, seconds)."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from specdec_kit.runtime.synthetic import tiny_hf_model
+from specdec_kit.runtime.target import TargetModel
+
+NUM_PROMPTS = 20
+NEW_TOKENS = 64
+
+
+def make_prompts(vocab: int, count: int = NUM_PROMPTS, seed: int = 1234, lo: int = 3, hi: int = 24) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(lo, hi, (count,), generator=gen).tolist()
+    return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
+
+
+def hf_greedy(hf_model, prompt: list[int], new_tokens: int) -> list[int]:
+    """The target's own greedy decoding through ``transformers`` ``generate``."""
+    ids = torch.tensor([prompt])
+    out = hf_model.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+        do_sample=False, pad_token_id=0,
+    )
+    return out[0, len(prompt):].tolist()
+
+
+class TargetCase:
+    """A target plus its prompts and its transformers-greedy references (computed once)."""
+
+    def __init__(self, name: str, **kwargs):
+        self.name = name
+        self.hf = tiny_hf_model(**kwargs)
+        self.target = TargetModel(self.hf)
+        self.prompts = make_prompts(self.target.vocab_size)
+
+    @functools.cached_property
+    def references(self) -> list[list[int]]:
+        return [hf_greedy(self.hf, p, NEW_TOKENS) for p in self.prompts]
+
+
+@pytest.fixture(scope="session")
+def random_case() -> TargetCase:
+    """A plain random Llama with GQA: drafts rarely agree with it."""
+    return TargetCase("random", hidden_size=64, layers=2, heads=4, kv_heads=2, intermediate=128, vocab=256,
+                      logit_scale=8.0, seed=11)
+
+
+@pytest.fixture(scope="session")
+def predictable_case() -> TargetCase:
+    """Mostly-bigram Llama: the oracle drafts of ``synthetic`` predict it well (high acceptance)."""
+    return TargetCase("predictable", hidden_size=96, layers=2, heads=4, kv_heads=2, intermediate=192, vocab=80,
+                      context_mix=0.3, logit_scale=20.0, seed=7)
