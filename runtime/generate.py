@@ -117,10 +117,10 @@ class SpeculativeGenerator:
             text = self.decode(row.tokens)
             hits = [(text.find(s), s) for s in stop_strings if s and s in text]
             if hits:
-                cut = min(hits)[0]
-                # shortest token prefix whose text reaches the stop string
+                cut, stop = min(hits)
+                # the shortest token prefix whose text contains the stop string
                 for n in range(1, len(row.tokens) + 1):
-                    if len(self.decode(row.tokens[:n])) > cut:
+                    if stop in self.decode(row.tokens[:n]):
                         row.tokens = row.tokens[:n]
                         break
                 row.text, row.finish = text[:cut], "stop"

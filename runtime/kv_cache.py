@@ -5,6 +5,8 @@ so a batch may hold sequences of different lengths without padding the prefix. N
 written *after* a row's committed length (optionally past ``offset`` pending slots), may see any
 committed slot plus the pending slots their mask allows, and only become part of the sequence when
 ``commit`` copies the accepted ones into place, which is the KV compaction of tree decoding.
+The cache is an inference-only structure: every method that allocates or mutates runs in
+``torch.inference_mode`` so callers need not remember to.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ class KVCache:
     lengths: torch.Tensor  # [B] int64, committed tokens per row
 
     @classmethod
+    @torch.inference_mode()
     def allocate(
         cls,
         num_layers: int,
@@ -46,6 +49,7 @@ class KVCache:
     def capacity(self) -> int:
         return self.keys.shape[3]
 
+    @torch.inference_mode()
     def ensure_capacity(self, needed: int) -> None:
         """Grow (by doubling) so that slot ``needed - 1`` exists; rarely taken, amortised O(1)."""
         if needed <= self.capacity:
@@ -82,6 +86,7 @@ class KVCache:
         mask = committed[:, None, :] | (in_pending[:, None, :] & gathered)
         return mask[:, None, :, :]
 
+    @torch.inference_mode()
     def write(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, slots: torch.Tensor) -> None:
         """Scatter new keys/values [B, H, Q, D] into ``slots`` [B, Q]."""
         idx = slots[:, None, :, None].expand(-1, k_new.shape[1], -1, k_new.shape[3])
@@ -91,6 +96,7 @@ class KVCache:
     def view(self, layer: int, k_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.keys[layer, :, :, :k_len], self.values[layer, :, :, :k_len]
 
+    @torch.inference_mode()
     def commit(self, pending_index: torch.Tensor, counts: torch.Tensor) -> None:
         """Make pending slots part of each row's sequence.
 
@@ -115,6 +121,7 @@ class KVCache:
                 tensor.scatter_(3, dst_idx, moved)
         self.lengths += counts
 
+    @torch.inference_mode()
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only ``rows`` (e.g. drop finished sequences from the running batch)."""
         self.keys = self.keys[:, rows].contiguous()
