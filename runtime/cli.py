@@ -20,6 +20,10 @@ from specdec_kit.runtime.generate import GenerationResult, SpeculativeGenerator
 from specdec_kit.runtime.loader import load_tokenizer, make_drafter, resolve_tree, set_threads
 from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.runtime.target import TargetLoadError, TargetModel
+from specdec_kit.runtime.trees import DynamicTreeConfig
+
+# Dynamic-tree size for the CPU demo: verifying 60 tree tokens costs a CPU far more than one token.
+DEMO_TREE = dict(total_tokens=16, depth=3, top_k=4)
 
 DEMO_PROMPTS = ["The quick brown fox", "def main():\n", "Speculative decoding", "Hello, world!"]
 
@@ -70,6 +74,12 @@ def describe(name: str, results: list[GenerationResult]) -> dict:
     }
 
 
+def tree_label(tree) -> str:
+    if isinstance(tree, DynamicTreeConfig):
+        return f"dynamic tree (total_tokens={tree.total_tokens}, depth={tree.depth}, top_k={tree.top_k})"
+    return f"static tree ({tree.buffers.num_nodes} nodes, depth {tree.buffers.max_depth})"
+
+
 def print_run(summary: dict, results: list[GenerationResult], prompts: list[str], show_text: bool) -> None:
     print(f"\n== {summary['method']}: {summary['tokens']} tokens in {summary['seconds']:.3f}s "
           f"({summary['tokens_per_s']:.1f} tok/s), acceptance length tau={summary['acceptance_length']:.2f}, "
@@ -88,7 +98,7 @@ def run(target: TargetModel, tokenizer, kind: str, draft_path, args, prompts: li
     params = SamplingParams(temperature=args.temperature, top_k=args.sample_top_k, top_p=args.top_p, seed=args.seed)
     gen.generate(ids[:1], 4, params)  # warm-up
     results = gen.generate(ids, args.max_new_tokens, params)
-    summaries = [describe(f"{kind} ({'dynamic' if not args.tree and kind not in ('eagle', 'medusa') else tree.__class__.__name__})", results)]
+    summaries = [describe(f"{kind}, {tree_label(tree)}", results)]
     print_run(summaries[0], results, prompts, show_text=True)
     if compare_plain:
         plain = SpeculativeGenerator(target, None, decode=decode)
@@ -112,11 +122,17 @@ def run(target: TargetModel, tokenizer, kind: str, draft_path, args, prompts: li
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     set_threads()
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     torch.manual_seed(args.seed)
     try:
         if args.demo:
             from specdec_kit.runtime.demo import write_demo
 
+            for key, value in DEMO_TREE.items():
+                if getattr(args, key) is None:
+                    setattr(args, key, value)
             root = args.demo_dir or Path(tempfile.mkdtemp(prefix="specdec-demo-"))
             paths = write_demo(root)
             print(f"demo checkpoints (synthetic target, constructed drafts) written to {root}")
@@ -125,7 +141,11 @@ def main(argv: list[str] | None = None) -> int:
             prompts = args.prompt or DEMO_PROMPTS
             summaries = []
             for kind in ("griffin", "eagle2", "eagle", "medusa"):
-                summaries += run(target, tokenizer, kind, paths[kind], args, prompts, compare_plain=(kind == "griffin"))
+                static = kind in ("eagle", "medusa") and args.tree is None  # their default trees are static
+                kind_args = argparse.Namespace(**{**vars(args), **({"total_tokens": None, "depth": None, "top_k": None}
+                                                                   if static else {})})
+                summaries += run(target, tokenizer, kind, paths[kind], kind_args, prompts,
+                                 compare_plain=(kind == "griffin"))
         else:
             if args.target is None:
                 print("error: give --target DIR (and --draft-path DIR), or --demo", file=sys.stderr)

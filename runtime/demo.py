@@ -34,8 +34,9 @@ def write_demo(root: Path) -> dict[str, Path]:
     """Write target + tokenizer + one draft per kind under ``root``; returns their directories."""
     root.mkdir(parents=True, exist_ok=True)
     vocab = len(CHARS) + 1
-    hf = tiny_hf_model(hidden_size=128, layers=4, heads=4, kv_heads=2, intermediate=256, vocab=vocab,
-                       context_mix=0.25, logit_scale=20.0, seed=17, max_positions=2048)
+    # deep and narrow like real targets in cost: one draft step is a small fraction of a target step
+    hf = tiny_hf_model(hidden_size=256, layers=12, heads=4, kv_heads=2, intermediate=768, vocab=vocab,
+                       context_mix=0.05, logit_scale=20.0, seed=17, max_positions=2048)
     hf.generation_config.eos_token_id = None
     hf.save_pretrained(root / "target")
     write_char_tokenizer(root / "target")
