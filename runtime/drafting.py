@@ -132,7 +132,7 @@ class FeatureTreeDrafter(Drafter):
         ar = torch.arange(q_len, device=dev)
         causal = (ar[None, :] <= ar[:, None]).expand(bsz, q_len, q_len)
         positions = cache.lengths[:, None] + ar[None, :]
-        pred, reg = self.model(features.to(self.model.embed_tokens.weight.dtype), tokens, positions, causal, cache)
+        pred, reg = self.model.step(features.to(self.model.embed_tokens.weight.dtype), tokens, positions, causal, cache)
         cache.commit(ar.expand(bsz, q_len), counts)  # context pairs join the draft's sequence in place
         roots = last_real(tokens, counts)
         last_logp = self._logp(last_real(pred, counts))  # [B, V]
@@ -143,7 +143,7 @@ class FeatureTreeDrafter(Drafter):
 
     def _step(self, feats, toks, level_pos, pending, offset):
         positions = (self.cache.lengths + level_pos)[:, None].expand_as(toks)
-        pred, reg = self.model(feats, toks, positions, pending, self.cache, offset)
+        pred, reg = self.model.step(feats, toks, positions, pending, self.cache, offset)
         return self._logp(pred), reg
 
     def _static(self, roots: torch.Tensor, root_logp: torch.Tensor, root_reg: torch.Tensor) -> DraftTree:

@@ -35,8 +35,8 @@ def outputs_equal(a, b, target):
     feats, toks = torch.randn(2, 5, target.hidden_size), torch.randint(0, target.vocab_size, (2, 5))
     pos = torch.arange(5).expand(2, 5)
     mask = torch.tril(torch.ones(5, 5, dtype=torch.bool)).expand(2, 5, 5)
-    out_a = a(feats, toks, pos, mask, a.new_cache(2, 8))
-    out_b = b(feats, toks, pos, mask, b.new_cache(2, 8))
+    out_a = a.step(feats, toks, pos, mask, a.new_cache(2, 8))
+    out_b = b.step(feats, toks, pos, mask, b.new_cache(2, 8))
     return all(torch.equal(x, y) for x, y in zip(out_a, out_b))
 
 

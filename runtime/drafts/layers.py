@@ -99,7 +99,8 @@ class FeatureDraft(nn.Module):
     def split(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
-    def forward(
+    @torch.inference_mode()
+    def step(
         self,
         features: torch.Tensor,
         tokens: torch.Tensor,
@@ -108,7 +109,9 @@ class FeatureDraft(nn.Module):
         cache: KVCache,
         offset: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """features [B, Q, d] paired with the tokens [B, Q] that follow them; new K/V go to the pending
+        """One cached inference step (decoding only; training runs its own full-sequence forward).
+
+        features [B, Q, d] paired with the tokens [B, Q] that follow them; new K/V go to the pending
         slots ``lengths + offset + [0, Q)`` and ``pending_mask`` [B, Q, offset + Q] picks the visible ones."""
         q_len = tokens.shape[1]
         cache.ensure_capacity(int(cache.lengths.max().item()) + offset + q_len)
