@@ -52,5 +52,5 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One draw from a 1-D distribution."""
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+    """One draw from a 1-D distribution (on CPU: per-request generators live there, whatever the device)."""
+    return int(torch.multinomial(probs.cpu(), 1, generator=generator).item())

@@ -111,7 +111,7 @@ def verify_batch(
     paths = [verdict.path[b].tolist()[: int(verdict.counts[b])] for b in range(tokens.shape[0])]
     nxt = verdict.next_tokens.clone()
     for b in sampled:
-        probs = target_probs(logits[b], params[b])
+        probs = target_probs(logits[b], params[b]).cpu()  # the row's generator is a CPU generator
         paths[b], nxt[b] = verify_sampling_row(
             tokens[b].tolist(), parents[b].tolist(), valid[b].tolist(), probs, generators[b]
         )
