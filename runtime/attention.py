@@ -31,12 +31,14 @@ def cached_attention(
     cache: KVCache,
     layer: int,
     slots: torch.Tensor,
-    mask: torch.Tensor,
+    mask: torch.Tensor | None,
+    k_len: int,
     num_heads: int,
     num_kv_heads: int,
     head_dim: int,
 ) -> torch.Tensor:
-    """One attention block: project, rotate, write K/V at ``slots``, attend under ``mask``, project out."""
+    """One attention block: project, rotate, write K/V at ``slots``, attend to the first ``k_len`` slots
+    under ``mask`` (None: all of them), project out."""
     bsz, q_len, _ = hidden.shape
     q = attn.q_proj(hidden).view(bsz, q_len, num_heads, head_dim).transpose(1, 2)
     k = attn.k_proj(hidden).view(bsz, q_len, num_kv_heads, head_dim).transpose(1, 2)
@@ -44,7 +46,7 @@ def cached_attention(
     q = apply_rope(q, cos, sin)
     k = apply_rope(k, cos, sin)
     cache.write(layer, k, v, slots)
-    keys, values = cache.view(layer, mask.shape[-1])
+    keys, values = cache.view(layer, k_len)
     out = F.scaled_dot_product_attention(
         q, keys, values, attn_mask=mask, enable_gqa=num_heads != num_kv_heads
     )

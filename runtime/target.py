@@ -129,11 +129,12 @@ class TargetModel(nn.Module):
         cos, sin = inner.rotary_emb(hidden, positions)
         slots = cache.slots(q_len)
         mask = cache.attention_mask(pending_mask)
+        k_len = cache.key_length(pending_mask.shape[-1])
         for i, layer in enumerate(inner.layers):
             residual = hidden
             hidden = layer.input_layernorm(hidden)
             hidden = cached_attention(
-                layer.self_attn, hidden, cos, sin, cache, i, slots, mask,
+                layer.self_attn, hidden, cos, sin, cache, i, slots, mask, k_len,
                 self.num_heads, self.num_kv_heads, self.head_dim,
             )
             hidden = residual + hidden

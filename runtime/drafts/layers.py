@@ -55,13 +55,13 @@ class DraftDecoderLayer(nn.Module):
         self.mlp = DraftMLP(config, out)
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, hidden, cos, sin, cache: KVCache, slots, mask) -> torch.Tensor:
+    def forward(self, hidden, cos, sin, cache: KVCache, slots, mask, k_len: int) -> torch.Tensor:
         residual = hidden
         if self.index != 0:
             hidden = self.input_layernorm(hidden)
         attn = self.self_attn
         hidden = residual + cached_attention(
-            attn, hidden, cos, sin, cache, self.index, slots, mask, attn.num_heads, attn.num_kv_heads, attn.head_dim
+            attn, hidden, cos, sin, cache, self.index, slots, mask, k_len, attn.num_heads, attn.num_kv_heads, attn.head_dim
         )
         residual = torch.cat((hidden, hidden), dim=-1) if self.widened else hidden
         return residual + self.mlp(self.post_attention_layernorm(hidden))
@@ -119,6 +119,7 @@ class FeatureDraft(nn.Module):
         cos, sin = self.rotary_emb(hidden, positions)
         slots = cache.slots(q_len, offset)
         mask = cache.attention_mask(pending_mask)
+        k_len = cache.key_length(pending_mask.shape[-1])
         for layer in self.layers:
-            hidden = layer(hidden, cos, sin, cache, slots, mask)
+            hidden = layer(hidden, cos, sin, cache, slots, mask, k_len)
         return self.split(hidden)
