@@ -88,7 +88,6 @@ class KVCache:
         mask = committed[:, None, :] | (in_pending[:, None, :] & gathered)
         return mask[:, None, :, :]
 
-    @torch.inference_mode()
     def key_length(self, num_pending: int) -> int:
         """How many slots attention must read: up to the longest row's last pending slot."""
         return int(self.lengths.max().item()) + num_pending
