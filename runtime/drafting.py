@@ -45,10 +45,6 @@ class DraftTree:
             depth=buf.position_offsets.to(tokens.device).expand(bsz, -1),
         )
 
-    @property
-    def num_nodes(self) -> int:
-        return int(self.tokens.shape[1])
-
 
 def last_real(x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """x [B, Q, ...] -> x[b, counts[b] - 1]."""

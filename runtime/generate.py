@@ -41,22 +41,6 @@ class RequestStats:
     def tokens_per_s(self) -> float:
         return self.generated_tokens / self.total_s if self.total_s > 0 else 0.0
 
-    def as_dict(self) -> dict:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "generated_tokens": self.generated_tokens,
-            "cycles": self.cycles,
-            "draft_tokens": self.draft_tokens,
-            "accepted_tokens": self.accepted_tokens,
-            "acceptance_length": round(self.acceptance_length, 4),
-            "accepted_per_depth": list(self.accepted_per_depth),
-            "prefill_s": self.prefill_s,
-            "draft_s": self.draft_s,
-            "verify_s": self.verify_s,
-            "total_s": self.total_s,
-            "tokens_per_s": round(self.tokens_per_s, 3),
-        }
-
 
 @dataclass
 class GenerationResult:
@@ -68,7 +52,6 @@ class GenerationResult:
 
 @dataclass
 class _Row:
-    index: int
     params: SamplingParams
     generator: torch.Generator | None
     max_new: int
@@ -154,7 +137,7 @@ class SpeculativeGenerator:
                 raise ValueError(
                     f"prompt {i}: {n} prompt tokens + {m} new tokens exceed the target's context of {target.max_context}"
                 )
-        rows = [_Row(i, p, self._generator(p), m) for i, (p, m) in enumerate(zip(params, budgets))]
+        rows = [_Row(p, self._generator(p), m) for p, m in zip(params, budgets)]
         for row, n in zip(rows, lens):
             row.stats.prompt_tokens = n
         capacity = max(lens) + max(budgets) + self.drafter.max_nodes + 2
