@@ -67,7 +67,7 @@ def train_lm(model: LlamaForCausalLM, data: torch.Tensor, spec: LMSpec, state_pa
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
         if state_path is not None and (step + 1) % 100 == 0:
             torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,

@@ -1,0 +1,108 @@
+"""Trainers reduce their loss on a tiny model, GRIFFIN's masks behave as worked by hand, and trained
+checkpoints strict-load into the runtime and decode losslessly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec_kit.runtime.drafting import FeatureTreeDrafter, MedusaDrafter, NoDrafter
+from specdec_kit.runtime.drafts.loading import load_draft
+from specdec_kit.runtime.generate import SpeculativeGenerator
+from specdec_kit.runtime.synthetic import tiny_target
+from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
+from specdec_kit.runtime.choices import chain
+from specdec_kit.train.corpus import is_heldout, load_corpus
+from specdec_kit.train.draft_forward import alignment_mask
+from specdec_kit.train.heads import HeadSpec, train_head
+from specdec_kit.train.lm import LMSpec, build_lm, train_lm
+from specdec_kit.train.losses import next_alignment_mask, predictable
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target(hidden_size=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=40, logit_scale=6.0,
+                       context_mix=0.5, seed=3)
+
+
+@pytest.fixture(scope="module")
+def data(target):
+    """Text the target itself would write (its greedy continuations), so heads have something to learn."""
+    gen = SpeculativeGenerator(target, NoDrafter(), eos_token_ids=[])
+    prompts = [[i, (3 * i) % 40] for i in range(8)]
+    return torch.tensor([p + r.tokens for p, r in zip(prompts, gen.generate(prompts, 30))])
+
+
+@pytest.mark.parametrize("method", ["eagle", "hass", "griffin", "medusa"])
+def test_trainer_reduces_loss_and_checkpoint_loads(tmp_path, target, data, method):
+    spec = HeadSpec.defaults(method, steps=40, batch=8, seq_len=32, lr=5e-3, warmup=1)
+    train_head(target, data, spec, tmp_path, progress=False)
+    history = torch.load(tmp_path / "training_state.pt", weights_only=True)["history"]
+    # pass 1's loss: later passes of GRIFFIN average over masks that widen as the draft improves
+    key = (lambda h: h["pass_loss"][0]) if "pass_loss" in history[0] else (lambda h: h["loss"])
+    first, last = key(history[0]), sum(key(h) for h in history[-5:]) / 5
+    assert last < 0.7 * first, f"{method}: loss {first:.3f} -> {last:.3f}"
+    head = load_draft(tmp_path, method, target.hidden_size, target.vocab_size)  # strict, official layout
+    if method == "medusa":
+        drafter = MedusaDrafter(head, StaticTree.from_choices(chain(3)))
+    else:
+        drafter = FeatureTreeDrafter(head, target.lm_head, DynamicTreeConfig(8, 2, 3))
+    prompts = [[1, 2, 3], [5, 7]]
+    plain = SpeculativeGenerator(target, NoDrafter(), eos_token_ids=[]).generate(prompts, 20)
+    spec_out = SpeculativeGenerator(target, drafter, eos_token_ids=[]).generate(prompts, 20)
+    assert [r.tokens for r in spec_out] == [r.tokens for r in plain]
+
+
+def test_training_resumes_from_state(tmp_path, target, data):
+    spec = HeadSpec.defaults("griffin", steps=6, batch=4, seq_len=32, lr=1e-3, warmup=1)
+    train_head(target, data, spec, tmp_path, progress=False)
+    more = HeadSpec.defaults("griffin", steps=9, batch=4, seq_len=32, lr=1e-3, warmup=1)
+    train_head(target, data, more, tmp_path, progress=False)
+    history = torch.load(tmp_path / "training_state.pt", weights_only=True)["history"]
+    assert [h["step"] for h in history] == list(range(9))
+
+
+def test_griffin_masks_by_hand():
+    # draft top-3 per position over a 6-token vocabulary; true next tokens below
+    logits = torch.tensor([[[9, 8, 7, 0, 0, 0],    # top3 {0,1,2}; truth 1 -> predictable
+                            [9, 8, 7, 0, 0, 0],    # truth 5 -> NOT predictable
+                            [0, 0, 0, 9, 8, 7],    # top3 {3,4,5}; truth 3 -> predictable
+                            [0, 0, 0, 9, 8, 7],    # truth 4 -> predictable
+                            [9, 8, 7, 0, 0, 0]]]).float()  # truth 2 -> predictable
+    truth = torch.tensor([[1, 5, 3, 4, 2]])
+    assert predictable(logits, truth, 3).tolist() == [[True, False, True, True, True]]
+    chain = torch.ones(1, 5, dtype=torch.bool)
+    pass2 = next_alignment_mask(chain, logits, truth, 3)
+    # pass 2: position i consumes position i-1's pass-1 output; the one after the unpredictable token drops
+    assert pass2.tolist() == [[False, True, False, True, True]]
+    pass3 = next_alignment_mask(pass2, logits, truth, 3)
+    # pass 3: positions i-1 and i-2 must both have been predictable: only position 4 keeps its loss
+    assert pass3.tolist() == [[False, False, False, False, True]]
+
+
+def test_alignment_mask_by_hand():
+    m = alignment_mask(4, 2, "cpu").int().tolist()
+    # pass 2: target-feature keys up to i-1, then the pass-2 key at i itself
+    assert m == [[0, 0, 0, 0, 1, 0, 0, 0],
+                 [1, 0, 0, 0, 0, 1, 0, 0],
+                 [1, 1, 0, 0, 0, 0, 1, 0],
+                 [1, 1, 1, 0, 0, 0, 0, 1]]
+    m3 = alignment_mask(4, 3, "cpu").int().tolist()
+    assert m3[3] == [1, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1]  # F_0..F_1, pass-2 at 2, pass-3 at 3
+
+
+def test_lm_trainer_reduces_loss(data):
+    spec = LMSpec(hidden_size=32, layers=1, intermediate=64, heads=2, kv_heads=1, seq_len=32, batch=8, steps=30,
+                  lr=1e-2, warmup=1)
+    model = build_lm(spec, 40, 0)
+    losses = train_lm(model, data, spec, desc="lm-test")
+    assert sum(losses[-5:]) / 5 < 0.7 * losses[0]
+
+
+def test_corpus_split_is_deterministic_and_disjoint():
+    corpus = load_corpus()
+    train_names = {d.name for d in corpus.train}
+    held_names = {d.name for d in corpus.heldout}
+    assert train_names and held_names and not train_names & held_names
+    assert all(is_heldout(n) for n in held_names) and not any(is_heldout(n) for n in train_names)
+    assert load_corpus().fingerprint() == corpus.fingerprint()

@@ -1,0 +1,160 @@
+"""Draft-head trainers: EAGLE, HASS, GRIFFIN (token-alignable training) and Medusa.
+
+Features are streamed: each step runs the frozen target over a batch of corpus blocks and trains on
+its post-norm last-layer features and logits (``features.py`` can cache them to disk instead).
+Every trainer writes its checkpoint in the official layout of its method plus a resumable
+``training_state.pt``. Multi-pass methods sum the pass losses before one backward: the gradient is
+the same as the reference's backward after every pass.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from specdec_kit.runtime.drafts.eagle import EagleDraft
+from specdec_kit.runtime.drafts.griffin import GriffinDraft
+from specdec_kit.runtime.drafts.loading import save_draft
+from specdec_kit.runtime.drafts.medusa import MedusaHeads
+from specdec_kit.runtime.synthetic import draft_config
+from specdec_kit.runtime.target import TargetModel
+from specdec_kit.train.draft_forward import PassRunner, next_pass_features
+from specdec_kit.train.losses import LossWeights, medusa_loss, next_alignment_mask, pass_loss
+
+METHODS = ("eagle", "hass", "griffin", "medusa")
+
+
+@dataclass
+class HeadSpec:
+    method: str
+    steps: int = 600
+    batch: int = 8
+    seq_len: int = 256
+    lr: float = 1e-3
+    warmup: int = 30
+    passes: int = 1  # forward passes per batch (HASS: 3, GRIFFIN: 3)
+    weights: dict = field(default_factory=dict)  # LossWeights fields
+    noise: float = 0.1  # uniform feature noise amplitude on pass-1 inputs (EAGLE's augmentation)
+    align_topk: int = 3  # GRIFFIN: predictable = true token in the draft's top-k
+    medusa_heads: int = 4
+    medusa_layers: int = 1
+    seed: int = 0
+
+    @classmethod
+    def defaults(cls, method: str, **overrides) -> "HeadSpec":
+        base = {
+            "eagle": dict(passes=1, weights=dict(regression=1.0, prediction=0.1)),
+            "hass": dict(passes=3, weights=dict(regression=1.0, prediction=0.1, topk=1.0, topk_k=10)),
+            "griffin": dict(passes=3, weights=dict(regression=1.0, prediction=0.1, topk=0.5, topk_k=10)),
+            "medusa": dict(passes=1),
+        }
+        if method not in base:
+            raise ValueError(f"unknown method {method!r}; expected one of {list(METHODS)}")
+        return cls(method=method, **{**base[method], **overrides})
+
+
+def new_head(method: str, target: TargetModel, spec: HeadSpec) -> torch.nn.Module:
+    torch.manual_seed(spec.seed)
+    if method == "medusa":
+        head = MedusaHeads(target.hidden_size, target.vocab_size, spec.medusa_heads, spec.medusa_layers)
+        for h in head.medusa_head:  # start every head at the target's own LM head
+            h[-1].weight.data.copy_(target.lm_head.weight.data.float())
+        return head
+    cls = GriffinDraft if method == "griffin" else EagleDraft
+    draft = cls(draft_config(target))
+    draft.embed_tokens.weight.data.copy_(target.embed_tokens.weight.data.float())
+    draft.embed_tokens.weight.requires_grad_(False)  # the target's embedding, frozen (as in the reference)
+    return draft
+
+
+@torch.no_grad()
+def target_outputs(target: TargetModel, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Post-norm last-layer features and logits of the frozen target over whole blocks."""
+    out = target.hf_model(tokens, output_hidden_states=True)
+    return out.hidden_states[-1].float(), out.logits.float()
+
+
+def feature_step(draft, lm_head, spec: HeadSpec, tokens, feats, logits, gen: torch.Generator):
+    """All passes on one batch: returns the summed loss and per-pass (top1, top3, positions, loss)."""
+    weights = LossWeights(**spec.weights)
+    # position i: (F_i, x_{i+1}) -> F_{i+1}, and the target's distribution of x_{i+2}
+    inputs, tgt_feat, tgt_logits = feats[:, :-1], feats[:, 1:], logits[:, 1:]
+    true_next = tokens[:, 2:]
+    seq = inputs.shape[1]
+    valid = torch.ones(tokens.shape[0], seq, dtype=torch.bool)
+    token_mask = torch.cat([torch.ones_like(true_next, dtype=torch.bool), torch.zeros_like(valid[:, :1])], dim=1)
+    true_next = torch.cat([true_next, torch.zeros_like(true_next[:, :1])], dim=1)
+    runner = PassRunner(draft, tokens[:, 1:], valid)
+    noise = (torch.rand(inputs.shape, generator=gen) - 0.5) * spec.noise
+    pass_in = inputs + noise
+    chain = torch.ones_like(valid)
+    total, stats = 0.0, []
+    for p in range(spec.passes):
+        pred, reg = runner.run(pass_in)
+        mask = token_mask & (chain if spec.method == "griffin" else torch.ones_like(chain))
+        result, draft_logits = pass_loss(pred, reg, tgt_feat, tgt_logits, lm_head, mask, weights)
+        total = total + result.loss
+        stats.append((result.top1, result.top3, result.positions, float(result.loss.detach())))
+        if spec.method == "griffin":
+            chain = next_alignment_mask(chain, draft_logits.detach(), true_next, spec.align_topk)
+        pass_in = next_pass_features(inputs, reg if spec.method == "griffin" else pred)
+    return total, stats
+
+
+def train_head(target: TargetModel, data: torch.Tensor, spec: HeadSpec, out_dir: Path, base_model: str = "",
+               progress: bool = True) -> dict:
+    """Train one head on ``data`` [N, seq_len] blocks; writes the official layout to ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    head = new_head(spec.method, target, spec).float()
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=spec.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    state_path = out_dir / "training_state.pt"
+    start, history = 0, []
+    if state_path.is_file():
+        state = torch.load(state_path, weights_only=True)
+        head.load_state_dict(state["head"])
+        opt.load_state_dict(state["optimizer"])
+        start, history = state["step"], state["history"]
+    lm_head = target.lm_head.float()
+    for p in lm_head.parameters():
+        p.requires_grad_(False)
+    gen = torch.Generator().manual_seed(spec.seed + start)
+    bar = tqdm(range(start, spec.steps), desc=spec.method, initial=start, total=spec.steps, disable=not progress,
+               file=sys.stderr)
+    t0 = time.time()
+    for step in bar:
+        idx = torch.arange(step * spec.batch, (step + 1) * spec.batch) % data.shape[0]
+        tokens = data[idx][:, : spec.seq_len]
+        feats, logits = target_outputs(target, tokens)
+        for group in opt.param_groups:
+            group["lr"] = spec.lr * min(1.0, (step + 1) / spec.warmup)
+        if spec.method == "medusa":
+            loss, accs = medusa_loss(head(feats), tokens, torch.ones_like(tokens, dtype=torch.bool))
+            record = {"step": step, "loss": float(loss.detach()), "head_top1": accs}
+        else:
+            loss, stats = feature_step(head, lm_head, spec, tokens, feats, logits, gen)
+            record = {"step": step, "loss": float(loss.detach()), "top1": [s[0] for s in stats],
+                      "top3": [s[1] for s in stats], "positions": [s[2] for s in stats],
+                      "pass_loss": [s[3] for s in stats]}
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 0.5)
+        opt.step()
+        history.append(record)
+        if "top1" in record:
+            bar.set_postfix(loss=f"{record['loss']:.3f}",
+                            acc=" ".join(f"p{i + 1}:{a:.2f}/{b:.2f}" for i, (a, b) in enumerate(zip(record["top1"], record["top3"]))))
+        else:
+            bar.set_postfix(loss=f"{record['loss']:.3f}", top1=" ".join(f"{a:.2f}" for a in record["head_top1"]))
+        if (step + 1) % 100 == 0 or step + 1 == spec.steps:
+            torch.save({"head": head.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,
+                        "history": history}, state_path)
+    save_draft(head.to(target.dtype), out_dir, spec.method, base_model=base_model)
+    (out_dir / "training_spec.json").write_text(json.dumps(asdict(spec), indent=2))
+    return {"steps": spec.steps, "minutes": round((time.time() - t0) / 60, 2), "last": history[-1] if history else None}
