@@ -138,16 +138,21 @@ class DynamicTreeConfig:
 
 
 def parse_tree_spec(spec: str) -> StaticTree | DynamicTreeConfig:
-    """``dynamic`` | ``static:NAME`` (``mc_sim_7b_63``, ``eagle1_default``, ``chain-N``) | a JSON file."""
+    """``dynamic`` | ``static:NAME`` (``mc_sim_7b_63``, ``eagle1_default``, ``chain-N``) | ``static:NAME:N``
+    (the first N choices of a named list; Medusa's lists are ordered most useful first) | a JSON file."""
     if spec == "dynamic":
         return DynamicTreeConfig()
     if spec.startswith("static:"):
-        name = spec.split(":", 1)[1]
+        parts = spec.split(":")
+        name = parts[1]
+        limit = int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else None
+        if len(parts) > 3 or (len(parts) == 3 and limit is None):
+            raise ValueError(f"tree spec {spec!r}: expected static:NAME or static:NAME:N (the first N choices)")
         if name.startswith("chain-") and name[6:].isdigit():
             return StaticTree.from_choices(chain(int(name[6:])))
         if name not in NAMED_TREES:
             raise ValueError(f"unknown static tree {name!r}; expected one of {sorted(NAMED_TREES)} or chain-N")
-        return StaticTree.from_choices(NAMED_TREES[name])
+        return StaticTree.from_choices(NAMED_TREES[name][:limit])
     path = Path(spec)
     if not path.is_file():
         raise ValueError(f"tree spec {spec!r}: not 'dynamic', 'static:NAME' or an existing JSON file")

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from specdec_kit.runtime.drafts.eagle import EagleDraft
 from specdec_kit.runtime.drafts.griffin import GriffinDraft
-from specdec_kit.runtime.drafts.loading import save_draft
+from specdec_kit.runtime.drafts.loading import load_draft, save_draft
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
 from specdec_kit.runtime.synthetic import draft_config
 from specdec_kit.runtime.target import TargetModel
@@ -142,6 +142,8 @@ def train_head(target: TargetModel, data: torch.Tensor, spec: HeadSpec, out_dir:
             record = {"step": step, "loss": float(loss.detach()), "top1": [s[0] for s in stats],
                       "top3": [s[1] for s in stats], "positions": [s[2] for s in stats],
                       "pass_loss": [s[3] for s in stats]}
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"{spec.method}: loss is {float(loss)} at step {step}; lower the learning rate ({spec.lr})")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 0.5)
@@ -158,3 +160,25 @@ def train_head(target: TargetModel, data: torch.Tensor, spec: HeadSpec, out_dir:
     save_draft(head.to(target.dtype), out_dir, spec.method, base_model=base_model)
     (out_dir / "training_spec.json").write_text(json.dumps(asdict(spec), indent=2))
     return {"steps": spec.steps, "minutes": round((time.time() - t0) / 60, 2), "last": history[-1] if history else None}
+
+
+def build_heads(out: Path, recipe: dict, tokenizer, corpus, log: dict, force: bool = False) -> None:
+    """Zoo stage: one head per method in ``recipe["heads"]``, trained against ``out/target``."""
+    from specdec_kit.train.data import blocks, token_stream
+
+    target = TargetModel.from_pretrained(out / "target", dtype="float32", device="cpu")
+    save_dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[recipe["save_dtype"]]
+    for method, overrides in recipe["heads"].items():
+        folder = out / method
+        if (folder / "config.json").is_file() and not force:
+            continue
+        spec = HeadSpec.defaults(method, **overrides)
+        need = spec.steps * spec.batch * spec.seq_len
+        # a different slice of the corpus than the target saw first, in a different order
+        stream = token_stream(tokenizer, corpus.train[::-1], max_tokens=need + spec.seq_len)
+        data = blocks(stream, spec.seq_len, spec.seed + 17)
+        print(f"{method}: {data.numel() / 1e6:.2f}M training tokens", file=sys.stderr)
+        log[method] = train_head(target, data, spec, folder, base_model="../target")
+        if save_dtype != target.dtype:  # store in the zoo's dtype (train_head wrote the target's)
+            module = load_draft(folder, method, target.hidden_size, target.vocab_size)
+            save_draft(module.to(save_dtype), folder, method, base_model="../target")

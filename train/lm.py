@@ -63,6 +63,8 @@ def train_lm(model: LlamaForCausalLM, data: torch.Tensor, spec: LMSpec, state_pa
         for group in opt.param_groups:
             group["lr"] = lr_at(step, spec)
         loss = model(batch, labels=batch).loss
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"{desc}: loss is {float(loss)} at step {step}; lower the learning rate ({spec.lr})")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -1,0 +1,74 @@
+"""Benchmark reporting: markdown table, CSV, JSON and PNG plots."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+COLUMNS = ["prompt_set", "temperature", "method", "requests", "acceptance_length", "tokens_per_s",
+           "speedup", "bound", "acceptance_per_depth"]
+
+
+def markdown(rows: list[dict], machine: str) -> str:
+    lines = [f"Machine: {machine}", "",
+             "| prompts | T | method | tau | tokens/s | speedup | bound | acceptance per depth |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        depth = " ".join(f"{a:.2f}" for a in r["acceptance_per_depth"]) or "-"
+        tau = f"{r['acceptance_length']:.2f}" if r["acceptance_length"] else "-"
+        bound = f"{r['bound']:.2f}x" if r.get("bound") else "-"
+        lines.append(f"| {r['prompt_set']} | {r['temperature']:g} | {r['method']} | {tau} | {r['tokens_per_s']:.1f} | "
+                     f"{r['speedup']:.2f}x | {bound} | {depth} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_all(rows: list[dict], out: Path, machine: str, meta: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.md").write_text(markdown(rows, machine))
+    (out / "results.json").write_text(json.dumps({"machine": machine, "meta": meta, "rows": rows}, indent=2))
+    with open(out / "results.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (" ".join(f"{a:.4f}" for a in r[k]) if k == "acceptance_per_depth" else r.get(k))
+                        for k in COLUMNS})
+    plot(rows, out)
+
+
+def plot(rows: list[dict], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = sorted({(r["prompt_set"], r["temperature"]) for r in rows})
+    fig, axes = plt.subplots(1, len(groups), figsize=(4.5 * len(groups), 3.6), squeeze=False)
+    for ax, (ps, t) in zip(axes[0], groups):
+        for r in rows:
+            if (r["prompt_set"], r["temperature"]) == (ps, t) and r["acceptance_per_depth"]:
+                depth = r["acceptance_per_depth"]
+                ax.plot(range(1, len(depth) + 1), depth, marker="o", label=r["method"])
+        ax.set_title(f"{ps}, T={t:g}")
+        ax.set_xlabel("tree depth")
+        ax.set_ylabel("share of cycles accepting this depth")
+        ax.set_ylim(0, 1)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "acceptance_per_depth.png", dpi=110)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, len(groups), figsize=(4.5 * len(groups), 3.6), squeeze=False)
+    for ax, (ps, t) in zip(axes[0], groups):
+        sel = [r for r in rows if (r["prompt_set"], r["temperature"]) == (ps, t)]
+        ax.bar([r["method"] for r in sel], [r["speedup"] for r in sel], color="tab:blue", label="measured")
+        bounds = [r.get("bound") or 0 for r in sel]
+        ax.scatter([r["method"] for r in sel], bounds, color="tab:red", marker="_", s=300, label="bound")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_title(f"{ps}, T={t:g}")
+        ax.set_ylabel("speedup over plain decoding")
+        ax.tick_params(axis="x", rotation=45, labelsize=8)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "speedup.png", dpi=110)
+    plt.close(fig)

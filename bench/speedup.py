@@ -1,0 +1,178 @@
+"""``python -m specdec_kit.bench.speedup``: acceptance length and speedup of every method on the zoo.
+
+Over HumanEval, Spec-Bench and held-out corpus prompts, at each temperature, every method and plain
+decoding run on the same target in the same process, interleaved (the method order rotates per
+prompt) and repeated; speedups are medians of per-(prompt, repeat) ratios to plain decoding. Beside
+each measured speedup stands the analytical bound tau * t / (t_verify + t_draft) from the measured
+latencies (methods.md section 1, with the tree's verify latency in the denominator). Peers on the same
+target: ``transformers`` ``generate``, its assisted generation with the zoo's independent draft LM,
+and its prompt-lookup decoding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from specdec_kit.bench import prompts as prompt_sets
+from specdec_kit.bench.report import write_all
+from specdec_kit.runtime.drafting import NoDrafter
+from specdec_kit.runtime.generate import SpeculativeGenerator
+from specdec_kit.runtime.loader import load_tokenizer, make_drafter, resolve_tree, set_threads
+from specdec_kit.runtime.sampling import SamplingParams
+from specdec_kit.runtime.target import TargetModel
+
+# method name -> (draft kind, zoo folder, tree spec)
+METHODS = {
+    "eagle2": ("eagle2", "eagle", "dynamic"),
+    "hass": ("hass", "hass", "dynamic"),
+    "griffin": ("griffin", "griffin", "dynamic"),
+    "medusa": ("medusa", "medusa", None),  # --medusa-tree
+}
+PEERS = ("hf_generate", "hf_assisted", "hf_prompt_lookup")
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m specdec_kit.bench.speedup", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--zoo", type=Path, default=Path(__file__).resolve().parents[1] / "zoo")
+    p.add_argument("--out", type=Path, default=Path("bench_results"))
+    p.add_argument("--prompt-sets", default="humaneval,spec_bench,heldout")
+    p.add_argument("--spec-bench", type=Path, default=prompt_sets.DEFAULT_SPEC_BENCH)
+    p.add_argument("--prompts", type=int, default=8, help="prompts per set")
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--temperatures", default="0,1")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--peers", default=",".join(PEERS), help="comma list, or 'none'")
+    p.add_argument("--total-tokens", type=int, default=24)
+    p.add_argument("--depth", type=int, default=4)
+    p.add_argument("--top-k", type=int, default=4)
+    p.add_argument("--medusa-tree", default="static:mc_sim_7b_63:24",
+                   help="Medusa's static tree (default: the first 24 choices of mc_sim_7b_63, sized for a CPU)")
+    p.add_argument("--smoke", action="store_true", help="2 prompts, 12 tokens, 1 repeat: checks that it runs")
+    return p.parse_args(argv)
+
+
+def median(values):
+    return statistics.median(values) if values else 0.0
+
+
+class HFPeers:
+    """The ``transformers`` decoders on the same target, timed the same way."""
+
+    def __init__(self, target: TargetModel, zoo: Path):
+        from transformers import AutoModelForCausalLM
+
+        self.hf = target.hf_model
+        self.assistant = None
+        if (zoo / "draft_lm" / "config.json").is_file():
+            self.assistant = AutoModelForCausalLM.from_pretrained(zoo / "draft_lm", dtype=target.dtype).eval()
+
+    def run(self, name: str, ids: list[int], max_new: int, params: SamplingParams) -> tuple[int, float]:
+        import time
+
+        x = torch.tensor([ids], device=self.hf.device)
+        kwargs = dict(attention_mask=torch.ones_like(x), max_new_tokens=max_new, do_sample=not params.greedy,
+                      pad_token_id=self.hf.generation_config.pad_token_id or 0)
+        if not params.greedy:
+            kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or None)
+            torch.manual_seed(params.seed or 0)
+        if name == "hf_assisted":
+            if self.assistant is None:
+                raise ValueError("the zoo has no draft_lm for assisted generation")
+            kwargs["assistant_model"] = self.assistant
+        elif name == "hf_prompt_lookup":
+            kwargs["prompt_lookup_num_tokens"] = 10
+        t0 = time.perf_counter()
+        out = self.hf.generate(x, **kwargs)
+        return int(out.shape[1] - x.shape[1]), time.perf_counter() - t0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.smoke:
+        args.prompts, args.max_new_tokens, args.repeats = 2, 12, 1
+    set_threads()
+    target = TargetModel.from_pretrained(args.zoo / "target")
+    tokenizer = load_tokenizer(args.zoo / "target")
+    generators = {"plain": SpeculativeGenerator(target, NoDrafter())}
+    for name in [m for m in args.methods.split(",") if m]:
+        kind, folder, tree_spec = METHODS[name]
+        tree_spec = tree_spec or args.medusa_tree
+        dynamic = tree_spec == "dynamic"
+        tree = resolve_tree(kind, tree_spec, args.total_tokens if dynamic else None, args.depth if dynamic else None,
+                            args.top_k if dynamic else None)
+        generators[name] = SpeculativeGenerator(target, make_drafter(target, kind, args.zoo / folder, tree))
+    peers = [p for p in args.peers.split(",") if p and p != "none"]
+    hf = HFPeers(target, args.zoo) if peers else None
+    sets = {}
+    for name in args.prompt_sets.split(","):
+        texts = {"humaneval": lambda: prompt_sets.humaneval(args.prompts),
+                 "spec_bench": lambda: prompt_sets.spec_bench(args.spec_bench, args.prompts),
+                 "heldout": lambda: prompt_sets.heldout(args.prompts)}[name]()
+        sets[name] = [tokenizer(t)["input_ids"][-512:] for t in texts]
+    temps = [float(t) for t in args.temperatures.split(",")]
+    names = list(generators) + peers
+    results: dict = {}  # (set, T, method) -> list of per-run dicts keyed by (prompt, repeat)
+    total = sum(len(v) for v in sets.values()) * len(temps) * args.repeats * len(names)
+    bar = tqdm(total=total, desc="benchmark", file=sys.stderr)
+    for name in names[:1]:  # warm-up
+        generators["plain"].generate([sets[next(iter(sets))][0]], 4)
+    for set_name, prompt_ids in sets.items():
+        for temp in temps:
+            for rep in range(args.repeats):
+                for i, ids in enumerate(prompt_ids):
+                    params = SamplingParams(temperature=temp, seed=1000 * rep + i)
+                    order = names[i % len(names):] + names[: i % len(names)]  # rotate: interleaved
+                    for method in order:
+                        if method in generators:
+                            st = generators[method].generate([ids], args.max_new_tokens, params)[0].stats
+                            run = {"tps": st.generated_tokens / st.total_s, "tokens": st.generated_tokens,
+                                   "cycles": st.cycles, "accepted": st.accepted_tokens,
+                                   "per_depth": st.accepted_per_depth, "draft_s": st.draft_s, "verify_s": st.verify_s,
+                                   "total_s": st.total_s}
+                        else:
+                            n, secs = hf.run(method, ids, args.max_new_tokens, params)
+                            run = {"tps": n / secs, "tokens": n, "total_s": secs}
+                        results.setdefault((set_name, temp, method), {})[(i, rep)] = run
+                        bar.update(1)
+    bar.close()
+    rows = summarize(results, names)
+    machine = (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+               f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU only'}, torch {torch.__version__}")
+    meta = {"prompts_per_set": args.prompts, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+            "tree": {"total_tokens": args.total_tokens, "depth": args.depth, "top_k": args.top_k}}
+    write_all(rows, args.out, machine, meta)
+    print((args.out / "results.md").read_text())
+    return 0
+
+
+def summarize(results: dict, names: list[str]) -> list[dict]:
+    rows = []
+    for (set_name, temp, method), runs in sorted(results.items(), key=lambda kv: (kv[0][0], kv[0][1], names.index(kv[0][2]))):
+        plain = results[(set_name, temp, "plain")]
+        ratios = [r["tps"] / plain[k]["tps"] for k, r in runs.items() if k in plain]
+        row = {"prompt_set": set_name, "temperature": temp, "method": method, "requests": len(runs),
+               "tokens_per_s": median([r["tps"] for r in runs.values()]), "speedup": median(ratios),
+               "acceptance_length": None, "bound": None, "acceptance_per_depth": []}
+        if "cycles" in next(iter(runs.values())) and method != "plain":
+            cycles = sum(r["cycles"] for r in runs.values())
+            accepted = sum(r["accepted"] for r in runs.values())
+            tau = (accepted + cycles) / cycles if cycles else 0.0
+            depth = [sum(col) / cycles for col in zip(*[r["per_depth"] for r in runs.values() if r["per_depth"]])]
+            t_plain = median([r["total_s"] / r["tokens"] for r in plain.values()])
+            t_cycle = sum(r["draft_s"] + r["verify_s"] for r in runs.values()) / cycles
+            row.update(acceptance_length=tau, acceptance_per_depth=depth, bound=tau * t_plain / t_cycle)
+        rows.append(row)
+    return rows
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""The zoo command builds every model from a recipe, and the benchmark's smoke mode runs on it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdec_kit.bench import speedup
+from specdec_kit.runtime.drafts.loading import load_draft
+from specdec_kit.runtime.target import TargetModel
+from specdec_kit.train import zoo
+
+TINY = {
+    "tokenizer": {"vocab_size": 300, "train_files": 30},
+    "target": {"hidden_size": 32, "layers": 2, "intermediate": 64, "heads": 2, "kv_heads": 1, "seq_len": 64,
+               "batch": 4, "steps": 8, "lr": 0.001, "warmup": 2, "seed": 0},
+    "draft_lm": {"hidden_size": 32, "layers": 1, "intermediate": 64, "heads": 2, "kv_heads": 1, "seq_len": 64,
+                 "batch": 4, "steps": 4, "lr": 0.001, "warmup": 2, "seed": 1},
+    "heads": {m: {"steps": 4, "batch": 4, "seq_len": 64, "lr": 0.001} for m in ("eagle", "hass", "griffin", "medusa")},
+    "save_dtype": "float16",
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_zoo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("zoo")
+    recipe = root / "recipe.json"
+    recipe.write_text(json.dumps(TINY))
+    assert zoo.main(["--out", str(root / "zoo"), "--recipe", str(recipe)]) == 0
+    return root / "zoo"
+
+
+def test_zoo_builds_every_model(tiny_zoo):
+    target = TargetModel.from_pretrained(tiny_zoo / "target", dtype="float32", device="cpu")
+    for method in ("eagle", "hass", "griffin", "medusa"):
+        load_draft(tiny_zoo / method, method, target.hidden_size, target.vocab_size)
+    assert (tiny_zoo / "draft_lm" / "config.json").is_file()
+    log = json.loads((tiny_zoo / "training_log.json").read_text())
+    assert {"corpus", "recipe", "target", "draft_lm", "griffin"} <= set(log)
+
+
+def test_benchmark_smoke(tiny_zoo, tmp_path):
+    out = tmp_path / "bench"
+    assert speedup.main(["--zoo", str(tiny_zoo), "--out", str(out), "--smoke"]) == 0
+    for name in ("results.md", "results.csv", "results.json", "acceptance_per_depth.png", "speedup.png"):
+        assert (out / name).stat().st_size > 0
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    methods = {r["method"] for r in rows}
+    assert methods == {"plain", "eagle2", "hass", "griffin", "medusa", "hf_generate", "hf_assisted", "hf_prompt_lookup"}
+    assert {r["prompt_set"] for r in rows} == {"humaneval", "spec_bench", "heldout"}
+    assert {r["temperature"] for r in rows} == {0.0, 1.0}
+    for r in rows:
+        assert r["tokens_per_s"] > 0 and r["speedup"] > 0
+        if r["method"] in ("eagle2", "hass", "griffin", "medusa"):
+            assert r["acceptance_length"] >= 1.0 and r["bound"] > 0
