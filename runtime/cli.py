@@ -2,7 +2,8 @@
 
 Prints the text and the acceptance statistics of each request; with ``--compare-plain`` it also runs
 plain decoding through the same loop, checks greedy outputs are identical and reports the speedup.
-``--demo`` writes a synthetic checkpoint set (see ``runtime/demo.py``) and runs every draft type on it.
+``--zoo`` runs every draft type on the demo model zoo (``train/zoo.py``); ``--demo`` does the same on a
+synthetic checkpoint set (``runtime/demo.py``) that needs no training.
 """
 
 from __future__ import annotations
@@ -22,10 +23,19 @@ from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.runtime.target import TargetLoadError, TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig
 
+DEFAULT_ZOO = Path(__file__).resolve().parents[1] / "zoo"
+
 # Dynamic-tree size for the CPU demo: verifying 60 tree tokens costs a CPU far more than one token.
 DEMO_TREE = dict(total_tokens=16, depth=3, top_k=4)
 
 DEMO_PROMPTS = ["The quick brown fox", "def main():\n", "Speculative decoding", "Hello, world!"]
+ZOO_PROMPTS = [
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
+    "class Stack:\n    def __init__(self):\n",
+    "import os\nimport sys\n\n\ndef main(argv=None):\n",
+    "    def __repr__(self):\n        return",
+]
+MEDUSA_DEMO_TREE = "static:mc_sim_7b_63:24"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -35,8 +45,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         epilog="Example: specdec-generate --target ./llama --draft griffin --draft-path ./griffin-head "
                "--prompt 'Hello' --compare-plain",
     )
-    p.add_argument("--demo", action="store_true", help="write a synthetic demo checkpoint set and run every draft type on it")
+    p.add_argument("--demo", action="store_true",
+                   help="write a synthetic checkpoint set (random target, constructed drafts) and run every draft type")
     p.add_argument("--demo-dir", type=Path, help="where --demo writes its checkpoints (default: a temporary directory)")
+    p.add_argument("--zoo", type=Path, nargs="?", const=DEFAULT_ZOO,
+                   help=f"run every draft type on the demo model zoo (default {DEFAULT_ZOO})")
     p.add_argument("--target", type=Path, help="Hugging Face checkpoint directory of the target (Llama/Mistral/Qwen2)")
     p.add_argument("--draft", default="griffin", choices=["none", *DRAFT_KINDS], help="draft type (default griffin)")
     p.add_argument("--draft-path", type=Path, help="draft checkpoint directory in its official layout")
@@ -127,23 +140,36 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.disable_progress_bar()
     torch.manual_seed(args.seed)
     try:
-        if args.demo:
-            from specdec_kit.runtime.demo import write_demo
+        if args.demo or args.zoo:
+            if args.zoo:
+                root = args.zoo
+                if not (root / "target" / "config.json").is_file():
+                    raise ValueError(f"{root}: no demo zoo here (build it with: python -m specdec_kit.train.zoo --out {root})")
+                paths = {"target": root / "target", "griffin": root / "griffin", "eagle2": root / "eagle",
+                         "hass": root / "hass", "eagle": root / "eagle", "medusa": root / "medusa"}
+                print(f"demo zoo: {root} (a Llama target trained by the kit on the stdlib corpus, one head per method)")
+                prompts = args.prompt or ZOO_PROMPTS
+            else:
+                from specdec_kit.runtime.demo import write_demo
 
+                root = args.demo_dir or Path(tempfile.mkdtemp(prefix="specdec-demo-"))
+                paths = write_demo(root)
+                print(f"synthetic checkpoints (random target, constructed drafts) written to {root}")
+                prompts = args.prompt or DEMO_PROMPTS
             for key, value in DEMO_TREE.items():
                 if getattr(args, key) is None:
                     setattr(args, key, value)
-            root = args.demo_dir or Path(tempfile.mkdtemp(prefix="specdec-demo-"))
-            paths = write_demo(root)
-            print(f"demo checkpoints (synthetic target, constructed drafts) written to {root}")
             target = TargetModel.from_pretrained(paths["target"], args.dtype, args.device)
             tokenizer = load_tokenizer(paths["target"])
-            prompts = args.prompt or DEMO_PROMPTS
             summaries = []
-            for kind in ("griffin", "eagle2", "eagle", "medusa"):
+            for kind in ("griffin", "hass", "eagle2", "eagle", "medusa"):
+                if kind not in paths or not paths[kind].is_dir():
+                    continue
                 static = kind in ("eagle", "medusa") and args.tree is None  # their default trees are static
                 kind_args = argparse.Namespace(**{**vars(args), **({"total_tokens": None, "depth": None, "top_k": None}
                                                                    if static else {})})
+                if kind == "medusa" and args.tree is None:
+                    kind_args.tree = MEDUSA_DEMO_TREE
                 summaries += run(target, tokenizer, kind, paths[kind], kind_args, prompts,
                                  compare_plain=(kind == "griffin"))
         else:

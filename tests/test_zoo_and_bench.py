@@ -54,3 +54,20 @@ def test_benchmark_smoke(tiny_zoo, tmp_path):
         assert r["tokens_per_s"] > 0 and r["speedup"] > 0
         if r["method"] in ("eagle2", "hass", "griffin", "medusa"):
             assert r["acceptance_length"] >= 1.0 and r["bound"] > 0
+
+
+def test_generate_on_zoo(tiny_zoo, capsys):
+    from specdec_kit.runtime import cli
+
+    assert cli.main(["--zoo", str(tiny_zoo), "--max-new-tokens", "8", "--prompt", "def f(x):\n"]) == 0
+    printed = capsys.readouterr().out
+    for kind in ("griffin", "hass", "eagle2", "eagle", "medusa", "plain decoding"):
+        assert f"== {kind}" in printed
+    assert "greedy output identical to plain decoding: True" in printed
+
+
+def test_generate_without_zoo_says_how_to_build_it(tmp_path, capsys):
+    from specdec_kit.runtime import cli
+
+    assert cli.main(["--zoo", str(tmp_path)]) == 2
+    assert "python -m specdec_kit.train.zoo" in capsys.readouterr().err

@@ -32,7 +32,9 @@ def build_lm(spec: LMSpec, vocab_size: int, eos_id: int) -> LlamaForCausalLM:
     config = LlamaConfig(
         hidden_size=spec.hidden_size, num_hidden_layers=spec.layers, intermediate_size=spec.intermediate,
         num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads, vocab_size=vocab_size,
-        max_position_embeddings=2048, bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id,
+        # no pad_token_id: it would make EOS a zero, frozen padding embedding, and a sequence starting with
+        # it would then stay exactly zero through every RMSNorm, whose gradient there (1/sqrt(eps)) overflows
+        max_position_embeddings=2048, bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=None,
         tie_word_embeddings=False, architectures=["LlamaForCausalLM"],
     )
     return LlamaForCausalLM(config)

@@ -1,0 +1,45 @@
+"""The committed demo zoo: within its size budget, built from the current recipe, strict-loadable, and
+lossless on its own target."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec_kit.runtime.drafts.loading import load_draft
+from specdec_kit.runtime.generate import SpeculativeGenerator
+from specdec_kit.runtime.loader import make_drafter, resolve_tree
+from specdec_kit.runtime.target import TargetModel
+from specdec_kit.train.zoo import RECIPE, recipe_hash
+
+ZOO = Path(__file__).resolve().parents[1] / "zoo"
+pytestmark = pytest.mark.skipif(not (ZOO / "target" / "config.json").is_file(), reason="no committed zoo yet")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
+
+
+def test_zoo_fits_its_budget_and_matches_the_recipe():
+    weights = [p for p in ZOO.rglob("*") if p.suffix in WEIGHT_SUFFIXES]
+    assert not [p for p in weights if p.name.endswith("training_state.pt")], "training state must not ship"
+    total = sum(p.stat().st_size for p in weights)
+    assert total <= 50 * 2**20, f"zoo weights are {total / 2**20:.1f} MiB > 50 MiB"
+    log = json.loads((ZOO / "training_log.json").read_text())
+    assert log["recipe"] == recipe_hash(json.loads(RECIPE.read_text())), "recipe changed: rebuild the zoo"
+
+
+def test_zoo_heads_load_and_decode_losslessly():
+    target = TargetModel.from_pretrained(ZOO / "target", dtype="float32", device="cpu")
+    hf = target.hf_model
+    prompt = [int(t) for t in torch.randint(0, target.vocab_size, (12,), generator=torch.Generator().manual_seed(0))]
+    ids = torch.tensor([prompt])
+    ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, min_new_tokens=40,
+                      do_sample=False, pad_token_id=0)[0, 12:].tolist()
+    for kind, folder, tree in (("griffin", "griffin", "dynamic"), ("hass", "hass", "dynamic"),
+                               ("eagle2", "eagle", "dynamic"), ("medusa", "medusa", "static:mc_sim_7b_63:24")):
+        load_draft(ZOO / folder, kind, target.hidden_size, target.vocab_size)
+        drafter = make_drafter(target, kind, ZOO / folder, resolve_tree(kind, tree, None, None, None) if tree != "dynamic"
+                               else resolve_tree(kind, tree, 16, 3, 4))
+        out = SpeculativeGenerator(target, drafter, eos_token_ids=[]).generate([prompt], 40)[0]
+        assert out.tokens == ref, kind
