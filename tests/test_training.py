@@ -106,3 +106,34 @@ def test_corpus_split_is_deterministic_and_disjoint():
     assert train_names and held_names and not train_names & held_names
     assert all(is_heldout(n) for n in held_names) and not any(is_heldout(n) for n in train_names)
     assert load_corpus().fingerprint() == corpus.fingerprint()
+
+
+def test_cached_features_match_streamed_and_train(tmp_path, target, data, capsys):
+    from specdec_kit.train.features import CachedFeatures, StreamedFeatures, write_cache
+
+    write_cache(target, data, tmp_path / "cache", shard_blocks=3)
+    assert "MiB" in capsys.readouterr().err  # the size is announced before writing
+    cached, streamed = CachedFeatures(tmp_path / "cache", target), StreamedFeatures(target, data)
+    idx = torch.tensor([0, 5, 7])
+    for a, b in zip(cached.batch(idx), streamed.batch(idx)):
+        torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=1e-2)
+    spec = HeadSpec.defaults("griffin", steps=3, batch=4, seq_len=32, lr=1e-3, warmup=1)
+    train_head(target, cached, spec, tmp_path / "head", progress=False)
+    assert (tmp_path / "head" / "pytorch_model.bin").is_file()
+
+
+def test_train_head_cli(tmp_path):
+    from specdec_kit.runtime.demo import write_char_tokenizer
+    from specdec_kit.runtime.synthetic import tiny_hf_model
+    from specdec_kit.train import cli
+
+    hf = tiny_hf_model(hidden_size=32, layers=1, heads=2, kv_heads=1, intermediate=64, vocab=75)
+    hf.save_pretrained(tmp_path / "target")
+    write_char_tokenizer(tmp_path / "target")
+    (tmp_path / "text.txt").write_text("def add(a, b):\n    return a + b\n" * 40)
+    rc = cli.main(["--method", "hass", "--target", str(tmp_path / "target"), "--out", str(tmp_path / "hass"),
+                   "--data", str(tmp_path / "text.txt"), "--steps", "3", "--batch", "2", "--seq-len", "32"])
+    assert rc == 0
+    load_draft(tmp_path / "hass", "hass", 32, 75)
+    rc = cli.main(["--method", "hass", "--target", str(tmp_path / "nope"), "--out", str(tmp_path / "x")])
+    assert rc == 2

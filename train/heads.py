@@ -1,7 +1,7 @@
 """Draft-head trainers: EAGLE, HASS, GRIFFIN (token-alignable training) and Medusa.
 
-Features are streamed: each step runs the frozen target over a batch of corpus blocks and trains on
-its post-norm last-layer features and logits (``features.py`` can cache them to disk instead).
+Features are streamed (each step runs the frozen target over a batch of corpus blocks and trains on
+its post-norm last-layer features and logits) or read from a cache (``features.py``).
 Every trainer writes its checkpoint in the official layout of its method plus a resumable
 ``training_state.pt``. Multi-pass methods sum the pass losses before one backward: the gradient is
 the same as the reference's backward after every pass.
@@ -25,6 +25,7 @@ from specdec_kit.runtime.drafts.medusa import MedusaHeads
 from specdec_kit.runtime.synthetic import draft_config
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.train.draft_forward import PassRunner, next_pass_features
+from specdec_kit.train.features import StreamedFeatures
 from specdec_kit.train.losses import LossWeights, medusa_loss, next_alignment_mask, pass_loss
 
 METHODS = ("eagle", "hass", "griffin", "medusa")
@@ -73,13 +74,6 @@ def new_head(method: str, target: TargetModel, spec: HeadSpec) -> torch.nn.Modul
     return draft
 
 
-@torch.no_grad()
-def target_outputs(target: TargetModel, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Post-norm last-layer features and logits of the frozen target over whole blocks."""
-    out = target.hf_model(tokens, output_hidden_states=True)
-    return out.hidden_states[-1].float(), out.logits.float()
-
-
 def feature_step(draft, lm_head, spec: HeadSpec, tokens, feats, logits, gen: torch.Generator):
     """All passes on one batch: returns the summed loss and per-pass (top1, top3, positions, loss)."""
     weights = LossWeights(**spec.weights)
@@ -107,9 +101,11 @@ def feature_step(draft, lm_head, spec: HeadSpec, tokens, feats, logits, gen: tor
     return total, stats
 
 
-def train_head(target: TargetModel, data: torch.Tensor, spec: HeadSpec, out_dir: Path, base_model: str = "",
+def train_head(target: TargetModel, data, spec: HeadSpec, out_dir: Path, base_model: str = "",
                progress: bool = True) -> dict:
-    """Train one head on ``data`` [N, seq_len] blocks; writes the official layout to ``out_dir``."""
+    """Train one head; ``data`` is [N, seq_len] token blocks (features streamed from the target) or a
+    ``CachedFeatures``. Writes the official layout and a resumable training state to ``out_dir``."""
+    source = StreamedFeatures(target, data) if isinstance(data, torch.Tensor) else data
     out_dir.mkdir(parents=True, exist_ok=True)
     head = new_head(spec.method, target, spec).float()
     params = [p for p in head.parameters() if p.requires_grad]
@@ -129,9 +125,8 @@ def train_head(target: TargetModel, data: torch.Tensor, spec: HeadSpec, out_dir:
                file=sys.stderr)
     t0 = time.time()
     for step in bar:
-        idx = torch.arange(step * spec.batch, (step + 1) * spec.batch) % data.shape[0]
-        tokens = data[idx][:, : spec.seq_len]
-        feats, logits = target_outputs(target, tokens)
+        idx = torch.arange(step * spec.batch, (step + 1) * spec.batch) % len(source)
+        tokens, feats, logits = source.batch(idx)
         for group in opt.param_groups:
             group["lr"] = spec.lr * min(1.0, (step + 1) / spec.warmup)
         if spec.method == "medusa":
