@@ -36,39 +36,50 @@ def write_all(rows: list[dict], out: Path, machine: str, meta: dict) -> None:
     plot(rows, out)
 
 
-def plot(rows: list[dict], out: Path) -> None:
+def _grid(rows: list[dict]):
+    """One panel per (prompt set, temperature): prompt sets down, temperatures across."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = sorted({(r["prompt_set"], r["temperature"]) for r in rows})
-    fig, axes = plt.subplots(1, len(groups), figsize=(4.5 * len(groups), 3.6), squeeze=False)
-    for ax, (ps, t) in zip(axes[0], groups):
+    sets = sorted({r["prompt_set"] for r in rows})
+    temps = sorted({r["temperature"] for r in rows})
+    fig, axes = plt.subplots(len(sets), len(temps), figsize=(5.2 * len(temps), 3.4 * len(sets)), squeeze=False)
+    panels = [(axes[i][j], ps, t) for i, ps in enumerate(sets) for j, t in enumerate(temps)]
+    return plt, fig, panels
+
+
+def plot(rows: list[dict], out: Path) -> None:
+    plt, fig, panels = _grid(rows)
+    for ax, ps, t in panels:
         for r in rows:
             if (r["prompt_set"], r["temperature"]) == (ps, t) and r["acceptance_per_depth"]:
                 depth = r["acceptance_per_depth"]
-                ax.plot(range(1, len(depth) + 1), depth, marker="o", label=r["method"])
+                ax.plot(range(1, len(depth) + 1), depth, marker="o", label=f"{r['method']} (tau {r['acceptance_length']:.2f})")
         ax.set_title(f"{ps}, T={t:g}")
         ax.set_xlabel("tree depth")
-        ax.set_ylabel("share of cycles accepting this depth")
-        ax.set_ylim(0, 1)
-        ax.legend(fontsize=8)
+        ax.set_ylabel("cycles accepting this depth")
+        ax.set_ylim(0, 1.02)
+        ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out / "acceptance_per_depth.png", dpi=110)
+    fig.savefig(out / "acceptance_per_depth.png", dpi=100)
     plt.close(fig)
 
-    fig, axes = plt.subplots(1, len(groups), figsize=(4.5 * len(groups), 3.6), squeeze=False)
-    for ax, (ps, t) in zip(axes[0], groups):
+    plt, fig, panels = _grid(rows)
+    for ax, ps, t in panels:
         sel = [r for r in rows if (r["prompt_set"], r["temperature"]) == (ps, t)]
-        ax.bar([r["method"] for r in sel], [r["speedup"] for r in sel], color="tab:blue", label="measured")
-        bounds = [r.get("bound") or 0 for r in sel]
-        ax.scatter([r["method"] for r in sel], bounds, color="tab:red", marker="_", s=300, label="bound")
+        names = [r["method"] for r in sel]
+        ax.bar(names, [r["speedup"] for r in sel], color="tab:blue", label="measured (median)")
+        with_bound = [(r["method"], r["bound"]) for r in sel if r.get("bound")]
+        if with_bound:
+            ax.scatter([m for m, _ in with_bound], [b for _, b in with_bound], color="tab:red", marker="_", s=400,
+                       linewidths=2, label="analytical bound", zorder=3)
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_title(f"{ps}, T={t:g}")
         ax.set_ylabel("speedup over plain decoding")
-        ax.tick_params(axis="x", rotation=45, labelsize=8)
-        ax.legend(fontsize=8)
+        ax.tick_params(axis="x", rotation=40, labelsize=7)
+        ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out / "speedup.png", dpi=110)
+    fig.savefig(out / "speedup.png", dpi=100)
     plt.close(fig)

@@ -51,9 +51,9 @@ def parse_args(argv):
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--peers", default=",".join(PEERS), help="comma list, or 'none'")
-    p.add_argument("--total-tokens", type=int, default=24)
-    p.add_argument("--depth", type=int, default=4)
-    p.add_argument("--top-k", type=int, default=4)
+    p.add_argument("--total-tokens", type=int, default=12)
+    p.add_argument("--depth", type=int, default=5)
+    p.add_argument("--top-k", type=int, default=2)
     p.add_argument("--medusa-tree", default="static:mc_sim_7b_63:24",
                    help="Medusa's static tree (default: the first 24 choices of mc_sim_7b_63, sized for a CPU)")
     p.add_argument("--smoke", action="store_true", help="2 prompts, 12 tokens, 1 repeat: checks that it runs")

@@ -26,7 +26,7 @@ from specdec_kit.runtime.trees import DynamicTreeConfig
 DEFAULT_ZOO = Path(__file__).resolve().parents[1] / "zoo"
 
 # Dynamic-tree size for the CPU demo: verifying 60 tree tokens costs a CPU far more than one token.
-DEMO_TREE = dict(total_tokens=16, depth=3, top_k=4)
+DEMO_TREE = dict(total_tokens=12, depth=5, top_k=2)
 
 DEMO_PROMPTS = ["The quick brown fox", "def main():\n", "Speculative decoding", "Hello, world!"]
 ZOO_PROMPTS = [

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's main job: set up .venv, then speculative generation with every draft type on the
-# bundled demo checkpoints, printing the text and the acceptance statistics.
+# committed demo model zoo (zoo/), printing the text and the acceptance statistics.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/specdec-generate --demo --demo-dir demo_models "$@"
+.venv/bin/specdec-generate --zoo zoo "$@"
