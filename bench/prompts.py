@@ -7,7 +7,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-DEFAULT_SPEC_BENCH = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "spec_bench" / "question.jsonl"
+DEFAULT_SPEC_BENCH = Path(__file__).resolve().parent / "data" / "spec_bench" / "question.jsonl"  # bundled copy
 
 
 def humaneval(n: int) -> list[str]:

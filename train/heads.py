@@ -27,25 +27,20 @@ from specdec_kit.runtime.target import TargetModel
 from specdec_kit.train.draft_forward import PassRunner, next_pass_features
 from specdec_kit.train.features import StreamedFeatures
 from specdec_kit.train.losses import LossWeights, medusa_loss, next_alignment_mask, pass_loss
+from specdec_kit.train.schedule import Schedule
 
 METHODS = ("eagle", "hass", "griffin", "medusa")
 
 
-@dataclass
-class HeadSpec:
+@dataclass(kw_only=True)
+class HeadSpec(Schedule):
     method: str
-    steps: int = 600
-    batch: int = 8
-    seq_len: int = 256
-    lr: float = 1e-3
-    warmup: int = 30
     passes: int = 1  # forward passes per batch (HASS: 3, GRIFFIN: 3)
     weights: dict = field(default_factory=dict)  # LossWeights fields
     noise: float = 0.1  # uniform feature noise amplitude on pass-1 inputs (EAGLE's augmentation)
     align_topk: int = 3  # GRIFFIN: predictable = true token in the draft's top-k
     medusa_heads: int = 4
     medusa_layers: int = 1
-    seed: int = 0
 
     @classmethod
     def defaults(cls, method: str, **overrides) -> "HeadSpec":

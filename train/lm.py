@@ -11,20 +11,16 @@ import torch
 from tqdm import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from specdec_kit.train.schedule import Schedule
 
-@dataclass
-class LMSpec:
+
+@dataclass(kw_only=True)
+class LMSpec(Schedule):
     hidden_size: int
     layers: int
     intermediate: int
     heads: int
     kv_heads: int
-    seq_len: int = 256
-    batch: int = 8
-    steps: int = 1000
-    lr: float = 2e-3
-    warmup: int = 50
-    seed: int = 0
 
 
 def build_lm(spec: LMSpec, vocab_size: int, eos_id: int) -> LlamaForCausalLM:
