@@ -120,11 +120,15 @@ def main(argv=None) -> int:
         sets[name] = [tokenizer(t)["input_ids"][-512:] for t in texts]
     temps = [float(t) for t in args.temperatures.split(",")]
     names = list(generators) + peers
-    results: dict = {}  # (set, T, method) -> list of per-run dicts keyed by (prompt, repeat)
+    results: dict = {}  # (set, T, method) -> {(prompt index, repeat): run measurements}
     total = sum(len(v) for v in sets.values()) * len(temps) * args.repeats * len(names)
     bar = tqdm(total=total, desc="benchmark", file=sys.stderr)
-    for name in names[:1]:  # warm-up
-        generators["plain"].generate([sets[next(iter(sets))][0]], 4)
+    warm = sets[next(iter(sets))][0]
+    for method in names:  # warm every decoder once so no method pays first-call costs in the timings
+        if method in generators:
+            generators[method].generate([warm], 4)
+        else:
+            hf.run(method, warm, 4, SamplingParams())
     for set_name, prompt_ids in sets.items():
         for temp in temps:
             for rep in range(args.repeats):
