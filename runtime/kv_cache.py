@@ -67,17 +67,16 @@ class KVCache:
         ar = torch.arange(num_new, device=self.lengths.device)
         return self.lengths[:, None] + offset + ar[None, :]
 
-    def attention_mask(self, pending_mask: torch.Tensor) -> torch.Tensor | None:
+    def attention_mask(self, pending_mask: torch.Tensor, k_len: int) -> torch.Tensor | None:
         """Boolean mask [B, 1, Q, K] over slots ``[0, K)`` for Q new tokens (None: all visible).
 
         ``pending_mask`` [B, Q, P] says which of the P pending slots ``lengths[b] + [0, P)`` each new
         token sees (the new tokens themselves are the last Q of them); committed slots are always
-        visible. K = max(lengths) + P.
+        visible. ``k_len`` = K = ``key_length(P)``, computed once per forward by the caller.
         """
         bsz, q_len, p_len = pending_mask.shape
         if bsz == 1 and q_len == 1 and p_len == 1:  # one token of one sequence sees all: no mask needed
             return None
-        k_len = self.key_length(p_len)
         key_pos = torch.arange(k_len, device=pending_mask.device)
         rel = key_pos[None, :] - self.lengths[:, None]  # [B, K]
         committed = rel < 0

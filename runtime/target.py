@@ -124,12 +124,12 @@ class TargetModel(nn.Module):
         """
         inner = self.hf_model.model
         q_len = tokens.shape[1]
-        cache.ensure_capacity(int(cache.lengths.max().item()) + q_len)
+        k_len = cache.key_length(pending_mask.shape[-1])  # one host sync per forward
+        cache.ensure_capacity(k_len)
         hidden = inner.embed_tokens(tokens)
         cos, sin = inner.rotary_emb(hidden, positions)
         slots = cache.slots(q_len)
-        mask = cache.attention_mask(pending_mask)
-        k_len = cache.key_length(pending_mask.shape[-1])
+        mask = cache.attention_mask(pending_mask, k_len)
         for i, layer in enumerate(inner.layers):
             residual = hidden
             hidden = layer.input_layernorm(hidden)

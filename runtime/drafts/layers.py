@@ -114,12 +114,12 @@ class FeatureDraft(nn.Module):
         features [B, Q, d] paired with the tokens [B, Q] that follow them; new K/V go to the pending
         slots ``lengths + offset + [0, Q)`` and ``pending_mask`` [B, Q, offset + Q] picks the visible ones."""
         q_len = tokens.shape[1]
-        cache.ensure_capacity(int(cache.lengths.max().item()) + offset + q_len)
+        k_len = cache.key_length(pending_mask.shape[-1])  # = longest row + offset + Q
+        cache.ensure_capacity(k_len)
         hidden = self.fuse(features, self.embed_tokens(tokens).to(features.dtype))
         cos, sin = self.rotary_emb(hidden, positions)
         slots = cache.slots(q_len, offset)
-        mask = cache.attention_mask(pending_mask)
-        k_len = cache.key_length(pending_mask.shape[-1])
+        mask = cache.attention_mask(pending_mask, k_len)
         for layer in self.layers:
             hidden = layer(hidden, cos, sin, cache, slots, mask, k_len)
         return self.split(hidden)
