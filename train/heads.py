@@ -18,9 +18,10 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from specdec_kit.runtime.device import resolve_dtype
 from specdec_kit.runtime.drafts.eagle import EagleDraft
 from specdec_kit.runtime.drafts.griffin import GriffinDraft
-from specdec_kit.runtime.drafts.loading import load_draft, save_draft
+from specdec_kit.runtime.drafts.loading import save_draft
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
 from specdec_kit.runtime.synthetic import draft_config
 from specdec_kit.runtime.target import TargetModel
@@ -97,9 +98,10 @@ def feature_step(draft, lm_head, spec: HeadSpec, tokens, feats, logits, gen: tor
 
 
 def train_head(target: TargetModel, data, spec: HeadSpec, out_dir: Path, base_model: str = "",
-               progress: bool = True) -> dict:
+               progress: bool = True, save_dtype: torch.dtype | None = None) -> dict:
     """Train one head; ``data`` is [N, seq_len] token blocks (features streamed from the target) or a
-    ``CachedFeatures``. Writes the official layout and a resumable training state to ``out_dir``."""
+    ``CachedFeatures``. Writes the official layout (in ``save_dtype``, default the target's) and a
+    resumable training state to ``out_dir``."""
     source = StreamedFeatures(target, data) if isinstance(data, torch.Tensor) else data
     out_dir.mkdir(parents=True, exist_ok=True)
     head = new_head(spec.method, target, spec).float()
@@ -147,7 +149,7 @@ def train_head(target: TargetModel, data, spec: HeadSpec, out_dir: Path, base_mo
         if (step + 1) % 100 == 0 or step + 1 == spec.steps:
             torch.save({"head": head.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,
                         "history": history}, state_path)
-    save_draft(head.to(target.dtype), out_dir, spec.method, base_model=base_model)
+    save_draft(head.to(save_dtype or target.dtype), out_dir, spec.method, base_model=base_model)
     (out_dir / "training_spec.json").write_text(json.dumps(asdict(spec), indent=2))
     return {"steps": spec.steps, "minutes": round((time.time() - t0) / 60, 2), "last": history[-1] if history else None}
 
@@ -157,7 +159,7 @@ def build_heads(out: Path, recipe: dict, tokenizer, corpus, log: dict, force: bo
     from specdec_kit.train.data import blocks, token_stream
 
     target = TargetModel.from_pretrained(out / "target", dtype="float32", device="cpu")
-    save_dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[recipe["save_dtype"]]
+    save_dtype = resolve_dtype(recipe["save_dtype"], target.device)
     for method, overrides in recipe["heads"].items():
         folder = out / method
         if (folder / "config.json").is_file() and not force:
@@ -168,7 +170,4 @@ def build_heads(out: Path, recipe: dict, tokenizer, corpus, log: dict, force: bo
         stream = token_stream(tokenizer, corpus.train[::-1], max_tokens=need + spec.seq_len)
         data = blocks(stream, spec.seq_len, spec.seed + 17)
         print(f"{method}: {data.numel() / 1e6:.2f}M training tokens", file=sys.stderr)
-        log[method] = train_head(target, data, spec, folder, base_model="../target")
-        if save_dtype != target.dtype:  # store in the zoo's dtype (train_head wrote the target's)
-            module = load_draft(folder, method, target.hidden_size, target.vocab_size)
-            save_draft(module.to(save_dtype), folder, method, base_model="../target")
+        log[method] = train_head(target, data, spec, folder, base_model="../target", save_dtype=save_dtype)

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import torch
 
+from specdec_kit.runtime.device import resolve_dtype
 from specdec_kit.train.corpus import describe, load_corpus
 from specdec_kit.train.data import blocks, token_stream
 from specdec_kit.train.lm import LMSpec, build_lm, heldout_loss, train_lm
 from specdec_kit.train.tokenizer import train_bpe
 
 RECIPE = Path(__file__).with_name("zoo_recipe.json")
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 def recipe_hash(recipe: dict) -> str:
@@ -46,7 +46,7 @@ def build_lm_stage(name: str, out: Path, recipe: dict, tokenizer, corpus, log: d
                  "minutes": round((time.time() - t0) / 60, 1)}
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.eos_token_id
-    model.to(DTYPES[recipe["save_dtype"]]).save_pretrained(out / name)
+    model.to(resolve_dtype(recipe["save_dtype"], torch.device("cpu"))).save_pretrained(out / name)
     tokenizer.save_pretrained(out / name)
     print(f"{name}: {log[name]}", file=sys.stderr)
 
