@@ -122,8 +122,7 @@ def train_head(target: TargetModel, data, spec: HeadSpec, out_dir: Path, base_mo
                file=sys.stderr)
     t0 = time.time()
     for step in bar:
-        idx = torch.arange(step * spec.batch, (step + 1) * spec.batch) % len(source)
-        tokens, feats, logits = source.batch(idx)
+        tokens, feats, logits = source.batch(spec.batch_rows(step, len(source)))
         for group in opt.param_groups:
             group["lr"] = spec.lr * min(1.0, (step + 1) / spec.warmup)
         if spec.method == "medusa":
@@ -134,8 +133,7 @@ def train_head(target: TargetModel, data, spec: HeadSpec, out_dir: Path, base_mo
             record = {"step": step, "loss": float(loss.detach()), "top1": [s[0] for s in stats],
                       "top3": [s[1] for s in stats], "positions": [s[2] for s in stats],
                       "pass_loss": [s[3] for s in stats]}
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"{spec.method}: loss is {float(loss)} at step {step}; lower the learning rate ({spec.lr})")
+        spec.check_finite(loss, spec.method, step)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 0.5)

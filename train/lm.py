@@ -56,13 +56,11 @@ def train_lm(model: LlamaForCausalLM, data: torch.Tensor, spec: LMSpec, state_pa
     model.train()
     bar = tqdm(range(start, spec.steps), desc=desc, initial=start, total=spec.steps)
     for step in bar:
-        idx = torch.arange(step * spec.batch, (step + 1) * spec.batch) % data.shape[0]
-        batch = data[idx]
+        batch = data[spec.batch_rows(step, data.shape[0])]
         for group in opt.param_groups:
             group["lr"] = lr_at(step, spec)
         loss = model(batch, labels=batch).loss
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"{desc}: loss is {float(loss)} at step {step}; lower the learning rate ({spec.lr})")
+        spec.check_finite(loss, desc, step)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
