@@ -23,7 +23,7 @@ from tqdm import tqdm
 from specdec_kit.bench import prompts as prompt_sets
 from specdec_kit.bench.report import write_all
 from specdec_kit.runtime.drafting import NoDrafter
-from specdec_kit.runtime.generate import SpeculativeGenerator
+from specdec_kit.runtime.generate import RequestStats, SpeculativeGenerator
 from specdec_kit.runtime.loader import load_tokenizer, make_drafter, resolve_tree, set_threads
 from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.runtime.target import TargetModel
@@ -138,10 +138,8 @@ def main(argv=None) -> int:
                     for method in order:
                         if method in generators:
                             st = generators[method].generate([ids], args.max_new_tokens, params)[0].stats
-                            run = {"tps": st.generated_tokens / st.total_s, "tokens": st.generated_tokens,
-                                   "cycles": st.cycles, "accepted": st.accepted_tokens,
-                                   "per_depth": st.accepted_per_depth, "draft_s": st.draft_s, "verify_s": st.verify_s,
-                                   "total_s": st.total_s}
+                            run = {"tps": st.tokens_per_s, "tokens": st.generated_tokens, "total_s": st.total_s,
+                                   "stats": st}
                         else:
                             n, secs = hf.run(method, ids, args.max_new_tokens, params)
                             run = {"tps": n / secs, "tokens": n, "total_s": secs}
@@ -166,14 +164,14 @@ def summarize(results: dict, names: list[str]) -> list[dict]:
         row = {"prompt_set": set_name, "temperature": temp, "method": method, "requests": len(runs),
                "tokens_per_s": median([r["tps"] for r in runs.values()]), "speedup": median(ratios),
                "acceptance_length": None, "bound": None, "acceptance_per_depth": []}
-        if "cycles" in next(iter(runs.values())) and method != "plain":
-            cycles = sum(r["cycles"] for r in runs.values())
-            accepted = sum(r["accepted"] for r in runs.values())
-            tau = (accepted + cycles) / cycles if cycles else 0.0
-            depth = [sum(col) / cycles for col in zip(*[r["per_depth"] for r in runs.values() if r["per_depth"]])]
+        if "stats" in next(iter(runs.values())) and method != "plain":
+            pooled = RequestStats.combined([r["stats"] for r in runs.values()])
+            tau = pooled.acceptance_length
+            depth = [a / pooled.cycles for a in pooled.accepted_per_depth] if pooled.cycles else []
             t_plain = median([r["total_s"] / r["tokens"] for r in plain.values()])
-            t_cycle = sum(r["draft_s"] + r["verify_s"] for r in runs.values()) / cycles
-            row.update(acceptance_length=tau, acceptance_per_depth=depth, bound=tau * t_plain / t_cycle)
+            t_cycle = (pooled.draft_s + pooled.verify_s) / pooled.cycles if pooled.cycles else 0.0
+            row.update(acceptance_length=tau, acceptance_per_depth=depth,
+                       bound=tau * t_plain / t_cycle if t_cycle else None)
         rows.append(row)
     return rows
 

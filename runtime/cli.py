@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from specdec_kit.runtime.drafts.loading import DRAFT_KINDS, DraftLoadError
-from specdec_kit.runtime.generate import GenerationResult, SpeculativeGenerator
+from specdec_kit.runtime.generate import GenerationResult, RequestStats, SpeculativeGenerator
 from specdec_kit.runtime.loader import load_tokenizer, make_drafter, resolve_tree, set_threads
 from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.runtime.target import TargetLoadError, TargetModel
@@ -71,19 +71,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def describe(name: str, results: list[GenerationResult]) -> dict:
-    tokens = sum(r.stats.generated_tokens for r in results)
-    seconds = max(r.stats.total_s for r in results)
-    cycles = sum(r.stats.cycles for r in results)
-    accepted = sum(r.stats.accepted_tokens for r in results)
-    depth = [sum(col) for col in zip(*[r.stats.accepted_per_depth for r in results])] if results else []
+    pooled = RequestStats.combined([r.stats for r in results])
+    seconds = max(r.stats.total_s for r in results)  # one batch: requests ran side by side
     return {
         "method": name,
-        "tokens": tokens,
+        "tokens": pooled.generated_tokens,
         "seconds": round(seconds, 4),
-        "tokens_per_s": round(tokens / seconds, 2) if seconds else 0.0,
-        "acceptance_length": round((accepted + cycles) / cycles, 3) if cycles else 0.0,
-        "accepted_per_depth": depth,
-        "cycles": cycles,
+        "tokens_per_s": round(pooled.generated_tokens / seconds, 2) if seconds else 0.0,
+        "acceptance_length": round(pooled.acceptance_length, 3),
+        "accepted_per_depth": pooled.accepted_per_depth,
+        "cycles": pooled.cycles,
     }
 
 

@@ -41,6 +41,20 @@ class RequestStats:
     def tokens_per_s(self) -> float:
         return self.generated_tokens / self.total_s if self.total_s > 0 else 0.0
 
+    @classmethod
+    def combined(cls, stats: Sequence["RequestStats"]) -> "RequestStats":
+        """Counts and times summed over requests (so ``acceptance_length`` is their pooled tau)."""
+        out = cls()
+        for st in stats:
+            for name in ("prompt_tokens", "generated_tokens", "cycles", "draft_tokens", "accepted_tokens",
+                         "prefill_s", "draft_s", "verify_s", "total_s"):
+                setattr(out, name, getattr(out, name) + getattr(st, name))
+            width = max(len(out.accepted_per_depth), len(st.accepted_per_depth))
+            mine = out.accepted_per_depth + [0] * (width - len(out.accepted_per_depth))
+            theirs = st.accepted_per_depth + [0] * (width - len(st.accepted_per_depth))
+            out.accepted_per_depth = [a + b for a, b in zip(mine, theirs)]
+        return out
+
 
 @dataclass
 class GenerationResult:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specdec_kit.runtime.drafting import FeatureTreeDrafter, NoDrafter
-from specdec_kit.runtime.generate import SpeculativeGenerator
+from specdec_kit.runtime.generate import RequestStats, SpeculativeGenerator
 from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.runtime.synthetic import oracle_griffin, tiny_target
 from specdec_kit.runtime.trees import DynamicTreeConfig
@@ -63,6 +63,11 @@ def test_statistics_are_consistent(target):
         assert st.draft_tokens == st.cycles * 15
         assert 0 < st.draft_s < st.total_s and 0 < st.verify_s < st.total_s
         assert st.tokens_per_s > 0
+    pooled = RequestStats.combined([r.stats for r in res])
+    assert pooled.cycles == sum(r.stats.cycles for r in res)
+    assert pooled.accepted_per_depth == [a + b for a, b in zip(*(r.stats.accepted_per_depth for r in res))]
+    assert pooled.acceptance_length == pytest.approx(
+        sum(r.stats.accepted_tokens + r.stats.cycles for r in res) / sum(r.stats.cycles for r in res))
 
 
 def test_mixed_parameters_in_one_batch(target):
