@@ -24,16 +24,17 @@ from specdec_kit.bench import prompts as prompt_sets
 from specdec_kit.bench.report import write_all
 from specdec_kit.runtime.drafting import NoDrafter
 from specdec_kit.runtime.generate import RequestStats, SpeculativeGenerator
-from specdec_kit.runtime.loader import load_tokenizer, make_drafter, resolve_tree, set_threads
+from specdec_kit.runtime.loader import default_tree, load_tokenizer, make_drafter, set_threads
 from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.runtime.target import TargetModel
+from specdec_kit.runtime.trees import DynamicTreeConfig
 
-# method name -> (draft kind, zoo folder, tree spec)
+# method name -> (draft kind, zoo folder); trees: dynamic (--total-tokens/--depth/--top-k), Medusa --medusa-tree
 METHODS = {
-    "eagle2": ("eagle2", "eagle", "dynamic"),
-    "hass": ("hass", "hass", "dynamic"),
-    "griffin": ("griffin", "griffin", "dynamic"),
-    "medusa": ("medusa", "medusa", None),  # --medusa-tree
+    "eagle2": ("eagle2", "eagle"),
+    "hass": ("hass", "hass"),
+    "griffin": ("griffin", "griffin"),
+    "medusa": ("medusa", "medusa"),
 }
 PEERS = ("hf_generate", "hf_assisted", "hf_prompt_lookup")
 
@@ -103,12 +104,10 @@ def main(argv=None) -> int:
     target = TargetModel.from_pretrained(args.zoo / "target")
     tokenizer = load_tokenizer(args.zoo / "target")
     generators = {"plain": SpeculativeGenerator(target, NoDrafter())}
+    dynamic = DynamicTreeConfig(total_tokens=args.total_tokens, depth=args.depth, top_k=args.top_k)
     for name in [m for m in args.methods.split(",") if m]:
-        kind, folder, tree_spec = METHODS[name]
-        tree_spec = tree_spec or args.medusa_tree
-        dynamic = tree_spec == "dynamic"
-        tree = resolve_tree(kind, tree_spec, args.total_tokens if dynamic else None, args.depth if dynamic else None,
-                            args.top_k if dynamic else None)
+        kind, folder = METHODS[name]
+        tree = default_tree(kind, dynamic, args.medusa_tree)
         generators[name] = SpeculativeGenerator(target, make_drafter(target, kind, args.zoo / folder, tree))
     peers = [p for p in args.peers.split(",") if p and p != "none"]
     hf = HFPeers(target, args.zoo) if peers else None

@@ -18,7 +18,7 @@ import torch
 
 from specdec_kit.runtime.drafts.loading import DRAFT_KINDS, DraftLoadError
 from specdec_kit.runtime.generate import GenerationResult, RequestStats, SpeculativeGenerator
-from specdec_kit.runtime.loader import load_tokenizer, make_drafter, resolve_tree, set_threads
+from specdec_kit.runtime.loader import default_tree, load_tokenizer, make_drafter, resolve_tree, set_threads
 from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.runtime.target import TargetLoadError, TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig
@@ -99,8 +99,8 @@ def print_run(summary: dict, results: list[GenerationResult], prompts: list[str]
             print(f"  [{res.finish_reason}] {prompt!r} -> {res.text!r}")
 
 
-def run(target: TargetModel, tokenizer, kind: str, draft_path, args, prompts: list[str], compare_plain: bool) -> list[dict]:
-    tree = resolve_tree(kind, args.tree, args.total_tokens, args.depth, args.top_k)
+def run(target: TargetModel, tokenizer, kind: str, draft_path, tree, args, prompts: list[str],
+        compare_plain: bool) -> list[dict]:
     drafter = make_drafter(target, kind, draft_path, tree)
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     gen = SpeculativeGenerator(target, drafter, decode=decode)
@@ -153,21 +153,18 @@ def main(argv: list[str] | None = None) -> int:
                 paths = write_demo(root)
                 print(f"synthetic checkpoints (random target, constructed drafts) written to {root}")
                 prompts = args.prompt or DEMO_PROMPTS
-            for key, value in DEMO_TREE.items():
-                if getattr(args, key) is None:
-                    setattr(args, key, value)
+            dynamic = DynamicTreeConfig(total_tokens=args.total_tokens or DEMO_TREE["total_tokens"],
+                                        depth=DEMO_TREE["depth"] if args.depth is None else args.depth,
+                                        top_k=args.top_k or DEMO_TREE["top_k"])
             target = TargetModel.from_pretrained(paths["target"], args.dtype, args.device)
             tokenizer = load_tokenizer(paths["target"])
             summaries = []
             for kind in ("griffin", "hass", "eagle2", "eagle", "medusa"):
                 if kind not in paths or not paths[kind].is_dir():
                     continue
-                static = kind in ("eagle", "medusa") and args.tree is None  # their default trees are static
-                kind_args = argparse.Namespace(**{**vars(args), **({"total_tokens": None, "depth": None, "top_k": None}
-                                                                   if static else {})})
-                if kind == "medusa" and args.tree is None:
-                    kind_args.tree = MEDUSA_DEMO_TREE
-                summaries += run(target, tokenizer, kind, paths[kind], kind_args, prompts,
+                tree = (resolve_tree(kind, args.tree, args.total_tokens, args.depth, args.top_k) if args.tree
+                        else default_tree(kind, dynamic, MEDUSA_DEMO_TREE))
+                summaries += run(target, tokenizer, kind, paths[kind], tree, args, prompts,
                                  compare_plain=(kind == "griffin"))
         else:
             if args.target is None:
@@ -175,8 +172,9 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             target = TargetModel.from_pretrained(args.target, args.dtype, args.device)
             tokenizer = load_tokenizer(args.target)
-            summaries = run(target, tokenizer, args.draft, args.draft_path, args, args.prompt or DEMO_PROMPTS[:1],
-                            args.compare_plain)
+            tree = resolve_tree(args.draft, args.tree, args.total_tokens, args.depth, args.top_k)
+            summaries = run(target, tokenizer, args.draft, args.draft_path, tree, args,
+                            args.prompt or DEMO_PROMPTS[:1], args.compare_plain)
     except (DraftLoadError, TargetLoadError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

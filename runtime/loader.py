@@ -27,6 +27,14 @@ def resolve_tree(kind: str, spec: str | None, total_tokens: int | None, depth: i
     return tree
 
 
+def default_tree(kind: str, dynamic: DynamicTreeConfig, medusa_spec: str) -> StaticTree | DynamicTreeConfig:
+    """Each kind's usual tree when running several kinds side by side: EAGLE-1 its static tree, Medusa
+    ``medusa_spec``, the dynamic-tree methods (EAGLE-2, HASS, GRIFFIN) ``dynamic``."""
+    if kind == "medusa":
+        return parse_tree_spec(medusa_spec)
+    return parse_tree_spec(DEFAULT_TREES[kind]) if kind in DEFAULT_TREES else dynamic
+
+
 def make_drafter(target: TargetModel, kind: str, draft_path: str | Path | None, tree) -> Drafter:
     if kind == "none":
         return NoDrafter()
