@@ -1,1 +1,1 @@
-"""specdec_kit.export: see the issue tracker; filled in by later work."""
+"""specdec_kit.export: engine building (``build_engine.py``): ONNX graphs, TensorRT-LLM and SGLang exports."""

@@ -17,8 +17,10 @@ from pathlib import Path
 import torch
 
 from specdec_kit.runtime.drafts.loading import DRAFT_KINDS, DraftLoadError
+from specdec_kit.runtime.engine import open_engine
 from specdec_kit.runtime.generate import GenerationResult, RequestStats, SpeculativeGenerator
 from specdec_kit.runtime.loader import default_tree, load_tokenizer, make_drafter, resolve_tree, set_threads
+from specdec_kit.runtime.manifest import EngineError
 from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.runtime.target import TargetLoadError, TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig
@@ -50,6 +52,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--demo-dir", type=Path, help="where --demo writes its checkpoints (default: a temporary directory)")
     p.add_argument("--zoo", type=Path, nargs="?", const=DEFAULT_ZOO,
                    help=f"run every draft type on the demo model zoo (default {DEFAULT_ZOO})")
+    p.add_argument("--engine", type=Path,
+                   help="engine directory from export/build_engine.py (its manifest fixes backend, draft, tree, dtype)")
     p.add_argument("--target", type=Path, help="Hugging Face checkpoint directory of the target (Llama/Mistral/Qwen2)")
     p.add_argument("--draft", default="griffin", choices=["none", *DRAFT_KINDS], help="draft type (default griffin)")
     p.add_argument("--draft-path", type=Path, help="draft checkpoint directory in its official layout")
@@ -99,9 +103,7 @@ def print_run(summary: dict, results: list[GenerationResult], prompts: list[str]
             print(f"  [{res.finish_reason}] {prompt!r} -> {res.text!r}")
 
 
-def run(target: TargetModel, tokenizer, kind: str, draft_path, tree, args, prompts: list[str],
-        compare_plain: bool) -> list[dict]:
-    drafter = make_drafter(target, kind, draft_path, tree)
+def run(target, tokenizer, kind: str, drafter, tree, args, prompts: list[str], compare_plain: bool) -> list[dict]:
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     gen = SpeculativeGenerator(target, drafter, decode=decode)
     ids = [tokenizer(p, add_special_tokens=True)["input_ids"] for p in prompts]
@@ -164,18 +166,25 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 tree = (resolve_tree(kind, args.tree, args.total_tokens, args.depth, args.top_k) if args.tree
                         else default_tree(kind, dynamic, MEDUSA_DEMO_TREE))
-                summaries += run(target, tokenizer, kind, paths[kind], tree, args, prompts,
-                                 compare_plain=(kind == "griffin"))
+                summaries += run(target, tokenizer, kind, make_drafter(target, kind, paths[kind], tree), tree, args,
+                                 prompts, compare_plain=(kind == "griffin"))
+        elif args.engine:
+            engine = open_engine(args.engine, device=args.device)
+            target, tokenizer, tree = engine.target, engine.tokenizer, engine.tree
+            print(f"engine: {args.engine} ({engine.backend} backend, {engine.draft_kind} draft, {engine.manifest['dtype']})")
+            summaries = run(target, tokenizer, engine.draft_kind, engine.drafter, tree, args,
+                            args.prompt or ZOO_PROMPTS[:1], args.compare_plain)
         else:
             if args.target is None:
-                print("error: give --target DIR (and --draft-path DIR), or --demo", file=sys.stderr)
+                print("error: give --engine DIR, --target DIR (and --draft-path DIR), --zoo or --demo", file=sys.stderr)
                 return 2
             target = TargetModel.from_pretrained(args.target, args.dtype, args.device)
             tokenizer = load_tokenizer(args.target)
             tree = resolve_tree(args.draft, args.tree, args.total_tokens, args.depth, args.top_k)
-            summaries = run(target, tokenizer, args.draft, args.draft_path, tree, args,
+            drafter = make_drafter(target, args.draft, args.draft_path, tree)
+            summaries = run(target, tokenizer, args.draft, drafter, tree, args,
                             args.prompt or DEMO_PROMPTS[:1], args.compare_plain)
-    except (DraftLoadError, TargetLoadError, ValueError) as exc:
+    except (DraftLoadError, TargetLoadError, EngineError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"\ndevice {target.device}, dtype {str(target.dtype).removeprefix('torch.')}, threads {torch.get_num_threads()}")

@@ -100,11 +100,36 @@ class MedusaDrafter(Drafter):
         return DraftTree.from_static(torch.cat([roots[:, None], node_tokens], dim=1), self.tree)
 
 
-class FeatureTreeDrafter(Drafter):
-    """EAGLE/HASS/GRIFFIN draft with the target's LM head, over a static or a dynamic tree."""
+class FeatureDraftStep:
+    """One cached draft step that ends in logits: a feature draft plus the target's LM head (PyTorch).
 
-    def __init__(self, draft: FeatureDraft, lm_head: nn.Module, tree: StaticTree | DynamicTreeConfig):
-        self.model, self.lm_head, self.tree = draft, lm_head, tree
+    The ONNX Runtime backend provides the same call (``runtime/ort_backend.py``), so the tree search
+    in ``FeatureTreeDrafter`` is one code path for both."""
+
+    def __init__(self, draft: FeatureDraft, lm_head: nn.Module):
+        self.draft, self.lm_head = draft, lm_head
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.draft.embed_tokens.weight.dtype
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        return self.draft.new_cache(batch, capacity)
+
+    @torch.inference_mode()
+    def __call__(self, features, tokens, positions, pending_mask, cache, offset: int = 0, logits_at=None):
+        """-> (logits [B, Q' or Q, V], regression features [B, Q, d]); ``logits_at`` [B, Q'] selects positions."""
+        pred, reg = self.draft.step(features, tokens, positions, pending_mask, cache, offset)
+        if logits_at is not None:
+            pred = torch.gather(pred, 1, logits_at[..., None].expand(-1, -1, pred.shape[-1]))
+        return self.lm_head(pred), reg
+
+
+class FeatureTreeDrafter(Drafter):
+    """EAGLE/HASS/GRIFFIN draft steps over a static or a dynamic tree."""
+
+    def __init__(self, step: FeatureDraftStep, tree: StaticTree | DynamicTreeConfig):
+        self.step, self.tree = step, tree
         if isinstance(tree, StaticTree):
             self.max_nodes, self.max_depth = tree.buffers.num_nodes, tree.buffers.max_depth
         else:
@@ -112,13 +137,14 @@ class FeatureTreeDrafter(Drafter):
         self.cache: KVCache | None = None
 
     def reset(self, batch: int, capacity: int) -> None:
-        self.cache = self.model.new_cache(batch, capacity)
+        self.cache = self.step.new_cache(batch, capacity)
 
     def select_rows(self, rows: torch.Tensor) -> None:
         self.cache.select_rows(rows)
 
-    def _logp(self, prediction: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(self.lm_head(prediction).float(), dim=-1)
+    @staticmethod
+    def _logp(logits: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(logits.float(), dim=-1)
 
     @torch.inference_mode()
     def draft(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
@@ -128,10 +154,10 @@ class FeatureTreeDrafter(Drafter):
         ar = torch.arange(q_len, device=dev)
         causal = (ar[None, :] <= ar[:, None]).expand(bsz, q_len, q_len)
         positions = cache.lengths[:, None] + ar[None, :]
-        pred, reg = self.model.step(features.to(self.model.embed_tokens.weight.dtype), tokens, positions, causal, cache)
+        logits, reg = self.step(features.to(self.step.dtype), tokens, positions, causal, cache, logits_at=(counts - 1)[:, None])
         cache.commit(ar.expand(bsz, q_len), counts)  # context pairs join the draft's sequence in place
         roots = last_real(tokens, counts)
-        last_logp = self._logp(last_real(pred, counts))  # [B, V]
+        last_logp = self._logp(logits[:, 0])  # [B, V]
         last_reg = last_real(reg, counts)  # [B, d]
         if isinstance(self.tree, StaticTree):
             return self._static(roots, last_logp, last_reg)
@@ -139,8 +165,8 @@ class FeatureTreeDrafter(Drafter):
 
     def _step(self, feats, toks, level_pos, pending, offset):
         positions = (self.cache.lengths + level_pos)[:, None].expand_as(toks)
-        pred, reg = self.model.step(feats, toks, positions, pending, self.cache, offset)
-        return self._logp(pred), reg
+        logits, reg = self.step(feats, toks, positions, pending, self.cache, offset)
+        return self._logp(logits), reg
 
     def _static(self, roots: torch.Tensor, root_logp: torch.Tensor, root_reg: torch.Tensor) -> DraftTree:
         tree = self.tree

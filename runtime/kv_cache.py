@@ -67,6 +67,21 @@ class KVCache:
         ar = torch.arange(num_new, device=self.lengths.device)
         return self.lengths[:, None] + offset + ar[None, :]
 
+    def _visible_slots(self, pending_mask: torch.Tensor, k_len: int, num_pending: int) -> torch.Tensor:
+        """[B, Q, K] over slots ``[0, K)``: committed slots, plus the first ``num_pending`` pending slots
+        ``lengths[b] + [0, num_pending)`` where ``pending_mask`` allows them."""
+        bsz, q_len, _ = pending_mask.shape
+        key_pos = torch.arange(k_len, device=pending_mask.device)
+        rel = key_pos[None, :] - self.lengths[:, None]  # [B, K]
+        visible = (rel < 0)[:, None, :].expand(bsz, q_len, k_len)
+        if num_pending == 0:
+            return visible
+        in_pending = (rel >= 0) & (rel < num_pending)
+        gathered = torch.gather(
+            pending_mask, 2, rel.clamp(0, num_pending - 1)[:, None, :].expand(bsz, q_len, k_len)
+        )
+        return visible | (in_pending[:, None, :] & gathered)
+
     def attention_mask(self, pending_mask: torch.Tensor, k_len: int) -> torch.Tensor | None:
         """Boolean mask [B, 1, Q, K] over slots ``[0, K)`` for Q new tokens (None: all visible).
 
@@ -77,15 +92,19 @@ class KVCache:
         bsz, q_len, p_len = pending_mask.shape
         if bsz == 1 and q_len == 1 and p_len == 1:  # one token of one sequence sees all: no mask needed
             return None
-        key_pos = torch.arange(k_len, device=pending_mask.device)
-        rel = key_pos[None, :] - self.lengths[:, None]  # [B, K]
-        committed = rel < 0
-        in_pending = (rel >= 0) & (rel < p_len)
-        gathered = torch.gather(
-            pending_mask, 2, rel.clamp(0, p_len - 1)[:, None, :].expand(bsz, q_len, k_len)
-        )
-        mask = committed[:, None, :] | (in_pending[:, None, :] & gathered)
-        return mask[:, None, :, :]
+        return self._visible_slots(pending_mask, k_len, p_len)[:, None, :, :]
+
+    def past_and_new_mask(self, pending_mask: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """For graphs that take the past slots as an input and append the new tokens' keys after them
+        (the ONNX engines): the mask [B, Q, past + Q] and ``past`` = longest row + earlier pending slots.
+
+        ``pending_mask`` [B, Q, offset + Q] as for ``attention_mask``; its last Q columns are the new
+        tokens, the first ``offset`` the pending slots already written (earlier levels of a draft tree)."""
+        q_len = pending_mask.shape[1]
+        offset = pending_mask.shape[2] - q_len
+        past = self.key_length(offset)
+        visible = self._visible_slots(pending_mask[..., :offset], past, offset)
+        return torch.cat([visible, pending_mask[..., offset:]], dim=2), past
 
     def key_length(self, num_pending: int) -> int:
         """How many slots attention must read: up to the longest row's last pending slot."""
@@ -97,6 +116,13 @@ class KVCache:
         idx = slots[:, None, :, None].expand(-1, k_new.shape[1], -1, k_new.shape[3])
         self.keys[layer].scatter_(2, idx, k_new)
         self.values[layer].scatter_(2, idx, v_new)
+
+    @torch.inference_mode()
+    def write_all(self, k_new: torch.Tensor, v_new: torch.Tensor, slots: torch.Tensor) -> None:
+        """Scatter every layer's new keys/values [L, B, H, Q, D] into ``slots`` [B, Q] at once."""
+        idx = slots[None, :, None, :, None].expand(k_new.shape[0], -1, k_new.shape[2], -1, k_new.shape[4])
+        self.keys.scatter_(3, idx, k_new)
+        self.values.scatter_(3, idx, v_new)
 
     def view(self, layer: int, k_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.keys[layer, :, :, :k_len], self.values[layer, :, :, :k_len]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from specdec_kit.runtime.drafting import Drafter, FeatureTreeDrafter, MedusaDrafter, NoDrafter
+from specdec_kit.runtime.drafting import Drafter, FeatureDraftStep, FeatureTreeDrafter, MedusaDrafter, NoDrafter
 from specdec_kit.runtime.drafts.loading import DRAFT_KINDS, load_draft
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree, parse_tree_spec
@@ -47,7 +47,7 @@ def make_drafter(target: TargetModel, kind: str, draft_path: str | Path | None, 
         if not isinstance(tree, StaticTree):
             raise ValueError("Medusa heads draft static trees only (e.g. static:mc_sim_7b_63)")
         return MedusaDrafter(module, tree)
-    return FeatureTreeDrafter(module, target.lm_head, tree)
+    return FeatureTreeDrafter(FeatureDraftStep(module, target.lm_head), tree)
 
 
 def load_tokenizer(path: str | Path):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specdec_kit.runtime.choices import EAGLE1_DEFAULT, MC_SIM_7B_63
-from specdec_kit.runtime.drafting import FeatureTreeDrafter, MedusaDrafter, NoDrafter
+from specdec_kit.runtime.drafting import FeatureDraftStep, FeatureTreeDrafter, MedusaDrafter, NoDrafter
 from specdec_kit.runtime.generate import SpeculativeGenerator
 from specdec_kit.runtime.synthetic import (
     fitted_medusa, oracle_eagle, oracle_griffin, random_eagle, random_griffin, random_medusa,
@@ -27,14 +27,14 @@ def build_drafter(kind: str, quality: str, target):
     if kind == "plain":
         return NoDrafter()
     if kind == "eagle2":  # EAGLE-2 / HASS: EAGLE weights, dynamic tree
-        return FeatureTreeDrafter(oracle_eagle(target) if good else random_eagle(target), target.lm_head, DYNAMIC)
+        return FeatureTreeDrafter(FeatureDraftStep(oracle_eagle(target) if good else random_eagle(target), target.lm_head), DYNAMIC)
     if kind == "eagle1":  # EAGLE-1: EAGLE weights, static tree
-        return FeatureTreeDrafter(oracle_eagle(target) if good else random_eagle(target), target.lm_head,
+        return FeatureTreeDrafter(FeatureDraftStep(oracle_eagle(target) if good else random_eagle(target), target.lm_head),
                                   StaticTree.from_choices(EAGLE1_DEFAULT))
     if kind == "griffin":
-        return FeatureTreeDrafter(oracle_griffin(target) if good else random_griffin(target), target.lm_head, DYNAMIC)
+        return FeatureTreeDrafter(FeatureDraftStep(oracle_griffin(target) if good else random_griffin(target), target.lm_head), DYNAMIC)
     if kind == "griffin-static":
-        return FeatureTreeDrafter(oracle_griffin(target) if good else random_griffin(target), target.lm_head,
+        return FeatureTreeDrafter(FeatureDraftStep(oracle_griffin(target) if good else random_griffin(target), target.lm_head),
                                   StaticTree.from_choices(EAGLE1_DEFAULT))
     if kind == "medusa":
         heads = fitted_medusa(target, heads=4) if good else random_medusa(target, heads=4)

@@ -16,7 +16,7 @@ import torch
 from scipy import stats
 
 from specdec_kit.runtime.choices import EAGLE1_DEFAULT, chain
-from specdec_kit.runtime.drafting import FeatureTreeDrafter, MedusaDrafter, NoDrafter
+from specdec_kit.runtime.drafting import FeatureDraftStep, FeatureTreeDrafter, MedusaDrafter, NoDrafter
 from specdec_kit.runtime.generate import SpeculativeGenerator
 from specdec_kit.runtime.sampling import SamplingParams, target_probs
 from specdec_kit.runtime.synthetic import fitted_medusa, oracle_griffin, random_eagle, tiny_hf_model
@@ -70,11 +70,11 @@ def drafter_for(name: str, target: TargetModel):
     if name == "plain":
         return NoDrafter()
     if name == "eagle-random-dynamic":
-        return FeatureTreeDrafter(random_eagle(target), target.lm_head, DynamicTreeConfig(total_tokens=10, depth=3, top_k=3))
+        return FeatureTreeDrafter(FeatureDraftStep(random_eagle(target), target.lm_head), DynamicTreeConfig(total_tokens=10, depth=3, top_k=3))
     if name == "griffin-oracle-static":
-        return FeatureTreeDrafter(oracle_griffin(target), target.lm_head, StaticTree.from_choices(EAGLE1_DEFAULT))
+        return FeatureTreeDrafter(FeatureDraftStep(oracle_griffin(target), target.lm_head), StaticTree.from_choices(EAGLE1_DEFAULT))
     if name == "griffin-oracle-chain1":  # one draft token: full acceptance then a bonus token at x3
-        return FeatureTreeDrafter(oracle_griffin(target), target.lm_head, StaticTree.from_choices(chain(1)))
+        return FeatureTreeDrafter(FeatureDraftStep(oracle_griffin(target), target.lm_head), StaticTree.from_choices(chain(1)))
     if name == "medusa-fitted":
         return MedusaDrafter(fitted_medusa(target, heads=5), StaticTree.from_choices(EAGLE1_DEFAULT))
     raise AssertionError(name)

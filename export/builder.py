@@ -1,0 +1,197 @@
+"""Build one engine directory: load and check the inputs, write the backend's artifacts into a staging
+directory beside the output, write the manifest last, then move the whole directory into place.
+
+A failure at any point removes the staging directory, so an output path either holds a complete,
+verified engine or is left exactly as it was.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from specdec_kit import __version__
+from specdec_kit.export.inputs import BuildError, BuildInputs, hash_tree
+from specdec_kit.runtime.device import DTYPES
+from specdec_kit.runtime.drafts.loading import load_draft, save_draft
+from specdec_kit.runtime.drafts.medusa import MedusaHeads
+from specdec_kit.runtime.loader import load_tokenizer
+from specdec_kit.runtime.manifest import (
+    MANIFEST_NAME, SCHEMA_VERSION, EngineError, file_entries, read_manifest, write_manifest,
+)
+from specdec_kit.runtime.target import TargetModel
+from specdec_kit.runtime.trees import tree_from_dict
+
+PARITY_PROMPTS = ["def add(a, b):\n    return", "import os\n\n\nclass Config:\n"]
+
+
+@dataclass
+class BuildResult:
+    path: Path
+    manifest: dict[str, Any]
+    reused: bool
+    seconds: float
+
+
+def target_spec(target: TargetModel) -> dict[str, Any]:
+    cfg = target.config
+    return {
+        "architecture": target.architecture, "num_hidden_layers": target.num_layers, "hidden_size": target.hidden_size,
+        "num_attention_heads": target.num_heads, "num_key_value_heads": target.num_kv_heads, "head_dim": target.head_dim,
+        "intermediate_size": cfg.intermediate_size, "vocab_size": target.vocab_size, "max_context": target.max_context,
+        "rms_norm_eps": cfg.rms_norm_eps, "eos_token_ids": target.eos_token_ids(),
+    }
+
+
+def draft_spec(kind: str, module) -> dict[str, Any]:
+    if isinstance(module, MedusaHeads):
+        return {"kind": kind, "medusa_num_heads": module.num_heads, "medusa_num_layers": module.num_layers,
+                "hidden_size": module.hidden_size, "vocab_size": module.vocab_size}
+    layers, heads, dim = module.attention_shape
+    cfg = module.config
+    return {"kind": kind, "num_hidden_layers": layers, "num_key_value_heads": heads, "head_dim": dim,
+            "num_attention_heads": cfg.num_attention_heads, "hidden_size": cfg.hidden_size,
+            "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size}
+
+
+def check_parallel(inputs: BuildInputs, target: TargetModel) -> None:
+    """TP must split every head group evenly; the embedded backends run on one device."""
+    tp, pp = inputs.tp, inputs.pp
+    if tp < 1 or pp < 1:
+        raise BuildError(f"--tp and --pp must be >= 1, found tp={tp}, pp={pp}")
+    if inputs.backend in ("onnxruntime", "torch") and tp * pp != 1:
+        raise BuildError(f"--tp/--pp apply to the tensorrt-llm and sglang backends; the {inputs.backend} "
+                         f"backend runs on one device (found tp={tp}, pp={pp})")
+    for name, count in (("num_attention_heads", target.num_heads), ("num_key_value_heads", target.num_kv_heads)):
+        if count % tp:
+            raise BuildError(f"{inputs.target / 'config.json'}: {name} = {count} is not divisible by --tp {tp}")
+    if target.num_layers % pp:
+        raise BuildError(f"{inputs.target / 'config.json'}: num_hidden_layers = {target.num_layers} is not divisible by --pp {pp}")
+
+
+def _existing(output: Path, digest: str) -> dict | None:
+    """The manifest at ``output`` if it is a valid engine built from these exact inputs, else None."""
+    if not (output / MANIFEST_NAME).is_file():
+        return None
+    try:
+        manifest = read_manifest(output)
+    except EngineError:
+        return None
+    return manifest if manifest.get("inputs", {}).get("sha256") == digest else None
+
+
+def _staging_dir(output: Path) -> Path:
+    parent = output.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.building-", dir=parent))
+    except OSError as exc:
+        raise BuildError(f"--output {output}: cannot write in {parent} ({exc.strerror or exc})") from exc
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)  # mkdtemp makes it private; the engine is an ordinary directory
+    return staging
+
+
+def _move_into_place(staging: Path, output: Path) -> None:
+    """Replace ``output`` with ``staging`` (renames within one directory: never half an engine at ``output``)."""
+    old = None
+    if output.exists():
+        old = output.with_name(f".{output.name}.old-{os.getpid()}")
+        output.rename(old)
+    staging.rename(output)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _save_checkpoints(staging: Path, target: TargetModel, kind: str, module) -> dict[str, str]:
+    """The PyTorch backend's artifacts: the target and the draft in their own layouts (safetensors)."""
+    target.hf_model.save_pretrained(staging / "target", safe_serialization=True)
+    save_draft(module, staging / "draft", kind, safetensors=True)
+    return {"target": "target", "draft": "draft"}
+
+
+def build_engine(inputs: BuildInputs, output: Path, force: bool = False, device: str | torch.device = "cpu",
+                 step: Callable[[str], None] = lambda msg: None) -> BuildResult:
+    start = time.perf_counter()
+    step("hashing inputs")
+    inputs.file_hashes = {"target": hash_tree(inputs.target, "target"), "draft": hash_tree(inputs.draft_path, "draft")}
+    if inputs.tokenizer != inputs.target:
+        inputs.file_hashes["tokenizer"] = hash_tree(inputs.tokenizer, "tokenizer")
+    digest = inputs.digest()
+    if output.exists() and not force:
+        found = _existing(output, digest)
+        if found is not None:
+            return BuildResult(output, found, reused=True, seconds=time.perf_counter() - start)
+        if any(output.iterdir()):
+            raise BuildError(f"--output {output}: exists and is not an engine built from these inputs; "
+                             "pass --force to replace it or choose another --output")
+    dtype = DTYPES[inputs.dtype]
+    step(f"loading target {inputs.target}")
+    target = TargetModel.from_pretrained(inputs.target, dtype=dtype, device=device)
+    check_parallel(inputs, target)
+    step(f"loading {inputs.draft} draft {inputs.draft_path}")
+    module = load_draft(inputs.draft_path, inputs.draft, target.hidden_size, target.vocab_size, dtype=dtype, device=target.device)
+    tree = tree_from_dict(inputs.tree)
+    tokenizer = load_tokenizer(inputs.tokenizer)
+    if len(tokenizer) > target.vocab_size:
+        raise BuildError(f"{inputs.tokenizer}: tokenizer has {len(tokenizer)} tokens, more than the target's "
+                         f"vocab_size {target.vocab_size}; it is not this target's tokenizer")
+    manifest_target, manifest_draft = target_spec(target), draft_spec(inputs.draft, module)
+    staging = _staging_dir(output)
+    try:
+        tokenizer.save_pretrained(staging / "tokenizer")
+        extra: dict[str, Any] = {}
+        if inputs.backend == "onnxruntime":
+            from specdec_kit.export.onnx_build import build_onnx
+
+            prompts = [tokenizer(p)["input_ids"] for p in PARITY_PROMPTS]
+            extra = build_onnx(staging, target, inputs.draft, module, tree, manifest_target, manifest_draft, prompts, step)
+        elif inputs.backend == "torch":
+            step("writing the target and draft checkpoints (safetensors)")
+            extra = {"artifacts": _save_checkpoints(staging, target, inputs.draft, module)}
+        else:
+            from specdec_kit.export.server_exports import build_server_export
+
+            extra = build_server_export(staging, inputs, target, module, tree, step)
+        step("writing manifest.json")
+        files = [p for p in staging.rglob("*") if p.is_file()]
+        manifest = {
+            "schema_version": SCHEMA_VERSION,
+            "kit_version": __version__,
+            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "backend": inputs.backend,
+            "dtype": inputs.dtype,
+            "inputs": {"sha256": digest, "target": str(inputs.target), "draft": str(inputs.draft_path),
+                       "tokenizer": str(inputs.tokenizer), "demo_zoo": inputs.demo, "options": inputs.options(),
+                       "files": inputs.file_hashes},
+            "target": manifest_target,
+            "draft": manifest_draft,
+            "tree": inputs.tree,
+            "tokenizer": {"path": "tokenizer", "class": type(tokenizer).__name__, "size": len(tokenizer),
+                          "chat_template": bool(getattr(tokenizer, "chat_template", None))},
+            "parallel": {"tp": inputs.tp, "pp": inputs.pp},
+            "artifacts": extra.pop("artifacts"),
+            **extra,
+            "build": {"command": [Path(sys.argv[0]).name, *sys.argv[1:]], "host": platform.node(),
+                      "python": platform.python_version(), "torch": torch.__version__,
+                      "device": str(target.device), "seconds": round(time.perf_counter() - start, 1)},
+            "files": file_entries(staging, files),
+        }
+        write_manifest(staging, manifest)
+        read_manifest(staging)  # what we wrote must pass the reader's own checks
+        _move_into_place(staging, output)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return BuildResult(output, manifest, reused=False, seconds=time.perf_counter() - start)

@@ -1,0 +1,170 @@
+"""``python export/build_engine.py``: a target and a trained draft head in, an engine directory out.
+
+See ``--help``; ``builder.py`` does the work, this module parses, reports progress and summarises.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from specdec_kit.export.inputs import BuildError, BuildInputs, resolve_paths
+from specdec_kit.runtime.device import DTYPES, resolve_device
+from specdec_kit.runtime.drafts.loading import DRAFT_KINDS, DraftLoadError
+from specdec_kit.runtime.loader import resolve_tree
+from specdec_kit.runtime.manifest import BACKENDS, EngineError
+from specdec_kit.runtime.target import TargetLoadError
+from specdec_kit.runtime.trees import tree_to_dict
+
+# The CPU demo's dynamic tree (as in specdec-generate --zoo): verifying 60 nodes costs a CPU far more than one token.
+CPU_DEMO_TREE = {"total_tokens": 12, "depth": 5, "top_k": 2}
+CPU_MEDUSA_TREE = "static:mc_sim_7b_63:24"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="build_engine.py",
+        description="Build a speculative-decoding engine directory (manifest.json + graphs/checkpoints + tree + "
+                    "tokenizer) from a Hugging Face target and a trained draft head. Without --target/--draft-path "
+                    "it uses the demo zoo's target and the head of the chosen method.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="backends:\n"
+               "  onnxruntime   ONNX graphs (target verification step + draft step), checked, optimized and proven\n"
+               "                against PyTorch; runs in the embedded runtime on CPU or the CUDA provider (default)\n"
+               "  torch         the checkpoints as safetensors for the embedded PyTorch runtime\n"
+               "  tensorrt-llm  TensorRT-LLM checkpoint (TP-sharded) + trtllm-build/trtllm-serve files; GRIFFIN as a\n"
+               "                PyTorch-backend drafter (needs a GPU machine with TensorRT-LLM to build and run)\n"
+               "  sglang        draft in SGLang's EAGLE layout (+ the GRIFFIN model plugin) and the launch command\n\n"
+               "examples:\n"
+               "  python export/build_engine.py --draft griffin\n"
+               "  python export/build_engine.py --draft eagle2 --target ./llama --draft-path ./eagle --tree dynamic \\\n"
+               "      --total-tokens 60 --depth 5 --top-k 10\n"
+               "  python export/build_engine.py --draft hass --backend tensorrt-llm --tp 4 --target ./llama "
+               "--draft-path ./hass")
+    p.add_argument("--draft", required=True, choices=DRAFT_KINDS, help="draft method")
+    p.add_argument("--draft-path", type=Path, help="draft checkpoint directory (official layout of the method)")
+    p.add_argument("--target", type=Path, help="Hugging Face target checkpoint directory (Llama/Mistral/Qwen2)")
+    p.add_argument("--tokenizer", type=Path, help="tokenizer directory (default: the target's)")
+    p.add_argument("--backend", default="onnxruntime", choices=BACKENDS, help="default onnxruntime")
+    p.add_argument("--tree", help="dynamic | static:NAME[:N] (mc_sim_7b_63, eagle1_default, chain-N) | choices.json "
+                                  "(default: dynamic; static:eagle1_default for eagle, static:mc_sim_7b_63 for medusa)")
+    p.add_argument("--total-tokens", type=int, help="dynamic tree: nodes including the root")
+    p.add_argument("--depth", type=int, help="dynamic tree: expansion steps after the first level")
+    p.add_argument("--top-k", type=int, help="dynamic tree: beams and children per beam")
+    p.add_argument("--dtype", default="auto", choices=["auto", *sorted(DTYPES)],
+                   help="auto: float32 for CPU engines, float16 for GPU engines and server exports")
+    p.add_argument("--device", default="auto", help="where to load and check the model while building (cpu, cuda)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (tensorrt-llm, sglang)")
+    p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (tensorrt-llm, sglang)")
+    p.add_argument("--output", type=Path, help="engine directory (default engines/<draft>-<backend>)")
+    p.add_argument("--force", action="store_true", help="rebuild even if the output holds an engine from these inputs")
+    return p.parse_args(argv)
+
+
+def resolve_dtype_name(backend: str, dtype: str, device) -> str:
+    """Each backend's sensible precision, and the combinations that cannot work, refused by name."""
+    if dtype == "auto":
+        if backend in ("tensorrt-llm", "sglang"):
+            return "float16"
+        return "float16" if device.type == "cuda" and backend == "onnxruntime" else (
+            "bfloat16" if device.type == "cuda" else "float32")
+    name = str(DTYPES[dtype]).removeprefix("torch.")
+    if backend == "onnxruntime" and name not in ("float32", "float16"):
+        raise BuildError(f"--dtype {dtype}: ONNX Runtime engines are float32 or float16")
+    if backend == "onnxruntime" and name == "float16" and device.type != "cuda":
+        raise BuildError("--dtype float16 with --backend onnxruntime needs --device cuda (ONNX Runtime's CPU "
+                         "provider lacks half-precision kernels); use float32 on CPU")
+    return name
+
+
+def resolve_tree_dict(args: argparse.Namespace, demo: bool) -> dict:
+    spec, total, depth, top_k = args.tree, args.total_tokens, args.depth, args.top_k
+    if spec is None and args.backend == "sglang":
+        spec = "dynamic"  # SGLang drafts EAGLE-style dynamic trees only
+    if demo and spec is None and args.backend in ("onnxruntime", "torch"):
+        if args.draft == "medusa":
+            spec = CPU_MEDUSA_TREE
+        elif args.draft != "eagle":
+            total, depth, top_k = (total or CPU_DEMO_TREE["total_tokens"], CPU_DEMO_TREE["depth"] if depth is None else depth,
+                                   top_k or CPU_DEMO_TREE["top_k"])
+    return tree_to_dict(resolve_tree(args.draft, spec, total, depth, top_k))
+
+
+def human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def summarize(result, args) -> str:
+    m = result.manifest
+    files = m["files"]
+    total = sum(f["bytes"] for f in files.values())
+    groups: dict[str, int] = {}
+    for rel, entry in files.items():
+        groups[rel.split("/")[0]] = groups.get(rel.split("/")[0], 0) + entry["bytes"]
+    tree = m["tree"]
+    tree_text = (f"dynamic (total_tokens={tree['total_tokens']}, depth={tree['depth']}, top_k={tree['top_k']})"
+                 if tree["type"] == "dynamic" else f"static ({tree['num_nodes']} nodes, depth {tree['max_depth']})")
+    lines = [
+        f"{'reused' if result.reused else 'built'} {m['backend']} engine: {m['draft']['kind']} draft on "
+        f"{m['target']['architecture']} ({m['target']['num_hidden_layers']} layers, hidden {m['target']['hidden_size']}), "
+        f"{m['dtype']}, tree {tree_text}",
+        f"  where: {result.path.resolve()}  ({human(total)} in {len(files)} files, {result.seconds:.1f}s)",
+    ]
+    lines += [f"    {name:<12} {human(size)}" for name, size in sorted(groups.items())]
+    if "onnx" in m:
+        o = m["onnx"]
+        lines.append(f"  checked: onnx.checker ok; max |diff| vs PyTorch logits {o['parity_max_abs']['logits']:.1e}, "
+                     f"features {o['parity_max_abs']['features']:.1e}; greedy output identical: {o['greedy_identical_to_torch']}")
+    serve = m.get("serve", {})
+    if m["backend"] in ("onnxruntime", "torch"):
+        lines.append(f"  run it:   specdec-generate --engine {result.path} --prompt 'def fibonacci(n):'")
+    for note in serve.get("notes", []):
+        lines.append(f"  note:     {note}")
+    if serve.get("commands"):
+        lines.append(f"  commands (scripts in the engine directory; run from {result.path}):")
+    for label, cmd in serve.get("commands", {}).items():
+        lines.append(f"  {label}:\n    {cmd}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    started = time.perf_counter()
+
+    def step(msg: str) -> None:
+        print(f"[{time.perf_counter() - started:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    try:
+        from specdec_kit.export.builder import build_engine
+
+        device = resolve_device(args.device)
+        target, draft_path, tokenizer, demo = resolve_paths(args.draft, args.target, args.draft_path, args.tokenizer)
+        inputs = BuildInputs(
+            draft=args.draft, target=target, draft_path=draft_path, tokenizer=tokenizer, backend=args.backend,
+            dtype=resolve_dtype_name(args.backend, args.dtype, device), tree=resolve_tree_dict(args, demo),
+            tp=args.tp, pp=args.pp, demo=demo,
+        )
+        output = args.output or Path("engines") / f"{args.draft}-{args.backend}"
+        result = build_engine(inputs, output, force=args.force, device=device, step=step)
+    except (BuildError, DraftLoadError, TargetLoadError, EngineError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; nothing was written to the output", file=sys.stderr)
+        return 130
+    print(summarize(result, args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""What an engine is built from: the target, the draft, the tokenizer and the options, with one hash.
+
+Without ``--target``/``--draft-path`` the demo zoo (``zoo/``) provides them. The inputs hash covers
+every file's content and every option that changes the artifacts, so an identical rebuild is a
+reuse and anything else is a new engine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from specdec_kit import __version__
+from specdec_kit.runtime.manifest import sha256_file
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEMO_ZOO = REPO_ROOT / "zoo"
+ZOO_HEADS = {"griffin": "griffin", "eagle": "eagle", "eagle2": "eagle", "hass": "hass", "medusa": "medusa"}
+
+
+class BuildError(ValueError):
+    """Bad input to the builder; the message names the option or file, what was expected and found."""
+
+
+@dataclass
+class BuildInputs:
+    draft: str
+    target: Path
+    draft_path: Path
+    tokenizer: Path
+    backend: str
+    dtype: str
+    tree: dict[str, Any]
+    tp: int = 1
+    pp: int = 1
+    demo: bool = False
+    file_hashes: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def options(self) -> dict[str, Any]:
+        return {"draft": self.draft, "backend": self.backend, "dtype": self.dtype, "tree": self.tree,
+                "tp": self.tp, "pp": self.pp, "kit_version": __version__}
+
+    def digest(self) -> str:
+        """SHA-256 over the options and every input file's content hash."""
+        payload = json.dumps({"options": self.options(), "files": self.file_hashes}, sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def resolve_paths(draft: str, target: Path | None, draft_path: Path | None, tokenizer: Path | None) -> tuple[Path, Path, Path, bool]:
+    """The user's paths, or the demo zoo's target and the head of this method when none are given."""
+    demo = target is None and draft_path is None
+    if demo:
+        if not (DEMO_ZOO / "target" / "config.json").is_file():
+            raise BuildError(f"{DEMO_ZOO}: no demo zoo; pass --target DIR --draft-path DIR "
+                             "(or build the zoo: python -m specdec_kit.train.zoo --out zoo)")
+        target, draft_path = DEMO_ZOO / "target", DEMO_ZOO / ZOO_HEADS[draft]
+    elif target is None or draft_path is None:
+        raise BuildError("--target and --draft-path go together (give both, or neither for the demo zoo)")
+    for name, path in (("--target", target), ("--draft-path", draft_path)):
+        if not path.is_dir():
+            raise BuildError(f"{name} {path}: not a directory")
+        if not (path / "config.json").is_file():
+            raise BuildError(f"{path / 'config.json'}: missing; {name} must be a checkpoint directory")
+    tokenizer = tokenizer or target
+    if not ((tokenizer / "tokenizer.json").is_file() or (tokenizer / "tokenizer.model").is_file()):
+        raise BuildError(f"{tokenizer}: no tokenizer.json or tokenizer.model; pass --tokenizer DIR")
+    return target, draft_path, tokenizer, demo
+
+
+def hash_tree(root: Path, label: str) -> dict[str, str]:
+    """{relative path: sha256} for every file under ``root`` (unreadable files are named, not skipped)."""
+    files = sorted(p for p in root.rglob("*") if p.is_file() and "training_state" not in p.name)
+    out = {}
+    for file in tqdm(files, desc=f"hashing {label}", unit="file", leave=False, disable=len(files) < 8):
+        try:
+            out[file.relative_to(root).as_posix()] = sha256_file(file)
+        except OSError as exc:
+            raise BuildError(f"{file}: unreadable ({exc.strerror or exc})") from exc
+    return out

@@ -1,0 +1,172 @@
+"""ONNX Runtime engines: export the graphs, check them, optimize them, prove them against PyTorch.
+
+A build fails rather than ship a graph whose logits or features drift from the PyTorch modules
+beyond tolerance, or whose greedy generation differs from the PyTorch backend's by one token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from specdec_kit.export.inputs import BuildError
+from specdec_kit.export.onnx_graphs import OPSET, export_feature_draft, export_medusa, export_target
+from specdec_kit.runtime.drafting import FeatureDraftStep, FeatureTreeDrafter, MedusaDrafter
+from specdec_kit.runtime.generate import SpeculativeGenerator
+from specdec_kit.runtime.target import TargetModel
+
+# float32 on CPU: the parity bound for logits/features (graph fusions reorder float sums).
+PARITY_ATOL = {torch.float32: 2e-3, torch.float16: 5e-2}
+
+
+@contextlib.contextmanager
+def quiet_export():
+    """The dynamo exporter reports every skipped optional op set; keep the build's own output readable."""
+    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    sink = io.StringIO()
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(sink):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def check_graph(path: Path) -> None:
+    import onnx
+
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except Exception as exc:  # onnx raises several types; all mean the same: the graph is invalid
+        raise BuildError(f"{path}: onnx.checker rejected the exported graph ({exc})") from exc
+
+
+def optimize_graph(raw: Path, optimized: Path, providers: list) -> None:
+    """Run ONNX Runtime's graph optimizations once at build time and save the result.
+
+    ``ORT_ENABLE_EXTENDED``, not ``ALL``: the layout transforms of ``ALL`` are specific to the build
+    machine's CPU, and ONNX Runtime's documentation advises against saving them."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(optimized)
+    options.add_session_config_entry("session.optimized_model_external_initializers_file_name", optimized.name + ".data")
+    options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+    options.log_severity_level = 3
+    ort.InferenceSession(str(raw), options, providers=providers)
+
+
+def _example_tree(batch: int, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A small branching tree (root, two children, a grandchild) as the parity test's pending block."""
+    parents = [-1, 0, 0, 1, 3]
+    n = len(parents)
+    mask = torch.eye(n, dtype=torch.bool)
+    depth = [0] * n
+    for i in range(1, n):
+        mask[i] |= mask[parents[i]]
+        depth[i] = depth[parents[i]] + 1
+    return mask.expand(batch, n, n).to(device), (torch.tensor(depth) + length).expand(batch, n).to(device)
+
+
+def target_parity(target: TargetModel, ort_target, vocab: int, seed: int = 0) -> dict[str, float]:
+    """Max |difference| of logits and features: a prompt prefill, then a tree over rows of unequal length."""
+    gen = torch.Generator().manual_seed(seed)
+    dev = target.device
+    lens = torch.tensor([7, 4])
+    tokens = torch.randint(0, vocab, (2, 7), generator=gen).to(dev)
+    ar = torch.arange(7, device=dev)
+    causal = (ar[None, :] <= ar[:, None]).expand(2, 7, 7)
+    worst = {"logits": 0.0, "features": 0.0}
+    caches = [target.new_cache(2, 32), ort_target.new_cache(2, 32)]
+    outs = [m(tokens, ar.expand(2, 7), causal, c) for m, c in zip((target, ort_target), caches)]
+    for c in caches:
+        c.commit(ar.expand(2, 7), lens.to(dev))
+    mask, pos = _example_tree(2, 0, dev)
+    tree_tokens = torch.randint(0, vocab, (2, mask.shape[1]), generator=gen).to(dev)
+    pos = pos + caches[0].lengths[:, None]
+    outs += [m(tree_tokens, pos, mask, c) for m, c in zip((target, ort_target), caches)]
+    for a, b in (outs[0:2], outs[2:4]):
+        worst["logits"] = max(worst["logits"], float((a.logits.float() - b.logits.float()).abs().max()))
+        worst["features"] = max(worst["features"], float((a.features.float() - b.features.float()).abs().max()))
+    return worst
+
+
+def greedy_identity(target: TargetModel, torch_drafter, ort_target, ort_drafter, prompts: list[list[int]],
+                    max_new_tokens: int = 24) -> bool:
+    """Greedy generation through the ONNX graphs equals the PyTorch backend's, token for token."""
+    ref = SpeculativeGenerator(target, torch_drafter).generate(prompts, max_new_tokens)
+    got = SpeculativeGenerator(ort_target, ort_drafter).generate(prompts, max_new_tokens)
+    return all(a.tokens == b.tokens for a, b in zip(ref, got))
+
+
+def build_onnx(staging: Path, target: TargetModel, draft_kind: str, draft_module, tree, manifest_target: dict,
+               manifest_draft: dict, prompts: list[list[int]], step: Callable[[str], None]) -> dict[str, Any]:
+    """Write graphs/ under ``staging``; return the manifest's ``artifacts`` and ``onnx`` sections."""
+    import onnxruntime as ort
+
+    from specdec_kit.runtime.ort_backend import OrtFeatureDraftStep, OrtGraph, OrtMedusaHeads, OrtTarget, providers_for
+
+    graphs = staging / "graphs"
+    graphs.mkdir(parents=True)
+    device = target.device
+    providers = providers_for(device)
+    draft_role = "medusa_heads" if draft_kind == "medusa" else "draft_step"
+    step("exporting the target's tree-verification step to ONNX")
+    with quiet_export():
+        export_target(target, graphs / "target_step.onnx")
+    step(f"exporting the {draft_kind} draft step to ONNX")
+    with quiet_export():
+        if draft_kind == "medusa":
+            export_medusa(draft_module, graphs / f"{draft_role}.onnx")
+        else:
+            export_feature_draft(draft_module, target.lm_head, graphs / f"{draft_role}.onnx")
+    artifacts = {}
+    for role in ("target_step", draft_role):
+        step(f"checking and optimizing {role}.onnx")
+        raw, opt = graphs / f"{role}.onnx", graphs / f"{role}.optimized.onnx"
+        check_graph(raw)
+        optimize_graph(raw, opt, providers)
+        artifacts[role], artifacts[f"{role}_optimized"] = raw.relative_to(staging).as_posix(), opt.relative_to(staging).as_posix()
+
+    step("checking ONNX Runtime against PyTorch (logits, features, greedy generation)")
+    dtype = target.dtype
+    ort_target = OrtTarget(OrtGraph(graphs / "target_step.optimized.onnx", device), manifest_target, dtype)
+    parity = target_parity(target, ort_target, manifest_target["vocab_size"])
+    if draft_kind == "medusa":
+        torch_drafter = MedusaDrafter(draft_module, tree)
+        ort_drafter = MedusaDrafter(OrtMedusaHeads(OrtGraph(graphs / "medusa_heads.optimized.onnx", device), manifest_draft, dtype), tree)
+    else:
+        torch_drafter = FeatureTreeDrafter(FeatureDraftStep(draft_module, target.lm_head), tree)
+        ort_step = OrtFeatureDraftStep(OrtGraph(graphs / "draft_step.optimized.onnx", device), manifest_draft, dtype)
+        ort_drafter = FeatureTreeDrafter(ort_step, tree)
+    bound = PARITY_ATOL.get(dtype, 5e-2)
+    if max(parity.values()) > bound:
+        raise BuildError(f"ONNX graph drifts from PyTorch: max |logits diff| {parity['logits']:.2e}, "
+                         f"|features diff| {parity['features']:.2e}, bound {bound:.0e}")
+    identical = greedy_identity(target, torch_drafter, ort_target, ort_drafter, prompts)
+    if not identical:
+        raise BuildError("greedy generation through the ONNX graphs differs from the PyTorch backend")
+    provider_names = [p[0] if isinstance(p, tuple) else p for p in providers]
+    return {
+        "artifacts": artifacts,
+        "onnx": {
+            "opset": OPSET,
+            "onnxruntime_version": ort.__version__,
+            "optimized_for": provider_names[:1],
+            "optimization_level": "ORT_ENABLE_EXTENDED",
+            "parity_max_abs": {k: float(f"{v:.3e}") for k, v in parity.items()},
+            "parity_bound": bound,
+            "greedy_identical_to_torch": identical,
+        },
+    }

@@ -1,0 +1,112 @@
+"""Open an engine directory (``export/build_engine.py``'s output) as a ready generator.
+
+The manifest decides everything: backend, dtype, tree, tokenizer; the caller only says where to run
+(device) and may assert what it expects (backend, draft kind) so that a mismatched engine is refused
+before it serves anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specdec_kit.runtime.device import DTYPES, resolve_device
+from specdec_kit.runtime.drafting import Drafter, FeatureTreeDrafter, MedusaDrafter, NoDrafter
+from specdec_kit.runtime.generate import SpeculativeGenerator
+from specdec_kit.runtime.loader import load_tokenizer, make_drafter
+from specdec_kit.runtime.manifest import EngineError, read_manifest
+from specdec_kit.runtime.trees import StaticTree, tree_from_dict
+
+EMBEDDED_BACKENDS = ("onnxruntime", "torch")
+
+
+@dataclass
+class Engine:
+    """A loaded engine: target and drafter on one backend, its tree and tokenizer, and its manifest."""
+
+    path: Path
+    manifest: dict[str, Any]
+    target: Any  # TargetModel or OrtTarget
+    drafter: Drafter
+    tokenizer: Any
+    tree: Any
+
+    @property
+    def backend(self) -> str:
+        return self.manifest["backend"]
+
+    @property
+    def draft_kind(self) -> str:
+        return self.manifest["draft"]["kind"]
+
+    def generator(self, speculative: bool = True) -> SpeculativeGenerator:
+        """The generation loop over this engine; ``speculative=False`` gives plain decoding on the same target."""
+        decode = (lambda ids: self.tokenizer.decode(ids)) if self.tokenizer is not None else None
+        return SpeculativeGenerator(self.target, self.drafter if speculative else NoDrafter(), decode=decode)
+
+
+def _expect(manifest: dict, path: Path, key: str, found: Any, expected: Any) -> None:
+    if expected is not None and found != expected:
+        raise EngineError(f"{path / 'manifest.json'}: {key} is {found!r}, expected {expected!r}; "
+                          "this engine was built for something else (rebuild it or pick another)")
+
+
+def _ort_components(root: Path, manifest: dict, device: torch.device, tree):
+    from specdec_kit.runtime.ort_backend import OrtFeatureDraftStep, OrtGraph, OrtMedusaHeads, OrtTarget, providers_for
+
+    dtype = DTYPES[manifest["dtype"]]
+    onnx_info = manifest.get("onnx", {})
+    provider = providers_for(device)[0]
+    provider = provider[0] if isinstance(provider, tuple) else provider
+    use_optimized = provider in onnx_info.get("optimized_for", [])
+    arts = manifest["artifacts"]
+
+    def graph(role: str) -> OrtGraph:
+        rel = arts[f"{role}_optimized"] if use_optimized else arts[role]
+        return OrtGraph(root / rel, device, optimize=not use_optimized)
+
+    target = OrtTarget(graph("target_step"), manifest["target"], dtype)
+    kind = manifest["draft"]["kind"]
+    if kind == "medusa":
+        return target, MedusaDrafter(OrtMedusaHeads(graph("medusa_heads"), manifest["draft"], dtype), tree)
+    return target, FeatureTreeDrafter(OrtFeatureDraftStep(graph("draft_step"), manifest["draft"], dtype), tree)
+
+
+def open_engine(
+    path: str | Path,
+    device: str | torch.device | None = None,
+    checksums: bool = True,
+    expect_backend: str | None = None,
+    expect_draft: str | None = None,
+) -> Engine:
+    """Verify and load an engine for the embedded runtime (ONNX Runtime or PyTorch backends)."""
+    root = Path(path)
+    manifest = read_manifest(root, checksums=checksums)
+    _expect(manifest, root, "backend", manifest["backend"], expect_backend)
+    _expect(manifest, root, "draft kind", manifest["draft"]["kind"], expect_draft)
+    backend = manifest["backend"]
+    if backend not in EMBEDDED_BACKENDS:
+        commands = manifest.get("serve", {}).get("commands", {})
+        serve = commands.get("serve", "the engine's serve.sh")
+        raise EngineError(f"{root}: a {backend} engine runs in {backend}'s own server, not the embedded runtime; "
+                          f"serve it with: {serve}")
+    dev = resolve_device(device)
+    try:
+        tree = tree_from_dict(manifest["tree"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise EngineError(f"{root / 'manifest.json'}: key 'tree' is invalid ({exc})") from exc
+    if backend == "onnxruntime":
+        target, drafter = _ort_components(root, manifest, dev, tree)
+    else:
+        from specdec_kit.runtime.target import TargetModel
+
+        arts = manifest["artifacts"]
+        target = TargetModel.from_pretrained(root / arts["target"], dtype=manifest["dtype"], device=dev)
+        drafter = make_drafter(target, manifest["draft"]["kind"], root / arts["draft"], tree)
+    if manifest["draft"]["kind"] == "medusa" and not isinstance(tree, StaticTree):
+        raise EngineError(f"{root / 'manifest.json'}: a Medusa engine needs a static tree, found {manifest['tree']}")
+    tokenizer = load_tokenizer(root / manifest["tokenizer"]["path"])
+    return Engine(path=root, manifest=manifest, target=target, drafter=drafter, tokenizer=tokenizer, tree=tree)

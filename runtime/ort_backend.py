@@ -1,0 +1,159 @@
+"""ONNX Runtime backend: the engine's graphs behind the same calls the PyTorch modules answer.
+
+``OrtTarget`` stands where ``TargetModel`` stands in ``SpeculativeGenerator``, ``OrtFeatureDraftStep``
+where ``FeatureDraftStep`` stands in ``FeatureTreeDrafter``, ``OrtMedusaHeads`` where ``MedusaHeads``
+stands in ``MedusaDrafter``; the generation loop, tree search and verification are the runtime's own.
+The runtime's ``KVCache`` stays the one cache: each call passes its past slots in and writes the
+graph's present keys/values back into the new tokens' slots. Tensors cross into ONNX Runtime through
+I/O binding on their own memory (no copies on CPU or CUDA beyond gathering the past slots).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from specdec_kit.runtime.kv_cache import KVCache
+from specdec_kit.runtime.target import TargetOutput
+
+NUMPY_TYPES = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_}
+
+
+def providers_for(device: torch.device) -> list[str]:
+    """CUDA execution provider when the device is CUDA (and ONNX Runtime has it), else CPU."""
+    import onnxruntime as ort
+
+    if device.type == "cuda":
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise RuntimeError(
+                "device is CUDA but this onnxruntime has no CUDAExecutionProvider; install onnxruntime-gpu "
+                f"(available: {ort.get_available_providers()})"
+            )
+        return [("CUDAExecutionProvider", {"device_id": device.index or 0}), "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
+class OrtGraph:
+    """One ``InferenceSession``; ``run`` binds torch tensors as inputs and preallocated outputs."""
+
+    def __init__(self, path: str | Path, device: torch.device, threads: int | None = None, optimize: bool = False):
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        # The saved graphs are already optimized at build time; re-running the passes costs load time only.
+        options.graph_optimization_level = (
+            ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        )
+        if threads:
+            options.intra_op_num_threads = threads
+        options.log_severity_level = 3
+        self.path = Path(path)
+        self.device = device
+        self.session = ort.InferenceSession(str(path), options, providers=providers_for(device))
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output_names = [o.name for o in self.session.get_outputs()]
+
+    def run(self, inputs: dict[str, torch.Tensor], outputs: dict[str, tuple[Sequence[int], torch.dtype]]) -> dict[str, torch.Tensor]:
+        binding = self.session.io_binding()
+        dev_type = "cuda" if self.device.type == "cuda" else "cpu"
+        dev_id = self.device.index or 0
+        keep = []
+        for name in self.input_names:
+            tensor = inputs[name].contiguous()
+            keep.append(tensor)
+            binding.bind_input(name, dev_type, dev_id, NUMPY_TYPES[tensor.dtype], list(tensor.shape), tensor.data_ptr())
+        result = {}
+        for name in self.output_names:
+            shape, dtype = outputs[name]
+            tensor = torch.empty(tuple(shape), dtype=dtype, device=self.device)
+            result[name] = tensor
+            binding.bind_output(name, dev_type, dev_id, NUMPY_TYPES[dtype], list(tensor.shape), tensor.data_ptr())
+        self.session.run_with_iobinding(binding)
+        return result
+
+
+def _cached_call(graph: OrtGraph, cache: KVCache, pending_mask: torch.Tensor, feeds: dict[str, torch.Tensor],
+                 logits_at: torch.Tensor, hidden: int, vocab: int, feature_name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run a past-in/present-out graph over ``cache`` and write the new keys/values into their slots."""
+    bsz, q_len = feeds["input_ids"].shape
+    offset = pending_mask.shape[2] - q_len
+    mask, past = cache.past_and_new_mask(pending_mask)
+    layers, _, heads, _, dim = cache.keys.shape
+    feeds = dict(feeds, attention_mask=mask, logits_index=logits_at,
+                 past_keys=cache.keys[:, :, :, :past], past_values=cache.values[:, :, :, :past])
+    dtype = cache.keys.dtype
+    present = ((layers, bsz, heads, q_len, dim), dtype)
+    out = graph.run(feeds, {
+        "logits": ((bsz, logits_at.shape[1], vocab), dtype),
+        feature_name: ((bsz, q_len, hidden), dtype),
+        "present_keys": present, "present_values": present,
+    })
+    cache.ensure_capacity(past + q_len)
+    cache.write_all(out["present_keys"], out["present_values"], cache.slots(q_len, offset))
+    return out["logits"], out[feature_name]
+
+
+def _all_positions(bsz: int, q_len: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(q_len, device=device).expand(bsz, q_len)
+
+
+class OrtTarget:
+    """The target's tree-verification step on ONNX Runtime; see ``TargetModel.forward``."""
+
+    def __init__(self, graph: OrtGraph, spec: dict, dtype: torch.dtype):
+        self.graph, self.spec = graph, spec
+        self.device, self.dtype = graph.device, dtype
+        self.num_layers, self.num_kv_heads = spec["num_hidden_layers"], spec["num_key_value_heads"]
+        self.head_dim, self.hidden_size, self.vocab_size = spec["head_dim"], spec["hidden_size"], spec["vocab_size"]
+        self.max_context = spec["max_context"]
+        self.architecture = spec["architecture"]
+
+    def eos_token_ids(self) -> list[int]:
+        return list(self.spec.get("eos_token_ids", []))
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        return KVCache.allocate(self.num_layers, batch, self.num_kv_heads, self.head_dim, capacity, self.dtype, self.device)
+
+    @torch.inference_mode()
+    def __call__(self, tokens, positions, pending_mask, cache: KVCache, logits_at=None) -> TargetOutput:
+        bsz, q_len = tokens.shape
+        index = _all_positions(bsz, q_len, tokens.device) if logits_at is None else logits_at
+        logits, features = _cached_call(self.graph, cache, pending_mask, {"input_ids": tokens, "position_ids": positions},
+                                        index, self.hidden_size, self.vocab_size, "features")
+        return TargetOutput(logits=logits, features=features)
+
+
+class OrtFeatureDraftStep:
+    """A feature draft's step with the target's LM head folded in; see ``FeatureDraftStep``."""
+
+    def __init__(self, graph: OrtGraph, spec: dict, dtype: torch.dtype):
+        self.graph, self.spec, self.dtype = graph, spec, dtype
+        self.layers, self.heads, self.head_dim = spec["num_hidden_layers"], spec["num_key_value_heads"], spec["head_dim"]
+        self.hidden_size, self.vocab_size = spec["hidden_size"], spec["vocab_size"]
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        return KVCache.allocate(self.layers, batch, self.heads, self.head_dim, capacity, self.dtype, self.graph.device)
+
+    @torch.inference_mode()
+    def __call__(self, features, tokens, positions, pending_mask, cache, offset: int = 0, logits_at=None):
+        bsz, q_len = tokens.shape
+        index = _all_positions(bsz, q_len, tokens.device) if logits_at is None else logits_at
+        feeds = {"input_ids": tokens, "hidden_states": features.to(self.dtype), "position_ids": positions}
+        return _cached_call(self.graph, cache, pending_mask, feeds, index, self.hidden_size, self.vocab_size,
+                            "hidden_states_out")
+
+
+class OrtMedusaHeads:
+    """Medusa heads on ONNX Runtime; see ``MedusaHeads.forward`` (features [B, d] -> logits [B, heads, V])."""
+
+    def __init__(self, graph: OrtGraph, spec: dict, dtype: torch.dtype):
+        self.graph, self.dtype = graph, dtype
+        self.num_heads, self.vocab_size = spec["medusa_num_heads"], spec["vocab_size"]
+
+    @torch.inference_mode()
+    def __call__(self, features: torch.Tensor) -> torch.Tensor:
+        shape = (features.shape[0], self.num_heads, self.vocab_size)
+        return self.graph.run({"hidden_states": features.to(self.dtype)}, {"logits": (shape, self.dtype)})["logits"]
