@@ -30,20 +30,25 @@ def write_char_tokenizer(path: Path) -> None:
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>").save_pretrained(path)
 
 
-def write_demo(root: Path) -> dict[str, Path]:
-    """Write target + tokenizer + one draft per kind under ``root``; returns their directories."""
+# deep and narrow like real targets in cost: one draft step is a small fraction of a target step
+DEMO_TARGET = dict(hidden_size=256, layers=12, heads=4, kv_heads=2, intermediate=768)
+
+
+def write_demo(root: Path, shape: dict | None = None) -> dict[str, Path]:
+    """Write target + tokenizer + one draft per kind under ``root``; returns their directories.
+    ``shape`` overrides the target's size (tests use a smaller one)."""
     root.mkdir(parents=True, exist_ok=True)
     vocab = len(CHARS) + 1
-    # deep and narrow like real targets in cost: one draft step is a small fraction of a target step
-    hf = tiny_hf_model(hidden_size=256, layers=12, heads=4, kv_heads=2, intermediate=768, vocab=vocab,
-                       context_mix=0.05, logit_scale=20.0, seed=17, max_positions=2048)
+    hf = tiny_hf_model(**(shape or DEMO_TARGET), vocab=vocab, context_mix=0.05, logit_scale=20.0, seed=17,
+                       max_positions=2048)
     hf.generation_config.eos_token_id = None
     hf.save_pretrained(root / "target")
     write_char_tokenizer(root / "target")
     target = TargetModel(hf)
     paths = {"target": root / "target"}
     for kind, draft in (("griffin", oracle_griffin(target)), ("eagle", oracle_eagle(target)),
-                        ("eagle2", oracle_eagle(target)), ("medusa", fitted_medusa(target, heads=4))):
+                        ("eagle2", oracle_eagle(target)), ("hass", oracle_eagle(target)),
+                        ("medusa", fitted_medusa(target, heads=4))):
         paths[kind] = root / kind
         save_draft(draft, paths[kind], kind, base_model=str(root / "target"))
     return paths

@@ -56,3 +56,14 @@ def predictable_case() -> TargetCase:
     """Mostly-bigram Llama: the oracle drafts of ``synthetic`` predict it well (high acceptance)."""
     return TargetCase("predictable", hidden_size=96, layers=2, heads=4, kv_heads=2, intermediate=192, vocab=80,
                       context_mix=0.3, logit_scale=20.0, seed=7)
+
+
+SMALL_DEMO = dict(hidden_size=64, layers=2, heads=4, kv_heads=2, intermediate=128)
+
+
+@pytest.fixture(scope="session")
+def demo_checkpoints(tmp_path_factory):
+    """A small target (with tokenizer) and one draft per kind in their official layouts on disk."""
+    from specdec_kit.runtime.demo import write_demo
+
+    return write_demo(tmp_path_factory.mktemp("checkpoints"), shape=SMALL_DEMO)

@@ -1,0 +1,234 @@
+"""ONNX Runtime engines: the graphs match PyTorch, generation through them is lossless, the manifest
+protects what it lists, and the builder's command line reuses, rebuilds and refuses as documented."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec_kit.export.builder import build_engine
+from specdec_kit.export.inputs import BuildInputs
+from specdec_kit.export.onnx_build import target_parity
+from specdec_kit.runtime.drafting import FeatureDraftStep, FeatureTreeDrafter, MedusaDrafter
+from specdec_kit.runtime.drafts.loading import load_draft
+from specdec_kit.runtime.engine import open_engine
+from specdec_kit.runtime.generate import SpeculativeGenerator
+from specdec_kit.runtime.manifest import EngineError, read_manifest
+from specdec_kit.runtime.target import TargetModel
+from specdec_kit.runtime.trees import DynamicTreeConfig, parse_tree_spec, tree_to_dict
+
+from conftest import hf_greedy
+
+REPO = Path(__file__).resolve().parents[1]
+TREES = {"griffin": tree_to_dict(DynamicTreeConfig(12, 3, 3)), "eagle2": tree_to_dict(DynamicTreeConfig(10, 2, 3)),
+         "medusa": tree_to_dict(parse_tree_spec("static:mc_sim_7b_63:16"))}
+
+
+def inputs_for(paths: dict, kind: str, backend: str = "onnxruntime", **kw) -> BuildInputs:
+    return BuildInputs(draft=kind, target=paths["target"], draft_path=paths[kind], tokenizer=paths["target"],
+                       backend=backend, dtype="float32", tree=kw.pop("tree", TREES.get(kind, TREES["griffin"])), **kw)
+
+
+@pytest.fixture(scope="module")
+def engines(demo_checkpoints, tmp_path_factory):
+    root = tmp_path_factory.mktemp("engines")
+    built = {}
+    for kind in ("griffin", "eagle2", "medusa"):
+        built[kind] = build_engine(inputs_for(demo_checkpoints, kind), root / f"{kind}-ort").path
+    built["griffin-torch"] = build_engine(inputs_for(demo_checkpoints, "griffin", "torch"), root / "griffin-torch").path
+    return built
+
+
+@pytest.fixture(scope="module")
+def torch_target(demo_checkpoints) -> TargetModel:
+    return TargetModel.from_pretrained(demo_checkpoints["target"], dtype="float32", device="cpu")
+
+
+def prompts(vocab: int, count: int = 6) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(5)
+    return [torch.randint(0, vocab, (int(n),), generator=gen).tolist() for n in torch.randint(2, 15, (count,), generator=gen)]
+
+
+def test_manifest_records_the_build(engines):
+    m = read_manifest(engines["griffin"])
+    assert m["backend"] == "onnxruntime" and m["draft"]["kind"] == "griffin" and m["dtype"] == "float32"
+    assert m["tree"] == TREES["griffin"] and m["kit_version"] and len(m["inputs"]["sha256"]) == 64
+    assert {"target_step", "draft_step", "target_step_optimized", "draft_step_optimized"} <= set(m["artifacts"])
+    assert m["onnx"]["greedy_identical_to_torch"] is True
+    assert m["onnx"]["parity_max_abs"]["logits"] < 1e-3
+    assert all(len(f["sha256"]) == 64 and f["bytes"] > 0 for f in m["files"].values())
+    assert any(rel.startswith("tokenizer/") for rel in m["files"])
+
+
+def test_graphs_have_dynamic_batch_token_and_cache_axes(engines):
+    import onnx
+
+    m = read_manifest(engines["griffin"])
+    for role in ("target_step", "draft_step"):
+        model = onnx.load(str(engines["griffin"] / m["artifacts"][role]), load_external_data=False)
+        dims = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
+        assert isinstance(dims["input_ids"][0], str) and isinstance(dims["input_ids"][1], str)
+        assert isinstance(dims["past_keys"][1], str) and isinstance(dims["past_keys"][3], str)
+
+
+def test_target_graph_matches_pytorch_on_prefill_and_trees(engines, torch_target):
+    engine = open_engine(engines["griffin"], device="cpu")
+    worst = target_parity(torch_target, engine.target, torch_target.vocab_size, seed=3)
+    assert worst["logits"] < 1e-4 and worst["features"] < 1e-4, worst
+
+
+def test_draft_graph_matches_pytorch_with_pending_tree_slots(engines, demo_checkpoints, torch_target):
+    """Second draft level: new tokens see committed slots and earlier pending slots through the mask."""
+    engine = open_engine(engines["griffin"], device="cpu")
+    module = load_draft(demo_checkpoints["griffin"], "griffin", torch_target.hidden_size, torch_target.vocab_size)
+    steps = [FeatureDraftStep(module, torch_target.lm_head), engine.drafter.step]
+    gen = torch.Generator().manual_seed(0)
+    d, v = torch_target.hidden_size, torch_target.vocab_size
+    feats, toks = torch.randn(2, 5, d, generator=gen), torch.randint(0, v, (2, 5), generator=gen)
+    ar = torch.arange(5)
+    causal = (ar[None, :] <= ar[:, None]).expand(2, 5, 5)
+    caches = [s.new_cache(2, 16) for s in steps]
+    first = [s(feats, toks, ar.expand(2, 5), causal, c, logits_at=torch.tensor([[4], [2]])) for s, c in zip(steps, caches)]
+    for c in caches:
+        c.commit(ar.expand(2, 5), torch.tensor([5, 3]))
+    level_feats, level_toks = torch.randn(2, 2, d, generator=gen), torch.randint(0, v, (2, 2), generator=gen)
+    pending = torch.tensor([[1, 0, 1, 0], [0, 1, 0, 1]], dtype=torch.bool).expand(2, 2, 4)  # 2 earlier + 2 new
+    positions = (caches[0].lengths + 1)[:, None].expand(2, 2)
+    second = [s(level_feats, level_toks, positions, pending, c, offset=2) for s, c in zip(steps, caches)]
+    for a, b in (first, second):
+        assert torch.allclose(a[0], b[0], atol=1e-4) and torch.allclose(a[1], b[1], atol=1e-4)
+    assert torch.allclose(caches[0].keys[:, :, :, :7], caches[1].keys[:, :, :, :7], atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["griffin", "eagle2", "medusa"])
+def test_greedy_through_onnx_equals_pytorch_and_transformers(engines, demo_checkpoints, torch_target, kind):
+    engine = open_engine(engines[kind], device="cpu")
+    batch = prompts(torch_target.vocab_size)
+    got = engine.generator().generate(batch, 40)
+    module = load_draft(demo_checkpoints[kind], kind, torch_target.hidden_size, torch_target.vocab_size)
+    drafter = (MedusaDrafter(module, engine.tree) if kind == "medusa"
+               else FeatureTreeDrafter(FeatureDraftStep(module, torch_target.lm_head), engine.tree))
+    ref = SpeculativeGenerator(torch_target, drafter, eos_token_ids=engine.target.eos_token_ids()).generate(batch, 40)
+    assert [r.tokens for r in got] == [r.tokens for r in ref]
+    assert [r.stats.accepted_tokens for r in got] == [r.stats.accepted_tokens for r in ref]
+    assert sum(r.stats.accepted_tokens for r in got) > 0  # the drafts do propose accepted tokens
+    for prompt, res in zip(batch[:3], got[:3]):
+        assert res.tokens == hf_greedy(torch_target.hf_model, prompt, 40)
+
+
+def test_torch_backend_engine_generates_the_same(engines):
+    ort_engine, torch_engine = open_engine(engines["griffin"]), open_engine(engines["griffin-torch"])
+    batch = prompts(ort_engine.target.vocab_size, 3)
+    assert [r.tokens for r in ort_engine.generator().generate(batch, 24)] == \
+        [r.tokens for r in torch_engine.generator().generate(batch, 24)]
+
+
+def copy_engine(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_corrupted_incomplete_or_mismatched_engines_are_refused(engines, tmp_path):
+    eng = copy_engine(engines["griffin"], tmp_path / "e1")
+    graph = next(p for p in (eng / "graphs").iterdir() if p.name.endswith(".data"))
+    data = bytearray(graph.read_bytes())
+    data[100] ^= 0xFF
+    graph.write_bytes(bytes(data))
+    with pytest.raises(EngineError, match=f"{graph.name}: SHA-256"):
+        open_engine(eng)
+    eng = copy_engine(engines["griffin"], tmp_path / "e2")
+    (eng / "tokenizer" / "tokenizer.json").unlink()
+    with pytest.raises(EngineError, match="tokenizer.json: listed in manifest.json but missing"):
+        open_engine(eng)
+    eng = copy_engine(engines["griffin"], tmp_path / "e3")
+    with open(eng / "graphs" / "target_step.onnx", "ab") as fh:
+        fh.write(b"x")
+    with pytest.raises(EngineError, match="target_step.onnx: size"):
+        open_engine(eng, checksums=False)
+    eng = copy_engine(engines["griffin"], tmp_path / "e4")
+    with pytest.raises(EngineError, match="draft kind is 'griffin', expected 'medusa'"):
+        open_engine(eng, expect_draft="medusa")
+    manifest = json.loads((eng / "manifest.json").read_text())
+    (eng / "manifest.json").write_text(json.dumps({**manifest, "schema_version": 99}))
+    with pytest.raises(EngineError, match="schema_version 99"):
+        open_engine(eng)
+    del manifest["tree"]
+    (eng / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(EngineError, match="key 'tree' is missing"):
+        open_engine(eng)
+    (eng / "manifest.json").write_text("{not json")
+    with pytest.raises(EngineError, match="manifest.json: unreadable or not JSON"):
+        open_engine(eng)
+    with pytest.raises(EngineError, match="not an engine directory"):
+        open_engine(tmp_path)
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "export" / "build_engine.py"), *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_cli_builds_reuses_and_force_rebuilds(demo_checkpoints, tmp_path):
+    args = ["--draft", "eagle", "--target", str(demo_checkpoints["target"]), "--draft-path",
+            str(demo_checkpoints["eagle"]), "--backend", "torch", "--output", str(tmp_path / "eng")]
+    first = run_cli(*args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "built torch engine: eagle draft" in first.stdout and "specdec-generate --engine" in first.stdout
+    stamp = (tmp_path / "eng" / "manifest.json").stat().st_mtime_ns
+    again = run_cli(*args, cwd=tmp_path)
+    assert again.returncode == 0 and "reused torch engine" in again.stdout
+    assert (tmp_path / "eng" / "manifest.json").stat().st_mtime_ns == stamp
+    forced = run_cli(*args, "--force", cwd=tmp_path)
+    assert forced.returncode == 0 and "built torch engine" in forced.stdout
+    other = run_cli(*args[:-2], "--tree", "static:chain-3", "--output", str(tmp_path / "eng"), cwd=tmp_path)
+    assert other.returncode == 2 and "not an engine built from these inputs" in other.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["eng"]  # no staging directories left behind
+
+
+def test_bad_input_fails_cleanly_and_writes_nothing(demo_checkpoints, tmp_path):
+    out = tmp_path / "out"
+    unknown = run_cli("--draft", "lookahead", cwd=tmp_path)
+    assert unknown.returncode == 2 and "invalid choice: 'lookahead'" in unknown.stderr
+    # a draft whose hidden size does not fit the target
+    misfit = tmp_path / "misfit"
+    shutil.copytree(demo_checkpoints["griffin"], misfit)
+    cfg = json.loads((misfit / "config.json").read_text())
+    (misfit / "config.json").write_text(json.dumps({**cfg, "hidden_size": cfg["hidden_size"] * 2}))
+    res = run_cli("--draft", "griffin", "--target", str(demo_checkpoints["target"]), "--draft-path", str(misfit),
+                  "--output", str(out), cwd=tmp_path)
+    assert res.returncode == 2 and "hidden_size does not fit the target: expected 64, found 128" in res.stderr
+    # a missing weights file
+    (misfit / "config.json").write_text(json.dumps(cfg))
+    (misfit / "pytorch_model.bin").unlink()
+    res = run_cli("--draft", "griffin", "--target", str(demo_checkpoints["target"]), "--draft-path", str(misfit),
+                  "--output", str(out), cwd=tmp_path)
+    assert res.returncode == 2 and "no weights file" in res.stderr
+    # an output whose parent is a file
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    res = run_cli("--draft", "griffin", "--target", str(demo_checkpoints["target"]), "--draft-path",
+                  str(demo_checkpoints["griffin"]), "--backend", "torch", "--output", str(blocker / "eng"), cwd=tmp_path)
+    assert res.returncode == 2 and "cannot write in" in res.stderr
+    # tensor parallelism that does not divide the heads (4 query heads, 2 KV heads)
+    res = run_cli("--draft", "hass", "--target", str(demo_checkpoints["target"]), "--draft-path",
+                  str(demo_checkpoints["hass"]), "--backend", "tensorrt-llm", "--tp", "3", "--output", str(out), cwd=tmp_path)
+    assert res.returncode == 2 and "num_attention_heads = 4 is not divisible by --tp 3" in res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "misfit"]  # nothing half-written
+
+
+def test_a_failure_after_staging_removes_the_staging_directory(demo_checkpoints, tmp_path, monkeypatch):
+    import specdec_kit.export.builder as builder
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(builder, "write_manifest", boom)
+    with pytest.raises(RuntimeError, match="disk full"):
+        build_engine(inputs_for(demo_checkpoints, "griffin", "torch"), tmp_path / "eng")
+    assert list(tmp_path.iterdir()) == []
