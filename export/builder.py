@@ -72,9 +72,12 @@ def check_parallel(inputs: BuildInputs, target: TargetModel) -> None:
     if inputs.backend in ("onnxruntime", "torch") and tp * pp != 1:
         raise BuildError(f"--tp/--pp apply to the tensorrt-llm and sglang backends; the {inputs.backend} "
                          f"backend runs on one device (found tp={tp}, pp={pp})")
-    for name, count in (("num_attention_heads", target.num_heads), ("num_key_value_heads", target.num_kv_heads)):
-        if count % tp:
-            raise BuildError(f"{inputs.target / 'config.json'}: {name} = {count} is not divisible by --tp {tp}")
+    config = inputs.target / "config.json"
+    if target.num_heads % tp:
+        raise BuildError(f"{config}: num_attention_heads = {target.num_heads} is not divisible by --tp {tp}")
+    kv = target.num_kv_heads
+    if kv % tp and tp % kv:  # fewer KV heads than ranks is fine when each is replicated evenly
+        raise BuildError(f"{config}: num_key_value_heads = {kv} and --tp {tp}: neither divides the other")
     if target.num_layers % pp:
         raise BuildError(f"{inputs.target / 'config.json'}: num_hidden_layers = {target.num_layers} is not divisible by --pp {pp}")
 

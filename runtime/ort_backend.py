@@ -50,6 +50,9 @@ class OrtGraph:
         if threads:
             options.intra_op_num_threads = threads
         options.log_severity_level = 3
+        # ONNX Runtime's workers spin after each run by default; between runs the runtime's own torch ops
+        # (tree search, log-softmax, verification) need those cores, so the spinning would slow them down.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.path = Path(path)
         self.device = device
         self.session = ort.InferenceSession(str(path), options, providers=providers_for(device))
