@@ -10,7 +10,11 @@ from pathlib import Path
 _here = str(Path(__file__).resolve().parent)
 sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _here]
 
-from specdec_kit.export.cli import main  # noqa: E402
+try:
+    from specdec_kit.export.cli import main
+except ModuleNotFoundError as exc:  # the kit is not installed in this interpreter
+    sys.exit(f"error: {exc.name} is missing from {sys.executable}; set up the kit first (bash scripts/setup.sh, "
+             "then .venv/bin/python export/build_engine.py ...) or pip install -e . into this environment")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -54,9 +54,24 @@ def _expect(manifest: dict, path: Path, key: str, found: Any, expected: Any) -> 
                           "this engine was built for something else (rebuild it or pick another)")
 
 
+TARGET_KEYS = ("architecture", "num_hidden_layers", "num_key_value_heads", "head_dim", "hidden_size", "vocab_size",
+               "max_context")
+DRAFT_KEYS = {"medusa": ("medusa_num_heads", "vocab_size"),
+              "feature": ("num_hidden_layers", "num_key_value_heads", "head_dim", "hidden_size", "vocab_size")}
+
+
+def _require(manifest: dict, root: Path, section: str, keys) -> None:
+    missing = [k for k in keys if k not in manifest[section]]
+    if missing:
+        raise EngineError(f"{root / 'manifest.json'}: key {section}.{missing[0]} is missing")
+
+
 def _ort_components(root: Path, manifest: dict, device: torch.device, tree):
     from specdec_kit.runtime.ort_backend import OrtFeatureDraftStep, OrtGraph, OrtMedusaHeads, OrtTarget, providers_for
 
+    kind = manifest["draft"]["kind"]
+    _require(manifest, root, "target", TARGET_KEYS)
+    _require(manifest, root, "draft", DRAFT_KEYS["medusa" if kind == "medusa" else "feature"])
     dtype = DTYPES[manifest["dtype"]]
     onnx_info = manifest.get("onnx", {})
     provider = providers_for(device)[0]
@@ -69,7 +84,6 @@ def _ort_components(root: Path, manifest: dict, device: torch.device, tree):
         return OrtGraph(root / rel, device, optimize=not use_optimized)
 
     target = OrtTarget(graph("target_step"), manifest["target"], dtype)
-    kind = manifest["draft"]["kind"]
     if kind == "medusa":
         return target, MedusaDrafter(OrtMedusaHeads(graph("medusa_heads"), manifest["draft"], dtype), tree)
     return target, FeatureTreeDrafter(OrtFeatureDraftStep(graph("draft_step"), manifest["draft"], dtype), tree)
@@ -88,6 +102,8 @@ def open_engine(
     _expect(manifest, root, "backend", manifest["backend"], expect_backend)
     _expect(manifest, root, "draft kind", manifest["draft"]["kind"], expect_draft)
     backend = manifest["backend"]
+    if manifest["dtype"] not in DTYPES:
+        raise EngineError(f"{root / 'manifest.json'}: dtype {manifest['dtype']!r}; expected one of {sorted(DTYPES)}")
     if backend not in EMBEDDED_BACKENDS:
         commands = manifest.get("serve", {}).get("commands", {})
         serve = commands.get("serve", "the engine's serve.sh")
