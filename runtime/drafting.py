@@ -67,6 +67,9 @@ class Drafter:
     def select_rows(self, rows: torch.Tensor) -> None:
         pass
 
+    def add_rows(self, count: int, capacity: int) -> None:
+        """Make room for ``count`` sequences joining the batch (their context arrives with the next draft)."""
+
 
 class NoDrafter(Drafter):
     """Plain decoding: the tree is the root alone."""
@@ -141,6 +144,13 @@ class FeatureTreeDrafter(Drafter):
 
     def select_rows(self, rows: torch.Tensor) -> None:
         self.cache.select_rows(rows)
+
+    def add_rows(self, count: int, capacity: int) -> None:
+        fresh = self.step.new_cache(count, capacity)
+        if self.cache is None:
+            self.cache = fresh
+        else:
+            self.cache.extend_rows(fresh)
 
     @staticmethod
     def _logp(logits: torch.Tensor) -> torch.Tensor:

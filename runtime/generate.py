@@ -14,6 +14,7 @@ import torch
 
 from specdec_kit.runtime.device import now
 from specdec_kit.runtime.drafting import Drafter, NoDrafter
+from specdec_kit.runtime.kv_cache import KVCache
 from specdec_kit.runtime.sampling import SamplingParams, sample, target_probs
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.verify import verify_batch
@@ -24,6 +25,7 @@ class RequestStats:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     cycles: int = 0
+    spec_cycles: int = 0  # cycles that drafted (the rest verified the root alone: speculation was off)
     draft_tokens: int = 0  # draft nodes sent to verification (tree size - 1, summed over cycles)
     accepted_tokens: int = 0  # accepted draft tokens, summed over cycles
     accepted_per_depth: list[int] = field(default_factory=list)  # [d-1]: cycles accepting depth d
@@ -46,7 +48,7 @@ class RequestStats:
         """Counts and times summed over requests (so ``acceptance_length`` is their pooled tau)."""
         out = cls()
         for st in stats:
-            for name in ("prompt_tokens", "generated_tokens", "cycles", "draft_tokens", "accepted_tokens",
+            for name in ("prompt_tokens", "generated_tokens", "cycles", "spec_cycles", "draft_tokens", "accepted_tokens",
                          "prefill_s", "draft_s", "verify_s", "total_s"):
                 setattr(out, name, getattr(out, name) + getattr(st, name))
             width = max(len(out.accepted_per_depth), len(st.accepted_per_depth))
@@ -69,10 +71,55 @@ class _Row:
     params: SamplingParams
     generator: torch.Generator | None
     max_new: int
+    stop: Sequence[str] = ()
     tokens: list[int] = field(default_factory=list)
     finish: str | None = None
     text: str | None = None
     stats: RequestStats = field(default_factory=RequestStats)
+    start: float = 0.0
+    tag: object = None  # the caller's handle (the server's request)
+
+
+@dataclass
+class DecodeBatch:
+    """A running batch between cycles: its rows (in cache order), the target cache, and each row's draft
+    context (target features of the newly verified positions paired with the tokens that follow them;
+    the last real pair's token is the root of the next tree). Rows join through ``admit`` and leave
+    through ``retire`` between cycles: continuous batching."""
+
+    rows: list[_Row]
+    cache: KVCache
+    ctx_feats: torch.Tensor  # [B, W, d]
+    ctx_tokens: torch.Tensor  # [B, W]
+    ctx_counts: torch.Tensor  # [B]
+
+    @property
+    def size(self) -> int:
+        return len(self.rows)
+
+
+def _pad_width(x: torch.Tensor, width: int) -> torch.Tensor:
+    if x.shape[1] >= width:
+        return x
+    pad = x.new_zeros(x.shape[0], width - x.shape[1], *x.shape[2:])
+    return torch.cat([x, pad], dim=1)
+
+
+def append_context(feats: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor, new_feats: torch.Tensor,
+                   new_tokens: torch.Tensor, new_counts: torch.Tensor):
+    """Per row, the first ``counts`` pairs followed by the first ``new_counts`` new pairs (a cycle that
+    did not draft leaves its context for the next one that does, so the draft never misses a position)."""
+    total = counts + new_counts
+    width = int(total.max().item())
+    ar = torch.arange(width, device=tokens.device)[None, :]
+    from_new = ar >= counts[:, None]
+    idx_old = ar.clamp(max=feats.shape[1] - 1).expand(len(counts), -1)
+    idx_new = (ar - counts[:, None]).clamp(0, new_feats.shape[1] - 1)
+    out_tokens = torch.where(from_new, torch.gather(new_tokens, 1, idx_new), torch.gather(tokens, 1, idx_old))
+    d = feats.shape[-1]
+    out_feats = torch.where(from_new[..., None], torch.gather(new_feats, 1, idx_new[..., None].expand(-1, -1, d)),
+                            torch.gather(feats, 1, idx_old[..., None].expand(-1, -1, d)))
+    return out_feats, out_tokens, total
 
 
 class SpeculativeGenerator:
@@ -90,6 +137,7 @@ class SpeculativeGenerator:
         self.eos = set(target.eos_token_ids() if eos_token_ids is None else eos_token_ids)
         self.decode = decode
         self.target_forward_s = 0.0  # cumulative time inside target forwards (overhead accounting)
+        self._plain = NoDrafter()
 
     # -- helpers ------------------------------------------------------------------------------
     def _generator(self, params: SamplingParams) -> torch.Generator | None:
@@ -100,7 +148,7 @@ class SpeculativeGenerator:
         gen.manual_seed(seed)
         return gen
 
-    def _emit(self, row: _Row, new_tokens: list[int], stop_strings: Sequence[str]) -> None:
+    def _emit(self, row: _Row, new_tokens: list[int]) -> None:
         """Append a cycle's tokens, cutting at EOS, the token budget or a stop string."""
         for tok in new_tokens:
             row.tokens.append(tok)
@@ -110,9 +158,9 @@ class SpeculativeGenerator:
             if len(row.tokens) >= row.max_new:
                 row.finish = "length"
                 break
-        if stop_strings and self.decode is not None:
+        if row.stop and self.decode is not None:
             text = self.decode(row.tokens)
-            hits = [(text.find(s), s) for s in stop_strings if s and s in text]
+            hits = [(text.find(s), s) for s in row.stop if s and s in text]
             if hits:
                 cut, stop = min(hits)
                 # the shortest token prefix whose text contains the stop string
@@ -122,7 +170,148 @@ class SpeculativeGenerator:
                         break
                 row.text, row.finish = text[:cut], "stop"
 
-    # -- the loop -----------------------------------------------------------------------------
+    def validate(self, prompts: Sequence[Sequence[int]], budgets: Sequence[int]) -> None:
+        for i, (p, m) in enumerate(zip(prompts, budgets)):
+            if len(p) == 0:
+                raise ValueError(f"prompt {i} is empty")
+            if m < 1:
+                raise ValueError(f"max_new_tokens must be >= 1, got {m} for prompt {i}")
+            if len(p) + m > self.target.max_context:
+                raise ValueError(
+                    f"prompt {i}: {len(p)} prompt tokens + {m} new tokens exceed the target's context of {self.target.max_context}"
+                )
+
+    # -- the stages of continuous batching ----------------------------------------------------
+    @torch.inference_mode()
+    def prefill(self, prompts: Sequence[Sequence[int]], budgets: Sequence[int], params: Sequence[SamplingParams],
+                stops: Sequence[Sequence[str]] | None = None, tags: Sequence[object] | None = None) -> DecodeBatch:
+        """Run new prompts through the target on a cache of their own and pick each first token; the
+        result is a batch of its own, ready to run or to ``admit`` into a running one. ``stops`` and
+        ``tags`` (the caller's handles) are per prompt."""
+        bsz = len(prompts)
+        stops = stops or [()] * bsz
+        if any(stops) and self.decode is None:
+            raise ValueError("stop strings need a decode function (a tokenizer)")
+        self.validate(prompts, budgets)
+        target, dev = self.target, self.target.device
+        rows = [_Row(p, self._generator(p), m, tuple(st), tag=(tags[i] if tags else None))
+                for i, (p, m, st) in enumerate(zip(params, budgets, stops))]
+        lens = [len(p) for p in prompts]
+        for row, n in zip(rows, lens):
+            row.stats.prompt_tokens = n
+        capacity = max(lens) + max(budgets) + self.drafter.max_nodes + 2
+        start = now(dev)
+        width = max(lens)
+        tokens = torch.zeros(bsz, width, dtype=torch.long, device=dev)
+        for b, p in enumerate(prompts):
+            tokens[b, : len(p)] = torch.as_tensor(list(p), dtype=torch.long)
+        counts = torch.tensor(lens, dtype=torch.long, device=dev)
+        ar = torch.arange(width, device=dev)
+        cache = target.new_cache(bsz, capacity)
+        t0 = now(dev)
+        out = target(tokens, ar.expand(bsz, width), (ar[None, :] <= ar[:, None]).expand(bsz, width, width), cache,
+                     logits_at=(counts - 1)[:, None])
+        self.target_forward_s += now(dev) - t0
+        cache.commit(ar.expand(bsz, width), counts)
+        first = out.logits[:, 0].argmax(dim=-1)
+        for b, row in enumerate(rows):
+            if not row.params.greedy:
+                first[b] = sample(target_probs(out.logits[b, 0], row.params), row.generator)
+        ctx_tokens = torch.cat([tokens[:, 1:], torch.zeros_like(tokens[:, :1])], dim=1)
+        ctx_tokens.scatter_(1, (counts - 1)[:, None], first[:, None])
+        prefill_s = now(dev) - start
+        first_list = first.tolist()
+        for b, row in enumerate(rows):
+            row.start = start
+            row.stats.prefill_s = prefill_s
+            self._emit(row, [first_list[b]])
+        return DecodeBatch(rows, cache, out.features, ctx_tokens, counts)
+
+    @torch.inference_mode()
+    def admit(self, running: DecodeBatch | None, new: DecodeBatch) -> DecodeBatch:
+        """Join ``new`` rows (fresh from ``prefill``) to the running batch between cycles."""
+        if running is None or running.size == 0:
+            self.drafter.reset(new.size, new.cache.capacity)
+            return new
+        running.cache.extend_rows(new.cache)
+        self.drafter.add_rows(new.size, new.cache.capacity)
+        width = max(running.ctx_tokens.shape[1], new.ctx_tokens.shape[1])
+        running.ctx_feats = torch.cat([_pad_width(running.ctx_feats, width), _pad_width(new.ctx_feats.to(running.ctx_feats.dtype), width)])
+        running.ctx_tokens = torch.cat([_pad_width(running.ctx_tokens, width), _pad_width(new.ctx_tokens, width)])
+        running.ctx_counts = torch.cat([running.ctx_counts, new.ctx_counts])
+        running.rows.extend(new.rows)
+        return running
+
+    @torch.inference_mode()
+    def retire(self, batch: DecodeBatch) -> list[_Row]:
+        """Drop finished (or cancelled) rows from the batch and its caches; returns them."""
+        keep = [j for j, row in enumerate(batch.rows) if row.finish is None]
+        if len(keep) == batch.size:
+            return []
+        done = [row for row in batch.rows if row.finish is not None]
+        end = now(self.target.device)
+        for row in done:
+            row.stats.generated_tokens = len(row.tokens)
+            row.stats.total_s = row.stats.total_s or (end - row.start)
+        if keep:
+            sel = torch.tensor(keep, dtype=torch.long, device=self.target.device)
+            batch.cache.select_rows(sel)
+            self.drafter.select_rows(sel)
+            batch.ctx_feats, batch.ctx_tokens, batch.ctx_counts = batch.ctx_feats[sel], batch.ctx_tokens[sel], batch.ctx_counts[sel]
+        batch.rows = [batch.rows[j] for j in keep]
+        return done
+
+    @torch.inference_mode()
+    def cycle(self, batch: DecodeBatch, speculate: bool = True) -> None:
+        """One draft-verify-accept cycle over every row. ``speculate=False`` verifies the root alone
+        (plain decoding) and keeps the draft context for the next speculative cycle."""
+        cache, rows, dev = batch.cache, batch.rows, self.target.device
+        drafted = speculate and not isinstance(self.drafter, NoDrafter)
+        drafter = self.drafter if drafted else self._plain
+        t0 = now(dev)
+        tree = drafter.draft(batch.ctx_feats, batch.ctx_tokens, batch.ctx_counts)
+        t1 = now(dev)
+        out = self.target(tree.tokens, cache.lengths[:, None] + tree.depth, tree.tree_mask, cache)
+        t2 = now(dev)
+        verdict = verify_batch(
+            tree.tokens, tree.parents, tree.valid, tree.depth, tree.tree_mask, out.logits,
+            [row.params for row in rows], [row.generator for row in rows],
+        )
+        cache.commit(verdict.path, verdict.counts)
+        t3 = now(dev)
+        self.target_forward_s += t2 - t1
+        # next draft context: features of the accepted path, each paired with the token after it
+        feat_idx = verdict.path[..., None].expand(-1, -1, out.features.shape[-1])
+        new_feats = torch.gather(out.features, 1, feat_idx)
+        path_tokens = torch.gather(tree.tokens, 1, verdict.path)
+        new_tokens = torch.cat([path_tokens[:, 1:], torch.zeros_like(path_tokens[:, :1])], dim=1)
+        new_tokens.scatter_(1, (verdict.counts - 1)[:, None], verdict.next_tokens[:, None])
+        if drafted or isinstance(self.drafter, NoDrafter):
+            batch.ctx_feats, batch.ctx_tokens, batch.ctx_counts = new_feats, new_tokens, verdict.counts
+        else:
+            batch.ctx_feats, batch.ctx_tokens, batch.ctx_counts = append_context(
+                batch.ctx_feats, batch.ctx_tokens, batch.ctx_counts, new_feats, new_tokens, verdict.counts)
+        n_valid = tree.valid.sum(dim=1).tolist()
+        path_list, count_list, next_list = path_tokens.tolist(), verdict.counts.tolist(), verdict.next_tokens.tolist()
+        max_depth = self.drafter.max_depth
+        for j, row in enumerate(rows):
+            acc = count_list[j] - 1
+            st = row.stats
+            st.cycles += 1
+            st.spec_cycles += int(drafted)
+            st.draft_tokens += n_valid[j] - 1
+            st.accepted_tokens += acc
+            if len(st.accepted_per_depth) < max_depth:
+                st.accepted_per_depth.extend([0] * (max_depth - len(st.accepted_per_depth)))
+            for d in range(acc):
+                st.accepted_per_depth[d] += 1
+            st.draft_s += t1 - t0
+            st.verify_s += t3 - t1
+            self._emit(row, path_list[j][1 : acc + 1] + [next_list[j]])
+            if row.finish is not None:
+                st.total_s = t3 - row.start
+
+    # -- the whole loop for a fixed set of prompts --------------------------------------------
     @torch.inference_mode()
     def generate(
         self,
@@ -133,110 +322,19 @@ class SpeculativeGenerator:
     ) -> list[GenerationResult]:
         if not prompts:
             return []
-        if stop_strings and self.decode is None:
-            raise ValueError("stop strings need a decode function (a tokenizer)")
-        target, dev = self.target, self.target.device
         bsz = len(prompts)
         params = list(sampling) if isinstance(sampling, Sequence) else [sampling] * bsz
         budgets = list(max_new_tokens) if isinstance(max_new_tokens, Sequence) else [max_new_tokens] * bsz
         if len(params) != bsz or len(budgets) != bsz:
             raise ValueError(f"got {bsz} prompts but {len(params)} sampling settings and {len(budgets)} budgets")
-        lens = [len(p) for p in prompts]
-        for i, (n, m) in enumerate(zip(lens, budgets)):
-            if n == 0:
-                raise ValueError(f"prompt {i} is empty")
-            if m < 1:
-                raise ValueError(f"max_new_tokens must be >= 1, got {m} for prompt {i}")
-            if n + m > target.max_context:
-                raise ValueError(
-                    f"prompt {i}: {n} prompt tokens + {m} new tokens exceed the target's context of {target.max_context}"
-                )
-        rows = [_Row(p, self._generator(p), m) for p, m in zip(params, budgets)]
-        for row, n in zip(rows, lens):
-            row.stats.prompt_tokens = n
-        capacity = max(lens) + max(budgets) + self.drafter.max_nodes + 2
-        start = now(dev)
-
-        # prefill: each prompt is a causal chain on an empty cache
-        width = max(lens)
-        tokens = torch.zeros(bsz, width, dtype=torch.long, device=dev)
-        for b, p in enumerate(prompts):
-            tokens[b, : len(p)] = torch.as_tensor(list(p), dtype=torch.long)
-        counts = torch.tensor(lens, dtype=torch.long, device=dev)
-        ar = torch.arange(width, device=dev)
-        cache = target.new_cache(bsz, capacity)
-        self.drafter.reset(bsz, capacity)
-        t0 = now(dev)
-        out = target(tokens, ar.expand(bsz, width), (ar[None, :] <= ar[:, None]).expand(bsz, width, width), cache,
-                     logits_at=(counts - 1)[:, None])
-        self.target_forward_s += now(dev) - t0
-        cache.commit(ar.expand(bsz, width), counts)
-        first = out.logits[:, 0].argmax(dim=-1)
-        for b, row in enumerate(rows):
-            if not row.params.greedy:
-                first[b] = sample(target_probs(out.logits[b, 0], row.params), row.generator)
-        ctx_feats = out.features
-        ctx_tokens = torch.cat([tokens[:, 1:], torch.zeros_like(tokens[:, :1])], dim=1)
-        ctx_tokens.scatter_(1, (counts - 1)[:, None], first[:, None])
-        ctx_counts = counts
-        prefill_s = now(dev) - start
-        for b, row in enumerate(rows):
-            row.stats.prefill_s = prefill_s
-            self._emit(row, [int(first[b])], stop_strings)
-
-        active = list(range(bsz))
-        while True:
-            keep = [j for j, b in enumerate(active) if rows[b].finish is None]
-            if len(keep) < len(active):
-                if not keep:
-                    break
-                sel = torch.tensor(keep, dtype=torch.long, device=dev)
-                cache.select_rows(sel)
-                self.drafter.select_rows(sel)
-                ctx_feats, ctx_tokens, ctx_counts = ctx_feats[sel], ctx_tokens[sel], ctx_counts[sel]
-                active = [active[j] for j in keep]
-            t0 = now(dev)
-            tree = self.drafter.draft(ctx_feats, ctx_tokens, ctx_counts)
-            t1 = now(dev)
-            out = target(tree.tokens, cache.lengths[:, None] + tree.depth, tree.tree_mask, cache)
-            t2 = now(dev)
-            verdict = verify_batch(
-                tree.tokens, tree.parents, tree.valid, tree.depth, tree.tree_mask, out.logits,
-                [rows[b].params for b in active], [rows[b].generator for b in active],
-            )
-            cache.commit(verdict.path, verdict.counts)
-            t3 = now(dev)
-            self.target_forward_s += t2 - t1
-            # next draft context: features of the accepted path, each paired with the token after it
-            feat_idx = verdict.path[..., None].expand(-1, -1, out.features.shape[-1])
-            ctx_feats = torch.gather(out.features, 1, feat_idx)
-            path_tokens = torch.gather(tree.tokens, 1, verdict.path)
-            ctx_tokens = torch.cat([path_tokens[:, 1:], torch.zeros_like(path_tokens[:, :1])], dim=1)
-            ctx_tokens.scatter_(1, (verdict.counts - 1)[:, None], verdict.next_tokens[:, None])
-            ctx_counts = verdict.counts
-            n_valid = tree.valid.sum(dim=1).tolist()
-            path_list, count_list, next_list = path_tokens.tolist(), verdict.counts.tolist(), verdict.next_tokens.tolist()
-            for j, b in enumerate(active):
-                row, acc = rows[b], count_list[j] - 1
-                st = row.stats
-                st.cycles += 1
-                st.draft_tokens += n_valid[j] - 1
-                st.accepted_tokens += acc
-                if len(st.accepted_per_depth) < self.drafter.max_depth:
-                    st.accepted_per_depth.extend([0] * (self.drafter.max_depth - len(st.accepted_per_depth)))
-                for d in range(acc):
-                    st.accepted_per_depth[d] += 1
-                st.draft_s += t1 - t0
-                st.verify_s += t3 - t1
-                self._emit(row, path_list[j][1 : acc + 1] + [next_list[j]], stop_strings)
-                if row.finish is not None:
-                    st.total_s = t3 - start
-
-        end = now(dev)
+        batch = self.admit(None, self.prefill(prompts, budgets, params, [stop_strings] * bsz))
+        rows = list(batch.rows)
+        self.retire(batch)
+        while batch.size:
+            self.cycle(batch)
+            self.retire(batch)
         results = []
         for row in rows:
-            row.stats.generated_tokens = len(row.tokens)
-            row.stats.total_s = row.stats.total_s or (end - start)
             text = row.text if row.text is not None else (self.decode(row.tokens) if self.decode else None)
             results.append(GenerationResult(tokens=row.tokens, finish_reason=row.finish or "length", stats=row.stats, text=text))
         return results

@@ -153,6 +153,20 @@ class KVCache:
         self.lengths += counts
 
     @torch.inference_mode()
+    def extend_rows(self, other: "KVCache") -> None:
+        """Append ``other``'s rows (requests joining a running batch); capacities are padded to the larger."""
+        self.ensure_capacity(other.capacity)
+        keys, values = other.keys, other.values
+        if other.capacity < self.capacity:
+            shape = list(keys.shape)
+            shape[3] = self.capacity - other.capacity
+            keys = torch.cat([keys, keys.new_zeros(shape)], dim=3)
+            values = torch.cat([values, values.new_zeros(shape)], dim=3)
+        self.keys = torch.cat([self.keys, keys], dim=1)
+        self.values = torch.cat([self.values, values], dim=1)
+        self.lengths = torch.cat([self.lengths, other.lengths])
+
+    @torch.inference_mode()
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only ``rows`` (e.g. drop finished sequences from the running batch)."""
         self.keys = self.keys[:, rows].contiguous()

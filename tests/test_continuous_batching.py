@@ -1,0 +1,72 @@
+"""Continuous batching in the runtime: requests that join a running batch between cycles, rows that
+leave it, and cycles that skip speculation all keep greedy output identical to the target's own."""
+
+from __future__ import annotations
+
+import torch
+
+from specdec_kit.runtime.drafting import FeatureDraftStep, FeatureTreeDrafter
+from specdec_kit.runtime.generate import SpeculativeGenerator, append_context
+from specdec_kit.runtime.sampling import SamplingParams
+from specdec_kit.runtime.synthetic import oracle_griffin
+from specdec_kit.runtime.trees import DynamicTreeConfig
+
+from conftest import NEW_TOKENS
+
+
+def generator(case) -> SpeculativeGenerator:
+    drafter = FeatureTreeDrafter(FeatureDraftStep(oracle_griffin(case.target), case.target.lm_head), DynamicTreeConfig(16, 3, 4))
+    return SpeculativeGenerator(case.target, drafter, eos_token_ids=[])
+
+
+def run_with_arrivals(gen: SpeculativeGenerator, prompts, arrivals: dict[int, list[int]], speculate=lambda c: True):
+    """Prompts join at the cycle numbers in ``arrivals``; returns each prompt's row."""
+    greedy = SamplingParams()
+    batch, rows, cycle = None, {}, 0
+    pending = dict(arrivals)
+    while pending or (batch is not None and batch.size):
+        if cycle in pending:
+            ids = pending.pop(cycle)
+            new = gen.prefill([prompts[i] for i in ids], [NEW_TOKENS] * len(ids), [greedy] * len(ids), tags=ids)
+            rows.update({row.tag: row for row in new.rows})
+            batch = gen.admit(batch, new)
+            gen.retire(batch)
+        if batch is not None and batch.size:
+            gen.cycle(batch, speculate=speculate(cycle))
+            gen.retire(batch)
+        cycle += 1
+    return [rows[i] for i in sorted(rows)]
+
+
+def test_requests_joining_a_running_batch_stay_lossless(predictable_case):
+    case = predictable_case
+    prompts = case.prompts[:6]
+    rows = run_with_arrivals(generator(case), prompts, {0: [0, 1], 2: [2], 3: [3, 4], 9: [5]})
+    assert [r.tokens for r in rows] == case.references[:6]
+    assert all(r.finish == "length" for r in rows)
+    assert sum(r.stats.accepted_tokens for r in rows) > 2 * sum(r.stats.cycles for r in rows)  # tau > 3
+
+
+def test_plain_cycles_keep_the_draft_context(predictable_case):
+    """Cycles without speculation hand their context to the next speculative one: acceptance on the
+    speculative cycles stays what it is with speculation throughout."""
+    case = predictable_case
+    prompts = case.prompts[:4]
+    always = run_with_arrivals(generator(case), prompts, {0: [0, 1, 2, 3]})
+    mixed = run_with_arrivals(generator(case), prompts, {0: [0, 1], 1: [2, 3]}, speculate=lambda c: c % 3 == 2)
+    assert [r.tokens for r in always] == [r.tokens for r in mixed] == case.references[:4]
+    per_cycle_always = sum(r.stats.accepted_tokens for r in always) / sum(r.stats.spec_cycles for r in always)
+    per_cycle_mixed = sum(r.stats.accepted_tokens for r in mixed) / sum(r.stats.spec_cycles for r in mixed)
+    assert sum(r.stats.spec_cycles for r in mixed) < sum(r.stats.cycles for r in mixed)
+    assert per_cycle_always > 2.0 and per_cycle_mixed > 0.7 * per_cycle_always
+
+
+def test_append_context_concatenates_per_row():
+    feats = torch.arange(2 * 3 * 1, dtype=torch.float).view(2, 3, 1)
+    toks = torch.tensor([[1, 2, 3], [4, 5, 0]])
+    new_feats = -torch.arange(1, 2 * 2 + 1, dtype=torch.float).view(2, 2, 1)
+    new_toks = torch.tensor([[7, 8], [9, 0]])
+    f, t, c = append_context(feats, toks, torch.tensor([3, 2]), new_feats, new_toks, torch.tensor([2, 1]))
+    assert c.tolist() == [5, 3]
+    assert t[0].tolist() == [1, 2, 3, 7, 8] and t[1, :3].tolist() == [4, 5, 9]
+    assert f[0, :, 0].tolist() == [0, 1, 2, -1, -2] and f[1, :3, 0].tolist() == [3, 4, -3]
