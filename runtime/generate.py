@@ -72,6 +72,7 @@ class _Row:
     generator: torch.Generator | None
     max_new: int
     stop: Sequence[str] = ()
+    ignore_eos: bool = False
     tokens: list[int] = field(default_factory=list)
     finish: str | None = None
     text: str | None = None
@@ -152,7 +153,7 @@ class SpeculativeGenerator:
         """Append a cycle's tokens, cutting at EOS, the token budget or a stop string."""
         for tok in new_tokens:
             row.tokens.append(tok)
-            if tok in self.eos:
+            if tok in self.eos and not row.ignore_eos:
                 row.finish = "stop"
                 break
             if len(row.tokens) >= row.max_new:
@@ -184,7 +185,8 @@ class SpeculativeGenerator:
     # -- the stages of continuous batching ----------------------------------------------------
     @torch.inference_mode()
     def prefill(self, prompts: Sequence[Sequence[int]], budgets: Sequence[int], params: Sequence[SamplingParams],
-                stops: Sequence[Sequence[str]] | None = None, tags: Sequence[object] | None = None) -> DecodeBatch:
+                stops: Sequence[Sequence[str]] | None = None, tags: Sequence[object] | None = None,
+                ignore_eos: Sequence[bool] | None = None) -> DecodeBatch:
         """Run new prompts through the target on a cache of their own and pick each first token; the
         result is a batch of its own, ready to run or to ``admit`` into a running one. ``stops`` and
         ``tags`` (the caller's handles) are per prompt."""
@@ -194,7 +196,8 @@ class SpeculativeGenerator:
             raise ValueError("stop strings need a decode function (a tokenizer)")
         self.validate(prompts, budgets)
         target, dev = self.target, self.target.device
-        rows = [_Row(p, self._generator(p), m, tuple(st), tag=(tags[i] if tags else None))
+        rows = [_Row(p, self._generator(p), m, tuple(st), ignore_eos=bool(ignore_eos and ignore_eos[i]),
+                     tag=(tags[i] if tags else None))
                 for i, (p, m, st) in enumerate(zip(params, budgets, stops))]
         lens = [len(p) for p in prompts]
         for row, n in zip(rows, lens):

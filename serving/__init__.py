@@ -1,1 +1,1 @@
-"""specdec_kit.serving: see the issue tracker; filled in by later work."""
+"""specdec_kit.serving: the OpenAI-compatible server (continuous batching, adaptive speculation, metrics)."""

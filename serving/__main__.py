@@ -1,0 +1,7 @@
+"""``python -m specdec_kit.serving``: see ``cli.py``."""
+
+import sys
+
+from specdec_kit.serving.cli import main
+
+sys.exit(main())

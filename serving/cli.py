@@ -1,0 +1,114 @@
+"""``python -m specdec_kit.serving --engine DIR`` (or ``specdec-serve``): serve an engine over the OpenAI API.
+
+ONNX Runtime and PyTorch engines run in the embedded runtime with continuous batching. TensorRT-LLM
+and SGLang engines (or ``--backend`` forcing one) start that engine's own server through the
+``serve.sh`` the builder wrote, on the same host and port, so clients, the chart and the load test
+need not know which backend runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from specdec_kit.runtime.manifest import EngineError, read_manifest
+
+SERVER_SCRIPTS = {"tensorrt-llm": "trtllm/serve.sh", "sglang": "sglang/serve.sh"}
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="specdec-serve", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="example: specdec-serve --engine engines/griffin-onnxruntime --port 8000")
+    p.add_argument("--engine", type=Path, required=True, help="engine directory (export/build_engine.py)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--backend", choices=["embedded", "sglang", "tensorrt-llm"],
+                   help="default: the engine's (embedded for onnxruntime/torch engines)")
+    p.add_argument("--served-model-name", help="the model id clients send (default: the engine directory's name)")
+    p.add_argument("--max-num-seqs", type=int, default=16, help="largest running batch")
+    p.add_argument("--max-queue", type=int, default=256, help="waiting requests beyond this get 429")
+    p.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1 (default: $SPECDEC_API_KEY)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
+    p.add_argument("--speculation", default="adaptive",
+                   help="adaptive (tree shrinks with load, off where it stops paying; the default), "
+                        "'off' (plain decoding), 'fixed' (the engine's tree at every batch size), or a schedule "
+                        "like 2:1,4:0.5,16:0.25,inf:0 (batch size: fraction of the engine's tree)")
+    p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish in-flight requests on shutdown")
+    p.add_argument("--no-checksums", action="store_true", help="check file sizes only when opening the engine")
+    p.add_argument("--log-level", default="info")
+    return p.parse_args(argv)
+
+
+def launch_external(engine: Path, backend: str, host: str, port: int) -> int:
+    """Replace this process with the engine's own server (SGLang or trtllm-serve)."""
+    script = engine / SERVER_SCRIPTS[backend]
+    if not script.is_file():
+        print(f"error: {script}: missing; build the engine with --backend {backend}", file=sys.stderr)
+        return 2
+    env = dict(os.environ, PORT=str(port))
+    cmd = ["bash", str(script), "--host", host] if backend == "sglang" else ["bash", str(script)]
+    print(f"starting the {backend} server: {' '.join(cmd)} (PORT={port})", flush=True)
+    os.execvpe("bash", cmd, env)
+    return 0  # not reached
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        manifest = read_manifest(args.engine, checksums=not args.no_checksums)
+    except EngineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    backend = args.backend or ("embedded" if manifest["backend"] in ("onnxruntime", "torch") else manifest["backend"])
+    if backend != "embedded":
+        if manifest["backend"] != backend:
+            print(f"error: {args.engine} is a {manifest['backend']} engine; --backend {backend} needs an engine built "
+                  f"with --backend {backend}", file=sys.stderr)
+            return 2
+        return launch_external(args.engine, backend, args.host, args.port)
+
+    import uvicorn
+
+    from specdec_kit.runtime.engine import open_engine
+    from specdec_kit.runtime.loader import set_threads
+    from specdec_kit.serving.app import ServerConfig, create_app
+    from specdec_kit.serving.metrics import ServerMetrics
+    from specdec_kit.serving.policy import SpeculationPolicy, default_schedule, parse_schedule
+    from specdec_kit.serving.scheduler import Scheduler
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    set_threads()
+    try:
+        engine = open_engine(args.engine, device=args.device, checksums=False)  # read_manifest checked them
+        mode = args.speculation
+        if mode == "adaptive":
+            policy = SpeculationPolicy(default_schedule(engine.tree))
+        elif mode == "fixed":
+            policy = SpeculationPolicy([(1 << 30, engine.tree)], adaptive=False)
+        elif mode == "off":
+            policy = SpeculationPolicy([(1 << 30, None)], adaptive=False)
+        else:
+            policy = SpeculationPolicy(parse_schedule(mode, engine.tree))
+    except (EngineError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    name = args.served_model_name or args.engine.resolve().name
+    config = ServerConfig(model_name=name, api_key=args.api_key, max_num_seqs=args.max_num_seqs,
+                          max_queue=args.max_queue, drain_timeout=args.drain_timeout)
+    metrics = ServerMetrics(name)
+    scheduler = Scheduler(engine, metrics, policy, args.max_num_seqs, args.max_queue)
+    app = create_app(engine, config, scheduler, metrics)
+    print(f"serving {name} ({engine.backend} engine, {engine.draft_kind} draft, speculation {mode}) on "
+          f"http://{args.host}:{args.port}/v1", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                timeout_graceful_shutdown=int(args.drain_timeout))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

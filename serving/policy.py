@@ -1,0 +1,118 @@
+"""How much to speculate at a given batch size: tree size by load, and an online guard.
+
+Speculation trades extra target work (verifying a tree) for fewer sequential steps. At batch 1 the
+target is memory-bound and the trade pays; as the batch grows the verification of every row's tree
+becomes compute-bound and the trade stops paying, which is why speculative serving often loses to
+plain decoding under load. The policy therefore (1) shrinks the tree as the batch grows
+(``schedule``, like TensorRT-LLM's ``draft_len_schedule``) and (2) measures, per batch-size bucket,
+the tokens/s of speculative and plain cycles (exponential moving averages, with a periodic probe of
+the mode not in use) and runs the faster one, so throughput does not fall below plain decoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
+
+Tree = StaticTree | DynamicTreeConfig
+
+
+def shrink(tree: Tree, fraction: float) -> Tree:
+    """The same kind of tree with about ``fraction`` of its nodes (at least a root and one child)."""
+    if isinstance(tree, DynamicTreeConfig):
+        total = max(2, round(tree.total_tokens * fraction))
+        top_k = max(1, min(tree.top_k, total - 1))
+        return DynamicTreeConfig(total_tokens=total, depth=tree.depth, top_k=top_k)
+    keep = max(1, round(len(tree.choices) * fraction))
+    return StaticTree.from_choices([list(c) for c in tree.choices[:keep]])  # sorted by depth: prefix-closed
+
+
+def tree_nodes(tree: Tree | None) -> int:
+    if tree is None:
+        return 1
+    return tree.total_tokens if isinstance(tree, DynamicTreeConfig) else tree.buffers.num_nodes
+
+
+def default_schedule(tree: Tree) -> list[tuple[int, Tree | None]]:
+    """(largest batch size, tree) steps: the full tree up to batch 2, then halving; off beyond 32."""
+    return [(2, tree), (4, shrink(tree, 0.5)), (8, shrink(tree, 0.25)), (32, shrink(tree, 0.125)), (1 << 30, None)]
+
+
+def parse_schedule(spec: str, tree: Tree) -> list[tuple[int, Tree | None]]:
+    """``"2:1.0,4:0.5,16:0.25,inf:0"``: up to batch B use this fraction of the engine's tree (0 = off)."""
+    steps = []
+    for part in spec.split(","):
+        try:
+            size, frac = part.split(":")
+            limit = 1 << 30 if size.strip() in ("inf", "*") else int(size)
+            fraction = float(frac)
+        except ValueError:
+            raise ValueError(f"speculation schedule {spec!r}: expected BATCH:FRACTION pairs like 4:0.5,inf:0") from None
+        if limit < 1 or not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"speculation schedule {spec!r}: batch sizes >= 1 and fractions in [0, 1]")
+        steps.append((limit, None if fraction == 0 else shrink(tree, fraction)))
+    steps.sort(key=lambda s: s[0])
+    if steps[-1][0] < 1 << 30:
+        steps.append((1 << 30, steps[-1][1]))
+    return steps
+
+
+@dataclass
+class _Bucket:
+    spec: float | None = None  # tokens/s EMA of speculative cycles
+    plain: float | None = None
+    spec_n: int = 0
+    plain_n: int = 0
+    cycles: int = 0
+
+
+@dataclass
+class SpeculationPolicy:
+    schedule: list[tuple[int, Tree | None]]
+    adaptive: bool = True
+    warmup: tuple[int, int] = (8, 4)  # speculative, plain cycles measured in a bucket before deciding
+    probe_every: int = 10  # then every n-th cycle runs the mode that is losing, to keep its estimate fresh
+    smoothing: float = 0.15
+    buckets: dict[int, _Bucket] = field(default_factory=dict)
+
+    def _index(self, batch_size: int) -> int:
+        return next(i for i, (limit, _) in enumerate(self.schedule) if batch_size <= limit)
+
+    def choose(self, batch_size: int) -> Tree | None:
+        """The tree for the next cycle, or None for a plain cycle."""
+        i = self._index(batch_size)
+        tree = self.schedule[i][1]
+        if tree is None or not self.adaptive:
+            return tree
+        b = self.buckets.setdefault(i, _Bucket())
+        b.cycles += 1
+        if b.spec_n < self.warmup[0]:
+            return tree
+        if b.plain_n < self.warmup[1]:
+            return None
+        spec_wins = b.spec >= b.plain
+        if b.cycles % self.probe_every == 0:
+            spec_wins = not spec_wins
+        return tree if spec_wins else None
+
+    def record(self, batch_size: int, speculative: bool, tokens: int, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        b = self.buckets.setdefault(self._index(batch_size), _Bucket())
+        rate = tokens / seconds
+        old = b.spec if speculative else b.plain
+        new = rate if old is None else (1 - self.smoothing) * old + self.smoothing * rate
+        if speculative:
+            b.spec, b.spec_n = new, b.spec_n + 1
+        else:
+            b.plain, b.plain_n = new, b.plain_n + 1
+
+    def describe(self) -> list[dict]:
+        """Per bucket: its batch-size limit, tree size and the measured tokens/s of both modes."""
+        out = []
+        for i, (limit, tree) in enumerate(self.schedule):
+            b = self.buckets.get(i, _Bucket())
+            out.append({"max_batch": limit, "tree_tokens": tree_nodes(tree), "spec_tokens_per_s": b.spec,
+                        "plain_tokens_per_s": b.plain})
+        return out

@@ -1,0 +1,108 @@
+"""Request bodies of ``/v1/chat/completions`` and ``/v1/completions``, validated at the boundary.
+
+Parameters the server implements: temperature, top_p, top_k, seed, stop, max_tokens /
+max_completion_tokens, stream, stream_options.include_usage, ignore_eos, user. Parameters it does not
+implement are refused by name (a silently ignored ``n`` or ``logprobs`` would hand the client
+something other than what it asked for); so is any field OpenAI's API does not define.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from specdec_kit.serving.errors import APIError, invalid, unsupported
+
+# field -> the value that means "not used"; anything else is refused
+UNSUPPORTED_DEFAULTS: dict[str, Any] = {
+    "n": 1, "best_of": 1, "logprobs": None, "top_logprobs": None, "tools": None, "tool_choice": None,
+    "functions": None, "function_call": None, "parallel_tool_calls": None, "logit_bias": None, "echo": False,
+    "suffix": None, "presence_penalty": 0.0, "frequency_penalty": 0.0, "audio": None, "modalities": None,
+    "prediction": None, "reasoning_effort": None, "response_format": None, "web_search_options": None,
+}
+IGNORED_METADATA = ("user", "metadata", "store", "service_tier")
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False
+
+    def stop_list(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stops) > 4:
+            raise invalid(f"'stop' takes at most 4 sequences, got {len(stops)}", "stop")
+        if any(not s for s in stops):
+            raise invalid("'stop' sequences must be non-empty strings", "stop")
+        return stops
+
+    def check_extras(self) -> None:
+        for name, value in (self.model_extra or {}).items():
+            if name in IGNORED_METADATA:
+                continue
+            if name in UNSUPPORTED_DEFAULTS:
+                if value is None or value == UNSUPPORTED_DEFAULTS[name] or (name == "logprobs" and value is False):
+                    continue
+                raise unsupported(name, f"got {value!r}")
+            raise invalid(f"Unrecognized request argument supplied: {name}", name, "unrecognized_parameter")
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        parts = []
+        for part in self.content:
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise unsupported("messages.content", f"content part of type {part.get('type')!r} (text only)")
+            parts.append(part["text"])
+        return "".join(parts)
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str] | list[int] | list[list[int]]
+
+
+def parse(model: type[BaseModel], body: Any):
+    """Validate a JSON body into ``model``; a validation failure is a 400 naming the field."""
+    if not isinstance(body, dict):
+        raise invalid(f"request body must be a JSON object, found {type(body).__name__}")
+    try:
+        request = model.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or None
+        raise invalid(f"{where}: {first['msg']}" if where else first["msg"], where) from None
+    request.check_extras()
+    return request
+
+
+def as_api_error(exc: Exception) -> APIError:
+    return exc if isinstance(exc, APIError) else invalid(str(exc))
