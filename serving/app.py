@@ -200,10 +200,12 @@ def create_app(engine: Engine, config: ServerConfig, scheduler: Scheduler, metri
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
         if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            options = body.stream_options
+            include_usage = bool(options and options.include_usage)
+            continuous = bool(options and options.continuous_usage_stats)
             stream = events(req)
             first = await anext(stream)  # queue-full errors surface here, as a proper HTTP error
-            return StreamingResponse(sse(kind, rid, created, req, first, stream, stops, include_usage),
+            return StreamingResponse(sse(kind, rid, created, req, first, stream, stops, include_usage, continuous),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         tokens, final = [], None
         async for delta in events(req):
@@ -221,12 +223,14 @@ def create_app(engine: Engine, config: ServerConfig, scheduler: Scheduler, metri
         return {"id": rid, "object": "text_completion", "created": created, "model": config.model_name,
                 "choices": [choice], "usage": usage}
 
-    async def sse(kind, rid, created, req, first, stream, stops, include_usage):
+    async def sse(kind, rid, created, req, first, stream, stops, include_usage, continuous):
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
 
         def frame(choices: list, usage=None) -> str:
             body = {"id": rid, "object": obj, "created": created, "model": config.model_name, "choices": choices}
-            if include_usage:
+            if continuous and usage is None and choices:
+                usage = usage_body(len(req.prompt_ids), len(tokens), None)
+            if include_usage or continuous:
                 body["usage"] = usage
             return f"data: {json.dumps(body)}\n\n"
 

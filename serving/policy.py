@@ -71,7 +71,7 @@ class _Bucket:
 class SpeculationPolicy:
     schedule: list[tuple[int, Tree | None]]
     adaptive: bool = True
-    warmup: tuple[int, int] = (8, 4)  # speculative, plain cycles measured in a bucket before deciding
+    warmup: tuple[int, int] = (6, 3)  # speculative, plain cycles measured in a bucket before deciding
     probe_every: int = 10  # then every n-th cycle runs the mode that is losing, to keep its estimate fresh
     smoothing: float = 0.15
     buckets: dict[int, _Bucket] = field(default_factory=dict)

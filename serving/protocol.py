@@ -1,7 +1,8 @@
 """Request bodies of ``/v1/chat/completions`` and ``/v1/completions``, validated at the boundary.
 
 Parameters the server implements: temperature, top_p, top_k, seed, stop, max_tokens /
-max_completion_tokens, stream, stream_options.include_usage, ignore_eos, user. Parameters it does not
+max_completion_tokens, stream, stream_options.include_usage (and vLLM's continuous_usage_stats, which
+lets a client count the tokens of each chunk), ignore_eos, user. Parameters it does not
 implement are refused by name (a silently ignored ``n`` or ``logprobs`` would hand the client
 something other than what it asked for); so is any field OpenAI's API does not define.
 """
@@ -27,6 +28,7 @@ IGNORED_METADATA = ("user", "metadata", "store", "service_tier")
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's extension: running usage in every chunk
 
 
 class _Common(BaseModel):

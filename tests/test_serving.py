@@ -282,3 +282,20 @@ def test_overload_gets_429_with_retry_after_and_shutdown_drains(engine_dir):
         assert sum(len(json.loads(x[6:])["choices"][0]["text"]) > 0 for x in lines[:-1]) > 0
     finally:
         srv.stop()
+
+
+def test_server_backends_launch_their_own_server(demo_checkpoints, tmp_path):
+    """``--engine`` of an SGLang engine execs the engine's serve.sh; with no SGLang installed here the
+    launch gets as far as SGLang's own module, which is as far as a CPU machine can take it."""
+    inputs = BuildInputs(draft="griffin", target=demo_checkpoints["target"], draft_path=demo_checkpoints["griffin"],
+                         tokenizer=demo_checkpoints["target"], backend="sglang", dtype="float32",
+                         tree=tree_to_dict(DynamicTreeConfig(12, 3, 3)))
+    engine = build_engine(inputs, tmp_path / "sglang-engine").path
+    proc = subprocess.run([sys.executable, "-m", "specdec_kit.serving", "--engine", str(engine), "--port", "9"],
+                          capture_output=True, text=True, timeout=120, env={"PATH": str(Path(sys.executable).parent)})
+    out = proc.stdout + proc.stderr
+    assert "starting the sglang server" in out and proc.returncode != 0
+    assert "No module named sglang" in out or "sglang" in out.split("starting the sglang server")[1]
+    wrong = subprocess.run([sys.executable, "-m", "specdec_kit.serving", "--engine", str(engine), "--backend",
+                            "tensorrt-llm"], capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 2 and "is a sglang engine" in wrong.stderr

@@ -1,0 +1,208 @@
+"""The server under concurrent streaming load, speculative against plain (``specdec-bench-serving``).
+
+Starts ``specdec-serve`` on an engine twice (``--speculation adaptive`` and ``--speculation off``),
+and at each concurrency level runs that many client threads, each streaming chat requests back to
+back (HumanEval prompts, T=0, fixed ``max_tokens`` with ``ignore_eos``). Per request it records the
+time to first token and, from vLLM-style ``continuous_usage_stats``, the inter-token latency per
+token (a chunk carrying k tokens counts as k gaps of a k-th each). Reports throughput, p50/p99 TTFT
+and ITL, and the server's acceptance length; writes JSON, markdown and a plot. Reported, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from specdec_kit.bench.engine_backends import engine_for
+from specdec_kit.bench.prompts import humaneval
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="specdec-bench-serving", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--engine", type=Path, help="engine directory (default: build or reuse the demo zoo's GRIFFIN ONNX engine)")
+    p.add_argument("--concurrency", default="1,4,16")
+    p.add_argument("--requests", type=int, default=48, help="requests per concurrency level (at least one per client)")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--out", type=Path, default=RESULTS)
+    return p.parse_args(argv)
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    k = (len(values) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(engine: Path, mode: str, max_num_seqs: int) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "specdec_kit.serving", "--engine", str(engine), "--port", str(port),
+                             "--served-model-name", "bench", "--speculation", mode, "--max-num-seqs", str(max_num_seqs),
+                             "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(url + "/health/ready", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("server did not become ready")
+
+
+def one_request(url: str, prompt: str, max_tokens: int) -> dict:
+    body = {"model": "bench", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    start = time.perf_counter()
+    first, last, count, gaps = None, None, 0, []
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as resp:
+        resp.raise_for_status()
+        for line in resp.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage") or {}
+            done = usage.get("completion_tokens", count)
+            if done > count:
+                now = time.perf_counter()
+                if first is None:
+                    first = now
+                    new = done - count - 1
+                else:
+                    new = done - count
+                if new > 0 and last is not None:
+                    gaps += [(now - last) / new] * new
+                last, count = now, done
+    return {"ttft": first - start, "itl": gaps, "tokens": count, "e2e": time.perf_counter() - start}
+
+
+def run_level(url: str, prompts: list[str], clients: int, total: int, max_tokens: int) -> dict:
+    jobs = [prompts[i % len(prompts)] for i in range(max(total, clients))]
+    lock, results = threading.Lock(), []
+
+    def worker():
+        while True:
+            with lock:
+                if not jobs:
+                    return
+                prompt = jobs.pop()
+            res = one_request(url, prompt, max_tokens)
+            with lock:
+                results.append(res)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    itl = [g for r in results for g in r["itl"]]
+    ttft = [r["ttft"] for r in results]
+    return {"concurrency": clients, "requests": len(results), "tokens": sum(r["tokens"] for r in results),
+            "throughput_tok_s": round(sum(r["tokens"] for r in results) / wall, 1),
+            "ttft_p50_ms": round(1000 * percentile(ttft, 0.5), 1), "ttft_p99_ms": round(1000 * percentile(ttft, 0.99), 1),
+            "itl_p50_ms": round(1000 * percentile(itl, 0.5), 2), "itl_p99_ms": round(1000 * percentile(itl, 0.99), 2)}
+
+
+def server_tau(url: str) -> float | None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        if family.name == "specdec:spec_accept_length":
+            return round(family.samples[0].value, 2) if family.samples else None
+    return None
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    for mode, marker in (("speculative", "o"), ("plain", "s")):
+        sel = [r for r in rows if r["mode"] == mode]
+        axes[0].plot([r["concurrency"] for r in sel], [r["throughput_tok_s"] for r in sel], marker=marker, label=mode)
+        axes[1].plot([r["concurrency"] for r in sel], [r["itl_p50_ms"] for r in sel], marker=marker, label=mode)
+    for ax, title in zip(axes, ("throughput (tokens/s)", "inter-token latency p50 (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent streams")
+        ax.set_title(title)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    engine = args.engine or engine_for("griffin", "onnxruntime", Path("engines"))
+    levels = [int(c) for c in args.concurrency.split(",")]
+    prompts = humaneval(32)
+    rows = []
+    for mode, flag in (("speculative", "adaptive"), ("plain", "off")):
+        proc, url = start_server(engine, flag, max(levels))
+        try:
+            run_level(url, prompts, 1, 2, 8)  # warm-up
+            for clients in levels:
+                row = run_level(url, prompts, clients, args.requests, args.max_tokens)
+                row["mode"] = mode
+                rows.append(row)
+                print(f"{mode:>11} x{clients:<3} {row['throughput_tok_s']:8.1f} tok/s  TTFT p50 {row['ttft_p50_ms']:7.1f} "
+                      f"p99 {row['ttft_p99_ms']:7.1f} ms  ITL p50 {row['itl_p50_ms']:6.2f} p99 {row['itl_p99_ms']:6.2f} ms",
+                      flush=True)
+            tau = server_tau(url)
+            for row in rows:
+                if row["mode"] == mode:
+                    row["server_accept_length"] = tau
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+    ratio = {c: round(next(r["throughput_tok_s"] for r in rows if r["mode"] == "speculative" and r["concurrency"] == c)
+                      / next(r["throughput_tok_s"] for r in rows if r["mode"] == "plain" and r["concurrency"] == c), 2)
+             for c in levels}
+    machine = f"{platform.machine()}, CPU"
+    result = {"engine": str(engine), "max_tokens": args.max_tokens, "requests_per_level": args.requests,
+              "machine": machine, "rows": rows, "speculative_over_plain_throughput": ratio}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "serving_load.json").write_text(json.dumps(result, indent=2) + "\n")
+    lines = [f"Server load: {args.requests} streaming chat requests per level, {args.max_tokens} tokens each, T=0 "
+             f"({machine})", "", "| mode | streams | tokens/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | tau |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['mode']} | {r['concurrency']} | {r['throughput_tok_s']} | {r['ttft_p50_ms']} | {r['ttft_p99_ms']} | "
+              f"{r['itl_p50_ms']} | {r['itl_p99_ms']} | {r.get('server_accept_length')} |" for r in rows]
+    lines += ["", "speculative / plain throughput: " + ", ".join(f"{c} streams {v}x" for c, v in ratio.items())]
+    (args.out / "serving_load.md").write_text("\n".join(lines) + "\n")
+    try:
+        plot(rows, args.out / "serving_load.png")
+    except ImportError:
+        pass
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
