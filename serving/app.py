@@ -163,6 +163,16 @@ def create_app(engine: Engine, config: ServerConfig, scheduler: Scheduler, metri
     async def prometheus():
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    @app.get("/server_info")
+    async def server_info(request: Request):
+        """Engine, batching limits and the speculation policy's measurements (cf. SGLang's /get_server_info)."""
+        authorize(request)
+        m = engine.manifest
+        return {"model": config.model_name, "engine": str(engine.path), "backend": m["backend"],
+                "draft": m["draft"]["kind"], "tree": m["tree"], "max_num_seqs": config.max_num_seqs,
+                "max_queue": config.max_queue, "speculation": scheduler.policy.describe(),
+                "running": scheduler.busy()}
+
     @app.get("/v1/models")
     async def models(request: Request):
         authorize(request)

@@ -65,6 +65,8 @@ class _Bucket:
     spec_n: int = 0
     plain_n: int = 0
     cycles: int = 0
+    interval: int = 0  # cycles between probes of the losing mode; doubles while the winner holds
+    winner: bool | None = None
 
 
 @dataclass
@@ -72,7 +74,8 @@ class SpeculationPolicy:
     schedule: list[tuple[int, Tree | None]]
     adaptive: bool = True
     warmup: tuple[int, int] = (6, 3)  # speculative, plain cycles measured in a bucket before deciding
-    probe_every: int = 10  # then every n-th cycle runs the mode that is losing, to keep its estimate fresh
+    probe_every: int = 10  # then a probe of the losing mode every n cycles, backing off to max_probe_every while
+    max_probe_every: int = 320  # the same mode keeps winning (a probe of speculation pays the draft's catch-up)
     smoothing: float = 0.15
     buckets: dict[int, _Bucket] = field(default_factory=dict)
 
@@ -92,8 +95,11 @@ class SpeculationPolicy:
         if b.plain_n < self.warmup[1]:
             return None
         spec_wins = b.spec >= b.plain
-        if b.cycles % self.probe_every == 0:
-            spec_wins = not spec_wins
+        if spec_wins != b.winner:
+            b.winner, b.interval, b.cycles = spec_wins, self.probe_every, 0
+        elif b.cycles >= b.interval:
+            b.interval, b.cycles = min(2 * b.interval, self.max_probe_every), 0
+            return None if spec_wins else tree  # probe the mode that is losing
         return tree if spec_wins else None
 
     def record(self, batch_size: int, speculative: bool, tokens: int, seconds: float) -> None:
@@ -108,11 +114,15 @@ class SpeculationPolicy:
         else:
             b.plain, b.plain_n = new, b.plain_n + 1
 
+    @property
+    def never_speculates(self) -> bool:
+        return all(tree is None for _, tree in self.schedule)
+
     def describe(self) -> list[dict]:
         """Per bucket: its batch-size limit, tree size and the measured tokens/s of both modes."""
         out = []
         for i, (limit, tree) in enumerate(self.schedule):
             b = self.buckets.get(i, _Bucket())
             out.append({"max_batch": limit, "tree_tokens": tree_nodes(tree), "spec_tokens_per_s": b.spec,
-                        "plain_tokens_per_s": b.plain})
+                        "plain_tokens_per_s": b.plain, "spec_cycles": b.spec_n, "plain_cycles": b.plain_n})
         return out

@@ -61,8 +61,9 @@ class Scheduler:
                  max_queue: int = 256):
         tok = engine.tokenizer
         self.engine = engine
-        self.gen = SpeculativeGenerator(engine.target, engine.drafter,
-                                        decode=lambda ids: tok.decode(ids, skip_special_tokens=True))
+        # a server that never speculates drafts nothing at all (no draft context is kept either)
+        drafter = None if policy.never_speculates else engine.drafter
+        self.gen = SpeculativeGenerator(engine.target, drafter, decode=lambda ids: tok.decode(ids, skip_special_tokens=True))
         self.metrics, self.policy = metrics, policy
         self.max_num_seqs, self.max_queue = max_num_seqs, max_queue
         self.pending: deque[ServerRequest] = deque()
