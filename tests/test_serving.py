@@ -299,3 +299,54 @@ def test_server_backends_launch_their_own_server(demo_checkpoints, tmp_path):
     wrong = subprocess.run([sys.executable, "-m", "specdec_kit.serving", "--engine", str(engine), "--backend",
                             "tensorrt-llm"], capture_output=True, text=True, timeout=60)
     assert wrong.returncode == 2 and "is a sglang engine" in wrong.stderr
+
+
+def test_an_error_after_the_stream_began_is_sent_in_band_and_the_server_recovers(engine_dir):
+    """Fault injection: the engine's third cycle raises. The stream that was running gets the error as a
+    data frame and then [DONE]; the next request is served normally."""
+    import uvicorn
+
+    from specdec_kit.serving.app import ServerConfig, create_app
+    from specdec_kit.serving.metrics import ServerMetrics
+    from specdec_kit.serving.policy import SpeculationPolicy, default_schedule
+    from specdec_kit.serving.scheduler import Scheduler
+
+    engine = open_engine(engine_dir)
+    metrics = ServerMetrics("demo")
+    scheduler = Scheduler(engine, metrics, SpeculationPolicy(default_schedule(engine.tree)))
+    real_cycle, calls = scheduler.gen.cycle, {"n": 0}
+
+    def flaky_cycle(batch, speculate=True):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("injected fault")
+        return real_cycle(batch, speculate)
+
+    scheduler.gen.cycle = flaky_cycle
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, ServerConfig("demo"), scheduler, metrics),
+                                           port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                if httpx.get(url + "/health/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        calls["n"] = 1  # the warm-up used cycle 1; the next request's second cycle fails
+        with httpx.stream("POST", url + "/v1/completions",
+                          json={"model": "demo", "prompt": "abc", "max_tokens": 50, "stream": True}) as resp:
+            assert resp.status_code == 200
+            lines = [line for line in resp.iter_lines() if line]
+        assert lines[-1] == "data: [DONE]"
+        error = json.loads(lines[-2][6:])["error"]
+        assert "injected fault" in error["message"] and error["type"] == "server_error"
+        assert any("choices" in json.loads(x[6:]) for x in lines[:-2])  # tokens had been streamed before it
+        ok = httpx.post(url + "/v1/completions", json={"model": "demo", "prompt": "abc", "max_tokens": 5}, timeout=60)
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 5
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
