@@ -1,1 +1,1 @@
-"""specdec_kit.loadtest: see the issue tracker; filled in by later work."""
+"""specdec_kit.loadtest: the Locust load test (``locust -f loadtest/chat.py``), its metrics, report and sweep."""

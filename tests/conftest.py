@@ -67,3 +67,16 @@ def demo_checkpoints(tmp_path_factory):
     from specdec_kit.runtime.demo import write_demo
 
     return write_demo(tmp_path_factory.mktemp("checkpoints"), shape=SMALL_DEMO)
+
+
+@pytest.fixture(scope="session")
+def demo_engine(demo_checkpoints, tmp_path_factory):
+    """An ONNX Runtime GRIFFIN engine of the small demo checkpoints (for the server and load tests)."""
+    from specdec_kit.export.builder import build_engine
+    from specdec_kit.export.inputs import BuildInputs
+    from specdec_kit.runtime.trees import DynamicTreeConfig, tree_to_dict
+
+    inputs = BuildInputs(draft="griffin", target=demo_checkpoints["target"], draft_path=demo_checkpoints["griffin"],
+                         tokenizer=demo_checkpoints["target"], backend="onnxruntime", dtype="float32",
+                         tree=tree_to_dict(DynamicTreeConfig(12, 3, 3)))
+    return build_engine(inputs, tmp_path_factory.mktemp("served") / "engine").path

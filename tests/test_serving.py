@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -16,7 +15,6 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from specdec_kit.export.builder import build_engine
 from specdec_kit.export.inputs import BuildInputs
@@ -24,61 +22,15 @@ from specdec_kit.runtime.engine import open_engine
 from specdec_kit.runtime.trees import DynamicTreeConfig, tree_to_dict
 from specdec_kit.serving.app import ensure_chat_template
 
-KEY = "test-key"
+from server_helpers import KEY, Server, free_port
+
 PROMPTS = ["The quick brown fox", "Hello, world! ", "Speculative decoding is", "def main():", "abc abc abc",
            "Once upon a time", "1, 2, 3, 4,", "To be or not"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, engine: Path, *extra: str):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "specdec_kit.serving", "--engine", str(engine), "--port", str(self.port),
-             "--served-model-name", "demo", "--log-level", "warning", *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.proc.stdout.read()}")
-            try:
-                if httpx.get(self.url + "/health/ready", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError("server did not become ready")
-
-    def client(self, key: str | None = KEY) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=key or "none", max_retries=0, timeout=120)
-
-    def metrics(self) -> dict[str, float]:
-        text = httpx.get(self.url + "/metrics").text
-        out = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()) if k != "model_name")
-                out[sample.name + (f"{{{labels}}}" if labels else "")] = sample.value
-        return out
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=60)
-
-
 @pytest.fixture(scope="module")
-def engine_dir(demo_checkpoints, tmp_path_factory) -> Path:
-    inputs = BuildInputs(draft="griffin", target=demo_checkpoints["target"], draft_path=demo_checkpoints["griffin"],
-                         tokenizer=demo_checkpoints["target"], backend="onnxruntime", dtype="float32",
-                         tree=tree_to_dict(DynamicTreeConfig(12, 3, 3)))
-    return build_engine(inputs, tmp_path_factory.mktemp("serve") / "engine").path
+def engine_dir(demo_engine) -> Path:
+    return demo_engine
 
 
 @pytest.fixture(scope="module")
