@@ -21,6 +21,7 @@ import torch
 from tqdm import tqdm
 
 from specdec_kit.bench.prompts import humaneval
+from specdec_kit.bench.report import save_figure, write_text_and_plot
 from specdec_kit.export.builder import build_engine
 from specdec_kit.export.cli import CPU_DEMO_TREE, CPU_MEDUSA_TREE
 from specdec_kit.export.inputs import BuildInputs, resolve_paths
@@ -70,9 +71,7 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.set_ylim(0, 1.18 * max(r["tokens_per_s"] for r in rows))
     ax.set_ylabel("tokens/s (median)")
     ax.set_title("Demo zoo, batch 1, CPU: ONNX Runtime vs PyTorch eager")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv=None) -> int:
@@ -126,12 +125,7 @@ def main(argv=None) -> int:
              "| backend | mode | tokens/s | tau |", "|---|---|---:|---:|"]
     lines += [f"| {r['backend']} | {r['mode']} | {r['tokens_per_s']} | {r['tau']} |" for r in rows]
     lines += ["", *[f"- {k}: {v}x" for k, v in ratios.items()], f"- greedy outputs identical across all four: {identical}"]
-    (args.out / "engine_backends.md").write_text("\n".join(lines) + "\n")
-    try:
-        plot(rows, args.out / "engine_backends.png")
-    except ImportError:
-        pass
-    print("\n".join(lines))
+    write_text_and_plot(args.out, "engine_backends", lines, lambda path: plot(rows, path))
     return 0 if identical else 1
 
 

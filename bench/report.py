@@ -83,3 +83,21 @@ def plot(rows: list[dict], out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out / "speedup.png", dpi=100)
     plt.close(fig)
+
+
+def write_text_and_plot(out: Path, stem: str, lines: list[str], draw) -> None:
+    """``stem.md`` from ``lines`` and ``stem.png`` from ``draw(path)`` (skipped without matplotlib); prints the text."""
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    try:
+        draw(out / f"{stem}.png")
+    except ImportError:
+        pass
+    print("\n".join(lines))
+
+
+def save_figure(fig, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -25,6 +25,8 @@ import httpx
 
 from specdec_kit.bench.engine_backends import engine_for
 from specdec_kit.bench.prompts import humaneval
+from specdec_kit.bench.report import save_figure, write_text_and_plot
+from specdec_kit.loadtest.metrics import percentile
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -38,15 +40,6 @@ def parse_args(argv):
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--out", type=Path, default=RESULTS)
     return p.parse_args(argv)
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    values = sorted(values)
-    k = (len(values) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(values) - 1)
-    return values[lo] + (values[hi] - values[lo]) * (k - lo)
 
 
 def free_port() -> int:
@@ -123,8 +116,12 @@ def run_level(url: str, prompts: list[str], clients: int, total: int, max_tokens
     ttft = [r["ttft"] for r in results]
     return {"concurrency": clients, "requests": len(results), "tokens": sum(r["tokens"] for r in results),
             "throughput_tok_s": round(sum(r["tokens"] for r in results) / wall, 1),
-            "ttft_p50_ms": round(1000 * percentile(ttft, 0.5), 1), "ttft_p99_ms": round(1000 * percentile(ttft, 0.99), 1),
-            "itl_p50_ms": round(1000 * percentile(itl, 0.5), 2), "itl_p99_ms": round(1000 * percentile(itl, 0.99), 2)}
+            "ttft_p50_ms": ms(percentile(ttft, 0.5), 1), "ttft_p99_ms": ms(percentile(ttft, 0.99), 1),
+            "itl_p50_ms": ms(percentile(itl, 0.5), 2), "itl_p99_ms": ms(percentile(itl, 0.99), 2)}
+
+
+def ms(seconds: float | None, digits: int) -> float | None:
+    return None if seconds is None else round(1000 * seconds, digits)
 
 
 def server_tau(url: str) -> float | None:
@@ -152,9 +149,7 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.set_xlabel("concurrent streams")
         ax.set_title(title)
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv=None) -> int:
@@ -195,12 +190,7 @@ def main(argv=None) -> int:
     lines += [f"| {r['mode']} | {r['concurrency']} | {r['throughput_tok_s']} | {r['ttft_p50_ms']} | {r['ttft_p99_ms']} | "
               f"{r['itl_p50_ms']} | {r['itl_p99_ms']} | {r.get('server_accept_length')} |" for r in rows]
     lines += ["", "speculative / plain throughput: " + ", ".join(f"{c} streams {v}x" for c, v in ratio.items())]
-    (args.out / "serving_load.md").write_text("\n".join(lines) + "\n")
-    try:
-        plot(rows, args.out / "serving_load.png")
-    except ImportError:
-        pass
-    print("\n".join(lines))
+    write_text_and_plot(args.out, "serving_load", lines, lambda path: plot(rows, path))
     return 0
 
 

@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from specdec_kit.bench.report import save_figure
+
 CHAT = Path(__file__).resolve().parent / "chat.py"
 
 
@@ -61,9 +63,7 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.set_ylabel("ms")
         ax.set_title(title)
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv=None) -> int:
