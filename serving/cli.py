@@ -41,10 +41,12 @@ def parse_args(argv):
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish in-flight requests on shutdown")
     p.add_argument("--no-checksums", action="store_true", help="check file sizes only when opening the engine")
     p.add_argument("--log-level", default="info")
+    p.add_argument("server_args", nargs=argparse.REMAINDER,
+                   help="after --: passed to the SGLang / trtllm-serve server (e.g. -- --nnodes 2 --node-rank 0)")
     return p.parse_args(argv)
 
 
-def launch_external(engine: Path, backend: str, host: str, port: int) -> int:
+def launch_external(engine: Path, backend: str, host: str, port: int, extra: list[str], api_key: str | None) -> int:
     """Replace this process with the engine's own server (SGLang or trtllm-serve)."""
     script = engine / SERVER_SCRIPTS[backend]
     if not script.is_file():
@@ -52,13 +54,20 @@ def launch_external(engine: Path, backend: str, host: str, port: int) -> int:
         return 2
     env = dict(os.environ, PORT=str(port))
     cmd = ["bash", str(script), "--host", host] if backend == "sglang" else ["bash", str(script)]
-    print(f"starting the {backend} server: {' '.join(cmd)} (PORT={port})", flush=True)
+    if api_key and backend == "sglang":
+        cmd += ["--api-key", api_key]  # SGLang checks it on its OpenAI routes
+    cmd += [a for a in extra if a != "--"]
+    shown = [("***" if i and cmd[i - 1] == "--api-key" else c) for i, c in enumerate(cmd)]
+    print(f"starting the {backend} server: {' '.join(shown)} (PORT={port})", flush=True)
     os.execvpe("bash", cmd, env)
     return 0  # not reached
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.server_args and args.server_args != ["--"] and (args.backend or "") == "embedded":
+        print("error: arguments after -- go to an SGLang or TensorRT-LLM server, not the embedded one", file=sys.stderr)
+        return 2
     try:
         manifest = read_manifest(args.engine, checksums=not args.no_checksums)
     except EngineError as exc:
@@ -70,7 +79,7 @@ def main(argv=None) -> int:
             print(f"error: {args.engine} is a {manifest['backend']} engine; --backend {backend} needs an engine built "
                   f"with --backend {backend}", file=sys.stderr)
             return 2
-        return launch_external(args.engine, backend, args.host, args.port)
+        return launch_external(args.engine, backend, args.host, args.port, args.server_args, args.api_key)
 
     import uvicorn
 
