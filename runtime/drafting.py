@@ -70,6 +70,9 @@ class Drafter:
     def add_rows(self, count: int, capacity: int) -> None:
         """Make room for ``count`` sequences joining the batch (their context arrives with the next draft)."""
 
+    def bind(self, target_cache: KVCache) -> None:
+        """The target's cache of the batch being decoded (drafts that read the target's K/V keep it)."""
+
 
 class NoDrafter(Drafter):
     """Plain decoding: the tree is the root alone."""

@@ -235,6 +235,7 @@ class SpeculativeGenerator:
         """Join ``new`` rows (fresh from ``prefill``) to the running batch between cycles."""
         if running is None or running.size == 0:
             self.drafter.reset(new.size, new.cache.capacity)
+            self.drafter.bind(new.cache)
             return new
         running.cache.extend_rows(new.cache)
         self.drafter.add_rows(new.size, new.cache.capacity)

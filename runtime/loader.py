@@ -42,11 +42,17 @@ def make_drafter(target: TargetModel, kind: str, draft_path: str | Path | None, 
         raise ValueError(f"unknown draft {kind!r}; expected one of {['none', *DRAFT_KINDS]}")
     if draft_path is None:
         raise ValueError(f"draft {kind!r} needs a checkpoint directory")
-    module = load_draft(draft_path, kind, target.hidden_size, target.vocab_size, dtype=target.dtype, device=target.device)
+    shape = (target.num_layers, 2 * target.num_kv_heads * target.head_dim)
+    module = load_draft(draft_path, kind, target.hidden_size, target.vocab_size, dtype=target.dtype, device=target.device,
+                        target_shape=shape)
     if kind == "medusa":
         if not isinstance(tree, StaticTree):
             raise ValueError("Medusa heads draft static trees only (e.g. static:mc_sim_7b_63)")
         return MedusaDrafter(module, tree)
+    if kind == "moa":
+        from specdec_kit.runtime.moa_drafting import MoAStep, MoATreeDrafter
+
+        return MoATreeDrafter(MoAStep(module, target), tree)
     return FeatureTreeDrafter(FeatureDraftStep(module, target.lm_head), tree)
 
 

@@ -144,3 +144,26 @@ def fitted_medusa(target: TargetModel, heads: int = 4) -> MedusaHeads:
         m = feats[mapped].T @ pinv  # [d, d]: feature(x) -> feature(f^{k+1}(x))
         head[-1].weight.copy_((target.lm_head.weight.float() @ m).to(target.dtype))
     return medusa.eval()
+
+
+def random_moa(target: TargetModel, tli: int = 0, seed: int = 4) -> "MoADraft":
+    from specdec_kit.runtime.drafts.moa import MoADraft
+
+    torch.manual_seed(seed)
+    draft = MoADraft(draft_config(target), target.num_layers, 2 * target.num_kv_heads * target.head_dim, tli=tli)
+    draft = draft.to(target.dtype)
+    draft.embed_tokens.weight.data.copy_(target.embed_tokens.weight.data)
+    return draft.eval()
+
+
+@torch.no_grad()
+def oracle_moa(target: TargetModel) -> "MoADraft":
+    """TLI = L with every residual branch zeroed: o_hat is the token's embedding, and the target's own L
+    layers (over its cache plus the draft-time entries) finish it, so the draft is the target itself. Tests
+    the TLI machinery: greedy drafts must then be accepted in full."""
+    draft = random_moa(target, tli=target.num_layers)
+    for block in (draft.sa, draft.ca):
+        attn = block.self_attn if hasattr(block, "self_attn") else block.attn
+        attn.o_proj.weight.zero_()
+        block.mlp.down_proj.weight.zero_()
+    return draft

@@ -123,14 +123,27 @@ class TargetModel(nn.Module):
         logits_at: optional [B, Q'] indices of the positions that need logits (prefill needs one).
         """
         inner = self.hf_model.model
-        q_len = tokens.shape[1]
-        k_len = cache.key_length(pending_mask.shape[-1])  # one host sync per forward
-        cache.ensure_capacity(k_len)
         hidden = inner.embed_tokens(tokens)
+        features = self.run_layers(hidden, positions, pending_mask, cache, 0)
+        selected = features if logits_at is None else torch.gather(
+            features, 1, logits_at[..., None].expand(-1, -1, features.shape[-1])
+        )
+        return TargetOutput(logits=self.hf_model.lm_head(selected), features=features)
+
+    def run_layers(self, hidden: torch.Tensor, positions: torch.Tensor, pending_mask: torch.Tensor, cache: KVCache,
+                   first_layer: int, offset: int = 0) -> torch.Tensor:
+        """Decoder layers ``first_layer`` .. L-1 and the final norm on ``hidden`` [B, Q, d]; new K/V go to the
+        pending slots ``lengths + offset + [0, Q)``. The whole forward runs all layers; a Mixture-of-Attentions
+        draft with TLI = N runs the last N over the same cache (its entries stay pending, never committed)."""
+        inner = self.hf_model.model
+        q_len = hidden.shape[1]
+        k_len = cache.key_length(pending_mask.shape[-1])  # one host sync per call
+        cache.ensure_capacity(k_len)
         cos, sin = inner.rotary_emb(hidden, positions)
-        slots = cache.slots(q_len)
+        slots = cache.slots(q_len, offset)
         mask = cache.attention_mask(pending_mask, k_len)
-        for i, layer in enumerate(inner.layers):
+        for i in range(first_layer, self.num_layers):
+            layer = inner.layers[i]
             residual = hidden
             hidden = layer.input_layernorm(hidden)
             hidden = cached_attention(
@@ -139,8 +152,4 @@ class TargetModel(nn.Module):
             )
             hidden = residual + hidden
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        features = inner.norm(hidden)
-        selected = features if logits_at is None else torch.gather(
-            features, 1, logits_at[..., None].expand(-1, -1, features.shape[-1])
-        )
-        return TargetOutput(logits=self.hf_model.lm_head(selected), features=features)
+        return inner.norm(hidden)

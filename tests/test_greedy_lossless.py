@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from specdec_kit.runtime.choices import EAGLE1_DEFAULT, MC_SIM_7B_63
+from specdec_kit.runtime.moa_drafting import MoAStep, MoATreeDrafter
 from specdec_kit.runtime.drafting import FeatureDraftStep, FeatureTreeDrafter, MedusaDrafter, NoDrafter
 from specdec_kit.runtime.generate import SpeculativeGenerator
 from specdec_kit.runtime.synthetic import (
-    fitted_medusa, oracle_eagle, oracle_griffin, random_eagle, random_griffin, random_medusa,
+    fitted_medusa, oracle_eagle, oracle_griffin, oracle_moa, random_eagle, random_griffin, random_medusa, random_moa,
 )
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
 
@@ -39,6 +40,11 @@ def build_drafter(kind: str, quality: str, target):
     if kind == "medusa":
         heads = fitted_medusa(target, heads=4) if good else random_medusa(target, heads=4)
         return MedusaDrafter(heads, StaticTree.from_choices(MC_SIM_7B_63))
+    if kind == "moa":  # Mixture of Attentions: oracle with TLI = L, or random with TLI = 1; dynamic tree
+        return MoATreeDrafter(MoAStep(oracle_moa(target) if good else random_moa(target, tli=1), target), DYNAMIC)
+    if kind == "moa-static":  # TLI = 0 when random
+        return MoATreeDrafter(MoAStep(oracle_moa(target) if good else random_moa(target, tli=0), target),
+                              StaticTree.from_choices(EAGLE1_DEFAULT))
     raise AssertionError(kind)
 
 
@@ -50,7 +56,7 @@ def run_batches(case: TargetCase, drafter, batch: int):
     return results
 
 
-KINDS = ["eagle2", "eagle1", "griffin", "griffin-static", "medusa"]
+KINDS = ["eagle2", "eagle1", "griffin", "griffin-static", "medusa", "moa", "moa-static"]
 
 
 @pytest.mark.parametrize("batch", [1, 4])

@@ -19,7 +19,8 @@ from specdec_kit.runtime.choices import EAGLE1_DEFAULT, chain
 from specdec_kit.runtime.drafting import FeatureDraftStep, FeatureTreeDrafter, MedusaDrafter, NoDrafter
 from specdec_kit.runtime.generate import SpeculativeGenerator
 from specdec_kit.runtime.sampling import SamplingParams, target_probs
-from specdec_kit.runtime.synthetic import fitted_medusa, oracle_griffin, random_eagle, tiny_hf_model
+from specdec_kit.runtime.moa_drafting import MoAStep, MoATreeDrafter
+from specdec_kit.runtime.synthetic import fitted_medusa, oracle_griffin, oracle_moa, random_eagle, random_moa, tiny_hf_model
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
 
@@ -75,6 +76,10 @@ def drafter_for(name: str, target: TargetModel):
         return FeatureTreeDrafter(FeatureDraftStep(oracle_griffin(target), target.lm_head), StaticTree.from_choices(EAGLE1_DEFAULT))
     if name == "griffin-oracle-chain1":  # one draft token: full acceptance then a bonus token at x3
         return FeatureTreeDrafter(FeatureDraftStep(oracle_griffin(target), target.lm_head), StaticTree.from_choices(chain(1)))
+    if name == "moa-oracle-static":  # TLI = L: proposals are the target's own top tokens
+        return MoATreeDrafter(MoAStep(oracle_moa(target), target), StaticTree.from_choices(EAGLE1_DEFAULT))
+    if name == "moa-random-tli1-dynamic":
+        return MoATreeDrafter(MoAStep(random_moa(target, tli=1), target), DynamicTreeConfig(total_tokens=10, depth=3, top_k=3))
     if name == "medusa-fitted":
         return MedusaDrafter(fitted_medusa(target, heads=5), StaticTree.from_choices(EAGLE1_DEFAULT))
     raise AssertionError(name)
@@ -84,7 +89,8 @@ SETTINGS = {"T=1": dict(temperature=1.0), "T=0.7,top_p=0.9": dict(temperature=0.
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
-@pytest.mark.parametrize("drafter_name", ["eagle-random-dynamic", "griffin-oracle-static", "griffin-oracle-chain1", "medusa-fitted", "plain"])
+@pytest.mark.parametrize("drafter_name", ["eagle-random-dynamic", "griffin-oracle-static", "griffin-oracle-chain1", "medusa-fitted",
+                                          "moa-oracle-static", "moa-random-tli1-dynamic", "plain"])
 def test_sampled_distribution_matches_target(small_target, drafter_name, setting):
     base = SETTINGS[setting]
     params = [SamplingParams(seed=10_000 + i, **base) for i in range(SAMPLES)]

@@ -25,8 +25,9 @@ from transformers import LlamaConfig
 from specdec_kit.runtime.drafts.eagle import EagleDraft
 from specdec_kit.runtime.drafts.griffin import GriffinDraft
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
+from specdec_kit.runtime.drafts.moa import MoADraft
 
-DRAFT_KINDS = ("griffin", "eagle", "eagle2", "hass", "medusa")
+DRAFT_KINDS = ("griffin", "eagle", "eagle2", "hass", "medusa", "moa")
 FEATURE_WEIGHT_FILES = ("pytorch_model.bin", "model.safetensors")
 MEDUSA_WEIGHT_FILES = ("medusa_lm_head.pt", "medusa_lm_head.safetensors", "model.safetensors", "pytorch_model.bin")
 MEDUSA_PREFIX = "medusa_head."
@@ -85,7 +86,8 @@ def _check_fits(file: Path, key: str, expected: Any, found: Any) -> None:
 def llama_config(config: dict[str, Any], file: Path) -> LlamaConfig:
     for key in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size"):
         _require(config, key, file)
-    fields = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "bias", "qkv_bias")}
+    fields = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "bias", "qkv_bias")
+              and not k.startswith(("moa_", "target_"))}
     fields.setdefault("num_hidden_layers", 1)
     return LlamaConfig(**fields)
 
@@ -122,8 +124,10 @@ def strict_load(module: nn.Module, state: dict[str, torch.Tensor], file: Path) -
     module.load_state_dict(state, strict=True)
 
 
-def build_draft(kind: str, config: dict[str, Any], file: Path, target_hidden: int, target_vocab: int) -> nn.Module:
-    """An uninitialised draft module of ``kind`` shaped by ``config`` (validated against the target)."""
+def build_draft(kind: str, config: dict[str, Any], file: Path, target_hidden: int, target_vocab: int,
+                target_shape: tuple[int, int] | None = None) -> nn.Module:
+    """An uninitialised draft module of ``kind`` shaped by ``config`` (validated against the target;
+    ``target_shape`` = (layers, 2 x kv_heads x head_dim) for drafts that read the target's KV cache)."""
     if kind not in DRAFT_KINDS:
         raise DraftLoadError(f"unknown draft kind {kind!r}; expected one of {list(DRAFT_KINDS)}")
     if kind == "medusa":
@@ -138,6 +142,15 @@ def build_draft(kind: str, config: dict[str, Any], file: Path, target_hidden: in
     _check_fits(file, "hidden_size", target_hidden, cfg.hidden_size)
     _check_fits(file, "vocab_size", target_vocab, cfg.vocab_size)
     qkv_bias = bool(config.get("qkv_bias", False))
+    if kind == "moa":
+        layers, kv_dim = int(_require(config, "target_num_layers", file)), int(_require(config, "target_kv_dim", file))
+        if target_shape is not None:
+            _check_fits(file, "target_num_layers", target_shape[0], layers)
+            _check_fits(file, "target_kv_dim", target_shape[1], kv_dim)
+        tli = int(config.get("moa_tli", 0))
+        if not 0 <= tli <= layers:
+            raise DraftLoadError(f"{file}: moa_tli = {tli}, expected 0..{layers} (the target's layers)")
+        return MoADraft(cfg, layers, kv_dim, tli=tli, lsa_heads=int(config.get("moa_lsa_heads", 4)))
     if kind == "griffin":
         if cfg.num_hidden_layers != 1:
             raise DraftLoadError(f"{file}: key 'num_hidden_layers' is {cfg.num_hidden_layers}, expected 1 for GRIFFIN")
@@ -152,6 +165,7 @@ def load_draft(
     target_vocab: int,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
+    target_shape: tuple[int, int] | None = None,
 ) -> nn.Module:
     """Load an official-layout draft checkpoint strictly; refuse one that does not fit the target."""
     path = Path(path)
@@ -159,7 +173,7 @@ def load_draft(
         raise DraftLoadError(f"{path}: draft checkpoint directory does not exist")
     config = read_config(path)
     config_file = path / "config.json"
-    module = build_draft(kind, config, config_file, target_hidden, target_vocab)
+    module = build_draft(kind, config, config_file, target_hidden, target_vocab, target_shape)
     file = _find_file(path, MEDUSA_WEIGHT_FILES if kind == "medusa" else FEATURE_WEIGHT_FILES)
     state = _key_map(kind, file, read_weights(file))
     strict_load(module, state, file)
@@ -184,6 +198,10 @@ def draft_config_dict(module: nn.Module, kind: str, base_model: str = "") -> dic
     out = {k: cfg[k] for k in keep if k in cfg and cfg[k] is not None}
     out["architectures"] = ["LlamaForCausalLM"]
     out["model_type"] = "llama"
+    if isinstance(module, MoADraft):
+        out.update(moa_tli=module.tli, moa_lsa_heads=module.lsa.heads, target_num_layers=module.target_num_layers,
+                   target_kv_dim=module.target_kv_dim, architectures=["MoADraft"])
+        return out
     out["qkv_bias"] = module.layers[0].self_attn.q_proj.bias is not None
     if isinstance(module, EagleDraft):
         out["bias"] = module.fc.bias is not None

@@ -1,0 +1,131 @@
+"""Drafting with a Mixture-of-Attentions draft over the same tree search as EAGLE/GRIFFIN.
+
+``MoATreeDrafter`` reuses ``FeatureTreeDrafter``'s static and dynamic trees; what differs is the
+draft's state. Per cycle it (1) runs LSA once over the target's K/V of the newly verified positions and
+appends the results to the CA memory, (2) runs the context tokens through SA and CA, and (3) for TLI = N
+finishes each prediction with the target's last N layers over the target's own KV cache. Draft-time
+target entries go to pending slots past the committed prefix (the root's at offset 0, tree level n's
+after it), which verification overwrites, so the target's cache is never corrupted; losslessness does
+not depend on the draft at all.
+
+Slot conventions: the target holds positions [0, Lt) and the root sits at Lt; the SA cache's slot s
+holds the token at target position s + 1, so after the context step both caches have length Lt and a
+tree node at depth k has SA position Lt + k - 1 and target position Lt + k.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec_kit.runtime.drafting import DraftTree, FeatureTreeDrafter, last_real
+from specdec_kit.runtime.drafts.moa import MoADraft
+from specdec_kit.runtime.kv_cache import KVCache
+from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
+
+
+class MoAStep:
+    """The draft step ``FeatureTreeDrafter`` calls: tokens through SA and CA (and TLI) to logits."""
+
+    def __init__(self, draft: MoADraft, target):
+        self.draft, self.target = draft, target
+        self.memory: KVCache | None = None  # CA keys/values of every verified position
+        self.target_cache: KVCache | None = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.draft.embed_tokens.weight.dtype
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        return self.draft.new_cache(batch, capacity)
+
+    def hidden(self, tokens, positions, pending_mask, cache: KVCache, offset: int) -> torch.Tensor:
+        """SA over the token stream (cache + pending), then CA over all verified memory -> o_hat [B, Q, d]."""
+        d = self.draft
+        emb = d.embed_tokens(tokens)
+        k_len = cache.key_length(pending_mask.shape[-1])
+        cache.ensure_capacity(k_len)
+        cos, sin = d.rotary_emb(emb, positions)
+        h = d.sa(emb, cos, sin, cache, cache.slots(tokens.shape[1], offset), cache.attention_mask(pending_mask, k_len), k_len)
+        mem = self.memory
+        m_len = max(int(mem.lengths.max().item()), 1)
+        keys, values = mem.view(0, m_len)
+        visible = torch.arange(m_len, device=tokens.device)[None, :] < mem.lengths[:, None]
+        h = d.ca(h, cos, sin, keys, values, visible[:, None, None, :])
+        return d.output(h)
+
+    def logits(self, o_hat: torch.Tensor, target_positions: torch.Tensor, target_pending: torch.Tensor,
+               target_offset: int) -> torch.Tensor:
+        d, t = self.draft, self.target
+        feats = o_hat
+        if d.tli:
+            feats = t.run_layers(o_hat.to(t.dtype), target_positions, target_pending, self.target_cache,
+                                 t.num_layers - d.tli, target_offset)
+        return t.lm_head(feats.to(t.dtype))
+
+    def __call__(self, features, tokens, positions, pending_mask, cache, offset: int = 0, logits_at=None):
+        """A tree level: in the target cache its entries sit after the root's, which every node sees."""
+        o_hat = self.hidden(tokens, positions, pending_mask, cache, offset)
+        bsz, q_len = tokens.shape
+        root = torch.ones(bsz, q_len, 1, dtype=torch.bool, device=tokens.device)
+        logits = self.logits(o_hat, positions + 1, torch.cat([root, pending_mask], dim=2), offset + 1)
+        return logits, o_hat
+
+
+class MoATreeDrafter(FeatureTreeDrafter):
+    def __init__(self, step: MoAStep, tree: StaticTree | DynamicTreeConfig):
+        super().__init__(step, tree)
+
+    def reset(self, batch: int, capacity: int) -> None:
+        super().reset(batch, capacity)
+        self.step.memory = self.step.new_cache(batch, capacity)
+
+    def bind(self, target_cache: KVCache) -> None:
+        self.step.target_cache = target_cache
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        super().select_rows(rows)
+        self.step.memory.select_rows(rows)
+
+    def add_rows(self, count: int, capacity: int) -> None:
+        super().add_rows(count, capacity)
+        fresh = self.step.new_cache(count, capacity)
+        if self.step.memory is None:
+            self.step.memory = fresh
+        else:
+            self.step.memory.extend_rows(fresh)
+
+    def _update_memory(self, counts: torch.Tensor) -> None:
+        """LSA over the target K/V of each row's ``counts`` newest verified positions, into the CA memory."""
+        tc, mem, d = self.step.target_cache, self.step.memory, self.step.draft
+        layers, bsz, heads, _, dim = tc.keys.shape
+        width = int(counts.max().item())
+        rel = torch.arange(width, device=counts.device)
+        pos = tc.lengths[:, None] - counts[:, None] + rel[None, :]  # [B, W]; past counts is padding
+        idx = pos.clamp(min=0)[None, :, None, :, None].expand(layers, bsz, heads, width, dim)
+        kv = torch.cat([torch.gather(tc.keys, 3, idx), torch.gather(tc.values, 3, idx)], dim=-1)  # [L, B, H, W, 2D]
+        kv = kv.permute(1, 3, 0, 2, 4).reshape(bsz, width, layers, heads * 2 * dim).to(self.step.dtype)
+        memory = d.lsa_memory(kv)
+        cos, sin = d.rotary_emb(memory, pos.clamp(min=0))
+        keys, values = d.ca.memory_kv(memory, cos, sin)
+        mem.ensure_capacity(int(mem.lengths.max().item()) + width)
+        mem.write(0, keys, values, mem.slots(width))
+        mem.commit(rel.expand(bsz, width), counts)
+
+    @torch.inference_mode()
+    def draft(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
+        step, cache = self.step, self.cache
+        self._update_memory(counts)
+        bsz, q_len = tokens.shape
+        ar = torch.arange(q_len, device=tokens.device)
+        causal = (ar[None, :] <= ar[:, None]).expand(bsz, q_len, q_len)
+        o_hat = step.hidden(tokens, cache.lengths[:, None] + ar[None, :], causal, cache, 0)
+        cache.commit(ar.expand(bsz, q_len), counts)
+        root_o = last_real(o_hat, counts)[:, None]  # the root's prediction: the token after it
+        root_pos = step.target_cache.lengths[:, None]
+        alone = torch.ones(bsz, 1, 1, dtype=torch.bool, device=tokens.device)
+        logits = step.logits(root_o, root_pos, alone, 0)
+        roots = last_real(tokens, counts)
+        root_logp = self._logp(logits[:, 0])
+        if isinstance(self.tree, StaticTree):
+            return self._static(roots, root_logp, root_o[:, 0])
+        return self._dynamic(roots, root_logp, root_o[:, 0])
