@@ -35,6 +35,8 @@ METHODS = {
     "hass": ("hass", "hass"),
     "griffin": ("griffin", "griffin"),
     "medusa": ("medusa", "medusa"),
+    "moa": ("moa", "moa"),  # Mixture of Attentions, TLI = 1
+    "moa_tli0": ("moa", "moa_tli0"),
 }
 PEERS = ("hf_generate", "hf_assisted", "hf_prompt_lookup")
 
@@ -50,7 +52,7 @@ def parse_args(argv):
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--temperatures", default="0,1")
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--methods", default="", help=f"comma-separated, from {list(METHODS)} (default: those the zoo has)")
     p.add_argument("--peers", default=",".join(PEERS), help="comma list, or 'none'")
     p.add_argument("--total-tokens", type=int, default=12)
     p.add_argument("--depth", type=int, default=5)
@@ -105,7 +107,10 @@ def main(argv=None) -> int:
     tokenizer = load_tokenizer(args.zoo / "target")
     generators = {"plain": SpeculativeGenerator(target, NoDrafter())}
     dynamic = DynamicTreeConfig(total_tokens=args.total_tokens, depth=args.depth, top_k=args.top_k)
-    for name in [m for m in args.methods.split(",") if m]:
+    names = [m for m in args.methods.split(",") if m] or [m for m, (_, f) in METHODS.items() if (args.zoo / f).is_dir()]
+    for name in names:
+        if name not in METHODS:
+            raise SystemExit(f"unknown method {name!r}; expected one of {list(METHODS)}")
         kind, folder = METHODS[name]
         tree = default_tree(kind, dynamic, args.medusa_tree)
         generators[name] = SpeculativeGenerator(target, make_drafter(target, kind, args.zoo / folder, tree))

@@ -34,6 +34,14 @@ from specdec_kit.runtime.trees import tree_from_dict
 
 PARITY_PROMPTS = ["def add(a, b):\n    return", "import os\n\n\nclass Config:\n"]
 
+# What the Mixture-of-Attentions draft needs beyond the torch backend (issue 8 is still open on these).
+MOA_BACKENDS = (
+    "--draft moa builds for --backend torch only so far. ONNX Runtime needs two more graphs (LSA + CA memory "
+    "update, and the target's last TLI layers as a separate step) that are not written yet. TensorRT-LLM and "
+    "SGLang would need a drafter that reads the target's KV cache of every layer (LSA) and runs the target's own "
+    "last layers with draft-time KV entries (TLI): neither engine's EAGLE worker exposes the target's per-layer "
+    "KV pool to the draft model or lets it run target layers, so both need a custom worker, not just a model class")
+
 
 @dataclass
 class BuildResult:
@@ -59,7 +67,8 @@ def draft_spec(kind: str, module) -> dict[str, Any]:
                 "hidden_size": module.hidden_size, "vocab_size": module.vocab_size}
     layers, heads, dim = module.attention_shape
     cfg = module.config
-    return {"kind": kind, "num_hidden_layers": layers, "num_key_value_heads": heads, "head_dim": dim,
+    extra = {"moa_tli": module.tli, "target_num_layers": module.target_num_layers} if kind == "moa" else {}
+    return {**extra, "kind": kind, "num_hidden_layers": layers, "num_key_value_heads": heads, "head_dim": dim,
             "num_attention_heads": cfg.num_attention_heads, "hidden_size": cfg.hidden_size,
             "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size}
 
@@ -144,7 +153,10 @@ def build_engine(inputs: BuildInputs, output: Path, force: bool = False, device:
     target = TargetModel.from_pretrained(inputs.target, dtype=dtype, device=device)
     check_parallel(inputs, target)
     step(f"loading {inputs.draft} draft {inputs.draft_path}")
-    module = load_draft(inputs.draft_path, inputs.draft, target.hidden_size, target.vocab_size, dtype=dtype, device=target.device)
+    if inputs.draft == "moa" and inputs.backend != "torch":
+        raise BuildError(MOA_BACKENDS)
+    module = load_draft(inputs.draft_path, inputs.draft, target.hidden_size, target.vocab_size, dtype=dtype,
+                        device=target.device, target_shape=(target.num_layers, 2 * target.num_kv_heads * target.head_dim))
     tree = tree_from_dict(inputs.tree)
     tokenizer = load_tokenizer(inputs.tokenizer)
     if len(tokenizer) > target.vocab_size:

@@ -20,7 +20,7 @@ from specdec_kit.runtime.manifest import sha256_file
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEMO_ZOO = REPO_ROOT / "zoo"
-ZOO_HEADS = {"griffin": "griffin", "eagle": "eagle", "eagle2": "eagle", "hass": "hass", "medusa": "medusa"}
+ZOO_HEADS = {"griffin": "griffin", "eagle": "eagle", "eagle2": "eagle", "hass": "hass", "medusa": "medusa", "moa": "moa"}
 
 
 class BuildError(ValueError):

@@ -145,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
                 if not (root / "target" / "config.json").is_file():
                     raise ValueError(f"{root}: no demo zoo here (build it with: python -m specdec_kit.train.zoo --out {root})")
                 paths = {"target": root / "target", "griffin": root / "griffin", "eagle2": root / "eagle",
-                         "hass": root / "hass", "eagle": root / "eagle", "medusa": root / "medusa"}
+                         "hass": root / "hass", "eagle": root / "eagle", "medusa": root / "medusa",
+                         "moa": root / "moa", "moa_tli0": root / "moa_tli0"}
                 print(f"demo zoo: {root} (a Llama target trained by the kit on the stdlib corpus, one head per method)")
                 prompts = args.prompt or ZOO_PROMPTS
             else:
@@ -161,12 +162,13 @@ def main(argv: list[str] | None = None) -> int:
             target = TargetModel.from_pretrained(paths["target"], args.dtype, args.device)
             tokenizer = load_tokenizer(paths["target"])
             summaries = []
-            for kind in ("griffin", "hass", "eagle2", "eagle", "medusa"):
-                if kind not in paths or not paths[kind].is_dir():
+            for label in ("griffin", "hass", "eagle2", "eagle", "medusa", "moa", "moa_tli0"):
+                if label not in paths or not paths[label].is_dir():
                     continue
+                kind = "moa" if label.startswith("moa") else label  # two Mixture-of-Attentions heads: TLI 1 and 0
                 tree = (resolve_tree(kind, args.tree, args.total_tokens, args.depth, args.top_k) if args.tree
                         else default_tree(kind, dynamic, MEDUSA_DEMO_TREE))
-                summaries += run(target, tokenizer, kind, make_drafter(target, kind, paths[kind], tree), tree, args,
+                summaries += run(target, tokenizer, label, make_drafter(target, kind, paths[label], tree), tree, args,
                                  prompts, compare_plain=(kind == "griffin"))
         elif args.engine:
             engine = open_engine(args.engine, device=args.device)

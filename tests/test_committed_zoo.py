@@ -37,8 +37,10 @@ def test_zoo_heads_load_and_decode_losslessly():
     ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, min_new_tokens=40,
                       do_sample=False, pad_token_id=0)[0, 12:].tolist()
     for kind, folder, tree in (("griffin", "griffin", "dynamic"), ("hass", "hass", "dynamic"),
-                               ("eagle2", "eagle", "dynamic"), ("medusa", "medusa", "static:mc_sim_7b_63:24")):
-        load_draft(ZOO / folder, kind, target.hidden_size, target.vocab_size)
+                               ("eagle2", "eagle", "dynamic"), ("medusa", "medusa", "static:mc_sim_7b_63:24"),
+                               ("moa", "moa", "dynamic"), ("moa", "moa_tli0", "dynamic")):
+        load_draft(ZOO / folder, kind, target.hidden_size, target.vocab_size,
+                   target_shape=(target.num_layers, 2 * target.num_kv_heads * target.head_dim))
         drafter = make_drafter(target, kind, ZOO / folder, resolve_tree(kind, tree, None, None, None) if tree != "dynamic"
                                else resolve_tree(kind, tree, 16, 3, 4))
         out = SpeculativeGenerator(target, drafter, eos_token_ids=[]).generate([prompt], 40)[0]

@@ -71,3 +71,49 @@ def test_requests_joining_mid_flight_with_moa(predictable_case):
         gen.cycle(batch)
         gen.retire(batch)
     assert [rows[i].tokens for i in range(4)] == case.references[:4]
+
+
+def test_training_learns_the_target_and_stays_lossless(predictable_case, tmp_path):
+    """K-step bounded training with KL + Smooth-L1, TLI 0 and 1, on sequences the target itself wrote."""
+    from specdec_kit.runtime.drafting import NoDrafter
+    from specdec_kit.runtime.trees import DynamicTreeConfig
+    from specdec_kit.train.moa import MoASpec, train_moa
+
+    case = predictable_case
+    plain = SpeculativeGenerator(case.target, NoDrafter(), eos_token_ids=[])
+    starts = [[i] for i in range(0, 64, 2)]
+    data = torch.tensor([s + r.tokens for s, r in zip(starts, plain.generate(starts, 47))])
+    for tli in (0, 1):
+        spec = MoASpec(tli=tli, steps=60, batch=8, seq_len=48, lr=3e-3, warmup=5)
+        log = train_moa(case.target, data, spec, tmp_path / f"tli{tli}", progress=False)
+        assert log["last"]["top1"] > 0.5 and log["last"]["kl"] < 1.0
+        drafter = make_drafter(case.target, "moa", tmp_path / f"tli{tli}", DynamicTreeConfig(16, 3, 4))
+        assert drafter.step.draft.tli == tli
+        results = SpeculativeGenerator(case.target, drafter).generate(case.prompts[:4], NEW_TOKENS)
+        assert [r.tokens for r in results] == case.references[:4]
+        tau = sum(r.stats.acceptance_length for r in results) / 4
+        assert tau > 1.8, f"a trained MoA draft (TLI={tli}) should be accepted; tau={tau:.2f}"
+
+
+def test_engine_export_torch_only_with_a_stated_reason(predictable_case, tmp_path):
+    from specdec_kit.export.builder import build_engine
+    from specdec_kit.export.inputs import BuildError, BuildInputs
+    from specdec_kit.runtime.engine import open_engine
+    from specdec_kit.runtime.trees import DynamicTreeConfig, tree_to_dict
+
+    case = predictable_case
+    case.hf.save_pretrained(tmp_path / "target")
+    from specdec_kit.runtime.demo import write_char_tokenizer
+
+    write_char_tokenizer(tmp_path / "target")
+    save_draft(random_moa(case.target, tli=1), tmp_path / "moa", "moa", safetensors=True)
+    inputs = dict(draft="moa", target=tmp_path / "target", draft_path=tmp_path / "moa", tokenizer=tmp_path / "target",
+                  dtype="float32", tree=tree_to_dict(DynamicTreeConfig(12, 3, 3)))
+    engine = open_engine(build_engine(BuildInputs(backend="torch", **inputs), tmp_path / "engine").path)
+    assert engine.draft_kind == "moa" and engine.manifest["draft"]["moa_tli"] == 1
+    res = engine.generator().generate(case.prompts[:2], 24)
+    plain = engine.generator(speculative=False).generate(case.prompts[:2], 24)
+    assert [r.tokens for r in res] == [r.tokens for r in plain]
+    for backend in ("onnxruntime", "tensorrt-llm", "sglang"):
+        with pytest.raises(BuildError, match="torch only so far"):
+            build_engine(BuildInputs(backend=backend, **inputs), tmp_path / backend)

@@ -41,7 +41,9 @@ def read_documents(path: Path) -> list[Document]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="specdec-train-head", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--method", required=True, choices=METHODS)
+    p.add_argument("--method", required=True, choices=[*METHODS, "moa"],
+                   help="moa: Mixture of Attentions (LSA, SA, CA, TLI; see --tli)")
+    p.add_argument("--tli", type=int, default=0, help="moa: how many of the target's last layers finish a draft")
     p.add_argument("--target", type=Path, required=True, help="Hugging Face checkpoint directory of the target")
     p.add_argument("--out", type=Path, required=True, help="where the head (official layout) is written")
     p.add_argument("--data", type=Path, help="training text (default: the stdlib corpus)")
@@ -62,7 +64,14 @@ def main(argv: list[str] | None = None) -> int:
         overrides = dict(steps=args.steps, batch=args.batch, seq_len=args.seq_len, lr=args.lr, seed=args.seed)
         if args.passes:
             overrides["passes"] = args.passes
-        spec = HeadSpec.defaults(args.method, **overrides)
+        if args.method == "moa":
+            from specdec_kit.train.moa import MoASpec, train_moa
+
+            if args.cache_features:
+                raise ValueError("--cache-features: the moa trainer reads every layer's K/V, which it streams")
+            spec = MoASpec(tli=args.tli, **overrides)
+        else:
+            spec = HeadSpec.defaults(args.method, **overrides)
         need = spec.steps * spec.batch * spec.seq_len
         data = blocks(token_stream(tokenizer, docs, max_tokens=need + spec.seq_len), spec.seq_len, spec.seed)
         if data.shape[0] == 0:
@@ -72,7 +81,10 @@ def main(argv: list[str] | None = None) -> int:
 
             write_cache(target, data, args.cache_features)
             data = CachedFeatures(args.cache_features, target)
-        result = train_head(target, data, spec, args.out, base_model=str(args.target))
+        if args.method == "moa":
+            result = train_moa(target, data, spec, args.out)
+        else:
+            result = train_head(target, data, spec, args.out, base_model=str(args.target))
     except (TargetLoadError, ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -28,7 +28,7 @@ from specdec_kit.runtime.target import TargetModel
 from specdec_kit.train.draft_forward import PassRunner, next_pass_features
 from specdec_kit.train.features import StreamedFeatures
 from specdec_kit.train.losses import LossWeights, medusa_loss, next_alignment_mask, pass_loss
-from specdec_kit.train.schedule import Schedule
+from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state
 
 METHODS = ("eagle", "hass", "griffin", "medusa")
 
@@ -105,15 +105,8 @@ def train_head(target: TargetModel, data, spec: HeadSpec, out_dir: Path, base_mo
     source = StreamedFeatures(target, data) if isinstance(data, torch.Tensor) else data
     out_dir.mkdir(parents=True, exist_ok=True)
     head = new_head(spec.method, target, spec).float()
-    params = [p for p in head.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=spec.lr, betas=(0.9, 0.95), weight_decay=0.0)
     state_path = out_dir / "training_state.pt"
-    start, history = 0, []
-    if state_path.is_file():
-        state = torch.load(state_path, weights_only=True)
-        head.load_state_dict(state["head"])
-        opt.load_state_dict(state["optimizer"])
-        start, history = state["step"], state["history"]
+    params, opt, start, history = optimizer_and_state(head, spec, state_path)
     lm_head = target.lm_head.float()
     for p in lm_head.parameters():
         p.requires_grad_(False)
@@ -145,8 +138,7 @@ def train_head(target: TargetModel, data, spec: HeadSpec, out_dir: Path, base_mo
         else:
             bar.set_postfix(loss=f"{record['loss']:.3f}", top1=" ".join(f"{a:.2f}" for a in record["head_top1"]))
         if (step + 1) % 100 == 0 or step + 1 == spec.steps:
-            torch.save({"head": head.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,
-                        "history": history}, state_path)
+            save_state(head, opt, step + 1, history, state_path)
     save_draft(head.to(save_dtype or target.dtype), out_dir, spec.method, base_model=base_model)
     (out_dir / "training_spec.json").write_text(json.dumps(asdict(spec), indent=2))
     return {"steps": spec.steps, "minutes": round((time.time() - t0) / 60, 2), "last": history[-1] if history else None}
@@ -162,10 +154,20 @@ def build_heads(out: Path, recipe: dict, tokenizer, corpus, log: dict, force: bo
         folder = out / method
         if (folder / "config.json").is_file() and not force:
             continue
-        spec = HeadSpec.defaults(method, **overrides)
+        if method.startswith("moa"):  # Mixture of Attentions: its own trainer (train/moa.py)
+            from specdec_kit.train.moa import MoASpec
+
+            spec = MoASpec(**overrides)
+        else:
+            spec = HeadSpec.defaults(method, **overrides)
         need = spec.steps * spec.batch * spec.seq_len
         # a different slice of the corpus than the target saw first, in a different order
         stream = token_stream(tokenizer, corpus.train[::-1], max_tokens=need + spec.seq_len)
         data = blocks(stream, spec.seq_len, spec.seed + 17)
         print(f"{method}: {data.numel() / 1e6:.2f}M training tokens", file=sys.stderr)
-        log[method] = train_head(target, data, spec, folder, base_model="../target", save_dtype=save_dtype)
+        if method.startswith("moa"):
+            from specdec_kit.train.moa import train_moa
+
+            log[method] = train_moa(target, data, spec, folder, save_dtype=save_dtype)
+        else:
+            log[method] = train_head(target, data, spec, folder, base_model="../target", save_dtype=save_dtype)

@@ -23,3 +23,21 @@ class Schedule:
     def check_finite(self, loss: torch.Tensor, what: str, step: int) -> None:
         if not torch.isfinite(loss):
             raise FloatingPointError(f"{what}: loss is {float(loss)} at step {step}; lower the learning rate ({self.lr})")
+
+
+def optimizer_and_state(module: torch.nn.Module, schedule: Schedule, state_path) -> tuple[list, torch.optim.Optimizer, int, list]:
+    """AdamW over ``module``'s trainable parameters, resumed from ``state_path`` when it exists:
+    (params, optimizer, first step, history so far)."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=schedule.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    start, history = 0, []
+    if state_path.is_file():
+        state = torch.load(state_path, weights_only=True)
+        module.load_state_dict(state["head"])
+        opt.load_state_dict(state["optimizer"])
+        start, history = state["step"], state["history"]
+    return params, opt, start, history
+
+
+def save_state(module: torch.nn.Module, opt: torch.optim.Optimizer, step: int, history: list, state_path) -> None:
+    torch.save({"head": module.state_dict(), "optimizer": opt.state_dict(), "step": step, "history": history}, state_path)
