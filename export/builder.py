@@ -36,8 +36,7 @@ PARITY_PROMPTS = ["def add(a, b):\n    return", "import os\n\n\nclass Config:\n"
 
 # What the Mixture-of-Attentions draft needs beyond the torch backend (issue 8 is still open on these).
 MOA_BACKENDS = (
-    "--draft moa builds for --backend torch only so far. ONNX Runtime needs two more graphs (LSA + CA memory "
-    "update, and the target's last TLI layers as a separate step) that are not written yet. TensorRT-LLM and "
+    "--draft moa builds for --backend onnxruntime or torch. TensorRT-LLM and "
     "SGLang would need a drafter that reads the target's KV cache of every layer (LSA) and runs the target's own "
     "last layers with draft-time KV entries (TLI): neither engine's EAGLE worker exposes the target's per-layer "
     "KV pool to the draft model or lets it run target layers, so both need a custom worker, not just a model class")
@@ -153,7 +152,7 @@ def build_engine(inputs: BuildInputs, output: Path, force: bool = False, device:
     target = TargetModel.from_pretrained(inputs.target, dtype=dtype, device=device)
     check_parallel(inputs, target)
     step(f"loading {inputs.draft} draft {inputs.draft_path}")
-    if inputs.draft == "moa" and inputs.backend != "torch":
+    if inputs.draft == "moa" and inputs.backend not in ("torch", "onnxruntime"):
         raise BuildError(MOA_BACKENDS)
     module = load_draft(inputs.draft_path, inputs.draft, target.hidden_size, target.vocab_size, dtype=dtype,
                         device=target.device, target_shape=(target.num_layers, 2 * target.num_kv_heads * target.head_dim))

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import torch
 
 from specdec_kit.export.inputs import BuildError
-from specdec_kit.export.onnx_graphs import OPSET, export_feature_draft, export_medusa, export_target
+from specdec_kit.export.onnx_graphs import OPSET, export_feature_draft, export_medusa, export_moa, export_target
 from specdec_kit.runtime.drafting import FeatureDraftStep, FeatureTreeDrafter, MedusaDrafter
 from specdec_kit.runtime.generate import SpeculativeGenerator
 from specdec_kit.runtime.target import TargetModel
@@ -115,24 +115,28 @@ def build_onnx(staging: Path, target: TargetModel, draft_kind: str, draft_module
     """Write graphs/ under ``staging``; return the manifest's ``artifacts`` and ``onnx`` sections."""
     import onnxruntime as ort
 
-    from specdec_kit.runtime.ort_backend import OrtFeatureDraftStep, OrtGraph, OrtMedusaHeads, OrtTarget, providers_for
+    from specdec_kit.runtime.moa_drafting import MoAStep, MoATreeDrafter
+    from specdec_kit.runtime.ort_backend import (
+        OrtFeatureDraftStep, OrtGraph, OrtMedusaHeads, OrtMoAStep, OrtTarget, providers_for,
+    )
 
     graphs = staging / "graphs"
     graphs.mkdir(parents=True)
     device = target.device
     providers = providers_for(device)
-    draft_role = "medusa_heads" if draft_kind == "medusa" else "draft_step"
     step("exporting the target's tree-verification step to ONNX")
     with quiet_export():
         export_target(target, graphs / "target_step.onnx")
-    step(f"exporting the {draft_kind} draft step to ONNX")
+    step(f"exporting the {draft_kind} draft to ONNX")
     with quiet_export():
         if draft_kind == "medusa":
-            export_medusa(draft_module, graphs / f"{draft_role}.onnx")
+            roles = [export_medusa(draft_module, graphs / "medusa_heads.onnx").stem]
+        elif draft_kind == "moa":
+            roles = list(export_moa(draft_module, target, graphs))
         else:
-            export_feature_draft(draft_module, target.lm_head, graphs / f"{draft_role}.onnx")
+            roles = [export_feature_draft(draft_module, target.lm_head, graphs / "draft_step.onnx").stem]
     artifacts = {}
-    for role in ("target_step", draft_role):
+    for role in ("target_step", *roles):
         step(f"checking and optimizing {role}.onnx")
         raw, opt = graphs / f"{role}.onnx", graphs / f"{role}.optimized.onnx"
         check_graph(raw)
@@ -143,13 +147,16 @@ def build_onnx(staging: Path, target: TargetModel, draft_kind: str, draft_module
     dtype = target.dtype
     ort_target = OrtTarget(OrtGraph(graphs / "target_step.optimized.onnx", device), manifest_target, dtype)
     parity = target_parity(target, ort_target, manifest_target["vocab_size"])
+    optimized = {role: OrtGraph(graphs / f"{role}.optimized.onnx", device) for role in roles}
     if draft_kind == "medusa":
         torch_drafter = MedusaDrafter(draft_module, tree)
-        ort_drafter = MedusaDrafter(OrtMedusaHeads(OrtGraph(graphs / "medusa_heads.optimized.onnx", device), manifest_draft, dtype), tree)
+        ort_drafter = MedusaDrafter(OrtMedusaHeads(optimized["medusa_heads"], manifest_draft, dtype), tree)
+    elif draft_kind == "moa":
+        torch_drafter = MoATreeDrafter(MoAStep(draft_module, target), tree)
+        ort_drafter = MoATreeDrafter(OrtMoAStep(optimized, manifest_draft, manifest_target, dtype, ort_target), tree)
     else:
         torch_drafter = FeatureTreeDrafter(FeatureDraftStep(draft_module, target.lm_head), tree)
-        ort_step = OrtFeatureDraftStep(OrtGraph(graphs / "draft_step.optimized.onnx", device), manifest_draft, dtype)
-        ort_drafter = FeatureTreeDrafter(ort_step, tree)
+        ort_drafter = FeatureTreeDrafter(OrtFeatureDraftStep(optimized["draft_step"], manifest_draft, dtype), tree)
     bound = PARITY_ATOL.get(dtype, 5e-2)
     if max(parity.values()) > bound:
         raise BuildError(f"ONNX graph drifts from PyTorch: max |logits diff| {parity['logits']:.2e}, "

@@ -17,6 +17,8 @@ from torch import nn
 
 from specdec_kit.runtime.drafts.layers import FeatureDraft
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
+from specdec_kit.runtime.drafts.moa import MoADraft
+from specdec_kit.runtime.moa_drafting import moa_hidden
 from specdec_kit.runtime.target import TargetModel
 
 OPSET = 18
@@ -25,9 +27,10 @@ OPSET = 18
 class GraphCache:
     """Duck-typed ``KVCache`` for export: past from inputs, present collected as outputs."""
 
-    def __init__(self, past_keys: torch.Tensor, past_values: torch.Tensor, mask: torch.Tensor):
-        self.past_keys, self.past_values = past_keys, past_values  # [L, B, H, P, D]
+    def __init__(self, past_keys: torch.Tensor, past_values: torch.Tensor, mask: torch.Tensor, first_layer: int = 0):
+        self.past_keys, self.past_values = past_keys, past_values  # [L, B, H, P, D] (layers from first_layer on)
         self.mask = mask[:, None]  # [B, 1, Q, P + Q]
+        self.first_layer = first_layer
         self.new_keys: list[torch.Tensor] = []
         self.new_values: list[torch.Tensor] = []
 
@@ -48,8 +51,9 @@ class GraphCache:
         self.new_values.append(v_new)
 
     def view(self, layer: int, k_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        keys = torch.cat([self.past_keys[layer], self.new_keys[layer]], dim=2)
-        values = torch.cat([self.past_values[layer], self.new_values[layer]], dim=2)
+        i = layer - self.first_layer
+        keys = torch.cat([self.past_keys[i], self.new_keys[i]], dim=2)
+        values = torch.cat([self.past_values[i], self.new_values[i]], dim=2)
         return keys, values
 
     def present(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,6 +101,59 @@ class MedusaHeadsGraph(nn.Module):
         return self.heads(hidden_states)
 
 
+class MoAMemoryGraph(nn.Module):
+    """(target K/V per position and layer, positions) -> CA memory keys/values (LSA, once per cycle)."""
+
+    def __init__(self, draft: MoADraft):
+        super().__init__()
+        self.draft = draft
+
+    def forward(self, target_kv, position_ids):
+        memory = self.draft.lsa_memory(target_kv)
+        cos, sin = self.draft.rotary_emb(memory, position_ids)
+        return self.draft.ca.memory_kv(memory, cos, sin)
+
+
+class MoAStepGraph(nn.Module):
+    """(ids, positions, SA mask, SA past K/V, memory K/V and mask) -> (o_hat, SA present K/V)."""
+
+    def __init__(self, draft: MoADraft):
+        super().__init__()
+        self.draft = draft
+
+    def forward(self, input_ids, position_ids, attention_mask, past_keys, past_values, memory_keys, memory_values,
+                memory_mask):
+        cache = GraphCache(past_keys, past_values, attention_mask)
+        o_hat = moa_hidden(self.draft, input_ids, position_ids, cache.mask, cache, None, -1, memory_keys, memory_values,
+                           memory_mask)
+        present_keys, present_values = cache.present()
+        return o_hat, present_keys, present_values
+
+
+class TargetTailGraph(nn.Module):
+    """The target's last ``layers`` layers, final norm and LM head over a cache (a MoA draft's TLI)."""
+
+    def __init__(self, target: TargetModel, layers: int):
+        super().__init__()
+        self.target, self.first = target, target.num_layers - layers
+
+    def forward(self, hidden_states, position_ids, attention_mask, logits_index, past_keys, past_values):
+        cache = GraphCache(past_keys, past_values, attention_mask, first_layer=self.first)
+        feats = self.target.run_layers(hidden_states, position_ids, attention_mask, cache, self.first)
+        selected = torch.gather(feats, 1, logits_index[..., None].expand(-1, -1, feats.shape[-1]))
+        present_keys, present_values = cache.present()
+        return self.target.lm_head(selected), present_keys, present_values
+
+
+class LMHeadGraph(nn.Module):
+    def __init__(self, lm_head: nn.Linear):
+        super().__init__()
+        self.lm_head = lm_head
+
+    def forward(self, hidden_states, logits_index):
+        return self.lm_head(torch.gather(hidden_states, 1, logits_index[..., None].expand(-1, -1, hidden_states.shape[-1])))
+
+
 @dataclass
 class GraphSpec:
     """What one exported graph is: its file, its I/O names, and which axes are dynamic."""
@@ -117,6 +174,16 @@ DRAFT_SPEC = GraphSpec(
     ("logits", "hidden_states_out", "present_keys", "present_values"),
 )
 MEDUSA_SPEC = GraphSpec("medusa_heads", ("hidden_states",), ("logits",))
+MOA_MEMORY_SPEC = GraphSpec("moa_memory", ("target_kv", "position_ids"), ("memory_keys", "memory_values"))
+MOA_STEP_SPEC = GraphSpec(
+    "moa_step",
+    ("input_ids", "position_ids", "attention_mask", "past_keys", "past_values", "memory_keys", "memory_values",
+     "memory_mask"),
+    ("o_hat", "present_keys", "present_values"),
+)
+TAIL_SPEC = GraphSpec("target_tail", ("hidden_states", "position_ids", "attention_mask", "logits_index", "past_keys",
+                                      "past_values"), ("logits", "present_keys", "present_values"))
+LM_HEAD_SPEC = GraphSpec("lm_head", ("hidden_states", "logits_index"), ("logits",))
 
 
 def _cached_example(num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device, batch=2, q=3, past=5):
@@ -171,3 +238,37 @@ def export_medusa(heads: MedusaHeads, path: Path) -> Path:
     feats = torch.zeros(2, heads.hidden_size, dtype=weight.dtype, device=weight.device)
     dims = {"hidden_states": {0: torch.export.Dim("batch", min=1, max=1 << 16)}}
     return _export(MedusaHeadsGraph(heads), (feats,), MEDUSA_SPEC, dims, path)
+
+
+def export_moa(draft: MoADraft, target: TargetModel, graphs: Path) -> dict[str, Path]:
+    """The Mixture-of-Attentions graphs: LSA memory update, the draft step, and its finish (the target's last
+    TLI layers, or the LM head alone for TLI = 0)."""
+    w = draft.embed_tokens.weight
+    dev, dtype = w.device, w.dtype
+    bsz, q, past, mem = 2, 3, 5, 4
+    big = lambda name: torch.export.Dim(name, min=1, max=1 << 16)  # noqa: E731
+    batch, width, memory = big("batch"), big("width"), big("memory_len")
+    kv = torch.zeros(bsz, q, target.num_layers, draft.target_kv_dim, dtype=dtype, device=dev)
+    pos = torch.arange(q, device=dev).expand(bsz, q).contiguous()
+    out = {"moa_memory": _export(MoAMemoryGraph(draft), (kv, pos), MOA_MEMORY_SPEC,
+                                 {"target_kv": {0: batch, 1: width}, "position_ids": {0: batch, 1: width}},
+                                 graphs / "moa_memory.onnx")}
+    _, heads, dim = draft.attention_shape
+    ids, pos, mask, index, pk, pv = _cached_example(1, heads, dim, dtype, dev, bsz, q, past)
+    mk = torch.zeros(bsz, heads, mem, dim, dtype=dtype, device=dev)
+    mmask = torch.ones(bsz, mem, dtype=torch.bool, device=dev)
+    dims = _cache_dims()
+    dims.update(memory_keys={0: dims["input_ids"][0], 2: memory}, memory_values={0: dims["input_ids"][0], 2: memory},
+                memory_mask={0: dims["input_ids"][0], 1: memory})
+    out["moa_step"] = _export(MoAStepGraph(draft), (ids, pos, mask, pk, pv, mk, mk.clone(), mmask), MOA_STEP_SPEC, dims,
+                              graphs / "moa_step.onnx")
+    hidden = torch.zeros(bsz, q, target.hidden_size, dtype=dtype, device=dev)
+    if draft.tli == 0:
+        dims = {"hidden_states": {0: batch, 1: width}, "logits_index": {0: batch, 1: big("selected")}}
+        out["lm_head"] = _export(LMHeadGraph(target.lm_head), (hidden, index), LM_HEAD_SPEC, dims, graphs / "lm_head.onnx")
+    else:
+        ids, pos, mask, index, pk, pv = _cached_example(draft.tli, target.num_kv_heads, target.head_dim, dtype, dev, bsz, q, past)
+        dims = _cache_dims()
+        out["target_tail"] = _export(TargetTailGraph(target, draft.tli), (hidden, pos, mask, index, pk, pv), TAIL_SPEC, dims,
+                                     graphs / "target_tail.onnx")
+    return out

@@ -57,6 +57,7 @@ def _expect(manifest: dict, path: Path, key: str, found: Any, expected: Any) -> 
 TARGET_KEYS = ("architecture", "num_hidden_layers", "num_key_value_heads", "head_dim", "hidden_size", "vocab_size",
                "max_context")
 DRAFT_KEYS = {"medusa": ("medusa_num_heads", "vocab_size"),
+              "moa": ("moa_tli", "num_key_value_heads", "head_dim", "hidden_size", "vocab_size"),
               "feature": ("num_hidden_layers", "num_key_value_heads", "head_dim", "hidden_size", "vocab_size")}
 
 
@@ -67,11 +68,13 @@ def _require(manifest: dict, root: Path, section: str, keys) -> None:
 
 
 def _ort_components(root: Path, manifest: dict, device: torch.device, tree):
-    from specdec_kit.runtime.ort_backend import OrtFeatureDraftStep, OrtGraph, OrtMedusaHeads, OrtTarget, providers_for
+    from specdec_kit.runtime.ort_backend import (
+        OrtFeatureDraftStep, OrtGraph, OrtMedusaHeads, OrtMoAStep, OrtTarget, providers_for,
+    )
 
     kind = manifest["draft"]["kind"]
     _require(manifest, root, "target", TARGET_KEYS)
-    _require(manifest, root, "draft", DRAFT_KEYS["medusa" if kind == "medusa" else "feature"])
+    _require(manifest, root, "draft", DRAFT_KEYS.get(kind, DRAFT_KEYS["feature"]))
     dtype = DTYPES[manifest["dtype"]]
     onnx_info = manifest.get("onnx", {})
     provider = providers_for(device)[0]
@@ -86,6 +89,12 @@ def _ort_components(root: Path, manifest: dict, device: torch.device, tree):
     target = OrtTarget(graph("target_step"), manifest["target"], dtype)
     if kind == "medusa":
         return target, MedusaDrafter(OrtMedusaHeads(graph("medusa_heads"), manifest["draft"], dtype), tree)
+    if kind == "moa":
+        from specdec_kit.runtime.moa_drafting import MoATreeDrafter
+
+        finish = "lm_head" if int(manifest["draft"].get("moa_tli", 0)) == 0 else "target_tail"
+        graphs = {role: graph(role) for role in ("moa_memory", "moa_step", finish)}
+        return target, MoATreeDrafter(OrtMoAStep(graphs, manifest["draft"], manifest["target"], dtype, target), tree)
     return target, FeatureTreeDrafter(OrtFeatureDraftStep(graph("draft_step"), manifest["draft"], dtype), tree)
 
 

@@ -118,11 +118,12 @@ class KVCache:
         self.values[layer].scatter_(2, idx, v_new)
 
     @torch.inference_mode()
-    def write_all(self, k_new: torch.Tensor, v_new: torch.Tensor, slots: torch.Tensor) -> None:
-        """Scatter every layer's new keys/values [L, B, H, Q, D] into ``slots`` [B, Q] at once."""
-        idx = slots[None, :, None, :, None].expand(k_new.shape[0], -1, k_new.shape[2], -1, k_new.shape[4])
-        self.keys.scatter_(3, idx, k_new)
-        self.values.scatter_(3, idx, v_new)
+    def write_all(self, k_new: torch.Tensor, v_new: torch.Tensor, slots: torch.Tensor, first_layer: int = 0) -> None:
+        """Scatter new keys/values [n, B, H, Q, D] of layers ``first_layer`` .. + n into ``slots`` [B, Q] at once."""
+        n = k_new.shape[0]
+        idx = slots[None, :, None, :, None].expand(n, -1, k_new.shape[2], -1, k_new.shape[4])
+        self.keys[first_layer:first_layer + n].scatter_(3, idx, k_new)
+        self.values[first_layer:first_layer + n].scatter_(3, idx, v_new)
 
     def view(self, layer: int, k_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.keys[layer, :, :, :k_len], self.values[layer, :, :, :k_len]

@@ -23,6 +23,17 @@ from specdec_kit.runtime.kv_cache import KVCache
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
 
 
+def moa_hidden(draft: MoADraft, tokens, positions, sa_mask, cache, slots, k_len: int, mem_keys, mem_values,
+               mem_visible) -> torch.Tensor:
+    """The draft body: SA over the tokens (``cache`` holds the earlier ones; ``sa_mask`` [B, 1, Q, K] or None),
+    then CA to the memory keys/values [B, H, M, D] where ``mem_visible`` [B, M]; shared with the ONNX export."""
+    emb = draft.embed_tokens(tokens)
+    cos, sin = draft.rotary_emb(emb, positions)
+    h = draft.sa(emb, cos, sin, cache, slots, sa_mask, k_len)
+    h = draft.ca(h, cos, sin, mem_keys, mem_values, mem_visible[:, None, None, :])
+    return draft.output(h)
+
+
 class MoAStep:
     """The draft step ``FeatureTreeDrafter`` calls: tokens through SA and CA (and TLI) to logits."""
 
@@ -38,20 +49,23 @@ class MoAStep:
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         return self.draft.new_cache(batch, capacity)
 
+    def memory_update(self, kv: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """LSA over [B, W, L, kv_dim] target K/V at ``positions`` [B, W] -> CA memory keys/values [B, H, W, D]."""
+        d = self.draft
+        memory = d.lsa_memory(kv.to(self.dtype))
+        cos, sin = d.rotary_emb(memory, positions)
+        return d.ca.memory_kv(memory, cos, sin)
+
     def hidden(self, tokens, positions, pending_mask, cache: KVCache, offset: int) -> torch.Tensor:
         """SA over the token stream (cache + pending), then CA over all verified memory -> o_hat [B, Q, d]."""
-        d = self.draft
-        emb = d.embed_tokens(tokens)
         k_len = cache.key_length(pending_mask.shape[-1])
         cache.ensure_capacity(k_len)
-        cos, sin = d.rotary_emb(emb, positions)
-        h = d.sa(emb, cos, sin, cache, cache.slots(tokens.shape[1], offset), cache.attention_mask(pending_mask, k_len), k_len)
         mem = self.memory
         m_len = max(int(mem.lengths.max().item()), 1)
         keys, values = mem.view(0, m_len)
         visible = torch.arange(m_len, device=tokens.device)[None, :] < mem.lengths[:, None]
-        h = d.ca(h, cos, sin, keys, values, visible[:, None, None, :])
-        return d.output(h)
+        return moa_hidden(self.draft, tokens, positions, cache.attention_mask(pending_mask, k_len), cache,
+                          cache.slots(tokens.shape[1], offset), k_len, keys, values, visible)
 
     def logits(self, o_hat: torch.Tensor, target_positions: torch.Tensor, target_pending: torch.Tensor,
                target_offset: int) -> torch.Tensor:
@@ -96,17 +110,15 @@ class MoATreeDrafter(FeatureTreeDrafter):
 
     def _update_memory(self, counts: torch.Tensor) -> None:
         """LSA over the target K/V of each row's ``counts`` newest verified positions, into the CA memory."""
-        tc, mem, d = self.step.target_cache, self.step.memory, self.step.draft
+        tc, mem = self.step.target_cache, self.step.memory
         layers, bsz, heads, _, dim = tc.keys.shape
         width = int(counts.max().item())
         rel = torch.arange(width, device=counts.device)
         pos = tc.lengths[:, None] - counts[:, None] + rel[None, :]  # [B, W]; past counts is padding
         idx = pos.clamp(min=0)[None, :, None, :, None].expand(layers, bsz, heads, width, dim)
         kv = torch.cat([torch.gather(tc.keys, 3, idx), torch.gather(tc.values, 3, idx)], dim=-1)  # [L, B, H, W, 2D]
-        kv = kv.permute(1, 3, 0, 2, 4).reshape(bsz, width, layers, heads * 2 * dim).to(self.step.dtype)
-        memory = d.lsa_memory(kv)
-        cos, sin = d.rotary_emb(memory, pos.clamp(min=0))
-        keys, values = d.ca.memory_kv(memory, cos, sin)
+        kv = kv.permute(1, 3, 0, 2, 4).reshape(bsz, width, layers, heads * 2 * dim)
+        keys, values = self.step.memory_update(kv, pos.clamp(min=0))
         mem.ensure_capacity(int(mem.lengths.max().item()) + width)
         mem.write(0, keys, values, mem.slots(width))
         mem.commit(rel.expand(bsz, width), counts)

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from specdec_kit.runtime.kv_cache import KVCache
+from specdec_kit.runtime.moa_drafting import MoAStep
 from specdec_kit.runtime.target import TargetOutput
 
 NUMPY_TYPES = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_}
@@ -160,3 +161,66 @@ class OrtMedusaHeads:
     def __call__(self, features: torch.Tensor) -> torch.Tensor:
         shape = (features.shape[0], self.num_heads, self.vocab_size)
         return self.graph.run({"hidden_states": features.to(self.dtype)}, {"logits": (shape, self.dtype)})["logits"]
+
+
+class OrtMoAStep(MoAStep):
+    """A Mixture-of-Attentions draft on ONNX Runtime: the LSA memory update, the draft step and its finish
+    (the target's last TLI layers, or the LM head) are graphs; the tree search and caches are the runtime's."""
+
+    def __init__(self, graphs: dict[str, OrtGraph], spec: dict, target_spec: dict, dtype: torch.dtype, target):
+        super().__init__(None, target)
+        self.graphs, self.spec, self.target_spec, self._dtype = graphs, spec, target_spec, dtype
+        self.tli = int(spec["moa_tli"])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._dtype
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        s = self.spec
+        return KVCache.allocate(1, batch, s["num_key_value_heads"], s["head_dim"], capacity, self._dtype,
+                                self.graphs["moa_step"].device)
+
+    def memory_update(self, kv: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        s = self.spec
+        shape = (kv.shape[0], s["num_key_value_heads"], kv.shape[1], s["head_dim"])
+        out = self.graphs["moa_memory"].run({"target_kv": kv.to(self._dtype), "position_ids": positions},
+                                            {"memory_keys": (shape, self._dtype), "memory_values": (shape, self._dtype)})
+        return out["memory_keys"], out["memory_values"]
+
+    def hidden(self, tokens, positions, pending_mask, cache: KVCache, offset: int) -> torch.Tensor:
+        bsz, q_len = tokens.shape
+        mask, past = cache.past_and_new_mask(pending_mask)
+        mem = self.memory
+        m_len = max(int(mem.lengths.max().item()), 1)
+        visible = torch.arange(m_len, device=tokens.device)[None, :] < mem.lengths[:, None]
+        present = ((1, bsz, self.spec["num_key_value_heads"], q_len, self.spec["head_dim"]), self._dtype)
+        out = self.graphs["moa_step"].run(
+            {"input_ids": tokens, "position_ids": positions, "attention_mask": mask,
+             "past_keys": cache.keys[:, :, :, :past], "past_values": cache.values[:, :, :, :past],
+             "memory_keys": mem.keys[0, :, :, :m_len], "memory_values": mem.values[0, :, :, :m_len],
+             "memory_mask": visible},
+            {"o_hat": ((bsz, q_len, self.spec["hidden_size"]), self._dtype), "present_keys": present,
+             "present_values": present})
+        cache.ensure_capacity(past + q_len)
+        cache.write_all(out["present_keys"], out["present_values"], cache.slots(q_len, offset))
+        return out["o_hat"]
+
+    def logits(self, o_hat, target_positions, target_pending, target_offset: int) -> torch.Tensor:
+        bsz, q_len, _ = o_hat.shape
+        vocab = self.target_spec["vocab_size"]
+        index = _all_positions(bsz, q_len, o_hat.device)
+        if self.tli == 0:
+            return self.graphs["lm_head"].run({"hidden_states": o_hat, "logits_index": index},
+                                              {"logits": ((bsz, q_len, vocab), self._dtype)})["logits"]
+        tc = self.target_cache
+        first = self.target_spec["num_hidden_layers"] - self.tli
+        mask, past = tc.past_and_new_mask(target_pending)
+        present = ((self.tli, bsz, self.target_spec["num_key_value_heads"], q_len, self.target_spec["head_dim"]), self._dtype)
+        out = self.graphs["target_tail"].run(
+            {"hidden_states": o_hat, "position_ids": target_positions, "attention_mask": mask, "logits_index": index,
+             "past_keys": tc.keys[first:, :, :, :past], "past_values": tc.values[first:, :, :, :past]},
+            {"logits": ((bsz, q_len, vocab), self._dtype), "present_keys": present, "present_values": present})
+        tc.ensure_capacity(past + q_len)
+        tc.write_all(out["present_keys"], out["present_values"], tc.slots(q_len, target_offset), first_layer=first)
+        return out["logits"]

@@ -95,7 +95,7 @@ def test_training_learns_the_target_and_stays_lossless(predictable_case, tmp_pat
         assert tau > 1.8, f"a trained MoA draft (TLI={tli}) should be accepted; tau={tau:.2f}"
 
 
-def test_engine_export_torch_only_with_a_stated_reason(predictable_case, tmp_path):
+def test_engine_export_with_a_stated_reason_for_server_backends(predictable_case, tmp_path):
     from specdec_kit.export.builder import build_engine
     from specdec_kit.export.inputs import BuildError, BuildInputs
     from specdec_kit.runtime.engine import open_engine
@@ -114,6 +114,35 @@ def test_engine_export_torch_only_with_a_stated_reason(predictable_case, tmp_pat
     res = engine.generator().generate(case.prompts[:2], 24)
     plain = engine.generator(speculative=False).generate(case.prompts[:2], 24)
     assert [r.tokens for r in res] == [r.tokens for r in plain]
-    for backend in ("onnxruntime", "tensorrt-llm", "sglang"):
-        with pytest.raises(BuildError, match="torch only so far"):
+    for backend in ("tensorrt-llm", "sglang"):
+        with pytest.raises(BuildError, match="onnxruntime or torch. TensorRT-LLM and SGLang would need"):
             build_engine(BuildInputs(backend=backend, **inputs), tmp_path / backend)
+
+
+@pytest.mark.parametrize("which", ["oracle-tli-L", "random-tli0"])
+def test_onnx_engine_drafts_exactly_what_pytorch_drafts(predictable_case, tmp_path, which):
+    """The MoA graphs (LSA memory, draft step, target tail or LM head) on ONNX Runtime: same tokens and the
+    same accepted drafts as the PyTorch drafter; the TLI = L oracle must still be accepted in full."""
+    from specdec_kit.export.builder import build_engine
+    from specdec_kit.export.inputs import BuildInputs
+    from specdec_kit.runtime.demo import write_char_tokenizer
+    from specdec_kit.runtime.engine import open_engine
+    from specdec_kit.runtime.trees import tree_to_dict
+
+    case = predictable_case
+    case.hf.save_pretrained(tmp_path / "target")
+    write_char_tokenizer(tmp_path / "target")
+    draft = oracle_moa(case.target) if which == "oracle-tli-L" else random_moa(case.target, tli=0)
+    save_draft(draft, tmp_path / "moa", "moa", safetensors=True)
+    tree = StaticTree.from_choices(EAGLE1_DEFAULT)
+    inputs = BuildInputs(draft="moa", target=tmp_path / "target", draft_path=tmp_path / "moa", tokenizer=tmp_path / "target",
+                         backend="onnxruntime", dtype="float32", tree=tree_to_dict(tree))
+    engine = open_engine(build_engine(inputs, tmp_path / "engine").path)
+    assert {"moa_memory", "moa_step"} <= set(engine.manifest["artifacts"])
+    got = engine.generator().generate(case.prompts[:4], 32)
+    ref = SpeculativeGenerator(case.target, MoATreeDrafter(MoAStep(draft, case.target), tree),
+                               eos_token_ids=engine.target.eos_token_ids()).generate(case.prompts[:4], 32)
+    assert [r.tokens for r in got] == [r.tokens for r in ref]
+    assert [r.stats.accepted_per_depth for r in got] == [r.stats.accepted_per_depth for r in ref]
+    if which == "oracle-tli-L":
+        assert all(r.stats.accepted_per_depth[-1] >= r.stats.cycles - 1 for r in got)
