@@ -149,11 +149,7 @@ class FeatureTreeDrafter(Drafter):
         self.cache.select_rows(rows)
 
     def add_rows(self, count: int, capacity: int) -> None:
-        fresh = self.step.new_cache(count, capacity)
-        if self.cache is None:
-            self.cache = fresh
-        else:
-            self.cache.extend_rows(fresh)
+        self.cache = KVCache.with_rows(self.cache, self.step.new_cache(count, capacity))
 
     @staticmethod
     def _logp(logits: torch.Tensor) -> torch.Tensor:

@@ -167,6 +167,14 @@ class KVCache:
         self.values = torch.cat([self.values, values], dim=1)
         self.lengths = torch.cat([self.lengths, other.lengths])
 
+    @staticmethod
+    def with_rows(cache: "KVCache | None", fresh: "KVCache") -> "KVCache":
+        """``cache`` with ``fresh``'s rows appended, or ``fresh`` itself when there is no cache yet."""
+        if cache is None:
+            return fresh
+        cache.extend_rows(fresh)
+        return cache
+
     @torch.inference_mode()
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only ``rows`` (e.g. drop finished sequences from the running batch)."""

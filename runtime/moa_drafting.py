@@ -102,11 +102,7 @@ class MoATreeDrafter(FeatureTreeDrafter):
 
     def add_rows(self, count: int, capacity: int) -> None:
         super().add_rows(count, capacity)
-        fresh = self.step.new_cache(count, capacity)
-        if self.step.memory is None:
-            self.step.memory = fresh
-        else:
-            self.step.memory.extend_rows(fresh)
+        self.step.memory = KVCache.with_rows(self.step.memory, self.step.new_cache(count, capacity))
 
     def _update_memory(self, counts: torch.Tensor) -> None:
         """LSA over the target K/V of each row's ``counts`` newest verified positions, into the CA memory."""

@@ -79,24 +79,31 @@ class OrtGraph:
         return result
 
 
-def _cached_call(graph: OrtGraph, cache: KVCache, pending_mask: torch.Tensor, feeds: dict[str, torch.Tensor],
-                 logits_at: torch.Tensor, hidden: int, vocab: int, feature_name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run a past-in/present-out graph over ``cache`` and write the new keys/values into their slots."""
-    bsz, q_len = feeds["input_ids"].shape
+def _run_over_cache(graph: OrtGraph, cache: KVCache, pending_mask: torch.Tensor, feeds: dict[str, torch.Tensor],
+                    outputs: dict, first_layer: int = 0) -> dict[str, torch.Tensor]:
+    """Run a past-in/present-out graph over ``cache`` (its layers from ``first_layer`` on): add the mask over
+    past + new keys and the past slots to ``feeds``, then write the present keys/values into the new tokens'
+    pending slots (``pending_mask`` [B, Q, offset + Q] as for ``KVCache.attention_mask``)."""
+    q_len = pending_mask.shape[1]
     offset = pending_mask.shape[2] - q_len
     mask, past = cache.past_and_new_mask(pending_mask)
-    layers, _, heads, _, dim = cache.keys.shape
-    feeds = dict(feeds, attention_mask=mask, logits_index=logits_at,
-                 past_keys=cache.keys[:, :, :, :past], past_values=cache.values[:, :, :, :past])
-    dtype = cache.keys.dtype
-    present = ((layers, bsz, heads, q_len, dim), dtype)
-    out = graph.run(feeds, {
-        "logits": ((bsz, logits_at.shape[1], vocab), dtype),
-        feature_name: ((bsz, q_len, hidden), dtype),
-        "present_keys": present, "present_values": present,
-    })
+    layers, bsz, heads, _, dim = cache.keys[first_layer:].shape
+    present = ((layers, bsz, heads, q_len, dim), cache.keys.dtype)
+    out = graph.run(dict(feeds, attention_mask=mask, past_keys=cache.keys[first_layer:, :, :, :past],
+                         past_values=cache.values[first_layer:, :, :, :past]),
+                    dict(outputs, present_keys=present, present_values=present))
     cache.ensure_capacity(past + q_len)
-    cache.write_all(out["present_keys"], out["present_values"], cache.slots(q_len, offset))
+    cache.write_all(out["present_keys"], out["present_values"], cache.slots(q_len, offset), first_layer)
+    return out
+
+
+def _cached_call(graph: OrtGraph, cache: KVCache, pending_mask: torch.Tensor, feeds: dict[str, torch.Tensor],
+                 logits_at: torch.Tensor, hidden: int, vocab: int, feature_name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A target or feature-draft step: logits at ``logits_at`` and the features of every new token."""
+    bsz, q_len = feeds["input_ids"].shape
+    dtype = cache.keys.dtype
+    out = _run_over_cache(graph, cache, pending_mask, dict(feeds, logits_index=logits_at),
+                          {"logits": ((bsz, logits_at.shape[1], vocab), dtype), feature_name: ((bsz, q_len, hidden), dtype)})
     return out["logits"], out[feature_name]
 
 
@@ -190,37 +197,22 @@ class OrtMoAStep(MoAStep):
 
     def hidden(self, tokens, positions, pending_mask, cache: KVCache, offset: int) -> torch.Tensor:
         bsz, q_len = tokens.shape
-        mask, past = cache.past_and_new_mask(pending_mask)
         mem = self.memory
         m_len = max(int(mem.lengths.max().item()), 1)
         visible = torch.arange(m_len, device=tokens.device)[None, :] < mem.lengths[:, None]
-        present = ((1, bsz, self.spec["num_key_value_heads"], q_len, self.spec["head_dim"]), self._dtype)
-        out = self.graphs["moa_step"].run(
-            {"input_ids": tokens, "position_ids": positions, "attention_mask": mask,
-             "past_keys": cache.keys[:, :, :, :past], "past_values": cache.values[:, :, :, :past],
-             "memory_keys": mem.keys[0, :, :, :m_len], "memory_values": mem.values[0, :, :, :m_len],
-             "memory_mask": visible},
-            {"o_hat": ((bsz, q_len, self.spec["hidden_size"]), self._dtype), "present_keys": present,
-             "present_values": present})
-        cache.ensure_capacity(past + q_len)
-        cache.write_all(out["present_keys"], out["present_values"], cache.slots(q_len, offset))
+        feeds = {"input_ids": tokens, "position_ids": positions, "memory_keys": mem.keys[0, :, :, :m_len],
+                 "memory_values": mem.values[0, :, :, :m_len], "memory_mask": visible}
+        out = _run_over_cache(self.graphs["moa_step"], cache, pending_mask, feeds,
+                              {"o_hat": ((bsz, q_len, self.spec["hidden_size"]), self._dtype)})
         return out["o_hat"]
 
     def logits(self, o_hat, target_positions, target_pending, target_offset: int) -> torch.Tensor:
         bsz, q_len, _ = o_hat.shape
-        vocab = self.target_spec["vocab_size"]
         index = _all_positions(bsz, q_len, o_hat.device)
+        logits = {"logits": ((bsz, q_len, self.target_spec["vocab_size"]), self._dtype)}
         if self.tli == 0:
-            return self.graphs["lm_head"].run({"hidden_states": o_hat, "logits_index": index},
-                                              {"logits": ((bsz, q_len, vocab), self._dtype)})["logits"]
-        tc = self.target_cache
+            return self.graphs["lm_head"].run({"hidden_states": o_hat, "logits_index": index}, logits)["logits"]
+        # the tail's pending slots follow from target_pending's width (target_offset = its width - Q)
         first = self.target_spec["num_hidden_layers"] - self.tli
-        mask, past = tc.past_and_new_mask(target_pending)
-        present = ((self.tli, bsz, self.target_spec["num_key_value_heads"], q_len, self.target_spec["head_dim"]), self._dtype)
-        out = self.graphs["target_tail"].run(
-            {"hidden_states": o_hat, "position_ids": target_positions, "attention_mask": mask, "logits_index": index,
-             "past_keys": tc.keys[first:, :, :, :past], "past_values": tc.values[first:, :, :, :past]},
-            {"logits": ((bsz, q_len, vocab), self._dtype), "present_keys": present, "present_values": present})
-        tc.ensure_capacity(past + q_len)
-        tc.write_all(out["present_keys"], out["present_values"], tc.slots(q_len, target_offset), first_layer=first)
-        return out["logits"]
+        feeds = {"hidden_states": o_hat, "position_ids": target_positions, "logits_index": index}
+        return _run_over_cache(self.graphs["target_tail"], self.target_cache, target_pending, feeds, logits, first)["logits"]

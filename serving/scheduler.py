@@ -49,7 +49,6 @@ class ServerRequest:
     sent: int = 0
     first_at: float | None = None
     last_at: float | None = None
-    seen: tuple = (0, 0, 0, ())  # spec_cycles, draft_tokens, accepted_tokens, accepted_per_depth at last report
     unsent: list[int] = field(default_factory=list)
 
     def deliver(self, delta: Delta) -> None:
@@ -170,13 +169,22 @@ class Scheduler:
         if tree is not None:
             self.gen.drafter.tree = tree
         self.metrics.labels(self.metrics.tree_tokens).set(tree_nodes(tree))
-        before = sum(len(row.tokens) for row in batch.rows)
+        before = RequestStats.combined([row.stats for row in batch.rows])
+        tokens_before = sum(len(row.tokens) for row in batch.rows)
         size = batch.size
         t0 = time.perf_counter()
         self.gen.cycle(batch, speculate=tree is not None)
         elapsed = time.perf_counter() - t0
-        self.policy.record(size, tree is not None, sum(len(row.tokens) for row in batch.rows) - before, elapsed)
+        self.policy.record(size, tree is not None, sum(len(row.tokens) for row in batch.rows) - tokens_before, elapsed)
+        self._count_speculation(before, RequestStats.combined([row.stats for row in batch.rows]))
         self._report()
+
+    def _count_speculation(self, before: RequestStats, after: RequestStats) -> None:
+        """The cycle's speculative counters: the batch's pooled statistics after it minus before it."""
+        old = before.accepted_per_depth + [0] * (len(after.accepted_per_depth) - len(before.accepted_per_depth))
+        self.metrics.record_speculation(after.spec_cycles - before.spec_cycles, after.draft_tokens - before.draft_tokens,
+                                        after.accepted_tokens - before.accepted_tokens,
+                                        [a - b for a, b in zip(after.accepted_per_depth, old)])
 
     def _report(self) -> None:
         """Hand every request its new tokens, update the metrics, retire finished rows."""
@@ -199,11 +207,6 @@ class Scheduler:
                 req.last_at = now
                 req.sent = len(row.tokens)
                 m.labels(m.generation_tokens).inc(len(new))
-            st = row.stats
-            seen = req.seen
-            per_depth = [a - (seen[3][i] if i < len(seen[3]) else 0) for i, a in enumerate(st.accepted_per_depth)]
-            m.record_speculation(st.spec_cycles - seen[0], st.draft_tokens - seen[1], st.accepted_tokens - seen[2], per_depth)
-            req.seen = (st.spec_cycles, st.draft_tokens, st.accepted_tokens, tuple(st.accepted_per_depth))
             if row.finish is None:
                 if new:
                     req.deliver(Delta(new))
