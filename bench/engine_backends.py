@@ -23,11 +23,10 @@ from tqdm import tqdm
 from specdec_kit.bench.prompts import humaneval
 from specdec_kit.bench.report import save_figure, write_text_and_plot
 from specdec_kit.export.builder import build_engine
-from specdec_kit.export.cli import CPU_DEMO_TREE, CPU_MEDUSA_TREE
+from specdec_kit.export.cli import resolve_tree_dict
 from specdec_kit.export.inputs import BuildInputs, resolve_paths
 from specdec_kit.runtime.engine import open_engine
-from specdec_kit.runtime.loader import resolve_tree, set_threads
-from specdec_kit.runtime.trees import tree_to_dict
+from specdec_kit.runtime.loader import set_threads
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -46,14 +45,8 @@ def parse_args(argv):
 
 def engine_for(kind: str, backend: str, root: Path) -> Path:
     target, draft_path, tokenizer, demo = resolve_paths(kind, None, None, None)
-    if kind == "medusa":
-        tree = resolve_tree(kind, CPU_MEDUSA_TREE, None, None, None)
-    elif kind == "eagle":
-        tree = resolve_tree(kind, None, None, None, None)
-    else:
-        tree = resolve_tree(kind, None, CPU_DEMO_TREE["total_tokens"], CPU_DEMO_TREE["depth"], CPU_DEMO_TREE["top_k"])
     inputs = BuildInputs(draft=kind, target=target, draft_path=draft_path, tokenizer=tokenizer, backend=backend,
-                         dtype="float32", tree=tree_to_dict(tree), demo=demo)
+                         dtype="float32", tree=resolve_tree_dict(kind, backend, demo), demo=demo)
     return build_engine(inputs, root / f"{kind}-{backend}", device="cpu").path
 
 

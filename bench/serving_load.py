@@ -14,7 +14,6 @@ import argparse
 import json
 import platform
 import socket
-import statistics
 import subprocess
 import sys
 import threading

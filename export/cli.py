@@ -79,17 +79,19 @@ def resolve_dtype_name(backend: str, dtype: str, device) -> str:
     return name
 
 
-def resolve_tree_dict(args: argparse.Namespace, demo: bool) -> dict:
-    spec, total, depth, top_k = args.tree, args.total_tokens, args.depth, args.top_k
-    if spec is None and args.backend == "sglang":
+def resolve_tree_dict(draft: str, backend: str, demo: bool, spec: str | None = None, total: int | None = None,
+                      depth: int | None = None, top_k: int | None = None) -> dict:
+    """The tree an engine records: the options given, else the backend's and (for the demo zoo on the embedded
+    backends) the CPU-sized defaults."""
+    if spec is None and backend == "sglang":
         spec = "dynamic"  # SGLang drafts EAGLE-style dynamic trees only
-    if demo and spec is None and args.backend in ("onnxruntime", "torch"):
-        if args.draft == "medusa":
+    if demo and spec is None and backend in ("onnxruntime", "torch"):
+        if draft == "medusa":
             spec = CPU_MEDUSA_TREE
-        elif args.draft != "eagle":
+        elif draft != "eagle":
             total, depth, top_k = (total or CPU_DEMO_TREE["total_tokens"], CPU_DEMO_TREE["depth"] if depth is None else depth,
                                    top_k or CPU_DEMO_TREE["top_k"])
-    return tree_to_dict(resolve_tree(args.draft, spec, total, depth, top_k))
+    return tree_to_dict(resolve_tree(draft, spec, total, depth, top_k))
 
 
 def human(n: int) -> str:
@@ -151,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         target, draft_path, tokenizer, demo = resolve_paths(args.draft, args.target, args.draft_path, args.tokenizer)
         inputs = BuildInputs(
             draft=args.draft, target=target, draft_path=draft_path, tokenizer=tokenizer, backend=args.backend,
-            dtype=resolve_dtype_name(args.backend, args.dtype, device), tree=resolve_tree_dict(args, demo),
+            dtype=resolve_dtype_name(args.backend, args.dtype, device), tree=resolve_tree_dict(args.draft, args.backend, demo, args.tree, args.total_tokens, args.depth, args.top_k),
             tp=args.tp, pp=args.pp, demo=demo,
         )
         output = args.output or Path("engines") / f"{args.draft}-{args.backend}"

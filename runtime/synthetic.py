@@ -15,6 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralFo
 from specdec_kit.runtime.drafts.eagle import EagleDraft
 from specdec_kit.runtime.drafts.griffin import GriffinDraft
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
+from specdec_kit.runtime.drafts.moa import MoADraft
 from specdec_kit.runtime.target import TargetModel
 
 FAMILIES = {
@@ -146,9 +147,7 @@ def fitted_medusa(target: TargetModel, heads: int = 4) -> MedusaHeads:
     return medusa.eval()
 
 
-def random_moa(target: TargetModel, tli: int = 0, seed: int = 4) -> "MoADraft":
-    from specdec_kit.runtime.drafts.moa import MoADraft
-
+def random_moa(target: TargetModel, tli: int = 0, seed: int = 4) -> MoADraft:
     torch.manual_seed(seed)
     draft = MoADraft(draft_config(target), target.num_layers, 2 * target.num_kv_heads * target.head_dim, tli=tli)
     draft = draft.to(target.dtype)
@@ -157,7 +156,7 @@ def random_moa(target: TargetModel, tli: int = 0, seed: int = 4) -> "MoADraft":
 
 
 @torch.no_grad()
-def oracle_moa(target: TargetModel) -> "MoADraft":
+def oracle_moa(target: TargetModel) -> MoADraft:
     """TLI = L with every residual branch zeroed: o_hat is the token's embedding, and the target's own L
     layers (over its cache plus the draft-time entries) finish it, so the draft is the target itself. Tests
     the TLI machinery: greedy drafts must then be accepted in full."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from specdec_kit.runtime.drafting import FeatureDraftStep, FeatureTreeDrafter, NoDrafter
 from specdec_kit.runtime.generate import RequestStats, SpeculativeGenerator
