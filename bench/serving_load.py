@@ -25,7 +25,7 @@ import httpx
 from specdec_kit.bench.engine_backends import engine_for
 from specdec_kit.bench.prompts import humaneval
 from specdec_kit.bench.report import save_figure, write_text_and_plot
-from specdec_kit.loadtest.metrics import percentile
+from specdec_kit.loadtest.metrics import StreamMeter, percentile
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -68,26 +68,13 @@ def one_request(url: str, prompt: str, max_tokens: int) -> dict:
             "temperature": 0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
     start = time.perf_counter()
-    first, last, count, gaps = None, None, 0, []
+    meter = StreamMeter(start, max_tokens)  # the load test's own per-token metering
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as resp:
         resp.raise_for_status()
         for line in resp.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            usage = chunk.get("usage") or {}
-            done = usage.get("completion_tokens", count)
-            if done > count:
-                now = time.perf_counter()
-                if first is None:
-                    first = now
-                    new = done - count - 1
-                else:
-                    new = done - count
-                if new > 0 and last is not None:
-                    gaps += [(now - last) / new] * new
-                last, count = now, done
-    return {"ttft": first - start, "itl": gaps, "tokens": count, "e2e": time.perf_counter() - start}
+            meter.feed(line, time.perf_counter())
+    rec = meter.finish(time.perf_counter())
+    return {"ttft": rec.ttft, "itl": rec.itl, "tokens": rec.output_tokens, "e2e": rec.e2e}
 
 
 def run_level(url: str, prompts: list[str], clients: int, total: int, max_tokens: int) -> dict:

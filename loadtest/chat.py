@@ -120,7 +120,7 @@ class ChatUser(HttpUser):
             if opts.no_stream:
                 record = self._whole(resp, start, max_tokens)
             else:
-                meter = StreamMeter(start, max_tokens if not opts.no_ignore_eos else 0)
+                meter = StreamMeter(start, max_tokens)  # fewer tokens need a finish reason that explains them
                 for line in resp.iter_lines(decode_unicode=True):
                     meter.feed(line, time.perf_counter())
                 record = meter.finish(time.perf_counter())
@@ -138,7 +138,7 @@ class ChatUser(HttpUser):
 
     def _whole(self, resp, start: float, max_tokens: int) -> StreamRecord:
         end = time.perf_counter()
-        rec = StreamRecord(requested_tokens=max_tokens if not self.opts.no_ignore_eos else 0, e2e=end - start,
+        rec = StreamRecord(requested_tokens=max_tokens, e2e=end - start,
                            ttft=end - start, token_count_source="usage")
         try:
             data = resp.json()
