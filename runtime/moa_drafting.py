@@ -34,6 +34,20 @@ def moa_hidden(draft: MoADraft, tokens, positions, sa_mask, cache, slots, k_len:
     return draft.output(h)
 
 
+def verified_kv(cache: KVCache, counts: torch.Tensor, first_layer: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The committed K/V of each row's ``counts`` newest positions at layers ``first_layer``.. as
+    [B, W, layers, heads * 2 * head_dim] (per head: key then value), with their positions [B, W]
+    (W = the largest count; shorter rows are padded with repeats)."""
+    keys, values = cache.keys[first_layer:], cache.values[first_layer:]
+    layers, bsz, heads, _, dim = keys.shape
+    width = int(counts.max().item())
+    rel = torch.arange(width, device=counts.device)
+    pos = (cache.lengths[:, None] - counts[:, None] + rel[None, :]).clamp(min=0)  # [B, W]
+    idx = pos[None, :, None, :, None].expand(layers, bsz, heads, width, dim)
+    kv = torch.cat([torch.gather(keys, 3, idx), torch.gather(values, 3, idx)], dim=-1)  # [L, B, H, W, 2D]
+    return kv.permute(1, 3, 0, 2, 4).reshape(bsz, width, layers, heads * 2 * dim), pos
+
+
 class MoAStep:
     """The draft step ``FeatureTreeDrafter`` calls: tokens through SA and CA (and TLI) to logits."""
 
@@ -51,10 +65,13 @@ class MoAStep:
 
     def memory_update(self, kv: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """LSA over [B, W, L, kv_dim] target K/V at ``positions`` [B, W] -> CA memory keys/values [B, H, W, D]."""
-        d = self.draft
-        memory = d.lsa_memory(kv.to(self.dtype))
-        cos, sin = d.rotary_emb(memory, positions)
-        return d.ca.memory_kv(memory, cos, sin)
+        return self.project_memory(self.draft.lsa_memory(kv.to(self.dtype)), positions)
+
+    def project_memory(self, memory: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """LSA outputs [B, W, d] at ``positions`` -> CA memory keys/values (client-server drafting receives
+        the LSA outputs from the server and projects them here)."""
+        cos, sin = self.draft.rotary_emb(memory, positions)
+        return self.draft.ca.memory_kv(memory.to(self.dtype), cos, sin)
 
     def hidden(self, tokens, positions, pending_mask, cache: KVCache, offset: int) -> torch.Tensor:
         """SA over the token stream (cache + pending), then CA over all verified memory -> o_hat [B, Q, d]."""
@@ -106,23 +123,25 @@ class MoATreeDrafter(FeatureTreeDrafter):
 
     def _update_memory(self, counts: torch.Tensor) -> None:
         """LSA over the target K/V of each row's ``counts`` newest verified positions, into the CA memory."""
-        tc, mem = self.step.target_cache, self.step.memory
-        layers, bsz, heads, _, dim = tc.keys.shape
-        width = int(counts.max().item())
-        rel = torch.arange(width, device=counts.device)
-        pos = tc.lengths[:, None] - counts[:, None] + rel[None, :]  # [B, W]; past counts is padding
-        idx = pos.clamp(min=0)[None, :, None, :, None].expand(layers, bsz, heads, width, dim)
-        kv = torch.cat([torch.gather(tc.keys, 3, idx), torch.gather(tc.values, 3, idx)], dim=-1)  # [L, B, H, W, 2D]
-        kv = kv.permute(1, 3, 0, 2, 4).reshape(bsz, width, layers, heads * 2 * dim)
-        keys, values = self.step.memory_update(kv, pos.clamp(min=0))
+        kv, pos = verified_kv(self.step.target_cache, counts)
+        self.append_memory(*self.step.memory_update(kv, pos), counts)
+
+    def append_memory(self, keys: torch.Tensor, values: torch.Tensor, counts: torch.Tensor) -> None:
+        """Commit CA memory keys/values [B, H, W, D] of each row's ``counts`` newest verified positions."""
+        mem, width = self.step.memory, keys.shape[2]
         mem.ensure_capacity(int(mem.lengths.max().item()) + width)
         mem.write(0, keys, values, mem.slots(width))
-        mem.commit(rel.expand(bsz, width), counts)
+        mem.commit(torch.arange(width, device=counts.device).expand(len(counts), width), counts)
 
     @torch.inference_mode()
     def draft(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
-        step, cache = self.step, self.cache
         self._update_memory(counts)
+        return self.draft_from_memory(tokens, counts)
+
+    def draft_from_memory(self, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
+        """The tree from the context tokens once the CA memory holds every verified position (client-server
+        drafting fills the memory from the server's LSA outputs instead of the target's cache)."""
+        step, cache = self.step, self.cache
         bsz, q_len = tokens.shape
         ar = torch.arange(q_len, device=tokens.device)
         causal = (ar[None, :] <= ar[:, None]).expand(bsz, q_len, q_len)

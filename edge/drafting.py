@@ -1,0 +1,218 @@
+"""Client-side drafters: the runtime's tree drafters fed by activations that arrive over the network.
+
+Per verified position the server sends what the draft needs (``edge/activations.py``): EAGLE/HASS/GRIFFIN
+the target's last-layer feature; a Mixture-of-Attentions draft the LSA output (LSA reads all of the
+target's layers, so it runs next to them) and, for TLI = N, the K/V of the target's last N layers, which
+go into the client's tail cache (``edge/tail.py``). Each drafter also
+
+* steps alone (``offline_next``) when the server cannot be reached: EAGLE-style drafts feed their own
+  predicted features back, MoA drafts let the tail layers write predicted K/V and keep their CA memory at
+  the last verified position (the K-step bounded attention they were trained for);
+* rolls back (``mark`` / ``rollback``) to the last verified state when the offline guesses are verified
+  after the server returns, or when a verification call fails.
+
+The drafter keeps a pending context (verified activations paired with the tokens after them) that the
+next ``draft`` or ``offline_next`` consumes; ``absorb`` replaces it after a normal cycle and appends to it
+when it was never consumed (a rollback restored the state from before it was absorbed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specdec_kit.runtime.drafting import (DraftTree, Drafter, FeatureDraftStep, FeatureTreeDrafter, NoDrafter,
+                                          last_real)
+from specdec_kit.runtime.generate import append_context
+from specdec_kit.runtime.kv_cache import KVCache
+from specdec_kit.runtime.moa_drafting import MoAStep, MoATreeDrafter
+
+
+@dataclass
+class Context:
+    feats: torch.Tensor  # [1, W, d] (empty width for drafts without per-position features)
+    tokens: torch.Tensor  # [1, W]
+    counts: torch.Tensor  # [1]
+
+
+def _caches_of(drafter: Drafter) -> list[KVCache]:
+    caches = [getattr(drafter, "cache", None)]
+    step = getattr(drafter, "step", None)
+    caches += [getattr(step, "memory", None), getattr(step, "target_cache", None)]
+    return [c for c in caches if c is not None]
+
+
+class EdgeDrafter:
+    """Wraps a runtime ``Drafter`` (batch of one) for client-server drafting; see the module docstring."""
+
+    source = "features"  # which server activation source feeds this draft
+    can_draft_offline = True
+
+    def __init__(self, drafter: Drafter, device: torch.device, dtype: torch.dtype):
+        self.drafter, self.device, self.dtype = drafter, device, dtype
+        self.ctx: Context | None = None
+        self.consumed = True
+
+    # -- state -----------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def start(self, capacity: int) -> None:
+        self.drafter.reset(1, capacity)
+        self.ctx, self.consumed = None, True
+
+    def mark(self) -> tuple:
+        """The state to come back to: cache lengths plus the pending context."""
+        return [c.lengths.clone() for c in _caches_of(self.drafter)], self.ctx, self.consumed
+
+    def rollback(self, mark: tuple) -> None:
+        lengths, self.ctx, self.consumed = mark
+        for cache, n in zip(_caches_of(self.drafter), lengths):
+            cache.lengths = n.clone()
+
+    def _set_context(self, feats: torch.Tensor, tokens: list[int]) -> None:
+        tok = torch.tensor([tokens], dtype=torch.long, device=self.device)
+        counts = torch.tensor([len(tokens)], dtype=torch.long, device=self.device)
+        feats = feats.to(self.device, self.dtype)[None]
+        if self.consumed or self.ctx is None:
+            self.ctx = Context(feats, tok, counts)
+        else:
+            f, t, c = append_context(self.ctx.feats, self.ctx.tokens, self.ctx.counts, feats, tok, counts)
+            self.ctx = Context(f, t, c)
+        self.consumed = False
+
+    # -- per cycle -------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def absorb(self, activations: list[torch.Tensor], tokens: list[int]) -> None:
+        """Activations of newly verified positions ([A, width] each), paired with the A tokens after them."""
+        self._set_context(activations[0], tokens)
+
+    @torch.inference_mode()
+    def draft(self) -> DraftTree:
+        c = self.ctx
+        tree = self.drafter.draft(c.feats, c.tokens, c.counts)
+        self.consumed = True
+        return tree
+
+    @torch.inference_mode()
+    def offline_next(self) -> int:
+        """One token from the draft alone (its greedy choice), its own prediction becoming the next context."""
+        step: FeatureDraftStep = self.drafter.step
+        cache, c = self.drafter.cache, self.ctx
+        q_len = c.tokens.shape[1]
+        ar = torch.arange(q_len, device=self.device)
+        causal = (ar[None, :] <= ar[:, None])[None]
+        logits, reg = step(c.feats, c.tokens, cache.lengths[:, None] + ar[None, :], causal, cache,
+                           logits_at=(c.counts - 1)[:, None])
+        cache.commit(ar[None, :], c.counts)
+        token = int(logits[0, 0].argmax())
+        self.consumed = True
+        self._set_context(last_real(reg, c.counts), [token])
+        return token
+
+
+class EdgePlain(EdgeDrafter):
+    """No draft: every call verifies the root alone (a remote API's one call per token)."""
+
+    source = "none"
+    can_draft_offline = False
+
+    def __init__(self, device: torch.device):
+        super().__init__(NoDrafter(), device, torch.float32)
+
+    @torch.inference_mode()
+    def absorb(self, activations: list[torch.Tensor], tokens: list[int]) -> None:
+        self._set_context(torch.zeros(len(tokens), 0), tokens)
+
+    def offline_next(self) -> int:
+        raise RuntimeError("plain decoding has no draft to continue from")
+
+
+class EdgeMoA(EdgeDrafter):
+    """A Mixture-of-Attentions draft over a client tail of the target's last TLI layers."""
+
+    def __init__(self, drafter: MoATreeDrafter, tail, source: str):
+        super().__init__(drafter, tail.device, drafter.step.dtype)
+        self.tail, self.source = tail, source
+        self.tli = drafter.step.draft.tli
+        self.tail_cache: KVCache | None = None
+
+    @torch.inference_mode()
+    def start(self, capacity: int) -> None:
+        super().start(capacity)
+        self.tail_cache = self.tail.new_cache(1, capacity)
+        self.drafter.bind(self.tail_cache)
+
+    @torch.inference_mode()
+    def absorb(self, activations: list[torch.Tensor], tokens: list[int]) -> None:
+        """LSA outputs (and the tail layers' K/V) of the verified positions: into the tail cache and the CA
+        memory now, the tokens into the pending context."""
+        count = torch.tensor([len(tokens)], dtype=torch.long, device=self.device)
+        if self.tli:
+            kv = activations[1].to(self.device, self.tail.dtype)  # [A, N * H * 2D]
+            tc = self.tail_cache
+            _, _, heads, _, dim = tc.keys.shape
+            kv = kv.view(len(tokens), self.tli, heads, 2 * dim).permute(1, 2, 0, 3)[:, None]  # [N, 1, H, A, 2D]
+            tc.ensure_capacity(int(tc.lengths.max()) + len(tokens))
+            tc.write_all(kv[..., :dim], kv[..., dim:], tc.slots(len(tokens)))
+            tc.commit(torch.arange(len(tokens), device=self.device)[None], count)
+        else:
+            self.tail_cache.lengths += count  # positions only: a tail of no layers keeps no K/V
+        step: MoAStep = self.drafter.step
+        pos = self.tail_cache.lengths[:, None] - count[:, None] + torch.arange(len(tokens), device=self.device)[None]
+        keys, values = step.project_memory(activations[0].to(self.device, step.dtype)[None], pos)
+        self.drafter.append_memory(keys, values, count)
+        self._set_context(torch.zeros(len(tokens), 0), tokens)
+
+    @torch.inference_mode()
+    def draft(self) -> DraftTree:
+        c, drafter = self.ctx, self.drafter
+        tree = MoATreeDrafter.draft_from_memory(drafter, c.tokens, c.counts)
+        self.consumed = True
+        return tree
+
+    @torch.inference_mode()
+    def offline_next(self) -> int:
+        """SA over the pending tokens, CA over the verified memory, the tail layers at the root's position
+        (their K/V stay in the tail cache as the best available guess of the target's), greedy token."""
+        step: MoAStep = self.drafter.step
+        cache, c = self.drafter.cache, self.ctx
+        q_len = c.tokens.shape[1]
+        ar = torch.arange(q_len, device=self.device)
+        causal = (ar[None, :] <= ar[:, None])[None]
+        o_hat = step.hidden(c.tokens, cache.lengths[:, None] + ar[None, :], causal, cache, 0)
+        cache.commit(ar[None, :], c.counts)
+        root_o = last_real(o_hat, c.counts)[:, None]
+        alone = torch.ones(1, 1, 1, dtype=torch.bool, device=self.device)
+        logits = step.logits(root_o, self.tail_cache.lengths[:, None], alone, 0)
+        self.tail_cache.commit(torch.zeros(1, 1, dtype=torch.long, device=self.device),
+                               torch.ones(1, dtype=torch.long, device=self.device))
+        token = int(logits[0, 0].argmax())
+        self.consumed = True
+        self._set_context(torch.zeros(1, 0), [token])
+        return token
+
+
+def make_edge_drafter(kind: str, target_path, draft_path, tree, dtype=None, device=None,
+                      source: str | None = None) -> EdgeDrafter:
+    """The client's drafter from checkpoints on the client: the draft head plus the target's tail."""
+    from specdec_kit.edge.tail import load_target_tail
+    from specdec_kit.runtime.device import resolve_device
+    from specdec_kit.runtime.drafts.loading import load_draft, read_config
+    from transformers import AutoConfig
+
+    if kind == "none":
+        return EdgePlain(resolve_device(device))
+    draft_path = Path(draft_path)
+    config = AutoConfig.from_pretrained(target_path)
+    kv_dim = 2 * (getattr(config, "num_key_value_heads", None) or config.num_attention_heads) * (
+        getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+    tli = int(read_config(draft_path).get("moa_tli", 0)) if kind == "moa" else 0
+    tail = load_target_tail(target_path, tli, dtype=dtype, device=device)
+    module = load_draft(draft_path, kind, config.hidden_size, config.vocab_size, dtype=tail.dtype, device=tail.device,
+                        target_shape=(config.num_hidden_layers, kv_dim))
+    if kind == "moa":
+        return EdgeMoA(MoATreeDrafter(MoAStep(module, tail), tree), tail, source or "moa")
+    if kind == "medusa":
+        raise ValueError("Medusa heads are not offered for client-server drafting (use an EAGLE-style or MoA draft)")
+    return EdgeDrafter(FeatureTreeDrafter(FeatureDraftStep(module, tail.lm_head), tree), tail.device, tail.dtype)

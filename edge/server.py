@@ -1,0 +1,292 @@
+"""The verification server of client-server drafting: the target and its KV cache per session.
+
+A client opens a session with its prompt and sampling settings, then sends draft trees; the server runs
+each tree through the target, verifies it (greedy or lossless sampling with the session's own seeded
+generator, ``runtime/verify.py``), commits the accepted path and answers with the accepted node indices,
+the next token and the activations the client's draft needs (``edge/activations.py``). Sessions outlive
+connections (a client that lost its network resumes with the same session id) and expire after
+``session_ttl`` idle seconds. Bad frames get an ERROR frame that names the problem; the connection and
+the server go on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+import socketserver
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from specdec_kit.edge import protocol as P
+from specdec_kit.edge.activations import ActivationSource, FeatureSource, MoASource, weights_digest
+from specdec_kit.runtime.drafting import DraftTree
+from specdec_kit.runtime.kv_cache import KVCache
+from specdec_kit.runtime.sampling import SamplingParams, sample, target_probs
+from specdec_kit.runtime.target import TargetModel
+from specdec_kit.runtime.trees import buffers_from_parents
+from specdec_kit.runtime.verify import verify_batch
+
+log = logging.getLogger("specdec.edge.server")
+
+
+class EdgeError(Exception):
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Session:
+    cache: KVCache
+    params: SamplingParams
+    generator: torch.Generator | None
+    source: str
+    act_dtype: str
+    root: int
+    last_used: float = field(default_factory=time.monotonic)
+
+
+class EdgeVerifier:
+    """OPEN / VERIFY / CLOSE on a target; transport-free so tests and the network layer share it."""
+
+    def __init__(self, target: TargetModel, sources: dict[str, ActivationSource] | None = None,
+                 max_tree_nodes: int = 1024, session_ttl: float = 600.0, max_sessions: int = 64):
+        self.target = target
+        self.sources = {"none": ActivationSource(), "features": FeatureSource(target.hidden_size), **(sources or {})}
+        self.max_tree_nodes, self.session_ttl, self.max_sessions = max_tree_nodes, session_ttl, max_sessions
+        self.sessions: dict[int, Session] = {}
+        self._next_id = int(time.time() * 1000) << 8  # ids stay unique across server restarts
+        self.lock = threading.Lock()
+
+    def hello(self) -> P.Hello:
+        t = self.target
+        return P.Hello(P.VERSION, {
+            "vocab_size": t.vocab_size, "eos_token_ids": t.eos_token_ids(), "num_layers": t.num_layers,
+            "hidden_size": t.hidden_size, "max_context": t.max_context, "max_tree_nodes": self.max_tree_nodes,
+            "sources": {name: s.describe() for name, s in self.sources.items()},
+        })
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for sid in [s for s, v in self.sessions.items() if now - v.last_used > self.session_ttl]:
+            del self.sessions[sid]
+
+    def _check_tokens(self, tokens: list[int], what: str) -> None:
+        bad = [t for t in tokens if t >= self.target.vocab_size]
+        if bad:
+            raise EdgeError(P.E_BAD_REQUEST, f"{what}: token id {bad[0]} is outside the vocabulary of {self.target.vocab_size}")
+
+    @torch.inference_mode()
+    def open(self, msg: P.Open) -> P.Opened:
+        self._expire()
+        if msg.source not in self.sources:
+            raise EdgeError(P.E_BAD_REQUEST, f"OPEN: activation source {msg.source!r} is not served here; "
+                                             f"expected one of {sorted(self.sources)}")
+        if len(self.sessions) >= self.max_sessions:
+            raise EdgeError(P.E_TOO_LARGE, f"OPEN: {self.max_sessions} sessions are open; close one or retry later")
+        need = 2 if msg.resume else 1
+        if len(msg.tokens) < need:
+            raise EdgeError(P.E_BAD_REQUEST, f"OPEN: {len(msg.tokens)} tokens; {'a resume needs the prompt and the root' if msg.resume else 'the prompt is empty'}")
+        self._check_tokens(msg.tokens, "OPEN")
+        try:
+            params = SamplingParams(msg.temperature, msg.top_k, msg.top_p, msg.seed)
+        except ValueError as exc:
+            raise EdgeError(P.E_BAD_REQUEST, f"OPEN: {exc}") from exc
+        prefix = msg.tokens[:-1] if msg.resume else msg.tokens
+        t = self.target
+        if len(prefix) + msg.max_new_tokens + 1 > t.max_context:
+            raise EdgeError(P.E_TOO_LARGE, f"OPEN: {len(prefix)} tokens + {msg.max_new_tokens} new exceed the target's context of {t.max_context}")
+        gen = None
+        if not params.greedy:
+            gen = torch.Generator(device="cpu")
+            gen.manual_seed(params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item()))
+        cache = t.new_cache(1, len(prefix) + msg.max_new_tokens + 64)
+        n = len(prefix)
+        ids = torch.tensor([prefix], dtype=torch.long, device=t.device)
+        ar = torch.arange(n, device=t.device)
+        out = t(ids, ar[None], (ar[None, :] <= ar[:, None])[None], cache, logits_at=torch.tensor([[n - 1]], device=t.device))
+        cache.commit(ar[None], torch.tensor([n], device=t.device))
+        if msg.resume:
+            root, first = msg.tokens[-1], None
+        else:
+            logits = out.logits[0, 0]
+            root = int(logits.argmax()) if params.greedy else sample(target_probs(logits, params), gen)
+            first = root
+        sid = self._next_id
+        self._next_id += 1
+        self.sessions[sid] = Session(cache, params, gen, msg.source, msg.act_dtype, root)
+        acts = self.sources[msg.source](out.features[0], cache, n)
+        return P.Opened(sid, first, acts)
+
+    def _session(self, sid: int, what: str) -> Session:
+        s = self.sessions.get(sid)
+        if s is None:
+            raise EdgeError(P.E_UNKNOWN_SESSION, f"{what}: unknown session {sid} (expired, closed or from before a restart)")
+        s.last_used = time.monotonic()
+        return s
+
+    @torch.inference_mode()
+    def verify(self, msg: P.Verify) -> tuple[P.Verified, str]:
+        s = self._session(msg.session, "VERIFY")
+        n = len(msg.tokens)
+        if n == 0 or n > self.max_tree_nodes:
+            raise EdgeError(P.E_TOO_LARGE, f"VERIFY: a tree of {n} nodes; expected 1..{self.max_tree_nodes}")
+        self._check_tokens(msg.tokens, "VERIFY")
+        if msg.tokens[0] != s.root:
+            raise EdgeError(P.E_BAD_REQUEST, f"VERIFY: the root token is {msg.tokens[0]}, expected the last verified token {s.root}")
+        try:
+            buffers = buffers_from_parents(msg.parents)
+        except ValueError as exc:
+            raise EdgeError(P.E_BAD_REQUEST, f"VERIFY: bad tree parents ({exc})") from exc
+        t = self.target
+        length = int(s.cache.lengths[0])
+        if length + buffers.max_depth + 2 > t.max_context:
+            raise EdgeError(P.E_TOO_LARGE, f"VERIFY: the sequence would pass the target's context of {t.max_context}")
+        dev = t.device
+        tokens = torch.tensor([msg.tokens], dtype=torch.long, device=dev)
+        parents = buffers.parents.to(dev)[None]
+        tree = DraftTree(tokens, parents, torch.ones_like(tokens, dtype=torch.bool), buffers.tree_mask.to(dev)[None],
+                         buffers.position_offsets.to(dev)[None])
+        out = t(tree.tokens, s.cache.lengths[:, None] + tree.depth, tree.tree_mask, s.cache)
+        verdict = verify_batch(tree.tokens, tree.parents, tree.valid, tree.depth, tree.tree_mask, out.logits,
+                               [s.params], [s.generator])
+        s.cache.commit(verdict.path, verdict.counts)
+        count = int(verdict.counts[0])
+        path = verdict.path[0, :count]
+        s.root = int(verdict.next_tokens[0])
+        acts = self.sources[s.source](out.features[0, path], s.cache, count)
+        return P.Verified(path[1:].tolist(), s.root, acts), s.act_dtype
+
+    def close(self, msg: P.Close) -> None:
+        self.sessions.pop(msg.session, None)
+
+    def handle(self, kind: int, body: bytes) -> bytes | None:
+        """One request frame's body -> the reply frame (None for CLOSE); errors become ERROR frames."""
+        try:
+            msg = P.decode(kind, body)
+            with self.lock:
+                if kind == P.OPEN:
+                    opened = self.open(msg)
+                    return P.frame(P.OPENED, opened.encode(msg.act_dtype))
+                if kind == P.VERIFY:
+                    verified, act_dtype = self.verify(msg)
+                    return P.frame(P.VERIFIED, verified.encode(act_dtype))
+                if kind == P.CLOSE:
+                    self.close(msg)
+                    return None
+            raise EdgeError(P.E_BAD_REQUEST, f"{P.MESSAGE_NAMES.get(kind, kind)} is not a request a client sends")
+        except P.ProtocolError as exc:
+            return P.frame(P.ERROR, P.Error(P.E_BAD_REQUEST, str(exc)).encode())
+        except EdgeError as exc:
+            return P.frame(P.ERROR, P.Error(exc.code, str(exc)).encode())
+        except Exception as exc:  # a bug must not take the server down: report it, keep serving
+            log.exception("request failed")
+            return P.frame(P.ERROR, P.Error(P.E_INTERNAL, f"internal error: {type(exc).__name__}: {exc}").encode())
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        verifier: EdgeVerifier = self.server.verifier  # type: ignore[attr-defined]
+        sock: socket.socket = self.request
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            sock.sendall(P.frame(P.HELLO, verifier.hello().encode()))
+            while True:
+                try:
+                    kind, body, _ = P.recv_frame(sock)
+                except P.ProtocolError as exc:  # the framing itself is broken: say why, then hang up
+                    sock.sendall(P.frame(P.ERROR, P.Error(P.E_BAD_REQUEST, str(exc)).encode()))
+                    return
+                reply = verifier.handle(kind, body)
+                if reply is not None:
+                    sock.sendall(reply)
+        except (P.ConnectionLost, OSError):
+            return
+
+
+class EdgeServer(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, verifier: EdgeVerifier, host: str = "127.0.0.1", port: int = 0):
+        self.verifier = verifier
+        super().__init__((host, port), _Handler)
+
+    @property
+    def port(self) -> int:
+        return self.server_address[1]
+
+    def start_background(self) -> threading.Thread:
+        thread = threading.Thread(target=self.serve_forever, name="edge-server", daemon=True)
+        thread.start()
+        return thread
+
+
+def load_sources(target: TargetModel, heads: list[str]) -> dict[str, ActivationSource]:
+    """``NAME=PATH`` per Mixture-of-Attentions head whose LSA this server runs."""
+    from specdec_kit.runtime.drafts.loading import load_draft
+
+    sources: dict[str, ActivationSource] = {}
+    shape = (target.num_layers, 2 * target.num_kv_heads * target.head_dim)
+    for spec in heads:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--moa-head {spec!r}: expected NAME=PATH (e.g. moa=zoo/moa)")
+        if name in ("none", "features"):
+            raise ValueError(f"--moa-head {spec!r}: the name {name!r} is reserved")
+        draft = load_draft(Path(path), "moa", target.hidden_size, target.vocab_size, dtype=target.dtype,
+                           device=target.device, target_shape=shape)
+        sources[name] = MoASource(draft, weights_digest(path))
+    return sources
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="specdec-edge-server",
+        description="Verification server for client-server drafting: holds the target; clients draft on their "
+                    "own device and send draft trees (binary protocol, edge/protocol.py).",
+        epilog="Example: specdec-edge-server --target zoo/target --moa-head moa=zoo/moa --moa-head moa_tli0=zoo/moa_tli0 --port 7433",
+    )
+    p.add_argument("--target", type=Path, required=True, help="Hugging Face checkpoint directory of the target")
+    p.add_argument("--moa-head", action="append", default=[], metavar="NAME=PATH",
+                   help="a Mixture-of-Attentions head whose LSA runs here (repeatable); EAGLE-style drafts need none")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=7433)
+    p.add_argument("--dtype", default=None, help="float32 | float16 | bfloat16 (default: float32 on CPU)")
+    p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda when present)")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads on CPU")
+    p.add_argument("--max-tree-nodes", type=int, default=1024, help="largest tree (or offline chain) one call may verify")
+    p.add_argument("--session-ttl", type=float, default=600.0, help="seconds an idle session is kept for a returning client")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        target = TargetModel.from_pretrained(args.target, dtype=args.dtype, device=args.device)
+        sources = load_sources(target, args.moa_head)
+    except ValueError as exc:
+        print(f"error: {exc}", flush=True)
+        return 2
+    verifier = EdgeVerifier(target, sources, max_tree_nodes=args.max_tree_nodes, session_ttl=args.session_ttl)
+    server = EdgeServer(verifier, args.host, args.port)
+    print(f"specdec-edge-server listening on {args.host}:{server.port} (sources: {', '.join(verifier.sources)})", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
