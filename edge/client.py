@@ -44,6 +44,7 @@ class EdgeStats:
     calls: int = 0  # request frames sent (OPEN, VERIFY; failed attempts included)
     bytes_up: int = 0  # frame bytes sent, headers included
     bytes_down: int = 0  # frame bytes received (HELLO included)
+    prompt_bytes_down: int = 0  # of which HELLO and OPENED (the prompt's activations): paid once per request
     cycles: int = 0  # online draft-verify cycles
     draft_tokens: int = 0
     accepted: int = 0  # accepted draft tokens over online cycles
@@ -167,8 +168,17 @@ class EdgeClient:
         self.conn = conn
 
     def _call(self, kind: int, body: bytes, stats: EdgeStats):
-        if self.conn is None or self.conn.sock is None:
+        """One request; a kept-alive connection that turns out dead is replaced once (calls are repeatable)."""
+        fresh = self.conn is None or self.conn.sock is None
+        if fresh:
             self._connect(stats)
+        try:
+            return self.conn.call(kind, body, stats)
+        except Offline:
+            self.conn = None
+            if fresh:
+                raise
+        self._connect(stats)
         try:
             return self.conn.call(kind, body, stats)
         except Offline:
@@ -219,12 +229,18 @@ class _Run:
         return len(total) >= self.max_new or (not self.ignore_eos and bool(self.unverified) and self.unverified[-1] in self.eos)
 
     # -- server calls --------------------------------------------------------------------------
+    def _base(self) -> int:
+        """The root's position: the server's committed length as this client knows it."""
+        return len(self.prompt) + len(self.verified) - 1
+
     def _open(self, resume: bool) -> None:
         tokens = self.prompt + self.verified if resume else self.prompt
         s = self.sampling
         msg = P.Open(self.c.drafter.source, tokens, self.max_new, s.temperature, s.top_k, s.top_p, s.seed, resume,
                      self.c.act_dtype)
+        before = self.stats.bytes_down
         opened: P.Opened = self.c._call(P.OPEN, msg.encode(), self.stats)
+        self.stats.prompt_bytes_down += self.stats.bytes_down - before
         self.eos = set(self.c.conn.hello.info.get("eos_token_ids", []))
         self.session = opened.session
         self.c.drafter.start(len(self.prompt) + self.max_new + self.c.conn.hello.info.get("max_tree_nodes", 64) + 8)
@@ -238,13 +254,13 @@ class _Run:
         """One VERIFY call; if the server lost the session (a restart or expiry), first a new session with
         everything verified so far (the draft state is rebuilt from it and ``resync_mark`` points there)."""
         try:
-            return self.c._call(P.VERIFY, P.Verify(self.session, tokens, parents).encode(), self.stats)
+            return self.c._call(P.VERIFY, P.Verify(self.session, tokens, parents, self._base()).encode(), self.stats)
         except ServerRefused as exc:
             if exc.code != P.E_UNKNOWN_SESSION:
                 raise
         self._open(resume=True)
         self.resync_mark = self.c.drafter.mark()
-        return self.c._call(P.VERIFY, P.Verify(self.session, tokens, parents).encode(), self.stats)
+        return self.c._call(P.VERIFY, P.Verify(self.session, tokens, parents, self._base()).encode(), self.stats)
 
     def _cycle(self) -> None:
         d = self.c.drafter

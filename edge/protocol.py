@@ -5,8 +5,8 @@ Frame: ``u32 length`` (of what follows) ``u8 type`` then the message body. Token
 width byte (2 for vocabularies up to 65,536, else 4); tree parents (as ``parent + 1``) and accepted node indices take one
 byte each below 256, else two. Activations travel as float16 (default), bfloat16, float32, or
 int8 with one float16 scale per row (symmetric absmax), each array as ``u8 dtype, u32 rows, u32 cols``
-then the data. A verification round trip of an 8-node tree with 3 accepted tokens of 192-wide float16
-features is about 40 bytes up and 1.2 KB down (what ``bench/client_server.py`` reports per token).
+then the data. A 12-node tree goes up in 59 bytes; with 3 accepted tokens of 192-wide float16 features
+about 1.2 KB come back (``bench/client_server.py`` reports bytes per token).
 
 Messages (client -> server): OPEN, VERIFY, CLOSE; (server -> client): HELLO (on connect), OPENED,
 VERIFIED, ERROR. Every decode error raises ``ProtocolError`` naming the message and the field.
@@ -227,25 +227,29 @@ class Opened:
 
 @dataclass
 class Verify:
-    """A draft tree: ``tokens[0]`` is the root (the last verified token), ``parents[0] == -1``."""
+    """A draft tree: ``tokens[0]`` is the root (the last verified token), ``parents[0] == -1``. ``base`` is
+    the root's position (the client's verified length): a server that committed a verification whose
+    answer never arrived rolls back to it, so a repeated call is safe."""
 
     session: int
     tokens: list[int]
     parents: list[int]
+    base: int = 0
 
     def encode(self) -> bytes:
         if len(self.tokens) != len(self.parents):
             raise ProtocolError(f"VERIFY: {len(self.tokens)} tokens but {len(self.parents)} parents")
-        return struct.pack("<Q", self.session) + pack_tokens(self.tokens) + pack_small([p + 1 for p in self.parents])
+        return (struct.pack("<QI", self.session, self.base) + pack_tokens(self.tokens)
+                + pack_small([p + 1 for p in self.parents]))
 
     @classmethod
     def decode(cls, body: bytes) -> "Verify":
         r = Reader(body, "VERIFY")
-        (session,) = r.unpack("Q", "session")
+        session, base = r.unpack("QI", "session")
         tokens = read_tokens(r, "tokens")
         parents = [p - 1 for p in read_small(r, len(tokens), "parents")]
         r.end()
-        return cls(session, tokens, parents)
+        return cls(session, tokens, parents, base)
 
 
 @dataclass

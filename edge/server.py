@@ -48,6 +48,7 @@ class Session:
     source: str
     act_dtype: str
     root: int
+    history: list[int] = field(default_factory=list)  # the committed tokens (prompt + accepted), position by position
     last_used: float = field(default_factory=time.monotonic)
 
 
@@ -119,7 +120,7 @@ class EdgeVerifier:
             first = root
         sid = self._next_id
         self._next_id += 1
-        self.sessions[sid] = Session(cache, params, gen, msg.source, msg.act_dtype, root)
+        self.sessions[sid] = Session(cache, params, gen, msg.source, msg.act_dtype, root, list(prefix))
         acts = self.sources[msg.source](out.features[0], cache, n)
         return P.Opened(sid, first, acts)
 
@@ -137,6 +138,14 @@ class EdgeVerifier:
         if n == 0 or n > self.max_tree_nodes:
             raise EdgeError(P.E_TOO_LARGE, f"VERIFY: a tree of {n} nodes; expected 1..{self.max_tree_nodes}")
         self._check_tokens(msg.tokens, "VERIFY")
+        length = len(s.history)
+        if msg.base < length and msg.base >= 1 and s.history[msg.base] == msg.tokens[0]:
+            # an earlier answer was lost on the way: forget what the client never saw
+            s.cache.lengths.fill_(msg.base)
+            del s.history[msg.base:]
+            s.root = msg.tokens[0]
+        elif msg.base != length:
+            raise EdgeError(P.E_BAD_REQUEST, f"VERIFY: base position {msg.base}, but the session has {length} committed tokens")
         if msg.tokens[0] != s.root:
             raise EdgeError(P.E_BAD_REQUEST, f"VERIFY: the root token is {msg.tokens[0]}, expected the last verified token {s.root}")
         try:
@@ -144,7 +153,6 @@ class EdgeVerifier:
         except ValueError as exc:
             raise EdgeError(P.E_BAD_REQUEST, f"VERIFY: bad tree parents ({exc})") from exc
         t = self.target
-        length = int(s.cache.lengths[0])
         if length + buffers.max_depth + 2 > t.max_context:
             raise EdgeError(P.E_TOO_LARGE, f"VERIFY: the sequence would pass the target's context of {t.max_context}")
         dev = t.device
@@ -158,6 +166,7 @@ class EdgeVerifier:
         s.cache.commit(verdict.path, verdict.counts)
         count = int(verdict.counts[0])
         path = verdict.path[0, :count]
+        s.history += [msg.tokens[i] for i in path.tolist()]
         s.root = int(verdict.next_tokens[0])
         acts = self.sources[s.source](out.features[0, path], s.cache, count)
         return P.Verified(path[1:].tolist(), s.root, acts), s.act_dtype

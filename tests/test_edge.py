@@ -7,6 +7,7 @@ mismatched heads, and a real network path (namespace + veth + kernel rate limit)
 
 from __future__ import annotations
 
+import json
 import socket
 import struct
 import subprocess
@@ -223,16 +224,17 @@ def _raw_call(port: int, data: bytes):
 
 def test_bad_requests_get_errors_and_the_server_keeps_serving(edge_setup):
     port, case = edge_setup["port"], edge_setup["case"]
-    opened = _raw_call(port, P.frame(P.OPEN, P.Open("moa", case.prompts[0], 8).encode()))
-    sid = opened.session
+    prompt = case.prompts[0]
+    opened = _raw_call(port, P.frame(P.OPEN, P.Open("moa", prompt, 8).encode()))
+    sid, root, base = opened.session, opened.first_token, len(case.prompts[0])
     cases = {
         P.frame(42, b""): "unknown message type 42",
-        P.frame(P.VERIFY, struct.pack("<Q", sid) + b"\x02"): "VERIFY: truncated at field 'tokens'",
-        P.frame(P.VERIFY, P.Verify(sid + 999, [1], [-1]).encode()): "unknown session",
-        P.frame(P.VERIFY, P.Verify(sid, [opened.first_token + 1 if opened.first_token < 5 else 1], [-1]).encode()):
-            "root token is",
-        P.frame(P.VERIFY, P.Verify(sid, [opened.first_token, 500], [-1, 0]).encode()): "outside the vocabulary of 80",
-        P.frame(P.VERIFY, P.Verify(sid, [opened.first_token, 3, 4], [-1, 2, 0]).encode()): "bad tree parents",
+        P.frame(P.VERIFY, struct.pack("<QI", sid, base) + b"\x02"): "VERIFY: truncated at field 'tokens'",
+        P.frame(P.VERIFY, P.Verify(sid + 999, [1], [-1], base).encode()): "unknown session",
+        P.frame(P.VERIFY, P.Verify(sid, [root + 1 if root < 5 else 1], [-1], base).encode()): "root token is",
+        P.frame(P.VERIFY, P.Verify(sid, [root], [-1], base + 3).encode()): "base position",
+        P.frame(P.VERIFY, P.Verify(sid, [root, 500], [-1, 0], base).encode()): "outside the vocabulary of 80",
+        P.frame(P.VERIFY, P.Verify(sid, [root, 3, 4], [-1, 2, 0], base).encode()): "bad tree parents",
         P.frame(P.OPEN, P.Open("medusa", [1, 2], 8).encode()): "activation source 'medusa' is not served",
         P.frame(P.OPEN, P.Open("none", [1, 2], 10**6).encode()): "exceed the target's context",
     }
@@ -246,6 +248,11 @@ def test_bad_requests_get_errors_and_the_server_keeps_serving(edge_setup):
         assert kind == P.ERROR and "frame length" in P.Error.decode(body).message
     result = client_for(edge_setup, "moa").generate(case.prompts[0], 8)  # still serving
     assert result.tokens == case.references[0][:8]
+    # a VERIFY repeated because its answer was lost: the server rolls back and answers it again
+    chain = P.Verify(sid, [root] + case.references[0][1:4], [-1, 0, 1, 2], base)
+    first, again = (_raw_call(port, P.frame(P.VERIFY, chain.encode())) for _ in range(2))
+    assert isinstance(again, P.Verified) and (again.accepted, again.next_token) == (first.accepted, first.next_token)
+    assert again.accepted == [1, 2, 3] and again.next_token == case.references[0][4]
 
 
 def test_client_refuses_a_server_with_another_head(edge_setup, tmp_path):
@@ -267,13 +274,13 @@ def test_protocol_round_trips_and_names_what_is_wrong():
         assert msg.accepted == [1, 4, 300] and msg.next_token == 70_000
         err = ((msg.activations[0] - x).abs() / x.abs().amax(dim=1, keepdim=True)).max()
         assert err <= tol, (dtype, float(err))
-    v = P.Verify.decode(P.Verify(7, [5, 6, 7], [-1, 0, 1]).encode())
-    assert (v.session, v.tokens, v.parents) == (7, [5, 6, 7], [-1, 0, 1])
+    v = P.Verify.decode(P.Verify(7, [5, 6, 7], [-1, 0, 1], 99).encode())
+    assert (v.session, v.tokens, v.parents, v.base) == (7, [5, 6, 7], [-1, 0, 1], 99)
     o = P.Open.decode(P.Open("moa", [1, 2], 16, 0.7, 5, 0.9, 123, True, "int8").encode())
     assert (o.source, o.tokens, o.seed, o.resume, o.act_dtype, o.top_k) == ("moa", [1, 2], 123, True, "int8", 5)
     assert P.Open.decode(P.Open("x", [1], 4).encode()).seed is None
-    # a tree of 8 nodes with 16-bit tokens: 8 (session) + 5 + 16 (tokens) + 1 + 8 (parents) + 5 (frame)
-    assert len(P.frame(P.VERIFY, P.Verify(1, list(range(8)), [-1] + list(range(7))).encode())) == 43
+    # a tree of 8 nodes with 16-bit tokens: 12 (session, base) + 5 + 16 (tokens) + 1 + 8 (parents) + 5 (frame)
+    assert len(P.frame(P.VERIFY, P.Verify(1, list(range(8)), [-1] + list(range(7))).encode())) == 47
     with pytest.raises(P.ProtocolError, match="OPENED: truncated at field 'activation 0'"):
         P.Opened.decode(P.Opened(1, 2, [x]).encode("float16")[:-3])
     with pytest.raises(P.ProtocolError, match="trailing bytes"):
@@ -327,3 +334,42 @@ def test_real_network_path_with_kernel_rate_limit(edge_setup):
             server.wait(timeout=10)
     assert result.tokens == case.references[0][:NEW]
     assert sent > result.stats.bytes_up and received > result.stats.bytes_down  # TCP/IP headers and ACKs on top
+
+
+def test_generate_cli_prints_verified_text(demo_checkpoints):
+    from specdec_kit.runtime.loader import load_tokenizer
+    from specdec_kit.runtime.target import TargetModel
+
+    target = TargetModel.from_pretrained(demo_checkpoints["target"])
+    server = EdgeServer(EdgeVerifier(target))
+    server.start_background()
+    try:
+        out = subprocess.run([sys.executable, "-m", "specdec_kit.edge.cli", "--server", f"127.0.0.1:{server.port}",
+                              "--target", str(demo_checkpoints["target"]), "--draft", "griffin", "--draft-path",
+                              str(demo_checkpoints["griffin"]), "--prompt", "Hello, world", "--max-new-tokens", "24",
+                              "--json"], capture_output=True, text=True, timeout=120)
+        bad = subprocess.run([sys.executable, "-m", "specdec_kit.edge.cli", "--server", "nohost", "--target",
+                              str(demo_checkpoints["target"]), "--prompt", "x"], capture_output=True, text=True, timeout=60)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert out.returncode == 0, out.stderr
+    record = json.loads(out.stdout)
+    tok = load_tokenizer(demo_checkpoints["target"])
+    ids = tok("Hello, world")["input_ids"]
+    expected = SpeculativeGenerator(target).generate([ids], 24)[0].tokens
+    assert record["verified_text"] == tok.decode(expected) and record["unverified_text"] == ""
+    assert record["stats"]["verified"] == 24 and record["stats"]["server_calls"] < 24
+    assert bad.returncode == 2 and "expected HOST:PORT" in bad.stderr
+
+
+def test_benchmark_smoke_on_loopback(tmp_path):
+    """The benchmark end to end on the committed zoo (loopback path, 2 prompts x 16 tokens, 5G, an outage)."""
+    from specdec_kit.bench.client_server import main as bench_main
+
+    assert bench_main(["--smoke", "--network", "loopback", "--methods", "plain,moa", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "client_server.json").read_text())
+    speed = {r["method"]: r for r in data["speed"]}
+    assert speed["plain"]["calls_per_token"] > speed["moa"]["calls_per_token"]
+    assert data["outage"][0]["offline_tokens"] > 0 and data["outage"][0]["identical_to_plain"] == 2
+    assert (tmp_path / "client_server.md").is_file()
