@@ -23,8 +23,7 @@ from pathlib import Path
 
 import torch
 
-from specdec_kit.runtime.drafting import (DraftTree, Drafter, FeatureDraftStep, FeatureTreeDrafter, NoDrafter,
-                                          last_real)
+from specdec_kit.runtime.drafting import DraftTree, Drafter, FeatureDraftStep, FeatureTreeDrafter, NoDrafter
 from specdec_kit.runtime.generate import append_context
 from specdec_kit.runtime.kv_cache import KVCache
 from specdec_kit.runtime.moa_drafting import MoAStep, MoATreeDrafter
@@ -97,17 +96,11 @@ class EdgeDrafter:
     @torch.inference_mode()
     def offline_next(self) -> int:
         """One token from the draft alone (its greedy choice), its own prediction becoming the next context."""
-        step: FeatureDraftStep = self.drafter.step
-        cache, c = self.drafter.cache, self.ctx
-        q_len = c.tokens.shape[1]
-        ar = torch.arange(q_len, device=self.device)
-        causal = (ar[None, :] <= ar[:, None])[None]
-        logits, reg = step(c.feats, c.tokens, cache.lengths[:, None] + ar[None, :], causal, cache,
-                           logits_at=(c.counts - 1)[:, None])
-        cache.commit(ar[None, :], c.counts)
-        token = int(logits[0, 0].argmax())
+        c = self.ctx
+        root_logp, root_prediction = self.drafter.context_step(c.feats, c.tokens, c.counts)
         self.consumed = True
-        self._set_context(last_real(reg, c.counts), [token])
+        token = int(root_logp[0].argmax())
+        self._set_context(root_prediction, [token])
         return token
 
 
@@ -131,7 +124,7 @@ class EdgePlain(EdgeDrafter):
 class EdgeMoA(EdgeDrafter):
     """A Mixture-of-Attentions draft over a client tail of the target's last TLI layers."""
 
-    def __init__(self, drafter: MoATreeDrafter, tail, source: str):
+    def __init__(self, drafter: "RemoteMoATreeDrafter", tail, source: str):
         super().__init__(drafter, tail.device, drafter.step.dtype)
         self.tail, self.source = tail, source
         self.tli = drafter.step.draft.tli
@@ -162,35 +155,28 @@ class EdgeMoA(EdgeDrafter):
         pos = self.tail_cache.lengths[:, None] - count[:, None] + torch.arange(len(tokens), device=self.device)[None]
         keys, values = step.project_memory(activations[0].to(self.device, step.dtype)[None], pos)
         self.drafter.append_memory(keys, values, count)
-        self._set_context(torch.zeros(len(tokens), 0), tokens)
+        self._set_context(activations[0], tokens)
 
-    @torch.inference_mode()
-    def draft(self) -> DraftTree:
-        c, drafter = self.ctx, self.drafter
-        tree = MoATreeDrafter.draft_from_memory(drafter, c.tokens, c.counts)
-        self.consumed = True
-        return tree
+    def _set_context(self, feats: torch.Tensor, tokens: list[int]) -> None:
+        """A MoA draft reads no per-position features: its context is the tokens alone."""
+        super()._set_context(feats.new_zeros(len(tokens), 0), tokens)
 
     @torch.inference_mode()
     def offline_next(self) -> int:
-        """SA over the pending tokens, CA over the verified memory, the tail layers at the root's position
-        (their K/V stay in the tail cache as the best available guess of the target's), greedy token."""
-        step: MoAStep = self.drafter.step
-        cache, c = self.drafter.cache, self.ctx
-        q_len = c.tokens.shape[1]
-        ar = torch.arange(q_len, device=self.device)
-        causal = (ar[None, :] <= ar[:, None])[None]
-        o_hat = step.hidden(c.tokens, cache.lengths[:, None] + ar[None, :], causal, cache, 0)
-        cache.commit(ar[None, :], c.counts)
-        root_o = last_real(o_hat, c.counts)[:, None]
-        alone = torch.ones(1, 1, 1, dtype=torch.bool, device=self.device)
-        logits = step.logits(root_o, self.tail_cache.lengths[:, None], alone, 0)
+        """The tail layers' K/V at the root's position (written by the step) stay in the tail cache as the best
+        available guess of the target's; the CA memory stays at the last verified position."""
+        token = super().offline_next()
         self.tail_cache.commit(torch.zeros(1, 1, dtype=torch.long, device=self.device),
                                torch.ones(1, dtype=torch.long, device=self.device))
-        token = int(logits[0, 0].argmax())
-        self.consumed = True
-        self._set_context(torch.zeros(1, 0), [token])
         return token
+
+
+class RemoteMoATreeDrafter(MoATreeDrafter):
+    """The client's MoA tree drafter: its CA memory arrives from the server (``EdgeMoA.absorb``) instead of
+    LSA over a target cache the client does not have."""
+
+    def _update_memory(self, counts: torch.Tensor) -> None:
+        pass
 
 
 def make_edge_drafter(kind: str, target_path, draft_path, tree, dtype=None, device=None,
@@ -212,7 +198,7 @@ def make_edge_drafter(kind: str, target_path, draft_path, tree, dtype=None, devi
     module = load_draft(draft_path, kind, config.hidden_size, config.vocab_size, dtype=tail.dtype, device=tail.device,
                         target_shape=(config.num_hidden_layers, kv_dim))
     if kind == "moa":
-        return EdgeMoA(MoATreeDrafter(MoAStep(module, tail), tree), tail, source or "moa")
+        return EdgeMoA(RemoteMoATreeDrafter(MoAStep(module, tail), tree), tail, source or "moa")
     if kind == "medusa":
         raise ValueError("Medusa heads are not offered for client-server drafting (use an EAGLE-style or MoA draft)")
     return EdgeDrafter(FeatureTreeDrafter(FeatureDraftStep(module, tail.lm_head), tree), tail.device, tail.dtype)

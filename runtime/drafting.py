@@ -156,21 +156,25 @@ class FeatureTreeDrafter(Drafter):
         return torch.log_softmax(logits.float(), dim=-1)
 
     @torch.inference_mode()
-    def draft(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
+    def context_step(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor):
+        """Run the context pairs through the draft into its cache -> the root's next-token log-probs [B, V]
+        and its predicted feature [B, d] (the tree grows from them; a client offline continues from them)."""
         cache = self.cache
         bsz, q_len = tokens.shape
-        dev = tokens.device
-        ar = torch.arange(q_len, device=dev)
+        ar = torch.arange(q_len, device=tokens.device)
         causal = (ar[None, :] <= ar[:, None]).expand(bsz, q_len, q_len)
         positions = cache.lengths[:, None] + ar[None, :]
         logits, reg = self.step(features.to(self.step.dtype), tokens, positions, causal, cache, logits_at=(counts - 1)[:, None])
         cache.commit(ar.expand(bsz, q_len), counts)  # context pairs join the draft's sequence in place
+        return self._logp(logits[:, 0]), last_real(reg, counts)
+
+    @torch.inference_mode()
+    def draft(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
+        root_logp, root_reg = self.context_step(features, tokens, counts)
         roots = last_real(tokens, counts)
-        last_logp = self._logp(logits[:, 0])  # [B, V]
-        last_reg = last_real(reg, counts)  # [B, d]
         if isinstance(self.tree, StaticTree):
-            return self._static(roots, last_logp, last_reg)
-        return self._dynamic(roots, last_logp, last_reg)
+            return self._static(roots, root_logp, root_reg)
+        return self._dynamic(roots, root_logp, root_reg)
 
     def _step(self, feats, toks, level_pos, pending, offset):
         positions = (self.cache.lengths + level_pos)[:, None].expand_as(toks)

@@ -136,11 +136,12 @@ class MoATreeDrafter(FeatureTreeDrafter):
     @torch.inference_mode()
     def draft(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
         self._update_memory(counts)
-        return self.draft_from_memory(tokens, counts)
+        return super().draft(features, tokens, counts)
 
-    def draft_from_memory(self, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
-        """The tree from the context tokens once the CA memory holds every verified position (client-server
-        drafting fills the memory from the server's LSA outputs instead of the target's cache)."""
+    @torch.inference_mode()
+    def context_step(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor):
+        """SA over the context tokens (into the SA cache), CA over the memory, and the tail at the root's target
+        position (its entry in the root's pending slot) -> the root's log-probs and predicted activation."""
         step, cache = self.step, self.cache
         bsz, q_len = tokens.shape
         ar = torch.arange(q_len, device=tokens.device)
@@ -151,8 +152,4 @@ class MoATreeDrafter(FeatureTreeDrafter):
         root_pos = step.target_cache.lengths[:, None]
         alone = torch.ones(bsz, 1, 1, dtype=torch.bool, device=tokens.device)
         logits = step.logits(root_o, root_pos, alone, 0)
-        roots = last_real(tokens, counts)
-        root_logp = self._logp(logits[:, 0])
-        if isinstance(self.tree, StaticTree):
-            return self._static(roots, root_logp, root_o[:, 0])
-        return self._dynamic(roots, root_logp, root_o[:, 0])
+        return self._logp(logits[:, 0]), root_o[:, 0]
