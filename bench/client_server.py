@@ -67,15 +67,17 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def _wait_port(host: str, port: int, proc: subprocess.Popen, timeout: float = 120.0, prefix: list[str] = ()) -> None:
+def _wait_port(host: str, port: int, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    """Until ``host:port`` accepts (the server namespace is reachable over the veth pair from here)."""
     end = time.time() + timeout
     while time.time() < end:
         if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[len(prefix):][:3]} exited with {proc.returncode}")
-        probe = list(prefix) + [sys.executable, "-c", f"import socket; socket.create_connection(('{host}', {port}), 1)"]
-        if subprocess.run(probe, capture_output=True).returncode == 0:
+            raise RuntimeError(f"{proc.args[:6]} exited with {proc.returncode}")
+        try:
+            socket.create_connection((host, port), 1).close()
             return
-        time.sleep(0.5)
+        except OSError:
+            time.sleep(0.5)
     raise RuntimeError(f"{host}:{port} did not come up in {timeout:.0f} s")
 
 
@@ -107,7 +109,7 @@ class ShapedPath:
             cmd += ["--moa-head", f"{h}={self.args.zoo / h}"]
         server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.procs.append(server)
-        _wait_port(host, port, server, prefix=prefix)
+        _wait_port(host, port, server)
         self.port = _free_port()
         link = [sys.executable, "-m", "specdec_kit.edge.link", "--listen", f"127.0.0.1:{self.port}",
                 "--upstream", f"{host}:{port}", "--profile", self.profile] + (["--no-rate"] if self.use_netns else [])
@@ -300,7 +302,7 @@ def main(argv=None) -> int:
             clients = make_clients(args, names, path.port, tree)
             speed += speed_rows(args, path, clients, prompts, bar)
             if args.outage_after and profile == profiles[0]:
-                plain = make_clients(args, ["plain"], path.port, tree)["plain"]
+                plain = clients.get("plain") or make_clients(args, ["plain"], path.port, tree)["plain"]
                 reference = [plain.generate(ids, args.max_new_tokens).tokens for ids in prompts]
                 outage += outage_rows(args, path, {m: clients[m] for m in offline_methods}, prompts, reference, bar)
     bar.close()

@@ -77,7 +77,6 @@ class MoASource(ActivationSource):
         kv, _ = verified_kv(cache, counts)
         w = self.draft.embed_tokens.weight
         out = [self.draft.lsa_memory(kv.to(w.dtype))[0]]
-        if self.draft.tli:
-            tail, _ = verified_kv(cache, counts, first_layer=cache.keys.shape[0] - self.draft.tli)
-            out.append(tail[0].reshape(count, -1))
+        if self.draft.tli:  # the last TLI layers of the same gather
+            out.append(kv[0, :, -self.draft.tli:].reshape(count, -1))
         return out

@@ -18,8 +18,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
-
 from specdec_kit.edge import protocol as P
 from specdec_kit.edge.drafting import EdgeDrafter
 from specdec_kit.runtime.sampling import SamplingParams
@@ -29,14 +27,6 @@ EventSink = Callable[[str, list[int]], None]  # ("verified" | "unverified" | "co
 
 class Offline(ConnectionError):
     """The server could not be reached (or did not answer in time)."""
-
-
-class ServerRefused(RuntimeError):
-    """The server answered with an ERROR frame."""
-
-    def __init__(self, code: int, message: str):
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass
@@ -109,7 +99,7 @@ class _Connection:
         stats.bytes_down += size
         msg = P.decode(rkind, rbody)
         if isinstance(msg, P.Error):
-            raise ServerRefused(msg.code, msg.message)
+            raise P.Refused(msg.code, msg.message)
         return msg
 
     def send(self, kind: int, body: bytes, stats: EdgeStats) -> None:
@@ -255,7 +245,7 @@ class _Run:
         everything verified so far (the draft state is rebuilt from it and ``resync_mark`` points there)."""
         try:
             return self.c._call(P.VERIFY, P.Verify(self.session, tokens, parents, self._base()).encode(), self.stats)
-        except ServerRefused as exc:
+        except P.Refused as exc:
             if exc.code != P.E_UNKNOWN_SESSION:
                 raise
         self._open(resume=True)

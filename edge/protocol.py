@@ -41,6 +41,15 @@ class ProtocolError(ValueError):
     """A frame that does not decode; the message names what was wrong."""
 
 
+class Refused(RuntimeError):
+    """A request the server refuses: raised by the server's handlers, sent as an ERROR frame with ``code``,
+    and raised again by the client that receives it."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
 class ConnectionLost(ConnectionError):
     """The peer closed the connection (or it broke) in the middle of a call."""
 

@@ -34,12 +34,6 @@ from specdec_kit.runtime.verify import verify_batch
 log = logging.getLogger("specdec.edge.server")
 
 
-class EdgeError(Exception):
-    def __init__(self, code: int, message: str):
-        super().__init__(message)
-        self.code = code
-
-
 @dataclass
 class Session:
     cache: KVCache
@@ -80,28 +74,28 @@ class EdgeVerifier:
     def _check_tokens(self, tokens: list[int], what: str) -> None:
         bad = [t for t in tokens if t >= self.target.vocab_size]
         if bad:
-            raise EdgeError(P.E_BAD_REQUEST, f"{what}: token id {bad[0]} is outside the vocabulary of {self.target.vocab_size}")
+            raise P.Refused(P.E_BAD_REQUEST, f"{what}: token id {bad[0]} is outside the vocabulary of {self.target.vocab_size}")
 
     @torch.inference_mode()
     def open(self, msg: P.Open) -> P.Opened:
         self._expire()
         if msg.source not in self.sources:
-            raise EdgeError(P.E_BAD_REQUEST, f"OPEN: activation source {msg.source!r} is not served here; "
+            raise P.Refused(P.E_BAD_REQUEST, f"OPEN: activation source {msg.source!r} is not served here; "
                                              f"expected one of {sorted(self.sources)}")
         if len(self.sessions) >= self.max_sessions:
-            raise EdgeError(P.E_TOO_LARGE, f"OPEN: {self.max_sessions} sessions are open; close one or retry later")
+            raise P.Refused(P.E_TOO_LARGE, f"OPEN: {self.max_sessions} sessions are open; close one or retry later")
         need = 2 if msg.resume else 1
         if len(msg.tokens) < need:
-            raise EdgeError(P.E_BAD_REQUEST, f"OPEN: {len(msg.tokens)} tokens; {'a resume needs the prompt and the root' if msg.resume else 'the prompt is empty'}")
+            raise P.Refused(P.E_BAD_REQUEST, f"OPEN: {len(msg.tokens)} tokens; {'a resume needs the prompt and the root' if msg.resume else 'the prompt is empty'}")
         self._check_tokens(msg.tokens, "OPEN")
         try:
             params = SamplingParams(msg.temperature, msg.top_k, msg.top_p, msg.seed)
         except ValueError as exc:
-            raise EdgeError(P.E_BAD_REQUEST, f"OPEN: {exc}") from exc
+            raise P.Refused(P.E_BAD_REQUEST, f"OPEN: {exc}") from exc
         prefix = msg.tokens[:-1] if msg.resume else msg.tokens
         t = self.target
         if len(prefix) + msg.max_new_tokens + 1 > t.max_context:
-            raise EdgeError(P.E_TOO_LARGE, f"OPEN: {len(prefix)} tokens + {msg.max_new_tokens} new exceed the target's context of {t.max_context}")
+            raise P.Refused(P.E_TOO_LARGE, f"OPEN: {len(prefix)} tokens + {msg.max_new_tokens} new exceed the target's context of {t.max_context}")
         gen = None
         if not params.greedy:
             gen = torch.Generator(device="cpu")
@@ -127,7 +121,7 @@ class EdgeVerifier:
     def _session(self, sid: int, what: str) -> Session:
         s = self.sessions.get(sid)
         if s is None:
-            raise EdgeError(P.E_UNKNOWN_SESSION, f"{what}: unknown session {sid} (expired, closed or from before a restart)")
+            raise P.Refused(P.E_UNKNOWN_SESSION, f"{what}: unknown session {sid} (expired, closed or from before a restart)")
         s.last_used = time.monotonic()
         return s
 
@@ -136,7 +130,7 @@ class EdgeVerifier:
         s = self._session(msg.session, "VERIFY")
         n = len(msg.tokens)
         if n == 0 or n > self.max_tree_nodes:
-            raise EdgeError(P.E_TOO_LARGE, f"VERIFY: a tree of {n} nodes; expected 1..{self.max_tree_nodes}")
+            raise P.Refused(P.E_TOO_LARGE, f"VERIFY: a tree of {n} nodes; expected 1..{self.max_tree_nodes}")
         self._check_tokens(msg.tokens, "VERIFY")
         length = len(s.history)
         if msg.base < length and msg.base >= 1 and s.history[msg.base] == msg.tokens[0]:
@@ -145,16 +139,16 @@ class EdgeVerifier:
             del s.history[msg.base:]
             s.root = msg.tokens[0]
         elif msg.base != length:
-            raise EdgeError(P.E_BAD_REQUEST, f"VERIFY: base position {msg.base}, but the session has {length} committed tokens")
+            raise P.Refused(P.E_BAD_REQUEST, f"VERIFY: base position {msg.base}, but the session has {length} committed tokens")
         if msg.tokens[0] != s.root:
-            raise EdgeError(P.E_BAD_REQUEST, f"VERIFY: the root token is {msg.tokens[0]}, expected the last verified token {s.root}")
+            raise P.Refused(P.E_BAD_REQUEST, f"VERIFY: the root token is {msg.tokens[0]}, expected the last verified token {s.root}")
         try:
             buffers = buffers_from_parents(msg.parents)
         except ValueError as exc:
-            raise EdgeError(P.E_BAD_REQUEST, f"VERIFY: bad tree parents ({exc})") from exc
+            raise P.Refused(P.E_BAD_REQUEST, f"VERIFY: bad tree parents ({exc})") from exc
         t = self.target
         if length + buffers.max_depth + 2 > t.max_context:
-            raise EdgeError(P.E_TOO_LARGE, f"VERIFY: the sequence would pass the target's context of {t.max_context}")
+            raise P.Refused(P.E_TOO_LARGE, f"VERIFY: the sequence would pass the target's context of {t.max_context}")
         dev = t.device
         tokens = torch.tensor([msg.tokens], dtype=torch.long, device=dev)
         parents = buffers.parents.to(dev)[None]
@@ -188,10 +182,10 @@ class EdgeVerifier:
                 if kind == P.CLOSE:
                     self.close(msg)
                     return None
-            raise EdgeError(P.E_BAD_REQUEST, f"{P.MESSAGE_NAMES.get(kind, kind)} is not a request a client sends")
+            raise P.Refused(P.E_BAD_REQUEST, f"{P.MESSAGE_NAMES.get(kind, kind)} is not a request a client sends")
         except P.ProtocolError as exc:
             return P.frame(P.ERROR, P.Error(P.E_BAD_REQUEST, str(exc)).encode())
-        except EdgeError as exc:
+        except P.Refused as exc:
             return P.frame(P.ERROR, P.Error(exc.code, str(exc)).encode())
         except Exception as exc:  # a bug must not take the server down: report it, keep serving
             log.exception("request failed")

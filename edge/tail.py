@@ -72,15 +72,19 @@ def load_target_tail(path: str | Path, num_layers: int, dtype: str | torch.dtype
         model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
     model.model.embed_tokens = nn.Embedding(1, config.hidden_size)  # drafts embed tokens themselves
     files = _safetensors_files(path)
-    state = {}
+    wanted: dict[Path, dict[str, str]] = {}  # file -> {checkpoint name: tail name}
     for name in model.state_dict():
         source = tail_source_name(name, total - num_layers)
         if source is None:
             continue
         if source not in files:
             raise TargetLoadError(f"{path}: tensor {source!r} is missing from the checkpoint")
-        with safe_open(str(files[source]), framework="pt") as f:
-            state[name] = f.get_tensor(source).to(torch_dtype)
+        wanted.setdefault(files[source], {})[source] = name
+    state = {}
+    for file, names in wanted.items():  # each shard opened once
+        with safe_open(str(file), framework="pt") as f:
+            for source, name in names.items():
+                state[name] = f.get_tensor(source).to(torch_dtype)
     state["model.embed_tokens.weight"] = torch.zeros(1, config.hidden_size, dtype=torch_dtype)
     model.load_state_dict(state, strict=True, assign=True)
     model.model.rotary_emb = type(model.model.rotary_emb)(config=config)  # buffers are not in the state dict
