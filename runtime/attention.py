@@ -1,4 +1,4 @@
-"""Llama-family attention over a ``KVCache`` with tree masks; shared by the target and the drafts.
+"""Llama-family attention over a cache window with tree masks; shared by the target and the drafts.
 
 The projection modules are the checkpoint's own ``q_proj``/``k_proj``/``v_proj``/``o_proj`` (so
 Qwen2's q/k/v biases come for free); only the cache handling and the mask are the runtime's.
@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specdec_kit.runtime.kv_cache import KVCache
+from specdec_kit.runtime.contract import AttentionWindow
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -28,27 +28,23 @@ def cached_attention(
     hidden: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
-    cache: KVCache,
+    window: AttentionWindow,
     layer: int,
-    slots: torch.Tensor,
-    mask: torch.Tensor | None,
-    k_len: int,
     num_heads: int,
     num_kv_heads: int,
     head_dim: int,
 ) -> torch.Tensor:
-    """One attention block: project, rotate, write K/V at ``slots``, attend to the first ``k_len`` slots
-    under ``mask`` (None: all of them), project out."""
+    """One attention block: project, rotate, hand the new K/V of ``layer`` to the window, attend to what it
+    returns under its mask (None: all of it), project out."""
     bsz, q_len, _ = hidden.shape
     q = attn.q_proj(hidden).view(bsz, q_len, num_heads, head_dim).transpose(1, 2)
     k = attn.k_proj(hidden).view(bsz, q_len, num_kv_heads, head_dim).transpose(1, 2)
     v = attn.v_proj(hidden).view(bsz, q_len, num_kv_heads, head_dim).transpose(1, 2)
     q = apply_rope(q, cos, sin)
     k = apply_rope(k, cos, sin)
-    cache.write(layer, k, v, slots)
-    keys, values = cache.view(layer, k_len)
+    keys, values = window.update(layer, k, v)
     out = F.scaled_dot_product_attention(
-        q, keys, values, attn_mask=mask, enable_gqa=num_heads != num_kv_heads
+        q, keys, values, attn_mask=window.mask, enable_gqa=num_heads != num_kv_heads
     )
     out = out.transpose(1, 2).reshape(bsz, q_len, num_heads * head_dim)
     return attn.o_proj(out)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from specdec_kit.runtime.contract import FeatureStep, MedusaStep
 from specdec_kit.runtime.drafts.layers import FeatureDraft
-from specdec_kit.runtime.drafts.medusa import MedusaHeads
 from specdec_kit.runtime.kv_cache import KVCache
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree, ancestor_masks
 
@@ -52,26 +52,55 @@ def last_real(x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     return torch.gather(x, 1, idx).squeeze(1)
 
 
+Tree = StaticTree | DynamicTreeConfig
+
+
+@dataclass(frozen=True)
+class DraftCheckpoint:
+    """The committed lengths of a drafter's own caches at one moment (``Drafter.checkpoint``)."""
+
+    lengths: tuple[torch.Tensor, ...]
+
+
 class Drafter:
-    """Interface; ``max_nodes`` bounds the tree size (for cache sizing)."""
+    """What the generation loop, the server and client-server drafting ask of a drafter.
+
+    ``max_nodes`` bounds the tree size (for cache sizing) and ``max_depth`` its depth."""
 
     max_nodes: int = 1
     max_depth: int = 0
+    tree: Tree | None = None
 
     def reset(self, batch: int, capacity: int) -> None:
-        pass
+        """Start a fresh batch of ``batch`` sequences."""
 
     def draft(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
         raise NotImplementedError
 
     def select_rows(self, rows: torch.Tensor) -> None:
-        pass
+        """Keep only ``rows`` of the batch (finished sequences leave)."""
 
     def add_rows(self, count: int, capacity: int) -> None:
         """Make room for ``count`` sequences joining the batch (their context arrives with the next draft)."""
 
     def bind(self, target_cache: KVCache) -> None:
         """The target's cache of the batch being decoded (drafts that read the target's K/V keep it)."""
+
+    def set_tree(self, tree: Tree) -> None:
+        """Draft ``tree`` from the next cycle on (the server shrinks trees as its batch grows)."""
+        raise ValueError(f"{type(self).__name__} drafts no tree")
+
+    def owned_caches(self) -> list[KVCache]:
+        """The caches this drafter owns (what ``checkpoint`` saves and ``restore`` rolls back)."""
+        return []
+
+    def checkpoint(self) -> DraftCheckpoint:
+        return DraftCheckpoint(tuple(c.lengths.clone() for c in self.owned_caches()))
+
+    def restore(self, checkpoint: DraftCheckpoint) -> None:
+        """Roll the drafter's caches back to ``checkpoint`` (what was drafted since is forgotten)."""
+        for cache, lengths in zip(self.owned_caches(), checkpoint.lengths, strict=True):
+            cache.truncate(lengths)
 
 
 class NoDrafter(Drafter):
@@ -88,11 +117,17 @@ class NoDrafter(Drafter):
 class MedusaDrafter(Drafter):
     """Medusa heads over a static tree: a node at depth k takes head k-1's top-``rank`` token."""
 
-    def __init__(self, heads: MedusaHeads, tree: StaticTree):
+    def __init__(self, heads: MedusaStep, tree: StaticTree):
         if tree.buffers.max_depth > heads.num_heads:
             raise ValueError(f"static tree depth {tree.buffers.max_depth} exceeds the {heads.num_heads} Medusa heads")
         self.heads, self.tree = heads, tree
         self.max_nodes, self.max_depth = tree.buffers.num_nodes, tree.buffers.max_depth
+
+    def set_tree(self, tree: Tree) -> None:
+        if not isinstance(tree, StaticTree) or tree.buffers.max_depth > self.heads.num_heads:
+            raise ValueError(f"Medusa heads draft static trees of depth <= {self.heads.num_heads}, got {tree}")
+        self.tree = tree
+        self.max_nodes = max(self.max_nodes, tree.buffers.num_nodes)
 
     @torch.inference_mode()
     def draft(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
@@ -106,11 +141,8 @@ class MedusaDrafter(Drafter):
         return DraftTree.from_static(torch.cat([roots[:, None], node_tokens], dim=1), self.tree)
 
 
-class FeatureDraftStep:
-    """One cached draft step that ends in logits: a feature draft plus the target's LM head (PyTorch).
-
-    The ONNX Runtime backend provides the same call (``runtime/ort_backend.py``), so the tree search
-    in ``FeatureTreeDrafter`` is one code path for both."""
+class TorchFeatureStep:
+    """``FeatureStep`` on PyTorch: a feature draft plus the target's LM head."""
 
     def __init__(self, draft: FeatureDraft, lm_head: nn.Module):
         self.draft, self.lm_head = draft, lm_head
@@ -123,24 +155,30 @@ class FeatureDraftStep:
         return self.draft.new_cache(batch, capacity)
 
     @torch.inference_mode()
-    def __call__(self, features, tokens, positions, pending_mask, cache, offset: int = 0, logits_at=None):
-        """-> (logits [B, Q' or Q, V], regression features [B, Q, d]); ``logits_at`` [B, Q'] selects positions."""
-        pred, reg = self.draft.step(features, tokens, positions, pending_mask, cache, offset)
+    def __call__(self, features, tokens, positions, pending_mask, cache, logits_at=None):
+        pred, reg = self.draft.step(features, tokens, positions, pending_mask, cache)
         if logits_at is not None:
             pred = torch.gather(pred, 1, logits_at[..., None].expand(-1, -1, pred.shape[-1]))
         return self.lm_head(pred), reg
 
 
 class FeatureTreeDrafter(Drafter):
-    """EAGLE/HASS/GRIFFIN draft steps over a static or a dynamic tree."""
+    """EAGLE/HASS/GRIFFIN draft steps (any ``FeatureStep``) over a static or a dynamic tree."""
 
-    def __init__(self, step: FeatureDraftStep, tree: StaticTree | DynamicTreeConfig):
-        self.step, self.tree = step, tree
-        if isinstance(tree, StaticTree):
-            self.max_nodes, self.max_depth = tree.buffers.num_nodes, tree.buffers.max_depth
-        else:
-            self.max_nodes, self.max_depth = tree.total_tokens, tree.depth + 1
+    def __init__(self, step: FeatureStep, tree: Tree):
+        self.step = step
+        self.max_nodes = self.max_depth = 0
+        self.set_tree(tree)
         self.cache: KVCache | None = None
+
+    def set_tree(self, tree: Tree) -> None:
+        self.tree = tree
+        nodes, depth = ((tree.buffers.num_nodes, tree.buffers.max_depth) if isinstance(tree, StaticTree)
+                        else (tree.total_tokens, tree.depth + 1))
+        self.max_nodes, self.max_depth = max(self.max_nodes, nodes), max(self.max_depth, depth)
+
+    def owned_caches(self) -> list[KVCache]:
+        return [self.cache]
 
     def reset(self, batch: int, capacity: int) -> None:
         self.cache = self.step.new_cache(batch, capacity)
@@ -176,10 +214,14 @@ class FeatureTreeDrafter(Drafter):
             return self._static(roots, root_logp, root_reg)
         return self._dynamic(roots, root_logp, root_reg)
 
-    def _step(self, feats, toks, level_pos, pending, offset):
+    def _step(self, feats, toks, level_pos, pending):
+        """One tree level: ``toks`` [B, n] at ``level_pos`` past each row's cache, seeing ``pending``."""
         positions = (self.cache.lengths + level_pos)[:, None].expand_as(toks)
-        logits, reg = self.step(feats, toks, positions, pending, self.cache, offset)
+        logits, reg = self._run_step(feats, toks, positions, pending)
         return self._logp(logits), reg
+
+    def _run_step(self, feats, tokens, positions, pending):
+        return self.step(feats, tokens, positions, pending, self.cache)
 
     def _static(self, roots: torch.Tensor, root_logp: torch.Tensor, root_reg: torch.Tensor) -> DraftTree:
         tree = self.tree
@@ -203,7 +245,7 @@ class FeatureTreeDrafter(Drafter):
             start, end = nodes[0], nodes[-1] + 1
             feats = torch.stack([reg[parents[i]] for i in nodes], dim=1)
             pending = draft_mask[start - 1 : end - 1, : end - 1].expand(bsz, -1, -1)
-            logp, out_reg = self._step(feats, node_tokens[:, start:end], level - 1, pending, start - 1)
+            logp, out_reg = self._step(feats, node_tokens[:, start:end], level - 1, pending)
             top = torch.topk(logp, tree.max_rank, dim=-1).indices
             for j, i in enumerate(nodes):
                 topk[i], reg[i] = top[:, j], out_reg[:, j]
@@ -223,7 +265,7 @@ class FeatureTreeDrafter(Drafter):
         beam_anc = torch.eye(k, dtype=torch.bool, device=dev).expand(bsz, k, k)  # over draft slots so far
         base = k
         for level in range(1, cfg.depth + 1):
-            logp, reg = self._step(beam_feats, beam_tokens, level - 1, beam_anc, (level - 1) * k)
+            logp, reg = self._step(beam_feats, beam_tokens, level - 1, beam_anc)
             child_logp, child_tok = torch.topk(logp, k, dim=-1)  # [B, K, K]
             cum = (child_logp + scores[:, :, None]).view(bsz, k * k)
             cand_tokens.append(child_tok.view(bsz, k * k))

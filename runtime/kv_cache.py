@@ -106,6 +106,14 @@ class KVCache:
         visible = self._visible_slots(pending_mask[..., :offset], past, offset)
         return torch.cat([visible, pending_mask[..., offset:]], dim=2), past
 
+    def window(self, pending_mask: torch.Tensor) -> "CacheWindow":
+        """One forward of Q new tokens (``LayerCache``): their pending slots start at ``lengths + P - Q``; the
+        cache grows first if they would not fit."""
+        q_len, p_len = pending_mask.shape[1], pending_mask.shape[2]
+        k_len = self.key_length(p_len)  # one host sync per forward
+        self.ensure_capacity(k_len)
+        return CacheWindow(self, self.slots(q_len, p_len - q_len), self.attention_mask(pending_mask, k_len), k_len)
+
     def key_length(self, num_pending: int) -> int:
         """How many slots attention must read: up to the longest row's last pending slot."""
         return int(self.lengths.max().item()) + num_pending
@@ -176,8 +184,32 @@ class KVCache:
         return cache
 
     @torch.inference_mode()
+    def truncate(self, lengths: torch.Tensor | int) -> None:
+        """Roll every row back to ``lengths`` committed tokens (a checkpoint taken earlier); the slots past it
+        become pending again and are overwritten by the next forward."""
+        new = torch.as_tensor(lengths, dtype=self.lengths.dtype, device=self.lengths.device).expand_as(self.lengths)
+        if bool((new > self.lengths).any()):
+            raise ValueError(f"truncate: lengths {new.tolist()} exceed the committed {self.lengths.tolist()}")
+        self.lengths = new.clone()
+
+    @torch.inference_mode()
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only ``rows`` (e.g. drop finished sequences from the running batch)."""
         self.keys = self.keys[:, rows].contiguous()
         self.values = self.values[:, rows].contiguous()
         self.lengths = self.lengths[rows].clone()
+
+
+@dataclass
+class CacheWindow:
+    """``AttentionWindow`` over a ``KVCache``: new keys/values are scattered into their slots, attention reads the
+    first ``k_len`` slots under ``mask``."""
+
+    cache: KVCache
+    slots: torch.Tensor  # [B, Q]
+    mask: torch.Tensor | None
+    k_len: int
+
+    def update(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.cache.write(layer, keys, values, self.slots)
+        return self.cache.view(layer, self.k_len)

@@ -15,21 +15,25 @@ tree node at depth k has SA position Lt + k - 1 and target position Lt + k.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import torch
 
+from specdec_kit.runtime.contract import LayerCache
 from specdec_kit.runtime.drafting import DraftTree, FeatureTreeDrafter, last_real
 from specdec_kit.runtime.drafts.moa import MoADraft
 from specdec_kit.runtime.kv_cache import KVCache
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
 
 
-def moa_hidden(draft: MoADraft, tokens, positions, sa_mask, cache, slots, k_len: int, mem_keys, mem_values,
+def moa_hidden(draft: MoADraft, tokens, positions, sa_pending: torch.Tensor, cache: LayerCache, mem_keys, mem_values,
                mem_visible) -> torch.Tensor:
-    """The draft body: SA over the tokens (``cache`` holds the earlier ones; ``sa_mask`` [B, 1, Q, K] or None),
-    then CA to the memory keys/values [B, H, M, D] where ``mem_visible`` [B, M]; shared with the ONNX export."""
+    """The draft body: SA over the tokens (``cache`` holds the earlier ones, ``sa_pending`` [B, Q, P] as in
+    ``runtime/contract.py``), then CA to the memory keys/values [B, H, M, D] where ``mem_visible`` [B, M]; the
+    runtime and the ONNX export share it."""
     emb = draft.embed_tokens(tokens)
     cos, sin = draft.rotary_emb(emb, positions)
-    h = draft.sa(emb, cos, sin, cache, slots, sa_mask, k_len)
+    h = draft.sa(emb, cos, sin, cache.window(sa_pending))
     h = draft.ca(h, cos, sin, mem_keys, mem_values, mem_visible[:, None, None, :])
     return draft.output(h)
 
@@ -48,13 +52,64 @@ def verified_kv(cache: KVCache, counts: torch.Tensor, first_layer: int = 0) -> t
     return kv.permute(1, 3, 0, 2, 4).reshape(bsz, width, layers, heads * 2 * dim), pos
 
 
-class MoAStep:
-    """The draft step ``FeatureTreeDrafter`` calls: tokens through SA and CA (and TLI) to logits."""
+class MoAStep(ABC):
+    """A Mixture-of-Attentions draft step (``TokenStep``): tokens through SA and CA (and TLI) to logits.
+
+    Its state is the CA memory (keys/values of every verified position, one row per sequence) and the target
+    cache its TLI layers write draft-time entries into (``bind_target``). Backends implement the four parts:
+    the LSA memory update, the SA + CA body, the finish to logits, and the SA cache."""
+
+    def __init__(self) -> None:
+        self.memory: KVCache | None = None
+        self.target_cache: KVCache | None = None
+
+    @property
+    @abstractmethod
+    def dtype(self) -> torch.dtype: ...
+
+    @abstractmethod
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        """A one-layer cache: the SA's keys/values, or (a second one) the CA memory."""
+
+    @abstractmethod
+    def memory_update(self, kv: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """LSA over [B, W, L, kv_dim] target K/V at ``positions`` [B, W] -> CA memory keys/values [B, H, W, D]."""
+
+    @abstractmethod
+    def hidden(self, tokens: torch.Tensor, positions: torch.Tensor, pending_mask: torch.Tensor,
+               cache: KVCache) -> torch.Tensor:
+        """SA over the token stream (cache + pending), then CA over all verified memory -> o_hat [B, Q, d]."""
+
+    @abstractmethod
+    def logits(self, o_hat: torch.Tensor, target_positions: torch.Tensor, target_pending: torch.Tensor) -> torch.Tensor:
+        """o_hat -> logits: through the target's last TLI layers over ``target_cache`` (draft-time entries in its
+        pending slots per ``target_pending``), then the LM head."""
+
+    def bind_target(self, cache: KVCache) -> None:
+        self.target_cache = cache
+
+    def reset_memory(self, batch: int, capacity: int) -> None:
+        self.memory = self.new_cache(batch, capacity)
+
+    def memory_visible(self, device: torch.device) -> tuple[int, torch.Tensor]:
+        """The memory width to read and which of its slots each row has filled ([B, M])."""
+        m_len = max(int(self.memory.lengths.max().item()), 1)
+        return m_len, torch.arange(m_len, device=device)[None, :] < self.memory.lengths[:, None]
+
+    def __call__(self, tokens, positions, pending_mask, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """A tree level: in the target cache its entries sit after the root's, which every node sees."""
+        o_hat = self.hidden(tokens, positions, pending_mask, cache)
+        bsz, q_len = tokens.shape
+        root = torch.ones(bsz, q_len, 1, dtype=torch.bool, device=tokens.device)
+        return self.logits(o_hat, positions + 1, torch.cat([root, pending_mask], dim=2)), o_hat
+
+
+class TorchMoAStep(MoAStep):
+    """The PyTorch Mixture-of-Attentions step over a ``MoADraft`` and the target (or a client's target tail)."""
 
     def __init__(self, draft: MoADraft, target):
+        super().__init__()
         self.draft, self.target = draft, target
-        self.memory: KVCache | None = None  # CA keys/values of every verified position
-        self.target_cache: KVCache | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -64,7 +119,6 @@ class MoAStep:
         return self.draft.new_cache(batch, capacity)
 
     def memory_update(self, kv: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """LSA over [B, W, L, kv_dim] target K/V at ``positions`` [B, W] -> CA memory keys/values [B, H, W, D]."""
         return self.project_memory(self.draft.lsa_memory(kv.to(self.dtype)), positions)
 
     def project_memory(self, memory: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,45 +127,38 @@ class MoAStep:
         cos, sin = self.draft.rotary_emb(memory, positions)
         return self.draft.ca.memory_kv(memory.to(self.dtype), cos, sin)
 
-    def hidden(self, tokens, positions, pending_mask, cache: KVCache, offset: int) -> torch.Tensor:
-        """SA over the token stream (cache + pending), then CA over all verified memory -> o_hat [B, Q, d]."""
-        k_len = cache.key_length(pending_mask.shape[-1])
-        cache.ensure_capacity(k_len)
-        mem = self.memory
-        m_len = max(int(mem.lengths.max().item()), 1)
-        keys, values = mem.view(0, m_len)
-        visible = torch.arange(m_len, device=tokens.device)[None, :] < mem.lengths[:, None]
-        return moa_hidden(self.draft, tokens, positions, cache.attention_mask(pending_mask, k_len), cache,
-                          cache.slots(tokens.shape[1], offset), k_len, keys, values, visible)
+    def hidden(self, tokens, positions, pending_mask, cache: KVCache) -> torch.Tensor:
+        m_len, visible = self.memory_visible(tokens.device)
+        keys, values = self.memory.view(0, m_len)
+        return moa_hidden(self.draft, tokens, positions, pending_mask, cache, keys, values, visible)
 
-    def logits(self, o_hat: torch.Tensor, target_positions: torch.Tensor, target_pending: torch.Tensor,
-               target_offset: int) -> torch.Tensor:
+    def logits(self, o_hat: torch.Tensor, target_positions: torch.Tensor, target_pending: torch.Tensor) -> torch.Tensor:
         d, t = self.draft, self.target
         feats = o_hat
         if d.tli:
             feats = t.run_layers(o_hat.to(t.dtype), target_positions, target_pending, self.target_cache,
-                                 t.num_layers - d.tli, target_offset)
+                                 t.num_layers - d.tli)
         return t.lm_head(feats.to(t.dtype))
-
-    def __call__(self, features, tokens, positions, pending_mask, cache, offset: int = 0, logits_at=None):
-        """A tree level: in the target cache its entries sit after the root's, which every node sees."""
-        o_hat = self.hidden(tokens, positions, pending_mask, cache, offset)
-        bsz, q_len = tokens.shape
-        root = torch.ones(bsz, q_len, 1, dtype=torch.bool, device=tokens.device)
-        logits = self.logits(o_hat, positions + 1, torch.cat([root, pending_mask], dim=2), offset + 1)
-        return logits, o_hat
 
 
 class MoATreeDrafter(FeatureTreeDrafter):
-    def __init__(self, step: MoAStep, tree: StaticTree | DynamicTreeConfig):
+    """The tree search of ``FeatureTreeDrafter`` over a ``MoAStep``. ``lsa_from_target`` (in-process drafting)
+    runs LSA over the bound target cache each cycle; a client-server client gets its memory from the server
+    instead (``append_memory``)."""
+
+    def __init__(self, step: MoAStep, tree: StaticTree | DynamicTreeConfig, lsa_from_target: bool = True):
         super().__init__(step, tree)
+        self.lsa_from_target = lsa_from_target
 
     def reset(self, batch: int, capacity: int) -> None:
         super().reset(batch, capacity)
-        self.step.memory = self.step.new_cache(batch, capacity)
+        self.step.reset_memory(batch, capacity)
 
     def bind(self, target_cache: KVCache) -> None:
-        self.step.target_cache = target_cache
+        self.step.bind_target(target_cache)
+
+    def owned_caches(self) -> list[KVCache]:
+        return [self.cache, self.step.memory]
 
     def select_rows(self, rows: torch.Tensor) -> None:
         super().select_rows(rows)
@@ -121,7 +168,7 @@ class MoATreeDrafter(FeatureTreeDrafter):
         super().add_rows(count, capacity)
         self.step.memory = KVCache.with_rows(self.step.memory, self.step.new_cache(count, capacity))
 
-    def _update_memory(self, counts: torch.Tensor) -> None:
+    def update_memory(self, counts: torch.Tensor) -> None:
         """LSA over the target K/V of each row's ``counts`` newest verified positions, into the CA memory."""
         kv, pos = verified_kv(self.step.target_cache, counts)
         self.append_memory(*self.step.memory_update(kv, pos), counts)
@@ -133,9 +180,14 @@ class MoATreeDrafter(FeatureTreeDrafter):
         mem.write(0, keys, values, mem.slots(width))
         mem.commit(torch.arange(width, device=counts.device).expand(len(counts), width), counts)
 
+    def _run_step(self, feats, tokens, positions, pending):
+        """A MoA step reads tokens alone: the parents' activations live in its caches and memory."""
+        return self.step(tokens, positions, pending, self.cache)
+
     @torch.inference_mode()
     def draft(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
-        self._update_memory(counts)
+        if self.lsa_from_target:
+            self.update_memory(counts)
         return super().draft(features, tokens, counts)
 
     @torch.inference_mode()
@@ -146,10 +198,10 @@ class MoATreeDrafter(FeatureTreeDrafter):
         bsz, q_len = tokens.shape
         ar = torch.arange(q_len, device=tokens.device)
         causal = (ar[None, :] <= ar[:, None]).expand(bsz, q_len, q_len)
-        o_hat = step.hidden(tokens, cache.lengths[:, None] + ar[None, :], causal, cache, 0)
+        o_hat = step.hidden(tokens, cache.lengths[:, None] + ar[None, :], causal, cache)
         cache.commit(ar.expand(bsz, q_len), counts)
         root_o = last_real(o_hat, counts)[:, None]  # the root's prediction: the token after it
         root_pos = step.target_cache.lengths[:, None]
         alone = torch.ones(bsz, 1, 1, dtype=torch.bool, device=tokens.device)
-        logits = step.logits(root_o, root_pos, alone, 0)
+        logits = step.logits(root_o, root_pos, alone)
         return self._logp(logits[:, 0]), root_o[:, 0]

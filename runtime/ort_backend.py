@@ -1,8 +1,9 @@
 """ONNX Runtime backend: the engine's graphs behind the same calls the PyTorch modules answer.
 
-``OrtTarget`` stands where ``TargetModel`` stands in ``SpeculativeGenerator``, ``OrtFeatureDraftStep``
-where ``FeatureDraftStep`` stands in ``FeatureTreeDrafter``, ``OrtMedusaHeads`` where ``MedusaHeads``
-stands in ``MedusaDrafter``; the generation loop, tree search and verification are the runtime's own.
+Each class implements a protocol of ``runtime/contract.py`` beside its PyTorch counterpart: ``OrtTarget``
+(``TargetStep``, like ``TargetModel``), ``OrtFeatureDraftStep`` (``FeatureStep``, like ``TorchFeatureStep``),
+``OrtMedusaHeads`` (``MedusaStep``, like ``MedusaHeads``) and ``OrtMoAStep`` (a ``MoAStep``, like
+``TorchMoAStep``); the generation loop, tree search and verification are the runtime's own.
 The runtime's ``KVCache`` stays the one cache: each call passes its past slots in and writes the
 graph's present keys/values back into the new tokens' slots. Tensors cross into ONNX Runtime through
 I/O binding on their own memory (no copies on CPU or CUDA beyond gathering the past slots).
@@ -138,7 +139,7 @@ class OrtTarget:
 
 
 class OrtFeatureDraftStep:
-    """A feature draft's step with the target's LM head folded in; see ``FeatureDraftStep``."""
+    """A feature draft's step with the target's LM head folded in; see ``TorchFeatureStep``."""
 
     def __init__(self, graph: OrtGraph, spec: dict, dtype: torch.dtype):
         self.graph, self.spec, self.dtype = graph, spec, dtype
@@ -149,7 +150,7 @@ class OrtFeatureDraftStep:
         return KVCache.allocate(self.layers, batch, self.heads, self.head_dim, capacity, self.dtype, self.graph.device)
 
     @torch.inference_mode()
-    def __call__(self, features, tokens, positions, pending_mask, cache, offset: int = 0, logits_at=None):
+    def __call__(self, features, tokens, positions, pending_mask, cache, logits_at=None):
         bsz, q_len = tokens.shape
         index = _all_positions(bsz, q_len, tokens.device) if logits_at is None else logits_at
         feeds = {"input_ids": tokens, "hidden_states": features.to(self.dtype), "position_ids": positions}
@@ -171,11 +172,11 @@ class OrtMedusaHeads:
 
 
 class OrtMoAStep(MoAStep):
-    """A Mixture-of-Attentions draft on ONNX Runtime: the LSA memory update, the draft step and its finish
-    (the target's last TLI layers, or the LM head) are graphs; the tree search and caches are the runtime's."""
+    """A Mixture-of-Attentions step on ONNX Runtime: the LSA memory update, the SA + CA body and its finish (the
+    target's last TLI layers, or the LM head) are graphs; the tree search and caches are the runtime's."""
 
-    def __init__(self, graphs: dict[str, OrtGraph], spec: dict, target_spec: dict, dtype: torch.dtype, target):
-        super().__init__(None, target)
+    def __init__(self, graphs: dict[str, OrtGraph], spec: dict, target_spec: dict, dtype: torch.dtype):
+        super().__init__()
         self.graphs, self.spec, self.target_spec, self._dtype = graphs, spec, target_spec, dtype
         self.tli = int(spec["moa_tli"])
 
@@ -195,24 +196,22 @@ class OrtMoAStep(MoAStep):
                                             {"memory_keys": (shape, self._dtype), "memory_values": (shape, self._dtype)})
         return out["memory_keys"], out["memory_values"]
 
-    def hidden(self, tokens, positions, pending_mask, cache: KVCache, offset: int) -> torch.Tensor:
+    def hidden(self, tokens, positions, pending_mask, cache: KVCache) -> torch.Tensor:
         bsz, q_len = tokens.shape
         mem = self.memory
-        m_len = max(int(mem.lengths.max().item()), 1)
-        visible = torch.arange(m_len, device=tokens.device)[None, :] < mem.lengths[:, None]
+        m_len, visible = self.memory_visible(tokens.device)
         feeds = {"input_ids": tokens, "position_ids": positions, "memory_keys": mem.keys[0, :, :, :m_len],
                  "memory_values": mem.values[0, :, :, :m_len], "memory_mask": visible}
         out = _run_over_cache(self.graphs["moa_step"], cache, pending_mask, feeds,
                               {"o_hat": ((bsz, q_len, self.spec["hidden_size"]), self._dtype)})
         return out["o_hat"]
 
-    def logits(self, o_hat, target_positions, target_pending, target_offset: int) -> torch.Tensor:
+    def logits(self, o_hat, target_positions, target_pending) -> torch.Tensor:
         bsz, q_len, _ = o_hat.shape
         index = _all_positions(bsz, q_len, o_hat.device)
         logits = {"logits": ((bsz, q_len, self.target_spec["vocab_size"]), self._dtype)}
         if self.tli == 0:
             return self.graphs["lm_head"].run({"hidden_states": o_hat, "logits_index": index}, logits)["logits"]
-        # the tail's pending slots follow from target_pending's width (target_offset = its width - Q)
         first = self.target_spec["num_hidden_layers"] - self.tli
         feeds = {"hidden_states": o_hat, "position_ids": target_positions, "logits_index": index}
         return _run_over_cache(self.graphs["target_tail"], self.target_cache, target_pending, feeds, logits, first)["logits"]

@@ -8,13 +8,13 @@ maths (norms, MLPs, projections, rotary tables); the adapter owns only cache lay
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from specdec_kit.runtime.attention import cached_attention
+from specdec_kit.runtime.contract import LayerCache, TargetOutput
 from specdec_kit.runtime.device import resolve_device, resolve_dtype
 from specdec_kit.runtime.kv_cache import KVCache
 
@@ -23,12 +23,6 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
 
 class TargetLoadError(ValueError):
     """A target checkpoint that the runtime cannot drive; the message names the file and the field."""
-
-
-@dataclass
-class TargetOutput:
-    logits: torch.Tensor  # [B, Q', V] (Q' = Q, or the number of selected positions)
-    features: torch.Tensor  # [B, Q, d]
 
 
 class TargetModel(nn.Module):
@@ -115,13 +109,18 @@ class TargetModel(nn.Module):
         cache: KVCache,
         logits_at: torch.Tensor | None = None,
     ) -> TargetOutput:
-        """Run Q new tokens per row (a tree, a chain or a prompt) over the cache.
+        """Run Q new tokens per row (a tree, a chain or a prompt) over the cache (``TargetStep``).
 
         tokens, positions: [B, Q]; pending_mask: [B, Q, Q] which new tokens each new token sees
         (itself and its tree ancestors); the committed prefix is always visible. K/V of the new tokens
         land in the pending slots ``lengths + [0, Q)``; ``cache.commit`` keeps the accepted ones.
         logits_at: optional [B, Q'] indices of the positions that need logits (prefill needs one).
         """
+        return self.cached_step(tokens, positions, pending_mask, cache, logits_at)
+
+    def cached_step(self, tokens: torch.Tensor, positions: torch.Tensor, pending_mask: torch.Tensor, cache: LayerCache,
+                    logits_at: torch.Tensor | None = None) -> TargetOutput:
+        """``forward`` without ``inference_mode``, over any ``LayerCache``: what the ONNX export traces."""
         inner = self.hf_model.model
         hidden = inner.embed_tokens(tokens)
         features = self.run_layers(hidden, positions, pending_mask, cache, 0)
@@ -130,25 +129,20 @@ class TargetModel(nn.Module):
         )
         return TargetOutput(logits=self.hf_model.lm_head(selected), features=features)
 
-    def run_layers(self, hidden: torch.Tensor, positions: torch.Tensor, pending_mask: torch.Tensor, cache: KVCache,
-                   first_layer: int, offset: int = 0) -> torch.Tensor:
-        """Decoder layers ``first_layer`` .. L-1 and the final norm on ``hidden`` [B, Q, d]; new K/V go to the
-        pending slots ``lengths + offset + [0, Q)``. The whole forward runs all layers; a Mixture-of-Attentions
+    def run_layers(self, hidden: torch.Tensor, positions: torch.Tensor, pending_mask: torch.Tensor, cache: LayerCache,
+                   first_layer: int) -> torch.Tensor:
+        """Decoder layers ``first_layer`` .. L-1 and the final norm on ``hidden`` [B, Q, d]; ``pending_mask``
+        [B, Q, P] as in ``runtime/contract.py``. The whole forward runs all layers; a Mixture-of-Attentions
         draft with TLI = N runs the last N over the same cache (its entries stay pending, never committed)."""
         inner = self.hf_model.model
-        q_len = hidden.shape[1]
-        k_len = cache.key_length(pending_mask.shape[-1])  # one host sync per call
-        cache.ensure_capacity(k_len)
+        window = cache.window(pending_mask)
         cos, sin = inner.rotary_emb(hidden, positions)
-        slots = cache.slots(q_len, offset)
-        mask = cache.attention_mask(pending_mask, k_len)
         for i in range(first_layer, self.num_layers):
             layer = inner.layers[i]
             residual = hidden
             hidden = layer.input_layernorm(hidden)
             hidden = cached_attention(
-                layer.self_attn, hidden, cos, sin, cache, i, slots, mask, k_len,
-                self.num_heads, self.num_kv_heads, self.head_dim,
+                layer.self_attn, hidden, cos, sin, window, i, self.num_heads, self.num_kv_heads, self.head_dim,
             )
             hidden = residual + hidden
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))

@@ -14,6 +14,7 @@ from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
 from specdec_kit.runtime.attention import cached_attention
+from specdec_kit.runtime.contract import AttentionWindow, LayerCache
 from specdec_kit.runtime.kv_cache import KVCache
 
 
@@ -55,13 +56,13 @@ class DraftDecoderLayer(nn.Module):
         self.mlp = DraftMLP(config, out)
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, hidden, cos, sin, cache: KVCache, slots, mask, k_len: int) -> torch.Tensor:
+    def forward(self, hidden, cos, sin, window: AttentionWindow) -> torch.Tensor:
         residual = hidden
         if self.index != 0:
             hidden = self.input_layernorm(hidden)
         attn = self.self_attn
         hidden = residual + cached_attention(
-            attn, hidden, cos, sin, cache, self.index, slots, mask, k_len, attn.num_heads, attn.num_kv_heads, attn.head_dim
+            attn, hidden, cos, sin, window, self.index, attn.num_heads, attn.num_kv_heads, attn.head_dim
         )
         residual = torch.cat((hidden, hidden), dim=-1) if self.widened else hidden
         return residual + self.mlp(self.post_attention_layernorm(hidden))
@@ -100,26 +101,27 @@ class FeatureDraft(nn.Module):
         raise NotImplementedError
 
     @torch.inference_mode()
-    def step(
+    def step(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, pending_mask: torch.Tensor,
+             cache: LayerCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """One cached decoding step -> (prediction, regression) features; see ``cached_step``."""
+        return self.cached_step(features, tokens, positions, pending_mask, cache)
+
+    def cached_step(
         self,
         features: torch.Tensor,
         tokens: torch.Tensor,
         positions: torch.Tensor,
         pending_mask: torch.Tensor,
-        cache: KVCache,
-        offset: int = 0,
+        cache: LayerCache,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One cached inference step (decoding only; training runs its own full-sequence forward).
+        """One cached step outside ``inference_mode`` (what the ONNX export traces; training runs its own
+        full-sequence forward) -> (prediction, regression) features.
 
-        features [B, Q, d] paired with the tokens [B, Q] that follow them; new K/V go to the pending
-        slots ``lengths + offset + [0, Q)`` and ``pending_mask`` [B, Q, offset + Q] picks the visible ones."""
-        q_len = tokens.shape[1]
-        k_len = cache.key_length(pending_mask.shape[-1])  # = longest row + offset + Q
-        cache.ensure_capacity(k_len)
+        features [B, Q, d] paired with the tokens [B, Q] that follow them; ``pending_mask`` [B, Q, P] picks the
+        visible pending slots, the new tokens' own being the last Q (see ``runtime/contract.py``)."""
+        window = cache.window(pending_mask)
         hidden = self.fuse(features, self.embed_tokens(tokens).to(features.dtype))
         cos, sin = self.rotary_emb(hidden, positions)
-        slots = cache.slots(q_len, offset)
-        mask = cache.attention_mask(pending_mask, k_len)
         for layer in self.layers:
-            hidden = layer(hidden, cos, sin, cache, slots, mask, k_len)
+            hidden = layer(hidden, cos, sin, window)
         return self.split(hidden)

@@ -1,4 +1,4 @@
-"""Mixture of Attentions draft (``shared/seeds/001``): LSA over the target's KV cache, SA over tokens,
+"""Mixture of Attentions draft (Zimmer et al., "Mixture of Attentions for Speculative Decoding"): LSA over the target's KV cache, SA over tokens,
 CA from tokens to LSA memory, and Target Layer Inference.
 
 * **LSA** (``LayerSelfAttention``): for each verified position, self-attention across the target's L
@@ -26,6 +26,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEm
 
 from specdec_kit.runtime.attention import apply_rope, cached_attention
 from specdec_kit.runtime.drafts.layers import DraftAttention, DraftMLP
+from specdec_kit.runtime.contract import AttentionWindow
 from specdec_kit.runtime.kv_cache import KVCache
 
 
@@ -61,9 +62,9 @@ class TokenSelfAttention(nn.Module):
         self.post_attention_layernorm = LlamaRMSNorm(d, eps=config.rms_norm_eps)
         self.mlp = DraftMLP(config, d)
 
-    def forward(self, hidden, cos, sin, cache: KVCache, slots, mask, k_len: int) -> torch.Tensor:
+    def forward(self, hidden, cos, sin, window: AttentionWindow) -> torch.Tensor:
         a = self.self_attn
-        hidden = hidden + cached_attention(a, self.input_layernorm(hidden), cos, sin, cache, 0, slots, mask, k_len,
+        hidden = hidden + cached_attention(a, self.input_layernorm(hidden), cos, sin, window, 0,
                                            a.num_heads, a.num_kv_heads, a.head_dim)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 

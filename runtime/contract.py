@@ -1,0 +1,122 @@
+"""The backend contract: what the generation loop, the drafters and the model layers ask of a target step, a
+draft step and a cache.
+
+Every backend implements these: the PyTorch modules (``TargetModel``, ``TorchFeatureStep``, ``TorchMoAStep``,
+``MedusaHeads``) and the ONNX Runtime graphs (``runtime/ort_backend.py``); the ONNX export runs the PyTorch
+modules over a ``GraphCache`` (``runtime/graphs.py``), which implements ``LayerCache`` with the past keys and
+values as graph inputs. A new backend implements the protocols below and registers its drafters in
+``runtime/registry.py``; nothing else in the loop, the server or the client-server code changes.
+
+Shapes: B rows, Q new tokens per row, P pending slots a new token may see (the earlier levels of a draft tree
+plus the Q new tokens themselves, so the new tokens' own slots start at ``P - Q`` past each row's committed
+length), K key slots attended to, d model width, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import torch
+
+if TYPE_CHECKING:
+    from specdec_kit.runtime.kv_cache import KVCache
+
+
+class AttentionWindow(Protocol):
+    """One forward's view of a cache, as attention layers use it: the mask, and where each layer's new keys and
+    values go and what they attend to."""
+
+    mask: torch.Tensor | None  # [B, 1, Q, K] bool, or None when every key is visible
+
+    def update(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the new tokens' keys/values [B, H, Q, D] of ``layer``; return every key/value [B, H, K, D] the new
+        tokens attend to (under ``mask``)."""
+        ...
+
+
+@runtime_checkable
+class LayerCache(Protocol):
+    """Anything model layers can attend over: the runtime's ``KVCache`` or an export's ``GraphCache``."""
+
+    def window(self, pending_mask: torch.Tensor) -> AttentionWindow:
+        """The window of one forward of Q new tokens; ``pending_mask`` [B, Q, P] says which of the P pending slots
+        each new token sees (the last Q are the new tokens themselves); committed slots are always visible."""
+        ...
+
+
+@dataclass
+class TargetOutput:
+    logits: torch.Tensor  # [B, Q', V] (Q' = Q, or the number of positions asked for)
+    features: torch.Tensor  # [B, Q, d]
+
+
+@runtime_checkable
+class TargetStep(Protocol):
+    """The target as the loop drives it: one tree-verification forward over the runtime's ``KVCache``."""
+
+    architecture: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int
+    max_context: int
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    def eos_token_ids(self) -> list[int]: ...
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache: ...
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, pending_mask: torch.Tensor, cache: KVCache,
+                 logits_at: torch.Tensor | None = None) -> TargetOutput:
+        """tokens, positions [B, Q]; pending_mask [B, Q, Q]; new K/V land in the pending slots ``lengths + [0, Q)``
+        (``cache.commit`` keeps the accepted ones); ``logits_at`` [B, Q'] selects the positions that need logits."""
+        ...
+
+
+@runtime_checkable
+class FeatureStep(Protocol):
+    """One cached step of an EAGLE/HASS/GRIFFIN draft, ending in logits (the target's LM head included)."""
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache: ...
+
+    def __call__(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+                 pending_mask: torch.Tensor, cache: KVCache,
+                 logits_at: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """features [B, Q, d] paired with the tokens [B, Q] after them -> (logits [B, Q' or Q, V], the regression
+        features [B, Q, d] the next step takes as its feature input)."""
+        ...
+
+
+@runtime_checkable
+class TokenStep(Protocol):
+    """One cached step of a draft that reads tokens only (Mixture of Attentions: its memory of the target's K/V
+    is the step's own state, updated once per cycle)."""
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache: ...
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, pending_mask: torch.Tensor,
+                 cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (logits [B, Q, V], the predicted activations [B, Q, d] of the step)."""
+        ...
+
+
+@runtime_checkable
+class MedusaStep(Protocol):
+    """Medusa heads: the last verified feature [B, d] -> logits of every head [B, heads, V]."""
+
+    num_heads: int
+
+    def __call__(self, features: torch.Tensor) -> torch.Tensor: ...
