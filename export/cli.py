@@ -10,13 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-from specdec_kit.export.inputs import BuildError, BuildInputs, resolve_paths
-from specdec_kit.runtime.device import DTYPES, resolve_device
-from specdec_kit.runtime.drafts.loading import DRAFT_KINDS, DraftLoadError
-from specdec_kit.runtime.loader import resolve_tree
-from specdec_kit.runtime.manifest import BACKENDS, EngineError
-from specdec_kit.runtime.target import TargetLoadError
-from specdec_kit.runtime.trees import tree_to_dict
+# Only light modules at the top: --help answers before torch loads (the build imports it in main).
+from specdec_kit.runtime.manifest import BACKENDS, DTYPE_NAMES
+from specdec_kit.runtime.registry import draft_kinds
 
 # The CPU demo's dynamic tree (as in specdec-generate --zoo): verifying 60 nodes costs a CPU far more than one token.
 CPU_DEMO_TREE = {"total_tokens": 12, "depth": 5, "top_k": 2}
@@ -43,7 +39,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                "      --total-tokens 60 --depth 5 --top-k 10\n"
                "  python export/build_engine.py --draft hass --backend tensorrt-llm --tp 4 --target ./llama "
                "--draft-path ./hass")
-    p.add_argument("--draft", required=True, choices=DRAFT_KINDS, help="draft method")
+    p.add_argument("--draft", required=True, choices=draft_kinds(), help="draft method")
     p.add_argument("--draft-path", type=Path, help="draft checkpoint directory (official layout of the method)")
     p.add_argument("--target", type=Path, help="Hugging Face target checkpoint directory (Llama/Mistral/Qwen2)")
     p.add_argument("--tokenizer", type=Path, help="tokenizer directory (default: the target's)")
@@ -53,7 +49,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--total-tokens", type=int, help="dynamic tree: nodes including the root")
     p.add_argument("--depth", type=int, help="dynamic tree: expansion steps after the first level")
     p.add_argument("--top-k", type=int, help="dynamic tree: beams and children per beam")
-    p.add_argument("--dtype", default="auto", choices=["auto", *sorted(DTYPES)],
+    p.add_argument("--dtype", default="auto", choices=["auto", *sorted(DTYPE_NAMES)],
                    help="auto: float32 for CPU engines, float16 for GPU engines and server exports")
     p.add_argument("--device", default="auto", help="where to load and check the model while building (cpu, cuda)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (tensorrt-llm, sglang)")
@@ -70,7 +66,9 @@ def resolve_dtype_name(backend: str, dtype: str, device) -> str:
             return "float16"
         return "float16" if device.type == "cuda" and backend == "onnxruntime" else (
             "bfloat16" if device.type == "cuda" else "float32")
-    name = str(DTYPES[dtype]).removeprefix("torch.")
+    from specdec_kit.export.inputs import BuildError
+
+    name = DTYPE_NAMES[dtype]
     if backend == "onnxruntime" and name not in ("float32", "float16"):
         raise BuildError(f"--dtype {dtype}: ONNX Runtime engines are float32 or float16")
     if backend == "onnxruntime" and name == "float16" and device.type != "cuda":
@@ -83,6 +81,9 @@ def resolve_tree_dict(draft: str, backend: str, demo: bool, spec: str | None = N
                       depth: int | None = None, top_k: int | None = None) -> dict:
     """The tree an engine records: the options given, else the backend's and (for the demo zoo on the embedded
     backends) the CPU-sized defaults."""
+    from specdec_kit.runtime.loader import resolve_tree
+    from specdec_kit.runtime.trees import tree_to_dict
+
     if spec is None and backend == "sglang":
         spec = "dynamic"  # SGLang drafts EAGLE-style dynamic trees only
     if demo and spec is None and backend in ("onnxruntime", "torch"):
@@ -138,6 +139,12 @@ def summarize(result, args) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from transformers.utils import logging as hf_logging
+
+    from specdec_kit.export.inputs import BuildError, BuildInputs, resolve_paths
+    from specdec_kit.runtime.device import resolve_device
+    from specdec_kit.runtime.drafts.loading import DraftLoadError
+    from specdec_kit.runtime.manifest import EngineError
+    from specdec_kit.runtime.target import TargetLoadError
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()

@@ -16,9 +16,10 @@ from typing import Any, Callable
 import torch
 
 from specdec_kit.export.inputs import BuildError
-from specdec_kit.export.onnx_graphs import OPSET, export_feature_draft, export_medusa, export_moa, export_target
-from specdec_kit.runtime.drafting import FeatureDraftStep, FeatureTreeDrafter, MedusaDrafter
+from specdec_kit.export.onnx_graphs import OPSET, export_plan
 from specdec_kit.runtime.generate import SpeculativeGenerator
+from specdec_kit.runtime.graphs import target_plan
+from specdec_kit.runtime.registry import draft_kind
 from specdec_kit.runtime.target import TargetModel
 
 # float32 on CPU: the parity bound for logits/features (graph fusions reorder float sums).
@@ -110,31 +111,24 @@ def greedy_identity(target: TargetModel, torch_drafter, ort_target, ort_drafter,
     return all(a.tokens == b.tokens for a, b in zip(ref, got))
 
 
-def build_onnx(staging: Path, target: TargetModel, draft_kind: str, draft_module, tree, manifest_target: dict,
+def build_onnx(staging: Path, target: TargetModel, draft_kind_name: str, draft_module, tree, manifest_target: dict,
                manifest_draft: dict, prompts: list[list[int]], step: Callable[[str], None]) -> dict[str, Any]:
     """Write graphs/ under ``staging``; return the manifest's ``artifacts`` and ``onnx`` sections."""
     import onnxruntime as ort
 
-    from specdec_kit.runtime.moa_drafting import MoAStep, MoATreeDrafter
-    from specdec_kit.runtime.ort_backend import (
-        OrtFeatureDraftStep, OrtGraph, OrtMedusaHeads, OrtMoAStep, OrtTarget, providers_for,
-    )
+    from specdec_kit.runtime.ort_backend import OrtGraph, OrtTarget, providers_for
 
+    family = draft_kind(draft_kind_name).family
     graphs = staging / "graphs"
     graphs.mkdir(parents=True)
     device = target.device
     providers = providers_for(device)
     step("exporting the target's tree-verification step to ONNX")
     with quiet_export():
-        export_target(target, graphs / "target_step.onnx")
-    step(f"exporting the {draft_kind} draft to ONNX")
+        export_plan(target_plan(target), graphs)
+    step(f"exporting the {draft_kind_name} draft to ONNX")
     with quiet_export():
-        if draft_kind == "medusa":
-            roles = [export_medusa(draft_module, graphs / "medusa_heads.onnx").stem]
-        elif draft_kind == "moa":
-            roles = list(export_moa(draft_module, target, graphs))
-        else:
-            roles = [export_feature_draft(draft_module, target.lm_head, graphs / "draft_step.onnx").stem]
+        roles = [export_plan(plan, graphs).stem for plan in family.graph_plans(draft_module, target)]
     artifacts = {}
     for role in ("target_step", *roles):
         step(f"checking and optimizing {role}.onnx")
@@ -147,16 +141,10 @@ def build_onnx(staging: Path, target: TargetModel, draft_kind: str, draft_module
     dtype = target.dtype
     ort_target = OrtTarget(OrtGraph(graphs / "target_step.optimized.onnx", device), manifest_target, dtype)
     parity = target_parity(target, ort_target, manifest_target["vocab_size"])
-    optimized = {role: OrtGraph(graphs / f"{role}.optimized.onnx", device) for role in roles}
-    if draft_kind == "medusa":
-        torch_drafter = MedusaDrafter(draft_module, tree)
-        ort_drafter = MedusaDrafter(OrtMedusaHeads(optimized["medusa_heads"], manifest_draft, dtype), tree)
-    elif draft_kind == "moa":
-        torch_drafter = MoATreeDrafter(MoAStep(draft_module, target), tree)
-        ort_drafter = MoATreeDrafter(OrtMoAStep(optimized, manifest_draft, manifest_target, dtype, ort_target), tree)
-    else:
-        torch_drafter = FeatureTreeDrafter(FeatureDraftStep(draft_module, target.lm_head), tree)
-        ort_drafter = FeatureTreeDrafter(OrtFeatureDraftStep(optimized["draft_step"], manifest_draft, dtype), tree)
+    torch_drafter = family.torch_drafter(draft_module, target, tree)
+    manifest = {"target": manifest_target, "draft": manifest_draft}
+    ort_drafter = family.ort_drafter(lambda role: OrtGraph(graphs / f"{role}.optimized.onnx", device), manifest,
+                                     ort_target, tree)
     bound = PARITY_ATOL.get(dtype, 5e-2)
     if max(parity.values()) > bound:
         raise BuildError(f"ONNX graph drifts from PyTorch: max |logits diff| {parity['logits']:.2e}, "

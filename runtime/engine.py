@@ -13,12 +13,14 @@ from typing import Any
 
 import torch
 
+from specdec_kit.runtime.contract import TargetStep
 from specdec_kit.runtime.device import DTYPES, resolve_device
-from specdec_kit.runtime.drafting import Drafter, FeatureTreeDrafter, MedusaDrafter, NoDrafter
+from specdec_kit.runtime.drafting import Drafter, NoDrafter
 from specdec_kit.runtime.generate import SpeculativeGenerator
 from specdec_kit.runtime.loader import load_tokenizer, make_drafter
 from specdec_kit.runtime.manifest import EngineError, read_manifest
-from specdec_kit.runtime.trees import StaticTree, tree_from_dict
+from specdec_kit.runtime.registry import draft_kind
+from specdec_kit.runtime.trees import tree_from_dict
 
 EMBEDDED_BACKENDS = ("onnxruntime", "torch")
 
@@ -29,7 +31,7 @@ class Engine:
 
     path: Path
     manifest: dict[str, Any]
-    target: Any  # TargetModel or OrtTarget
+    target: TargetStep  # TargetModel or OrtTarget
     drafter: Drafter
     tokenizer: Any
     tree: Any
@@ -56,9 +58,6 @@ def _expect(manifest: dict, path: Path, key: str, found: Any, expected: Any) -> 
 
 TARGET_KEYS = ("architecture", "num_hidden_layers", "num_key_value_heads", "head_dim", "hidden_size", "vocab_size",
                "max_context")
-DRAFT_KEYS = {"medusa": ("medusa_num_heads", "vocab_size"),
-              "moa": ("moa_tli", "num_key_value_heads", "head_dim", "hidden_size", "vocab_size"),
-              "feature": ("num_hidden_layers", "num_key_value_heads", "head_dim", "hidden_size", "vocab_size")}
 
 
 def _require(manifest: dict, root: Path, section: str, keys) -> None:
@@ -68,13 +67,11 @@ def _require(manifest: dict, root: Path, section: str, keys) -> None:
 
 
 def _ort_components(root: Path, manifest: dict, device: torch.device, tree):
-    from specdec_kit.runtime.ort_backend import (
-        OrtFeatureDraftStep, OrtGraph, OrtMedusaHeads, OrtMoAStep, OrtTarget, providers_for,
-    )
+    from specdec_kit.runtime.ort_backend import OrtGraph, OrtTarget, providers_for
 
-    kind = manifest["draft"]["kind"]
+    family = draft_kind(manifest["draft"]["kind"]).family
     _require(manifest, root, "target", TARGET_KEYS)
-    _require(manifest, root, "draft", DRAFT_KEYS.get(kind, DRAFT_KEYS["feature"]))
+    _require(manifest, root, "draft", family.manifest_keys)
     dtype = DTYPES[manifest["dtype"]]
     onnx_info = manifest.get("onnx", {})
     provider = providers_for(device)[0]
@@ -83,19 +80,13 @@ def _ort_components(root: Path, manifest: dict, device: torch.device, tree):
     arts = manifest["artifacts"]
 
     def graph(role: str) -> OrtGraph:
-        rel = arts[f"{role}_optimized"] if use_optimized else arts[role]
-        return OrtGraph(root / rel, device, optimize=not use_optimized)
+        key = f"{role}_optimized" if use_optimized else role
+        if key not in arts:
+            raise EngineError(f"{root / 'manifest.json'}: key artifacts.{key} is missing")
+        return OrtGraph(root / arts[key], device, optimize=not use_optimized)
 
     target = OrtTarget(graph("target_step"), manifest["target"], dtype)
-    if kind == "medusa":
-        return target, MedusaDrafter(OrtMedusaHeads(graph("medusa_heads"), manifest["draft"], dtype), tree)
-    if kind == "moa":
-        from specdec_kit.runtime.moa_drafting import MoATreeDrafter
-
-        finish = "lm_head" if int(manifest["draft"].get("moa_tli", 0)) == 0 else "target_tail"
-        graphs = {role: graph(role) for role in ("moa_memory", "moa_step", finish)}
-        return target, MoATreeDrafter(OrtMoAStep(graphs, manifest["draft"], manifest["target"], dtype, target), tree)
-    return target, FeatureTreeDrafter(OrtFeatureDraftStep(graph("draft_step"), manifest["draft"], dtype), tree)
+    return target, family.ort_drafter(graph, manifest, target, tree)
 
 
 def open_engine(
@@ -120,7 +111,12 @@ def open_engine(
                           f"serve it with: {serve}")
     dev = resolve_device(device)
     try:
+        kind = draft_kind(manifest["draft"]["kind"])
+    except ValueError as exc:
+        raise EngineError(f"{root / 'manifest.json'}: key draft.kind: {exc}") from None
+    try:
         tree = tree_from_dict(manifest["tree"])
+        kind.family.check_tree(tree)
     except (KeyError, TypeError, ValueError) as exc:
         raise EngineError(f"{root / 'manifest.json'}: key 'tree' is invalid ({exc})") from exc
     if backend == "onnxruntime":
@@ -131,7 +127,5 @@ def open_engine(
         arts = manifest["artifacts"]
         target = TargetModel.from_pretrained(root / arts["target"], dtype=manifest["dtype"], device=dev)
         drafter = make_drafter(target, manifest["draft"]["kind"], root / arts["draft"], tree)
-    if manifest["draft"]["kind"] == "medusa" and not isinstance(tree, StaticTree):
-        raise EngineError(f"{root / 'manifest.json'}: a Medusa engine needs a static tree, found {manifest['tree']}")
     tokenizer = load_tokenizer(root / manifest["tokenizer"]["path"])
     return Engine(path=root, manifest=manifest, target=target, drafter=drafter, tokenizer=tokenizer, tree=tree)

@@ -6,54 +6,55 @@ from pathlib import Path
 
 import torch
 
-from specdec_kit.runtime.drafting import Drafter, FeatureDraftStep, FeatureTreeDrafter, MedusaDrafter, NoDrafter
-from specdec_kit.runtime.drafts.loading import DRAFT_KINDS, load_draft
+from specdec_kit.runtime.drafting import Drafter, NoDrafter
+from specdec_kit.runtime.drafts.loading import load_draft
+from specdec_kit.runtime.registry import draft_kind, draft_kinds
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree, parse_tree_spec
 
-DEFAULT_TREES = {"medusa": "static:mc_sim_7b_63", "eagle": "static:eagle1_default"}
+
+def _default_tree_spec(kind: str) -> str:
+    return "dynamic" if kind == "none" else draft_kind(kind).default_tree
 
 
 def resolve_tree(kind: str, spec: str | None, total_tokens: int | None, depth: int | None, top_k: int | None):
-    """The tree a draft kind uses: EAGLE-1 and Medusa default to their static trees, the others dynamic."""
-    tree = parse_tree_spec(spec or DEFAULT_TREES.get(kind, "dynamic"))
+    """The tree a draft kind uses: its registered default (EAGLE-1 and Medusa static, the others dynamic)
+    unless ``spec`` names one; the dynamic-tree options apply to dynamic trees only."""
+    tree = parse_tree_spec(spec or _default_tree_spec(kind))
     if isinstance(tree, DynamicTreeConfig):
         tree = DynamicTreeConfig(
             total_tokens=total_tokens or tree.total_tokens, depth=tree.depth if depth is None else depth,
             top_k=top_k or tree.top_k,
         )
-    elif kind != "medusa" and any(v is not None for v in (total_tokens, depth, top_k)):
-        raise ValueError("--total-tokens/--depth/--top-k apply to dynamic trees only")
+    elif any(v is not None for v in (total_tokens, depth, top_k)):
+        raise ValueError(f"--total-tokens/--depth/--top-k apply to dynamic trees only; the {kind} tree is {spec or 'static'}")
     return tree
 
 
 def default_tree(kind: str, dynamic: DynamicTreeConfig, medusa_spec: str) -> StaticTree | DynamicTreeConfig:
-    """Each kind's usual tree when running several kinds side by side: EAGLE-1 its static tree, Medusa
-    ``medusa_spec``, the dynamic-tree methods (EAGLE-2, HASS, GRIFFIN) ``dynamic``."""
-    if kind == "medusa":
-        return parse_tree_spec(medusa_spec)
-    return parse_tree_spec(DEFAULT_TREES[kind]) if kind in DEFAULT_TREES else dynamic
+    """Each kind's usual tree when running several kinds side by side: its registered static tree (EAGLE-1),
+    ``medusa_spec`` for Medusa (usually a prefix of its full tree), ``dynamic`` for the dynamic-tree methods."""
+    spec = _default_tree_spec(kind)
+    if spec == "dynamic":
+        return dynamic
+    return parse_tree_spec(medusa_spec if draft_kind(kind).family.name == "medusa" else spec)
+
+
+def load_draft_for(target: TargetModel, kind: str, draft_path: str | Path):
+    """A draft checkpoint of ``kind`` loaded strictly against ``target`` (on its device, in its dtype)."""
+    shape = (target.num_layers, 2 * target.num_kv_heads * target.head_dim)
+    return load_draft(draft_path, kind, target.hidden_size, target.vocab_size, dtype=target.dtype,
+                      device=target.device, target_shape=shape)
 
 
 def make_drafter(target: TargetModel, kind: str, draft_path: str | Path | None, tree) -> Drafter:
     if kind == "none":
         return NoDrafter()
-    if kind not in DRAFT_KINDS:
-        raise ValueError(f"unknown draft {kind!r}; expected one of {['none', *DRAFT_KINDS]}")
+    if kind not in draft_kinds():
+        raise ValueError(f"unknown draft {kind!r}; expected one of {['none', *draft_kinds()]}")
     if draft_path is None:
         raise ValueError(f"draft {kind!r} needs a checkpoint directory")
-    shape = (target.num_layers, 2 * target.num_kv_heads * target.head_dim)
-    module = load_draft(draft_path, kind, target.hidden_size, target.vocab_size, dtype=target.dtype, device=target.device,
-                        target_shape=shape)
-    if kind == "medusa":
-        if not isinstance(tree, StaticTree):
-            raise ValueError("Medusa heads draft static trees only (e.g. static:mc_sim_7b_63)")
-        return MedusaDrafter(module, tree)
-    if kind == "moa":
-        from specdec_kit.runtime.moa_drafting import MoAStep, MoATreeDrafter
-
-        return MoATreeDrafter(MoAStep(module, target), tree)
-    return FeatureTreeDrafter(FeatureDraftStep(module, target.lm_head), tree)
+    return draft_kind(kind).family.torch_drafter(load_draft_for(target, kind, draft_path), target, tree)
 
 
 def load_tokenizer(path: str | Path):

@@ -2,7 +2,7 @@
 
 from specdec_kit.runtime.drafts.eagle import EagleDraft
 from specdec_kit.runtime.drafts.griffin import GriffinDraft
-from specdec_kit.runtime.drafts.loading import DRAFT_KINDS, DraftLoadError, load_draft
+from specdec_kit.runtime.drafts.loading import DraftLoadError, load_draft
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
 
-__all__ = ["DRAFT_KINDS", "DraftLoadError", "EagleDraft", "GriffinDraft", "MedusaHeads", "load_draft"]
+__all__ = ["DraftLoadError", "EagleDraft", "GriffinDraft", "MedusaHeads", "load_draft"]

@@ -1,6 +1,6 @@
 """Strict loading (and writing) of draft checkpoints in their official layouts.
 
-Layouts (``reference/drafts.md``):
+Layouts (as the reference implementations write them):
 
 * EAGLE-1/2, HASS, GRIFFIN: ``config.json`` (a Llama config with ``num_hidden_layers`` 1 and the
   optional ``bias`` / ``qkv_bias`` keys) + ``pytorch_model.bin`` (or ``model.safetensors``).
@@ -9,7 +9,8 @@ Layouts (``reference/drafts.md``):
   ``model.safetensors`` / ``pytorch_model.bin`` holding ``medusa_head.*`` keys beside base weights.
 
 The single key map per format lives in ``_key_map``; everything else is a strict ``load_state_dict``
-preceded by checks that name the file, the key and the expected and found values.
+preceded by checks that name the file, the key and the expected and found values. Which builder and which
+weight files a kind uses is the drafter registry's (``runtime/registry.py``).
 """
 
 from __future__ import annotations
@@ -27,9 +28,6 @@ from specdec_kit.runtime.drafts.griffin import GriffinDraft
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
 from specdec_kit.runtime.drafts.moa import MoADraft
 
-DRAFT_KINDS = ("griffin", "eagle", "eagle2", "hass", "medusa", "moa")
-FEATURE_WEIGHT_FILES = ("pytorch_model.bin", "model.safetensors")
-MEDUSA_WEIGHT_FILES = ("medusa_lm_head.pt", "medusa_lm_head.safetensors", "model.safetensors", "pytorch_model.bin")
 MEDUSA_PREFIX = "medusa_head."
 
 
@@ -92,10 +90,10 @@ def llama_config(config: dict[str, Any], file: Path) -> LlamaConfig:
     return LlamaConfig(**fields)
 
 
-def _key_map(kind: str, file: Path, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _key_map(module: nn.Module, file: Path, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The one documented renaming per layout: Medusa's legacy files lack the ``medusa_head.`` prefix,
     and a full Medusa model file also carries base-model weights, which the draft does not own."""
-    if kind != "medusa":
+    if not isinstance(module, MedusaHeads):  # the other layouts store the module's own keys
         return state
     if file.name.startswith("medusa_lm_head"):
         return {MEDUSA_PREFIX + k: v for k, v in state.items()}
@@ -124,38 +122,62 @@ def strict_load(module: nn.Module, state: dict[str, torch.Tensor], file: Path) -
     module.load_state_dict(state, strict=True)
 
 
+def build_medusa(config: dict[str, Any], file: Path, target_hidden: int, target_vocab: int,
+                 target_shape: tuple[int, int] | None = None) -> MedusaHeads:
+    heads = int(_require(config, "medusa_num_heads", file))
+    layers = int(config.get("medusa_num_layers", 1))
+    if heads < 1 or layers < 0:
+        raise DraftLoadError(f"{file}: medusa_num_heads must be >= 1 and medusa_num_layers >= 0, found {heads}, {layers}")
+    if "hidden_size" in config:
+        _check_fits(file, "hidden_size", target_hidden, config["hidden_size"])
+    return MedusaHeads(target_hidden, target_vocab, heads, layers)
+
+
+def _fitting_llama_config(config: dict[str, Any], file: Path, target_hidden: int, target_vocab: int) -> LlamaConfig:
+    cfg = llama_config(config, file)
+    _check_fits(file, "hidden_size", target_hidden, cfg.hidden_size)
+    _check_fits(file, "vocab_size", target_vocab, cfg.vocab_size)
+    return cfg
+
+
+def build_moa(config: dict[str, Any], file: Path, target_hidden: int, target_vocab: int,
+              target_shape: tuple[int, int] | None = None) -> MoADraft:
+    cfg = _fitting_llama_config(config, file, target_hidden, target_vocab)
+    layers, kv_dim = int(_require(config, "target_num_layers", file)), int(_require(config, "target_kv_dim", file))
+    if target_shape is not None:
+        _check_fits(file, "target_num_layers", target_shape[0], layers)
+        _check_fits(file, "target_kv_dim", target_shape[1], kv_dim)
+    tli = int(config.get("moa_tli", 0))
+    if not 0 <= tli <= layers:
+        raise DraftLoadError(f"{file}: moa_tli = {tli}, expected 0..{layers} (the target's layers)")
+    return MoADraft(cfg, layers, kv_dim, tli=tli, lsa_heads=int(config.get("moa_lsa_heads", 4)))
+
+
+def build_griffin(config: dict[str, Any], file: Path, target_hidden: int, target_vocab: int,
+                  target_shape: tuple[int, int] | None = None) -> GriffinDraft:
+    cfg = _fitting_llama_config(config, file, target_hidden, target_vocab)
+    if cfg.num_hidden_layers != 1:
+        raise DraftLoadError(f"{file}: key 'num_hidden_layers' is {cfg.num_hidden_layers}, expected 1 for GRIFFIN")
+    return GriffinDraft(cfg, qkv_bias=bool(config.get("qkv_bias", False)))
+
+
+def build_eagle(config: dict[str, Any], file: Path, target_hidden: int, target_vocab: int,
+                target_shape: tuple[int, int] | None = None) -> EagleDraft:
+    cfg = _fitting_llama_config(config, file, target_hidden, target_vocab)
+    return EagleDraft(cfg, fc_bias=bool(config.get("bias", True)), qkv_bias=bool(config.get("qkv_bias", False)))
+
+
 def build_draft(kind: str, config: dict[str, Any], file: Path, target_hidden: int, target_vocab: int,
                 target_shape: tuple[int, int] | None = None) -> nn.Module:
     """An uninitialised draft module of ``kind`` shaped by ``config`` (validated against the target;
     ``target_shape`` = (layers, 2 x kv_heads x head_dim) for drafts that read the target's KV cache)."""
-    if kind not in DRAFT_KINDS:
-        raise DraftLoadError(f"unknown draft kind {kind!r}; expected one of {list(DRAFT_KINDS)}")
-    if kind == "medusa":
-        heads = int(_require(config, "medusa_num_heads", file))
-        layers = int(config.get("medusa_num_layers", 1))
-        if heads < 1 or layers < 0:
-            raise DraftLoadError(f"{file}: medusa_num_heads must be >= 1 and medusa_num_layers >= 0, found {heads}, {layers}")
-        if "hidden_size" in config:
-            _check_fits(file, "hidden_size", target_hidden, config["hidden_size"])
-        return MedusaHeads(target_hidden, target_vocab, heads, layers)
-    cfg = llama_config(config, file)
-    _check_fits(file, "hidden_size", target_hidden, cfg.hidden_size)
-    _check_fits(file, "vocab_size", target_vocab, cfg.vocab_size)
-    qkv_bias = bool(config.get("qkv_bias", False))
-    if kind == "moa":
-        layers, kv_dim = int(_require(config, "target_num_layers", file)), int(_require(config, "target_kv_dim", file))
-        if target_shape is not None:
-            _check_fits(file, "target_num_layers", target_shape[0], layers)
-            _check_fits(file, "target_kv_dim", target_shape[1], kv_dim)
-        tli = int(config.get("moa_tli", 0))
-        if not 0 <= tli <= layers:
-            raise DraftLoadError(f"{file}: moa_tli = {tli}, expected 0..{layers} (the target's layers)")
-        return MoADraft(cfg, layers, kv_dim, tli=tli, lsa_heads=int(config.get("moa_lsa_heads", 4)))
-    if kind == "griffin":
-        if cfg.num_hidden_layers != 1:
-            raise DraftLoadError(f"{file}: key 'num_hidden_layers' is {cfg.num_hidden_layers}, expected 1 for GRIFFIN")
-        return GriffinDraft(cfg, qkv_bias=qkv_bias)
-    return EagleDraft(cfg, fc_bias=bool(config.get("bias", True)), qkv_bias=qkv_bias)
+    from specdec_kit.runtime.registry import draft_kind
+
+    try:
+        spec = draft_kind(kind)
+    except ValueError as exc:
+        raise DraftLoadError(str(exc)) from None
+    return spec.build(config, file, target_hidden, target_vocab, target_shape)
 
 
 def load_draft(
@@ -171,11 +193,13 @@ def load_draft(
     path = Path(path)
     if not path.is_dir():
         raise DraftLoadError(f"{path}: draft checkpoint directory does not exist")
+    from specdec_kit.runtime.registry import draft_kind
+
     config = read_config(path)
     config_file = path / "config.json"
     module = build_draft(kind, config, config_file, target_hidden, target_vocab, target_shape)
-    file = _find_file(path, MEDUSA_WEIGHT_FILES if kind == "medusa" else FEATURE_WEIGHT_FILES)
-    state = _key_map(kind, file, read_weights(file))
+    file = _find_file(path, draft_kind(kind).family.weight_files)
+    state = _key_map(module, file, read_weights(file))
     strict_load(module, state, file)
     return module.to(device=device, dtype=dtype).eval()
 
@@ -214,7 +238,7 @@ def save_draft(module: nn.Module, path: str | Path, kind: str, safetensors: bool
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(draft_config_dict(module, kind, base_model), indent=2))
     state = {k: v.detach().to("cpu").contiguous() for k, v in module.state_dict().items()}
-    if kind == "medusa":
+    if isinstance(module, MedusaHeads):
         state = {k[len(MEDUSA_PREFIX):]: v for k, v in state.items()}
         name = "medusa_lm_head.safetensors" if safetensors else "medusa_lm_head.pt"
     else:

@@ -1,0 +1,222 @@
+"""The drafter registry: every draft kind, and for each what builds its module, its drafter on each backend, its
+engine graphs and its client-server drafter.
+
+A draft kind belongs to a family (feature drafts: EAGLE-1/2, HASS, GRIFFIN; Medusa heads; Mixture of
+Attentions). The family says how a backend runs that kind of draft; the kind adds its module class, its usual
+tree and the engines that cannot run it. The loader, the engine reader, the ONNX build, the CLIs, client-server
+drafting and the tests look kinds up here: a new kind is one ``register`` call, a new family one class.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:  # the registry imports without torch (kind names for --help); backends load on use
+    from torch import nn
+
+    from specdec_kit.runtime.contract import TargetStep
+    from specdec_kit.runtime.drafting import Drafter, Tree
+    from specdec_kit.runtime.graphs import GraphPlan
+    from specdec_kit.runtime.ort_backend import OrtGraph
+    from specdec_kit.runtime.target import TargetModel
+
+# the graphs an ONNX Runtime engine holds for a draft, by role; ``graph(role)`` opens one
+GraphOpener = Callable[[str], "OrtGraph"]
+
+
+class DraftFamily(ABC):
+    """How each backend runs one family of drafts."""
+
+    name: str
+    manifest_keys: tuple[str, ...]  # the engine manifest's ``draft`` keys the ONNX Runtime drafter reads
+    weight_files: tuple[str, ...] = ("pytorch_model.bin", "model.safetensors")
+
+    @abstractmethod
+    def torch_drafter(self, module: nn.Module, target: TargetModel, tree: Tree) -> Drafter:
+        """The drafter over the PyTorch module, drafting for ``target``."""
+
+    @abstractmethod
+    def ort_drafter(self, graph: GraphOpener, manifest: dict[str, Any], target: TargetStep, tree: Tree) -> Drafter:
+        """The drafter over an ONNX Runtime engine's graphs (``manifest`` is the engine's)."""
+
+    @abstractmethod
+    def graph_plans(self, module: nn.Module, target: TargetModel) -> list[GraphPlan]:
+        """The draft's ONNX graphs (the target's step is exported for every kind)."""
+
+    def client_drafter(self, module: nn.Module, tail: TargetModel, tree: Tree) -> Drafter:
+        """The drafter of a client-server client, over the client's target tail (``edge/tail.py``)."""
+        raise ValueError(f"{self.name} drafts are not offered for client-server drafting "
+                         "(use an EAGLE-style or Mixture-of-Attentions draft)")
+
+    def check_tree(self, tree: Tree) -> None:
+        """Refuse a tree this family cannot draft (with the reason)."""
+
+
+class FeatureFamily(DraftFamily):
+    """EAGLE-1/2, HASS, GRIFFIN: a draft over the target's last-layer features, ending in the target's LM head."""
+
+    name = "feature"
+    manifest_keys = ("num_hidden_layers", "num_key_value_heads", "head_dim", "hidden_size", "vocab_size")
+
+    def torch_drafter(self, module, target, tree):
+        from specdec_kit.runtime.drafting import FeatureTreeDrafter, TorchFeatureStep
+
+        return FeatureTreeDrafter(TorchFeatureStep(module, target.lm_head), tree)
+
+    def ort_drafter(self, graph, manifest, target, tree):
+        from specdec_kit.runtime.drafting import FeatureTreeDrafter
+        from specdec_kit.runtime.ort_backend import OrtFeatureDraftStep
+
+        return FeatureTreeDrafter(OrtFeatureDraftStep(graph("draft_step"), manifest["draft"], target.dtype), tree)
+
+    def graph_plans(self, module, target):
+        from specdec_kit.runtime.graphs import feature_draft_plans
+
+        return feature_draft_plans(module, target)
+
+    def client_drafter(self, module, tail, tree):
+        return self.torch_drafter(module, tail, tree)
+
+
+class MedusaFamily(DraftFamily):
+    """Medusa heads: one head per depth over the last verified feature; static trees only."""
+
+    name = "medusa"
+    manifest_keys = ("medusa_num_heads", "vocab_size")
+    weight_files = ("medusa_lm_head.pt", "medusa_lm_head.safetensors", "model.safetensors", "pytorch_model.bin")
+
+    def check_tree(self, tree):
+        from specdec_kit.runtime.trees import StaticTree
+
+        if not isinstance(tree, StaticTree):
+            raise ValueError("Medusa heads draft static trees only (e.g. static:mc_sim_7b_63)")
+
+    def torch_drafter(self, module, target, tree):
+        from specdec_kit.runtime.drafting import MedusaDrafter
+
+        self.check_tree(tree)
+        return MedusaDrafter(module, tree)
+
+    def ort_drafter(self, graph, manifest, target, tree):
+        from specdec_kit.runtime.drafting import MedusaDrafter
+        from specdec_kit.runtime.ort_backend import OrtMedusaHeads
+
+        self.check_tree(tree)
+        return MedusaDrafter(OrtMedusaHeads(graph("medusa_heads"), manifest["draft"], target.dtype), tree)
+
+    def graph_plans(self, module, target):
+        from specdec_kit.runtime.graphs import medusa_plans
+
+        return medusa_plans(module, target)
+
+
+class MoAFamily(DraftFamily):
+    """Mixture of Attentions: LSA over the target's K/V of every layer, SA + CA, TLI through the target's last
+    layers."""
+
+    name = "moa"
+    manifest_keys = ("moa_tli", "num_key_value_heads", "head_dim", "hidden_size", "vocab_size")
+
+    def torch_drafter(self, module, target, tree):
+        from specdec_kit.runtime.moa_drafting import MoATreeDrafter, TorchMoAStep
+
+        return MoATreeDrafter(TorchMoAStep(module, target), tree)
+
+    def ort_drafter(self, graph, manifest, target, tree):
+        from specdec_kit.runtime.moa_drafting import MoATreeDrafter
+        from specdec_kit.runtime.ort_backend import OrtMoAStep
+
+        finish = "lm_head" if int(manifest["draft"].get("moa_tli", 0)) == 0 else "target_tail"
+        graphs = {role: graph(role) for role in ("moa_memory", "moa_step", finish)}
+        return MoATreeDrafter(OrtMoAStep(graphs, manifest["draft"], manifest["target"], target.dtype), tree)
+
+    def graph_plans(self, module, target):
+        from specdec_kit.runtime.graphs import moa_plans
+
+        return moa_plans(module, target)
+
+    def client_drafter(self, module, tail, tree):
+        """The client's CA memory arrives from the server (which runs LSA beside the target's layers)."""
+        from specdec_kit.runtime.moa_drafting import MoATreeDrafter, TorchMoAStep
+
+        return MoATreeDrafter(TorchMoAStep(module, tail), tree, lsa_from_target=False)
+
+
+# Why an engine cannot run a family's drafts, by backend (the builder refuses with this text).
+MOA_SERVER_ENGINES = (
+    "TensorRT-LLM and SGLang would need a drafter that reads the target's KV cache of every layer (LSA) and runs "
+    "the target's own last layers with draft-time KV entries (TLI): neither engine's EAGLE worker exposes the "
+    "target's per-layer KV pool to the draft model or lets it run target layers, so both need a custom worker, "
+    "not just a model class")
+
+
+@dataclass(frozen=True)
+class DraftKind:
+    """One ``--draft`` choice."""
+
+    name: str
+    family: DraftFamily
+    builder: str  # the name of its module builder in runtime/drafts/loading.py (config, file, target shape -> module)
+    description: str
+    default_tree: str = "dynamic"
+    refused_backends: dict[str, str] = field(default_factory=dict)  # backend -> why it cannot run this kind
+
+    def build(self, config: dict[str, Any], file: Path, target_hidden: int, target_vocab: int,
+              target_shape: tuple[int, int] | None = None) -> nn.Module:
+        from specdec_kit.runtime.drafts import loading
+
+        return getattr(loading, self.builder)(config, file, target_hidden, target_vocab, target_shape)
+
+    def refusal(self, backend: str) -> str | None:
+        """Why ``backend`` cannot run this kind, or None when it can."""
+        reason = self.refused_backends.get(backend)
+        if reason is None:
+            return None
+        runs_on = [b for b in ("onnxruntime", "torch", "tensorrt-llm", "sglang") if b not in self.refused_backends]
+        return f"--draft {self.name} builds for --backend {' or '.join(runs_on)}. {reason}"
+
+
+_KINDS: dict[str, DraftKind] = {}
+
+
+def register(kind: DraftKind) -> DraftKind:
+    if kind.name in _KINDS or kind.name == "none":
+        raise ValueError(f"draft kind {kind.name!r} is already registered")
+    _KINDS[kind.name] = kind
+    return kind
+
+
+def draft_kinds() -> tuple[str, ...]:
+    """The registered kinds, in registration order (``none``, plain decoding, is not one)."""
+    return tuple(_KINDS)
+
+
+def draft_kind(name: str) -> DraftKind:
+    try:
+        return _KINDS[name]
+    except KeyError:
+        raise ValueError(f"unknown draft kind {name!r}; expected one of {list(_KINDS)}") from None
+
+
+def drafter_for(kind: str, module: nn.Module, target: TargetModel, tree: Tree) -> Drafter:
+    """The PyTorch drafter of ``kind`` over a loaded draft module."""
+    return draft_kind(kind).family.torch_drafter(module, target, tree)
+
+
+def _register_builtin() -> None:
+    feature, medusa, moa = FeatureFamily(), MedusaFamily(), MoAFamily()
+    register(DraftKind("griffin", feature, "build_griffin", "GRIFFIN: TGF + TEH draft, token-alignable training"))
+    register(DraftKind("eagle", feature, "build_eagle", "EAGLE-1: feature draft on a static tree",
+                       default_tree="static:eagle1_default"))
+    register(DraftKind("eagle2", feature, "build_eagle", "EAGLE-2: EAGLE weights on dynamic trees"))
+    register(DraftKind("hass", feature, "build_eagle", "HASS: EAGLE layout, harmonized training, dynamic trees"))
+    register(DraftKind("medusa", medusa, "build_medusa", "Medusa heads on a static tree",
+                       default_tree="static:mc_sim_7b_63"))
+    register(DraftKind("moa", moa, "build_moa", "Mixture of Attentions (LSA, SA + CA, TLI)",
+                       refused_backends={"tensorrt-llm": MOA_SERVER_ENGINES, "sglang": MOA_SERVER_ENGINES}))
+
+
+_register_builtin()
