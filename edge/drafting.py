@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
-from specdec_kit.runtime.drafting import DraftTree, Drafter, FeatureDraftStep, FeatureTreeDrafter, NoDrafter
+from specdec_kit.runtime.drafting import DraftTree, Drafter, NoDrafter
 from specdec_kit.runtime.generate import append_context
 from specdec_kit.runtime.kv_cache import KVCache
-from specdec_kit.runtime.moa_drafting import MoAStep, MoATreeDrafter
+from specdec_kit.runtime.moa_drafting import MoATreeDrafter, TorchMoAStep
 
 
 @dataclass
@@ -34,13 +34,6 @@ class Context:
     feats: torch.Tensor  # [1, W, d] (empty width for drafts without per-position features)
     tokens: torch.Tensor  # [1, W]
     counts: torch.Tensor  # [1]
-
-
-def _caches_of(drafter: Drafter) -> list[KVCache]:
-    caches = [getattr(drafter, "cache", None)]
-    step = getattr(drafter, "step", None)
-    caches += [getattr(step, "memory", None), getattr(step, "target_cache", None)]
-    return [c for c in caches if c is not None]
 
 
 class EdgeDrafter:
@@ -61,13 +54,12 @@ class EdgeDrafter:
         self.ctx, self.consumed = None, True
 
     def mark(self) -> tuple:
-        """The state to come back to: cache lengths plus the pending context."""
-        return [c.lengths.clone() for c in _caches_of(self.drafter)], self.ctx, self.consumed
+        """The state to come back to: the drafter's checkpoint plus the pending context."""
+        return self.drafter.checkpoint(), self.ctx, self.consumed
 
     def rollback(self, mark: tuple) -> None:
-        lengths, self.ctx, self.consumed = mark
-        for cache, n in zip(_caches_of(self.drafter), lengths):
-            cache.lengths = n.clone()
+        checkpoint, self.ctx, self.consumed = mark
+        self.drafter.restore(checkpoint)
 
     def _set_context(self, feats: torch.Tensor, tokens: list[int]) -> None:
         tok = torch.tensor([tokens], dtype=torch.long, device=self.device)
@@ -124,11 +116,20 @@ class EdgePlain(EdgeDrafter):
 class EdgeMoA(EdgeDrafter):
     """A Mixture-of-Attentions draft over a client tail of the target's last TLI layers."""
 
-    def __init__(self, drafter: "RemoteMoATreeDrafter", tail, source: str):
+    def __init__(self, drafter: MoATreeDrafter, tail, source: str):
         super().__init__(drafter, tail.device, drafter.step.dtype)
         self.tail, self.source = tail, source
         self.tli = drafter.step.draft.tli
         self.tail_cache: KVCache | None = None
+
+    def mark(self) -> tuple:
+        """The drafter's state plus the tail cache's length (offline steps write predicted K/V into it)."""
+        return super().mark(), self.tail_cache.lengths.clone()
+
+    def rollback(self, mark: tuple) -> None:
+        inner, tail_lengths = mark
+        super().rollback(inner)
+        self.tail_cache.truncate(tail_lengths)
 
     @torch.inference_mode()
     def start(self, capacity: int) -> None:
@@ -141,17 +142,15 @@ class EdgeMoA(EdgeDrafter):
         """LSA outputs (and the tail layers' K/V) of the verified positions: into the tail cache and the CA
         memory now, the tokens into the pending context."""
         count = torch.tensor([len(tokens)], dtype=torch.long, device=self.device)
-        if self.tli:
+        tc = self.tail_cache
+        tc.ensure_capacity(int(tc.lengths.max()) + len(tokens))
+        if self.tli:  # a tail of no layers keeps positions only
             kv = activations[1].to(self.device, self.tail.dtype)  # [A, N * H * 2D]
-            tc = self.tail_cache
             _, _, heads, _, dim = tc.keys.shape
             kv = kv.view(len(tokens), self.tli, heads, 2 * dim).permute(1, 2, 0, 3)[:, None]  # [N, 1, H, A, 2D]
-            tc.ensure_capacity(int(tc.lengths.max()) + len(tokens))
             tc.write_all(kv[..., :dim], kv[..., dim:], tc.slots(len(tokens)))
-            tc.commit(torch.arange(len(tokens), device=self.device)[None], count)
-        else:
-            self.tail_cache.lengths += count  # positions only: a tail of no layers keeps no K/V
-        step: MoAStep = self.drafter.step
+        tc.commit(torch.arange(len(tokens), device=self.device)[None], count)
+        step: TorchMoAStep = self.drafter.step
         pos = self.tail_cache.lengths[:, None] - count[:, None] + torch.arange(len(tokens), device=self.device)[None]
         keys, values = step.project_memory(activations[0].to(self.device, step.dtype)[None], pos)
         self.drafter.append_memory(keys, values, count)
@@ -171,34 +170,26 @@ class EdgeMoA(EdgeDrafter):
         return token
 
 
-class RemoteMoATreeDrafter(MoATreeDrafter):
-    """The client's MoA tree drafter: its CA memory arrives from the server (``EdgeMoA.absorb``) instead of
-    LSA over a target cache the client does not have."""
-
-    def _update_memory(self, counts: torch.Tensor) -> None:
-        pass
-
-
 def make_edge_drafter(kind: str, target_path, draft_path, tree, dtype=None, device=None,
                       source: str | None = None) -> EdgeDrafter:
-    """The client's drafter from checkpoints on the client: the draft head plus the target's tail."""
+    """The client's drafter from checkpoints on the client: the draft head plus the target's tail (its last TLI
+    layers for a Mixture-of-Attentions head, else the LM head alone)."""
     from specdec_kit.edge.tail import load_target_tail
     from specdec_kit.runtime.device import resolve_device
-    from specdec_kit.runtime.drafts.loading import load_draft, read_config
+    from specdec_kit.runtime.drafts.loading import load_draft
+    from specdec_kit.runtime.registry import draft_kind
     from transformers import AutoConfig
 
     if kind == "none":
         return EdgePlain(resolve_device(device))
-    draft_path = Path(draft_path)
+    family = draft_kind(kind).family
     config = AutoConfig.from_pretrained(target_path)
     kv_dim = 2 * (getattr(config, "num_key_value_heads", None) or config.num_attention_heads) * (
         getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
-    tli = int(read_config(draft_path).get("moa_tli", 0)) if kind == "moa" else 0
-    tail = load_target_tail(target_path, tli, dtype=dtype, device=device)
-    module = load_draft(draft_path, kind, config.hidden_size, config.vocab_size, dtype=tail.dtype, device=tail.device,
+    module = load_draft(Path(draft_path), kind, config.hidden_size, config.vocab_size,
                         target_shape=(config.num_hidden_layers, kv_dim))
-    if kind == "moa":
-        return EdgeMoA(RemoteMoATreeDrafter(MoAStep(module, tail), tree), tail, source or "moa")
-    if kind == "medusa":
-        raise ValueError("Medusa heads are not offered for client-server drafting (use an EAGLE-style or MoA draft)")
-    return EdgeDrafter(FeatureTreeDrafter(FeatureDraftStep(module, tail.lm_head), tree), tail.device, tail.dtype)
+    tail = load_target_tail(target_path, int(getattr(module, "tli", 0)), dtype=dtype, device=device)
+    drafter = family.client_drafter(module.to(device=tail.device, dtype=tail.dtype), tail, tree)
+    if isinstance(drafter, MoATreeDrafter):
+        return EdgeMoA(drafter, tail, source or kind)
+    return EdgeDrafter(drafter, tail.device, tail.dtype)

@@ -9,7 +9,7 @@ segment by segment (1448-byte TCP payloads), the way netem treats packets on an 
 * a lost segment (probability ``loss``) arrives one retransmission timeout later (Linux's minimum RTO,
   200 ms), which is what a TCP stream sees of a lost packet.
 
-Profiles follow the paper's client-server setup (``shared/seeds/001``): a ~9 ms ping, 50 Mbit/s base link,
+Profiles follow the Mixture of Attentions paper's client-server setup: a ~9 ms ping, 50 Mbit/s base link,
 and netem on top: 4G = 20 Mbit/s, 21 +/- 19 ms, 0.1 % loss; 5G = 10 +/- 10 ms, 0.1 % loss. The netem part
 (delay, jitter, loss) shapes the uplink, as one netem qdisc on the client's egress would; the rate applies
 both ways. ``bench/client_server.py`` runs this relay in front of a server in another network namespace

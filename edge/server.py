@@ -24,21 +24,18 @@ import torch
 
 from specdec_kit.edge import protocol as P
 from specdec_kit.edge.activations import ActivationSource, FeatureSource, MoASource, weights_digest
-from specdec_kit.runtime.drafting import DraftTree
-from specdec_kit.runtime.kv_cache import KVCache
-from specdec_kit.runtime.sampling import SamplingParams, sample, target_probs
+from specdec_kit.runtime.drafting import DraftTree, NoDrafter
+from specdec_kit.runtime.generate import DecodeBatch, SpeculativeGenerator
+from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import buffers_from_parents
-from specdec_kit.runtime.verify import verify_batch
 
 log = logging.getLogger("specdec.edge.server")
 
 
 @dataclass
 class Session:
-    cache: KVCache
-    params: SamplingParams
-    generator: torch.Generator | None
+    batch: DecodeBatch  # one row: the target's cache and the row's sampling parameters and generator
     source: str
     act_dtype: str
     root: int
@@ -52,6 +49,7 @@ class EdgeVerifier:
     def __init__(self, target: TargetModel, sources: dict[str, ActivationSource] | None = None,
                  max_tree_nodes: int = 1024, session_ttl: float = 600.0, max_sessions: int = 64):
         self.target = target
+        self.gen = SpeculativeGenerator(target, NoDrafter())  # the client drafts; the server prefills and verifies
         self.sources = {"none": ActivationSource(), "features": FeatureSource(target.hidden_size), **(sources or {})}
         self.max_tree_nodes, self.session_ttl, self.max_sessions = max_tree_nodes, session_ttl, max_sessions
         self.sessions: dict[int, Session] = {}
@@ -96,27 +94,16 @@ class EdgeVerifier:
         t = self.target
         if len(prefix) + msg.max_new_tokens + 1 > t.max_context:
             raise P.Refused(P.E_TOO_LARGE, f"OPEN: {len(prefix)} tokens + {msg.max_new_tokens} new exceed the target's context of {t.max_context}")
-        gen = None
-        if not params.greedy:
-            gen = torch.Generator(device="cpu")
-            gen.manual_seed(params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item()))
-        cache = t.new_cache(1, len(prefix) + msg.max_new_tokens + 64)
-        n = len(prefix)
-        ids = torch.tensor([prefix], dtype=torch.long, device=t.device)
-        ar = torch.arange(n, device=t.device)
-        out = t(ids, ar[None], (ar[None, :] <= ar[:, None])[None], cache, logits_at=torch.tensor([[n - 1]], device=t.device))
-        cache.commit(ar[None], torch.tensor([n], device=t.device))
-        if msg.resume:
-            root, first = msg.tokens[-1], None
-        else:
-            logits = out.logits[0, 0]
-            root = int(logits.argmax()) if params.greedy else sample(target_probs(logits, params), gen)
-            first = root
+        # a resumed session's root was chosen before the server lost it: it is the prefill's first token
+        batch = self.gen.prefill([prefix], [msg.max_new_tokens + 1], [params], ignore_eos=[True],
+                                 first_tokens=[msg.tokens[-1] if msg.resume else None])
+        root = batch.rows[0].tokens[0]
         sid = self._next_id
         self._next_id += 1
-        self.sessions[sid] = Session(cache, params, gen, msg.source, msg.act_dtype, root, list(prefix))
-        acts = self.sources[msg.source](out.features[0], cache, n)
-        return P.Opened(sid, first, acts)
+        self.sessions[sid] = Session(batch, msg.source, msg.act_dtype, root, list(prefix))
+        n = len(prefix)
+        acts = self.sources[msg.source](batch.ctx_feats[0, :n], batch.cache, n)
+        return P.Opened(sid, None if msg.resume else root, acts)
 
     def _session(self, sid: int, what: str) -> Session:
         s = self.sessions.get(sid)
@@ -135,7 +122,7 @@ class EdgeVerifier:
         length = len(s.history)
         if msg.base < length and msg.base >= 1 and s.history[msg.base] == msg.tokens[0]:
             # an earlier answer was lost on the way: forget what the client never saw
-            s.cache.lengths.fill_(msg.base)
+            s.batch.cache.truncate(msg.base)
             del s.history[msg.base:]
             s.root = msg.tokens[0]
         elif msg.base != length:
@@ -151,18 +138,14 @@ class EdgeVerifier:
             raise P.Refused(P.E_TOO_LARGE, f"VERIFY: the sequence would pass the target's context of {t.max_context}")
         dev = t.device
         tokens = torch.tensor([msg.tokens], dtype=torch.long, device=dev)
-        parents = buffers.parents.to(dev)[None]
-        tree = DraftTree(tokens, parents, torch.ones_like(tokens, dtype=torch.bool), buffers.tree_mask.to(dev)[None],
-                         buffers.position_offsets.to(dev)[None])
-        out = t(tree.tokens, s.cache.lengths[:, None] + tree.depth, tree.tree_mask, s.cache)
-        verdict = verify_batch(tree.tokens, tree.parents, tree.valid, tree.depth, tree.tree_mask, out.logits,
-                               [s.params], [s.generator])
-        s.cache.commit(verdict.path, verdict.counts)
-        count = int(verdict.counts[0])
-        path = verdict.path[0, :count]
+        tree = DraftTree(tokens, buffers.parents.to(dev)[None], torch.ones_like(tokens, dtype=torch.bool),
+                         buffers.tree_mask.to(dev)[None], buffers.position_offsets.to(dev)[None])
+        result = self.gen.verify_tree(s.batch, tree)
+        count = int(result.counts[0])
+        path = result.path[0, :count]
         s.history += [msg.tokens[i] for i in path.tolist()]
-        s.root = int(verdict.next_tokens[0])
-        acts = self.sources[s.source](out.features[0, path], s.cache, count)
+        s.root = int(result.next_tokens[0])
+        acts = self.sources[s.source](result.features[0, :count], s.batch.cache, count)
         return P.Verified(path[1:].tolist(), s.root, acts), s.act_dtype
 
     def close(self, msg: P.Close) -> None:

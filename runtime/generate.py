@@ -13,10 +13,10 @@ from typing import Callable, Sequence
 import torch
 
 from specdec_kit.runtime.device import now
-from specdec_kit.runtime.drafting import Drafter, NoDrafter
+from specdec_kit.runtime.drafting import Drafter, DraftTree, NoDrafter
 from specdec_kit.runtime.kv_cache import KVCache
 from specdec_kit.runtime.sampling import SamplingParams, sample, target_probs
-from specdec_kit.runtime.target import TargetModel
+from specdec_kit.runtime.contract import TargetStep
 from specdec_kit.runtime.verify import verify_batch
 
 
@@ -64,6 +64,32 @@ class GenerationResult:
     finish_reason: str  # "stop" (EOS or stop string) or "length"
     stats: RequestStats
     text: str | None = None
+
+
+@dataclass
+class CycleOutcome:
+    """What one cycle did over the whole batch (the server's metrics and speculation policy read it)."""
+
+    speculative: bool  # whether it drafted (else it verified each row's root alone)
+    rows: int
+    emitted: int  # tokens appended to the rows (accepted draft tokens + one from the target per row, cut at stops)
+    draft_tokens: int  # draft nodes sent to verification, summed over rows
+    accepted_tokens: int  # accepted draft tokens, summed over rows
+    accepted_per_depth: list[int]  # [d-1]: rows whose accepted path reached depth d
+    draft_s: float
+    verify_s: float
+
+
+@dataclass
+class TreeResult:
+    """A verified tree per row: the accepted path (node indices, root first; ``counts`` of them are real), the
+    target's next token after it, and the path's tokens and target features."""
+
+    path: torch.Tensor  # [B, A]
+    counts: torch.Tensor  # [B]
+    next_tokens: torch.Tensor  # [B]
+    path_tokens: torch.Tensor  # [B, A]
+    features: torch.Tensor  # [B, A, d]
 
 
 @dataclass
@@ -124,11 +150,12 @@ def append_context(feats: torch.Tensor, tokens: torch.Tensor, counts: torch.Tens
 
 
 class SpeculativeGenerator:
-    """Batched speculative (or plain) generation over a ``TargetModel`` and a ``Drafter``."""
+    """Batched speculative (or plain) generation over a ``TargetStep`` (PyTorch or ONNX Runtime) and a
+    ``Drafter``; continuous batching drives its stages (``prefill``, ``admit``, ``cycle``, ``retire``)."""
 
     def __init__(
         self,
-        target: TargetModel,
+        target: TargetStep,
         drafter: Drafter | None = None,
         eos_token_ids: Sequence[int] | None = None,
         decode: Callable[[list[int]], str] | None = None,
@@ -186,10 +213,12 @@ class SpeculativeGenerator:
     @torch.inference_mode()
     def prefill(self, prompts: Sequence[Sequence[int]], budgets: Sequence[int], params: Sequence[SamplingParams],
                 stops: Sequence[Sequence[str]] | None = None, tags: Sequence[object] | None = None,
-                ignore_eos: Sequence[bool] | None = None) -> DecodeBatch:
+                ignore_eos: Sequence[bool] | None = None,
+                first_tokens: Sequence[int | None] | None = None) -> DecodeBatch:
         """Run new prompts through the target on a cache of their own and pick each first token; the
         result is a batch of its own, ready to run or to ``admit`` into a running one. ``stops`` and
-        ``tags`` (the caller's handles) are per prompt."""
+        ``tags`` (the caller's handles) are per prompt; a row's ``first_tokens`` entry, when given, is its
+        first token instead of the target's choice (a session resumed after its first token was chosen)."""
         bsz = len(prompts)
         stops = stops or [()] * bsz
         if any(stops) and self.decode is None:
@@ -218,7 +247,9 @@ class SpeculativeGenerator:
         cache.commit(ar.expand(bsz, width), counts)
         first = out.logits[:, 0].argmax(dim=-1)
         for b, row in enumerate(rows):
-            if not row.params.greedy:
+            if first_tokens is not None and first_tokens[b] is not None:
+                first[b] = first_tokens[b]
+            elif not row.params.greedy:
                 first[b] = sample(target_probs(out.logits[b, 0], row.params), row.generator)
         ctx_tokens = torch.cat([tokens[:, 1:], torch.zeros_like(tokens[:, :1])], dim=1)
         ctx_tokens.scatter_(1, (counts - 1)[:, None], first[:, None])
@@ -266,38 +297,56 @@ class SpeculativeGenerator:
         return done
 
     @torch.inference_mode()
-    def cycle(self, batch: DecodeBatch, speculate: bool = True) -> None:
-        """One draft-verify-accept cycle over every row. ``speculate=False`` verifies the root alone
-        (plain decoding) and keeps the draft context for the next speculative cycle."""
-        cache, rows, dev = batch.cache, batch.rows, self.target.device
-        drafted = speculate and not isinstance(self.drafter, NoDrafter)
-        drafter = self.drafter if drafted else self._plain
+    def verify_tree(self, batch: DecodeBatch, tree: DraftTree) -> TreeResult:
+        """Run one tree per row through the target over the batch's cache, verify it (greedy, or lossless
+        sampling with each row's own generator) and commit each accepted path into the cache."""
+        cache, dev = batch.cache, self.target.device
         t0 = now(dev)
-        tree = drafter.draft(batch.ctx_feats, batch.ctx_tokens, batch.ctx_counts)
-        t1 = now(dev)
         out = self.target(tree.tokens, cache.lengths[:, None] + tree.depth, tree.tree_mask, cache)
-        t2 = now(dev)
+        self.target_forward_s += now(dev) - t0
         verdict = verify_batch(
             tree.tokens, tree.parents, tree.valid, tree.depth, tree.tree_mask, out.logits,
-            [row.params for row in rows], [row.generator for row in rows],
+            [row.params for row in batch.rows], [row.generator for row in batch.rows],
         )
         cache.commit(verdict.path, verdict.counts)
-        t3 = now(dev)
-        self.target_forward_s += t2 - t1
-        # next draft context: features of the accepted path, each paired with the token after it
         feat_idx = verdict.path[..., None].expand(-1, -1, out.features.shape[-1])
-        new_feats = torch.gather(out.features, 1, feat_idx)
-        path_tokens = torch.gather(tree.tokens, 1, verdict.path)
-        new_tokens = torch.cat([path_tokens[:, 1:], torch.zeros_like(path_tokens[:, :1])], dim=1)
-        new_tokens.scatter_(1, (verdict.counts - 1)[:, None], verdict.next_tokens[:, None])
-        if drafted or isinstance(self.drafter, NoDrafter):
-            batch.ctx_feats, batch.ctx_tokens, batch.ctx_counts = new_feats, new_tokens, verdict.counts
+        return TreeResult(verdict.path, verdict.counts, verdict.next_tokens, torch.gather(tree.tokens, 1, verdict.path),
+                          torch.gather(out.features, 1, feat_idx))
+
+    @torch.inference_mode()
+    def cycle(self, batch: DecodeBatch, speculate: bool = True) -> CycleOutcome:
+        """One draft-verify-accept cycle over every row. ``speculate=False`` verifies the root alone
+        (plain decoding) and keeps the draft context for the next speculative cycle."""
+        dev = self.target.device
+        drafted = speculate and not isinstance(self.drafter, NoDrafter)
+        t0 = now(dev)
+        tree = (self.drafter if drafted else self._plain).draft(batch.ctx_feats, batch.ctx_tokens, batch.ctx_counts)
+        t1 = now(dev)
+        result = self.verify_tree(batch, tree)
+        t2 = now(dev)
+        self._next_context(batch, result, replace=drafted or isinstance(self.drafter, NoDrafter))
+        return self._account(batch.rows, tree, result, drafted, t1 - t0, t2 - t1, t2)
+
+    @staticmethod
+    def _next_context(batch: DecodeBatch, result: TreeResult, replace: bool) -> None:
+        """The next draft context: features of each accepted path, each paired with the token after it. A cycle
+        that did not draft appends to the context the draft has not seen yet."""
+        new_tokens = torch.cat([result.path_tokens[:, 1:], torch.zeros_like(result.path_tokens[:, :1])], dim=1)
+        new_tokens.scatter_(1, (result.counts - 1)[:, None], result.next_tokens[:, None])
+        if replace:
+            batch.ctx_feats, batch.ctx_tokens, batch.ctx_counts = result.features, new_tokens, result.counts
         else:
             batch.ctx_feats, batch.ctx_tokens, batch.ctx_counts = append_context(
-                batch.ctx_feats, batch.ctx_tokens, batch.ctx_counts, new_feats, new_tokens, verdict.counts)
+                batch.ctx_feats, batch.ctx_tokens, batch.ctx_counts, result.features, new_tokens, result.counts)
+
+    def _account(self, rows: list[_Row], tree: DraftTree, result: TreeResult, drafted: bool, draft_s: float,
+                 verify_s: float, end: float) -> CycleOutcome:
+        """Hand each row its accepted tokens and the target's next one; keep its statistics and the cycle's."""
         n_valid = tree.valid.sum(dim=1).tolist()
-        path_list, count_list, next_list = path_tokens.tolist(), verdict.counts.tolist(), verdict.next_tokens.tolist()
+        path_list, count_list = result.path_tokens.tolist(), result.counts.tolist()
+        next_list = result.next_tokens.tolist()
         max_depth = self.drafter.max_depth
+        outcome = CycleOutcome(drafted, len(rows), 0, 0, 0, [0] * max_depth, draft_s, verify_s)
         for j, row in enumerate(rows):
             acc = count_list[j] - 1
             st = row.stats
@@ -309,11 +358,17 @@ class SpeculativeGenerator:
                 st.accepted_per_depth.extend([0] * (max_depth - len(st.accepted_per_depth)))
             for d in range(acc):
                 st.accepted_per_depth[d] += 1
-            st.draft_s += t1 - t0
-            st.verify_s += t3 - t1
+                outcome.accepted_per_depth[d] += 1
+            st.draft_s += draft_s
+            st.verify_s += verify_s
+            before = len(row.tokens)
             self._emit(row, path_list[j][1 : acc + 1] + [next_list[j]])
+            outcome.emitted += len(row.tokens) - before
+            outcome.draft_tokens += n_valid[j] - 1
+            outcome.accepted_tokens += acc
             if row.finish is not None:
-                st.total_s = t3 - row.start
+                st.total_s = end - row.start
+        return outcome
 
     # -- the whole loop for a fixed set of prompts --------------------------------------------
     @torch.inference_mode()

@@ -167,24 +167,14 @@ class Scheduler:
             return
         tree = self.policy.choose(batch.size)
         if tree is not None:
-            self.gen.drafter.tree = tree
+            self.gen.drafter.set_tree(tree)
         self.metrics.labels(self.metrics.tree_tokens).set(tree_nodes(tree))
-        before = RequestStats.combined([row.stats for row in batch.rows])
-        tokens_before = sum(len(row.tokens) for row in batch.rows)
-        size = batch.size
         t0 = time.perf_counter()
-        self.gen.cycle(batch, speculate=tree is not None)
-        elapsed = time.perf_counter() - t0
-        self.policy.record(size, tree is not None, sum(len(row.tokens) for row in batch.rows) - tokens_before, elapsed)
-        self._count_speculation(before, RequestStats.combined([row.stats for row in batch.rows]))
+        outcome = self.gen.cycle(batch, speculate=tree is not None)
+        self.policy.record(outcome.rows, outcome.speculative, outcome.emitted, time.perf_counter() - t0)
+        self.metrics.record_speculation(outcome.rows if outcome.speculative else 0, outcome.draft_tokens,
+                                        outcome.accepted_tokens, outcome.accepted_per_depth)
         self._report()
-
-    def _count_speculation(self, before: RequestStats, after: RequestStats) -> None:
-        """The cycle's speculative counters: the batch's pooled statistics after it minus before it."""
-        old = before.accepted_per_depth + [0] * (len(after.accepted_per_depth) - len(before.accepted_per_depth))
-        self.metrics.record_speculation(after.spec_cycles - before.spec_cycles, after.draft_tokens - before.draft_tokens,
-                                        after.accepted_tokens - before.accepted_tokens,
-                                        [a - b for a, b in zip(after.accepted_per_depth, old)])
 
     def _report(self) -> None:
         """Hand every request its new tokens, update the metrics, retire finished rows."""
