@@ -1,1 +1,1 @@
-"""specdec_kit.bench: see the issue tracker; filled in by later work."""
+"""specdec_kit.bench: benchmarks (speedup per method, runtime overhead, engine backends, serving load, client-server drafting) and their reports."""

@@ -30,7 +30,8 @@ import torch
 from tqdm import tqdm
 
 from specdec_kit.bench import prompts as prompt_sets
-from specdec_kit.bench.report import save_figure, write_text_and_plot
+from specdec_kit.bench.report import write_text_and_plot
+from specdec_kit.plots import legend_below, pyplot, save_figure
 from specdec_kit.edge.activations import weights_digest
 from specdec_kit.edge.client import EdgeClient
 from specdec_kit.edge.drafting import make_edge_drafter
@@ -38,6 +39,7 @@ from specdec_kit.edge.link import PROFILES
 from specdec_kit.edge.netns import NetnsLink
 from specdec_kit.runtime.loader import load_tokenizer
 from specdec_kit.runtime.trees import DynamicTreeConfig
+from specdec_kit.paths import default_zoo
 
 # method -> (draft kind, zoo folder or None)
 METHODS = {"plain": ("none", None), "eagle2": ("eagle2", "eagle"), "griffin": ("griffin", "griffin"),
@@ -48,7 +50,7 @@ SERVER_PORT = 7433
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="specdec-bench-edge", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--zoo", type=Path, default=Path(__file__).resolve().parents[1] / "zoo")
+    p.add_argument("--zoo", type=Path, default=None, help="the demo zoo (default: $SPECDEC_ZOO, else ./zoo)")
     p.add_argument("--out", type=Path, default=Path("bench_results"))
     p.add_argument("--methods", default="plain,eagle2,moa,moa_tli0", help=f"comma list from {list(METHODS)}")
     p.add_argument("--profiles", default="5g,4g", help=f"comma list from {sorted(PROFILES)}")
@@ -249,11 +251,12 @@ def markdown(speed: list[dict], outage: list[dict], meta: dict) -> list[str]:
     return lines
 
 
-def plot(speed: list[dict], out: Path) -> None:
-    import matplotlib
+# the names the README's table uses
+PLOT_LABELS = {"plain": "plain (remote API)", "eagle2": "EAGLE-2", "moa": "MoA TLI 1", "moa_tli0": "MoA TLI 0"}
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+def plot(speed: list[dict], out: Path) -> None:
+    plt = pyplot()
 
     profiles = list(dict.fromkeys(r["profile"] for r in speed))
     methods = list(dict.fromkeys(r["method"] for r in speed))
@@ -262,17 +265,19 @@ def plot(speed: list[dict], out: Path) -> None:
     for j, m in enumerate(methods):
         rows = [next(r for r in speed if r["profile"] == p and r["method"] == m) for p in profiles]
         xs = [i + j * width for i in range(len(profiles))]
-        axes[0].bar(xs, [r["tokens_per_s"] for r in rows], width, label=m)
-        axes[1].bar(xs, [r["calls_per_token"] for r in rows], width, label=m)
+        label = PLOT_LABELS.get(m, m)
+        axes[0].bar(xs, [r["tokens_per_s"] for r in rows], width, label=label)
+        axes[1].bar(xs, [r["calls_per_token"] for r in rows], width, label=label)
     for ax, title in zip(axes, ("tokens/s", "server calls per token")):
-        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(profiles))], profiles)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(profiles))], [p.upper() for p in profiles])
         ax.set_title(title)
-    axes[0].legend(fontsize=8)
-    save_figure(fig, out)
+    legend_below(fig, axes[0])
+    save_figure(fig, out, tight=False)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    args.zoo = args.zoo or default_zoo()
     if args.smoke:
         args.prompts, args.max_new_tokens, args.profiles, args.outage_after = 2, 16, "5g", 6
     torch.set_num_threads(1)

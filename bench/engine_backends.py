@@ -21,14 +21,15 @@ import torch
 from tqdm import tqdm
 
 from specdec_kit.bench.prompts import humaneval
-from specdec_kit.bench.report import save_figure, write_text_and_plot
+from specdec_kit.bench.report import write_text_and_plot
+from specdec_kit.plots import pyplot, save_figure
 from specdec_kit.export.builder import build_engine
 from specdec_kit.export.cli import resolve_tree_dict
 from specdec_kit.export.inputs import BuildInputs, resolve_paths
 from specdec_kit.runtime.engine import open_engine
 from specdec_kit.runtime.loader import set_threads
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path("bench/results")  # relative to where it runs (the repository root in the README)
 
 
 def parse_args(argv):
@@ -51,10 +52,7 @@ def engine_for(kind: str, backend: str, root: Path) -> Path:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 3.2))
     labels = [f"{r['backend']}\n{r['mode']}" for r in rows]

@@ -38,11 +38,9 @@ def write_all(rows: list[dict], out: Path, machine: str, meta: dict) -> None:
 
 def _grid(rows: list[dict]):
     """One panel per (prompt set, temperature): prompt sets down, temperatures across."""
-    import matplotlib
+    from specdec_kit.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     sets = sorted({r["prompt_set"] for r in rows})
     temps = sorted({r["temperature"] for r in rows})
     fig, axes = plt.subplots(len(sets), len(temps), figsize=(5.2 * len(temps), 3.4 * len(sets)), squeeze=False)
@@ -79,8 +77,10 @@ def plot(rows: list[dict], out: Path) -> None:
         ax.set_title(f"{ps}, T={t:g}")
         ax.set_ylabel("speedup over plain decoding")
         ax.tick_params(axis="x", rotation=40, labelsize=7)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
+        ax.set_ylim(bottom=0)
+    from specdec_kit.plots import legend_below
+
+    legend_below(fig, panels[0][0])
     fig.savefig(out / "speedup.png", dpi=100)
     plt.close(fig)
 
@@ -93,11 +93,3 @@ def write_text_and_plot(out: Path, stem: str, lines: list[str], draw) -> None:
     except ImportError:
         pass
     print("\n".join(lines))
-
-
-def save_figure(fig, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

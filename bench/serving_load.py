@@ -24,10 +24,11 @@ import httpx
 
 from specdec_kit.bench.engine_backends import engine_for
 from specdec_kit.bench.prompts import humaneval
-from specdec_kit.bench.report import save_figure, write_text_and_plot
+from specdec_kit.bench.report import write_text_and_plot
+from specdec_kit.plots import concurrency_axis, legend_below, pyplot, save_figure
 from specdec_kit.loadtest.metrics import StreamMeter, percentile
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path("bench/results")  # relative to where it runs (the repository root in the README)
 
 
 def parse_args(argv):
@@ -120,22 +121,23 @@ def server_tau(url: str) -> float | None:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
+    plt = pyplot()
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    panels = (("throughput_tok_s", "throughput (tokens/s)"), ("ttft_p50_ms", "time to first token p50 (ms)"),
+              ("itl_p50_ms", "inter-token latency p50 (ms)"))
     for mode, marker in (("speculative", "o"), ("plain", "s")):
         sel = [r for r in rows if r["mode"] == mode]
-        axes[0].plot([r["concurrency"] for r in sel], [r["throughput_tok_s"] for r in sel], marker=marker, label=mode)
-        axes[1].plot([r["concurrency"] for r in sel], [r["itl_p50_ms"] for r in sel], marker=marker, label=mode)
-    for ax, title in zip(axes, ("throughput (tokens/s)", "inter-token latency p50 (ms)")):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrent streams")
+        label = "speculative (adaptive)" if mode == "speculative" else "plain"
+        for ax, (key, _) in zip(axes, panels):
+            ax.plot([r["concurrency"] for r in sel], [r[key] for r in sel], marker=marker, label=label)
+    levels = sorted({r["concurrency"] for r in rows})
+    for ax, (_, title) in zip(axes, panels):
+        concurrency_axis(ax, levels)
+        ax.set_ylim(bottom=0)
         ax.set_title(title)
-        ax.legend()
-    save_figure(fig, path)
+    legend_below(fig, axes[0])
+    save_figure(fig, path, tight=False)
 
 
 def main(argv=None) -> int:

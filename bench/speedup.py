@@ -28,6 +28,7 @@ from specdec_kit.runtime.loader import default_tree, load_tokenizer, make_drafte
 from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig
+from specdec_kit.paths import default_zoo
 
 # method name -> (draft kind, zoo folder); trees: dynamic (--total-tokens/--depth/--top-k), Medusa --medusa-tree
 METHODS = {
@@ -44,7 +45,7 @@ PEERS = ("hf_generate", "hf_assisted", "hf_prompt_lookup")
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m specdec_kit.bench.speedup", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--zoo", type=Path, default=Path(__file__).resolve().parents[1] / "zoo")
+    p.add_argument("--zoo", type=Path, default=None, help="the demo zoo (default: $SPECDEC_ZOO, else ./zoo)")
     p.add_argument("--out", type=Path, default=Path("bench_results"))
     p.add_argument("--prompt-sets", default="humaneval,spec_bench,heldout")
     p.add_argument("--spec-bench", type=Path, default=prompt_sets.DEFAULT_SPEC_BENCH)
@@ -100,6 +101,7 @@ class HFPeers:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    args.zoo = args.zoo or default_zoo()
     if args.smoke:
         args.prompts, args.max_new_tokens, args.repeats = 2, 12, 1
     set_threads()

@@ -64,6 +64,7 @@ def add_options(parser) -> None:
 
 class ChatUser(HttpUser):
     wait_time = constant(0)  # closed loop: each user sends its next request when the last one ends
+    host = "http://127.0.0.1:8000"  # specdec-serve's default address; --host (or the web UI) for any other
 
     def on_start(self) -> None:
         opts = self.environment.parsed_options

@@ -6,13 +6,16 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data" / "spec_bench" / "question.jsonl"  # the work area's copy, when present
-BUNDLED = REPO / "bench" / "data" / "spec_bench" / "question.jsonl"  # the copy the kit ships
+import os
+
+PROMPTS_ENV = "SPECDEC_PROMPTS"
 
 
 def default_prompt_file() -> Path:
-    return SHARED if SHARED.is_file() else BUNDLED
+    """``$SPECDEC_PROMPTS`` when set, else the Spec-Bench questions the kit ships."""
+    from specdec_kit.paths import bundled_data
+
+    return Path(os.environ[PROMPTS_ENV]) if os.environ.get(PROMPTS_ENV) else bundled_data("spec_bench", "question.jsonl")
 
 
 @lru_cache(maxsize=8)

@@ -69,7 +69,10 @@ class RunCollector:
                tpot_slo_ms: float | None) -> dict:
         with self.lock:
             records = list(self.records)
-        wall = (self.ended or time.time()) - (self.started or time.time())
+        if not records:  # quit before any request (the web UI closed without a test, say): nothing to report
+            print("LLM load report: no requests were made; nothing written", flush=True)
+            return {"requests": 0}
+        wall = max(0.0, (self.ended or time.time()) - (self.started or time.time()))
         summary = summarize(records, wall, ttft_slo_ms, tpot_slo_ms)
         summary["model"] = self.model
         base = Path(prefix or (f"{csv_prefix}_llm" if csv_prefix else "locust_llm"))

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from specdec_kit.bench.report import save_figure
+from specdec_kit.plots import pyplot, save_figure
 
 CHAT = Path(__file__).resolve().parent / "chat.py"
 
@@ -46,19 +46,19 @@ def run_one(host: str, users: int, duration: str, out: Path, extra: list[str]) -
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
-    tput = [r["throughput_tokens_per_s"] for r in rows]
+    # levels where no request completed have no latencies to plot (their rows stay in the CSV and JSON)
+    done = [r for r in rows if r["ttft_ms"].get("p50") is not None and r["itl_ms"].get("p50") is not None]
+    tput = [r["throughput_tokens_per_s"] for r in done]
     for ax, metric, title in ((axes[0], "ttft_ms", "time to first token"), (axes[1], "itl_ms", "inter-token latency")):
         for q, style in (("p50", "o-"), ("p99", "s--")):
-            ax.plot(tput, [r[metric][q] for r in rows], style, label=q)
-        for r in rows:
+            ax.plot(tput, [r[metric][q] for r in done], style, label=q)
+        for r in done:
             ax.annotate(f"{r['users']}u", (r["throughput_tokens_per_s"], r[metric]["p50"]), textcoords="offset points",
                         xytext=(4, 4), fontsize=8)
+        ax.set_ylim(bottom=0)
         ax.set_xlabel("throughput (output tokens/s)")
         ax.set_ylabel("ms")
         ax.set_title(title)

@@ -128,3 +128,28 @@ def test_locust_headless_against_the_kits_server(zoo_engine, tmp_path):
     posts = int(stats["/v1/chat/completions (stream)"]["Request Count"])
     # Locust's final table is taken when the run stops; requests finishing within --stop-timeout come after it
     assert int(stats["ttft_ms"]["Request Count"]) == posts and 0 < posts <= len(rows) and "itl_ms_per_token" in stats
+
+
+def test_report_of_a_run_without_requests_writes_nothing(tmp_path, capsys):
+    from specdec_kit.loadtest.report import RunCollector
+
+    summary = RunCollector().report(str(tmp_path / "run"), None, None, None)
+    assert summary == {"requests": 0} and list(tmp_path.iterdir()) == []
+    assert "no requests were made" in capsys.readouterr().out
+
+
+def test_locustfile_has_a_default_host_and_the_sweep_plots_levels_without_requests(tmp_path):
+    import ast
+
+    tree = ast.parse((REPO / "loadtest" / "chat.py").read_text())
+    user = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ChatUser")
+    hosts = [n.value.value for n in user.body if isinstance(n, ast.Assign) and n.targets[0].id == "host"]
+    assert hosts == ["http://127.0.0.1:8000"]
+    from specdec_kit.loadtest.sweep import plot
+
+    empty = {"p50": None, "p90": None, "p99": None, "mean": None}
+    rows = [{"users": 1, "requests": 4, "throughput_tokens_per_s": 50.0, "ttft_ms": {"p50": 20.0, "p99": 30.0},
+             "itl_ms": {"p50": 5.0, "p99": 9.0}},
+            {"users": 8, "requests": 0, "throughput_tokens_per_s": None, "ttft_ms": empty, "itl_ms": empty}]
+    plot(rows, tmp_path / "sweep.png")
+    assert (tmp_path / "sweep.png").stat().st_size > 1000
