@@ -19,8 +19,10 @@ COPY loadtest ./loadtest
 COPY train ./train
 COPY bench ./bench
 COPY zoo ./zoo
+# a non-editable install: the demo zoo is named by SPECDEC_ZOO (tests/test_install.py runs these commands)
+ENV SPECDEC_ZOO=/src/zoo
 RUN pip install . && \
-    python export/build_engine.py --draft griffin --output /opt/specdec/engines/griffin-onnxruntime
+    specdec-build-engine --draft griffin --output /opt/specdec/engines/griffin-onnxruntime
 
 FROM ${PYTHON_IMAGE}
 ARG VERSION=0.1.0

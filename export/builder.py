@@ -8,6 +8,7 @@ verified engine or is left exactly as it was.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import platform
 import shutil
@@ -25,21 +26,16 @@ from specdec_kit.export.inputs import BuildError, BuildInputs, hash_tree
 from specdec_kit.runtime.device import DTYPES
 from specdec_kit.runtime.drafts.loading import load_draft, save_draft
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
+from specdec_kit.runtime.drafts.moa import MoADraft
 from specdec_kit.runtime.loader import load_tokenizer
 from specdec_kit.runtime.manifest import (
     MANIFEST_NAME, SCHEMA_VERSION, EngineError, file_entries, read_manifest, write_manifest,
 )
+from specdec_kit.runtime.registry import draft_kind
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import tree_from_dict
 
 PARITY_PROMPTS = ["def add(a, b):\n    return", "import os\n\n\nclass Config:\n"]
-
-# What the Mixture-of-Attentions draft needs beyond the torch backend (issue 8 is still open on these).
-MOA_BACKENDS = (
-    "--draft moa builds for --backend onnxruntime or torch. TensorRT-LLM and "
-    "SGLang would need a drafter that reads the target's KV cache of every layer (LSA) and runs the target's own "
-    "last layers with draft-time KV entries (TLI): neither engine's EAGLE worker exposes the target's per-layer "
-    "KV pool to the draft model or lets it run target layers, so both need a custom worker, not just a model class")
 
 
 @dataclass
@@ -66,28 +62,41 @@ def draft_spec(kind: str, module) -> dict[str, Any]:
                 "hidden_size": module.hidden_size, "vocab_size": module.vocab_size}
     layers, heads, dim = module.attention_shape
     cfg = module.config
-    extra = {"moa_tli": module.tli, "target_num_layers": module.target_num_layers} if kind == "moa" else {}
+    extra = {"moa_tli": module.tli, "target_num_layers": module.target_num_layers} if isinstance(module, MoADraft) else {}
     return {**extra, "kind": kind, "num_hidden_layers": layers, "num_key_value_heads": heads, "head_dim": dim,
             "num_attention_heads": cfg.num_attention_heads, "hidden_size": cfg.hidden_size,
             "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size}
 
 
-def check_parallel(inputs: BuildInputs, target: TargetModel) -> None:
-    """TP must split every head group evenly; the embedded backends run on one device."""
+def check_parallel(inputs: BuildInputs) -> None:
+    """TP must split every head group evenly; the embedded backends run on one device. Read from the target's
+    config.json before anything is loaded or written, so a bad --tp is reported as such."""
     tp, pp = inputs.tp, inputs.pp
     if tp < 1 or pp < 1:
         raise BuildError(f"--tp and --pp must be >= 1, found tp={tp}, pp={pp}")
     if inputs.backend in ("onnxruntime", "torch") and tp * pp != 1:
         raise BuildError(f"--tp/--pp apply to the tensorrt-llm and sglang backends; the {inputs.backend} "
                          f"backend runs on one device (found tp={tp}, pp={pp})")
-    config = inputs.target / "config.json"
-    if target.num_heads % tp:
-        raise BuildError(f"{config}: num_attention_heads = {target.num_heads} is not divisible by --tp {tp}")
-    kv = target.num_kv_heads
+    config_file = inputs.target / "config.json"
+    try:
+        config = json.loads(config_file.read_text())
+        heads = int(config["num_attention_heads"])
+        kv = int(config.get("num_key_value_heads") or heads)
+        layers = int(config["num_hidden_layers"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise BuildError(f"{config_file}: cannot read the target's head and layer counts ({type(exc).__name__}: {exc})") from None
+    if heads % tp:
+        raise BuildError(f"{config_file}: num_attention_heads = {heads} is not divisible by --tp {tp}")
     if kv % tp and tp % kv:  # fewer KV heads than ranks is fine when each is replicated evenly
-        raise BuildError(f"{config}: num_key_value_heads = {kv} and --tp {tp}: neither divides the other")
-    if target.num_layers % pp:
-        raise BuildError(f"{inputs.target / 'config.json'}: num_hidden_layers = {target.num_layers} is not divisible by --pp {pp}")
+        raise BuildError(f"{config_file}: num_key_value_heads = {kv} and --tp {tp}: neither divides the other")
+    if layers % pp:
+        raise BuildError(f"{config_file}: num_hidden_layers = {layers} is not divisible by --pp {pp}")
+
+
+def check_output(output: Path) -> None:
+    """The output must be a directory (or not exist yet)."""
+    if output.exists() and not output.is_dir():
+        raise BuildError(f"--output {output}: is a file, expected an engine directory (a new or an existing one)")
 
 
 def _existing(output: Path, digest: str) -> dict | None:
@@ -140,6 +149,8 @@ def build_engine(inputs: BuildInputs, output: Path, force: bool = False, device:
     if inputs.tokenizer != inputs.target:
         inputs.file_hashes["tokenizer"] = hash_tree(inputs.tokenizer, "tokenizer")
     digest = inputs.digest()
+    check_parallel(inputs)
+    check_output(output)
     if output.exists() and not force:
         found = _existing(output, digest)
         if found is not None:
@@ -150,10 +161,10 @@ def build_engine(inputs: BuildInputs, output: Path, force: bool = False, device:
     dtype = DTYPES[inputs.dtype]
     step(f"loading target {inputs.target}")
     target = TargetModel.from_pretrained(inputs.target, dtype=dtype, device=device)
-    check_parallel(inputs, target)
     step(f"loading {inputs.draft} draft {inputs.draft_path}")
-    if inputs.draft == "moa" and inputs.backend not in ("torch", "onnxruntime"):
-        raise BuildError(MOA_BACKENDS)
+    refusal = draft_kind(inputs.draft).refusal(inputs.backend)
+    if refusal:
+        raise BuildError(refusal)
     module = load_draft(inputs.draft_path, inputs.draft, target.hidden_size, target.vocab_size, dtype=dtype,
                         device=target.device, target_shape=(target.num_layers, 2 * target.num_kv_heads * target.head_dim))
     tree = tree_from_dict(inputs.tree)

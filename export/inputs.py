@@ -18,8 +18,6 @@ from tqdm.auto import tqdm
 from specdec_kit import __version__
 from specdec_kit.runtime.manifest import sha256_file
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEMO_ZOO = REPO_ROOT / "zoo"
 ZOO_HEADS = {"griffin": "griffin", "eagle": "eagle", "eagle2": "eagle", "hass": "hass", "medusa": "medusa", "moa": "moa"}
 
 
@@ -55,10 +53,16 @@ def resolve_paths(draft: str, target: Path | None, draft_path: Path | None, toke
     """The user's paths, or the demo zoo's target and the head of this method when none are given."""
     demo = target is None and draft_path is None
     if demo:
-        if not (DEMO_ZOO / "target" / "config.json").is_file():
-            raise BuildError(f"{DEMO_ZOO}: no demo zoo; pass --target DIR --draft-path DIR "
+        from specdec_kit.paths import default_zoo
+
+        try:
+            zoo = default_zoo()
+        except ValueError as exc:
+            raise BuildError(f"{exc}; or pass --target DIR --draft-path DIR") from None
+        if not (zoo / "target" / "config.json").is_file():
+            raise BuildError(f"{zoo}: no demo zoo; pass --target DIR --draft-path DIR "
                              "(or build the zoo: python -m specdec_kit.train.zoo --out zoo)")
-        target, draft_path = DEMO_ZOO / "target", DEMO_ZOO / ZOO_HEADS[draft]
+        target, draft_path = zoo / "target", zoo / ZOO_HEADS[draft]
     elif target is None or draft_path is None:
         raise BuildError("--target and --draft-path go together (give both, or neither for the demo zoo)")
     for name, path in (("--target", target), ("--draft-path", draft_path)):

@@ -6,6 +6,8 @@ import time
 
 import torch
 
+from specdec_kit.runtime.manifest import DTYPE_NAMES
+
 
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -26,8 +28,7 @@ def now(device: torch.device) -> float:
     return time.perf_counter()
 
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
-          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float64": torch.float64}
+DTYPES = {name: getattr(torch, canonical) for name, canonical in DTYPE_NAMES.items()}
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:

@@ -1,0 +1,42 @@
+"""Where the kit looks for its demo zoo and writes its outputs, so nothing depends on running from a source tree.
+
+The demo zoo: ``$SPECDEC_ZOO``, else ``./zoo`` when the current directory holds one (a source checkout), else
+the zoo beside the installed package when the package is the source tree itself (an editable install). A
+non-editable install (the CPU image) sets ``SPECDEC_ZOO`` or passes ``--zoo``. Outputs (engines, benchmark
+results) go under the current directory unless an option says otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ZOO_ENV = "SPECDEC_ZOO"
+
+
+def _is_zoo(path: Path) -> bool:
+    return (path / "target" / "config.json").is_file()
+
+
+def zoo_candidates() -> list[Path]:
+    """The places ``default_zoo`` tries, in order."""
+    found = [Path(os.environ[ZOO_ENV])] if os.environ.get(ZOO_ENV) else []
+    return found + [Path("zoo"), Path(__file__).resolve().parents[1] / "zoo"]
+
+
+def default_zoo() -> Path:
+    """The demo zoo to use when none is named; ValueError saying where it looked and how to point at one."""
+    if os.environ.get(ZOO_ENV):
+        return Path(os.environ[ZOO_ENV])  # named explicitly: used as given (a missing one is reported by its user)
+    for path in zoo_candidates():
+        if _is_zoo(path):
+            return path
+    raise ValueError(f"no demo zoo found (looked in {', '.join(str(p) for p in zoo_candidates())}); "
+                     f"set {ZOO_ENV}=DIR or pass --zoo DIR (build one with: python -m specdec_kit.train.zoo --out DIR)")
+
+
+def bundled_data(*parts: str) -> Path:
+    """A data file the kit ships as package data (``bench/data/...``), wherever the package is installed."""
+    import specdec_kit.bench
+
+    return Path(specdec_kit.bench.__file__).resolve().parent.joinpath("data", *parts)
