@@ -1,11 +1,28 @@
 #!/usr/bin/env bash
 # Create .venv (if missing) and install the kit into it. CPU machines get the pinned CPU torch wheel;
 # set TORCH_SPEC (e.g. "torch==2.13.0 --index-url <your CUDA index>") to choose another build.
+# Progress goes to the terminal; pip's own output to .venv/setup.log (shown if a step fails).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+LOG=.venv/setup.log
+step() {  # step "what" command...: run quietly, say how long it took, show the log's tail on failure
+    local what=$1 start=$SECONDS
+    shift
+    printf 'setup: %s ... ' "$what"
+    if "$@" >>"$LOG" 2>&1; then
+        echo "done ($((SECONDS - start)) s)"
+    else
+        echo "FAILED; the end of $LOG:"
+        tail -n 40 "$LOG"
+        exit 1
+    fi
+}
+[ -x .venv/bin/python ] || { echo "setup: creating .venv"; "$PYTHON" -m venv .venv; }
+: >"$LOG"
+step "upgrading pip" .venv/bin/python -m pip install -q --upgrade pip
 # shellcheck disable=SC2086
-.venv/bin/python -m pip install -q ${TORCH_SPEC:-torch==2.13.0}
-.venv/bin/python -m pip install -q -e ".[${EXTRAS:-test}]"
+step "installing PyTorch (${TORCH_SPEC:-torch==2.13.0})" .venv/bin/python -m pip install -q ${TORCH_SPEC:-torch==2.13.0}
+step "installing the kit and its [${EXTRAS:-test}] extras (the first time takes a few minutes)" \
+    .venv/bin/python -m pip install -q -e ".[${EXTRAS:-test}]"
+echo "setup: ready; activate it with: source .venv/bin/activate"

@@ -1,1 +1,1 @@
-"""specdec_kit.train: see the issue tracker; filled in by later work."""
+"""specdec_kit.train: corpus, tokenizer, feature streaming and the trainers of every draft head (and the demo zoo recipe)."""
