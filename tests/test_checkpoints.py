@@ -13,7 +13,7 @@ from specdec_kit.runtime.drafts import DraftLoadError, EagleDraft, MedusaHeads, 
 from specdec_kit.runtime.drafts.loading import save_draft
 from specdec_kit.runtime.synthetic import draft_config, random_eagle, random_griffin, random_medusa, tiny_target
 
-GRIFFIN_KEYS = {  # reference/drafts.md section 1: 15 tensors for one layer
+GRIFFIN_KEYS = {  # the official GRIFFIN layout: 15 tensors for one layer
     "embed_tokens.weight", "fc.fc.weight", "fc.fc.bias", "fc.post_attention_layernorm.weight",
     "fc.mlp.input_layernorm.weight", "fc.mlp.up_proj.weight", "fc.mlp.down_proj.weight",
     "layers.0.self_attn.q_proj.weight", "layers.0.self_attn.k_proj.weight", "layers.0.self_attn.v_proj.weight",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec_kit.runtime.drafting import FeatureDraftStep, FeatureTreeDrafter
+from specdec_kit.runtime.drafting import TorchFeatureStep, FeatureTreeDrafter
 from specdec_kit.runtime.generate import SpeculativeGenerator, append_context
 from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.runtime.synthetic import oracle_griffin
@@ -15,7 +15,7 @@ from conftest import NEW_TOKENS
 
 
 def generator(case) -> SpeculativeGenerator:
-    drafter = FeatureTreeDrafter(FeatureDraftStep(oracle_griffin(case.target), case.target.lm_head), DynamicTreeConfig(16, 3, 4))
+    drafter = FeatureTreeDrafter(TorchFeatureStep(oracle_griffin(case.target), case.target.lm_head), DynamicTreeConfig(16, 3, 4))
     return SpeculativeGenerator(case.target, drafter, eos_token_ids=[])
 
 

@@ -15,7 +15,8 @@ import torch
 from specdec_kit.export.builder import build_engine
 from specdec_kit.export.inputs import BuildInputs
 from specdec_kit.export.onnx_build import target_parity
-from specdec_kit.runtime.drafting import FeatureDraftStep, FeatureTreeDrafter, MedusaDrafter
+from specdec_kit.runtime.drafting import TorchFeatureStep
+from specdec_kit.runtime.registry import drafter_for
 from specdec_kit.runtime.drafts.loading import load_draft
 from specdec_kit.runtime.engine import open_engine
 from specdec_kit.runtime.generate import SpeculativeGenerator
@@ -87,7 +88,7 @@ def test_draft_graph_matches_pytorch_with_pending_tree_slots(engines, demo_check
     """Second draft level: new tokens see committed slots and earlier pending slots through the mask."""
     engine = open_engine(engines["griffin"], device="cpu")
     module = load_draft(demo_checkpoints["griffin"], "griffin", torch_target.hidden_size, torch_target.vocab_size)
-    steps = [FeatureDraftStep(module, torch_target.lm_head), engine.drafter.step]
+    steps = [TorchFeatureStep(module, torch_target.lm_head), engine.drafter.step]
     gen = torch.Generator().manual_seed(0)
     d, v = torch_target.hidden_size, torch_target.vocab_size
     feats, toks = torch.randn(2, 5, d, generator=gen), torch.randint(0, v, (2, 5), generator=gen)
@@ -100,7 +101,7 @@ def test_draft_graph_matches_pytorch_with_pending_tree_slots(engines, demo_check
     level_feats, level_toks = torch.randn(2, 2, d, generator=gen), torch.randint(0, v, (2, 2), generator=gen)
     pending = torch.tensor([[1, 0, 1, 0], [0, 1, 0, 1]], dtype=torch.bool).expand(2, 2, 4)  # 2 earlier + 2 new
     positions = (caches[0].lengths + 1)[:, None].expand(2, 2)
-    second = [s(level_feats, level_toks, positions, pending, c, offset=2) for s, c in zip(steps, caches)]
+    second = [s(level_feats, level_toks, positions, pending, c) for s, c in zip(steps, caches)]
     for a, b in (first, second):
         assert torch.allclose(a[0], b[0], atol=1e-4) and torch.allclose(a[1], b[1], atol=1e-4)
     assert torch.allclose(caches[0].keys[:, :, :, :7], caches[1].keys[:, :, :, :7], atol=1e-5)
@@ -112,8 +113,7 @@ def test_greedy_through_onnx_equals_pytorch_and_transformers(engines, demo_check
     batch = prompts(torch_target.vocab_size)
     got = engine.generator().generate(batch, 40)
     module = load_draft(demo_checkpoints[kind], kind, torch_target.hidden_size, torch_target.vocab_size)
-    drafter = (MedusaDrafter(module, engine.tree) if kind == "medusa"
-               else FeatureTreeDrafter(FeatureDraftStep(module, torch_target.lm_head), engine.tree))
+    drafter = drafter_for(kind, module, torch_target, engine.tree)
     ref = SpeculativeGenerator(torch_target, drafter, eos_token_ids=engine.target.eos_token_ids()).generate(batch, 40)
     assert [r.tokens for r in got] == [r.tokens for r in ref]
     assert [r.stats.accepted_tokens for r in got] == [r.stats.accepted_tokens for r in ref]
@@ -219,7 +219,20 @@ def test_bad_input_fails_cleanly_and_writes_nothing(demo_checkpoints, tmp_path):
     res = run_cli("--draft", "hass", "--target", str(demo_checkpoints["target"]), "--draft-path",
                   str(demo_checkpoints["hass"]), "--backend", "tensorrt-llm", "--tp", "3", "--output", str(out), cwd=tmp_path)
     assert res.returncode == 2 and "num_attention_heads = 4 is not divisible by --tp 3" in res.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "misfit"]  # nothing half-written
+    # the same into a directory that holds something else: the --tp problem is what gets reported
+    occupied = tmp_path / "occupied"
+    occupied.mkdir()
+    (occupied / "notes.txt").write_text("mine")
+    res = run_cli("--draft", "hass", "--target", str(demo_checkpoints["target"]), "--draft-path",
+                  str(demo_checkpoints["hass"]), "--backend", "tensorrt-llm", "--tp", "3", "--output", str(occupied),
+                  cwd=tmp_path)
+    assert res.returncode == 2 and "not divisible by --tp 3" in res.stderr and "Traceback" not in res.stderr
+    # --output naming a file
+    res = run_cli("--draft", "griffin", "--target", str(demo_checkpoints["target"]), "--draft-path",
+                  str(demo_checkpoints["griffin"]), "--backend", "torch", "--output", str(blocker), cwd=tmp_path)
+    assert res.returncode == 2 and "is a file, expected an engine directory" in res.stderr and "Traceback" not in res.stderr
+    assert (occupied / "notes.txt").read_text() == "mine" and blocker.read_text() == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "misfit", "occupied"]  # nothing half-written
 
 
 def test_a_failure_after_staging_removes_the_staging_directory(demo_checkpoints, tmp_path, monkeypatch):

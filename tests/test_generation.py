@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec_kit.runtime.drafting import FeatureDraftStep, FeatureTreeDrafter, NoDrafter
+from specdec_kit.runtime.drafting import TorchFeatureStep, FeatureTreeDrafter, NoDrafter
 from specdec_kit.runtime.generate import RequestStats, SpeculativeGenerator
 from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.runtime.synthetic import oracle_griffin, tiny_target
@@ -18,7 +18,7 @@ def target():
 
 
 def griffin(target):
-    return FeatureTreeDrafter(FeatureDraftStep(oracle_griffin(target), target.lm_head), DynamicTreeConfig(16, 3, 4))
+    return FeatureTreeDrafter(TorchFeatureStep(oracle_griffin(target), target.lm_head), DynamicTreeConfig(16, 3, 4))
 
 
 def test_eos_stops_and_is_kept(target):

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from specdec_kit.runtime.choices import EAGLE1_DEFAULT, MC_SIM_7B_63
-from specdec_kit.runtime.moa_drafting import MoAStep, MoATreeDrafter
-from specdec_kit.runtime.drafting import FeatureDraftStep, FeatureTreeDrafter, MedusaDrafter, NoDrafter
+from specdec_kit.runtime.drafting import NoDrafter
 from specdec_kit.runtime.generate import SpeculativeGenerator
+from specdec_kit.runtime.registry import drafter_for
 from specdec_kit.runtime.synthetic import (
     fitted_medusa, oracle_eagle, oracle_griffin, oracle_moa, random_eagle, random_griffin, random_medusa, random_moa,
 )
@@ -23,29 +23,26 @@ from conftest import NEW_TOKENS, TargetCase, hf_greedy, make_prompts
 DYNAMIC = DynamicTreeConfig(total_tokens=24, depth=4, top_k=4)
 
 
+# test case -> (registered draft kind, module builders (good, random), tree)
+CASES = {
+    "eagle2": ("eagle2", (oracle_eagle, random_eagle), DYNAMIC),  # EAGLE-2 / HASS: EAGLE weights, dynamic tree
+    "eagle1": ("eagle", (oracle_eagle, random_eagle), StaticTree.from_choices(EAGLE1_DEFAULT)),
+    "griffin": ("griffin", (oracle_griffin, random_griffin), DYNAMIC),
+    "griffin-static": ("griffin", (oracle_griffin, random_griffin), StaticTree.from_choices(EAGLE1_DEFAULT)),
+    "medusa": ("medusa", (lambda t: fitted_medusa(t, heads=4), lambda t: random_medusa(t, heads=4)),
+               StaticTree.from_choices(MC_SIM_7B_63)),
+    # Mixture of Attentions: oracle with TLI = L, or random with TLI = 1 (dynamic tree) / TLI = 0 (static)
+    "moa": ("moa", (oracle_moa, lambda t: random_moa(t, tli=1)), DYNAMIC),
+    "moa-static": ("moa", (oracle_moa, lambda t: random_moa(t, tli=0)), StaticTree.from_choices(EAGLE1_DEFAULT)),
+}
+
+
 def build_drafter(kind: str, quality: str, target):
-    good = quality == "good"
+    """Every draft through the registry, as the loader and the engines build them."""
     if kind == "plain":
         return NoDrafter()
-    if kind == "eagle2":  # EAGLE-2 / HASS: EAGLE weights, dynamic tree
-        return FeatureTreeDrafter(FeatureDraftStep(oracle_eagle(target) if good else random_eagle(target), target.lm_head), DYNAMIC)
-    if kind == "eagle1":  # EAGLE-1: EAGLE weights, static tree
-        return FeatureTreeDrafter(FeatureDraftStep(oracle_eagle(target) if good else random_eagle(target), target.lm_head),
-                                  StaticTree.from_choices(EAGLE1_DEFAULT))
-    if kind == "griffin":
-        return FeatureTreeDrafter(FeatureDraftStep(oracle_griffin(target) if good else random_griffin(target), target.lm_head), DYNAMIC)
-    if kind == "griffin-static":
-        return FeatureTreeDrafter(FeatureDraftStep(oracle_griffin(target) if good else random_griffin(target), target.lm_head),
-                                  StaticTree.from_choices(EAGLE1_DEFAULT))
-    if kind == "medusa":
-        heads = fitted_medusa(target, heads=4) if good else random_medusa(target, heads=4)
-        return MedusaDrafter(heads, StaticTree.from_choices(MC_SIM_7B_63))
-    if kind == "moa":  # Mixture of Attentions: oracle with TLI = L, or random with TLI = 1; dynamic tree
-        return MoATreeDrafter(MoAStep(oracle_moa(target) if good else random_moa(target, tli=1), target), DYNAMIC)
-    if kind == "moa-static":  # TLI = 0 when random
-        return MoATreeDrafter(MoAStep(oracle_moa(target) if good else random_moa(target, tli=0), target),
-                              StaticTree.from_choices(EAGLE1_DEFAULT))
-    raise AssertionError(kind)
+    registered, (good, bad), tree = CASES[kind]
+    return drafter_for(registered, (good if quality == "good" else bad)(target), target, tree)
 
 
 def run_batches(case: TargetCase, drafter, batch: int):
@@ -56,7 +53,7 @@ def run_batches(case: TargetCase, drafter, batch: int):
     return results
 
 
-KINDS = ["eagle2", "eagle1", "griffin", "griffin-static", "medusa", "moa", "moa-static"]
+KINDS = list(CASES)
 
 
 @pytest.mark.parametrize("batch", [1, 4])

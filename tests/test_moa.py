@@ -12,7 +12,7 @@ from specdec_kit.runtime.choices import EAGLE1_DEFAULT
 from specdec_kit.runtime.drafts.loading import DraftLoadError, load_draft, save_draft
 from specdec_kit.runtime.generate import SpeculativeGenerator
 from specdec_kit.runtime.loader import make_drafter
-from specdec_kit.runtime.moa_drafting import MoAStep, MoATreeDrafter
+from specdec_kit.runtime.moa_drafting import MoATreeDrafter, TorchMoAStep
 from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.runtime.synthetic import oracle_moa, random_moa
 from specdec_kit.runtime.trees import StaticTree
@@ -26,7 +26,7 @@ def test_tli_equal_to_depth_of_target_drafts_the_target_itself(random_case):
     (root entry, tree levels after it) are exactly right."""
     case = random_case
     tree = StaticTree.from_choices(EAGLE1_DEFAULT)
-    gen = SpeculativeGenerator(case.target, MoATreeDrafter(MoAStep(oracle_moa(case.target), case.target), tree))
+    gen = SpeculativeGenerator(case.target, MoATreeDrafter(TorchMoAStep(oracle_moa(case.target), case.target), tree))
     results = gen.generate(case.prompts[:6], NEW_TOKENS)
     depth = tree.buffers.max_depth
     for res, ref in zip(results, case.references[:6]):
@@ -54,7 +54,7 @@ def test_checkpoint_round_trip_and_mismatches(random_case, tmp_path):
 
 def test_requests_joining_mid_flight_with_moa(predictable_case):
     case = predictable_case
-    gen = SpeculativeGenerator(case.target, MoATreeDrafter(MoAStep(oracle_moa(case.target), case.target),
+    gen = SpeculativeGenerator(case.target, MoATreeDrafter(TorchMoAStep(oracle_moa(case.target), case.target),
                                                            StaticTree.from_choices(EAGLE1_DEFAULT)), eos_token_ids=[])
     greedy = SamplingParams()
     batch = gen.admit(None, gen.prefill(case.prompts[:2], [NEW_TOKENS] * 2, [greedy] * 2, tags=[0, 1]))
@@ -140,7 +140,7 @@ def test_onnx_engine_drafts_exactly_what_pytorch_drafts(predictable_case, tmp_pa
     engine = open_engine(build_engine(inputs, tmp_path / "engine").path)
     assert {"moa_memory", "moa_step"} <= set(engine.manifest["artifacts"])
     got = engine.generator().generate(case.prompts[:4], 32)
-    ref = SpeculativeGenerator(case.target, MoATreeDrafter(MoAStep(draft, case.target), tree),
+    ref = SpeculativeGenerator(case.target, MoATreeDrafter(TorchMoAStep(draft, case.target), tree),
                                eos_token_ids=engine.target.eos_token_ids()).generate(case.prompts[:4], 32)
     assert [r.tokens for r in got] == [r.tokens for r in ref]
     assert [r.stats.accepted_per_depth for r in got] == [r.stats.accepted_per_depth for r in ref]

@@ -16,10 +16,10 @@ import torch
 from scipy import stats
 
 from specdec_kit.runtime.choices import EAGLE1_DEFAULT, chain
-from specdec_kit.runtime.drafting import FeatureDraftStep, FeatureTreeDrafter, MedusaDrafter, NoDrafter
+from specdec_kit.runtime.drafting import TorchFeatureStep, FeatureTreeDrafter, MedusaDrafter, NoDrafter
 from specdec_kit.runtime.generate import SpeculativeGenerator
 from specdec_kit.runtime.sampling import SamplingParams, target_probs
-from specdec_kit.runtime.moa_drafting import MoAStep, MoATreeDrafter
+from specdec_kit.runtime.moa_drafting import MoATreeDrafter, TorchMoAStep
 from specdec_kit.runtime.synthetic import fitted_medusa, oracle_griffin, oracle_moa, random_eagle, random_moa, tiny_hf_model
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
@@ -71,15 +71,15 @@ def drafter_for(name: str, target: TargetModel):
     if name == "plain":
         return NoDrafter()
     if name == "eagle-random-dynamic":
-        return FeatureTreeDrafter(FeatureDraftStep(random_eagle(target), target.lm_head), DynamicTreeConfig(total_tokens=10, depth=3, top_k=3))
+        return FeatureTreeDrafter(TorchFeatureStep(random_eagle(target), target.lm_head), DynamicTreeConfig(total_tokens=10, depth=3, top_k=3))
     if name == "griffin-oracle-static":
-        return FeatureTreeDrafter(FeatureDraftStep(oracle_griffin(target), target.lm_head), StaticTree.from_choices(EAGLE1_DEFAULT))
+        return FeatureTreeDrafter(TorchFeatureStep(oracle_griffin(target), target.lm_head), StaticTree.from_choices(EAGLE1_DEFAULT))
     if name == "griffin-oracle-chain1":  # one draft token: full acceptance then a bonus token at x3
-        return FeatureTreeDrafter(FeatureDraftStep(oracle_griffin(target), target.lm_head), StaticTree.from_choices(chain(1)))
+        return FeatureTreeDrafter(TorchFeatureStep(oracle_griffin(target), target.lm_head), StaticTree.from_choices(chain(1)))
     if name == "moa-oracle-static":  # TLI = L: proposals are the target's own top tokens
-        return MoATreeDrafter(MoAStep(oracle_moa(target), target), StaticTree.from_choices(EAGLE1_DEFAULT))
+        return MoATreeDrafter(TorchMoAStep(oracle_moa(target), target), StaticTree.from_choices(EAGLE1_DEFAULT))
     if name == "moa-random-tli1-dynamic":
-        return MoATreeDrafter(MoAStep(random_moa(target, tli=1), target), DynamicTreeConfig(total_tokens=10, depth=3, top_k=3))
+        return MoATreeDrafter(TorchMoAStep(random_moa(target, tli=1), target), DynamicTreeConfig(total_tokens=10, depth=3, top_k=3))
     if name == "medusa-fitted":
         return MedusaDrafter(fitted_medusa(target, heads=5), StaticTree.from_choices(EAGLE1_DEFAULT))
     raise AssertionError(name)

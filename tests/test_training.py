@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec_kit.runtime.drafting import FeatureDraftStep, FeatureTreeDrafter, MedusaDrafter, NoDrafter
+from specdec_kit.runtime.drafting import TorchFeatureStep, FeatureTreeDrafter, MedusaDrafter, NoDrafter
 from specdec_kit.runtime.drafts.loading import load_draft
 from specdec_kit.runtime.generate import SpeculativeGenerator
 from specdec_kit.runtime.synthetic import tiny_target
@@ -46,7 +46,7 @@ def test_trainer_reduces_loss_and_checkpoint_loads(tmp_path, target, data, metho
     if method == "medusa":
         drafter = MedusaDrafter(head, StaticTree.from_choices(chain(3)))
     else:
-        drafter = FeatureTreeDrafter(FeatureDraftStep(head, target.lm_head), DynamicTreeConfig(8, 2, 3))
+        drafter = FeatureTreeDrafter(TorchFeatureStep(head, target.lm_head), DynamicTreeConfig(8, 2, 3))
     prompts = [[1, 2, 3], [5, 7]]
     plain = SpeculativeGenerator(target, NoDrafter(), eos_token_ids=[]).generate(prompts, 20)
     spec_out = SpeculativeGenerator(target, drafter, eos_token_ids=[]).generate(prompts, 20)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from specdec_kit.runtime.choices import EAGLE1_DEFAULT, MC_SIM_7B_63, chain
-from specdec_kit.runtime.drafting import FeatureDraftStep, FeatureTreeDrafter
+from specdec_kit.runtime.registry import drafter_for
 from specdec_kit.runtime.synthetic import random_eagle, random_griffin, tiny_target
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree, buffers_from_parents, parse_tree_spec
 from specdec_kit.runtime.verify import verify_greedy
@@ -88,11 +88,10 @@ def test_static_tree_rejects_missing_prefix():
        griffin=st.booleans())
 @settings(max_examples=40, deadline=None)
 def test_dynamic_trees(total, depth, top_k, seed, griffin):
-    if total - 1 > top_k + depth * top_k * top_k:
-        return
+    assume(total - 1 <= top_k + depth * top_k * top_k)  # the tree must fit among the candidates
     target = tiny_target(hidden_size=32, layers=1, heads=2, kv_heads=1, intermediate=64, vocab=40, logit_scale=5.0)
     draft = (random_griffin if griffin else random_eagle)(target, seed=seed)
-    drafter = FeatureTreeDrafter(FeatureDraftStep(draft, target.lm_head), DynamicTreeConfig(total, depth, top_k))
+    drafter = drafter_for("griffin" if griffin else "eagle2", draft, target, DynamicTreeConfig(total, depth, top_k))
     batch = 3
     drafter.reset(batch, 16)
     gen = torch.Generator().manual_seed(seed)
