@@ -21,49 +21,6 @@ from specdec_kit.runtime.target import TargetLoadError, TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig
 
 
-def main(argv=None):\n",
-    "    def __repr__(self):\n        return",
-]
-MEDUSA_DEMO_TREE = "static:mc_sim_7b_63:24"
-
-
-ZOO_DEFAULT = Path("<default zoo>")  # --zoo without a value: resolved by specdec_kit.paths.default_zoo
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="specdec-generate",
-        description="Speculative generation (GRIFFIN, EAGLE/EAGLE-2/HASS, Medusa) with lossless verification.",
-        epilog="Example: specdec-generate --target ./llama --draft griffin --draft-path ./griffin-head "
-               "--prompt 'Hello' --compare-plain",
-    )
-    p.add_argument("--demo", action="store_true",
-                   help="write a synthetic checkpoint set (random target, constructed drafts) and run every draft type")
-    p.add_argument("--demo-dir", type=Path, help="where --demo writes its checkpoints (default: a temporary directory)")
-    p.add_argument("--zoo", type=Path, nargs="?", const=ZOO_DEFAULT,
-                   help="run every draft type on the demo model zoo (default: $SPECDEC_ZOO, else ./zoo)")
-    p.add_argument("--engine", type=Path,
-                   help="engine directory from export/build_engine.py (its manifest fixes backend, draft, tree, dtype)")
-    p.add_argument("--target", type=Path, help="Hugging Face checkpoint directory of the target (Llama/Mistral/Qwen2)")
-    p.add_argument("--draft", default="griffin", choices=["none", *draft_kinds()], help="draft type (default griffin)")
-    p.add_argument("--draft-path", type=Path, help="draft checkpoint directory in its official layout")
-    p.add_argument("--tree", help="dynamic | static:NAME (mc_sim_7b_63, eagle1_default, chain-N) | choices.json")
-    p.add_argument("--total-tokens", type=int, help="dynamic tree: nodes including the root (default 60)")
-    p.add_argument("--depth", type=int, help="dynamic tree: expansion steps after the first level (default 5)")
-    p.add_argument("--top-k", type=int, help="dynamic tree: beams and children per beam (default 10)")
-    p.add_argument("--prompt", action="append", help="prompt text (repeatable); several prompts run as one batch")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--sample-top-k", type=int, default=0, help="top-k filter of the target distribution (0 = off)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--compare-plain", action="store_true", help="also run plain decoding; check identity, report speedup")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (CUDA when present)")
-    p.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto (fp32 on CPU, bf16 on CUDA)")
-    p.add_argument("--json", type=Path, help="also write results and statistics as JSON here")
-    return p.parse_args(argv)
-
-
 def describe(name: str, results: list[GenerationResult]) -> dict:
     pooled = RequestStats.combined([r.stats for r in results])
     seconds = max(r.stats.total_s for r in results)  # one batch: requests ran side by side
