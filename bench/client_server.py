@@ -15,7 +15,6 @@ and whether the final text equals plain decoding's (it must).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -40,33 +39,9 @@ from specdec_kit.edge.netns import NetnsLink
 from specdec_kit.runtime.loader import load_tokenizer
 from specdec_kit.runtime.trees import DynamicTreeConfig
 from specdec_kit.paths import default_zoo
+from specdec_kit.bench.client_server_cli import METHODS, main  # noqa: F401  (main: the command line lives there)
 
-# method -> (draft kind, zoo folder or None)
-METHODS = {"plain": ("none", None), "eagle2": ("eagle2", "eagle"), "griffin": ("griffin", "griffin"),
-           "moa": ("moa", "moa"), "moa_tli0": ("moa", "moa_tli0")}
 SERVER_PORT = 7433
-
-
-def parse_args(argv):
-    p = argparse.ArgumentParser(prog="specdec-bench-edge", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--zoo", type=Path, default=None, help="the demo zoo (default: $SPECDEC_ZOO, else ./zoo)")
-    p.add_argument("--out", type=Path, default=Path("bench_results"))
-    p.add_argument("--methods", default="plain,eagle2,moa,moa_tli0", help=f"comma list from {list(METHODS)}")
-    p.add_argument("--profiles", default="5g,4g", help=f"comma list from {sorted(PROFILES)}")
-    p.add_argument("--network", choices=["auto", "netns", "loopback"], default="auto")
-    p.add_argument("--prompt-set", choices=["humaneval", "heldout"], default="humaneval")
-    p.add_argument("--prompts", type=int, default=6)
-    p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--total-tokens", type=int, default=12)
-    p.add_argument("--depth", type=int, default=5)
-    p.add_argument("--top-k", type=int, default=2)
-    p.add_argument("--act-dtype", default="float16")
-    p.add_argument("--outage-after", type=int, default=24, help="verified tokens before the link is cut (0: no outage run)")
-    p.add_argument("--outage-s", type=float, default=1.5, help="seconds the link stays cut")
-    p.add_argument("--smoke", action="store_true", help="2 prompts x 16 tokens, 5G only (a quick check)")
-    return p.parse_args(argv)
 
 
 def _wait_port(host: str, port: int, proc: subprocess.Popen, timeout: float = 120.0) -> None:
@@ -275,8 +250,7 @@ def plot(speed: list[dict], out: Path) -> None:
     save_figure(fig, out, tight=False)
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def run(args) -> int:
     args.zoo = args.zoo or default_zoo()
     if args.smoke:
         args.prompts, args.max_new_tokens, args.profiles, args.outage_after = 2, 16, "5g", 6

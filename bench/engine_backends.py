@@ -17,17 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-from tqdm import tqdm
-
 from specdec_kit.bench.prompts import humaneval
 from specdec_kit.bench.report import write_text_and_plot
 from specdec_kit.plots import pyplot, save_figure
-from specdec_kit.export.builder import build_engine
-from specdec_kit.export.cli import resolve_tree_dict
-from specdec_kit.export.inputs import BuildInputs, resolve_paths
-from specdec_kit.runtime.engine import open_engine
-from specdec_kit.runtime.loader import set_threads
 
 RESULTS = Path("bench/results")  # relative to where it runs (the repository root in the README)
 
@@ -45,6 +37,10 @@ def parse_args(argv):
 
 
 def engine_for(kind: str, backend: str, root: Path) -> Path:
+    from specdec_kit.export.builder import build_engine
+    from specdec_kit.export.cli import resolve_tree_dict
+    from specdec_kit.export.inputs import BuildInputs, resolve_paths
+
     target, draft_path, tokenizer, demo = resolve_paths(kind, None, None, None)
     inputs = BuildInputs(draft=kind, target=target, draft_path=draft_path, tokenizer=tokenizer, backend=backend,
                          dtype="float32", tree=resolve_tree_dict(kind, backend, demo), demo=demo)
@@ -67,6 +63,11 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    import torch
+    from specdec_kit.runtime.engine import open_engine
+    from specdec_kit.runtime.loader import set_threads
+    from tqdm import tqdm
+
     set_threads()
     engines = {b: open_engine(engine_for(args.draft, b, args.engines), device="cpu") for b in ("onnxruntime", "torch")}
     tok = engines["torch"].tokenizer

@@ -14,14 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-from tqdm import tqdm
-
-from specdec_kit.runtime.generate import SpeculativeGenerator
-from specdec_kit.runtime.loader import set_threads
-from specdec_kit.runtime.synthetic import tiny_hf_model
-from specdec_kit.runtime.target import TargetModel
-
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="specdec-bench-runtime", description=__doc__)
@@ -40,6 +32,13 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    import torch
+    from specdec_kit.runtime.generate import SpeculativeGenerator
+    from specdec_kit.runtime.loader import set_threads
+    from specdec_kit.runtime.synthetic import tiny_hf_model
+    from specdec_kit.runtime.target import TargetModel
+    from tqdm import tqdm
+
     if args.smoke:
         args.hidden, args.layers, args.intermediate, args.vocab = 64, 2, 128, 200
         args.new_tokens, args.prompts, args.repeats = 16, 2, 2

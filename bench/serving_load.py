@@ -20,9 +20,6 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
-
-from specdec_kit.bench.engine_backends import engine_for
 from specdec_kit.bench.prompts import humaneval
 from specdec_kit.bench.report import write_text_and_plot
 from specdec_kit.plots import concurrency_axis, legend_below, pyplot, save_figure
@@ -49,6 +46,8 @@ def free_port() -> int:
 
 
 def start_server(engine: Path, mode: str, max_num_seqs: int) -> tuple[subprocess.Popen, str]:
+    import httpx
+
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "specdec_kit.serving", "--engine", str(engine), "--port", str(port),
                              "--served-model-name", "bench", "--speculation", mode, "--max-num-seqs", str(max_num_seqs),
@@ -65,6 +64,8 @@ def start_server(engine: Path, mode: str, max_num_seqs: int) -> tuple[subprocess
 
 
 def one_request(url: str, prompt: str, max_tokens: int) -> dict:
+    import httpx
+
     body = {"model": "bench", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
             "temperature": 0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
@@ -112,6 +113,8 @@ def ms(seconds: float | None, digits: int) -> float | None:
 
 
 def server_tau(url: str) -> float | None:
+    import httpx
+
     from prometheus_client.parser import text_string_to_metric_families
 
     for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
@@ -142,6 +145,8 @@ def plot(rows: list[dict], path: Path) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    from specdec_kit.bench.engine_backends import engine_for
+
     engine = args.engine or engine_for("griffin", "onnxruntime", Path("engines"))
     levels = [int(c) for c in args.concurrency.split(",")]
     prompts = humaneval(32)

@@ -11,7 +11,6 @@ and its prompt-lookup decoding.
 
 from __future__ import annotations
 
-import argparse
 import platform
 import statistics
 import sys
@@ -29,40 +28,7 @@ from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig
 from specdec_kit.paths import default_zoo
-
-# method name -> (draft kind, zoo folder); trees: dynamic (--total-tokens/--depth/--top-k), Medusa --medusa-tree
-METHODS = {
-    "eagle2": ("eagle2", "eagle"),
-    "hass": ("hass", "hass"),
-    "griffin": ("griffin", "griffin"),
-    "medusa": ("medusa", "medusa"),
-    "moa": ("moa", "moa"),  # Mixture of Attentions, TLI = 1
-    "moa_tli0": ("moa", "moa_tli0"),
-}
-PEERS = ("hf_generate", "hf_assisted", "hf_prompt_lookup")
-
-
-def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m specdec_kit.bench.speedup", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--zoo", type=Path, default=None, help="the demo zoo (default: $SPECDEC_ZOO, else ./zoo)")
-    p.add_argument("--out", type=Path, default=Path("bench_results"))
-    p.add_argument("--prompt-sets", default="humaneval,spec_bench,heldout")
-    p.add_argument("--spec-bench", type=Path, default=prompt_sets.DEFAULT_SPEC_BENCH)
-    p.add_argument("--prompts", type=int, default=8, help="prompts per set")
-    p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--temperatures", default="0,1")
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--methods", default="", help=f"comma-separated, from {list(METHODS)} (default: those the zoo has)")
-    p.add_argument("--peers", default=",".join(PEERS), help="comma list, or 'none'")
-    p.add_argument("--total-tokens", type=int, default=12)
-    p.add_argument("--depth", type=int, default=5)
-    p.add_argument("--top-k", type=int, default=2)
-    p.add_argument("--medusa-tree", default="static:mc_sim_7b_63:24",
-                   help="Medusa's static tree (default: the first 24 choices of mc_sim_7b_63, sized for a CPU)")
-    p.add_argument("--smoke", action="store_true", help="2 prompts, 12 tokens, 1 repeat: checks that it runs")
-    return p.parse_args(argv)
-
+from specdec_kit.bench.speedup_cli import METHODS, main  # noqa: F401  (main: the command line lives there)
 
 def median(values):
     return statistics.median(values) if values else 0.0
@@ -99,8 +65,7 @@ class HFPeers:
         return int(out.shape[1] - x.shape[1]), time.perf_counter() - t0
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def run(args) -> int:
     args.zoo = args.zoo or default_zoo()
     if args.smoke:
         args.prompts, args.max_new_tokens, args.repeats = 2, 12, 1

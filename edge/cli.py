@@ -13,16 +13,13 @@ import json
 import sys
 from pathlib import Path
 
-import torch
+from specdec_kit.runtime.registry import client_draft_kinds
 
-from specdec_kit.edge.activations import weights_digest
-from specdec_kit.edge.client import EdgeClient, Offline
-from specdec_kit.edge.drafting import make_edge_drafter
-from specdec_kit.edge.protocol import ACT_DTYPES
-from specdec_kit.runtime.loader import load_tokenizer, resolve_tree
-from specdec_kit.runtime.sampling import SamplingParams
+KINDS = ("none", *client_draft_kinds())  # none: plain decoding over the network (one call per token)
 
-KINDS = ("none", "eagle", "eagle2", "hass", "griffin", "moa")
+
+# the activation encodings of ``edge/protocol.py`` (named here so --help need not load torch; a test keeps them equal)
+ACT_DTYPE_NAMES = ("float16", "bfloat16", "float32", "int8")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -46,7 +43,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--total-tokens", type=int, default=12)
     p.add_argument("--depth", type=int, default=5)
     p.add_argument("--top-k-tree", type=int, default=2, help="beams per level of a dynamic tree")
-    p.add_argument("--act-dtype", choices=list(ACT_DTYPES), default="float16", help="activations on the wire")
+    p.add_argument("--act-dtype", choices=list(ACT_DTYPE_NAMES), default="float16", help="activations on the wire")
     p.add_argument("--call-timeout", type=float, default=5.0, help="seconds without an answer before going offline")
     p.add_argument("--retry-interval", type=float, default=0.5, help="seconds between reconnection attempts")
     p.add_argument("--max-offline-tokens", type=int, default=256, help="unverified tokens to draft before waiting")
@@ -57,6 +54,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    import torch
+    from specdec_kit.edge.activations import weights_digest
+    from specdec_kit.edge.client import EdgeClient, Offline
+    from specdec_kit.edge.drafting import make_edge_drafter
+    from specdec_kit.runtime.loader import load_tokenizer, resolve_tree
+    from specdec_kit.runtime.sampling import SamplingParams
+
     host, _, port = args.server.rpartition(":")
     if not host or not port.isdigit():
         print(f"error: --server {args.server!r}: expected HOST:PORT", file=sys.stderr)

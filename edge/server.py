@@ -11,7 +11,6 @@ the server go on.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import socket
 import socketserver
@@ -29,6 +28,7 @@ from specdec_kit.runtime.generate import DecodeBatch, SpeculativeGenerator
 from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import buffers_from_parents
+from specdec_kit.edge.server_cli import main  # noqa: F401  (main: the command line lives there)
 
 log = logging.getLogger("specdec.edge.server")
 
@@ -231,28 +231,7 @@ def load_sources(target: TargetModel, heads: list[str]) -> dict[str, ActivationS
     return sources
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="specdec-edge-server",
-        description="Verification server for client-server drafting: holds the target; clients draft on their "
-                    "own device and send draft trees (binary protocol, edge/protocol.py).",
-        epilog="Example: specdec-edge-server --target zoo/target --moa-head moa=zoo/moa --moa-head moa_tli0=zoo/moa_tli0 --port 7433",
-    )
-    p.add_argument("--target", type=Path, required=True, help="Hugging Face checkpoint directory of the target")
-    p.add_argument("--moa-head", action="append", default=[], metavar="NAME=PATH",
-                   help="a Mixture-of-Attentions head whose LSA runs here (repeatable); EAGLE-style drafts need none")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=7433)
-    p.add_argument("--dtype", default=None, help="float32 | float16 | bfloat16 (default: float32 on CPU)")
-    p.add_argument("--device", default=None, help="cpu | cuda | cuda:N (default: cuda when present)")
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads on CPU")
-    p.add_argument("--max-tree-nodes", type=int, default=1024, help="largest tree (or offline chain) one call may verify")
-    p.add_argument("--session-ttl", type=float, default=600.0, help="seconds an idle session is kept for a returning client")
-    return p.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def run(args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)

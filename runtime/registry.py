@@ -33,6 +33,7 @@ class DraftFamily(ABC):
     name: str
     manifest_keys: tuple[str, ...]  # the engine manifest's ``draft`` keys the ONNX Runtime drafter reads
     weight_files: tuple[str, ...] = ("pytorch_model.bin", "model.safetensors")
+    client_drafting: bool = True  # whether a client-server client can draft with it (``client_drafter``)
 
     @abstractmethod
     def torch_drafter(self, module: nn.Module, target: TargetModel, tree: Tree) -> Drafter:
@@ -86,6 +87,7 @@ class MedusaFamily(DraftFamily):
 
     name = "medusa"
     manifest_keys = ("medusa_num_heads", "vocab_size")
+    client_drafting = False
     weight_files = ("medusa_lm_head.pt", "medusa_lm_head.safetensors", "model.safetensors", "pytorch_model.bin")
 
     def check_tree(self, tree):
@@ -192,6 +194,11 @@ def register(kind: DraftKind) -> DraftKind:
 def draft_kinds() -> tuple[str, ...]:
     """The registered kinds, in registration order (``none``, plain decoding, is not one)."""
     return tuple(_KINDS)
+
+
+def client_draft_kinds() -> tuple[str, ...]:
+    """The kinds a client-server client can draft with."""
+    return tuple(name for name, kind in _KINDS.items() if kind.family.client_drafting)
 
 
 def draft_kind(name: str) -> DraftKind:

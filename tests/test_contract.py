@@ -110,6 +110,7 @@ def test_every_kind_is_registered_with_its_family():
     assert registry.draft_kind("medusa").family.name == "medusa"
     assert registry.draft_kind("moa").refusal("sglang").startswith("--draft moa builds for --backend onnxruntime or torch")
     assert registry.draft_kind("griffin").refusal("sglang") is None
+    assert registry.client_draft_kinds() == ("griffin", "eagle", "eagle2", "hass", "moa")  # Medusa: no client drafter
     with pytest.raises(ValueError, match="unknown draft kind 'nope'; expected one of"):
         registry.draft_kind("nope")
 

@@ -12,21 +12,29 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-HELP_ENTRIES = {  # the user's literal commands and the console scripts behind them
-    "build_engine.py": "from specdec_kit.export.cli import main",
-    "specdec-generate": "from specdec_kit.runtime.cli import main",
-    "specdec-serve": "from specdec_kit.serving.cli import main",
-    "specdec-loadtest-sweep": "from specdec_kit.loadtest.sweep import main",
-}
+def _console_scripts() -> dict[str, str]:
+    """Every console script of pyproject.toml, and the README's ``python export/build_engine.py``."""
+    import tomllib
+
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    entries = {name: "from {} import {}".format(*target.split(":")) for name, target in scripts.items()}
+    return {"build_engine.py": "from specdec_kit.export.cli import main", **entries}
 
 
-@pytest.mark.parametrize("name", list(HELP_ENTRIES))
+@pytest.mark.parametrize("name", list(_console_scripts()))
 def test_help_answers_without_loading_torch(name):
     """--help parses before anything heavy is imported (torch alone takes seconds to load)."""
-    code = (f"import sys; sys.argv = [{name!r}, '--help']\n{HELP_ENTRIES[name]}\n"
+    code = (f"import sys; sys.argv = [{name!r}, '--help']\n{_console_scripts()[name]}\n"
             "try:\n    main()\nexcept SystemExit:\n    pass\nprint('TORCH LOADED' if 'torch' in sys.modules else 'light')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "usage:" in out.stdout and out.stdout.strip().endswith("light"), out.stdout[-500:] + out.stderr[-500:]
+
+
+def test_edge_cli_offers_the_protocols_activation_encodings():
+    from specdec_kit.edge.cli import ACT_DTYPE_NAMES
+    from specdec_kit.edge.protocol import ACT_DTYPES
+
+    assert ACT_DTYPE_NAMES == tuple(ACT_DTYPES)
 
 
 def _code_files() -> list[Path]:
@@ -52,3 +60,20 @@ def test_nothing_finds_the_zoo_or_writes_results_relative_to_the_package():
     assert not hits, hits
     for built in ("build/lib/x.py", "dist/x.whl"):  # setuptools' build output never shows up as untracked files
         assert subprocess.run(["git", "check-ignore", "-q", built], cwd=REPO).returncode == 0, built
+
+
+def test_plots_keep_legends_off_the_data_and_concurrency_ticks_plain():
+    from specdec_kit.plots import concurrency_axis, legend_below, pyplot
+
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3))
+    for ax in axes:
+        ax.bar([1, 4, 16], [3, 2, 1], label="bars")
+        ax.plot([1, 4, 16], [1, 2, 3], label="line")
+        concurrency_axis(ax, [1, 4, 16])
+    legend_below(fig, axes[0])
+    fig.canvas.draw()
+    assert [t.get_text() for t in axes[0].get_xticklabels()] == ["1", "4", "16"]
+    legend_box = fig.legends[0].get_window_extent()
+    assert all(legend_box.y1 <= ax.get_window_extent().y0 for ax in axes)  # wholly below every panel
+    plt.close(fig)

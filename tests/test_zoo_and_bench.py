@@ -64,6 +64,10 @@ def test_generate_on_zoo(tiny_zoo, capsys):
     for kind in ("griffin", "hass", "eagle2", "eagle", "medusa", "plain decoding"):
         assert f"== {kind}" in printed
     assert "greedy output identical to plain decoding: True" in printed
+    table = printed[printed.index("vs plain"):]  # the closing summary: every method with tau, tokens/s, speedup
+    for kind in ("griffin", "hass", "eagle2", "medusa", "plain decoding"):
+        assert kind in table
+    assert "x\n" in table
 
 
 def test_generate_without_zoo_says_how_to_build_it(tmp_path, capsys):

@@ -12,15 +12,17 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from specdec_kit.runtime.loader import load_tokenizer, set_threads
-from specdec_kit.runtime.target import TargetLoadError, TargetModel
-from specdec_kit.train.corpus import Document, load_corpus
-from specdec_kit.train.data import blocks, token_stream
-from specdec_kit.train.heads import METHODS, HeadSpec, train_head
+from specdec_kit.train.methods import METHODS
+
+if TYPE_CHECKING:  # heavy modules load in the functions that use them: --help answers before torch loads
+    from specdec_kit.train.corpus import Document
 
 
 def read_documents(path: Path) -> list[Document]:
+    from specdec_kit.train.corpus import Document
+
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.suffix in (".txt", ".py", ".md"))
         return [Document(str(p), p.read_text(errors="replace")) for p in files]
@@ -56,6 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache-features", type=Path, help="write target features here first, then train from them")
     p.add_argument("--device", default="auto")
     args = p.parse_args(argv)
+    from specdec_kit.runtime.loader import load_tokenizer, set_threads
+    from specdec_kit.runtime.target import TargetLoadError, TargetModel
+    from specdec_kit.train.corpus import load_corpus
+    from specdec_kit.train.data import blocks, token_stream
+    from specdec_kit.train.heads import HeadSpec, train_head
+
     set_threads()
     try:
         target = TargetModel.from_pretrained(args.target, dtype="float32", device=args.device)

@@ -12,14 +12,12 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # heavy modules load in the functions that use them: --help answers before torch loads
+    import torch
 
-from specdec_kit.runtime.device import resolve_dtype
-from specdec_kit.train.corpus import describe, load_corpus
-from specdec_kit.train.data import blocks, token_stream
-from specdec_kit.train.lm import LMSpec, build_lm, heldout_loss, train_lm
-from specdec_kit.train.tokenizer import train_bpe
+    from specdec_kit.train.lm import LMSpec
 
 RECIPE = Path(__file__).with_name("zoo_recipe.json")
 
@@ -29,11 +27,18 @@ def recipe_hash(recipe: dict) -> str:
 
 
 def train_tokens(tokenizer, corpus, spec: LMSpec) -> torch.Tensor:
+    from specdec_kit.train.data import blocks, token_stream
+
     need = spec.steps * spec.batch * spec.seq_len
     return blocks(token_stream(tokenizer, corpus.train, max_tokens=need + spec.seq_len), spec.seq_len, spec.seed)
 
 
 def build_lm_stage(name: str, out: Path, recipe: dict, tokenizer, corpus, log: dict) -> None:
+    import torch
+    from specdec_kit.runtime.device import resolve_dtype
+    from specdec_kit.train.data import blocks, token_stream
+    from specdec_kit.train.lm import LMSpec, build_lm, heldout_loss, train_lm
+
     spec = LMSpec(**recipe[name])
     data = train_tokens(tokenizer, corpus, spec)
     model = build_lm(spec, len(tokenizer), tokenizer.eos_token_id)
@@ -52,6 +57,9 @@ def build_lm_stage(name: str, out: Path, recipe: dict, tokenizer, corpus, log: d
 
 
 def main(argv: list[str] | None = None) -> int:
+    from specdec_kit.train.corpus import describe, load_corpus
+    from specdec_kit.train.tokenizer import train_bpe
+
     p = argparse.ArgumentParser(prog="python -m specdec_kit.train.zoo", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("zoo"))
