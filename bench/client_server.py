@@ -1,17 +1,5 @@
-"""Client-server drafting over a shaped network path: tokens/s, server calls and bytes per token, and what
-the client does while the server is unreachable.
-
-The server (``specdec-edge-server``, the zoo target and the MoA heads' LSA) runs in its own network
-namespace behind a veth pair rate-limited by the kernel's ``tbf``; a link relay (``specdec-edge-link``)
-adds the 4G/5G delay, jitter and loss of the paper's setup (this kernel has no ``netem``; see
-``edge/link.py``). Without root the server listens on loopback and the relay also paces the rate. The
-client (this process, one thread, as on a device) runs every method side by side: prompts interleaved,
-one warm-up each. Plain decoding over the network (one call per token) is the remote-API baseline.
-
-The outage run cuts the link silently after ``--outage-after`` verified tokens for ``--outage-s`` seconds:
-per method, the tokens drafted offline, how many of them the target confirmed when the link came back,
-and whether the final text equals plain decoding's (it must).
-"""
+"""The work of the client-server benchmark; what it measures, how, and its
+options are in ``client_server_cli.py`` (the command line, parsed before torch loads)."""
 
 from __future__ import annotations
 

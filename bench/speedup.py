@@ -1,13 +1,5 @@
-"""``python -m specdec_kit.bench.speedup``: acceptance length and speedup of every method on the zoo.
-
-Over HumanEval, Spec-Bench and held-out corpus prompts, at each temperature, every method and plain
-decoding run on the same target in the same process, interleaved (the method order rotates per
-prompt) and repeated; speedups are medians of per-(prompt, repeat) ratios to plain decoding. Beside
-each measured speedup stands the analytical bound tau * t / (t_verify + t_draft) from the measured
-latencies (methods.md section 1, with the tree's verify latency in the denominator). Peers on the same
-target: ``transformers`` ``generate``, its assisted generation with the zoo's independent draft LM,
-and its prompt-lookup decoding.
-"""
+"""The work of the speedup benchmark; what it measures, how, and its
+options are in ``speedup_cli.py`` (the command line, parsed before torch loads)."""
 
 from __future__ import annotations
 
