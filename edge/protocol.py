@@ -197,7 +197,7 @@ class Open:
 
     def encode(self) -> bytes:
         flags = int(self.resume) | (2 if self.seed is not None else 0)
-        return (pack_str(self.source) + struct.pack("<BBIfIfQ", flags, ACT_DTYPES[self.act_dtype], self.max_new_tokens,
+        return (pack_str(self.source) + struct.pack("<BBIfIfq", flags, ACT_DTYPES[self.act_dtype], self.max_new_tokens,
                                                     self.temperature, self.top_k, self.top_p, self.seed or 0)
                 + pack_tokens(self.tokens))
 
@@ -205,7 +205,7 @@ class Open:
     def decode(cls, body: bytes) -> "Open":
         r = Reader(body, "OPEN")
         source = read_str(r, "source")
-        flags, act, max_new, temp, top_k, top_p, seed = r.unpack("BBIfIfQ", "settings")
+        flags, act, max_new, temp, top_k, top_p, seed = r.unpack("BBIfIfq", "settings")
         if act not in _ACT_NAMES:
             raise ProtocolError(f"OPEN: activation dtype code {act}, expected one of {sorted(_ACT_NAMES)}")
         tokens = read_tokens(r, "tokens")

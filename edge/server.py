@@ -1,8 +1,8 @@
 """The verification server of client-server drafting: the target and its KV cache per session.
 
 A client opens a session with its prompt and sampling settings, then sends draft trees; the server runs
-each tree through the target, verifies it (greedy or lossless sampling with the session's own seeded
-generator, ``runtime/verify.py``), commits the accepted path and answers with the accepted node indices,
+each tree through the target, verifies it (greedy or lossless sampling keyed by the session's seed
+and token index, ``runtime/verify.py``), commits the accepted path and answers with the accepted node indices,
 the next token and the activations the client's draft needs (``edge/activations.py``). Sessions outlive
 connections (a client that lost its network resumes with the same session id) and expire after
 ``session_ttl`` idle seconds. Bad frames get an ERROR frame that names the problem; the connection and
@@ -35,7 +35,7 @@ log = logging.getLogger("specdec.edge.server")
 
 @dataclass
 class Session:
-    batch: DecodeBatch  # one row: the target's cache and the row's sampling parameters and generator
+    batch: DecodeBatch  # one row: the target's cache and the row's sampling parameters and seed
     source: str
     act_dtype: str
     root: int

@@ -7,6 +7,7 @@ from the start; finished ones leave it between cycles.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -15,9 +16,11 @@ import torch
 from specdec_kit.runtime.device import now
 from specdec_kit.runtime.drafting import Drafter, DraftTree, NoDrafter
 from specdec_kit.runtime.kv_cache import KVCache
-from specdec_kit.runtime.sampling import SamplingParams, sample, target_probs
+from specdec_kit.runtime.sampling import SamplingParams, request_seed, sampled_tokens
 from specdec_kit.runtime.contract import TargetStep
 from specdec_kit.runtime.verify import verify_batch
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -95,7 +98,7 @@ class TreeResult:
 @dataclass
 class _Row:
     params: SamplingParams
-    generator: torch.Generator | None
+    seed: int | None  # what the row's draws are keyed by (None: greedy)
     max_new: int
     stop: Sequence[str] = ()
     ignore_eos: bool = False
@@ -105,6 +108,7 @@ class _Row:
     stats: RequestStats = field(default_factory=RequestStats)
     start: float = 0.0
     tag: object = None  # the caller's handle (the server's request)
+    error: Exception | None = None  # why the row failed (finish "error"); the other rows go on
 
 
 @dataclass
@@ -168,13 +172,20 @@ class SpeculativeGenerator:
         self._plain = NoDrafter()
 
     # -- helpers ------------------------------------------------------------------------------
-    def _generator(self, params: SamplingParams) -> torch.Generator | None:
-        if params.greedy:
-            return None
-        gen = torch.Generator(device="cpu")
-        seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
-        gen.manual_seed(seed)
-        return gen
+    @staticmethod
+    def fail_row(row: _Row, exc: Exception) -> None:
+        """Finish one row with an error; it leaves at the next ``retire`` and the batch goes on without it."""
+        logger.error("row %r failed: %s: %s", row.tag, type(exc).__name__, exc, exc_info=exc)
+        row.finish, row.error = "error", exc
+
+    def _emit_guarded(self, row: _Row, new_tokens: list[int]) -> None:
+        """``_emit`` for one row; what goes wrong in one row's stop strings or decoding fails that row alone."""
+        if row.finish is not None:
+            return
+        try:
+            self._emit(row, new_tokens)
+        except Exception as exc:  # noqa: BLE001 - isolate the row, whatever it was
+            self.fail_row(row, exc)
 
     def _emit(self, row: _Row, new_tokens: list[int]) -> None:
         """Append a cycle's tokens, cutting at EOS, the token budget or a stop string."""
@@ -225,7 +236,7 @@ class SpeculativeGenerator:
             raise ValueError("stop strings need a decode function (a tokenizer)")
         self.validate(prompts, budgets)
         target, dev = self.target, self.target.device
-        rows = [_Row(p, self._generator(p), m, tuple(st), ignore_eos=bool(ignore_eos and ignore_eos[i]),
+        rows = [_Row(p, request_seed(p), m, tuple(st), ignore_eos=bool(ignore_eos and ignore_eos[i]),
                      tag=(tags[i] if tags else None))
                 for i, (p, m, st) in enumerate(zip(params, budgets, stops))]
         lens = [len(p) for p in prompts]
@@ -250,7 +261,10 @@ class SpeculativeGenerator:
             if first_tokens is not None and first_tokens[b] is not None:
                 first[b] = first_tokens[b]
             elif not row.params.greedy:
-                first[b] = sample(target_probs(out.logits[b, 0], row.params), row.generator)
+                try:
+                    first[b] = sampled_tokens(out.logits[b, :1], row.params, row.seed, [0])[0]
+                except Exception as exc:  # noqa: BLE001 - one row's sampling fails that row alone
+                    self.fail_row(row, exc)
         ctx_tokens = torch.cat([tokens[:, 1:], torch.zeros_like(tokens[:, :1])], dim=1)
         ctx_tokens.scatter_(1, (counts - 1)[:, None], first[:, None])
         prefill_s = now(dev) - start
@@ -258,7 +272,7 @@ class SpeculativeGenerator:
         for b, row in enumerate(rows):
             row.start = start
             row.stats.prefill_s = prefill_s
-            self._emit(row, [first_list[b]])
+            self._emit_guarded(row, [first_list[b]])
         return DecodeBatch(rows, cache, out.features, ctx_tokens, counts)
 
     @torch.inference_mode()
@@ -299,14 +313,15 @@ class SpeculativeGenerator:
     @torch.inference_mode()
     def verify_tree(self, batch: DecodeBatch, tree: DraftTree) -> TreeResult:
         """Run one tree per row through the target over the batch's cache, verify it (greedy, or lossless
-        sampling with each row's own generator) and commit each accepted path into the cache."""
+        sampling keyed by each row's seed) and commit each accepted path into the cache."""
         cache, dev = batch.cache, self.target.device
         t0 = now(dev)
         out = self.target(tree.tokens, cache.lengths[:, None] + tree.depth, tree.tree_mask, cache)
         self.target_forward_s += now(dev) - t0
         verdict = verify_batch(
             tree.tokens, tree.parents, tree.valid, tree.depth, tree.tree_mask, out.logits,
-            [row.params for row in batch.rows], [row.generator for row in batch.rows],
+            [row.params for row in batch.rows], [row.seed for row in batch.rows],
+            [len(row.tokens) for row in batch.rows],
         )
         cache.commit(verdict.path, verdict.counts)
         feat_idx = verdict.path[..., None].expand(-1, -1, out.features.shape[-1])
@@ -362,7 +377,7 @@ class SpeculativeGenerator:
             st.draft_s += draft_s
             st.verify_s += verify_s
             before = len(row.tokens)
-            self._emit(row, path_list[j][1 : acc + 1] + [next_list[j]])
+            self._emit_guarded(row, path_list[j][1 : acc + 1] + [next_list[j]])
             outcome.emitted += len(row.tokens) - before
             outcome.draft_tokens += n_valid[j] - 1
             outcome.accepted_tokens += acc

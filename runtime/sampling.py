@@ -1,8 +1,13 @@
-"""Per-request sampling parameters and the target-distribution transform shared by every path.
+"""Per-request sampling parameters, the target-distribution transform, and seeded draws.
 
 Plain decoding and speculative verification both call ``target_probs``: temperature, then top-k,
 then top-p (the order ``transformers`` applies its warpers in), so speculative sampling reproduces
 exactly the distribution plain sampling draws from.
+
+Draws are Gumbel-max samples keyed by the request's seed and the index of the token being chosen:
+the k-th generated token is ``argmax(log r_k + G(seed, k))`` with ``G`` standard Gumbel noise that
+depends on nothing else. So a request's text is a function of its prompt and seed alone: the same
+whatever tree verified it, whether a cycle speculated at all, and whatever else shared the batch.
 """
 
 from __future__ import annotations
@@ -10,6 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+_MASK64 = (1 << 64) - 1
 
 
 @dataclass(frozen=True)
@@ -22,6 +31,8 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            raise ValueError(f"seed must be in [{SEED_MIN}, {SEED_MAX}] (a 64-bit signed integer), got {self.seed}")
         if not (self.temperature >= 0.0):
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:
@@ -51,6 +62,33 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return scores.softmax(dim=-1)
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One draw from a 1-D distribution (on CPU: per-request generators live there, whatever the device)."""
-    return int(torch.multinomial(probs.cpu(), 1, generator=generator).item())
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser: neighbouring (seed, index) pairs get unrelated generator seeds."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def request_seed(params: SamplingParams) -> int | None:
+    """The seed a request's draws are keyed by: its own, or a fresh random one; None for greedy requests."""
+    if params.greedy:
+        return None
+    return params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
+
+
+def gumbel_noise(seed: int, index: int, vocab: int) -> torch.Tensor:
+    """Standard Gumbel noise [vocab] (CPU, float32) for the token at generated ``index`` of a request."""
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(_mix64(_mix64(seed & _MASK64) ^ index))
+    u = torch.rand(vocab, generator=gen).clamp_(min=torch.finfo(torch.float32).tiny)
+    return -torch.log(-torch.log(u))
+
+
+def sampled_tokens(logits: torch.Tensor, params: SamplingParams, seed: int, indices: list[int]) -> torch.Tensor:
+    """The target's draw at each of ``logits``' rows [N, V], row n choosing the token at generated index
+    ``indices[n]``: Gumbel-max over the processed distribution (an exact sample from it)."""
+    scores = target_probs(logits, params).log().cpu()
+    noise = {k: gumbel_noise(seed, k, scores.shape[-1]) for k in set(indices)}
+    perturbed = scores + torch.stack([noise[k] for k in indices])
+    return perturbed.argmax(dim=-1).to(logits.device)

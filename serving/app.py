@@ -2,9 +2,14 @@
 
 ``/v1/chat/completions`` and ``/v1/completions`` (streaming as server-sent events ending in
 ``data: [DONE]``, or whole), ``/v1/models``, ``/health`` (liveness), ``/health/ready`` (readiness:
-the engine is loaded and a warm-up generation went through the scheduler), ``/metrics``
-(Prometheus). Every error is OpenAI-style JSON; after a stream has started, an error is sent in-band
-as a ``data: {"error": ...}`` frame followed by ``[DONE]``.
+the engine is loaded, a warm-up generation went through the scheduler, and the server is not
+draining), ``/metrics`` (Prometheus). Every error is OpenAI-style JSON, unexpected ones included;
+after a stream has started, an error is sent in-band as a ``data: {"error": ...}`` frame followed by
+``[DONE]``.
+
+Nothing heavy runs on the event loop: the body is read against a size limit and everything after it
+(JSON, validation, chat template, tokenization) runs in a worker thread. A client that disconnects
+frees its row, streaming or not.
 
 The pieces are module-level: ``ServerState`` (what every route reads), one function per route on an
 ``APIRouter``, prompt building (``prompting.py``) and response bodies (``responses.py``); ``create_app``
@@ -15,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
+import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -31,13 +36,17 @@ from specdec_kit import __version__
 from specdec_kit.runtime.engine import Engine
 from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.serving import errors
+from specdec_kit.serving.intake import DEFAULT_MAX_REQUEST_BYTES, parse_json, read_body
 from specdec_kit.serving.metrics import ServerMetrics
+from specdec_kit.serving.openapi import AUTH_RESPONSES, completion_route_docs, install_schemas
 from specdec_kit.serving.prompting import chat_prompt, completion_prompt, ensure_chat_template, token_budget
 from specdec_kit.serving.protocol import ChatCompletionRequest, CompletionRequest, parse
 from specdec_kit.serving.responses import EventStream, Reply
 from specdec_kit.serving.scheduler import Delta, Scheduler, ServerRequest
 
 __all__ = ["ServerConfig", "create_app", "ensure_chat_template"]
+
+logger = logging.getLogger("specdec_kit.serving")
 
 
 @dataclass
@@ -47,6 +56,7 @@ class ServerConfig:
     max_num_seqs: int = 16
     max_queue: int = 256
     drain_timeout: float = 30.0
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
 
 
 @dataclass
@@ -88,26 +98,20 @@ def authorize(state: ServerState, request: Request) -> None:
         raise errors.unauthorized("Incorrect API key provided")
 
 
-async def read_json(request: Request):
-    raw = await request.body()
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise errors.invalid(f"could not parse the request body as JSON ({exc})") from None
-
-
 def sampling(body) -> SamplingParams:
     return SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, seed=body.seed)
 
 
 async def request_events(scheduler: Scheduler, req: ServerRequest) -> AsyncIterator[Delta]:
-    """Submit ``req`` and yield its events; a consumer that stops early cancels the request (frees its row)."""
+    """Submit ``req`` and yield its events; a consumer that stops early cancels the request (frees its row).
+    Tokens count as read once yielded: the scheduler bounds what is generated but not yet read."""
     scheduler.submit(req)
     finished = False
     try:
         while not finished:
             delta = await req.events.get()
             finished = delta.finish is not None
+            req.read += len(delta.tokens)
             yield delta
     finally:
         if not finished:
@@ -117,7 +121,7 @@ async def request_events(scheduler: Scheduler, req: ServerRequest) -> AsyncItera
 async def warm_up(state: ServerState) -> None:
     """A real generation through the scheduler before readiness turns true."""
     req = ServerRequest(state.tokenizer("Hello")["input_ids"] or [0], 2, SamplingParams(), [], False,
-                        asyncio.get_running_loop())
+                        asyncio.get_running_loop(), request_id="warm-up")
     async for _ in request_events(state.scheduler, req):
         pass
 
@@ -125,12 +129,12 @@ async def warm_up(state: ServerState) -> None:
 router = APIRouter()
 
 
-@router.get("/health")
+@router.get("/health", responses={200: {"description": "the process is alive (no engine work involved)"}})
 async def health():
     return {"status": "ok"}
 
 
-@router.get("/health/ready")
+@router.get("/health/ready", responses={503: {"description": "not ready: warming up or draining"}})
 async def ready(request: Request):
     state = _state(request)
     if not state.ready or not state.scheduler.accepting:
@@ -143,7 +147,7 @@ async def prometheus(request: Request):
     return Response(generate_latest(_state(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/server_info")
+@router.get("/server_info", responses=AUTH_RESPONSES)
 async def server_info(request: Request):
     """Engine, batching limits and the speculation policy's measurements (cf. SGLang's /get_server_info)."""
     state = _state(request)
@@ -155,7 +159,7 @@ async def server_info(request: Request):
             "running": state.scheduler.busy()}
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", responses=AUTH_RESPONSES)
 async def models(request: Request):
     state = _state(request)
     authorize(state, request)
@@ -167,46 +171,101 @@ async def models(request: Request):
     }]}
 
 
-async def generate(request: Request, kind: str):
-    """Both completion routes: parse, build the prompt, then answer whole or as a stream."""
-    state = _state(request)
-    authorize(state, request)
-    body = parse(ChatCompletionRequest if kind == "chat" else CompletionRequest, await read_json(request))
+@dataclass
+class Prepared:
+    """A validated request, ready for the scheduler."""
+
+    body: ChatCompletionRequest | CompletionRequest
+    prompt_ids: list[int]
+    max_tokens: int
+    stops: list[str]
+
+
+def prepare(state: ServerState, kind: str, raw: bytes) -> Prepared:
+    """JSON -> validated request -> prompt ids and token budget (runs in a worker thread)."""
+    body = parse(ChatCompletionRequest if kind == "chat" else CompletionRequest, parse_json(raw))
     if body.model != state.config.model_name:
         raise errors.unknown_model(body.model, state.config.model_name)
+    stops = body.stop_list()
     if kind == "chat":
         prompt_ids, requested = chat_prompt(state.tokenizer, body)
     else:
         prompt_ids, requested = completion_prompt(state.tokenizer, body, state.engine.target.vocab_size)
-    max_tokens = token_budget(len(prompt_ids), requested, state.max_context)
-    stops = body.stop_list()
-    req = ServerRequest(prompt_ids, max_tokens, sampling(body), stops, body.ignore_eos, asyncio.get_running_loop())
-    reply = Reply(kind, ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex, int(time.time()),
-                  state.config.model_name, len(prompt_ids))
-    events = request_events(state.scheduler, req)
-    if body.stream:
-        options = body.stream_options
-        stream = EventStream(reply, bool(options and options.include_usage),
-                             bool(options and options.continuous_usage_stats))
-        first = await anext(events)  # queue-full errors surface here, as a proper HTTP error
-        decode = lambda ids: state.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-        return StreamingResponse(stream.frames(first, events, decode, stops), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+    return Prepared(body, prompt_ids, token_budget(len(prompt_ids), requested, state.max_context), stops)
+
+
+async def until_disconnected(request: Request) -> None:
+    """Returns when the client has gone away (the body has been read, so the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(request: Request, step):
+    """Await ``step`` unless the client disconnects first (then None)."""
+    work = asyncio.ensure_future(step)
+    gone = asyncio.ensure_future(until_disconnected(request))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not work.done():
+            work.cancel()  # the request's event generator closes, which cancels the request
+            await asyncio.gather(work, return_exceptions=True)
+    return None if work.cancelled() else work.result()
+
+
+async def collect(events: AsyncIterator[Delta]) -> tuple[list[int], Delta]:
     tokens, final = [], None
     async for delta in events:
         tokens += delta.tokens
         final = delta
+    return tokens, final
+
+
+async def generate(request: Request, kind: str):
+    """Both completion routes: read and prepare the request off the loop, then answer whole or as a stream."""
+    state = _state(request)
+    authorize(state, request)
+    raw = await read_body(request, state.config.max_request_bytes)
+    prepared = await asyncio.to_thread(prepare, state, kind, raw)
+    body = prepared.body
+    rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+    req = ServerRequest(prepared.prompt_ids, prepared.max_tokens, sampling(body), prepared.stops, body.ignore_eos,
+                        asyncio.get_running_loop(), request_id=rid)
+    reply = Reply(kind, rid, int(time.time()), state.config.model_name, len(prepared.prompt_ids))
+    events = request_events(state.scheduler, req)
+    headers = {"X-Request-Id": rid}
+    try:
+        if body.stream:
+            first = await unless_disconnected(request, anext(events))  # queue-full errors surface here, as HTTP
+            if first is None:
+                return Response(status_code=499)  # nobody is listening
+            options = body.stream_options
+            stream = EventStream(reply, bool(options and options.include_usage),
+                                 bool(options and options.continuous_usage_stats))
+            decode = lambda ids: state.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+            return StreamingResponse(stream.frames(first, events, decode, prepared.stops),
+                                     media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"})
+        outcome = await unless_disconnected(request, collect(events))
+    except BaseException:
+        await events.aclose()
+        raise
+    if outcome is None:
+        await events.aclose()  # frees the row
+        logger.info("request %s: the client disconnected; its generation was stopped", rid)
+        return Response(status_code=499)
+    tokens, final = outcome
     if final.error is not None:
         raise final.error
-    return reply.whole(final.text, final.finish, len(tokens), final.stats)
+    return JSONResponse(reply.whole(final.text, final.finish, len(tokens), final.stats), headers=headers)
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", **completion_route_docs(ChatCompletionRequest, "chat"))
 async def chat(request: Request):
     return await generate(request, "chat")
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", **completion_route_docs(CompletionRequest, "completion"))
 async def completions(request: Request):
     return await generate(request, "completion")
 
@@ -229,13 +288,24 @@ def create_app(engine: Engine, config: ServerConfig, scheduler: Scheduler, metri
 
     @app.exception_handler(errors.APIError)
     async def api_error(_: Request, exc: errors.APIError):
-        metrics.labels(metrics.errors, type=exc.code or exc.type).inc()
+        if not exc.counted:
+            metrics.labels(metrics.errors, type=exc.code or exc.type).inc()
         return error_response(exc)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException):
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return error_response(errors.APIError(exc.status_code, str(exc.detail), "invalid_request_error", None, code))
+        response = error_response(errors.APIError(exc.status_code, str(exc.detail), "invalid_request_error", None, code))
+        response.headers.update(exc.headers or {})  # 405 carries Allow
+        return response
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception):
+        logger.error("%s %s failed: %s: %s", request.method, request.url.path, type(exc).__name__, exc, exc_info=exc)
+        metrics.labels(metrics.errors, type="internal_error").inc()
+        return error_response(errors.APIError(500, f"internal error: {type(exc).__name__}", "server_error", None,
+                                              "internal_error"))
 
     app.include_router(router)
+    install_schemas(app)
     return app

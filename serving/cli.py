@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from specdec_kit.runtime.manifest import EngineError, read_manifest
+from specdec_kit.serving.intake import DEFAULT_MAX_REQUEST_BYTES
 
 SERVER_SCRIPTS = {"tensorrt-llm": "trtllm/serve.sh", "sglang": "sglang/serve.sh"}
 
@@ -38,7 +39,13 @@ def parse_args(argv):
                    help="adaptive (tree shrinks with load, off where it stops paying; the default), "
                         "'off' (plain decoding), 'fixed' (the engine's tree at every batch size), or a schedule "
                         "like 2:1,4:0.5,16:0.25,inf:0 (batch size: fraction of the engine's tree)")
-    p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish in-flight requests on shutdown")
+    p.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="on SIGTERM: seconds to finish running and queued requests while new ones get 503 (then exit 0)")
+    p.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
+                   help="larger request bodies get 413 before they are read (default: 2 MiB)")
+    p.add_argument("--max-unread-tokens", type=int, default=2048,
+                   help="a stream whose client leaves more generated tokens than this unread is stopped "
+                        "with a slow_reader error (bounds the memory one client can hold)")
     p.add_argument("--no-checksums", action="store_true", help="check file sizes only when opening the engine")
     p.add_argument("--log-level", default="info")
     p.add_argument("server_args", nargs=argparse.REMAINDER,
@@ -86,6 +93,7 @@ def main(argv=None) -> int:
     from specdec_kit.runtime.engine import open_engine
     from specdec_kit.runtime.loader import set_threads
     from specdec_kit.serving.app import ServerConfig, create_app
+    from specdec_kit.serving.lifecycle import DrainingServer
     from specdec_kit.serving.metrics import ServerMetrics
     from specdec_kit.serving.policy import SpeculationPolicy, default_schedule, parse_schedule
     from specdec_kit.serving.scheduler import Scheduler
@@ -108,14 +116,16 @@ def main(argv=None) -> int:
         return 2
     name = args.served_model_name or args.engine.resolve().name
     config = ServerConfig(model_name=name, api_key=args.api_key, max_num_seqs=args.max_num_seqs,
-                          max_queue=args.max_queue, drain_timeout=args.drain_timeout)
+                          max_queue=args.max_queue, drain_timeout=args.drain_timeout,
+                          max_request_bytes=args.max_request_bytes)
     metrics = ServerMetrics(name)
-    scheduler = Scheduler(engine, metrics, policy, args.max_num_seqs, args.max_queue)
+    scheduler = Scheduler(engine, metrics, policy, args.max_num_seqs, args.max_queue, args.max_unread_tokens)
     app = create_app(engine, config, scheduler, metrics)
     print(f"serving {name} ({engine.backend} engine, {engine.draft_kind} draft, speculation {mode}) on "
           f"http://{args.host}:{args.port}/v1", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                timeout_graceful_shutdown=int(args.drain_timeout))
+    server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                           timeout_graceful_shutdown=10), scheduler, args.drain_timeout)
+    server.run()
     return 0
 
 

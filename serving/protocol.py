@@ -4,7 +4,9 @@ Parameters the server implements: temperature, top_p, top_k, seed, stop, max_tok
 max_completion_tokens, stream, stream_options.include_usage (and vLLM's continuous_usage_stats, which
 lets a client count the tokens of each chunk), ignore_eos, user. Parameters it does not
 implement are refused by name (a silently ignored ``n`` or ``logprobs`` would hand the client
-something other than what it asked for); so is any field OpenAI's API does not define.
+something other than what it asked for); so is any field OpenAI's API does not define. Every number
+is range-checked here (``seed`` is a 64-bit signed integer, as in vLLM), so a bad value is a 400
+naming the parameter and never reaches the engine.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from specdec_kit.runtime.sampling import SEED_MAX, SEED_MIN
 from specdec_kit.serving.errors import APIError, invalid, unsupported
 
 # field -> the value that means "not used"; anything else is refused
@@ -23,6 +26,7 @@ UNSUPPORTED_DEFAULTS: dict[str, Any] = {
     "prediction": None, "reasoning_effort": None, "response_format": None, "web_search_options": None,
 }
 IGNORED_METADATA = ("user", "metadata", "store", "service_tier")
+MAX_STOP_CHARS = 1024  # the stream holds back text that could still become a stop string
 
 
 class StreamOptions(BaseModel):
@@ -39,7 +43,7 @@ class _Common(BaseModel):
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=0)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -51,6 +55,8 @@ class _Common(BaseModel):
             raise invalid(f"'stop' takes at most 4 sequences, got {len(stops)}", "stop")
         if any(not s for s in stops):
             raise invalid("'stop' sequences must be non-empty strings", "stop")
+        if any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise invalid(f"'stop' sequences may be at most {MAX_STOP_CHARS} characters long", "stop")
         return stops
 
     def check_extras(self) -> None:

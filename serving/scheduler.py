@@ -6,11 +6,22 @@ own asyncio queue; the engine thread admits waiting requests up to ``max_num_seq
 all of them), runs one speculative cycle over the whole batch with a tree per sequence (its size chosen
 by the ``SpeculationPolicy`` for the current batch size), hands each request its new tokens, and
 retires finished and cancelled rows, which frees their cache.
+
+Failures stay with the request that caused them: a prefill that fails is retried one request at a
+time, so only the request that fails alone is refused; a row whose sampling, stop strings or
+decoding fails leaves the batch with an error while the others go on (``SpeculativeGenerator``
+guards every per-row step); each failure is logged with the request id. A fault in a batched target
+call belongs to no single request: it fails the rows of that batch, and the server keeps serving.
+
+A streamed request's unread output is bounded: when more than ``max_unread_tokens`` generated tokens
+wait for a client that does not read them, the request is stopped with a ``slow_reader`` error
+(its row and memory go to others).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections import deque
@@ -19,7 +30,7 @@ from dataclasses import dataclass, field
 from specdec_kit.runtime.engine import Engine
 from specdec_kit.runtime.generate import RequestStats, SpeculativeGenerator
 from specdec_kit.runtime.sampling import SamplingParams
-from specdec_kit.serving.errors import APIError, overloaded
+from specdec_kit.serving.errors import APIError, draining, internal, overloaded, slow_reader
 from specdec_kit.serving.metrics import ServerMetrics
 from specdec_kit.serving.policy import SpeculationPolicy, tree_nodes
 
@@ -35,7 +46,10 @@ class Delta:
     error: APIError | None = None
 
 
-@dataclass(eq=False)  # identity semantics: requests are handles
+logger = logging.getLogger("specdec_kit.serving")
+
+
+@dataclass(eq=False, repr=False)  # identity semantics: requests are handles
 class ServerRequest:
     prompt_ids: list[int]
     max_tokens: int
@@ -43,6 +57,7 @@ class ServerRequest:
     stop: list[str]
     ignore_eos: bool
     loop: asyncio.AbstractEventLoop
+    request_id: str = "request"
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     arrival: float = field(default_factory=time.perf_counter)
     cancelled: bool = False
@@ -50,25 +65,34 @@ class ServerRequest:
     first_at: float | None = None
     last_at: float | None = None
     unsent: list[int] = field(default_factory=list)
+    read: int = 0  # tokens the HTTP side has taken from ``events`` (``sent - read`` wait for the client)
+
+    def __repr__(self) -> str:
+        return self.request_id
 
     def deliver(self, delta: Delta) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, delta)
 
+    def fail(self, error: APIError, tokens: list[int] | None = None) -> None:
+        error.counted = True  # the scheduler counts the errors it hands out
+        self.deliver(Delta(tokens or [], finish="error", error=error))
+
 
 class Scheduler:
     def __init__(self, engine: Engine, metrics: ServerMetrics, policy: SpeculationPolicy, max_num_seqs: int = 16,
-                 max_queue: int = 256):
+                 max_queue: int = 256, max_unread_tokens: int = 2048):
         tok = engine.tokenizer
         self.engine = engine
         # a server that never speculates drafts nothing at all (no draft context is kept either)
         drafter = None if policy.never_speculates else engine.drafter
         self.gen = SpeculativeGenerator(engine.target, drafter, decode=lambda ids: tok.decode(ids, skip_special_tokens=True))
         self.metrics, self.policy = metrics, policy
-        self.max_num_seqs, self.max_queue = max_num_seqs, max_queue
+        self.max_num_seqs, self.max_queue, self.max_unread_tokens = max_num_seqs, max_queue, max_unread_tokens
         self.pending: deque[ServerRequest] = deque()
         self.batch = None
         self.cv = threading.Condition()
         self.accepting = True
+        self.draining = False  # refusals say "shutting down" rather than "overloaded"
         self.stopping = False
         self.thread = threading.Thread(target=self._run, name="specdec-engine", daemon=True)
 
@@ -79,7 +103,7 @@ class Scheduler:
     def submit(self, req: ServerRequest) -> None:
         with self.cv:
             if not self.accepting:
-                raise overloaded(503, 5.0)
+                raise draining(5.0) if self.draining else overloaded(503, 5.0)
             if len(self.pending) >= self.max_queue:
                 raise overloaded(429, 1.0)
             self.pending.append(req)
@@ -96,6 +120,20 @@ class Scheduler:
         with self.cv:
             return len(self.pending) + (self.batch.size if self.batch is not None else 0)
 
+    def begin_drain(self) -> None:
+        """Take no new requests (they get 503 "shutting down"); running and queued ones go on."""
+        with self.cv:
+            self.accepting, self.draining = False, True
+
+    def cancel_all(self) -> None:
+        with self.cv:
+            for req in list(self.pending):
+                req.cancelled = True
+            if self.batch is not None:
+                for row in self.batch.rows:
+                    row.tag.cancelled = True
+            self.cv.notify()
+
     def stop(self, timeout: float) -> None:
         """Stop admitting; let running and queued requests finish within ``timeout``; cancel the rest."""
         with self.cv:
@@ -103,12 +141,8 @@ class Scheduler:
         deadline = time.monotonic() + timeout
         while self.busy() and time.monotonic() < deadline:
             time.sleep(0.05)
+        self.cancel_all()
         with self.cv:
-            for req in list(self.pending):
-                req.cancelled = True
-            if self.batch is not None:
-                for row in self.batch.rows:
-                    row.tag.cancelled = True
             self.stopping = True
             self.cv.notify()
         self.thread.join(timeout=10)
@@ -140,28 +174,58 @@ class Scheduler:
             self.metrics.labels(self.metrics.running).set(self.batch.size if self.batch is not None else 0)
 
     def _fail_all(self, new: list[ServerRequest], exc: Exception) -> None:
-        error = APIError(500, f"generation failed: {type(exc).__name__}: {exc}", "server_error", None, "internal_error")
-        reqs = set(new) | ({row.tag for row in self.batch.rows} if self.batch is not None else set())
+        """A batched step failed (no single request to blame): fail its rows, keep serving."""
+        reqs = list(dict.fromkeys(list(new) + ([row.tag for row in self.batch.rows] if self.batch is not None else [])))
+        logger.error("a batched engine step failed; failing requests %s", ", ".join(map(repr, reqs)), exc_info=exc)
         for req in reqs:
-            req.deliver(Delta([], finish="error", error=error))
+            req.fail(internal(req.request_id, exc))
         self.metrics.labels(self.metrics.errors, type="internal_error").inc(len(reqs))
         self.batch = None
 
+    def _prefill(self, reqs: list[ServerRequest]):
+        return self.gen.prefill([r.prompt_ids for r in reqs], [r.max_tokens for r in reqs], [r.params for r in reqs],
+                                stops=[r.stop for r in reqs], tags=reqs, ignore_eos=[r.ignore_eos for r in reqs])
+
     def _admit(self, reqs: list[ServerRequest]) -> None:
+        """One prefill for all new requests; when it fails, one per request, so only a request that fails
+        on its own is refused."""
         now = time.perf_counter()
         for req in reqs:
             self.metrics.labels(self.metrics.queue_time).observe(now - req.arrival)
             self.metrics.labels(self.metrics.prompt_tokens).inc(len(req.prompt_ids))
-        fresh = self.gen.prefill([r.prompt_ids for r in reqs], [r.max_tokens for r in reqs], [r.params for r in reqs],
-                                 stops=[r.stop for r in reqs], tags=reqs, ignore_eos=[r.ignore_eos for r in reqs])
-        self.batch = self.gen.admit(self.batch, fresh)
-        self._report()
+        try:
+            fresh = [self._prefill(reqs)]
+        except Exception as exc:  # noqa: BLE001 - find the request that caused it
+            if len(reqs) == 1:
+                self._fail_request(reqs[0], exc)
+                return
+            fresh = []
+            for req in reqs:
+                try:
+                    fresh.append(self._prefill([req]))
+                except Exception as one:  # noqa: BLE001
+                    self._fail_request(req, one)
+        for part in fresh:
+            self.batch = self.gen.admit(self.batch, part)
+        if fresh:
+            self._report()
+
+    def _fail_request(self, req: ServerRequest, exc: Exception) -> None:
+        logger.error("request %s failed: %s: %s", req.request_id, type(exc).__name__, exc, exc_info=exc)
+        self.metrics.labels(self.metrics.errors, type="internal_error").inc()
+        req.fail(internal(req.request_id, exc))
 
     def _cycle(self) -> None:
         batch = self.batch
         for row in batch.rows:
-            if row.tag.cancelled and row.finish is None:
+            if row.finish is not None:
+                continue
+            req: ServerRequest = row.tag
+            if req.cancelled:
                 row.finish = "cancelled"
+            elif req.sent - req.read > self.max_unread_tokens:
+                row.finish, row.error = "error", slow_reader(req.sent - req.read, self.max_unread_tokens)
+                logger.warning("request %s stopped: %s", req.request_id, row.error.message)
         self._report()  # retire cancelled rows before spending a cycle on them
         if not batch.size:
             return
@@ -204,8 +268,17 @@ class Scheduler:
                 req.unsent = new  # goes out with the final event
         for row in self.gen.retire(self.batch):
             req = row.tag
+            if row.finish == "error":
+                error = row.error if isinstance(row.error, APIError) else internal(req.request_id, row.error)
+                m.labels(m.errors, type=error.code or error.type).inc()
+                req.fail(error, req.unsent)
+                continue
+            try:
+                text = row.text if row.text is not None else self.gen.decode(row.tokens)
+            except Exception as exc:  # noqa: BLE001 - this request's detokenisation fails it alone
+                self._fail_request(req, exc)
+                continue
             if row.finish != "cancelled":
                 m.labels(m.e2e).observe(now - req.arrival)
                 m.labels(m.success, finished_reason=row.finish).inc()
-            text = row.text if row.text is not None else self.gen.decode(row.tokens)
             req.deliver(Delta(req.unsent, finish=row.finish, text=text, stats=row.stats))

@@ -138,3 +138,37 @@ def test_processing_matches_transformers_warpers():
         if p < 1.0:
             scores = TopPLogitsWarper(p)(None, scores)
         torch.testing.assert_close(ours, scores.softmax(-1))
+
+
+def run_mixed(gen: SpeculativeGenerator, prompts, budget: int, params) -> list[list[int]]:
+    """Continuous batching by hand: rows join one cycle apart and every third cycle does not speculate."""
+    batch = gen.admit(None, gen.prefill(prompts[:1], [budget], params[:1]))
+    rows, cycle = list(batch.rows), 0
+    while batch.size or len(rows) < len(prompts):
+        if len(rows) < len(prompts):
+            fresh = gen.prefill([prompts[len(rows)]], [budget], [params[len(rows)]])
+            rows += fresh.rows
+            batch = gen.admit(batch, fresh)
+        gen.retire(batch)
+        if batch.size:
+            gen.cycle(batch, speculate=cycle % 3 != 2)
+            cycle += 1
+        gen.retire(batch)
+    return [row.tokens for row in rows]
+
+
+@pytest.mark.parametrize("drafter_name", ["eagle-random-dynamic", "griffin-oracle-static", "medusa-fitted",
+                                          "moa-random-tli1-dynamic"])
+def test_a_seed_gives_plain_samplings_tokens_whatever_the_tree_and_batch(small_target, drafter_name):
+    """Seeded draws are keyed by (seed, token index): the text is plain sampling's for that seed whether the
+    tokens came from a tree, from plain cycles, alone or in a batch that rows join mid-flight."""
+    count, budget = 24, 10
+    params = [SamplingParams(temperature=1.0, top_p=0.95, seed=7 * i - 50) for i in range(count)]
+    prompts = [PROMPT + [i % VOCAB] for i in range(count)]
+    plain = [r.tokens for r in SpeculativeGenerator(small_target, NoDrafter(), eos_token_ids=[]).generate(
+        prompts, budget, params)]
+    assert len({tuple(t) for t in plain}) > count // 2  # the seeds really draw different texts
+    spec_gen = SpeculativeGenerator(small_target, drafter_for(drafter_name, small_target), eos_token_ids=[])
+    assert [r.tokens for r in spec_gen.generate(prompts, budget, params)] == plain
+    assert [spec_gen.generate([p], budget, [q])[0].tokens for p, q in zip(prompts[:4], params[:4])] == plain[:4]
+    assert run_mixed(spec_gen, prompts[:6], budget, params[:6]) == plain[:6]

@@ -10,7 +10,7 @@ from specdec_kit.runtime.choices import EAGLE1_DEFAULT, MC_SIM_7B_63, chain
 from specdec_kit.runtime.registry import drafter_for
 from specdec_kit.runtime.synthetic import random_eagle, random_griffin, tiny_target
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree, buffers_from_parents, parse_tree_spec
-from specdec_kit.runtime.verify import verify_greedy
+from specdec_kit.runtime.verify import verify_choices
 
 parent_lists = st.lists(st.integers(min_value=0, max_value=10_000), min_size=0, max_size=40).map(
     lambda raw: [-1] + [r % (i + 1) for i, r in enumerate(raw)]
@@ -120,12 +120,12 @@ def test_greedy_verification_by_hand():
     logits = torch.full((1, 4, 10), -5.0)
     for node, best in [(0, 5), (1, 7), (2, 1), (3, 9)]:
         logits[0, node, best] = 5.0
-    v = verify_greedy(tokens, parents, torch.ones_like(tokens, dtype=torch.bool), buf.position_offsets[None],
-                      buf.tree_mask[None], logits)
+    v = verify_choices(tokens, parents, torch.ones_like(tokens, dtype=torch.bool), buf.position_offsets[None],
+                      buf.tree_mask[None], logits.argmax(-1))
     assert v.path.tolist() == [[0, 1, 3]] and v.counts.tolist() == [3] and v.next_tokens.tolist() == [9]
     logits[0, 1, 7] = -9.0  # now node 3's token is not the argmax after node 1
-    v = verify_greedy(tokens, parents, torch.ones_like(tokens, dtype=torch.bool), buf.position_offsets[None],
-                      buf.tree_mask[None], logits)
+    v = verify_choices(tokens, parents, torch.ones_like(tokens, dtype=torch.bool), buf.position_offsets[None],
+                      buf.tree_mask[None], logits.argmax(-1))
     assert v.path.tolist() == [[0, 1]] and v.next_tokens.tolist() == [int(logits[0, 1].argmax())]
 
 
