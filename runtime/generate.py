@@ -320,13 +320,21 @@ class SpeculativeGenerator:
         self.target_forward_s += now(dev) - t0
         verdict = verify_batch(
             tree.tokens, tree.parents, tree.valid, tree.depth, tree.tree_mask, out.logits,
-            [row.params for row in batch.rows], [row.seed for row in batch.rows],
-            [len(row.tokens) for row in batch.rows],
+            [row.params for row in batch.rows], [row.seed for row in batch.rows], self._next_indices(batch),
         )
         cache.commit(verdict.path, verdict.counts)
         feat_idx = verdict.path[..., None].expand(-1, -1, out.features.shape[-1])
         return TreeResult(verdict.path, verdict.counts, verdict.next_tokens, torch.gather(tree.tokens, 1, verdict.path),
                           torch.gather(out.features, 1, feat_idx))
+
+    @staticmethod
+    def _next_indices(batch: DecodeBatch) -> list[int]:
+        """Per row, the generated index of the token that follows the root: the committed tokens past the
+        prompt, plus the root (what a caller keeps in ``row.tokens`` does not matter)."""
+        if all(row.params.greedy for row in batch.rows):
+            return [0] * batch.size
+        lengths = batch.cache.lengths.tolist()
+        return [n - row.stats.prompt_tokens + 1 for n, row in zip(lengths, batch.rows)]
 
     @torch.inference_mode()
     def cycle(self, batch: DecodeBatch, speculate: bool = True) -> CycleOutcome:

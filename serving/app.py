@@ -57,6 +57,7 @@ class ServerConfig:
     max_queue: int = 256
     drain_timeout: float = 30.0
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    max_model_len: int | None = None  # a tighter context than the engine's (prompt + completion tokens)
 
 
 @dataclass
@@ -75,7 +76,7 @@ class ServerState:
 
     @property
     def max_context(self) -> int:
-        return self.engine.target.max_context
+        return min(self.engine.target.max_context, self.config.max_model_len or self.engine.target.max_context)
 
 
 def _state(request: Request) -> ServerState:
@@ -142,7 +143,9 @@ async def ready(request: Request):
     return {"status": "ready", "model": state.config.model_name}
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=Response,
+            responses={200: {"description": "Prometheus text format",
+                             "content": {"text/plain": {"schema": {"type": "string"}}}}})
 async def prometheus(request: Request):
     return Response(generate_latest(_state(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -307,5 +310,5 @@ def create_app(engine: Engine, config: ServerConfig, scheduler: Scheduler, metri
                                               "internal_error"))
 
     app.include_router(router)
-    install_schemas(app)
+    install_schemas(app, config.model_name, bearer_auth=bool(config.api_key))
     return app

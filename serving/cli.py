@@ -41,6 +41,9 @@ def parse_args(argv):
                         "like 2:1,4:0.5,16:0.25,inf:0 (batch size: fraction of the engine's tree)")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM: seconds to finish running and queued requests while new ones get 503 (then exit 0)")
+    p.add_argument("--max-model-len", type=int,
+                   help="context limit per request (prompt + completion tokens), at most the engine's (default: the "
+                        "engine's)")
     p.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
                    help="larger request bodies get 413 before they are read (default: 2 MiB)")
     p.add_argument("--max-unread-tokens", type=int, default=2048,
@@ -93,7 +96,7 @@ def main(argv=None) -> int:
     from specdec_kit.runtime.engine import open_engine
     from specdec_kit.runtime.loader import set_threads
     from specdec_kit.serving.app import ServerConfig, create_app
-    from specdec_kit.serving.lifecycle import DrainingServer
+    from specdec_kit.serving.lifecycle import DrainingServer, listening_socket
     from specdec_kit.serving.metrics import ServerMetrics
     from specdec_kit.serving.policy import SpeculationPolicy, default_schedule, parse_schedule
     from specdec_kit.serving.scheduler import Scheduler
@@ -102,6 +105,9 @@ def main(argv=None) -> int:
     set_threads()
     try:
         engine = open_engine(args.engine, device=args.device, checksums=False)  # read_manifest checked them
+        if args.max_model_len is not None and not 2 <= args.max_model_len <= engine.target.max_context:
+            raise ValueError(f"--max-model-len {args.max_model_len}: expected 2 to {engine.target.max_context} "
+                             "(the engine's context)")
         mode = args.speculation
         if mode == "adaptive":
             policy = SpeculationPolicy(default_schedule(engine.tree))
@@ -117,7 +123,7 @@ def main(argv=None) -> int:
     name = args.served_model_name or args.engine.resolve().name
     config = ServerConfig(model_name=name, api_key=args.api_key, max_num_seqs=args.max_num_seqs,
                           max_queue=args.max_queue, drain_timeout=args.drain_timeout,
-                          max_request_bytes=args.max_request_bytes)
+                          max_request_bytes=args.max_request_bytes, max_model_len=args.max_model_len)
     metrics = ServerMetrics(name)
     scheduler = Scheduler(engine, metrics, policy, args.max_num_seqs, args.max_queue, args.max_unread_tokens)
     app = create_app(engine, config, scheduler, metrics)
@@ -125,7 +131,7 @@ def main(argv=None) -> int:
           f"http://{args.host}:{args.port}/v1", flush=True)
     server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=10), scheduler, args.drain_timeout)
-    server.run()
+    server.run(sockets=[listening_socket(args.host, args.port)])
     return 0
 
 

@@ -1,4 +1,11 @@
-"""Graceful shutdown for Kubernetes: SIGTERM drains instead of closing the listener.
+"""The server process around the app: its listening socket, and graceful shutdown for Kubernetes.
+
+The listening socket fixes each connection's kernel send buffer (``SEND_BUFFER_BYTES``; accepted
+connections inherit it, which turns off the kernel's autotuning up to megabytes): a client that stops
+reading then pushes back on its own stream within a few hundred tokens, where the scheduler's unread
+limit stops it, instead of the kernel absorbing its whole output.
+
+SIGTERM drains instead of closing the listener.
 
 uvicorn's own SIGTERM handling closes the listening socket at once (new requests see "connection
 refused") and re-raises the signal after its shutdown (exit status 143). ``DrainingServer`` keeps
@@ -12,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 import time
 from types import FrameType
 
@@ -20,6 +28,19 @@ import uvicorn
 from specdec_kit.serving.scheduler import Scheduler
 
 logger = logging.getLogger("specdec_kit.serving")
+
+SEND_BUFFER_BYTES = 64 * 1024  # the kernel doubles it; hundreds of tokens of SSE frames
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A bound TCP socket (IPv4 or IPv6, as ``host`` resolves) whose connections get a fixed send buffer."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
+    sock.bind(address)
+    sock.set_inheritable(True)
+    return sock
 
 
 class DrainingServer(uvicorn.Server):

@@ -84,6 +84,51 @@ class Completion(BaseModel):
     usage: Usage
 
 
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    logprobs: None
+    finish_reason: Literal["stop", "length", "cancelled"] | None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionChunkChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: None
+    finish_reason: Literal["stop", "length", "cancelled"] | None
+
+
+class CompletionChunk(BaseModel):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChunkChoice]
+    usage: Usage | None = None
+
+
+def sse_event_schema(chunk: type[BaseModel]) -> dict[str, Any]:
+    """One server-sent event: its ``data`` is a JSON chunk, an in-band error, or the final ``[DONE]``."""
+    payload = {"anyOf": [{"$ref": REF.format(model=chunk.__name__)}, {"$ref": REF.format(model="ErrorResponse")}]}
+    data = {"anyOf": [{"const": "[DONE]"},
+                      {"type": "string", "contentMediaType": "application/json", "contentSchema": payload}]}
+    return {"type": "object", "properties": {"event": {"type": "string"}, "data": data}, "required": ["data"]}
+
+
 RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer"}}}
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "invalid request (the error names the parameter)"},
@@ -99,9 +144,9 @@ AUTH_RESPONSES = {401: ERROR_RESPONSES[401]}
 
 def completion_route_docs(request_model: type[BaseModel], kind: str) -> dict[str, Any]:
     """``responses`` and ``openapi_extra`` for one completion route."""
-    whole = ChatCompletion if kind == "chat" else Completion
+    whole, chunk = (ChatCompletion, ChatCompletionChunk) if kind == "chat" else (Completion, CompletionChunk)
     ok = {"model": whole, "description": "the completion, or with ``stream`` server-sent events ending in [DONE]",
-          "content": {"text/event-stream": {"schema": {"type": "string"}}}}
+          "content": {"text/event-stream": {"schema": sse_event_schema(chunk)}}}
     body = {"required": True, "content": {"application/json": {"schema": {"$ref": REF.format(model=request_model.__name__)}}}}
     return {"responses": {200: ok, **ERROR_RESPONSES}, "openapi_extra": {"requestBody": body}}
 
@@ -117,19 +162,27 @@ def _exact_request_schema(schema: dict) -> None:
     schema["additionalProperties"] = False
 
 
-def install_schemas(app: FastAPI) -> None:
-    """Make ``app.openapi()`` include the request models the completion routes refer to."""
+def install_schemas(app: FastAPI, model_name: str, bearer_auth: bool) -> None:
+    """Make ``app.openapi()`` include the request models the completion routes refer to (their ``model`` is
+    the one name this server answers to) and, with an API key, the bearer scheme of the routes that need it."""
 
     def openapi() -> dict:
         if app.openapi_schema:
             return app.openapi_schema
         schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-        _, defs = models_json_schema([(ChatCompletionRequest, "validation"), (CompletionRequest, "validation")],
-                                     ref_template=REF)
+        models = [ChatCompletionRequest, CompletionRequest, ChatCompletionChunk, CompletionChunk, ErrorResponse]
+        _, defs = models_json_schema([(m, "validation") for m in models], ref_template=REF)
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         components.update(defs["$defs"])
         for model in (ChatCompletionRequest, CompletionRequest):
             _exact_request_schema(components[model.__name__])
+            components[model.__name__]["properties"]["model"]["enum"] = [model_name]
+        if bearer_auth:
+            schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+            for path, operations in schema["paths"].items():
+                if path.startswith("/v1/") or path == "/server_info":
+                    for operation in operations.values():
+                        operation["security"] = [{"bearer": []}]
         app.openapi_schema = schema
         return schema
 

@@ -30,13 +30,13 @@ MAX_STOP_CHARS = 1024  # the stream holds back text that could still become a st
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM's extension: running usage in every chunk
 
 
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)  # JSON types as they are: no "5" for 5, no true for 1
 
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
@@ -64,14 +64,14 @@ class _Common(BaseModel):
             if name in IGNORED_METADATA:
                 continue
             if name in UNSUPPORTED_DEFAULTS:
-                if value is None or value == UNSUPPORTED_DEFAULTS[name] or (name == "logprobs" and value is False):
+                if is_unused(name, value):
                     continue
                 raise unsupported(name, f"got {value!r}")
             raise invalid(f"Unrecognized request argument supplied: {name}", name, "unrecognized_parameter")
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
@@ -98,6 +98,14 @@ class CompletionRequest(_Common):
     prompt: str | list[str] | list[int] | list[list[int]]
 
 
+def is_unused(name: str, value: Any) -> bool:
+    """Whether an unsupported field carries its "not used" value (``false`` is not ``0``, ``0`` is ``0.0``)."""
+    default = UNSUPPORTED_DEFAULTS[name]
+    if value is None or (name == "logprobs" and value is False):
+        return True
+    return isinstance(value, bool) == isinstance(default, bool) and type(value) in (int, float, bool) and value == default
+
+
 def parse(model: type[BaseModel], body: Any):
     """Validate a JSON body into ``model``; a validation failure is a 400 naming the field."""
     if not isinstance(body, dict):
@@ -106,8 +114,10 @@ def parse(model: type[BaseModel], body: Any):
         request = model.model_validate(body)
     except ValidationError as exc:
         first = exc.errors()[0]
+        # union members appear in the location by type ("prompt.list[int].0"); the message keeps them
         where = ".".join(str(p) for p in first["loc"]) or None
-        raise invalid(f"{where}: {first['msg']}" if where else first["msg"], where) from None
+        param = str(first["loc"][0]) if first["loc"] else None
+        raise invalid(f"{where}: {first['msg']}" if where else first["msg"], param) from None
     request.check_extras()
     return request
 

@@ -58,3 +58,46 @@ class Server:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout=60)
+
+
+class InProcessServer:
+    """The app under uvicorn in a thread of this process, so a test can reach into its scheduler (fault
+    injection) and read its log records."""
+
+    def __init__(self, engine_dir: Path, **scheduler_options):
+        import threading
+
+        import uvicorn
+
+        from specdec_kit.runtime.engine import open_engine
+        from specdec_kit.serving.app import ServerConfig, create_app
+        from specdec_kit.serving.metrics import ServerMetrics
+        from specdec_kit.serving.policy import SpeculationPolicy, default_schedule
+        from specdec_kit.serving.scheduler import Scheduler
+
+        self.engine = open_engine(engine_dir)
+        self.metrics_registry = ServerMetrics("demo")
+        self.scheduler = Scheduler(self.engine, self.metrics_registry, SpeculationPolicy(default_schedule(self.engine.tree)),
+                                   **scheduler_options)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        app = create_app(self.engine, ServerConfig("demo"), self.scheduler, self.metrics_registry)
+        self.server = uvicorn.Server(uvicorn.Config(app, port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                if httpx.get(self.url + "/health/ready", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("in-process server did not become ready")
+
+    def metrics(self) -> dict[str, float]:
+        return Server.metrics(self)  # same parsing, same URL layout
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=60)
