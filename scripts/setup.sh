@@ -6,18 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 LOG=.venv/setup.log
-step() {  # step "what" command...: run quietly, say how long it took, show the log's tail on failure
-    local what=$1 start=$SECONDS
-    shift
-    printf 'setup: %s ... ' "$what"
-    if "$@" >>"$LOG" 2>&1; then
-        echo "done ($((SECONDS - start)) s)"
-    else
-        echo "FAILED; the end of $LOG:"
-        tail -n 40 "$LOG"
-        exit 1
-    fi
-}
+# shellcheck source=scripts/steps.sh
+source scripts/steps.sh
 [ -x .venv/bin/python ] || { echo "setup: creating .venv"; "$PYTHON" -m venv .venv; }
 : >"$LOG"
 step "upgrading pip" .venv/bin/python -m pip install -q --upgrade pip
