@@ -75,7 +75,7 @@ def check_parallel(inputs: BuildInputs) -> None:
     if tp < 1 or pp < 1:
         raise BuildError(f"--tp and --pp must be >= 1, found tp={tp}, pp={pp}")
     if inputs.backend in ("onnxruntime", "torch") and tp * pp != 1:
-        raise BuildError(f"--tp/--pp apply to the tensorrt-llm and sglang backends; the {inputs.backend} "
+        raise BuildError(f"--tp/--pp apply to the tensorrt-llm, sglang and vllm backends; the {inputs.backend} "
                          f"backend runs on one device (found tp={tp}, pp={pp})")
     config_file = inputs.target / "config.json"
     try:

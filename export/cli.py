@@ -32,7 +32,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                "  torch         the checkpoints as safetensors for the embedded PyTorch runtime\n"
                "  tensorrt-llm  TensorRT-LLM checkpoint (TP-sharded) + trtllm-build/trtllm-serve files; GRIFFIN as a\n"
                "                PyTorch-backend drafter (needs a GPU machine with TensorRT-LLM to build and run)\n"
-               "  sglang        draft in SGLang's EAGLE layout (+ the GRIFFIN model plugin) and the launch command\n\n"
+               "  sglang        draft in SGLang's EAGLE layout (+ the GRIFFIN model plugin) and the launch command\n"
+               "  vllm          draft + the kit's vLLM model plugin (EAGLE/HASS with fc.bias, GRIFFIN) and vllm/serve.sh;\n"
+               "                the tree becomes a chain of its depth (vLLM proposes chains); runs on vLLM's CPU build\n\n"
                "examples:\n"
                "  python export/build_engine.py --draft griffin\n"
                "  python export/build_engine.py --draft eagle2 --target ./llama --draft-path ./eagle --tree dynamic \\\n"
@@ -52,8 +54,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", default="auto", choices=["auto", *sorted(DTYPE_NAMES)],
                    help="auto: float32 for CPU engines, float16 for GPU engines and server exports")
     p.add_argument("--device", default="auto", help="where to load and check the model while building (cpu, cuda)")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (tensorrt-llm, sglang)")
-    p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (tensorrt-llm, sglang)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (tensorrt-llm, sglang, vllm)")
+    p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (tensorrt-llm, sglang, vllm)")
     p.add_argument("--output", type=Path, help="engine directory (default engines/<draft>-<backend>)")
     p.add_argument("--force", action="store_true", help="rebuild even if the output holds an engine from these inputs")
     return p.parse_args(argv)
@@ -64,6 +66,8 @@ def resolve_dtype_name(backend: str, dtype: str, device) -> str:
     if dtype == "auto":
         if backend in ("tensorrt-llm", "sglang"):
             return "float16"
+        if backend == "vllm":
+            return "bfloat16" if device.type == "cuda" else "float32"
         return "float16" if device.type == "cuda" and backend == "onnxruntime" else (
             "bfloat16" if device.type == "cuda" else "float32")
     from specdec_kit.export.inputs import BuildError

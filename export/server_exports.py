@@ -1,4 +1,5 @@
-"""Engines that run in another server: TensorRT-LLM (``trtllm-serve``) and SGLang (``sglang.launch_server``).
+"""Engines that run in another server: TensorRT-LLM (``trtllm-serve``), SGLang (``sglang.launch_server``) and
+vLLM (``export/vllm_export.py``).
 
 Both get the target as a Hugging Face checkpoint (``target/``, with its tokenizer), the draft in the
 layout the server reads, the files that configure it, and ``serve.sh``, which starts the server from
@@ -21,7 +22,7 @@ import yaml
 
 from specdec_kit.export import trtllm_export as trt
 from specdec_kit.export.inputs import BuildError, BuildInputs
-from specdec_kit.export.weight_maps import check_coverage, sglang_parameters, sglang_weight_map
+from specdec_kit.export.weight_maps import check_coverage, fused_draft_parameters, fused_draft_weight_map
 from specdec_kit.runtime.drafts.loading import draft_config_dict
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
@@ -34,14 +35,14 @@ SGLANG_ARCH = {"griffin": "GriffinLlamaForCausalLM", "eagle": "LlamaForCausalLME
                "eagle2": "LlamaForCausalLMEagle", "hass": "LlamaForCausalLMEagle"}
 
 
-def _save_safetensors(state: dict[str, torch.Tensor], path: Path) -> None:
+def save_safetensors(state: dict[str, torch.Tensor], path: Path) -> None:
     from safetensors.torch import save_file
 
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file({k: v.detach().to("cpu").contiguous() for k, v in state.items()}, str(path))
 
 
-def _serve_script(path: Path, command: list[str], env: dict[str, str] | None = None) -> str:
+def serve_script(path: Path, command: list[str], env: dict[str, str] | None = None) -> str:
     """A launcher that runs from the engine directory, so the engine can be mounted anywhere."""
     exports = "".join(f"export {k}={v}\n" for k, v in (env or {}).items())
     line = " ".join(shlex.quote(c) if not c.startswith("${") else c for c in command)
@@ -66,7 +67,7 @@ def _draft_state(module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     return {k: v.to(dtype) for k, v in module.state_dict().items()}
 
 
-def _write_target(staging: Path, target: TargetModel) -> None:
+def write_target(staging: Path, target: TargetModel) -> None:
     """The target as the servers load it: HF checkpoint + tokenizer files in one directory."""
     target.hf_model.save_pretrained(staging / "target", safe_serialization=True)
     for file in (staging / "tokenizer").iterdir():
@@ -104,7 +105,7 @@ def _trtllm_checkpoint(staging: Path, inputs: BuildInputs, target: TargetModel, 
                 shard.update(trt.convert_medusa(draft, dcfg["medusa_num_heads"], dcfg["medusa_num_layers"], tp, rank % tp))
             else:
                 shard.update(trt.convert_eagle(draft, hf, dcfg, settings["num_eagle_layers"], tp, rank % tp))
-        _save_safetensors(shard, ckpt / f"rank{rank}.safetensors")
+        save_safetensors(shard, ckpt / f"rank{rank}.safetensors")
     mode = "medusa" if kind == "medusa" else "eagle"
     build = ["trtllm-build", "--checkpoint_dir", "trtllm/checkpoint", "--output_dir", "trtllm/engine",
              "--gemm_plugin", inputs.dtype, "--use_paged_context_fmha", "enable",
@@ -133,7 +134,7 @@ def _trtllm_griffin(staging: Path, inputs: BuildInputs, target: TargetModel, mod
     cfg = draft_config_dict(module, "griffin")
     cfg.update(architectures=[TRTLLM_GRIFFIN_ARCH], draft_vocab_size=cfg["vocab_size"], torch_dtype=inputs.dtype)
     trt.write_json(draft_dir / "config.json", cfg)
-    _save_safetensors(_draft_state(module, target.dtype), draft_dir / "model.safetensors")
+    save_safetensors(_draft_state(module, target.dtype), draft_dir / "model.safetensors")
     modules = staging / "trtllm" / "custom_modules"
     modules.mkdir(parents=True)
     shutil.copy2(PLUGINS / "trtllm" / f"{TRTLLM_PLUGIN}.py", modules / f"{TRTLLM_PLUGIN}.py")
@@ -157,7 +158,7 @@ def build_trtllm(staging: Path, inputs: BuildInputs, target: TargetModel, module
         raise BuildError(f"tree does not fit TensorRT-LLM: {exc}") from exc
     if inputs.draft == "medusa" and not isinstance(tree, StaticTree):
         raise BuildError("Medusa engines need a static tree (medusa_choices); use --tree static:mc_sim_7b_63")
-    _write_target(staging, target)
+    write_target(staging, target)
     if inputs.draft == "griffin":
         step("writing the GRIFFIN draft and drafter for TensorRT-LLM's PyTorch backend")
         out = _trtllm_griffin(staging, inputs, target, module, settings)
@@ -167,8 +168,8 @@ def build_trtllm(staging: Path, inputs: BuildInputs, target: TargetModel, module
     commands = {}
     if out["build"]:
         build_sh = staging / "trtllm" / "build.sh"
-        commands["build the engine"] = _serve_script(build_sh, out["build"])
-    commands["serve"] = _serve_script(staging / "trtllm" / "serve.sh", out["serve"])
+        commands["build the engine"] = serve_script(build_sh, out["build"])
+    commands["serve"] = serve_script(staging / "trtllm" / "serve.sh", out["serve"])
     notes = []
     built = False
     if out["build"] and importlib.util.find_spec("tensorrt_llm") is not None:
@@ -194,18 +195,18 @@ def build_sglang(staging: Path, inputs: BuildInputs, target: TargetModel, module
     if not isinstance(tree, DynamicTreeConfig):
         raise BuildError("SGLang drafts EAGLE-style dynamic trees only (steps / top-k / draft tokens); use --tree dynamic")
     step("writing the draft in SGLang's layout")
-    _write_target(staging, target)
+    write_target(staging, target)
     state = _draft_state(module, target.dtype)
-    weight_map = sglang_weight_map(state, kind)
+    weight_map = fused_draft_weight_map(state, kind)
     layers, _, _ = module.attention_shape
     fc_bias = kind == "griffin" or module.fc.bias is not None
     qkv_bias = module.layers[0].self_attn.q_proj.bias is not None
-    check_coverage(weight_map, state, sglang_parameters(kind, layers, fc_bias, qkv_bias), f"SGLang {kind} draft")
+    check_coverage(weight_map, state, fused_draft_parameters(kind, layers, fc_bias, qkv_bias), f"SGLang {kind} draft")
     draft_dir = staging / "sglang" / "draft"
     cfg = draft_config_dict(module, kind)
     cfg.update(architectures=[SGLANG_ARCH[kind]], torch_dtype=inputs.dtype)
     trt.write_json(draft_dir / "config.json", cfg)
-    _save_safetensors(state, draft_dir / "model.safetensors")
+    save_safetensors(state, draft_dir / "model.safetensors")
     (draft_dir / "weight_map.json").write_text(json.dumps({k: list(v) for k, v in weight_map.items()}, indent=1))
     env = {}
     if kind == "griffin":
@@ -217,7 +218,7 @@ def build_sglang(staging: Path, inputs: BuildInputs, target: TargetModel, module
                "--speculative-eagle-topk", str(tree.top_k), "--speculative-num-draft-tokens", str(tree.total_tokens),
                "--tp-size", str(inputs.tp), "--pp-size", str(inputs.pp), "--dtype", inputs.dtype, "--enable-metrics",
                "--host", "0.0.0.0", "--port", "${PORT:-30000}"]
-    serve = _serve_script(staging / "sglang" / "serve.sh", command, env)
+    serve = serve_script(staging / "sglang" / "serve.sh", command, env)
     artifacts = {"target": "target", "sglang_draft": "sglang/draft/model.safetensors", "sglang_serve": "sglang/serve.sh"}
     if kind == "griffin":
         artifacts["sglang_plugin"] = f"sglang/plugin/{SGLANG_PLUGIN}/griffin_llama.py"
@@ -232,6 +233,10 @@ def build_sglang(staging: Path, inputs: BuildInputs, target: TargetModel, module
 
 
 def build_server_export(staging: Path, inputs: BuildInputs, target: TargetModel, module, tree, step) -> dict[str, Any]:
+    if inputs.backend == "vllm":
+        from specdec_kit.export.vllm_export import build_vllm
+
+        return build_vllm(staging, inputs, target, module, tree, step)
     if inputs.backend == "tensorrt-llm":
         return build_trtllm(staging, inputs, target, module, tree, step)
     return build_sglang(staging, inputs, target, module, tree, step)

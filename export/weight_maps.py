@@ -37,10 +37,10 @@ def _decoder_entry(key: str, prefix: str) -> tuple[str, Shard]:
     return prefix + key, None
 
 
-def sglang_weight_map(keys: Iterable[str], kind: str) -> WeightMap:
-    """SGLang draft parameters for the kit's EAGLE/HASS (``LlamaForCausalLMEagle``) or GRIFFIN
-    (``GriffinLlamaForCausalLM``, the kit's plugin) checkpoint keys. Both prefix ``model.``; the
-    decoder layers' q/k/v and gate/up fuse; TGF's small layers (``fc.*``) stay unsharded."""
+def fused_draft_weight_map(keys: Iterable[str], kind: str) -> WeightMap:
+    """Engine draft parameters for the kit's EAGLE/HASS or GRIFFIN checkpoint keys, in the layout SGLang's
+    ``LlamaForCausalLMEagle``, the kit's SGLang GRIFFIN plugin and the kit's vLLM plugin all build: ``model.``
+    prefix, the decoder layers' q/k/v and gate/up fused, TGF's small layers (``fc.*``) unsharded."""
     out: WeightMap = {}
     for key in keys:
         if key.startswith("layers."):
@@ -48,12 +48,12 @@ def sglang_weight_map(keys: Iterable[str], kind: str) -> WeightMap:
         elif key == "embed_tokens.weight" or key.startswith("fc."):
             out[key] = ("model." + key, None)
         else:
-            raise WeightMapError(f"checkpoint key {key!r} has no place in SGLang's {kind} draft")
+            raise WeightMapError(f"checkpoint key {key!r} has no place in the engine's {kind} draft")
     return out
 
 
-def sglang_parameters(kind: str, num_layers: int, fc_bias: bool, qkv_bias: bool) -> set[str]:
-    """The parameters SGLang's draft class owns (``lm_head`` comes from the target at run time)."""
+def fused_draft_parameters(kind: str, num_layers: int, fc_bias: bool, qkv_bias: bool) -> set[str]:
+    """The parameters those draft classes own (``lm_head`` comes from the target at run time)."""
     params = {"model.embed_tokens.weight"}
     for i in range(num_layers):
         p = f"model.layers.{i}."

@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
-BACKENDS = ("onnxruntime", "torch", "tensorrt-llm", "sglang")
+BACKENDS = ("onnxruntime", "torch", "tensorrt-llm", "sglang", "vllm")
 # dtype names the kit accepts, by torch dtype name (``runtime/device.py`` maps them to torch dtypes)
 DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
                "bfloat16": "bfloat16", "bf16": "bfloat16", "float64": "float64"}

@@ -153,6 +153,13 @@ MOA_SERVER_ENGINES = (
     "the target's own last layers with draft-time KV entries (TLI): neither engine's EAGLE worker exposes the "
     "target's per-layer KV pool to the draft model or lets it run target layers, so both need a custom worker, "
     "not just a model class")
+MOA_VLLM = (
+    "vLLM's EAGLE proposer hands a draft model only the target's last hidden states (EAGLE-3: a few layers' "
+    "hidden states), never the target's per-layer KV cache that LSA attends over, and it cannot run the target's "
+    "own last layers with draft-time KV entries (TLI); it would need a proposer of its own, not just a model class")
+MEDUSA_VLLM = (
+    "vLLM's Medusa method proposes each head's top-1 only (a chain), so the kit's Medusa engine, defined by its "
+    "tree of choices, would not run as built; vLLM would need tree proposals and tree attention in its verifier")
 
 
 @dataclass(frozen=True)
@@ -177,7 +184,9 @@ class DraftKind:
         reason = self.refused_backends.get(backend)
         if reason is None:
             return None
-        runs_on = [b for b in ("onnxruntime", "torch", "tensorrt-llm", "sglang") if b not in self.refused_backends]
+        from specdec_kit.runtime.manifest import BACKENDS
+
+        runs_on = [b for b in BACKENDS if b not in self.refused_backends]
         return f"--draft {self.name} builds for --backend {' or '.join(runs_on)}. {reason}"
 
 
@@ -221,9 +230,10 @@ def _register_builtin() -> None:
     register(DraftKind("eagle2", feature, "build_eagle", "EAGLE-2: EAGLE weights on dynamic trees"))
     register(DraftKind("hass", feature, "build_eagle", "HASS: EAGLE layout, harmonized training, dynamic trees"))
     register(DraftKind("medusa", medusa, "build_medusa", "Medusa heads on a static tree",
-                       default_tree="static:mc_sim_7b_63"))
+                       default_tree="static:mc_sim_7b_63", refused_backends={"vllm": MEDUSA_VLLM}))
     register(DraftKind("moa", moa, "build_moa", "Mixture of Attentions (LSA, SA + CA, TLI)",
-                       refused_backends={"tensorrt-llm": MOA_SERVER_ENGINES, "sglang": MOA_SERVER_ENGINES}))
+                       refused_backends={"tensorrt-llm": MOA_SERVER_ENGINES, "sglang": MOA_SERVER_ENGINES,
+                                         "vllm": MOA_VLLM}))
 
 
 _register_builtin()

@@ -1,5 +1,13 @@
-# Sourced by the set-up scripts: step "what" command... runs a command quietly (its output appended to
-# $LOG), says how long it took, and on failure shows the log's tail and exits.
+# Sourced by the set-up scripts. step "what" command... runs a command quietly (its output appended to
+# $LOG), says how long it took, and on failure shows the log's tail and exits. prepare_venv DIR creates the
+# virtualenv DIR if missing and starts its set-up log (LOG=DIR/setup.log).
+prepare_venv() {
+    mkdir -p "$1"
+    LOG=$1/setup.log
+    [ -x "$1/bin/python" ] || "${PYTHON:-python3}" -m venv "$1"
+    : >"$LOG"
+}
+
 step() {
     local what=$1 start=$SECONDS
     shift

@@ -1,7 +1,7 @@
 """``python -m specdec_kit.serving --engine DIR`` (or ``specdec-serve``): serve an engine over the OpenAI API.
 
-ONNX Runtime and PyTorch engines run in the embedded runtime with continuous batching. TensorRT-LLM
-and SGLang engines (or ``--backend`` forcing one) start that engine's own server through the
+ONNX Runtime and PyTorch engines run in the embedded runtime with continuous batching. TensorRT-LLM,
+SGLang and vLLM engines (or ``--backend`` forcing one) start that engine's own server through the
 ``serve.sh`` the builder wrote, on the same host and port, so clients, the chart and the load test
 need not know which backend runs.
 """
@@ -17,7 +17,8 @@ from pathlib import Path
 from specdec_kit.runtime.manifest import EngineError, read_manifest
 from specdec_kit.serving.intake import DEFAULT_MAX_REQUEST_BYTES
 
-SERVER_SCRIPTS = {"tensorrt-llm": "trtllm/serve.sh", "sglang": "sglang/serve.sh"}
+SERVER_SCRIPTS = {"tensorrt-llm": "trtllm/serve.sh", "sglang": "sglang/serve.sh", "vllm": "vllm/serve.sh"}
+CONTEXT_FLAG = {"sglang": "--context-length", "vllm": "--max-model-len"}
 
 
 def parse_args(argv):
@@ -27,7 +28,7 @@ def parse_args(argv):
     p.add_argument("--engine", type=Path, required=True, help="engine directory (export/build_engine.py)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--backend", choices=["embedded", "sglang", "tensorrt-llm"],
+    p.add_argument("--backend", choices=["embedded", "sglang", "tensorrt-llm", "vllm"],
                    help="default: the engine's (embedded for onnxruntime/torch engines)")
     p.add_argument("--served-model-name", help="the model id clients send (default: the engine directory's name)")
     p.add_argument("--max-num-seqs", type=int, default=16, help="largest running batch")
@@ -52,21 +53,31 @@ def parse_args(argv):
     p.add_argument("--no-checksums", action="store_true", help="check file sizes only when opening the engine")
     p.add_argument("--log-level", default="info")
     p.add_argument("server_args", nargs=argparse.REMAINDER,
-                   help="after --: passed to the SGLang / trtllm-serve server (e.g. -- --nnodes 2 --node-rank 0)")
+                   help="after --: passed to the SGLang / trtllm-serve / vLLM server (e.g. -- --nnodes 2 --node-rank 0)")
     return p.parse_args(argv)
 
 
-def launch_external(engine: Path, backend: str, host: str, port: int, extra: list[str], api_key: str | None) -> int:
-    """Replace this process with the engine's own server (SGLang or trtllm-serve)."""
+def external_flags(backend: str, host: str, name: str, api_key: str | None, max_model_len: int | None) -> list[str]:
+    """The options the engine's own server takes for this server's host, model name, key and context limit
+    (trtllm-serve reads its host and port from serve.sh and takes none of them)."""
+    if backend == "tensorrt-llm":
+        return []
+    flags = ["--host", host, "--served-model-name", name]
+    if api_key:
+        flags += ["--api-key", api_key]  # both check it on their OpenAI routes
+    if max_model_len is not None:
+        flags += [CONTEXT_FLAG[backend], str(max_model_len)]
+    return flags
+
+
+def launch_external(engine: Path, backend: str, flags: list[str], extra: list[str], port: int) -> int:
+    """Replace this process with the engine's own server (SGLang, trtllm-serve or vLLM)."""
     script = engine / SERVER_SCRIPTS[backend]
     if not script.is_file():
         print(f"error: {script}: missing; build the engine with --backend {backend}", file=sys.stderr)
         return 2
     env = dict(os.environ, PORT=str(port))
-    cmd = ["bash", str(script), "--host", host] if backend == "sglang" else ["bash", str(script)]
-    if api_key and backend == "sglang":
-        cmd += ["--api-key", api_key]  # SGLang checks it on its OpenAI routes
-    cmd += [a for a in extra if a != "--"]
+    cmd = ["bash", str(script), *flags, *(a for a in extra if a != "--")]
     shown = [("***" if i and cmd[i - 1] == "--api-key" else c) for i, c in enumerate(cmd)]
     print(f"starting the {backend} server: {' '.join(shown)} (PORT={port})", flush=True)
     os.execvpe("bash", cmd, env)
@@ -76,7 +87,8 @@ def launch_external(engine: Path, backend: str, host: str, port: int, extra: lis
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.server_args and args.server_args != ["--"] and (args.backend or "") == "embedded":
-        print("error: arguments after -- go to an SGLang or TensorRT-LLM server, not the embedded one", file=sys.stderr)
+        print("error: arguments after -- go to an SGLang, TensorRT-LLM or vLLM server, not the embedded one",
+              file=sys.stderr)
         return 2
     try:
         manifest = read_manifest(args.engine, checksums=not args.no_checksums)
@@ -89,7 +101,9 @@ def main(argv=None) -> int:
             print(f"error: {args.engine} is a {manifest['backend']} engine; --backend {backend} needs an engine built "
                   f"with --backend {backend}", file=sys.stderr)
             return 2
-        return launch_external(args.engine, backend, args.host, args.port, args.server_args, args.api_key)
+        name = args.served_model_name or args.engine.resolve().name
+        flags = external_flags(backend, args.host, name, args.api_key, args.max_model_len)
+        return launch_external(args.engine, backend, flags, args.server_args, args.port)
 
     import uvicorn
 

@@ -22,6 +22,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until_ready(url: str, seconds: float, exited=lambda: None, interval: float = 0.2) -> None:
+    """Poll ``url`` until it answers 200; ``exited()`` returns a message once the server process has died."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        died = exited()
+        if died:
+            raise RuntimeError(died)
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(interval)
+    raise RuntimeError(f"{url} did not answer 200 within {seconds:.0f} s")
+
+
 class Server:
     def __init__(self, engine: Path, *extra: str):
         self.port = free_port()
@@ -30,17 +46,8 @@ class Server:
             [sys.executable, "-m", "specdec_kit.serving", "--engine", str(engine), "--port", str(self.port),
              "--served-model-name", "demo", "--log-level", "warning", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.proc.stdout.read()}")
-            try:
-                if httpx.get(self.url + "/health/ready", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError("server did not become ready")
+        wait_until_ready(self.url + "/health/ready", 120,
+                         lambda: self.proc.poll() is not None and f"server exited: {self.proc.stdout.read()}")
 
     def client(self, key: str | None = KEY) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.url + "/v1", api_key=key or "none", max_retries=0, timeout=120)
@@ -85,15 +92,7 @@ class InProcessServer:
         self.server = uvicorn.Server(uvicorn.Config(app, port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                if httpx.get(self.url + "/health/ready", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError("in-process server did not become ready")
+        wait_until_ready(self.url + "/health/ready", 120, interval=0.1)
 
     def metrics(self) -> dict[str, float]:
         return Server.metrics(self)  # same parsing, same URL layout

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from specdec_kit.export.builder import build_engine
 from specdec_kit.export.inputs import BuildError, BuildInputs
 from specdec_kit.export.weight_maps import (
-    WeightMapError, check_coverage, fuse, sglang_parameters, sglang_weight_map, unfuse,
+    WeightMapError, check_coverage, fuse, fused_draft_parameters, fused_draft_weight_map, unfuse,
 )
 from specdec_kit.runtime.demo import CHARS
 from specdec_kit.runtime.drafts.loading import load_draft, strict_load
@@ -38,16 +38,16 @@ def test_weight_map_covers_every_parameter(demo_checkpoints, kind):
     module = load_draft(demo_checkpoints[kind], kind, 64, VOCAB)
     keys = list(module.state_dict())
     fc_bias = kind == "griffin" or module.fc.bias is not None
-    params = sglang_parameters(kind, 1, fc_bias, qkv_bias=False)
-    check_coverage(sglang_weight_map(keys, kind), keys, params, kind)
+    params = fused_draft_parameters(kind, 1, fc_bias, qkv_bias=False)
+    check_coverage(fused_draft_weight_map(keys, kind), keys, params, kind)
     with pytest.raises(WeightMapError, match="lacks shard"):  # drop v_proj: qkv_proj half filled
         dropped = [k for k in keys if "v_proj" not in k]
-        check_coverage(sglang_weight_map(dropped, kind), dropped, params, kind)
+        check_coverage(fused_draft_weight_map(dropped, kind), dropped, params, kind)
     with pytest.raises(WeightMapError, match="is filled by no checkpoint key"):
         dropped = [k for k in keys if "post_attention_layernorm" not in k or k.startswith("fc.")]
-        check_coverage(sglang_weight_map(dropped, kind), dropped, params, kind)
-    with pytest.raises(WeightMapError, match="has no place in SGLang"):
-        sglang_weight_map(keys + ["medusa_head.0.0.linear.weight"], kind)
+        check_coverage(fused_draft_weight_map(dropped, kind), dropped, params, kind)
+    with pytest.raises(WeightMapError, match="has no place in the engine"):
+        fused_draft_weight_map(keys + ["medusa_head.0.0.linear.weight"], kind)
 
 
 def test_exported_griffin_weights_rebuild_the_kit_graph(demo_checkpoints, tmp_path):

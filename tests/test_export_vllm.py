@@ -1,0 +1,95 @@
+"""vLLM export (no vLLM needed): the engine directory's layout, the chain the tree maps to, the plugin's entry
+point and weight table, and the refusals. The vLLM tier (tests/test_vllm_engine.py) runs these engines in vLLM."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from importlib.metadata import distributions
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from specdec_kit.export.builder import build_engine
+from specdec_kit.export.inputs import BuildError, BuildInputs
+from specdec_kit.export.vllm_export import PLUGIN, PLUGIN_SOURCE, chain_length
+from specdec_kit.export.weight_maps import fused_draft_weight_map
+from specdec_kit.paths import default_zoo
+from specdec_kit.runtime.manifest import read_manifest
+from specdec_kit.runtime.trees import DynamicTreeConfig, parse_tree_spec, tree_to_dict
+
+sys.path.insert(0, str(PLUGIN_SOURCE.parent))  # the plugin's vLLM-free modules import without vLLM
+from specdec_vllm.weights import parameter_for  # noqa: E402
+
+
+def build(paths, kind, tmp: Path, tree=DynamicTreeConfig(12, 3, 3), draft_path=None):
+    inputs = BuildInputs(draft=kind, target=paths["target"], draft_path=draft_path or paths[kind],
+                         tokenizer=paths["target"], backend="vllm", dtype="float32", tree=tree_to_dict(tree))
+    return build_engine(inputs, tmp / f"{kind}-vllm")
+
+
+@pytest.mark.parametrize("kind,architecture", [("griffin", "EagleSpecdecGriffinForCausalLM"),
+                                               ("eagle2", "EagleSpecdecLlamaForCausalLM"),
+                                               ("hass", "EagleSpecdecLlamaForCausalLM")])
+def test_engine_layout_and_chain(demo_checkpoints, tmp_path, kind, architecture):
+    result = build(demo_checkpoints, kind, tmp_path)
+    engine = result.path
+    manifest = read_manifest(engine)
+    assert manifest["backend"] == "vllm" and manifest["vllm"]["architecture"] == architecture
+    config = json.loads((engine / "vllm" / "draft" / "config.json").read_text())
+    assert config["architectures"] == [architecture] and "bias" not in config  # vLLM reads `bias` as attention bias
+    assert config["specdec_fc_bias"] is True
+    spec = manifest["vllm"]["speculative_config"]
+    assert spec == {"method": "eagle", "model": "vllm/draft", "num_speculative_tokens": 4}  # depth 3 -> 4 tokens
+    serve = (engine / "vllm" / "serve.sh").read_text()
+    command = shlex.split(serve.splitlines()[-1])
+    assert command[command.index("--speculative-config") + 1] == json.dumps(spec, separators=(",", ":"))
+    assert "PYTHONPATH=vllm/plugin" in serve and "vllm.entrypoints.openai.api_server" in serve
+    assert any("num_speculative_tokens=4" in note for note in manifest["serve"]["notes"])
+    # the plugin's entry point is visible to importlib.metadata from the engine's plugin directory
+    found = [d for d in distributions(path=[str(engine / "vllm" / "plugin")]) if d.metadata["Name"] == PLUGIN]
+    assert [(e.group, e.value) for e in found[0].entry_points] == [("vllm.general_plugins", f"{PLUGIN}:register")]
+    # every tensor of the exported draft lands where the exporter's weight map says, in the plugin too
+    saved = load_file(str(engine / "vllm" / "draft" / "model.safetensors"))
+    expected = fused_draft_weight_map(saved, kind)
+    assert {key: parameter_for(key) for key in saved} == expected
+
+
+def test_tree_shapes_map_to_their_longest_path():
+    assert chain_length(DynamicTreeConfig(60, 5, 10)) == 6
+    assert chain_length(parse_tree_spec("static:chain-3")) == 3
+    assert chain_length(parse_tree_spec("static:eagle1_default")) == 5
+
+
+@pytest.mark.parametrize("kind,reason", [("medusa", "top-1 only"), ("moa", "per-layer KV cache")])
+def test_drafts_vllm_cannot_run_are_refused_with_the_reason(demo_checkpoints, tmp_path, kind, reason):
+    tree = parse_tree_spec("static:mc_sim_7b_63:12") if kind == "medusa" else DynamicTreeConfig(12, 3, 3)
+    head = demo_checkpoints.get(kind) or default_zoo() / kind  # refused before the head is loaded
+    with pytest.raises(BuildError, match=reason):
+        build(demo_checkpoints, kind, tmp_path, tree, draft_path=head)
+    assert not (tmp_path / f"{kind}-vllm").exists()
+
+
+def test_a_head_with_a_tensor_the_engine_would_drop_is_refused(demo_checkpoints, tmp_path):
+    """A checkpoint tensor with no place in the plugin's model must stop the export, not vanish in vLLM."""
+    import shutil
+
+    import torch
+
+    head = tmp_path / "eagle2-extra"
+    shutil.copytree(demo_checkpoints["eagle2"], head)
+    weights = next(p for p in head.iterdir() if p.suffix in (".bin", ".safetensors"))
+    if weights.suffix == ".bin":
+        state = torch.load(weights, weights_only=True)
+        state["fc.extra_scale"] = torch.ones(1)
+        torch.save(state, weights)
+    else:
+        from safetensors.torch import save_file
+
+        state = load_file(str(weights))
+        state["fc.extra_scale"] = torch.ones(1)
+        save_file(state, str(weights))
+    with pytest.raises(Exception, match="extra_scale"):
+        build(demo_checkpoints, "eagle2", tmp_path, draft_path=head)
