@@ -22,7 +22,9 @@ import yaml
 
 from specdec_kit.export import trtllm_export as trt
 from specdec_kit.export.inputs import BuildError, BuildInputs
-from specdec_kit.export.weight_maps import check_coverage, fused_draft_parameters, fused_draft_weight_map
+from specdec_kit.export.weight_maps import (
+    WeightMap, check_coverage, fused_draft_parameters, fused_draft_weight_map,
+)
 from specdec_kit.runtime.drafts.loading import draft_config_dict
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
@@ -63,8 +65,23 @@ def _target_config(target: TargetModel) -> dict[str, Any]:
             "rope_scaling": None if rope.get("rope_type", "default") == "default" else rope}
 
 
-def _draft_state(module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def draft_state(module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     return {k: v.to(dtype) for k, v in module.state_dict().items()}
+
+
+def draft_biases(module, kind: str) -> tuple[bool, bool]:
+    """(fc bias, q/k/v bias) of an EAGLE-style or GRIFFIN draft (GRIFFIN's TGF always has its fc bias)."""
+    return kind == "griffin" or module.fc.bias is not None, module.layers[0].self_attn.q_proj.bias is not None
+
+
+def checked_weight_map(module, kind: str, state: dict[str, torch.Tensor], engine: str) -> WeightMap:
+    """The fused-layout weight map of an EAGLE-style or GRIFFIN draft (SGLang's classes, the kit's SGLang and
+    vLLM plugins), checked both ways: every tensor placed, every parameter of the engine's model filled."""
+    layers, _, _ = module.attention_shape
+    weight_map = fused_draft_weight_map(state, kind)
+    check_coverage(weight_map, state, fused_draft_parameters(kind, layers, *draft_biases(module, kind)),
+                   f"{engine} {kind} draft")
+    return weight_map
 
 
 def write_target(staging: Path, target: TargetModel) -> None:
@@ -84,7 +101,7 @@ def _trtllm_checkpoint(staging: Path, inputs: BuildInputs, target: TargetModel, 
     tcfg = _target_config(target)
     dtype = target.dtype
     hf = {k: v.to(dtype) for k, v in target.hf_model.state_dict().items()}
-    draft = _draft_state(module, dtype)
+    draft = draft_state(module, dtype)
     if kind == "medusa":
         dcfg = {"medusa_num_heads": module.num_heads, "medusa_num_layers": module.num_layers}
         if settings["num_eagle_layers"] > module.num_heads:
@@ -134,7 +151,7 @@ def _trtllm_griffin(staging: Path, inputs: BuildInputs, target: TargetModel, mod
     cfg = draft_config_dict(module, "griffin")
     cfg.update(architectures=[TRTLLM_GRIFFIN_ARCH], draft_vocab_size=cfg["vocab_size"], torch_dtype=inputs.dtype)
     trt.write_json(draft_dir / "config.json", cfg)
-    save_safetensors(_draft_state(module, target.dtype), draft_dir / "model.safetensors")
+    save_safetensors(draft_state(module, target.dtype), draft_dir / "model.safetensors")
     modules = staging / "trtllm" / "custom_modules"
     modules.mkdir(parents=True)
     shutil.copy2(PLUGINS / "trtllm" / f"{TRTLLM_PLUGIN}.py", modules / f"{TRTLLM_PLUGIN}.py")
@@ -196,12 +213,8 @@ def build_sglang(staging: Path, inputs: BuildInputs, target: TargetModel, module
         raise BuildError("SGLang drafts EAGLE-style dynamic trees only (steps / top-k / draft tokens); use --tree dynamic")
     step("writing the draft in SGLang's layout")
     write_target(staging, target)
-    state = _draft_state(module, target.dtype)
-    weight_map = fused_draft_weight_map(state, kind)
-    layers, _, _ = module.attention_shape
-    fc_bias = kind == "griffin" or module.fc.bias is not None
-    qkv_bias = module.layers[0].self_attn.q_proj.bias is not None
-    check_coverage(weight_map, state, fused_draft_parameters(kind, layers, fc_bias, qkv_bias), f"SGLang {kind} draft")
+    state = draft_state(module, target.dtype)
+    weight_map = checked_weight_map(module, kind, state, "SGLang")
     draft_dir = staging / "sglang" / "draft"
     cfg = draft_config_dict(module, kind)
     cfg.update(architectures=[SGLANG_ARCH[kind]], torch_dtype=inputs.dtype)

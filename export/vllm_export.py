@@ -21,8 +21,9 @@ from typing import Any, Callable
 
 from specdec_kit import __version__
 from specdec_kit.export.inputs import BuildError, BuildInputs
-from specdec_kit.export.server_exports import save_safetensors, serve_script, write_target
-from specdec_kit.export.weight_maps import check_coverage, fused_draft_parameters, fused_draft_weight_map
+from specdec_kit.export.server_exports import (
+    checked_weight_map, draft_biases, draft_state, save_safetensors, serve_script, write_target,
+)
 from specdec_kit.runtime.drafts.loading import draft_config_dict
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
@@ -62,9 +63,11 @@ def _write_plugin(plugin_dir: Path) -> None:
 def _draft_config(module, kind: str, dtype: str) -> dict[str, Any]:
     cfg = draft_config_dict(module, kind)
     # vLLM's Llama layers read ``bias`` as an attention bias; the plugin reads its own keys instead
-    fc_bias = kind == "griffin" or cfg.pop("bias", True)
+    cfg.pop("bias", None)
+    cfg.pop("qkv_bias", None)
+    fc_bias, qkv_bias = draft_biases(module, kind)
     cfg.update(architectures=[ARCHITECTURE[kind]], torch_dtype=dtype, specdec_kind=kind,
-               specdec_fc_bias=bool(fc_bias), specdec_qkv_bias=bool(cfg.pop("qkv_bias", False)))
+               specdec_fc_bias=fc_bias, specdec_qkv_bias=qkv_bias)
     return cfg
 
 
@@ -79,12 +82,8 @@ def build_vllm(staging: Path, inputs: BuildInputs, target: TargetModel, module, 
         raise BuildError(f"--draft {kind} has no vLLM architecture in the kit (expected one of {sorted(ARCHITECTURE)})")
     step("writing the target and the draft for vLLM")
     write_target(staging, target)
-    state = {k: v.to(target.dtype) for k, v in module.state_dict().items()}
-    layers, _, _ = module.attention_shape
-    fc_bias = kind == "griffin" or module.fc.bias is not None
-    qkv_bias = module.layers[0].self_attn.q_proj.bias is not None
-    check_coverage(fused_draft_weight_map(state, kind), state,
-                   fused_draft_parameters(kind, layers, fc_bias, qkv_bias), f"vLLM {kind} draft")
+    state = draft_state(module, target.dtype)
+    checked_weight_map(module, kind, state, "vLLM")
     draft_dir = staging / "vllm" / "draft"
     draft_dir.mkdir(parents=True)
     (draft_dir / "config.json").write_text(json.dumps(_draft_config(module, kind, inputs.dtype), indent=2))
