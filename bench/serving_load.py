@@ -13,17 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import socket
-import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 from specdec_kit.bench.prompts import humaneval
 from specdec_kit.bench.report import write_text_and_plot
+from specdec_kit.bench.servers import SERVED_NAME, start_kit
+from specdec_kit.bench.streams import run_level
 from specdec_kit.plots import concurrency_axis, legend_below, pyplot, save_figure
-from specdec_kit.loadtest.metrics import StreamMeter, percentile
 
 RESULTS = Path("bench/results")  # relative to where it runs (the repository root in the README)
 
@@ -37,79 +34,6 @@ def parse_args(argv):
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--out", type=Path, default=RESULTS)
     return p.parse_args(argv)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(engine: Path, mode: str, max_num_seqs: int) -> tuple[subprocess.Popen, str]:
-    import httpx
-
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "specdec_kit.serving", "--engine", str(engine), "--port", str(port),
-                             "--served-model-name", "bench", "--speculation", mode, "--max-num-seqs", str(max_num_seqs),
-                             "--log-level", "warning"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if httpx.get(url + "/health/ready", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("server did not become ready")
-
-
-def one_request(url: str, prompt: str, max_tokens: int) -> dict:
-    import httpx
-
-    body = {"model": "bench", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": 0, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
-    start = time.perf_counter()
-    meter = StreamMeter(start, max_tokens)  # the load test's own per-token metering
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as resp:
-        resp.raise_for_status()
-        for line in resp.iter_lines():
-            meter.feed(line, time.perf_counter())
-    rec = meter.finish(time.perf_counter())
-    return {"ttft": rec.ttft, "itl": rec.itl, "tokens": rec.output_tokens, "e2e": rec.e2e}
-
-
-def run_level(url: str, prompts: list[str], clients: int, total: int, max_tokens: int) -> dict:
-    jobs = [prompts[i % len(prompts)] for i in range(max(total, clients))]
-    lock, results = threading.Lock(), []
-
-    def worker():
-        while True:
-            with lock:
-                if not jobs:
-                    return
-                prompt = jobs.pop()
-            res = one_request(url, prompt, max_tokens)
-            with lock:
-                results.append(res)
-
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=worker) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    itl = [g for r in results for g in r["itl"]]
-    ttft = [r["ttft"] for r in results]
-    return {"concurrency": clients, "requests": len(results), "tokens": sum(r["tokens"] for r in results),
-            "throughput_tok_s": round(sum(r["tokens"] for r in results) / wall, 1),
-            "ttft_p50_ms": ms(percentile(ttft, 0.5), 1), "ttft_p99_ms": ms(percentile(ttft, 0.99), 1),
-            "itl_p50_ms": ms(percentile(itl, 0.5), 2), "itl_p99_ms": ms(percentile(itl, 0.99), 2)}
-
-
-def ms(seconds: float | None, digits: int) -> float | None:
-    return None if seconds is None else round(1000 * seconds, digits)
 
 
 def server_tau(url: str) -> float | None:
@@ -152,11 +76,14 @@ def main(argv=None) -> int:
     prompts = humaneval(32)
     rows = []
     for mode, flag in (("speculative", "adaptive"), ("plain", "off")):
-        proc, url = start_server(engine, flag, max(levels))
+        server = start_kit(mode, engine, flag, max(levels), args.out / "logs" / f"serving_load-{mode}.log")
         try:
-            run_level(url, prompts, 1, 2, 8)  # warm-up
+            server.wait_ready("/health/ready", 600)
+            url = server.url
+            run_level(url, SERVED_NAME, prompts, 1, 2, 8)  # warm-up
             for clients in levels:
-                row = run_level(url, prompts, clients, args.requests, args.max_tokens)
+                row = run_level(url, SERVED_NAME, prompts, clients, args.requests, args.max_tokens)
+                row.pop("texts")
                 row["mode"] = mode
                 rows.append(row)
                 print(f"{mode:>11} x{clients:<3} {row['throughput_tok_s']:8.1f} tok/s  TTFT p50 {row['ttft_p50_ms']:7.1f} "
@@ -167,8 +94,7 @@ def main(argv=None) -> int:
                 if row["mode"] == mode:
                     row["server_accept_length"] = tau
         finally:
-            proc.terminate()
-            proc.wait(timeout=60)
+            server.stop()
     ratio = {c: round(next(r["throughput_tok_s"] for r in rows if r["mode"] == "speculative" and r["concurrency"] == c)
                       / next(r["throughput_tok_s"] for r in rows if r["mode"] == "plain" and r["concurrency"] == c), 2)
              for c in levels}

@@ -68,6 +68,11 @@ class StreamMeter:
         self.done = False
         self.events: list[tuple[float, int | None, int]] = []  # (time, cumulative tokens if known, text length)
         self.final_usage: dict | None = None
+        self.text_parts: list[str] = []  # the completion's text as it arrived
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
 
     def feed(self, line: str, now: float) -> None:
         line = line.strip()
@@ -97,6 +102,8 @@ class StreamMeter:
             if isinstance(spec, dict) and spec.get("acceptance_length"):
                 self.record.acceptance_length = spec["acceptance_length"]
         cumulative = usage.get("completion_tokens") if isinstance(usage, dict) and chunk.get("choices") else None
+        if text:
+            self.text_parts.append(text)
         if text or cumulative:
             self.events.append((now, cumulative, len(text)))
 

@@ -1,0 +1,78 @@
+"""Concurrent streaming clients for the serving benchmarks: N threads, each streaming requests back to back, metered
+by the load test's own per-token ``StreamMeter`` (vLLM-style ``continuous_usage_stats``: a chunk carrying k
+tokens counts as k, with k inter-token gaps of a k-th of the wait each)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from specdec_kit.loadtest.metrics import StreamMeter, percentile
+
+Prompt = str | list[int]  # text: a chat request; token ids: a completions request (no template, no tokenizer)
+
+
+def stream_request(url: str, model: str, prompt: Prompt, max_tokens: int) -> dict:
+    """One streamed greedy request (``ignore_eos``, so every server generates ``max_tokens``)."""
+    import httpx
+
+    body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    if isinstance(prompt, str):
+        route, body["messages"] = "/v1/chat/completions", [{"role": "user", "content": prompt}]
+    else:
+        route, body["prompt"] = "/v1/completions", prompt
+    start = time.perf_counter()
+    meter = StreamMeter(start, max_tokens)
+    with httpx.stream("POST", url + route, json=body, timeout=600) as resp:
+        if resp.status_code != 200:
+            resp.read()
+            return {"ok": False, "error": f"HTTP {resp.status_code}: {resp.text[:300]}", "tokens": 0, "itl": []}
+        for line in resp.iter_lines():
+            meter.feed(line, time.perf_counter())
+    rec = meter.finish(time.perf_counter())
+    return {"ok": rec.ok, "error": rec.error, "ttft": rec.ttft, "itl": rec.itl, "tokens": rec.output_tokens,
+            "e2e": rec.e2e, "text": meter.text}
+
+
+def ms(seconds: float | None, digits: int) -> float | None:
+    return None if seconds is None else round(1000 * seconds, digits)
+
+
+def run_level(url: str, model: str, prompts: list[Prompt], clients: int, total: int, max_tokens: int) -> dict:
+    """``clients`` threads share ``max(total, clients)`` requests over ``prompts`` (round robin). Returns throughput
+    over the level's wall time, TTFT and per-token ITL percentiles, failures, and each prompt's text."""
+    jobs = [(i % len(prompts), prompts[i % len(prompts)]) for i in range(max(total, clients))][::-1]
+    lock, results = threading.Lock(), []
+
+    def worker():
+        while True:
+            with lock:
+                if not jobs:
+                    return
+                index, prompt = jobs.pop()
+            try:
+                res = stream_request(url, model, prompt, max_tokens)
+            except Exception as exc:  # a benchmark reports a failed request; it does not stop the others
+                res = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "tokens": 0, "itl": []}
+            res["prompt_index"] = index
+            with lock:
+                results.append(res)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    ok = [r for r in results if r["ok"]]
+    itl = [g for r in ok for g in r["itl"]]
+    ttft = [r["ttft"] for r in ok]
+    return {"concurrency": clients, "requests": len(results), "failed": len(results) - len(ok),
+            "errors": sorted({r["error"] for r in results if not r["ok"]})[:3],
+            "tokens": sum(r["tokens"] for r in ok), "wall_s": round(wall, 3),
+            "throughput_tok_s": round(sum(r["tokens"] for r in ok) / wall, 1),
+            "ttft_p50_ms": ms(percentile(ttft, 0.5), 1), "ttft_p99_ms": ms(percentile(ttft, 0.99), 1),
+            "itl_p50_ms": ms(percentile(itl, 0.5), 2), "itl_p99_ms": ms(percentile(itl, 0.99), 2),
+            "texts": {r["prompt_index"]: r["text"] for r in ok}}

