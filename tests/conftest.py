@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import functools
+import os
+from pathlib import Path
 
 import pytest
 import torch
+from scipy import stats
 
 from specdec_kit.runtime.synthetic import tiny_hf_model
 from specdec_kit.runtime.target import TargetModel
@@ -80,3 +83,26 @@ def demo_engine(demo_checkpoints, tmp_path_factory):
                          tokenizer=demo_checkpoints["target"], backend="onnxruntime", dtype="float32",
                          tree=tree_to_dict(DynamicTreeConfig(12, 3, 3)))
     return build_engine(inputs, tmp_path_factory.mktemp("served") / "engine").path
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    """vLLM's interpreter for the vLLM tier (its own virtualenv, made by scripts/setup_vllm.sh)."""
+    python = os.environ.get("SPECDEC_VLLM_PYTHON") or str(Path(__file__).resolve().parents[1] / ".venv-vllm/bin/python")
+    if not Path(python).exists():
+        pytest.fail(f"vLLM's interpreter not found at {python}: run `bash scripts/setup_vllm.sh` "
+                    "(scripts/test.sh does it before the tests)")
+    return python
+
+
+def chi_square_pvalue(observed: torch.Tensor, expected_probs: torch.Tensor) -> float:
+    """Goodness of fit; cells expected below 5 counts are pooled; impossible cells must stay empty."""
+    observed, expected_probs = observed.flatten().double(), expected_probs.flatten()
+    zero = expected_probs < 1e-12
+    assert observed[zero].sum() == 0, f"sampled tokens the target forbids: {observed[zero].sum()} draws"
+    expected = expected_probs * observed.sum()
+    small = expected < 5
+    obs = torch.cat([observed[~small & ~zero], observed[small & ~zero].sum()[None]])
+    exp = torch.cat([expected[~small & ~zero], expected[small & ~zero].sum()[None]])
+    keep = exp > 0
+    return float(stats.chisquare(obs[keep].numpy(), exp[keep].numpy() * obs[keep].sum().item() / exp[keep].sum().item()).pvalue)

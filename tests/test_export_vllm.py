@@ -10,6 +10,7 @@ from importlib.metadata import distributions
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from specdec_kit.export.builder import build_engine
@@ -21,6 +22,7 @@ from specdec_kit.runtime.manifest import read_manifest
 from specdec_kit.runtime.trees import DynamicTreeConfig, parse_tree_spec, tree_to_dict
 
 sys.path.insert(0, str(PLUGIN_SOURCE.parent))  # the plugin's vLLM-free modules import without vLLM
+from specdec_vllm import cpu_sampling_fixes  # noqa: E402
 from specdec_vllm.weights import parameter_for  # noqa: E402
 
 
@@ -93,3 +95,30 @@ def test_a_head_with_a_tensor_the_engine_would_drop_is_refused(demo_checkpoints,
         save_file(state, str(weights))
     with pytest.raises(Exception, match="extra_scale"):
         build(demo_checkpoints, "eagle2", tmp_path, draft_path=head)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.int64])
+def test_the_expand_mend_spreads_each_request_value_over_its_tokens(dtype):
+    """The kernel's contract: request r's value (``replace_from`` -> ``replace_to``) on each of its tokens."""
+    output = torch.full((7,), 99, dtype=dtype)
+    values = torch.tensor([3, 0, 5, 8], dtype=dtype)
+    cu_num_tokens = torch.tensor([2, 5, 5, 6], dtype=torch.int32)  # the third request has no draft tokens
+    cpu_sampling_fixes.expand_to_tokens(output, values, cu_num_tokens, 0, 1)
+    assert output.tolist() == [3, 3, 1, 1, 1, 8, 99]  # the buffer's tail beyond the tokens is left alone
+
+
+def test_the_mends_are_applied_only_where_the_defects_show():
+    def writes_a_converted_copy(output, values, cu, replace_from, replace_to):  # the defect: output never written
+        cpu_sampling_fixes.expand_to_tokens(output.to(torch.int64), values.to(torch.int64), cu, replace_from, replace_to)
+
+    assert cpu_sampling_fixes.expand_is_broken(writes_a_converted_copy)
+    assert not cpu_sampling_fixes.expand_is_broken(cpu_sampling_fixes.expand_to_tokens)
+
+    def top_k(logits, k, p):
+        return logits.masked_fill(logits < logits.topk(int(k.max()), dim=-1).values[:, -1:], float("-inf"))
+
+    assert cpu_sampling_fixes.top_k_fails_on_no_rows(top_k)
+    mended = cpu_sampling_fixes.passing_no_rows_through(top_k)
+    assert not cpu_sampling_fixes.top_k_fails_on_no_rows(mended)
+    logits = torch.tensor([[1.0, 3.0, 2.0]])
+    assert torch.equal(mended(logits, torch.tensor([2]), None), top_k(logits, torch.tensor([2]), None))

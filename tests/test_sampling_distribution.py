@@ -13,7 +13,6 @@ import itertools
 
 import pytest
 import torch
-from scipy import stats
 
 from specdec_kit.runtime.choices import EAGLE1_DEFAULT, chain
 from specdec_kit.runtime.drafting import TorchFeatureStep, FeatureTreeDrafter, MedusaDrafter, NoDrafter
@@ -23,6 +22,8 @@ from specdec_kit.runtime.moa_drafting import MoATreeDrafter, TorchMoAStep
 from specdec_kit.runtime.synthetic import fitted_medusa, oracle_griffin, oracle_moa, random_eagle, random_moa, tiny_hf_model
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
+
+from conftest import chi_square_pvalue
 
 VOCAB = 6
 SAMPLES = 3000
@@ -52,19 +53,6 @@ def exact_distributions(target: TargetModel, params: SamplingParams):
     p3 = next_probs([PROMPT + [a, b] for a, b in pairs]).view(VOCAB, VOCAB, VOCAB)
     marginal3 = (joint12[:, :, None] * p3).sum(dim=(0, 1))
     return joint12.double(), marginal3.double()
-
-
-def chi_square_pvalue(observed: torch.Tensor, expected_probs: torch.Tensor) -> float:
-    """Goodness of fit; cells expected below 5 counts are pooled; impossible cells must stay empty."""
-    observed, expected_probs = observed.flatten().double(), expected_probs.flatten()
-    zero = expected_probs < 1e-12
-    assert observed[zero].sum() == 0, f"sampled tokens the target forbids: {observed[zero].sum()} draws"
-    expected = expected_probs * observed.sum()
-    small = expected < 5
-    obs = torch.cat([observed[~small & ~zero], observed[small & ~zero].sum()[None]])
-    exp = torch.cat([expected[~small & ~zero], expected[small & ~zero].sum()[None]])
-    keep = exp > 0
-    return float(stats.chisquare(obs[keep].numpy(), exp[keep].numpy() * obs[keep].sum().item() / exp[keep].sum().item()).pvalue)
 
 
 def drafter_for(name: str, target: TargetModel):

@@ -26,7 +26,7 @@ from specdec_kit.runtime.registry import drafter_for
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import parse_tree_spec
 
-from conftest import hf_greedy
+from conftest import chi_square_pvalue, hf_greedy
 from server_helpers import free_port, wait_until_ready
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,15 +36,6 @@ PROMPTS = ["def fibonacci(n):\n", "import os\nimport sys\n\n\ndef main():\n", "c
            "for i in range(10):\n", "    return self.", "def test_", "# Copyright", "if __name__ == '__main__':\n"]
 ZOO_HEAD = {"eagle2": "eagle", "hass": "hass", "griffin": "griffin"}
 STARTUP_S = 900
-
-
-@pytest.fixture(scope="module")
-def vllm_python() -> str:
-    python = os.environ.get("SPECDEC_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
-    if not Path(python).exists():
-        pytest.fail(f"vLLM's interpreter not found at {python}: run `bash scripts/setup_vllm.sh` "
-                    "(scripts/test.sh does it before the tests)")
-    return python
 
 
 @pytest.fixture(scope="module")
@@ -78,11 +69,12 @@ def build(kind: str, out: Path) -> Path:
 class VllmServer:
     """``specdec-serve --engine`` on a vLLM engine: the kit's launcher execs vLLM's own OpenAI server."""
 
-    def __init__(self, engine: Path, python: str, trace: Path, log: Path):
+    def __init__(self, engine: Path, python: str, trace: Path | None, log: Path):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = dict(os.environ, SPECDEC_VLLM_PYTHON=python, VLLM_CPU_KVCACHE_SPACE="1",
-                   SPECDEC_VLLM_DRAFT_TRACE=str(trace), VLLM_LOGGING_LEVEL="INFO")
+        env = dict(os.environ, SPECDEC_VLLM_PYTHON=python, VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="INFO")
+        if trace is not None:
+            env["SPECDEC_VLLM_DRAFT_TRACE"] = str(trace)
         self.log = log
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "specdec_kit.serving", "--engine", str(engine), "--port", str(self.port),
@@ -215,3 +207,82 @@ def test_vllm_refuses_a_draft_tensor_the_plugin_has_no_place_for(vllm_python, tm
     out = log.read_text()
     assert proc.returncode != 0
     assert "does not match the architecture" in out and "layers.0.self_attn.o_proj.bias" in out, out[-3000:]
+
+
+SAMPLED = {"temperature": 1.5, "top_k": 4}  # a support small enough to enumerate, wide enough to reject drafts
+SAMPLED_PROMPT = "    return self."
+SAMPLES, PER_REQUEST = 2000, 500  # n per request; vLLM seeds the n children seed, seed + 1, ...
+
+
+@torch.no_grad()
+def exact_first_three(target: TargetModel, prompt: list[int]) -> tuple[dict, dict]:
+    """p(x1, x2) and p(x3) of the processed target distribution, by enumerating its (top-k) support."""
+    from specdec_kit.runtime.sampling import SamplingParams, target_probs
+
+    params = SamplingParams(**SAMPLED)
+
+    def probs(prefixes: list[list[int]]) -> torch.Tensor:
+        return target_probs(target.hf_model(torch.tensor(prefixes)).logits[:, -1], params).double()
+
+    p1 = probs([prompt])[0]
+    firsts = p1.nonzero().flatten().tolist()
+    joint = {(a, b): p1[a] * row[b] for a, row in zip(firsts, probs([prompt + [a] for a in firsts]))
+             for b in row.nonzero().flatten().tolist()}
+    third: dict[int, torch.Tensor] = {}
+    for (a, b), row in zip(joint, probs([prompt + [a, b] for a, b in joint])):
+        for c in row.nonzero().flatten().tolist():
+            third[c] = third.get(c, 0.0) + joint[a, b] * row[c]
+    return joint, third
+
+
+def goodness_of_fit(samples: list, exact: dict) -> float:
+    """Chi-square p-value of the samples against ``exact``; a sample outside its support is an impossible draw."""
+    keys = list(exact) + ["outside the target's support"]
+    observed = torch.zeros(len(keys))
+    for s in samples:
+        observed[keys.index(s) if s in exact else -1] += 1
+    return chi_square_pvalue(observed, torch.tensor([float(exact[k]) for k in exact] + [0.0], dtype=torch.float64))
+
+
+def test_sampling_through_vllm_draws_from_the_target_distribution(vllm_python, zoo_target, tmp_path):
+    """vLLM's rejection sampler over the plugin's GRIFFIN drafts (temperature and top-k, with the plugin's mends of
+    vLLM's CPU sampling): the first token comes from the prefill, the second and third from verifying a 3-token
+    draft; their distributions are the target's (chi-square, false alarm below 1e-3 per check), and the drafts
+    were really verified (acceptance above 1, below the chain)."""
+    from transformers import AutoTokenizer
+
+    prompt = AutoTokenizer.from_pretrained(default_zoo() / "tokenizer")(SAMPLED_PROMPT)["input_ids"]
+    joint, third = exact_first_three(zoo_target, prompt)
+    server = VllmServer(build("griffin", tmp_path / "griffin-vllm"), vllm_python, None, tmp_path / "vllm.log")
+    try:
+        drawn = []
+        for seed in range(0, SAMPLES, PER_REQUEST):
+            body = {"model": "demo", "prompt": prompt, "max_tokens": 3, "ignore_eos": True, "n": PER_REQUEST,
+                    "seed": seed, "return_token_ids": True, **SAMPLED}
+            resp = httpx.post(server.url + "/v1/completions", json=body, timeout=600)
+            assert resp.status_code == 200, resp.text
+            drawn += [c["token_ids"] for c in resp.json()["choices"]]
+        tau = server.acceptance()
+    finally:
+        server.stop()
+    assert "mended vLLM's CPU sampling" in server.log.read_text()
+    assert len(drawn) == SAMPLES and all(len(t) == 3 for t in drawn)
+    assert 1.05 < tau < CHAIN + 1, f"acceptance length {tau:.3f}: the drafts were not verified as expected"
+    p_pair = goodness_of_fit([tuple(t[:2]) for t in drawn], joint)
+    p_third = goodness_of_fit([t[2] for t in drawn], third)
+    print(f"vLLM sampling: acceptance length {tau:.3f}, p(x1, x2) {p_pair:.3g}, p(x3) {p_third:.3g}")
+    assert p_pair > 1e-3 and p_third > 1e-3
+
+
+def test_vllm_cpu_build_has_the_sampling_defects_the_plugin_mends(vllm_python):
+    """Without the mends, this vLLM's CPU build leaves expanded temperatures unwritten and fails top-k on a step
+    without drafts (both lossy or fatal for sampled speculative decoding); the plugin finds and mends both. When a
+    newer vLLM fixes them, this fails: the mends are then no-ops to remove."""
+    code = ("from specdec_vllm import cpu_sampling_fixes as f\n"
+            "from vllm.utils import cpu_triton_utils as c\n"
+            "applied = f.install()\n"
+            "print(applied, f.expand_is_broken(c._expand_kernel_impl))\n")
+    proc = subprocess.run([vllm_python, "-c", code], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(REPO / "export" / "plugins" / "vllm")))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "['expand_kernel', 'top_k_on_no_draft_rows'] False", proc.stdout

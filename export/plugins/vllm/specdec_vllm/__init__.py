@@ -5,8 +5,9 @@ attention bias, so an EAGLE/HASS head with ``fc.bias`` would run as a different 
 (TGF + TEH) has no vLLM class at all. The architectures registered here compute exactly the kit's drafts,
 from vLLM's own layers, and load their weights strictly (a missing or unexpected tensor is an error).
 
-Their names start with ``Eagle`` so that vLLM's ``method: eagle`` keeps them as they are. This package
-imports vLLM and torch only (it runs in vLLM's environment, without the kit installed).
+Their names start with ``Eagle`` so that vLLM's ``method: eagle`` keeps them as they are. On vLLM's CPU
+build, registering also mends two CPU defects that make sampled speculative decoding lossy (``cpu_sampling_fixes``).
+This package imports vLLM and torch only (it runs in vLLM's environment, without the kit installed).
 """
 
 ARCHITECTURES = {
@@ -19,6 +20,9 @@ def register() -> None:
     """Entry point (``vllm.general_plugins``): vLLM calls it in every process before it resolves models."""
     from vllm import ModelRegistry
 
+    from specdec_vllm import cpu_sampling_fixes
+
+    cpu_sampling_fixes.install()  # before the worker registers vLLM's CPU kernel fallbacks
     for name, target in ARCHITECTURES.items():
         if name not in ModelRegistry.get_supported_archs():
             ModelRegistry.register_model(name, target)
