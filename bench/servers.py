@@ -60,13 +60,18 @@ class ServerProcess:
         return sums
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_group(self.proc)
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = 60) -> None:
+    """SIGTERM to the process group a server leads (vLLM's engine and workers too), SIGKILL after ``grace_s``."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def _spawn(label: str, cmd: list[str], env: dict[str, str], log: Path, port: int) -> ServerProcess:

@@ -10,7 +10,6 @@ dropped or misread weight cannot pass); vLLM's acceptance length is within 3% of
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ import httpx
 import pytest
 import torch
 
+from specdec_kit.bench.servers import stop_group
 from specdec_kit.paths import default_zoo
 from specdec_kit.runtime.drafts.loading import load_draft
 from specdec_kit.runtime.generate import SpeculativeGenerator
@@ -106,13 +106,7 @@ class VllmServer:
         return 1 + counters["vllm:spec_decode_num_accepted_tokens_total"] / counters["vllm:spec_decode_num_drafts_total"]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_group(self.proc)
 
 
 class RecordingStep:
