@@ -236,6 +236,8 @@ def main(argv=None) -> int:
         for server in servers.values():
             server.stop()
     summary = summarize(rows)
+    for row in rows:
+        row.pop("texts")  # compared in the summary; the results keep numbers only
     meta = settings(args, specs)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "vllm_side_by_side.json").write_text(
