@@ -19,15 +19,18 @@ from specdec_kit.runtime.kv_cache import KVCache
 
 
 class DraftAttention(nn.Module):
-    def __init__(self, config: LlamaConfig, qkv_bias: bool):
+    """Llama attention projections; ``in_features`` is wider than d where the input is a concatenation (EAGLE-3)."""
+
+    def __init__(self, config: LlamaConfig, qkv_bias: bool, in_features: int | None = None):
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads or self.num_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
         d = config.hidden_size
-        self.q_proj = nn.Linear(d, self.num_heads * self.head_dim, bias=qkv_bias)
-        self.k_proj = nn.Linear(d, self.num_kv_heads * self.head_dim, bias=qkv_bias)
-        self.v_proj = nn.Linear(d, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        width = in_features or d
+        self.q_proj = nn.Linear(width, self.num_heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(width, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(width, self.num_kv_heads * self.head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, d, bias=False)
 
 

@@ -4,6 +4,9 @@ Layouts (as the reference implementations write them):
 
 * EAGLE-1/2, HASS, GRIFFIN: ``config.json`` (a Llama config with ``num_hidden_layers`` 1 and the
   optional ``bias`` / ``qkv_bias`` keys) + ``pytorch_model.bin`` (or ``model.safetensors``).
+* EAGLE-3: ``config.json`` (a Llama config with ``draft_vocab_size`` and, when the draft is narrower or wider than
+  the target, ``target_hidden_size``) + ``pytorch_model.bin`` (or ``model.safetensors``), 16 tensors
+  including the ``d2t`` / ``t2d`` vocabulary maps (optional when the draft vocabulary is the target's).
 * Medusa: ``config.json`` with ``medusa_num_heads`` / ``medusa_num_layers`` + ``medusa_lm_head.pt`` or
   ``medusa_lm_head.safetensors`` whose keys lack the ``medusa_head.`` prefix (the legacy layout), or a
   ``model.safetensors`` / ``pytorch_model.bin`` holding ``medusa_head.*`` keys beside base weights.
@@ -24,6 +27,7 @@ from torch import nn
 from transformers import LlamaConfig
 
 from specdec_kit.runtime.drafts.eagle import EagleDraft
+from specdec_kit.runtime.drafts.eagle3 import Eagle3Draft
 from specdec_kit.runtime.drafts.griffin import GriffinDraft
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
 from specdec_kit.runtime.drafts.moa import MoADraft
@@ -84,7 +88,8 @@ def _check_fits(file: Path, key: str, expected: Any, found: Any) -> None:
 def llama_config(config: dict[str, Any], file: Path) -> LlamaConfig:
     for key in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size"):
         _require(config, key, file)
-    fields = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "bias", "qkv_bias")
+    fields = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "bias", "qkv_bias",
+                                                          "draft_vocab_size")
               and not k.startswith(("moa_", "target_"))}
     fields.setdefault("num_hidden_layers", 1)
     return LlamaConfig(**fields)
@@ -167,6 +172,41 @@ def build_eagle(config: dict[str, Any], file: Path, target_hidden: int, target_v
     return EagleDraft(cfg, fc_bias=bool(config.get("bias", True)), qkv_bias=bool(config.get("qkv_bias", False)))
 
 
+def build_eagle3(config: dict[str, Any], file: Path, target_hidden: int, target_vocab: int,
+                 target_shape: tuple[int, int] | None = None) -> Eagle3Draft:
+    """The reference reads ``target_hidden_size`` when present (fc takes 3 x that), else 3 x ``hidden_size``."""
+    cfg = llama_config(config, file)
+    _check_fits(file, "vocab_size", target_vocab, cfg.vocab_size)
+    width_key = "target_hidden_size" if "target_hidden_size" in config else "hidden_size"
+    _check_fits(file, width_key, target_hidden, int(config[width_key]))
+    if cfg.num_hidden_layers != 1:
+        raise DraftLoadError(f"{file}: key 'num_hidden_layers' is {cfg.num_hidden_layers}, expected 1 for EAGLE-3")
+    draft_vocab = int(config.get("draft_vocab_size", cfg.vocab_size))
+    if not 1 <= draft_vocab <= cfg.vocab_size:
+        raise DraftLoadError(f"{file}: draft_vocab_size is {draft_vocab}, expected 1..{cfg.vocab_size} (vocab_size)")
+    return Eagle3Draft(cfg, target_hidden, draft_vocab)
+
+
+def _identity_vocab_maps(module: Eagle3Draft, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The reference drops ``d2t``/``t2d`` when the draft vocabulary is the target's: fill in the identity."""
+    if module.draft_vocab_size == module.config.vocab_size and not {"d2t", "t2d"} & set(state):
+        state = dict(state, d2t=torch.zeros_like(module.d2t), t2d=torch.ones_like(module.t2d))
+    return state
+
+
+def check_vocab_maps(module: Eagle3Draft, file: Path) -> None:
+    """Every draft id must map into the target vocabulary, and ``t2d`` must mark exactly the ids it maps to."""
+    mapped = torch.arange(module.draft_vocab_size) + module.d2t
+    if int(mapped.min()) < 0 or int(mapped.max()) >= module.config.vocab_size:
+        raise DraftLoadError(f"{file}: d2t maps draft ids outside the target vocabulary 0..{module.config.vocab_size - 1} "
+                             f"(found {int(mapped.min())}..{int(mapped.max())})")
+    marked = torch.zeros_like(module.t2d)
+    marked[mapped] = True
+    if not torch.equal(marked, module.t2d):
+        raise DraftLoadError(f"{file}: t2d marks {int(module.t2d.sum())} target ids, d2t maps to "
+                             f"{int(marked.sum())} distinct ones; expected the same set")
+
+
 def build_draft(kind: str, config: dict[str, Any], file: Path, target_hidden: int, target_vocab: int,
                 target_shape: tuple[int, int] | None = None) -> nn.Module:
     """An uninitialised draft module of ``kind`` shaped by ``config`` (validated against the target;
@@ -190,18 +230,32 @@ def load_draft(
     target_shape: tuple[int, int] | None = None,
 ) -> nn.Module:
     """Load an official-layout draft checkpoint strictly; refuse one that does not fit the target."""
+    from specdec_kit.runtime.registry import draft_kind
+
+    path = _draft_dir(path)
+    config_file = path / "config.json"
+    module = build_draft(kind, read_config(path), config_file, target_hidden, target_vocab, target_shape)
+    file = _find_file(path, draft_kind(kind).family.weight_files)
+    strict_load(module, _key_map(module, file, read_weights(file)), file)
+    return module.to(device=device, dtype=dtype).eval()
+
+
+def load_eagle3(path: str | Path, target_hidden: int, target_vocab: int, dtype: torch.dtype = torch.float32,
+                device: torch.device | str = "cpu") -> Eagle3Draft:
+    """Load an official-layout EAGLE-3 checkpoint strictly (its vocabulary maps checked too)."""
+    path = _draft_dir(path)
+    module = build_eagle3(read_config(path), path / "config.json", target_hidden, target_vocab)
+    file = _find_file(path, ("pytorch_model.bin", "model.safetensors"))
+    strict_load(module, _identity_vocab_maps(module, read_weights(file)), file)
+    check_vocab_maps(module, file)
+    return module.to(device=device, dtype=dtype).eval()
+
+
+def _draft_dir(path: str | Path) -> Path:
     path = Path(path)
     if not path.is_dir():
         raise DraftLoadError(f"{path}: draft checkpoint directory does not exist")
-    from specdec_kit.runtime.registry import draft_kind
-
-    config = read_config(path)
-    config_file = path / "config.json"
-    module = build_draft(kind, config, config_file, target_hidden, target_vocab, target_shape)
-    file = _find_file(path, draft_kind(kind).family.weight_files)
-    state = _key_map(module, file, read_weights(file))
-    strict_load(module, state, file)
-    return module.to(device=device, dtype=dtype).eval()
+    return path
 
 
 def draft_config_dict(module: nn.Module, kind: str, base_model: str = "") -> dict[str, Any]:

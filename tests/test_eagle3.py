@@ -1,0 +1,208 @@
+"""EAGLE-3 drafts: an official-layout checkpoint loads strictly and computes the reference's function.
+
+The reference draft (SafeAILab/EAGLE ``main``, ``eagle/model/cnets.py::Model``) is not installable, so it is
+recreated here from its documented structure, written independently of the kit's modules: its RMSNorm, rotary
+cache, attention with a float32 softmax, ``LlamaDecoderLayeremb`` and ``Model.forward`` (``fc`` applied only when
+the input is wider than d). Seeded random weights are saved as the reference saves them (``torch.save`` of the
+state dict as ``pytorch_model.bin``, plus its config.json fields) and loaded by the kit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from specdec_kit.runtime.drafts.eagle3 import default_feature_layers
+from specdec_kit.runtime.drafts.loading import DraftLoadError, load_eagle3
+
+CONFIG = {"architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "hidden_size": 48, "intermediate_size": 96,
+          "max_position_embeddings": 256, "model_type": "llama", "num_attention_heads": 4, "num_key_value_heads": 2,
+          "num_hidden_layers": 1, "pad_token_id": 0, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+          "torch_dtype": "float32", "vocab_size": 120, "draft_vocab_size": 40}
+TARGET_HIDDEN = 32
+
+
+class RefRMSNorm(nn.Module):
+    def __init__(self, size, eps):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(size)), eps
+
+    def forward(self, x):
+        var = x.float().pow(2).mean(-1, keepdim=True)
+        return self.weight * (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype)
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class RefAttention(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        d, self.heads, self.kv = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
+        self.hd = d // self.heads
+        self.q_proj = nn.Linear(2 * d, self.heads * self.hd, bias=False)
+        self.k_proj = nn.Linear(2 * d, self.kv * self.hd, bias=False)
+        self.v_proj = nn.Linear(2 * d, self.kv * self.hd, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.hd, d, bias=False)
+        inv_freq = 1.0 / (10000 ** (torch.arange(0, self.hd, 2).float() / self.hd))
+        freqs = torch.outer(torch.arange(c["max_position_embeddings"]).float(), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(self, x, positions, past):
+        b, q, _ = x.shape
+        qs = self.q_proj(x).view(b, q, self.heads, self.hd).transpose(1, 2)
+        ks = self.k_proj(x).view(b, q, self.kv, self.hd).transpose(1, 2)
+        vs = self.v_proj(x).view(b, q, self.kv, self.hd).transpose(1, 2)
+        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]
+        qs, ks = qs * cos + rotate_half(qs) * sin, ks * cos + rotate_half(ks) * sin
+        if past is not None:
+            ks, vs = torch.cat((past[0], ks), dim=2), torch.cat((past[1], vs), dim=2)
+        present = (ks, vs)
+        rep = self.heads // self.kv
+        ks, vs = ks.repeat_interleave(rep, dim=1), vs.repeat_interleave(rep, dim=1)
+        scores = qs @ ks.transpose(2, 3) / math.sqrt(self.hd)
+        total = ks.shape[2]
+        causal = torch.full((q, total), torch.finfo(torch.float32).min).triu(total - q + 1)
+        weights = (scores + causal).softmax(dim=-1, dtype=torch.float32).to(qs.dtype)
+        out = (weights @ vs).transpose(1, 2).reshape(b, q, -1)
+        return self.o_proj(out), present
+
+
+class RefMLP(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        d, i = c["hidden_size"], c["intermediate_size"]
+        self.gate_proj, self.up_proj = nn.Linear(d, i, bias=False), nn.Linear(d, i, bias=False)
+        self.down_proj = nn.Linear(i, d, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class RefMidLayer(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        d, eps = c["hidden_size"], c["rms_norm_eps"]
+        self.self_attn, self.mlp = RefAttention(c), RefMLP(c)
+        self.hidden_norm, self.input_layernorm = RefRMSNorm(d, eps), RefRMSNorm(d, eps)
+        self.post_attention_layernorm = RefRMSNorm(d, eps)
+
+    def forward(self, emb, hidden, positions, past):
+        residual = hidden
+        x = torch.cat((self.input_layernorm(emb), self.hidden_norm(hidden)), dim=-1)
+        attn, present = self.self_attn(x, positions, past)
+        hidden = residual + attn
+        return hidden + self.mlp(self.post_attention_layernorm(hidden)), present
+
+
+class RefModel(nn.Module):
+    def __init__(self, c, target_hidden):
+        super().__init__()
+        d = c["hidden_size"]
+        self.embed_tokens = nn.Embedding(c["vocab_size"], d, c["pad_token_id"])
+        self.lm_head = nn.Linear(d, c["draft_vocab_size"], bias=False)
+        self.midlayer = RefMidLayer(c)
+        self.fc = nn.Linear(3 * target_hidden, d, bias=False)
+        self.norm = RefRMSNorm(d, c["rms_norm_eps"])
+        self.register_buffer("d2t", torch.zeros(c["draft_vocab_size"], dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(c["vocab_size"], dtype=torch.bool))
+
+    def forward(self, hidden, input_ids, positions, past=None):
+        emb = self.embed_tokens(input_ids)
+        if hidden.shape[-1] != emb.shape[-1]:
+            hidden = self.fc(hidden)
+        return self.midlayer(emb, hidden, positions, past)
+
+
+def reference_checkpoint(path, config=CONFIG, target_hidden=TARGET_HIDDEN, seed=0):
+    torch.manual_seed(seed)
+    ref = RefModel(config, target_hidden).float()
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)  # norms away from 1, so a swapped norm shows
+        used = torch.randperm(config["vocab_size"])[:config["draft_vocab_size"]].sort().values
+        ref.d2t.copy_(used - torch.arange(len(used)))
+        ref.t2d[used] = True
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(dict(config, **({"target_hidden_size": target_hidden}
+                                                                   if target_hidden != config["hidden_size"] else {}))))
+    torch.save(ref.state_dict(), path / "pytorch_model.bin")
+    return ref.eval()
+
+
+@torch.no_grad()
+def test_official_checkpoint_loads_and_matches_the_reference_forward(tmp_path):
+    ref = reference_checkpoint(tmp_path / "eagle3")
+    assert len(torch.load(tmp_path / "eagle3" / "pytorch_model.bin")) == 16  # the reference's 16 tensors
+    draft = load_eagle3(tmp_path / "eagle3", TARGET_HIDDEN, CONFIG["vocab_size"])
+    torch.manual_seed(1)
+    b, n = 2, 6
+    feats, ids = torch.randn(b, n, 3 * TARGET_HIDDEN), torch.randint(0, CONFIG["vocab_size"], (b, n))
+    pos = torch.arange(n).expand(b, n)
+    # first call: the target's three layers over the prompt
+    ref_out, past = ref(feats, ids, pos)
+    cache = draft.new_cache(b, 16)
+    causal = torch.tril(torch.ones(n, n, dtype=torch.bool)).expand(b, n, n)
+    out, _ = draft.step(feats, ids, pos, causal, cache)
+    assert (out - ref_out).abs().max() < 1e-5
+    ref_logits = ref.lm_head(ref.norm(ref_out))
+    assert (draft.logits(out) - ref_logits).abs().max() < 1e-5
+    # second call: the draft's own output fed back (d wide, no fc), attending to the first call's keys
+    cache.commit(pos, torch.full((b,), n))
+    next_ids = ref_logits[:, -1].argmax(-1)
+    ref_next, _ = ref(ref_out[:, -1:], (next_ids + ref.d2t[next_ids])[:, None], pos[:, -1:] + 1, past)
+    got, _ = draft.step(out[:, -1:], draft.target_ids(next_ids)[:, None], pos[:, -1:] + 1,
+                        torch.ones(b, 1, 1, dtype=torch.bool), cache)
+    assert (got - ref_next).abs().max() < 1e-5
+    assert torch.equal(draft.target_ids(torch.arange(40)), torch.nonzero(ref.t2d).flatten())
+
+
+def test_draft_vocabulary_equal_to_the_target_needs_no_maps(tmp_path):
+    config = dict(CONFIG, draft_vocab_size=CONFIG["vocab_size"])
+    reference_checkpoint(tmp_path / "e3", config, target_hidden=config["hidden_size"])
+    state = torch.load(tmp_path / "e3" / "pytorch_model.bin")
+    torch.save({k: v for k, v in state.items() if k not in ("d2t", "t2d")}, tmp_path / "e3" / "pytorch_model.bin")
+    draft = load_eagle3(tmp_path / "e3", config["hidden_size"], config["vocab_size"])
+    assert torch.equal(draft.target_ids(torch.arange(120)), torch.arange(120))
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda s: s.pop("midlayer.hidden_norm.weight"), "key 'midlayer.hidden_norm.weight' is missing"),
+    (lambda s: s.update({"layers.0.input_layernorm.weight": torch.ones(48)}), "unexpected key 'layers.0.input"),
+    (lambda s: s.update({"fc.weight": torch.zeros(48, 64)}), "key 'fc.weight' has shape [48, 64], expected [48, 96]"),
+    (lambda s: s["d2t"].add_(1000), "d2t maps draft ids outside the target vocabulary"),
+    (lambda s: s["t2d"].logical_not_(), "t2d marks 80 target ids, d2t maps to 40 distinct ones"),
+])
+def test_a_checkpoint_that_is_not_eagle3_is_refused_naming_the_problem(tmp_path, change, message):
+    reference_checkpoint(tmp_path / "e3")
+    file = tmp_path / "e3" / "pytorch_model.bin"
+    state = torch.load(file)
+    change(state)
+    torch.save(state, file)
+    with pytest.raises(DraftLoadError, match="pytorch_model.bin") as err:
+        load_eagle3(tmp_path / "e3", TARGET_HIDDEN, CONFIG["vocab_size"])
+    assert message in str(err.value)
+
+
+def test_a_draft_for_another_target_is_refused(tmp_path):
+    reference_checkpoint(tmp_path / "e3")
+    with pytest.raises(DraftLoadError, match="target_hidden_size does not fit the target: expected 64, found 32"):
+        load_eagle3(tmp_path / "e3", 64, CONFIG["vocab_size"])
+    with pytest.raises(DraftLoadError, match="vocab_size does not fit the target: expected 50, found 120"):
+        load_eagle3(tmp_path / "e3", TARGET_HIDDEN, 50)
+
+
+def test_the_three_feature_layers_are_the_reference_defaults():
+    assert default_feature_layers(32) == (2, 16, 29)
+    assert default_feature_layers(7) == (2, 3, 4)
+    with pytest.raises(ValueError, match="needs at least 7"):
+        default_feature_layers(6)
