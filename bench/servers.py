@@ -21,6 +21,48 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until_ready(url: str, seconds: float, exited=lambda: None, interval: float = 0.2) -> None:
+    """Poll ``url`` until it answers 200; ``exited()`` returns a message once the server process has died."""
+    import httpx
+
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        died = exited()
+        if died:
+            raise RuntimeError(died)
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(interval)
+    raise RuntimeError(f"{url} did not answer 200 within {seconds:.0f} s")
+
+
+def metric_sums(url: str, prefix: str) -> dict[str, float]:
+    """Every ``prefix*`` sample of the server's /metrics, summed over labels (counters and gauges alike)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    sums: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=30).text):
+        for sample in family.samples:
+            if sample.name.startswith(prefix):
+                sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
+    return sums
+
+
+def acceptance_length(before: dict[str, float], after: dict[str, float], prefix: str) -> float | None:
+    """1 + accepted / drafts between two ``metric_sums`` readings (the kit and vLLM name the counters alike,
+    under their own prefix); None when nothing was drafted."""
+    def delta(name: str) -> float:
+        key = f"{prefix}spec_decode_num_{name}_total"
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    drafts = delta("drafts")
+    return 1 + delta("accepted_tokens") / drafts if drafts else None
+
+
 @dataclass
 class ServerProcess:
     """One running server: its label, base URL, process (group leader) and log file."""
@@ -31,33 +73,16 @@ class ServerProcess:
     log: Path
 
     def wait_ready(self, route: str, seconds: float) -> None:
-        import httpx
-
-        deadline = time.time() + seconds
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.label}: server exited ({self.proc.returncode}); log {self.log}:\n"
-                                   f"{self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(self.url + route, timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        self.stop()
-        raise RuntimeError(f"{self.label}: {self.url}{route} not ready within {seconds:.0f} s; log {self.log}")
+        """Wait for ``route`` to answer 200; stop the server and raise (with its log's tail) if it dies or is late."""
+        try:
+            wait_until_ready(self.url + route, seconds, lambda: self.proc.poll() is not None and
+                             f"server exited ({self.proc.returncode}):\n{self.log.read_text()[-3000:]}", interval=1)
+        except RuntimeError as exc:
+            self.stop()
+            raise RuntimeError(f"{self.label}: {exc}\n(log {self.log})") from None
 
     def counters(self, prefix: str) -> dict[str, float]:
-        """Every ``prefix*`` sample of /metrics, summed over labels (counters and gauges alike)."""
-        import httpx
-        from prometheus_client.parser import text_string_to_metric_families
-
-        sums: dict[str, float] = {}
-        for family in text_string_to_metric_families(httpx.get(self.url + "/metrics", timeout=30).text):
-            for sample in family.samples:
-                if sample.name.startswith(prefix):
-                    sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
-        return sums
+        return metric_sums(self.url, prefix)
 
     def stop(self) -> None:
         stop_group(self.proc)
@@ -90,11 +115,11 @@ def start_kit(label: str, engine: Path, speculation: str, max_num_seqs: int, log
 
 
 def start_vllm(label: str, engine: Path, python: str, speculative: bool, max_model_len: int, kv_cache_gib: int,
-               log: Path, extra: list[str]) -> ServerProcess:
+               log: Path, extra: list[str], extra_env: dict[str, str] | None = None) -> ServerProcess:
     """vLLM's OpenAI server on a ``--backend vllm`` engine: with the engine's draft through ``specdec-serve`` (the
     user's path, the engine's ``vllm/serve.sh``), or plain on the engine's target with the same settings."""
     port = free_port()
-    env = dict(os.environ, SPECDEC_VLLM_PYTHON=python, VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib))
+    env = dict(os.environ, SPECDEC_VLLM_PYTHON=python, VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib), **(extra_env or {}))
     if speculative:
         cmd = [sys.executable, "-m", "specdec_kit.serving", "--engine", str(engine), "--port", str(port),
                "--served-model-name", SERVED_NAME, "--max-model-len", str(max_model_len), "--", *extra]

@@ -87,16 +87,9 @@ def start(spec: dict, args, max_streams: int):
     return server
 
 
-def acceptance(before: dict, after: dict, prefix: str) -> float | None:
-    drafts = after.get(prefix + "spec_decode_num_drafts_total", 0) - before.get(prefix + "spec_decode_num_drafts_total", 0)
-    accepted = (after.get(prefix + "spec_decode_num_accepted_tokens_total", 0)
-                - before.get(prefix + "spec_decode_num_accepted_tokens_total", 0))
-    return round(1 + accepted / drafts, 3) if drafts else None
-
-
 def measure(servers: dict, prompts, levels: list[int], args) -> list[dict]:
     """Interleaved rounds: repeat -> level -> every server (order rotated each round)."""
-    from specdec_kit.bench.servers import SERVED_NAME
+    from specdec_kit.bench.servers import SERVED_NAME, acceptance_length
     from specdec_kit.bench.streams import run_level
 
     labels = list(servers)
@@ -112,8 +105,8 @@ def measure(servers: dict, prompts, levels: list[int], args) -> list[dict]:
                 server, (kind, mode) = servers[label], label.split("-", 1)
                 before = server.counters(METRIC_PREFIX[kind])
                 row = run_level(server.url, SERVED_NAME, prompts, clients, total, args.max_tokens)
-                row.update(server=kind, mode=mode, repeat=repeat,
-                           acceptance_length=acceptance(before, server.counters(METRIC_PREFIX[kind]), METRIC_PREFIX[kind]))
+                tau = acceptance_length(before, server.counters(METRIC_PREFIX[kind]), METRIC_PREFIX[kind])
+                row.update(server=kind, mode=mode, repeat=repeat, acceptance_length=None if tau is None else round(tau, 3))
                 rows.append(row)
                 print(f"  round {repeat + 1}/{args.repeats}  {label:>13} x{clients:<3} {row['throughput_tok_s']:7.1f} tok/s  "
                       f"TTFT p50 {row['ttft_p50_ms']} ms  ITL p50 {row['itl_p50_ms']} ms  tau {row['acceptance_length']}"

@@ -4,12 +4,9 @@
 # Progress goes to the terminal; pip's own output to .venv/setup.log (shown if a step fails).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PYTHON=${PYTHON:-python3}
-LOG=.venv/setup.log
 # shellcheck source=scripts/steps.sh
 source scripts/steps.sh
-[ -x .venv/bin/python ] || { echo "setup: creating .venv"; "$PYTHON" -m venv .venv; }
-: >"$LOG"
+prepare_venv .venv  # creates it with ${PYTHON:-python3} if missing; LOG=.venv/setup.log
 step "upgrading pip" .venv/bin/python -m pip install -q --upgrade pip
 # shellcheck disable=SC2086
 step "installing PyTorch (${TORCH_SPEC:-torch==2.13.0})" .venv/bin/python -m pip install -q ${TORCH_SPEC:-torch==2.13.0}

@@ -3,39 +3,17 @@
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
+from specdec_kit.bench.servers import free_port, wait_until_ready  # noqa: F401 (the tests import them from here)
+
 KEY = "test-key"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until_ready(url: str, seconds: float, exited=lambda: None, interval: float = 0.2) -> None:
-    """Poll ``url`` until it answers 200; ``exited()`` returns a message once the server process has died."""
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        died = exited()
-        if died:
-            raise RuntimeError(died)
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(interval)
-    raise RuntimeError(f"{url} did not answer 200 within {seconds:.0f} s")
 
 
 class Server:

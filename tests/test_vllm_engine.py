@@ -18,7 +18,7 @@ import httpx
 import pytest
 import torch
 
-from specdec_kit.bench.servers import stop_group
+from specdec_kit.bench.servers import SERVED_NAME, acceptance_length, start_vllm
 from specdec_kit.paths import default_zoo
 from specdec_kit.runtime.drafts.loading import load_draft
 from specdec_kit.runtime.generate import SpeculativeGenerator
@@ -27,7 +27,7 @@ from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import parse_tree_spec
 
 from conftest import chi_square_pvalue, hf_greedy
-from server_helpers import free_port, wait_until_ready
+from server_helpers import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 CHAIN = 3  # vLLM's num_speculative_tokens; the kit drafts the same top-1 chain (static:chain-3)
@@ -70,43 +70,24 @@ class VllmServer:
     """``specdec-serve --engine`` on a vLLM engine: the kit's launcher execs vLLM's own OpenAI server."""
 
     def __init__(self, engine: Path, python: str, trace: Path | None, log: Path):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = dict(os.environ, SPECDEC_VLLM_PYTHON=python, VLLM_CPU_KVCACHE_SPACE="1", VLLM_LOGGING_LEVEL="INFO")
-        if trace is not None:
-            env["SPECDEC_VLLM_DRAFT_TRACE"] = str(trace)
-        self.log = log
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "specdec_kit.serving", "--engine", str(engine), "--port", str(self.port),
-             "--served-model-name", "demo", "--max-model-len", "1024", "--", "--enforce-eager"],
-            stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            wait_until_ready(self.url + "/health", STARTUP_S, lambda: self.proc.poll() is not None and
-                             f"vLLM exited ({self.proc.returncode}):\n{self.tail()}", interval=2)
-        except RuntimeError:
-            self.stop()
-            raise
-
-    def tail(self) -> str:
-        return self.log.read_text()[-4000:]
+        self.server = start_vllm("vllm", engine, python, speculative=True, max_model_len=1024, kv_cache_gib=1,
+                                 log=log, extra=["--enforce-eager"],
+                                 extra_env={"SPECDEC_VLLM_DRAFT_TRACE": str(trace)} if trace else None)
+        self.url, self.log = self.server.url, log
+        self.server.wait_ready("/health", STARTUP_S)
 
     def complete(self, prompt: list[int]) -> list[int]:
-        body = {"model": "demo", "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0.0, "ignore_eos": True,
-                "return_token_ids": True}
+        body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0.0,
+                "ignore_eos": True, "return_token_ids": True}
         resp = httpx.post(self.url + "/v1/completions", json=body, timeout=600)
         assert resp.status_code == 200, resp.text
         return resp.json()["choices"][0]["token_ids"]
 
     def acceptance(self) -> float:
-        counters = {}
-        for line in httpx.get(self.url + "/metrics").text.splitlines():
-            for name in ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_accepted_tokens_total"):
-                if line.startswith(name + "{") or line.startswith(name + " "):
-                    counters[name] = counters.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-        return 1 + counters["vllm:spec_decode_num_accepted_tokens_total"] / counters["vllm:spec_decode_num_drafts_total"]
+        return acceptance_length({}, self.server.counters("vllm:"), "vllm:")
 
     def stop(self) -> None:
-        stop_group(self.proc)
+        self.server.stop()
 
 
 class RecordingStep:
@@ -251,7 +232,7 @@ def test_sampling_through_vllm_draws_from_the_target_distribution(vllm_python, z
     try:
         drawn = []
         for seed in range(0, SAMPLES, PER_REQUEST):
-            body = {"model": "demo", "prompt": prompt, "max_tokens": 3, "ignore_eos": True, "n": PER_REQUEST,
+            body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": 3, "ignore_eos": True, "n": PER_REQUEST,
                     "seed": seed, "return_token_ids": True, **SAMPLED}
             resp = httpx.post(server.url + "/v1/completions", json=body, timeout=600)
             assert resp.status_code == 200, resp.text

@@ -47,7 +47,6 @@ class DraftTrace:
         if not known.any() or bool((positions.reshape(-1)[index[known]] == 0).all()):
             return
         step = next(self.counter)
-        self.directory.mkdir(parents=True, exist_ok=True)
         torch.save({"positions": positions.reshape(-1)[index[known]].cpu(),
                     "tokens": input_ids.reshape(-1)[index[known]].cpu(),
                     "logits": logits[known].float().cpu()},
