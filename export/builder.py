@@ -24,10 +24,11 @@ import torch
 from specdec_kit import __version__
 from specdec_kit.export.inputs import BuildError, BuildInputs, hash_tree
 from specdec_kit.runtime.device import DTYPES
-from specdec_kit.runtime.drafts.loading import load_draft, save_draft
+from specdec_kit.runtime.drafts.loading import save_draft
+from specdec_kit.runtime.drafts.eagle3 import Eagle3Draft
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
 from specdec_kit.runtime.drafts.moa import MoADraft
-from specdec_kit.runtime.loader import load_tokenizer
+from specdec_kit.runtime.loader import load_draft_for, load_tokenizer
 from specdec_kit.runtime.manifest import (
     MANIFEST_NAME, SCHEMA_VERSION, EngineError, file_entries, read_manifest, write_manifest,
 )
@@ -53,6 +54,7 @@ def target_spec(target: TargetModel) -> dict[str, Any]:
         "num_attention_heads": target.num_heads, "num_key_value_heads": target.num_kv_heads, "head_dim": target.head_dim,
         "intermediate_size": cfg.intermediate_size, "vocab_size": target.vocab_size, "max_context": target.max_context,
         "rms_norm_eps": cfg.rms_norm_eps, "eos_token_ids": target.eos_token_ids(),
+        **({"feature_layers": list(target.feature_layers)} if target.feature_layers else {}),
     }
 
 
@@ -63,6 +65,9 @@ def draft_spec(kind: str, module) -> dict[str, Any]:
     layers, heads, dim = module.attention_shape
     cfg = module.config
     extra = {"moa_tli": module.tli, "target_num_layers": module.target_num_layers} if isinstance(module, MoADraft) else {}
+    if isinstance(module, Eagle3Draft):
+        extra = {"draft_vocab_size": module.draft_vocab_size, "feature_layers": list(module.feature_layers),
+                 "target_hidden_size": module.target_hidden_size}
     return {**extra, "kind": kind, "num_hidden_layers": layers, "num_key_value_heads": heads, "head_dim": dim,
             "num_attention_heads": cfg.num_attention_heads, "hidden_size": cfg.hidden_size,
             "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size}
@@ -165,8 +170,7 @@ def build_engine(inputs: BuildInputs, output: Path, force: bool = False, device:
     refusal = draft_kind(inputs.draft).refusal(inputs.backend)
     if refusal:
         raise BuildError(refusal)
-    module = load_draft(inputs.draft_path, inputs.draft, target.hidden_size, target.vocab_size, dtype=dtype,
-                        device=target.device, target_shape=(target.num_layers, 2 * target.num_kv_heads * target.head_dim))
+    module = load_draft_for(target, inputs.draft, inputs.draft_path)
     tree = tree_from_dict(inputs.tree)
     tokenizer = load_tokenizer(inputs.tokenizer)
     if len(tokenizer) > target.vocab_size:

@@ -48,7 +48,7 @@ class LayerCache(Protocol):
 @dataclass
 class TargetOutput:
     logits: torch.Tensor  # [B, Q', V] (Q' = Q, or the number of positions asked for)
-    features: torch.Tensor  # [B, Q, d]
+    features: torch.Tensor  # [B, Q, F]: F = d (last layer), or k x d (k tapped layers, EAGLE-3)
 
 
 @runtime_checkable
@@ -62,6 +62,7 @@ class TargetStep(Protocol):
     hidden_size: int
     vocab_size: int
     max_context: int
+    feature_size: int  # the width F of the features a forward returns
 
     @property
     def device(self) -> torch.device: ...
@@ -92,8 +93,9 @@ class FeatureStep(Protocol):
     def __call__(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
                  pending_mask: torch.Tensor, cache: KVCache,
                  logits_at: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """features [B, Q, d] paired with the tokens [B, Q] after them -> (logits [B, Q' or Q, V], the regression
-        features [B, Q, d] the next step takes as its feature input)."""
+        """features [B, Q, F] paired with the tokens [B, Q] after them -> (logits [B, Q' or Q, V], the regression
+        features [B, Q, d] the next step takes as its feature input). F is the target's feature width on a context
+        step and the draft's own d on later steps (they differ for EAGLE-3, which fuses k target layers)."""
         ...
 
 

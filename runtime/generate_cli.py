@@ -100,7 +100,8 @@ def execute(args) -> int:
                 root = default_zoo() if args.zoo is ZOO_DEFAULT else args.zoo
                 if not (root / "target" / "config.json").is_file():
                     raise ValueError(f"{root}: no demo zoo here (build it with: python -m specdec_kit.train.zoo --out {root})")
-                paths = {"target": root / "target", "griffin": root / "griffin", "eagle2": root / "eagle",
+                paths = {"target": root / "target", "griffin": root / "griffin", "eagle3": root / "eagle3",
+                         "eagle2": root / "eagle",
                          "hass": root / "hass", "eagle": root / "eagle", "medusa": root / "medusa",
                          "moa": root / "moa", "moa_tli0": root / "moa_tli0"}
                 print(f"demo zoo: {root} (a 9M-parameter Llama target trained by the kit on Python's standard library, "
@@ -120,7 +121,7 @@ def execute(args) -> int:
             target = TargetModel.from_pretrained(paths["target"], args.dtype, args.device)
             tokenizer = load_tokenizer(paths["target"])
             summaries = []
-            for label in ("griffin", "hass", "eagle2", "eagle", "medusa", "moa", "moa_tli0"):
+            for label in ("griffin", "eagle3", "hass", "eagle2", "eagle", "medusa", "moa", "moa_tli0"):
                 if label not in paths or not paths[label].is_dir():
                     continue
                 kind = "moa" if label.startswith("moa") else label  # two Mixture-of-Attentions heads: TLI 1 and 0

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from specdec_kit.runtime.drafts.eagle3 import DraftVocabHead, Eagle3Draft
 from specdec_kit.runtime.drafts.layers import FeatureDraft
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
 from specdec_kit.runtime.drafts.moa import MoADraft
@@ -82,6 +83,18 @@ class FeatureDraftStepGraph(nn.Module):
         selected = torch.gather(pred, 1, logits_index[..., None].expand(-1, -1, pred.shape[-1]))
         present_keys, present_values = cache.present()
         return self.lm_head(selected), reg, present_keys, present_values
+
+
+class FuseGraph(nn.Module):
+    """An EAGLE-3 draft's ``fc`` alone: the target's tapped layers [B, Q, k x d_target] -> the step's input [B, Q, d]
+    (the draft step graph then takes d-wide features on every step)."""
+
+    def __init__(self, draft: Eagle3Draft):
+        super().__init__()
+        self.draft = draft
+
+    def forward(self, hidden_states):
+        return self.draft.fc(hidden_states)
 
 
 class MedusaHeadsGraph(nn.Module):
@@ -165,6 +178,7 @@ DRAFT_SPEC = GraphSpec(
     ("input_ids", "hidden_states", "position_ids", "attention_mask", "logits_index", "past_keys", "past_values"),
     ("logits", "hidden_states_out", "present_keys", "present_values"),
 )
+FUSE_SPEC = GraphSpec("draft_fuse", ("hidden_states",), ("fused",))
 MEDUSA_SPEC = GraphSpec("medusa_heads", ("hidden_states",), ("logits",))
 MOA_MEMORY_SPEC = GraphSpec("moa_memory", ("target_kv", "position_ids"), ("memory_keys", "memory_values"))
 MOA_STEP_SPEC = GraphSpec(
@@ -225,12 +239,20 @@ def target_plan(target: TargetModel) -> GraphPlan:
 
 
 def feature_draft_plans(draft: FeatureDraft, target: TargetModel) -> list[GraphPlan]:
+    """The draft step (d-wide features in, the target's LM head folded in); an EAGLE-3 draft's step ends in its own
+    head mapped onto the target vocabulary, and its ``fc`` is a graph of its own."""
     layers, heads, dim = draft.attention_shape
     weight = draft.embed_tokens.weight
     ids, pos, mask, index, pk, pv = _cached_example(layers, heads, dim, weight.dtype, weight.device)
     feats = torch.zeros(ids.shape[0], ids.shape[1], draft.config.hidden_size, dtype=weight.dtype, device=weight.device)
-    return [GraphPlan(DRAFT_SPEC, FeatureDraftStepGraph(draft, target.lm_head), (ids, feats, pos, mask, index, pk, pv),
-                      _cache_dims())]
+    head = DraftVocabHead(draft) if isinstance(draft, Eagle3Draft) else target.lm_head
+    plans = [GraphPlan(DRAFT_SPEC, FeatureDraftStepGraph(draft, head), (ids, feats, pos, mask, index, pk, pv),
+                       _cache_dims())]
+    if isinstance(draft, Eagle3Draft):
+        wide = torch.zeros(*ids.shape, draft.fc.in_features, dtype=weight.dtype, device=weight.device)
+        axes = {0: _big("batch"), 1: _big("tokens")}
+        plans.append(GraphPlan(FUSE_SPEC, FuseGraph(draft), (wide,), {"hidden_states": axes}))
+    return plans
 
 
 def medusa_plans(heads: MedusaHeads, target: TargetModel) -> list[GraphPlan]:

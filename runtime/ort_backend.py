@@ -122,6 +122,7 @@ class OrtTarget:
         self.head_dim, self.hidden_size, self.vocab_size = spec["head_dim"], spec["hidden_size"], spec["vocab_size"]
         self.max_context = spec["max_context"]
         self.architecture = spec["architecture"]
+        self.feature_size = self.hidden_size * len(spec.get("feature_layers") or [None])
 
     def eos_token_ids(self) -> list[int]:
         return list(self.spec.get("eos_token_ids", []))
@@ -134,15 +135,16 @@ class OrtTarget:
         bsz, q_len = tokens.shape
         index = _all_positions(bsz, q_len, tokens.device) if logits_at is None else logits_at
         logits, features = _cached_call(self.graph, cache, pending_mask, {"input_ids": tokens, "position_ids": positions},
-                                        index, self.hidden_size, self.vocab_size, "features")
+                                        index, self.feature_size, self.vocab_size, "features")
         return TargetOutput(logits=logits, features=features)
 
 
 class OrtFeatureDraftStep:
-    """A feature draft's step with the target's LM head folded in; see ``TorchFeatureStep``."""
+    """A feature draft's step with the target's LM head folded in; see ``TorchFeatureStep``. EAGLE-3 drafts add a
+    ``fuse`` graph (their ``fc``) that turns the target's tapped layers into the step's d-wide feature input."""
 
-    def __init__(self, graph: OrtGraph, spec: dict, dtype: torch.dtype):
-        self.graph, self.spec, self.dtype = graph, spec, dtype
+    def __init__(self, graph: OrtGraph, spec: dict, dtype: torch.dtype, fuse: OrtGraph | None = None):
+        self.graph, self.spec, self.dtype, self.fuse = graph, spec, dtype, fuse
         self.layers, self.heads, self.head_dim = spec["num_hidden_layers"], spec["num_key_value_heads"], spec["head_dim"]
         self.hidden_size, self.vocab_size = spec["hidden_size"], spec["vocab_size"]
 
@@ -153,7 +155,11 @@ class OrtFeatureDraftStep:
     def __call__(self, features, tokens, positions, pending_mask, cache, logits_at=None):
         bsz, q_len = tokens.shape
         index = _all_positions(bsz, q_len, tokens.device) if logits_at is None else logits_at
-        feeds = {"input_ids": tokens, "hidden_states": features.to(self.dtype), "position_ids": positions}
+        features = features.to(self.dtype)
+        if self.fuse is not None and features.shape[-1] != self.hidden_size:
+            shape = (bsz, q_len, self.hidden_size)
+            features = self.fuse.run({"hidden_states": features}, {"fused": (shape, self.dtype)})["fused"]
+        feeds = {"input_ids": tokens, "hidden_states": features, "position_ids": positions}
         return _cached_call(self.graph, cache, pending_mask, feeds, index, self.hidden_size, self.vocab_size,
                             "hidden_states_out")
 

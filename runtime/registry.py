@@ -1,7 +1,7 @@
 """The drafter registry: every draft kind, and for each what builds its module, its drafter on each backend, its
 engine graphs and its client-server drafter.
 
-A draft kind belongs to a family (feature drafts: EAGLE-1/2, HASS, GRIFFIN; Medusa heads; Mixture of
+A draft kind belongs to a family (feature drafts: EAGLE-1/2, HASS, GRIFFIN; EAGLE-3; Medusa heads; Mixture of
 Attentions). The family says how a backend runs that kind of draft; the kind adds its module class, its usual
 tree and the engines that cannot run it. The loader, the engine reader, the ONNX build, the CLIs, client-server
 drafting and the tests look kinds up here: a new kind is one ``register`` call, a new family one class.
@@ -55,6 +55,10 @@ class DraftFamily(ABC):
     def check_tree(self, tree: Tree) -> None:
         """Refuse a tree this family cannot draft (with the reason)."""
 
+    def prepare_target(self, target: TargetModel, module: nn.Module) -> None:
+        """Make ``target`` return the features this family's drafts read (the last layer's, unless overridden)."""
+        target.tap_layers(None)
+
 
 class FeatureFamily(DraftFamily):
     """EAGLE-1/2, HASS, GRIFFIN: a draft over the target's last-layer features, ending in the target's LM head."""
@@ -80,6 +84,40 @@ class FeatureFamily(DraftFamily):
 
     def client_drafter(self, module, tail, tree):
         return self.torch_drafter(module, tail, tree)
+
+
+class Eagle3Family(FeatureFamily):
+    """EAGLE-3: a feature draft over the hidden states entering three target layers (fused by its ``fc``), ending
+    in its own head over a reduced vocabulary mapped onto the target's (``DraftVocabHead``)."""
+
+    name = "eagle3"
+    manifest_keys = FeatureFamily.manifest_keys + ("draft_vocab_size", "feature_layers")
+    client_drafting = False
+
+    def prepare_target(self, target, module):
+        target.tap_layers(module.feature_layers)
+
+    def torch_drafter(self, module, target, tree):
+        from specdec_kit.runtime.drafting import FeatureTreeDrafter, TorchFeatureStep
+        from specdec_kit.runtime.drafts.eagle3 import DraftVocabHead
+
+        if getattr(target, "feature_layers", None) != module.feature_layers:
+            raise ValueError(f"this EAGLE-3 draft reads the hidden states entering target layers "
+                             f"{list(module.feature_layers)}; the target returns "
+                             f"{getattr(target, 'feature_layers', None) or 'its last layer'} (prepare_target first)")
+        return FeatureTreeDrafter(TorchFeatureStep(module, DraftVocabHead(module)), tree)
+
+    def ort_drafter(self, graph, manifest, target, tree):
+        from specdec_kit.runtime.drafting import FeatureTreeDrafter
+        from specdec_kit.runtime.ort_backend import OrtFeatureDraftStep
+
+        step = OrtFeatureDraftStep(graph("draft_step"), manifest["draft"], target.dtype, fuse=graph("draft_fuse"))
+        return FeatureTreeDrafter(step, tree)
+
+    def client_drafter(self, module, tail, tree):
+        raise ValueError("eagle3 drafts are not offered for client-server drafting: they read three target layers "
+                         "from the server's forward, and the client's tail runs only the last ones "
+                         "(use an EAGLE-style or Mixture-of-Attentions draft)")
 
 
 class MedusaFamily(DraftFamily):
@@ -223,12 +261,14 @@ def drafter_for(kind: str, module: nn.Module, target: TargetModel, tree: Tree) -
 
 
 def _register_builtin() -> None:
-    feature, medusa, moa = FeatureFamily(), MedusaFamily(), MoAFamily()
+    feature, eagle3, medusa, moa = FeatureFamily(), Eagle3Family(), MedusaFamily(), MoAFamily()
     register(DraftKind("griffin", feature, "build_griffin", "GRIFFIN: TGF + TEH draft, token-alignable training"))
     register(DraftKind("eagle", feature, "build_eagle", "EAGLE-1: feature draft on a static tree",
                        default_tree="static:eagle1_default"))
     register(DraftKind("eagle2", feature, "build_eagle", "EAGLE-2: EAGLE weights on dynamic trees"))
     register(DraftKind("hass", feature, "build_eagle", "HASS: EAGLE layout, harmonized training, dynamic trees"))
+    register(DraftKind("eagle3", eagle3, "build_eagle3", "EAGLE-3: three target layers fused, own reduced-vocabulary "
+                       "head, training-time test"))
     register(DraftKind("medusa", medusa, "build_medusa", "Medusa heads on a static tree",
                        default_tree="static:mc_sim_7b_63", refused_backends={"vllm": MEDUSA_VLLM}))
     register(DraftKind("moa", moa, "build_moa", "Mixture of Attentions (LSA, SA + CA, TLI)",

@@ -4,7 +4,8 @@
 outputs are scaled down, so the model is close to a bigram model whose next token is a fixed function
 of the current one; ``oracle_*`` then build drafts in the official layouts that predict that function
 exactly (EAGLE, GRIFFIN) or through a least-squares fit (Medusa), so acceptance is high but not
-perfect. Nothing here is trained: it is for exercising the runtime, not for measuring methods.
+perfect. Nothing here is trained: it is for exercising the runtime, not for measuring methods. (EAGLE-3 has no
+such oracle: its token reaches the prediction only through attention; tests train a small one instead.)
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from specdec_kit.runtime.drafts.eagle import EagleDraft
+from specdec_kit.runtime.drafts.eagle3 import Eagle3Draft, default_feature_layers
 from specdec_kit.runtime.drafts.griffin import GriffinDraft
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
 from specdec_kit.runtime.drafts.moa import MoADraft
@@ -88,6 +90,23 @@ def random_griffin(target: TargetModel, seed: int = 2) -> GriffinDraft:
     draft = GriffinDraft(draft_config(target)).to(target.dtype)
     draft.embed_tokens.weight.data.copy_(target.embed_tokens.weight.data)
     return draft.eval()
+
+
+def eagle3_layers(target: TargetModel) -> tuple[int, ...]:
+    """The reference's three layers where the target is deep enough, else every layer (tiny test targets)."""
+    return default_feature_layers(target.num_layers) if target.num_layers >= 7 else tuple(range(target.num_layers))
+
+
+def random_eagle3(target: TargetModel, seed: int = 5, draft_vocab: int | None = None) -> Eagle3Draft:
+    """A random EAGLE-3 draft over a random draft vocabulary (two thirds of the target's by default)."""
+    torch.manual_seed(seed)
+    size = draft_vocab or max(1, 2 * target.vocab_size // 3)
+    draft = Eagle3Draft(draft_config(target), target.hidden_size, size, eagle3_layers(target))
+    draft.embed_tokens.weight.data.copy_(target.embed_tokens.weight.data.float())
+    used = torch.randperm(target.vocab_size)[:size].sort().values
+    draft.d2t.copy_(used - torch.arange(size))
+    draft.t2d[used] = True
+    return draft.to(target.dtype).eval()
 
 
 def random_medusa(target: TargetModel, heads: int = 4, layers: int = 1, seed: int = 3) -> MedusaHeads:

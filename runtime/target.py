@@ -1,9 +1,11 @@
 """Target adapter: any Llama-architecture Hugging Face causal LM as a tree-verification engine.
 
 One forward runs a batch of token trees (tree mask + position ids) on top of a preallocated
-``KVCache`` and returns the logits and the last-layer features (the post-final-norm hidden state,
-exactly what the EAGLE/GRIFFIN reference code feeds its draft). The checkpoint's own modules do the
-maths (norms, MLPs, projections, rotary tables); the adapter owns only cache layout and masking.
+``KVCache`` and returns the logits and the features a draft reads: the last-layer features (the post-final-norm
+hidden state, exactly what the EAGLE/GRIFFIN reference code feeds its draft), or, once ``tap_layers`` names
+some decoder layers (EAGLE-3), the hidden states entering those layers side by side, taken from the same
+forward. The checkpoint's own modules do the maths (norms, MLPs, projections, rotary tables); the adapter
+owns only cache layout and masking.
 """
 
 from __future__ import annotations
@@ -48,6 +50,22 @@ class TargetModel(nn.Module):
         window = getattr(config, "sliding_window", None)
         use_window = getattr(config, "use_sliding_window", arch == "MistralForCausalLM")
         self.max_context = int(window) if (window and use_window) else int(config.max_position_embeddings)
+        self.feature_layers: tuple[int, ...] | None = None  # None: the last layer's post-norm features
+
+    def tap_layers(self, layers: tuple[int, ...] | None) -> None:
+        """Return the hidden states entering ``layers`` (ascending, as the engines collect them) as the
+        features, concatenated; None goes back to the last layer's post-norm features."""
+        if layers is not None:
+            layers = tuple(int(i) for i in layers)
+            if list(layers) != sorted(set(layers)) or not all(0 <= i < self.num_layers for i in layers):
+                raise ValueError(f"feature layers {list(layers)}: expected distinct ascending layer ids in "
+                                 f"0..{self.num_layers - 1} of this {self.num_layers}-layer target")
+        self.feature_layers = layers
+
+    @property
+    def feature_size(self) -> int:
+        """The width of the features a forward returns."""
+        return self.hidden_size * (len(self.feature_layers) if self.feature_layers else 1)
 
     # -- construction -------------------------------------------------------------------------
     @classmethod
@@ -123,21 +141,26 @@ class TargetModel(nn.Module):
         """``forward`` without ``inference_mode``, over any ``LayerCache``: what the ONNX export traces."""
         inner = self.hf_model.model
         hidden = inner.embed_tokens(tokens)
-        features = self.run_layers(hidden, positions, pending_mask, cache, 0)
-        selected = features if logits_at is None else torch.gather(
-            features, 1, logits_at[..., None].expand(-1, -1, features.shape[-1])
+        taps: list[torch.Tensor] | None = [] if self.feature_layers else None
+        last = self.run_layers(hidden, positions, pending_mask, cache, 0, taps)
+        selected = last if logits_at is None else torch.gather(
+            last, 1, logits_at[..., None].expand(-1, -1, last.shape[-1])
         )
+        features = last if taps is None else torch.cat(taps, dim=-1)
         return TargetOutput(logits=self.hf_model.lm_head(selected), features=features)
 
     def run_layers(self, hidden: torch.Tensor, positions: torch.Tensor, pending_mask: torch.Tensor, cache: LayerCache,
-                   first_layer: int) -> torch.Tensor:
+                   first_layer: int, taps: list[torch.Tensor] | None = None) -> torch.Tensor:
         """Decoder layers ``first_layer`` .. L-1 and the final norm on ``hidden`` [B, Q, d]; ``pending_mask``
         [B, Q, P] as in ``runtime/contract.py``. The whole forward runs all layers; a Mixture-of-Attentions
-        draft with TLI = N runs the last N over the same cache (its entries stay pending, never committed)."""
+        draft with TLI = N runs the last N over the same cache (its entries stay pending, never committed).
+        ``taps`` receives the hidden states entering the ``feature_layers``."""
         inner = self.hf_model.model
         window = cache.window(pending_mask)
         cos, sin = inner.rotary_emb(hidden, positions)
         for i in range(first_layer, self.num_layers):
+            if taps is not None and i in self.feature_layers:
+                taps.append(hidden)
             layer = inner.layers[i]
             residual = hidden
             hidden = layer.input_layernorm(hidden)

@@ -73,6 +73,23 @@ def demo_checkpoints(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def eagle3_checkpoint(demo_checkpoints, tmp_path_factory) -> Path:
+    """An EAGLE-3 head for the small demo target, trained by the kit's trainer (training-time test, a draft
+    vocabulary of three quarters of the target's) and written in the official layout: no oracle exists for EAGLE-3,
+    and engines are only worth checking with drafts that get accepted."""
+    from specdec_kit.runtime.target import TargetModel
+    from specdec_kit.train.eagle3 import Eagle3Spec, train_eagle3
+
+    target = TargetModel.from_pretrained(demo_checkpoints["target"], dtype="float32", device="cpu")
+    data = torch.randint(0, target.vocab_size, (64, 64), generator=torch.Generator().manual_seed(0))
+    spec = Eagle3Spec(steps=100, batch=8, seq_len=64, lr=3e-3, warmup=10, draft_vocab=3 * target.vocab_size // 4,
+                      ttt_length=4, feature_layers=list(range(target.num_layers)))
+    out = tmp_path_factory.mktemp("eagle3") / "head"
+    train_eagle3(target, data, spec, out, base_model=str(demo_checkpoints["target"]), progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
 def demo_engine(demo_checkpoints, tmp_path_factory):
     """An ONNX Runtime GRIFFIN engine of the small demo checkpoints (for the server and load tests)."""
     from specdec_kit.export.builder import build_engine

@@ -16,14 +16,21 @@ import pytest
 import torch
 from torch import nn
 
-from specdec_kit.runtime.drafts.eagle3 import default_feature_layers
-from specdec_kit.runtime.drafts.loading import DraftLoadError, load_eagle3
+from specdec_kit.runtime.drafts.eagle3 import DraftVocabHead, default_feature_layers
+from specdec_kit.runtime.drafts.loading import DraftLoadError, load_draft
+from specdec_kit.runtime.synthetic import random_eagle3, tiny_target
+from specdec_kit.train.eagle3 import TrainingTimeTest, draft_vocabulary, tapped_outputs
 
 CONFIG = {"architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "hidden_size": 48, "intermediate_size": 96,
           "max_position_embeddings": 256, "model_type": "llama", "num_attention_heads": 4, "num_key_value_heads": 2,
           "num_hidden_layers": 1, "pad_token_id": 0, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
           "torch_dtype": "float32", "vocab_size": 120, "draft_vocab_size": 40}
 TARGET_HIDDEN = 32
+TARGET_SHAPE = (8, 64)  # an 8-layer target: feature layers (2, 4, 5)
+
+
+def load_eagle3(path, target_hidden, target_vocab, target_shape=TARGET_SHAPE):
+    return load_draft(path, "eagle3", target_hidden, target_vocab, target_shape=target_shape)
 
 
 class RefRMSNorm(nn.Module):
@@ -206,3 +213,84 @@ def test_the_three_feature_layers_are_the_reference_defaults():
     assert default_feature_layers(7) == (2, 3, 4)
     with pytest.raises(ValueError, match="needs at least 7"):
         default_feature_layers(6)
+
+
+def test_feature_layers_come_from_the_config_or_the_reference_defaults(tmp_path):
+    reference_checkpoint(tmp_path / "e3")
+    assert load_eagle3(tmp_path / "e3", TARGET_HIDDEN, CONFIG["vocab_size"]).feature_layers == (2, 4, 5)
+    config_file = tmp_path / "e3" / "config.json"
+    config = json.loads(config_file.read_text())
+    config_file.write_text(json.dumps(dict(config, eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 3, 7]})))
+    assert load_eagle3(tmp_path / "e3", TARGET_HIDDEN, CONFIG["vocab_size"]).feature_layers == (1, 3, 7)
+    config_file.write_text(json.dumps(dict(config, eagle_aux_hidden_state_layer_ids=[1, 3, 9])))
+    with pytest.raises(DraftLoadError, match=r"eagle_aux_hidden_state_layer_ids is \[1, 3, 9\], expected .* in 0..7"):
+        load_eagle3(tmp_path / "e3", TARGET_HIDDEN, CONFIG["vocab_size"])
+
+
+# -- in the runtime: the target's taps, training-time test against decoding ---------------------------------------
+
+def tiny_case_target(layers: int = 3):
+    return tiny_target(hidden_size=32, layers=layers, heads=4, kv_heads=2, intermediate=64, vocab=50, seed=3)
+
+
+@torch.no_grad()
+def test_the_target_returns_the_hidden_states_entering_the_tapped_layers_from_one_forward():
+    target = tiny_case_target(layers=4)
+    ids = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(0))
+    ref = target.hf_model(ids, output_hidden_states=True)
+    target.tap_layers((0, 2, 3))
+    assert target.feature_size == 3 * 32
+    causal = torch.ones(9, 9, dtype=torch.bool).tril().expand(2, 9, 9)
+    out = target(ids, torch.arange(9).expand(2, 9), causal, target.new_cache(2, 16))
+    expected = torch.cat([ref.hidden_states[i] for i in (0, 2, 3)], dim=-1)
+    assert (out.features - expected).abs().max() < 1e-5
+    assert (out.logits - ref.logits).abs().max() < 1e-4  # logits still from the last layer
+    for bad in ((2, 1), (0, 4), (1, 1)):
+        with pytest.raises(ValueError, match="expected distinct ascending layer ids in 0..3"):
+            target.tap_layers(bad)
+
+
+@torch.no_grad()
+def test_training_time_test_step_j_is_what_the_jth_draft_step_computes_when_decoding():
+    """The reference's TTT attention (step 0's keys causally, the chain's own keys at the same position, rotary at
+    t + j) must equal decoding: a context step over positions 0..t, then the draft fed its own output."""
+    target = tiny_case_target()
+    draft = random_eagle3(target).float()
+    tokens = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(1))
+    taps, logits = tapped_outputs(target, tokens, draft.feature_layers)
+    ttt = TrainingTimeTest(draft, taps, tokens, logits)
+    hiddens = []
+    for j in range(4):
+        ttt.step(j)
+        hiddens.append(ttt.hidden)
+    for t in (3, 7):
+        cache = draft.new_cache(2, 32)
+        pos = torch.arange(t + 1).expand(2, -1)
+        causal = torch.ones(t + 1, t + 1, dtype=torch.bool).tril().expand(2, -1, -1)
+        out, _ = draft.step(taps[:, :t + 1], tokens[:, 1:t + 2], pos, causal, cache)
+        cache.commit(pos, torch.full((2,), t + 1))
+        assert (out[:, t] - hiddens[0][:, t]).abs().max() < 1e-5
+        hidden = out[:, t:t + 1]
+        for j in range(1, 4):
+            hidden, _ = draft.step(hidden, tokens[:, t + j + 1:t + j + 2], torch.full((2, 1), t + j),
+                                   torch.ones(2, 1, 1, dtype=torch.bool), cache)
+            cache.commit(torch.zeros(2, 1, dtype=torch.long), torch.ones(2, dtype=torch.long))
+            assert (hidden[:, 0] - hiddens[j][:, t]).abs().max() < 1e-5, f"step {j}, position {t}"
+
+
+def test_the_draft_vocabulary_is_the_most_frequent_tokens_in_the_reference_order():
+    tokens = torch.tensor([[5, 5, 5, 2, 2, 9, 9, 9, 9, 1]])
+    d2t, t2d = draft_vocabulary(tokens, 12, 3)
+    assert torch.equal(torch.arange(3) + d2t, torch.tensor([2, 5, 9]))  # ids ascending, as the reference sorts
+    assert torch.equal(torch.nonzero(t2d).flatten(), torch.tensor([2, 5, 9]))
+    d2t, _ = draft_vocabulary(tokens, 12, 6)  # fewer distinct tokens than asked: unseen ids by id
+    assert torch.equal(torch.arange(6) + d2t, torch.tensor([0, 1, 2, 3, 5, 9]))
+
+
+@torch.no_grad()
+def test_proposals_never_leave_the_draft_vocabulary():
+    target = tiny_case_target()
+    draft = random_eagle3(target, draft_vocab=20).float()
+    logits = DraftVocabHead(draft)(torch.randn(2, 5, 32))
+    finite = torch.isfinite(logits)
+    assert torch.equal(finite[0, 0], draft.t2d) and bool(finite.sum(-1).eq(20).all())

@@ -19,6 +19,7 @@ from specdec_kit.runtime.drafting import TorchFeatureStep
 from specdec_kit.runtime.registry import drafter_for
 from specdec_kit.runtime.drafts.loading import load_draft
 from specdec_kit.runtime.engine import open_engine
+from specdec_kit.runtime.loader import load_draft_for
 from specdec_kit.runtime.generate import SpeculativeGenerator
 from specdec_kit.runtime.manifest import EngineError, read_manifest
 from specdec_kit.runtime.target import TargetModel
@@ -28,7 +29,7 @@ from conftest import hf_greedy
 
 REPO = Path(__file__).resolve().parents[1]
 TREES = {"griffin": tree_to_dict(DynamicTreeConfig(12, 3, 3)), "eagle2": tree_to_dict(DynamicTreeConfig(10, 2, 3)),
-         "medusa": tree_to_dict(parse_tree_spec("static:mc_sim_7b_63:16"))}
+         "eagle3": tree_to_dict(DynamicTreeConfig(10, 3, 3)), "medusa": tree_to_dict(parse_tree_spec("static:mc_sim_7b_63:16"))}
 
 
 def inputs_for(paths: dict, kind: str, backend: str = "onnxruntime", **kw) -> BuildInputs:
@@ -37,12 +38,17 @@ def inputs_for(paths: dict, kind: str, backend: str = "onnxruntime", **kw) -> Bu
 
 
 @pytest.fixture(scope="module")
-def engines(demo_checkpoints, tmp_path_factory):
+def checkpoints(demo_checkpoints, eagle3_checkpoint) -> dict:
+    return dict(demo_checkpoints, eagle3=eagle3_checkpoint)
+
+
+@pytest.fixture(scope="module")
+def engines(checkpoints, tmp_path_factory):
     root = tmp_path_factory.mktemp("engines")
     built = {}
-    for kind in ("griffin", "eagle2", "medusa"):
-        built[kind] = build_engine(inputs_for(demo_checkpoints, kind), root / f"{kind}-ort").path
-    built["griffin-torch"] = build_engine(inputs_for(demo_checkpoints, "griffin", "torch"), root / "griffin-torch").path
+    for kind in ("griffin", "eagle2", "eagle3", "medusa"):
+        built[kind] = build_engine(inputs_for(checkpoints, kind), root / f"{kind}-ort").path
+    built["griffin-torch"] = build_engine(inputs_for(checkpoints, "griffin", "torch"), root / "griffin-torch").path
     return built
 
 
@@ -107,19 +113,20 @@ def test_draft_graph_matches_pytorch_with_pending_tree_slots(engines, demo_check
     assert torch.allclose(caches[0].keys[:, :, :, :7], caches[1].keys[:, :, :, :7], atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["griffin", "eagle2", "medusa"])
-def test_greedy_through_onnx_equals_pytorch_and_transformers(engines, demo_checkpoints, torch_target, kind):
+@pytest.mark.parametrize("kind", ["griffin", "eagle2", "eagle3", "medusa"])
+def test_greedy_through_onnx_equals_pytorch_and_transformers(engines, checkpoints, torch_target, kind):
     engine = open_engine(engines[kind], device="cpu")
-    batch = prompts(torch_target.vocab_size)
+    target = TargetModel(torch_target.hf_model)  # an adapter of its own: the draft sets the features it returns
+    batch = prompts(target.vocab_size)
     got = engine.generator().generate(batch, 40)
-    module = load_draft(demo_checkpoints[kind], kind, torch_target.hidden_size, torch_target.vocab_size)
-    drafter = drafter_for(kind, module, torch_target, engine.tree)
-    ref = SpeculativeGenerator(torch_target, drafter, eos_token_ids=engine.target.eos_token_ids()).generate(batch, 40)
+    module = load_draft_for(target, kind, checkpoints[kind])
+    drafter = drafter_for(kind, module, target, engine.tree)
+    ref = SpeculativeGenerator(target, drafter, eos_token_ids=engine.target.eos_token_ids()).generate(batch, 40)
     assert [r.tokens for r in got] == [r.tokens for r in ref]
     assert [r.stats.accepted_tokens for r in got] == [r.stats.accepted_tokens for r in ref]
     assert sum(r.stats.accepted_tokens for r in got) > 0  # the drafts do propose accepted tokens
     for prompt, res in zip(batch[:3], got[:3]):
-        assert res.tokens == hf_greedy(torch_target.hf_model, prompt, 40)
+        assert res.tokens == hf_greedy(target.hf_model, prompt, 40)
 
 
 def test_torch_backend_engine_generates_the_same(engines):
@@ -245,3 +252,13 @@ def test_a_failure_after_staging_removes_the_staging_directory(demo_checkpoints,
     with pytest.raises(RuntimeError, match="disk full"):
         build_engine(inputs_for(demo_checkpoints, "griffin", "torch"), tmp_path / "eng")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_eagle3_engine_taps_the_target_and_fuses_in_a_graph_of_its_own(engines, torch_target):
+    manifest = read_manifest(engines["eagle3"])
+    layers = list(range(torch_target.num_layers))
+    assert manifest["target"]["feature_layers"] == layers and manifest["draft"]["feature_layers"] == layers
+    assert manifest["draft"]["draft_vocab_size"] == 3 * torch_target.vocab_size // 4
+    assert {"draft_fuse", "draft_fuse_optimized"} <= set(manifest["artifacts"])
+    engine = open_engine(engines["eagle3"], device="cpu")
+    assert engine.target.feature_size == len(layers) * torch_target.hidden_size

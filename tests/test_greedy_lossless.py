@@ -6,21 +6,49 @@ batch 4 with mixed prompt lengths: 20 prompts x 64 new tokens each.
 
 from __future__ import annotations
 
+import functools
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 
 from specdec_kit.runtime.choices import EAGLE1_DEFAULT, MC_SIM_7B_63
 from specdec_kit.runtime.drafting import NoDrafter
 from specdec_kit.runtime.generate import SpeculativeGenerator
-from specdec_kit.runtime.registry import drafter_for
+from specdec_kit.runtime.registry import draft_kind, drafter_for
 from specdec_kit.runtime.synthetic import (
-    fitted_medusa, oracle_eagle, oracle_griffin, oracle_moa, random_eagle, random_griffin, random_medusa, random_moa,
+    eagle3_layers, fitted_medusa, oracle_eagle, oracle_griffin, oracle_moa, random_eagle, random_eagle3, random_griffin,
+    random_medusa, random_moa,
 )
+from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
 
 from conftest import NEW_TOKENS, TargetCase, hf_greedy, make_prompts
 
 DYNAMIC = DynamicTreeConfig(total_tokens=24, depth=4, top_k=4)
+
+
+@functools.cache
+def _eagle3_trained_for(hf_model) -> Path:
+    from specdec_kit.train.eagle3 import Eagle3Spec, train_eagle3
+
+    target = TargetModel(hf_model)
+    data = torch.randint(0, target.vocab_size, (64, 64), generator=torch.Generator().manual_seed(0))
+    spec = Eagle3Spec(steps=100, batch=8, seq_len=64, lr=3e-3, warmup=10, draft_vocab=60, ttt_length=4,
+                      feature_layers=list(eagle3_layers(target)))
+    folder = Path(tempfile.mkdtemp(prefix="eagle3-"))
+    train_eagle3(target, data, spec, folder, progress=False)
+    return folder
+
+
+def trained_eagle3(target: TargetModel):
+    """EAGLE-3 has no hand-built oracle: a small head trained by the kit's own trainer (training-time test, a draft
+    vocabulary of 60 of the 80 tokens), written in the official layout and loaded back."""
+    from specdec_kit.runtime.drafts.loading import load_draft
+
+    return load_draft(_eagle3_trained_for(target.hf_model), "eagle3", target.hidden_size, target.vocab_size,
+                      dtype=target.dtype, target_shape=(target.num_layers, 2 * target.num_kv_heads * target.head_dim))
 
 
 # test case -> (registered draft kind, module builders (good, random), tree)
@@ -29,6 +57,8 @@ CASES = {
     "eagle1": ("eagle", (oracle_eagle, random_eagle), StaticTree.from_choices(EAGLE1_DEFAULT)),
     "griffin": ("griffin", (oracle_griffin, random_griffin), DYNAMIC),
     "griffin-static": ("griffin", (oracle_griffin, random_griffin), StaticTree.from_choices(EAGLE1_DEFAULT)),
+    "eagle3": ("eagle3", (trained_eagle3, random_eagle3), DYNAMIC),
+    "eagle3-static": ("eagle3", (trained_eagle3, random_eagle3), StaticTree.from_choices(EAGLE1_DEFAULT)),
     "medusa": ("medusa", (lambda t: fitted_medusa(t, heads=4), lambda t: random_medusa(t, heads=4)),
                StaticTree.from_choices(MC_SIM_7B_63)),
     # Mixture of Attentions: oracle with TLI = L, or random with TLI = 1 (dynamic tree) / TLI = 0 (static)
@@ -39,14 +69,20 @@ CASES = {
 
 def build_drafter(kind: str, quality: str, target):
     """Every draft through the registry, as the loader and the engines build them."""
-    if kind == "plain":
-        return NoDrafter()
     registered, (good, bad), tree = CASES[kind]
-    return drafter_for(registered, (good if quality == "good" else bad)(target), target, tree)
+    module = (good if quality == "good" else bad)(target)
+    draft_kind(registered).family.prepare_target(target, module)
+    return drafter_for(registered, module, target, tree)
 
 
-def run_batches(case: TargetCase, drafter, batch: int):
-    gen = SpeculativeGenerator(case.target, drafter)
+def case_target(case: TargetCase, kind: str) -> TargetModel:
+    """The case's target; an EAGLE-3 draft gets an adapter of its own over the same weights (tapped for its
+    layers), so the shared one keeps returning last-layer features."""
+    return TargetModel(case.hf) if kind.startswith("eagle3") else case.target
+
+
+def run_batches(case: TargetCase, drafter, batch: int, target: TargetModel | None = None):
+    gen = SpeculativeGenerator(target or case.target, drafter)
     results = []
     for start in range(0, len(case.prompts), batch):
         results += gen.generate(case.prompts[start:start + batch], NEW_TOKENS)
@@ -59,7 +95,8 @@ KINDS = list(CASES)
 @pytest.mark.parametrize("batch", [1, 4])
 @pytest.mark.parametrize("kind", KINDS)
 def test_good_drafts_identical(predictable_case, kind, batch):
-    results = run_batches(predictable_case, build_drafter(kind, "good", predictable_case.target), batch)
+    target = case_target(predictable_case, kind)
+    results = run_batches(predictable_case, build_drafter(kind, "good", target), batch, target)
     for prompt, res, ref in zip(predictable_case.prompts, results, predictable_case.references):
         assert res.tokens == ref, f"prompt of length {len(prompt)} diverged"
     tau = sum(r.stats.acceptance_length for r in results) / len(results)
@@ -70,7 +107,8 @@ def test_good_drafts_identical(predictable_case, kind, batch):
 @pytest.mark.parametrize("batch", [1, 4])
 @pytest.mark.parametrize("kind", KINDS)
 def test_random_drafts_identical(random_case, kind, batch):
-    results = run_batches(random_case, build_drafter(kind, "random", random_case.target), batch)
+    target = case_target(random_case, kind)
+    results = run_batches(random_case, build_drafter(kind, "random", target), batch, target)
     for res, ref in zip(results, random_case.references):
         assert res.tokens == ref
     assert all(r.finish_reason == "length" and len(r.tokens) == NEW_TOKENS for r in results)

@@ -1,9 +1,12 @@
-"""``specdec-train-head``: train a GRIFFIN / HASS / EAGLE / Medusa head for your own target.
+"""``specdec-train-head``: train a GRIFFIN / HASS / EAGLE / EAGLE-3 / Medusa / MoA head for your own target.
 
 Data: the stdlib corpus by default, or --data (a text file, a folder of .txt/.py/.md files, or a
 .jsonl with a "text" field), tokenised with the target's tokenizer. Features are streamed from the
 target, or cached first with --cache-features (the size is printed before anything is written).
 The head is written in its method's official layout, with a resumable training_state.pt.
+EAGLE-3 (--method eagle3) reads three target layers (--feature-layers, default the reference's 2, L/2, L-3),
+picks its draft vocabulary (--draft-vocab tokens, default a quarter of the target's) by token frequency in
+the training data, and trains with training-time test (--ttt-length draft steps unrolled per block).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ def read_documents(path: Path) -> list[Document]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="specdec-train-head", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--method", required=True, choices=[*METHODS, "moa"],
+    p.add_argument("--method", required=True, choices=[*METHODS, "eagle3", "moa"],
                    help="moa: Mixture of Attentions (LSA, SA, CA, TLI; see --tli)")
     p.add_argument("--tli", type=int, default=0, help="moa: how many of the target's last layers finish a draft")
     p.add_argument("--target", type=Path, required=True, help="Hugging Face checkpoint directory of the target")
@@ -55,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--passes", type=int, help="forward passes per batch (default: HASS/GRIFFIN 3, EAGLE 1)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--draft-vocab", type=int, default=0, help="eagle3: draft vocabulary size (0: a quarter of the target's)")
+    p.add_argument("--ttt-length", type=int, default=7, help="eagle3: draft steps unrolled per block (training-time test)")
+    p.add_argument("--feature-layers", type=lambda s: [int(i) for i in s.split(",")],
+                   help="eagle3: target layer ids whose entering hidden states are fused, e.g. 2,16,29")
     p.add_argument("--cache-features", type=Path, help="write target features here first, then train from them")
     p.add_argument("--device", default="auto")
     args = p.parse_args(argv)
@@ -78,12 +85,21 @@ def main(argv: list[str] | None = None) -> int:
             if args.cache_features:
                 raise ValueError("--cache-features: the moa trainer reads every layer's K/V, which it streams")
             spec = MoASpec(tli=args.tli, **overrides)
+        elif args.method == "eagle3":
+            from specdec_kit.train.eagle3 import Eagle3Spec
+
+            overrides.pop("passes", None)
+            spec = Eagle3Spec(draft_vocab=args.draft_vocab, ttt_length=args.ttt_length,
+                              feature_layers=args.feature_layers, **overrides)
         else:
             spec = HeadSpec.defaults(args.method, **overrides)
         need = spec.steps * spec.batch * spec.seq_len
         data = blocks(token_stream(tokenizer, docs, max_tokens=need + spec.seq_len), spec.seq_len, spec.seed)
         if data.shape[0] == 0:
             raise ValueError(f"not enough text for one block of {spec.seq_len} tokens")
+        if args.cache_features and args.method == "eagle3":
+            raise ValueError("--cache-features: eagle3 reads three target layers and the target's logits, which it "
+                             "streams (the cache holds the last layer only)")
         if args.cache_features:
             from specdec_kit.train.features import CachedFeatures, write_cache
 
@@ -91,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
             data = CachedFeatures(args.cache_features, target)
         if args.method == "moa":
             result = train_moa(target, data, spec, args.out)
+        elif args.method == "eagle3":
+            from specdec_kit.train.eagle3 import train_eagle3
+
+            result = train_eagle3(target, data, spec, args.out, base_model=str(args.target))
         else:
             result = train_head(target, data, spec, args.out, base_model=str(args.target))
     except (TargetLoadError, ValueError, FileNotFoundError) as exc:

@@ -158,6 +158,10 @@ def build_heads(out: Path, recipe: dict, tokenizer, corpus, log: dict, force: bo
             from specdec_kit.train.moa import MoASpec
 
             spec = MoASpec(**overrides)
+        elif method == "eagle3":  # EAGLE-3: its own trainer (train/eagle3.py)
+            from specdec_kit.train.eagle3 import Eagle3Spec
+
+            spec = Eagle3Spec(**overrides)
         else:
             spec = HeadSpec.defaults(method, **overrides)
         need = spec.steps * spec.batch * spec.seq_len
@@ -169,5 +173,9 @@ def build_heads(out: Path, recipe: dict, tokenizer, corpus, log: dict, force: bo
             from specdec_kit.train.moa import train_moa
 
             log[method] = train_moa(target, data, spec, folder, save_dtype=save_dtype)
+        elif method == "eagle3":
+            from specdec_kit.train.eagle3 import train_eagle3
+
+            log[method] = train_eagle3(target, data, spec, folder, base_model="../target", save_dtype=save_dtype)
         else:
             log[method] = train_head(target, data, spec, folder, base_model="../target", save_dtype=save_dtype)

@@ -54,13 +54,16 @@ class Eagle3DecoderLayer(nn.Module):
 
 
 class Eagle3Draft(FeatureDraft):
-    def __init__(self, config: LlamaConfig, target_hidden_size: int, draft_vocab_size: int):
+    def __init__(self, config: LlamaConfig, target_hidden_size: int, draft_vocab_size: int,
+                 feature_layers: tuple[int, int, int]):
         super().__init__()
         self.config = config
+        self.feature_layers = tuple(feature_layers)  # the target layers whose entering hidden states fc fuses
+        self.target_hidden_size = target_hidden_size
         d = config.hidden_size
         self.hidden_size = d
         self.embed_tokens = nn.Embedding(config.vocab_size, d)
-        self.fc = nn.Linear(3 * target_hidden_size, d, bias=False)
+        self.fc = nn.Linear(len(self.feature_layers) * target_hidden_size, d, bias=False)
         self.midlayer = Eagle3DecoderLayer(config)
         self.norm = LlamaRMSNorm(d, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(d, draft_vocab_size, bias=False)
@@ -94,3 +97,20 @@ class Eagle3Draft(FeatureDraft):
 
     def target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
+
+
+class DraftVocabHead(nn.Module):
+    """An EAGLE-3 draft's logits placed on the target's vocabulary: draft id i at target id ``i + d2t[i]``, every
+    other target id at -inf, so trees, verification and sampling run unchanged and never propose a token outside
+    the draft vocabulary (vLLM maps the same way)."""
+
+    def __init__(self, draft: Eagle3Draft):
+        super().__init__()
+        self.draft = draft
+
+    def forward(self, prediction: torch.Tensor) -> torch.Tensor:
+        logits = self.draft.logits(prediction)
+        full = logits.new_full((*logits.shape[:-1], self.draft.config.vocab_size), float("-inf"))
+        ids = torch.arange(logits.shape[-1], device=logits.device) + self.draft.d2t
+        return full.scatter(-1, ids.expand(logits.shape), logits)
+

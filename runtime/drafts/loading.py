@@ -27,7 +27,7 @@ from torch import nn
 from transformers import LlamaConfig
 
 from specdec_kit.runtime.drafts.eagle import EagleDraft
-from specdec_kit.runtime.drafts.eagle3 import Eagle3Draft
+from specdec_kit.runtime.drafts.eagle3 import Eagle3Draft, default_feature_layers
 from specdec_kit.runtime.drafts.griffin import GriffinDraft
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
 from specdec_kit.runtime.drafts.moa import MoADraft
@@ -89,15 +89,18 @@ def llama_config(config: dict[str, Any], file: Path) -> LlamaConfig:
     for key in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size"):
         _require(config, key, file)
     fields = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "bias", "qkv_bias",
-                                                          "draft_vocab_size")
-              and not k.startswith(("moa_", "target_"))}
+                                                          "draft_vocab_size", "eagle_config")
+              and not k.startswith(("moa_", "target_", "eagle_"))}
     fields.setdefault("num_hidden_layers", 1)
     return LlamaConfig(**fields)
 
 
 def _key_map(module: nn.Module, file: Path, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The one documented renaming per layout: Medusa's legacy files lack the ``medusa_head.`` prefix,
-    and a full Medusa model file also carries base-model weights, which the draft does not own."""
+    and a full Medusa model file also carries base-model weights, which the draft does not own; an EAGLE-3 file
+    whose draft vocabulary is the target's may lack the (identity) vocabulary maps."""
+    if isinstance(module, Eagle3Draft):
+        return _identity_vocab_maps(module, state)
     if not isinstance(module, MedusaHeads):  # the other layouts store the module's own keys
         return state
     if file.name.startswith("medusa_lm_head"):
@@ -172,6 +175,22 @@ def build_eagle(config: dict[str, Any], file: Path, target_hidden: int, target_v
     return EagleDraft(cfg, fc_bias=bool(config.get("bias", True)), qkv_bias=bool(config.get("qkv_bias", False)))
 
 
+def feature_layers_of(config: dict[str, Any], file: Path, target_layers: int | None) -> tuple[int, ...]:
+    """The target layers an EAGLE-3 draft fuses: ``eagle_aux_hidden_state_layer_ids`` (top level, or inside
+    ``eagle_config`` as vLLM and SpecForge write it), else the reference's defaults for the target's depth."""
+    ids = config.get("eagle_aux_hidden_state_layer_ids") or (config.get("eagle_config") or {}).get(
+        "eagle_aux_hidden_state_layer_ids")
+    if ids is None:
+        if target_layers is None:
+            raise DraftLoadError(f"{file}: no eagle_aux_hidden_state_layer_ids, and the target's depth is unknown")
+        return default_feature_layers(target_layers)
+    if (not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids)
+            or ids != sorted(set(ids)) or (target_layers is not None and not 0 <= ids[0] <= ids[-1] < target_layers)):
+        raise DraftLoadError(f"{file}: eagle_aux_hidden_state_layer_ids is {ids!r}, expected distinct ascending layer ids"
+                             + (f" in 0..{target_layers - 1} of the target" if target_layers is not None else ""))
+    return tuple(ids)
+
+
 def build_eagle3(config: dict[str, Any], file: Path, target_hidden: int, target_vocab: int,
                  target_shape: tuple[int, int] | None = None) -> Eagle3Draft:
     """The reference reads ``target_hidden_size`` when present (fc takes 3 x that), else 3 x ``hidden_size``."""
@@ -184,7 +203,8 @@ def build_eagle3(config: dict[str, Any], file: Path, target_hidden: int, target_
     draft_vocab = int(config.get("draft_vocab_size", cfg.vocab_size))
     if not 1 <= draft_vocab <= cfg.vocab_size:
         raise DraftLoadError(f"{file}: draft_vocab_size is {draft_vocab}, expected 1..{cfg.vocab_size} (vocab_size)")
-    return Eagle3Draft(cfg, target_hidden, draft_vocab)
+    layers = feature_layers_of(config, file, target_shape[0] if target_shape else None)
+    return Eagle3Draft(cfg, target_hidden, draft_vocab, layers)
 
 
 def _identity_vocab_maps(module: Eagle3Draft, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -237,17 +257,8 @@ def load_draft(
     module = build_draft(kind, read_config(path), config_file, target_hidden, target_vocab, target_shape)
     file = _find_file(path, draft_kind(kind).family.weight_files)
     strict_load(module, _key_map(module, file, read_weights(file)), file)
-    return module.to(device=device, dtype=dtype).eval()
-
-
-def load_eagle3(path: str | Path, target_hidden: int, target_vocab: int, dtype: torch.dtype = torch.float32,
-                device: torch.device | str = "cpu") -> Eagle3Draft:
-    """Load an official-layout EAGLE-3 checkpoint strictly (its vocabulary maps checked too)."""
-    path = _draft_dir(path)
-    module = build_eagle3(read_config(path), path / "config.json", target_hidden, target_vocab)
-    file = _find_file(path, ("pytorch_model.bin", "model.safetensors"))
-    strict_load(module, _identity_vocab_maps(module, read_weights(file)), file)
-    check_vocab_maps(module, file)
+    if isinstance(module, Eagle3Draft):
+        check_vocab_maps(module, file)
     return module.to(device=device, dtype=dtype).eval()
 
 
@@ -279,6 +290,13 @@ def draft_config_dict(module: nn.Module, kind: str, base_model: str = "") -> dic
     if isinstance(module, MoADraft):
         out.update(moa_tli=module.tli, moa_lsa_heads=module.lsa.heads, target_num_layers=module.target_num_layers,
                    target_kv_dim=module.target_kv_dim, architectures=["MoADraft"])
+        return out
+    if isinstance(module, Eagle3Draft):  # the reference's fields, and the layer ids as vLLM and SpecForge write them
+        out["draft_vocab_size"] = module.draft_vocab_size
+        if module.target_hidden_size != module.hidden_size:
+            out["target_hidden_size"] = module.target_hidden_size
+        out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(module.feature_layers),
+                               "use_aux_hidden_state": True}
         return out
     out["qkv_bias"] = module.layers[0].self_attn.q_proj.bias is not None
     if isinstance(module, EagleDraft):

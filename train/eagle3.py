@@ -1,0 +1,193 @@
+"""EAGLE-3 training, the reference recipe: features from three target layers fused by ``fc``, a draft vocabulary of
+the training data's most frequent tokens, and training-time test.
+
+Training-time test unrolls the draft ``ttt_length`` steps over whole blocks. Step 0 is ordinary teacher forcing:
+position t fuses the target's tapped hidden states of x_t with the embedding of x_{t+1} and is scored against the
+target's distribution of x_{t+2}. Step j feeds position t its own output of step j-1 with the token x_{t+j+1} at
+rotary position t + j, attending to step 0's keys at positions <= t (the context the target verified) and to its
+own keys of steps 1..j at position t (its chain of guesses): exactly what the j-th draft step sees when decoding.
+The loss of step j is the soft cross-entropy against the target's distribution restricted to the draft vocabulary,
+counted where the target's top token is in that vocabulary, weighted ``step_decay ** j``; gradients flow through
+the unrolled steps, as in the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from specdec_kit.runtime.attention import apply_rope
+from specdec_kit.runtime.drafts.eagle3 import Eagle3Draft, default_feature_layers
+from specdec_kit.runtime.drafts.loading import save_draft
+from specdec_kit.runtime.synthetic import draft_config
+from specdec_kit.runtime.target import TargetModel
+from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state
+
+
+@dataclass(kw_only=True)
+class Eagle3Spec(Schedule):
+    ttt_length: int = 7  # draft steps unrolled per block (the reference's ``length``)
+    step_decay: float = 0.8  # step j's loss weight is step_decay ** j
+    draft_vocab: int = 0  # draft vocabulary size; 0: a quarter of the target's (the reference: 32k of 128k)
+    feature_layers: list[int] | None = None  # None: the reference's (2, L // 2, L - 3)
+
+
+def draft_vocabulary(tokens: torch.Tensor, vocab_size: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``size`` most frequent ids of ``tokens`` (ties and unseen ids by id), as (d2t, t2d): draft id i is
+    target id ``i + d2t[i]``, ids ascending as the reference sorts them."""
+    if not 1 <= size <= vocab_size:
+        raise ValueError(f"draft vocabulary of {size} tokens: expected 1..{vocab_size} (the target's vocab_size)")
+    counts = torch.bincount(tokens.flatten().cpu(), minlength=vocab_size)[:vocab_size]
+    order = torch.argsort(-counts, stable=True)  # most frequent first, lower id first among equals
+    used = order[:size].sort().values
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[used] = True
+    return used - torch.arange(size), t2d
+
+
+def new_eagle3(target: TargetModel, spec: Eagle3Spec, d2t: torch.Tensor, t2d: torch.Tensor) -> Eagle3Draft:
+    """A seeded draft as wide as the target, with the target's embedding (frozen, as in the reference)."""
+    torch.manual_seed(spec.seed)
+    layers = tuple(spec.feature_layers) if spec.feature_layers else default_feature_layers(target.num_layers)
+    draft = Eagle3Draft(draft_config(target), target.hidden_size, len(d2t), layers)
+    draft.embed_tokens.weight.data.copy_(target.embed_tokens.weight.data.float())
+    draft.embed_tokens.weight.requires_grad_(False)
+    draft.d2t.copy_(d2t)
+    draft.t2d.copy_(t2d)
+    return draft
+
+
+@torch.no_grad()
+def tapped_outputs(target: TargetModel, tokens: torch.Tensor, layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The hidden states entering ``layers`` side by side [B, T, k x d] and the logits [B, T, V], one forward."""
+    out = target.hf_model(tokens.to(target.device), output_hidden_states=True)
+    taps = torch.cat([out.hidden_states[i] for i in layers], dim=-1)  # hidden_states[i] enters layer i
+    return taps.float().cpu(), out.logits.float().cpu()
+
+
+def shift_left(x: torch.Tensor, by: int) -> torch.Tensor:
+    """x[:, t + by] at position t, zeros past the end."""
+    if by == 0:
+        return x
+    return torch.cat([x[:, by:], torch.zeros_like(x[:, :by])], dim=1)
+
+
+@dataclass
+class StepResult:
+    loss: torch.Tensor  # this step's loss (already averaged)
+    accuracy: float  # draft top-1 equals the target's top token, over the counted positions
+    positions: int
+
+
+class TrainingTimeTest:
+    """The unrolled draft over one batch of blocks (see the module docstring)."""
+
+    def __init__(self, draft: Eagle3Draft, taps: torch.Tensor, tokens: torch.Tensor, logits: torch.Tensor):
+        self.draft = draft
+        self.tokens, self.logits = tokens, logits
+        bsz, seq = tokens.shape
+        self.seq = seq
+        self.hidden = draft.fc(taps)
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.causal = torch.ones(seq, seq, dtype=torch.bool, device=tokens.device).tril()
+        self.positions = torch.arange(seq, device=tokens.device).expand(bsz, seq)
+
+    def step(self, j: int) -> StepResult:
+        draft, layer = self.draft, self.draft.midlayer
+        attn = layer.self_attn
+        ids = shift_left(self.tokens, j + 1)
+        embeds = draft.embed_tokens(ids).to(self.hidden.dtype)
+        joined = torch.cat((layer.input_layernorm(embeds), layer.hidden_norm(self.hidden)), dim=-1)
+        bsz, seq, _ = joined.shape
+        cos, sin = draft.rotary_emb(joined, self.positions + j)
+        q = apply_rope(attn.q_proj(joined).view(bsz, seq, attn.num_heads, attn.head_dim).transpose(1, 2), cos, sin)
+        k = apply_rope(attn.k_proj(joined).view(bsz, seq, attn.num_kv_heads, attn.head_dim).transpose(1, 2), cos, sin)
+        v = attn.v_proj(joined).view(bsz, seq, attn.num_kv_heads, attn.head_dim).transpose(1, 2)
+        group = attn.num_heads // attn.num_kv_heads
+        self.keys.append(k.repeat_interleave(group, dim=1))
+        self.values.append(v.repeat_interleave(group, dim=1))
+        scale = 1.0 / math.sqrt(attn.head_dim)
+        context = (q @ self.keys[0].transpose(2, 3)) * scale  # step 0's keys, causally
+        context = context.masked_fill(~self.causal, float("-inf"))
+        chain = [(q * k_i).sum(-1, keepdim=True) * scale for k_i in self.keys[1:]]  # own keys at position t
+        weights = torch.softmax(torch.cat([context, *chain], dim=-1).float(), dim=-1).to(q.dtype)
+        out = weights[..., :seq] @ self.values[0]
+        for i, v_i in enumerate(self.values[1:]):
+            out = out + weights[..., seq + i, None] * v_i
+        out = attn.o_proj(out.transpose(1, 2).reshape(bsz, seq, -1))
+        hidden = self.hidden + out
+        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        self.hidden = hidden
+        return self._score(draft.logits(hidden), j)
+
+    def _score(self, draft_logits: torch.Tensor, j: int) -> StepResult:
+        """Soft cross-entropy against the target's distribution of x_{t+j+2} over the draft vocabulary."""
+        t2d = self.draft.t2d
+        with torch.no_grad():
+            target = shift_left(self.logits, j + 1)
+            exists = torch.arange(self.seq, device=target.device) + j + 1 < self.seq
+            counted = t2d[target.argmax(-1)] & exists[None, :]
+            target_p = torch.softmax(target[..., t2d].float(), dim=-1)
+        logp = torch.log_softmax(draft_logits.float(), dim=-1)
+        loss = -((target_p * logp).sum(-1) * counted).mean()
+        with torch.no_grad():
+            n = int(counted.sum())
+            hits = ((draft_logits.argmax(-1) == target_p.argmax(-1)) & counted).sum()
+        return StepResult(loss, float(hits) / max(n, 1), n)
+
+
+def eagle3_losses(draft: Eagle3Draft, spec: Eagle3Spec, taps, tokens, logits) -> tuple[torch.Tensor, list[StepResult]]:
+    ttt = TrainingTimeTest(draft, taps, tokens, logits)
+    results = [ttt.step(j) for j in range(spec.ttt_length)]
+    return sum(spec.step_decay ** j * r.loss for j, r in enumerate(results)), results
+
+
+def train_eagle3(target: TargetModel, data: torch.Tensor, spec: Eagle3Spec, out_dir: Path, base_model: str = "",
+                 progress: bool = True, save_dtype: torch.dtype | None = None) -> dict:
+    """Train an EAGLE-3 head on ``data`` [N, seq_len] token blocks (features streamed from the target); writes the
+    official layout (``d2t``/``t2d`` included, in ``save_dtype``, default the target's) and a resumable state."""
+    if not isinstance(data, torch.Tensor):
+        raise ValueError("eagle3 trains on streamed features (the target's tapped layers and its logits come from "
+                         "one forward per batch); --cache-features stores the last layer only")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    size = spec.draft_vocab or max(1, target.vocab_size // 4)
+    d2t, t2d = draft_vocabulary(data, target.vocab_size, size)
+    coverage = float(torch.isin(data, torch.nonzero(t2d).flatten()).float().mean())
+    print(f"eagle3: draft vocabulary {size} of {target.vocab_size} tokens covers {coverage:.1%} of the training "
+          "tokens", file=sys.stderr)
+    draft = new_eagle3(target, spec, d2t, t2d).float()
+    state_path = out_dir / "training_state.pt"
+    params, opt, start, history = optimizer_and_state(draft, spec, state_path)
+    bar = tqdm(range(start, spec.steps), desc="eagle3", initial=start, total=spec.steps, disable=not progress,
+               file=sys.stderr)
+    t0 = time.time()
+    for step in bar:
+        tokens = data[spec.batch_rows(step, data.shape[0])]
+        taps, logits = tapped_outputs(target, tokens, draft.feature_layers)
+        for group in opt.param_groups:
+            group["lr"] = spec.lr * min(1.0, (step + 1) / spec.warmup)
+        loss, results = eagle3_losses(draft, spec, taps, tokens, logits)
+        spec.check_finite(loss, "eagle3", step)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 0.5)
+        opt.step()
+        record = {"step": step, "loss": float(loss.detach()), "step_accuracy": [r.accuracy for r in results],
+                  "positions": [r.positions for r in results]}
+        history.append(record)
+        bar.set_postfix(loss=f"{record['loss']:.3f}",
+                        acc=" ".join(f"s{j}:{a:.2f}" for j, a in enumerate(record["step_accuracy"][:4])))
+        if (step + 1) % 100 == 0 or step + 1 == spec.steps:
+            save_state(draft, opt, step + 1, history, state_path)
+    save_draft(draft.to(save_dtype or target.dtype), out_dir, "eagle3", base_model=base_model)
+    (out_dir / "training_spec.json").write_text(json.dumps(dict(asdict(spec), method="eagle3"), indent=2))
+    return {"steps": spec.steps, "minutes": round((time.time() - t0) / 60, 2), "draft_vocab": size,
+            "draft_vocab_coverage": round(coverage, 4), "last": history[-1] if history else None}
