@@ -23,6 +23,7 @@ METHODS = {
     "eagle2": ("eagle2", "eagle"),
     "hass": ("hass", "hass"),
     "griffin": ("griffin", "griffin"),
+    "eagle3": ("eagle3", "eagle3"),
     "medusa": ("medusa", "medusa"),
     "moa": ("moa", "moa"),  # Mixture of Attentions, TLI = 1
     "moa_tli0": ("moa", "moa_tli0"),

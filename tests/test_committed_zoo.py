@@ -36,7 +36,7 @@ def test_zoo_heads_load_and_decode_losslessly():
     ids = torch.tensor([prompt])
     ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, min_new_tokens=40,
                       do_sample=False, pad_token_id=0)[0, 12:].tolist()
-    for kind, folder, tree in (("griffin", "griffin", "dynamic"), ("hass", "hass", "dynamic"),
+    for kind, folder, tree in (("griffin", "griffin", "dynamic"), ("eagle3", "eagle3", "dynamic"), ("hass", "hass", "dynamic"),
                                ("eagle2", "eagle", "dynamic"), ("medusa", "medusa", "static:mc_sim_7b_63:24"),
                                ("moa", "moa", "dynamic"), ("moa", "moa_tli0", "dynamic")):
         load_draft(ZOO / folder, kind, target.hidden_size, target.vocab_size,
