@@ -171,6 +171,7 @@ def build_engine(inputs: BuildInputs, output: Path, force: bool = False, device:
     if refusal:
         raise BuildError(refusal)
     module = load_draft_for(target, inputs.draft, inputs.draft_path)
+    target = draft_kind(inputs.draft).family.target_for(target, module)  # EAGLE-3: the target's tapped layers
     tree = tree_from_dict(inputs.tree)
     tokenizer = load_tokenizer(inputs.tokenizer)
     if len(tokenizer) > target.vocab_size:

@@ -34,7 +34,17 @@ SGLANG_PLUGIN = "specdec_griffin_sglang"
 TRTLLM_PLUGIN = "specdec_griffin_trtllm"
 TRTLLM_GRIFFIN_ARCH = "GriffinLlama"
 SGLANG_ARCH = {"griffin": "GriffinLlamaForCausalLM", "eagle": "LlamaForCausalLMEagle",
-               "eagle2": "LlamaForCausalLMEagle", "hass": "LlamaForCausalLMEagle"}
+               "eagle2": "LlamaForCausalLMEagle", "hass": "LlamaForCausalLMEagle", "eagle3": "LlamaForCausalLMEagle3"}
+
+
+def captured_layer_outputs(module, engine: str) -> list[int]:
+    """An EAGLE-3 draft's layers as the ids SGLang and TensorRT-LLM take: the *outputs* of layers i - 1, where the
+    kit (like vLLM and the reference) names the hidden states *entering* layers i (default 2, L/2, L-3 becomes
+    1, L/2-1, L-4, TensorRT-LLM's own default)."""
+    if module.feature_layers[0] == 0:
+        raise BuildError(f"{engine} captures layer outputs; this EAGLE-3 draft reads the hidden states entering "
+                         "layer 0 (the embeddings), which it cannot capture")
+    return [i - 1 for i in module.feature_layers]
 
 
 def save_safetensors(state: dict[str, torch.Tensor], path: Path) -> None:
@@ -66,7 +76,8 @@ def _target_config(target: TargetModel) -> dict[str, Any]:
 
 
 def draft_state(module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    return {k: v.to(dtype) for k, v in module.state_dict().items()}
+    """The draft's tensors in ``dtype``; integer and boolean ones (EAGLE-3's vocabulary maps) keep theirs."""
+    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in module.state_dict().items()}
 
 
 def draft_biases(module, kind: str) -> tuple[bool, bool]:
@@ -167,6 +178,27 @@ def _trtllm_griffin(staging: Path, inputs: BuildInputs, target: TargetModel, mod
                           "trtllm_drafter_module": f"trtllm/custom_modules/{TRTLLM_PLUGIN}.py"}}
 
 
+def _trtllm_eagle3(staging: Path, inputs: BuildInputs, target: TargetModel, module, settings: dict) -> dict[str, Any]:
+    """EAGLE-3 on TensorRT-LLM's PyTorch backend: the official layout, which its built-in ``EAGLE3LlamaForCausalLM``
+    loads (``draft_vocab_size`` in the config selects it), and the YAML ``speculative_config``."""
+    if settings["choices"] is not None:
+        raise BuildError("EAGLE-3 on TensorRT-LLM's PyTorch backend drafts dynamic trees or chains (eagle_choices was "
+                         "removed there); use --tree dynamic")
+    draft_dir = staging / "trtllm" / "draft"
+    cfg = dict(draft_config_dict(module, "eagle3"), torch_dtype=inputs.dtype)
+    trt.write_json(draft_dir / "config.json", cfg)
+    save_safetensors(draft_state(module, target.dtype), draft_dir / "model.safetensors")
+    spec = {"decoding_type": "Eagle3", "speculative_model_dir": "trtllm/draft",
+            "eagle3_layers_to_capture": captured_layer_outputs(module, "TensorRT-LLM"),
+            "max_draft_len": settings["num_eagle_layers"], "max_total_draft_tokens": settings["max_draft_len"],
+            **settings["dynamic"]}
+    return {"build": None, "serve_config": {"backend": "pytorch", "speculative_config": spec},
+            "serve": ["trtllm-serve", "target", "--backend", "pytorch", "--config", "trtllm/serve.yaml",
+                      "--tp_size", str(inputs.tp), "--pp_size", str(inputs.pp), "--host", "0.0.0.0",
+                      "--port", "${PORT:-8000}"],
+            "artifacts": {"trtllm_draft": "trtllm/draft/model.safetensors"}}
+
+
 def build_trtllm(staging: Path, inputs: BuildInputs, target: TargetModel, module, tree, step) -> dict[str, Any]:
     settings = trt.tree_settings(tree)
     try:
@@ -179,6 +211,9 @@ def build_trtllm(staging: Path, inputs: BuildInputs, target: TargetModel, module
     if inputs.draft == "griffin":
         step("writing the GRIFFIN draft and drafter for TensorRT-LLM's PyTorch backend")
         out = _trtllm_griffin(staging, inputs, target, module, settings)
+    elif inputs.draft == "eagle3":
+        step("writing the EAGLE-3 draft for TensorRT-LLM's PyTorch backend")
+        out = _trtllm_eagle3(staging, inputs, target, module, settings)
     else:
         out = _trtllm_checkpoint(staging, inputs, target, module, settings, step)
     (staging / "trtllm" / "serve.yaml").write_text(yaml.safe_dump(out["serve_config"], sort_keys=False))
@@ -214,19 +249,25 @@ def build_sglang(staging: Path, inputs: BuildInputs, target: TargetModel, module
     step("writing the draft in SGLang's layout")
     write_target(staging, target)
     state = draft_state(module, target.dtype)
-    weight_map = checked_weight_map(module, kind, state, "SGLang")
     draft_dir = staging / "sglang" / "draft"
     cfg = draft_config_dict(module, kind)
     cfg.update(architectures=[SGLANG_ARCH[kind]], torch_dtype=inputs.dtype)
+    if kind == "eagle3":  # SGLang's own class reads the official layout; its layer ids name layer outputs
+        cfg["eagle_config"] = dict(cfg["eagle_config"], eagle_aux_hidden_state_layer_ids=captured_layer_outputs(
+            module, "SGLang"))
+    else:
+        weight_map = checked_weight_map(module, kind, state, "SGLang")
+        (draft_dir / "weight_map.json").parent.mkdir(parents=True, exist_ok=True)
+        (draft_dir / "weight_map.json").write_text(json.dumps({k: list(v) for k, v in weight_map.items()}, indent=1))
     trt.write_json(draft_dir / "config.json", cfg)
     save_safetensors(state, draft_dir / "model.safetensors")
-    (draft_dir / "weight_map.json").write_text(json.dumps({k: list(v) for k, v in weight_map.items()}, indent=1))
     env = {}
     if kind == "griffin":
         shutil.copytree(PLUGINS / "sglang" / SGLANG_PLUGIN, staging / "sglang" / "plugin" / SGLANG_PLUGIN,
                         ignore=shutil.ignore_patterns("__pycache__"))
         env = {"SGLANG_EXTERNAL_MODEL_PACKAGE": SGLANG_PLUGIN, "PYTHONPATH": "sglang/plugin${PYTHONPATH:+:$PYTHONPATH}"}
-    command = ["python", "-m", "sglang.launch_server", "--model-path", "target", "--speculative-algorithm", "EAGLE",
+    algorithm = "EAGLE3" if kind == "eagle3" else "EAGLE"
+    command = ["python", "-m", "sglang.launch_server", "--model-path", "target", "--speculative-algorithm", algorithm,
                "--speculative-draft-model-path", "sglang/draft", "--speculative-num-steps", str(tree.depth + 1),
                "--speculative-eagle-topk", str(tree.top_k), "--speculative-num-draft-tokens", str(tree.total_tokens),
                "--tp-size", str(inputs.tp), "--pp-size", str(inputs.pp), "--dtype", inputs.dtype, "--enable-metrics",
@@ -240,9 +281,10 @@ def build_sglang(staging: Path, inputs: BuildInputs, target: TargetModel, module
                       "notes": ["SGLang's server needs a CUDA GPU; run sglang/serve.sh there (the kit must be installed "
                                 "beside SGLang for the GRIFFIN plugin)" if kind == "griffin" else
                                 "SGLang's server needs a CUDA GPU; run sglang/serve.sh there"]},
-            "sglang": {"architecture": SGLANG_ARCH[kind], "speculative_num_steps": tree.depth + 1,
+            "sglang": {"architecture": SGLANG_ARCH[kind], "speculative_algorithm": algorithm,
+                       "speculative_num_steps": tree.depth + 1,
                        "speculative_eagle_topk": tree.top_k, "speculative_num_draft_tokens": tree.total_tokens,
-                       "weight_map_checked": True}}
+                       "weight_map_checked": kind != "eagle3"}}
 
 
 def build_server_export(staging: Path, inputs: BuildInputs, target: TargetModel, module, tree, step) -> dict[str, Any]:

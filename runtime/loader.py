@@ -41,13 +41,10 @@ def default_tree(kind: str, dynamic: DynamicTreeConfig, medusa_spec: str) -> Sta
 
 
 def load_draft_for(target: TargetModel, kind: str, draft_path: str | Path):
-    """A draft checkpoint of ``kind`` loaded strictly against ``target`` (on its device, in its dtype); the target is
-    set to return the features this draft reads."""
+    """A draft checkpoint of ``kind`` loaded strictly against ``target`` (on its device, in its dtype)."""
     shape = (target.num_layers, 2 * target.num_kv_heads * target.head_dim)
-    module = load_draft(draft_path, kind, target.hidden_size, target.vocab_size, dtype=target.dtype,
-                        device=target.device, target_shape=shape)
-    draft_kind(kind).family.prepare_target(target, module)
-    return module
+    return load_draft(draft_path, kind, target.hidden_size, target.vocab_size, dtype=target.dtype,
+                      device=target.device, target_shape=shape)
 
 
 def make_drafter(target: TargetModel, kind: str, draft_path: str | Path | None, tree) -> Drafter:

@@ -122,7 +122,8 @@ class OrtTarget:
         self.head_dim, self.hidden_size, self.vocab_size = spec["head_dim"], spec["hidden_size"], spec["vocab_size"]
         self.max_context = spec["max_context"]
         self.architecture = spec["architecture"]
-        self.feature_size = self.hidden_size * len(spec.get("feature_layers") or [None])
+        self.feature_layers = tuple(spec["feature_layers"]) if spec.get("feature_layers") else None
+        self.feature_size = self.hidden_size * len(self.feature_layers or [None])
 
     def eos_token_ids(self) -> list[int]:
         return list(self.spec.get("eos_token_ids", []))

@@ -55,9 +55,9 @@ class DraftFamily(ABC):
     def check_tree(self, tree: Tree) -> None:
         """Refuse a tree this family cannot draft (with the reason)."""
 
-    def prepare_target(self, target: TargetModel, module: nn.Module) -> None:
-        """Make ``target`` return the features this family's drafts read (the last layer's, unless overridden)."""
-        target.tap_layers(None)
+    def target_for(self, target: TargetModel, module: nn.Module) -> TargetModel:
+        """The target as this family's drafts read it (the last layer's features, unless overridden)."""
+        return target
 
 
 class FeatureFamily(DraftFamily):
@@ -94,25 +94,21 @@ class Eagle3Family(FeatureFamily):
     manifest_keys = FeatureFamily.manifest_keys + ("draft_vocab_size", "feature_layers")
     client_drafting = False
 
-    def prepare_target(self, target, module):
-        target.tap_layers(module.feature_layers)
+    def target_for(self, target, module):
+        return target.tapped(module.feature_layers)
 
     def torch_drafter(self, module, target, tree):
         from specdec_kit.runtime.drafting import FeatureTreeDrafter, TorchFeatureStep
         from specdec_kit.runtime.drafts.eagle3 import DraftVocabHead
 
-        if getattr(target, "feature_layers", None) != module.feature_layers:
-            raise ValueError(f"this EAGLE-3 draft reads the hidden states entering target layers "
-                             f"{list(module.feature_layers)}; the target returns "
-                             f"{getattr(target, 'feature_layers', None) or 'its last layer'} (prepare_target first)")
-        return FeatureTreeDrafter(TorchFeatureStep(module, DraftVocabHead(module)), tree)
+        return FeatureTreeDrafter(TorchFeatureStep(module, DraftVocabHead(module)), tree, module.feature_layers)
 
     def ort_drafter(self, graph, manifest, target, tree):
         from specdec_kit.runtime.drafting import FeatureTreeDrafter
         from specdec_kit.runtime.ort_backend import OrtFeatureDraftStep
 
         step = OrtFeatureDraftStep(graph("draft_step"), manifest["draft"], target.dtype, fuse=graph("draft_fuse"))
-        return FeatureTreeDrafter(step, tree)
+        return FeatureTreeDrafter(step, tree, tuple(manifest["draft"]["feature_layers"]))
 
     def client_drafter(self, module, tail, tree):
         raise ValueError("eagle3 drafts are not offered for client-server drafting: they read three target layers "

@@ -97,11 +97,12 @@ def eagle3_layers(target: TargetModel) -> tuple[int, ...]:
     return default_feature_layers(target.num_layers) if target.num_layers >= 7 else tuple(range(target.num_layers))
 
 
-def random_eagle3(target: TargetModel, seed: int = 5, draft_vocab: int | None = None) -> Eagle3Draft:
+def random_eagle3(target: TargetModel, seed: int = 5, draft_vocab: int | None = None,
+                  layers: tuple[int, ...] | None = None) -> Eagle3Draft:
     """A random EAGLE-3 draft over a random draft vocabulary (two thirds of the target's by default)."""
     torch.manual_seed(seed)
     size = draft_vocab or max(1, 2 * target.vocab_size // 3)
-    draft = Eagle3Draft(draft_config(target), target.hidden_size, size, eagle3_layers(target))
+    draft = Eagle3Draft(draft_config(target), target.hidden_size, size, layers or eagle3_layers(target))
     draft.embed_tokens.weight.data.copy_(target.embed_tokens.weight.data.float())
     used = torch.randperm(target.vocab_size)[:size].sort().values
     draft.d2t.copy_(used - torch.arange(size))

@@ -2,7 +2,7 @@
 
 One forward runs a batch of token trees (tree mask + position ids) on top of a preallocated
 ``KVCache`` and returns the logits and the features a draft reads: the last-layer features (the post-final-norm
-hidden state, exactly what the EAGLE/GRIFFIN reference code feeds its draft), or, once ``tap_layers`` names
+hidden state, exactly what the EAGLE/GRIFFIN reference code feeds its draft), or, in a view made by ``tapped`` for some
 some decoder layers (EAGLE-3), the hidden states entering those layers side by side, taken from the same
 forward. The checkpoint's own modules do the maths (norms, MLPs, projections, rotary tables); the adapter
 owns only cache layout and masking.
@@ -52,15 +52,19 @@ class TargetModel(nn.Module):
         self.max_context = int(window) if (window and use_window) else int(config.max_position_embeddings)
         self.feature_layers: tuple[int, ...] | None = None  # None: the last layer's post-norm features
 
-    def tap_layers(self, layers: tuple[int, ...] | None) -> None:
-        """Return the hidden states entering ``layers`` (ascending, as the engines collect them) as the
-        features, concatenated; None goes back to the last layer's post-norm features."""
-        if layers is not None:
-            layers = tuple(int(i) for i in layers)
-            if list(layers) != sorted(set(layers)) or not all(0 <= i < self.num_layers for i in layers):
-                raise ValueError(f"feature layers {list(layers)}: expected distinct ascending layer ids in "
-                                 f"0..{self.num_layers - 1} of this {self.num_layers}-layer target")
-        self.feature_layers = layers
+    def tapped(self, layers: tuple[int, ...]) -> "TargetModel":
+        """This target (the same weights, no copy) returning the hidden states entering ``layers`` (ascending, as
+        the engines collect them), concatenated, as its features: what an EAGLE-3 draft reads. A view of its own,
+        so one target serves drafts of every kind side by side."""
+        layers = tuple(int(i) for i in layers)
+        if list(layers) != sorted(set(layers)) or not all(0 <= i < self.num_layers for i in layers):
+            raise ValueError(f"feature layers {list(layers)}: expected distinct ascending layer ids in "
+                             f"0..{self.num_layers - 1} of this {self.num_layers}-layer target")
+        if layers == self.feature_layers:
+            return self
+        view = TargetModel(self.hf_model)
+        view.feature_layers = layers
+        return view
 
     @property
     def feature_size(self) -> int:

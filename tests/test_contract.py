@@ -106,11 +106,13 @@ def test_graph_cache_attends_over_past_plus_new_like_the_runtime_cache():
 
 
 def test_every_kind_is_registered_with_its_family():
-    assert registry.draft_kinds() == ("griffin", "eagle", "eagle2", "hass", "medusa", "moa")
+    assert registry.draft_kinds() == ("griffin", "eagle", "eagle2", "hass", "eagle3", "medusa", "moa")
     assert registry.draft_kind("medusa").family.name == "medusa"
+    assert registry.draft_kind("eagle3").family.name == "eagle3"
     assert registry.draft_kind("moa").refusal("sglang").startswith("--draft moa builds for --backend onnxruntime or torch")
     assert registry.draft_kind("griffin").refusal("sglang") is None
-    assert registry.client_draft_kinds() == ("griffin", "eagle", "eagle2", "hass", "moa")  # Medusa: no client drafter
+    # Medusa and EAGLE-3: no client drafter (EAGLE-3 reads three layers of the server's forward)
+    assert registry.client_draft_kinds() == ("griffin", "eagle", "eagle2", "hass", "moa")
     with pytest.raises(ValueError, match="unknown draft kind 'nope'; expected one of"):
         registry.draft_kind("nope")
 

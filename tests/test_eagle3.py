@@ -16,10 +16,20 @@ import pytest
 import torch
 from torch import nn
 
+import yaml
+from safetensors.torch import load_file
+
+from specdec_kit.export.builder import build_engine
+from specdec_kit.export.inputs import BuildError, BuildInputs
+from specdec_kit.runtime.demo import write_demo
 from specdec_kit.runtime.drafts.eagle3 import DraftVocabHead, default_feature_layers
-from specdec_kit.runtime.drafts.loading import DraftLoadError, load_draft
+from specdec_kit.runtime.drafts.loading import DraftLoadError, load_draft, save_draft
 from specdec_kit.runtime.synthetic import random_eagle3, tiny_target
+from specdec_kit.runtime.target import TargetModel
+from specdec_kit.runtime.trees import DynamicTreeConfig, tree_to_dict
 from specdec_kit.train.eagle3 import TrainingTimeTest, draft_vocabulary, tapped_outputs
+
+from conftest import SMALL_DEMO
 
 CONFIG = {"architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "hidden_size": 48, "intermediate_size": 96,
           "max_position_embeddings": 256, "model_type": "llama", "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -238,8 +248,8 @@ def test_the_target_returns_the_hidden_states_entering_the_tapped_layers_from_on
     target = tiny_case_target(layers=4)
     ids = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(0))
     ref = target.hf_model(ids, output_hidden_states=True)
-    target.tap_layers((0, 2, 3))
-    assert target.feature_size == 3 * 32
+    plain, target = target, target.tapped((0, 2, 3))
+    assert target.feature_size == 3 * 32 and plain.feature_layers is None and plain.feature_size == 32
     causal = torch.ones(9, 9, dtype=torch.bool).tril().expand(2, 9, 9)
     out = target(ids, torch.arange(9).expand(2, 9), causal, target.new_cache(2, 16))
     expected = torch.cat([ref.hidden_states[i] for i in (0, 2, 3)], dim=-1)
@@ -247,7 +257,7 @@ def test_the_target_returns_the_hidden_states_entering_the_tapped_layers_from_on
     assert (out.logits - ref.logits).abs().max() < 1e-4  # logits still from the last layer
     for bad in ((2, 1), (0, 4), (1, 1)):
         with pytest.raises(ValueError, match="expected distinct ascending layer ids in 0..3"):
-            target.tap_layers(bad)
+            plain.tapped(bad)
 
 
 @torch.no_grad()
@@ -294,3 +304,45 @@ def test_proposals_never_leave_the_draft_vocabulary():
     logits = DraftVocabHead(draft)(torch.randn(2, 5, 32))
     finite = torch.isfinite(logits)
     assert torch.equal(finite[0, 0], draft.t2d) and bool(finite.sum(-1).eq(20).all())
+
+
+# -- engine exports: vLLM, SGLang, TensorRT-LLM ---------------------------------------------------------------------
+
+def export(backend: str, draft_dir, checkpoints, out, tree=DynamicTreeConfig(12, 3, 3)):
+    inputs = BuildInputs(draft="eagle3", target=checkpoints["target"], draft_path=draft_dir,
+                         tokenizer=checkpoints["target"], backend=backend, dtype="float32", tree=tree_to_dict(tree))
+    return build_engine(inputs, out).path
+
+
+def test_server_exports_name_the_tapped_layers_in_each_engines_convention(tmp_path):
+    """vLLM (like the kit and the reference) names the hidden states entering layers i; SGLang and TensorRT-LLM name
+    the outputs of layers i - 1. All three load the official layout with its maps."""
+    checkpoints = write_demo(tmp_path / "demo", shape=dict(SMALL_DEMO, layers=4))
+    target = TargetModel.from_pretrained(checkpoints["target"], dtype="float32")
+    save_draft(random_eagle3(target, draft_vocab=30, layers=(1, 2, 3)), tmp_path / "e3", "eagle3")
+    vllm = export("vllm", tmp_path / "e3", checkpoints, tmp_path / "vllm")
+    config = json.loads((vllm / "vllm" / "draft" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["draft_vocab_size"] == 30
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    assert '"method":"eagle3"' in (vllm / "vllm" / "serve.sh").read_text()
+    sglang = export("sglang", tmp_path / "e3", checkpoints, tmp_path / "sglang")
+    config = json.loads((sglang / "sglang" / "draft" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
+    assert "--speculative-algorithm EAGLE3" in (sglang / "sglang" / "serve.sh").read_text()
+    weights = load_file(str(sglang / "sglang" / "draft" / "model.safetensors"))
+    assert weights["d2t"].dtype == torch.int64 and weights["t2d"].dtype == torch.bool
+    assert {k.split(".")[0] for k in weights} == {"d2t", "t2d", "embed_tokens", "fc", "midlayer", "norm", "lm_head"}
+    trt = export("tensorrt-llm", tmp_path / "e3", checkpoints, tmp_path / "trt")
+    spec = yaml.safe_load((trt / "trtllm" / "serve.yaml").read_text())["speculative_config"]
+    assert spec["decoding_type"] == "Eagle3" and spec["eagle3_layers_to_capture"] == [0, 1, 2]
+    assert spec["speculative_model_dir"] == "trtllm/draft" and spec["max_draft_len"] == 4
+    assert "draft_vocab_size" in json.loads((trt / "trtllm" / "draft" / "config.json").read_text())
+
+
+def test_an_engine_that_captures_layer_outputs_refuses_a_draft_reading_the_embeddings(demo_checkpoints, tmp_path):
+    target = TargetModel.from_pretrained(demo_checkpoints["target"], dtype="float32")
+    save_draft(random_eagle3(target, layers=(0, 1)), tmp_path / "e3", "eagle3")
+    with pytest.raises(BuildError, match="SGLang captures layer outputs.*entering layer 0"):
+        export("sglang", tmp_path / "e3", demo_checkpoints, tmp_path / "sglang")
+    assert not (tmp_path / "sglang").exists()

@@ -116,7 +116,7 @@ def test_draft_graph_matches_pytorch_with_pending_tree_slots(engines, demo_check
 @pytest.mark.parametrize("kind", ["griffin", "eagle2", "eagle3", "medusa"])
 def test_greedy_through_onnx_equals_pytorch_and_transformers(engines, checkpoints, torch_target, kind):
     engine = open_engine(engines[kind], device="cpu")
-    target = TargetModel(torch_target.hf_model)  # an adapter of its own: the draft sets the features it returns
+    target = torch_target
     batch = prompts(target.vocab_size)
     got = engine.generator().generate(batch, 40)
     module = load_draft_for(target, kind, checkpoints[kind])

@@ -16,7 +16,7 @@ import torch
 from specdec_kit.runtime.choices import EAGLE1_DEFAULT, MC_SIM_7B_63
 from specdec_kit.runtime.drafting import NoDrafter
 from specdec_kit.runtime.generate import SpeculativeGenerator
-from specdec_kit.runtime.registry import draft_kind, drafter_for
+from specdec_kit.runtime.registry import drafter_for
 from specdec_kit.runtime.synthetic import (
     eagle3_layers, fitted_medusa, oracle_eagle, oracle_griffin, oracle_moa, random_eagle, random_eagle3, random_griffin,
     random_medusa, random_moa,
@@ -70,19 +70,11 @@ CASES = {
 def build_drafter(kind: str, quality: str, target):
     """Every draft through the registry, as the loader and the engines build them."""
     registered, (good, bad), tree = CASES[kind]
-    module = (good if quality == "good" else bad)(target)
-    draft_kind(registered).family.prepare_target(target, module)
-    return drafter_for(registered, module, target, tree)
+    return drafter_for(registered, (good if quality == "good" else bad)(target), target, tree)
 
 
-def case_target(case: TargetCase, kind: str) -> TargetModel:
-    """The case's target; an EAGLE-3 draft gets an adapter of its own over the same weights (tapped for its
-    layers), so the shared one keeps returning last-layer features."""
-    return TargetModel(case.hf) if kind.startswith("eagle3") else case.target
-
-
-def run_batches(case: TargetCase, drafter, batch: int, target: TargetModel | None = None):
-    gen = SpeculativeGenerator(target or case.target, drafter)
+def run_batches(case: TargetCase, drafter, batch: int):
+    gen = SpeculativeGenerator(case.target, drafter)  # an EAGLE-3 drafter reads a tapped view of the target
     results = []
     for start in range(0, len(case.prompts), batch):
         results += gen.generate(case.prompts[start:start + batch], NEW_TOKENS)
@@ -95,8 +87,7 @@ KINDS = list(CASES)
 @pytest.mark.parametrize("batch", [1, 4])
 @pytest.mark.parametrize("kind", KINDS)
 def test_good_drafts_identical(predictable_case, kind, batch):
-    target = case_target(predictable_case, kind)
-    results = run_batches(predictable_case, build_drafter(kind, "good", target), batch, target)
+    results = run_batches(predictable_case, build_drafter(kind, "good", predictable_case.target), batch)
     for prompt, res, ref in zip(predictable_case.prompts, results, predictable_case.references):
         assert res.tokens == ref, f"prompt of length {len(prompt)} diverged"
     tau = sum(r.stats.acceptance_length for r in results) / len(results)
@@ -107,8 +98,7 @@ def test_good_drafts_identical(predictable_case, kind, batch):
 @pytest.mark.parametrize("batch", [1, 4])
 @pytest.mark.parametrize("kind", KINDS)
 def test_random_drafts_identical(random_case, kind, batch):
-    target = case_target(random_case, kind)
-    results = run_batches(random_case, build_drafter(kind, "random", target), batch, target)
+    results = run_batches(random_case, build_drafter(kind, "random", random_case.target), batch)
     for res, ref in zip(results, random_case.references):
         assert res.tokens == ref
     assert all(r.finish_reason == "length" and len(r.tokens) == NEW_TOKENS for r in results)

@@ -19,7 +19,6 @@ from specdec_kit.runtime.drafting import TorchFeatureStep, FeatureTreeDrafter, M
 from specdec_kit.runtime.generate import SpeculativeGenerator
 from specdec_kit.runtime.sampling import SamplingParams, target_probs
 from specdec_kit.runtime.moa_drafting import MoATreeDrafter, TorchMoAStep
-from specdec_kit.runtime.registry import draft_kind
 from specdec_kit.runtime.registry import drafter_for as registry_drafter_for
 from specdec_kit.runtime.synthetic import (
     fitted_medusa, oracle_griffin, oracle_moa, random_eagle, random_eagle3, random_moa, tiny_hf_model,
@@ -59,12 +58,6 @@ def exact_distributions(target: TargetModel, params: SamplingParams):
     return joint12.double(), marginal3.double()
 
 
-def target_and_drafter(name: str, target: TargetModel):
-    """The drafter, and the target step it drafts for (the shared target, except for EAGLE-3)."""
-    made = drafter_for(name, target)
-    return made if isinstance(made, tuple) else (target, made)
-
-
 def drafter_for(name: str, target: TargetModel):
     if name == "plain":
         return NoDrafter()
@@ -79,10 +72,8 @@ def drafter_for(name: str, target: TargetModel):
     if name == "moa-random-tli1-dynamic":
         return MoATreeDrafter(TorchMoAStep(random_moa(target, tli=1), target), DynamicTreeConfig(total_tokens=10, depth=3, top_k=3))
     if name == "eagle3-random-dynamic":  # 4 of the 6 tokens in the draft vocabulary: q = 0 outside it
-        tapped = TargetModel(target.hf_model)  # an adapter of its own, tapped for the draft's layers
-        draft = random_eagle3(target, draft_vocab=4)
-        draft_kind("eagle3").family.prepare_target(tapped, draft)
-        return tapped, registry_drafter_for("eagle3", draft, tapped, DynamicTreeConfig(total_tokens=10, depth=3, top_k=3))
+        return registry_drafter_for("eagle3", random_eagle3(target, draft_vocab=4), target,
+                                    DynamicTreeConfig(total_tokens=10, depth=3, top_k=3))
     if name == "medusa-fitted":
         return MedusaDrafter(fitted_medusa(target, heads=5), StaticTree.from_choices(EAGLE1_DEFAULT))
     raise AssertionError(name)
@@ -98,7 +89,7 @@ SETTINGS = {"T=1": dict(temperature=1.0), "T=0.7,top_p=0.9": dict(temperature=0.
 def test_sampled_distribution_matches_target(small_target, drafter_name, setting):
     base = SETTINGS[setting]
     params = [SamplingParams(seed=10_000 + i, **base) for i in range(SAMPLES)]
-    gen = SpeculativeGenerator(*target_and_drafter(drafter_name, small_target), eos_token_ids=[])
+    gen = SpeculativeGenerator(small_target, drafter_for(drafter_name, small_target), eos_token_ids=[])
     results = gen.generate([PROMPT] * SAMPLES, 3, params)
     seqs = torch.tensor([r.tokens for r in results])
     assert seqs.shape == (SAMPLES, 3)
@@ -172,7 +163,7 @@ def test_a_seed_gives_plain_samplings_tokens_whatever_the_tree_and_batch(small_t
     plain = [r.tokens for r in SpeculativeGenerator(small_target, NoDrafter(), eos_token_ids=[]).generate(
         prompts, budget, params)]
     assert len({tuple(t) for t in plain}) > count // 2  # the seeds really draw different texts
-    spec_gen = SpeculativeGenerator(*target_and_drafter(drafter_name, small_target), eos_token_ids=[])
+    spec_gen = SpeculativeGenerator(small_target, drafter_for(drafter_name, small_target), eos_token_ids=[])
     assert [r.tokens for r in spec_gen.generate(prompts, budget, params)] == plain
     assert [spec_gen.generate([p], budget, [q])[0].tokens for p, q in zip(prompts[:4], params[:4])] == plain[:4]
     assert run_mixed(spec_gen, prompts[:6], budget, params[:6]) == plain[:6]

@@ -5,8 +5,10 @@ attention bias, so an EAGLE/HASS head with ``fc.bias`` would run as a different 
 (TGF + TEH) has no vLLM class at all. The architectures registered here compute exactly the kit's drafts,
 from vLLM's own layers, and load their weights strictly (a missing or unexpected tensor is an error).
 
-Their names start with ``Eagle`` so that vLLM's ``method: eagle`` keeps them as they are. On vLLM's CPU
-build, registering also mends two CPU defects that make sampled speculative decoding lossy (``cpu_sampling_fixes``).
+Their names start with ``Eagle`` so that vLLM's ``method: eagle`` keeps them as they are. EAGLE-3 heads run in
+vLLM's own ``Eagle3LlamaForCausalLM`` (it reads the official layout); with ``SPECDEC_VLLM_DRAFT_TRACE`` set, that
+class's logits are recorded too (``trace.instrument``). On vLLM's CPU build, registering also mends two CPU defects
+that make sampled speculative decoding lossy (``cpu_sampling_fixes``).
 This package imports vLLM and torch only (it runs in vLLM's environment, without the kit installed).
 """
 
@@ -18,11 +20,18 @@ ARCHITECTURES = {
 
 def register() -> None:
     """Entry point (``vllm.general_plugins``): vLLM calls it in every process before it resolves models."""
+    import os
+
     from vllm import ModelRegistry
 
     from specdec_vllm import cpu_sampling_fixes
+    from specdec_vllm.trace import DraftTrace, instrument
 
     cpu_sampling_fixes.install()  # before the worker registers vLLM's CPU kernel fallbacks
+    if os.environ.get(DraftTrace.ENV):
+        from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
+
+        instrument(Eagle3LlamaForCausalLM)
     for name, target in ARCHITECTURES.items():
         if name not in ModelRegistry.get_supported_archs():
             ModelRegistry.register_model(name, target)

@@ -51,3 +51,25 @@ class DraftTrace:
                     "tokens": input_ids.reshape(-1)[index[known]].cpu(),
                     "logits": logits[known].float().cpu()},
                    self.directory / f"{os.getpid()}-{step:07d}.pt")
+
+
+def instrument(cls: type) -> None:
+    """Record a vLLM draft class's logits the way the kit's own classes do, its computation unchanged (vLLM's own
+    ``Eagle3LlamaForCausalLM`` runs EAGLE-3 heads; this lets the tier compare its draft logits with the kit's)."""
+    trace = DraftTrace.from_env()
+    if trace is None or getattr(cls, "_specdec_traced", False):
+        return
+    forward, compute_logits = cls.forward, cls.compute_logits
+
+    def traced_forward(self, input_ids, positions, hidden_states, inputs_embeds=None):
+        out = forward(self, input_ids, positions, hidden_states, inputs_embeds)
+        trace.remember(input_ids, positions, out[0])
+        return out
+
+    def traced_compute_logits(self, hidden_states):
+        logits = compute_logits(self, hidden_states)
+        if logits is not None:
+            trace.record(hidden_states, logits)
+        return logits
+
+    cls.forward, cls.compute_logits, cls._specdec_traced = traced_forward, traced_compute_logits, True
