@@ -18,7 +18,8 @@ from tqdm.auto import tqdm
 from specdec_kit import __version__
 from specdec_kit.runtime.manifest import sha256_file
 
-ZOO_HEADS = {"griffin": "griffin", "eagle": "eagle", "eagle2": "eagle", "hass": "hass", "medusa": "medusa", "moa": "moa"}
+ZOO_HEADS = {"griffin": "griffin", "eagle": "eagle", "eagle2": "eagle", "hass": "hass", "eagle3": "eagle3", "medusa": "medusa",
+             "moa": "moa"}
 
 
 class BuildError(ValueError):
