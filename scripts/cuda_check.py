@@ -20,7 +20,8 @@ from specdec_kit.runtime.trees import DynamicTreeConfig
 
 PROMPTS = ["def fibonacci(n):\n", "class Stack:\n    def __init__(self):\n", "import os\nimport sys\n\n\ndef main(argv=None):\n",
            "    def __repr__(self):\n        return"]
-HEADS = {"griffin": "griffin", "eagle2": "eagle", "hass": "hass", "eagle": "eagle", "medusa": "medusa", "moa": "moa"}
+HEADS = {"griffin": "griffin", "eagle3": "eagle3", "eagle2": "eagle", "hass": "hass", "eagle": "eagle", "medusa": "medusa",
+         "moa": "moa"}
 
 
 def main() -> int:
