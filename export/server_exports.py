@@ -252,15 +252,16 @@ def build_sglang(staging: Path, inputs: BuildInputs, target: TargetModel, module
     draft_dir = staging / "sglang" / "draft"
     cfg = draft_config_dict(module, kind)
     cfg.update(architectures=[SGLANG_ARCH[kind]], torch_dtype=inputs.dtype)
+    weight_map = None
     if kind == "eagle3":  # SGLang's own class reads the official layout; its layer ids name layer outputs
         cfg["eagle_config"] = dict(cfg["eagle_config"], eagle_aux_hidden_state_layer_ids=captured_layer_outputs(
             module, "SGLang"))
     else:
         weight_map = checked_weight_map(module, kind, state, "SGLang")
-        (draft_dir / "weight_map.json").parent.mkdir(parents=True, exist_ok=True)
-        (draft_dir / "weight_map.json").write_text(json.dumps({k: list(v) for k, v in weight_map.items()}, indent=1))
     trt.write_json(draft_dir / "config.json", cfg)
     save_safetensors(state, draft_dir / "model.safetensors")
+    if weight_map is not None:
+        (draft_dir / "weight_map.json").write_text(json.dumps({k: list(v) for k, v in weight_map.items()}, indent=1))
     env = {}
     if kind == "griffin":
         shutil.copytree(PLUGINS / "sglang" / SGLANG_PLUGIN, staging / "sglang" / "plugin" / SGLANG_PLUGIN,
@@ -284,7 +285,7 @@ def build_sglang(staging: Path, inputs: BuildInputs, target: TargetModel, module
             "sglang": {"architecture": SGLANG_ARCH[kind], "speculative_algorithm": algorithm,
                        "speculative_num_steps": tree.depth + 1,
                        "speculative_eagle_topk": tree.top_k, "speculative_num_draft_tokens": tree.total_tokens,
-                       "weight_map_checked": kind != "eagle3"}}
+                       "weight_map_checked": weight_map is not None}}
 
 
 def build_server_export(staging: Path, inputs: BuildInputs, target: TargetModel, module, tree, step) -> dict[str, Any]:

@@ -9,9 +9,9 @@ The EAGLE-1/2, HASS and GRIFFIN heads run through the plugin's architectures (``
 ``EagleLlamaForCausalLM``: that class drops ``fc.bias`` and reads the EAGLE config's ``bias`` as an attention bias,
 and no vLLM class is GRIFFIN. EAGLE-3 heads run in vLLM's own ``Eagle3LlamaForCausalLM`` (``"method": "eagle3"``),
 which reads the official layout as the kit writes it (``midlayer.*``, ``d2t``; the target layers it taps from
-``eagle_config.eagle_aux_hidden_state_layer_ids``). The plugin is registered through a ``vllm.general_plugins`` entry point declared by a ``.dist-info`` directory
-beside it, so putting ``vllm/plugin`` on ``PYTHONPATH`` (``serve.sh`` does) registers it in every vLLM process
-without installing anything.
+``eagle_config.eagle_aux_hidden_state_layer_ids``). The plugin is registered through a ``vllm.general_plugins``
+entry point declared by a ``.dist-info`` directory beside it, so putting ``vllm/plugin`` on ``PYTHONPATH``
+(``serve.sh`` does) registers it in every vLLM process without installing anything.
 """
 
 from __future__ import annotations

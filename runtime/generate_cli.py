@@ -100,10 +100,10 @@ def execute(args) -> int:
                 root = default_zoo() if args.zoo is ZOO_DEFAULT else args.zoo
                 if not (root / "target" / "config.json").is_file():
                     raise ValueError(f"{root}: no demo zoo here (build it with: python -m specdec_kit.train.zoo --out {root})")
-                paths = {"target": root / "target", "griffin": root / "griffin", "eagle3": root / "eagle3",
-                         "eagle2": root / "eagle",
-                         "hass": root / "hass", "eagle": root / "eagle", "medusa": root / "medusa",
-                         "moa": root / "moa", "moa_tli0": root / "moa_tli0"}
+                from specdec_kit.export.inputs import ZOO_HEADS
+
+                paths = {"target": root / "target", "moa_tli0": root / "moa_tli0",
+                         **{kind: root / folder for kind, folder in ZOO_HEADS.items()}}
                 print(f"demo zoo: {root} (a 9M-parameter Llama target trained by the kit on Python's standard library, "
                       "one head per method; its text is code-like but not meaningful: the zoo shows the machinery "
                       "and its numbers, not a useful model)")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from specdec_kit.runtime.drafts.eagle3 import DraftVocabHead, Eagle3Draft
+from specdec_kit.runtime.drafts.eagle3 import Eagle3Draft
 from specdec_kit.runtime.drafts.layers import FeatureDraft
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
 from specdec_kit.runtime.drafts.moa import MoADraft
@@ -238,21 +238,22 @@ def target_plan(target: TargetModel) -> GraphPlan:
     return GraphPlan(TARGET_SPEC, TargetStepGraph(target), ex, _cache_dims())
 
 
-def feature_draft_plans(draft: FeatureDraft, target: TargetModel) -> list[GraphPlan]:
-    """The draft step (d-wide features in, the target's LM head folded in); an EAGLE-3 draft's step ends in its own
-    head mapped onto the target vocabulary, and its ``fc`` is a graph of its own."""
+def feature_draft_plans(draft: FeatureDraft, head: nn.Module) -> list[GraphPlan]:
+    """The draft step: d-wide features in, ``head`` (the target's LM head, or an EAGLE-3 draft's own head placed on
+    the target's vocabulary) folded in."""
     layers, heads, dim = draft.attention_shape
     weight = draft.embed_tokens.weight
     ids, pos, mask, index, pk, pv = _cached_example(layers, heads, dim, weight.dtype, weight.device)
     feats = torch.zeros(ids.shape[0], ids.shape[1], draft.config.hidden_size, dtype=weight.dtype, device=weight.device)
-    head = DraftVocabHead(draft) if isinstance(draft, Eagle3Draft) else target.lm_head
-    plans = [GraphPlan(DRAFT_SPEC, FeatureDraftStepGraph(draft, head), (ids, feats, pos, mask, index, pk, pv),
-                       _cache_dims())]
-    if isinstance(draft, Eagle3Draft):
-        wide = torch.zeros(*ids.shape, draft.fc.in_features, dtype=weight.dtype, device=weight.device)
-        axes = {0: _big("batch"), 1: _big("tokens")}
-        plans.append(GraphPlan(FUSE_SPEC, FuseGraph(draft), (wide,), {"hidden_states": axes}))
-    return plans
+    return [GraphPlan(DRAFT_SPEC, FeatureDraftStepGraph(draft, head), (ids, feats, pos, mask, index, pk, pv),
+                      _cache_dims())]
+
+
+def fuse_plan(draft: Eagle3Draft) -> GraphPlan:
+    """An EAGLE-3 draft's ``fc`` over the target's tapped layers, a graph of its own."""
+    weight = draft.fc.weight
+    wide = torch.zeros(2, 3, draft.fc.in_features, dtype=weight.dtype, device=weight.device)
+    return GraphPlan(FUSE_SPEC, FuseGraph(draft), (wide,), {"hidden_states": {0: _big("batch"), 1: _big("tokens")}})
 
 
 def medusa_plans(heads: MedusaHeads, target: TargetModel) -> list[GraphPlan]:

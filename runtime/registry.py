@@ -55,9 +55,14 @@ class DraftFamily(ABC):
     def check_tree(self, tree: Tree) -> None:
         """Refuse a tree this family cannot draft (with the reason)."""
 
+    def feature_layers(self, module: nn.Module) -> tuple[int, ...] | None:
+        """The target layers whose entering hidden states the draft reads; None: the last layer's features."""
+        return None
+
     def target_for(self, target: TargetModel, module: nn.Module) -> TargetModel:
-        """The target as this family's drafts read it (the last layer's features, unless overridden)."""
-        return target
+        """The target as this family's drafts read it: itself, or a view returning the tapped layers."""
+        layers = self.feature_layers(module)
+        return target if layers is None else target.tapped(layers)
 
 
 class FeatureFamily(DraftFamily):
@@ -66,21 +71,29 @@ class FeatureFamily(DraftFamily):
     name = "feature"
     manifest_keys = ("num_hidden_layers", "num_key_value_heads", "head_dim", "hidden_size", "vocab_size")
 
+    def head(self, module: nn.Module, target: TargetModel) -> nn.Module:
+        """What turns the draft's prediction feature into logits over the target's vocabulary."""
+        return target.lm_head
+
     def torch_drafter(self, module, target, tree):
         from specdec_kit.runtime.drafting import FeatureTreeDrafter, TorchFeatureStep
 
-        return FeatureTreeDrafter(TorchFeatureStep(module, target.lm_head), tree)
+        step = TorchFeatureStep(module, self.head(module, target))
+        return FeatureTreeDrafter(step, tree, self.feature_layers(module))
 
     def ort_drafter(self, graph, manifest, target, tree):
         from specdec_kit.runtime.drafting import FeatureTreeDrafter
         from specdec_kit.runtime.ort_backend import OrtFeatureDraftStep
 
-        return FeatureTreeDrafter(OrtFeatureDraftStep(graph("draft_step"), manifest["draft"], target.dtype), tree)
+        layers = manifest["draft"].get("feature_layers")
+        fuse = graph("draft_fuse") if layers else None  # tapped layers are fused by the draft's fc, its own graph
+        step = OrtFeatureDraftStep(graph("draft_step"), manifest["draft"], target.dtype, fuse=fuse)
+        return FeatureTreeDrafter(step, tree, tuple(layers) if layers else None)
 
     def graph_plans(self, module, target):
         from specdec_kit.runtime.graphs import feature_draft_plans
 
-        return feature_draft_plans(module, target)
+        return feature_draft_plans(module, self.head(module, target))
 
     def client_drafter(self, module, tail, tree):
         return self.torch_drafter(module, tail, tree)
@@ -94,21 +107,18 @@ class Eagle3Family(FeatureFamily):
     manifest_keys = FeatureFamily.manifest_keys + ("draft_vocab_size", "feature_layers")
     client_drafting = False
 
-    def target_for(self, target, module):
-        return target.tapped(module.feature_layers)
+    def feature_layers(self, module):
+        return module.feature_layers
 
-    def torch_drafter(self, module, target, tree):
-        from specdec_kit.runtime.drafting import FeatureTreeDrafter, TorchFeatureStep
+    def head(self, module, target):
         from specdec_kit.runtime.drafts.eagle3 import DraftVocabHead
 
-        return FeatureTreeDrafter(TorchFeatureStep(module, DraftVocabHead(module)), tree, module.feature_layers)
+        return DraftVocabHead(module)
 
-    def ort_drafter(self, graph, manifest, target, tree):
-        from specdec_kit.runtime.drafting import FeatureTreeDrafter
-        from specdec_kit.runtime.ort_backend import OrtFeatureDraftStep
+    def graph_plans(self, module, target):
+        from specdec_kit.runtime.graphs import fuse_plan
 
-        step = OrtFeatureDraftStep(graph("draft_step"), manifest["draft"], target.dtype, fuse=graph("draft_fuse"))
-        return FeatureTreeDrafter(step, tree, tuple(manifest["draft"]["feature_layers"]))
+        return [*super().graph_plans(module, target), fuse_plan(module)]
 
     def client_drafter(self, module, tail, tree):
         raise ValueError("eagle3 drafts are not offered for client-server drafting: they read three target layers "

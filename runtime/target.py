@@ -2,7 +2,7 @@
 
 One forward runs a batch of token trees (tree mask + position ids) on top of a preallocated
 ``KVCache`` and returns the logits and the features a draft reads: the last-layer features (the post-final-norm
-hidden state, exactly what the EAGLE/GRIFFIN reference code feeds its draft), or, in a view made by ``tapped`` for some
+hidden state, exactly what the EAGLE/GRIFFIN reference code feeds its draft), or, in a view made by ``tapped`` for
 some decoder layers (EAGLE-3), the hidden states entering those layers side by side, taken from the same
 forward. The checkpoint's own modules do the maths (norms, MLPs, projections, rotary tables); the adapter
 owns only cache layout and masking.

@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from specdec_kit.export.inputs import ZOO_HEADS
 from specdec_kit.paths import default_zoo
 from specdec_kit.runtime.generate import SpeculativeGenerator
 from specdec_kit.runtime.loader import default_tree, load_tokenizer, make_drafter
@@ -20,8 +21,6 @@ from specdec_kit.runtime.trees import DynamicTreeConfig
 
 PROMPTS = ["def fibonacci(n):\n", "class Stack:\n    def __init__(self):\n", "import os\nimport sys\n\n\ndef main(argv=None):\n",
            "    def __repr__(self):\n        return"]
-HEADS = {"griffin": "griffin", "eagle3": "eagle3", "eagle2": "eagle", "hass": "hass", "eagle": "eagle", "medusa": "medusa",
-         "moa": "moa"}
 
 
 def main() -> int:
@@ -43,9 +42,9 @@ def main() -> int:
         ref.append(out[0, len(prompt):].tolist())
     total, depth, top_k = (int(v) for v in args.tree.split(","))
     rows, ok = [], True
-    for kind in ["none", *HEADS]:
+    for kind in ["none", *ZOO_HEADS]:
         tree = default_tree(kind, DynamicTreeConfig(total, depth, top_k), "static:mc_sim_7b_63:24") if kind != "none" else None
-        drafter = make_drafter(target, kind, zoo / HEADS[kind] if kind != "none" else None, tree)
+        drafter = make_drafter(target, kind, zoo / ZOO_HEADS[kind] if kind != "none" else None, tree)
         gen = SpeculativeGenerator(target, drafter, eos_token_ids=[])
         gen.generate(ids[:1], 8)  # warm-up
         start = time.perf_counter()

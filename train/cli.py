@@ -88,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.method == "eagle3":
             from specdec_kit.train.eagle3 import Eagle3Spec
 
+            if args.cache_features:
+                raise ValueError("--cache-features: eagle3 reads three target layers and the target's logits, which "
+                                 "it streams (the cache holds the last layer only)")
             overrides.pop("passes", None)
             spec = Eagle3Spec(draft_vocab=args.draft_vocab, ttt_length=args.ttt_length,
                               feature_layers=args.feature_layers, **overrides)
@@ -97,9 +100,6 @@ def main(argv: list[str] | None = None) -> int:
         data = blocks(token_stream(tokenizer, docs, max_tokens=need + spec.seq_len), spec.seq_len, spec.seed)
         if data.shape[0] == 0:
             raise ValueError(f"not enough text for one block of {spec.seq_len} tokens")
-        if args.cache_features and args.method == "eagle3":
-            raise ValueError("--cache-features: eagle3 reads three target layers and the target's logits, which it "
-                             "streams (the cache holds the last layer only)")
         if args.cache_features:
             from specdec_kit.train.features import CachedFeatures, write_cache
 

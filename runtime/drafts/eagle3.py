@@ -111,6 +111,5 @@ class DraftVocabHead(nn.Module):
     def forward(self, prediction: torch.Tensor) -> torch.Tensor:
         logits = self.draft.logits(prediction)
         full = logits.new_full((*logits.shape[:-1], self.draft.config.vocab_size), float("-inf"))
-        ids = torch.arange(logits.shape[-1], device=logits.device) + self.draft.d2t
+        ids = self.draft.target_ids(torch.arange(logits.shape[-1], device=logits.device))
         return full.scatter(-1, ids.expand(logits.shape), logits)
-

@@ -252,7 +252,9 @@ def load_draft(
     """Load an official-layout draft checkpoint strictly; refuse one that does not fit the target."""
     from specdec_kit.runtime.registry import draft_kind
 
-    path = _draft_dir(path)
+    path = Path(path)
+    if not path.is_dir():
+        raise DraftLoadError(f"{path}: draft checkpoint directory does not exist")
     config_file = path / "config.json"
     module = build_draft(kind, read_config(path), config_file, target_hidden, target_vocab, target_shape)
     file = _find_file(path, draft_kind(kind).family.weight_files)
@@ -260,13 +262,6 @@ def load_draft(
     if isinstance(module, Eagle3Draft):
         check_vocab_maps(module, file)
     return module.to(device=device, dtype=dtype).eval()
-
-
-def _draft_dir(path: str | Path) -> Path:
-    path = Path(path)
-    if not path.is_dir():
-        raise DraftLoadError(f"{path}: draft checkpoint directory does not exist")
-    return path
 
 
 def draft_config_dict(module: nn.Module, kind: str, base_model: str = "") -> dict[str, Any]:
