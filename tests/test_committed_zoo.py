@@ -1,5 +1,5 @@
-"""The committed demo zoo: within its size budget, built from the current recipe, strict-loadable, and
-lossless on its own target."""
+"""The committed demo zoo: within its size budget, built from the current recipe, strict-loadable, lossless on
+its own target, and benchmarked: EAGLE-3 rows beside GRIFFIN's."""
 
 from __future__ import annotations
 
@@ -45,3 +45,20 @@ def test_zoo_heads_load_and_decode_losslessly():
                                else resolve_tree(kind, tree, 16, 3, 4))
         out = SpeculativeGenerator(target, drafter, eos_token_ids=[]).generate([prompt], 40)[0]
         assert out.tokens == ref, kind
+
+
+def test_the_benchmark_reports_eagle3_beside_griffin(tmp_path):
+    from specdec_kit.bench import speedup
+
+    out = tmp_path / "bench"
+    assert speedup.main(["--zoo", str(ZOO), "--out", str(out), "--smoke", "--methods", "griffin,eagle3",
+                         "--peers", "none"]) == 0
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert {r["method"] for r in rows} == {"plain", "griffin", "eagle3"}
+    eagle3 = [r for r in rows if r["method"] == "eagle3"]
+    assert {(r["prompt_set"], r["temperature"]) for r in eagle3} == {
+        (s, t) for s in ("humaneval", "spec_bench", "heldout") for t in (0.0, 1.0)}
+    for r in eagle3:
+        assert r["acceptance_length"] >= 1.0 and r["bound"] > 0 and r["speedup"] > 0
+    greedy = [r for r in eagle3 if r["temperature"] == 0.0]
+    assert max(r["acceptance_length"] for r in greedy) > 1.5  # the trained head's drafts are accepted
