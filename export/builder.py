@@ -22,7 +22,9 @@ from typing import Any, Callable
 import torch
 
 from specdec_kit import __version__
+from specdec_kit.export.engine_rules import check_engine_rules
 from specdec_kit.export.inputs import BuildError, BuildInputs, hash_tree
+from specdec_kit.export.trtllm_pytorch import check_legacy_release
 from specdec_kit.runtime.device import DTYPES
 from specdec_kit.runtime.drafts.loading import save_draft
 from specdec_kit.runtime.drafts.eagle3 import Eagle3Draft
@@ -155,6 +157,8 @@ def build_engine(inputs: BuildInputs, output: Path, force: bool = False, device:
         inputs.file_hashes["tokenizer"] = hash_tree(inputs.tokenizer, "tokenizer")
     digest = inputs.digest()
     check_parallel(inputs)
+    check_legacy_release(inputs.trtllm_legacy_engine, inputs.draft, inputs.backend)
+    check_engine_rules(inputs.backend, inputs.draft, inputs.pp, inputs.trtllm_legacy_engine)
     check_output(output)
     if output.exists() and not force:
         found = _existing(output, digest)
@@ -167,9 +171,6 @@ def build_engine(inputs: BuildInputs, output: Path, force: bool = False, device:
     step(f"loading target {inputs.target}")
     target = TargetModel.from_pretrained(inputs.target, dtype=dtype, device=device)
     step(f"loading {inputs.draft} draft {inputs.draft_path}")
-    refusal = draft_kind(inputs.draft).refusal(inputs.backend)
-    if refusal:
-        raise BuildError(refusal)
     module = load_draft_for(target, inputs.draft, inputs.draft_path)
     target = draft_kind(inputs.draft).family.target_for(target, module)  # EAGLE-3: the target's tapped layers
     tree = tree_from_dict(inputs.tree)

@@ -56,6 +56,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", help="where to load and check the model while building (cpu, cuda)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (tensorrt-llm, sglang, vllm)")
     p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (tensorrt-llm, sglang, vllm)")
+    p.add_argument("--trtllm-legacy-engine", metavar="RELEASE",
+                   help="tensorrt-llm only: write the legacy TensorRT engine route (trtllm-build checkpoint; EAGLE-1/2, "
+                        "HASS, Medusa) for a TensorRT-LLM release that still has it (<= 1.2, e.g. 1.2.1); by default "
+                        "the export targets the PyTorch backend, the only one in later releases")
     p.add_argument("--output", type=Path, help="engine directory (default engines/<draft>-<backend>)")
     p.add_argument("--force", action="store_true", help="rebuild even if the output holds an engine from these inputs")
     return p.parse_args(argv)
@@ -165,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         inputs = BuildInputs(
             draft=args.draft, target=target, draft_path=draft_path, tokenizer=tokenizer, backend=args.backend,
             dtype=resolve_dtype_name(args.backend, args.dtype, device), tree=resolve_tree_dict(args.draft, args.backend, demo, args.tree, args.total_tokens, args.depth, args.top_k),
-            tp=args.tp, pp=args.pp, demo=demo,
+            tp=args.tp, pp=args.pp, demo=demo, trtllm_legacy_engine=args.trtllm_legacy_engine,
         )
         output = args.output or Path("engines") / f"{args.draft}-{args.backend}"
         result = build_engine(inputs, output, force=args.force, device=device, step=step)

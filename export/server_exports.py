@@ -1,7 +1,8 @@
-"""Engines that run in another server: TensorRT-LLM (``trtllm-serve``), SGLang (``sglang.launch_server``) and
-vLLM (``export/vllm_export.py``).
+"""Engines that run in another server: TensorRT-LLM (``trtllm-serve``; its PyTorch backend in
+``export/trtllm_pytorch.py``, the legacy engine checkpoint in ``export/trtllm_export.py``), SGLang
+(``sglang.launch_server``) and vLLM (``export/vllm_export.py``).
 
-Both get the target as a Hugging Face checkpoint (``target/``, with its tokenizer), the draft in the
+Each gets the target as a Hugging Face checkpoint (``target/``, with its tokenizer), the draft in the
 layout the server reads, the files that configure it, and ``serve.sh``, which starts the server from
 the engine directory wherever it is mounted. The runtime does not run these engines; the chart and
 the server launcher (``--backend``) do, on GPU machines.
@@ -21,6 +22,7 @@ import torch
 import yaml
 
 from specdec_kit.export import trtllm_export as trt
+from specdec_kit.export import trtllm_pytorch
 from specdec_kit.export.inputs import BuildError, BuildInputs
 from specdec_kit.export.weight_maps import (
     WeightMap, check_coverage, fused_draft_parameters, fused_draft_weight_map,
@@ -31,8 +33,6 @@ from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
 
 PLUGINS = Path(__file__).resolve().parent / "plugins"
 SGLANG_PLUGIN = "specdec_griffin_sglang"
-TRTLLM_PLUGIN = "specdec_griffin_trtllm"
-TRTLLM_GRIFFIN_ARCH = "GriffinLlama"
 SGLANG_ARCH = {"griffin": "GriffinLlamaForCausalLM", "eagle": "LlamaForCausalLMEagle",
                "eagle2": "LlamaForCausalLMEagle", "hass": "LlamaForCausalLMEagle", "eagle3": "LlamaForCausalLMEagle3"}
 
@@ -105,10 +105,9 @@ def write_target(staging: Path, target: TargetModel) -> None:
 # -- TensorRT-LLM -----------------------------------------------------------------------------
 def _trtllm_checkpoint(staging: Path, inputs: BuildInputs, target: TargetModel, module, settings: dict,
                        step: Callable[[str], None]) -> dict[str, Any]:
+    """The legacy engine route (TensorRT-LLM <= 1.2): a ``trtllm-build`` checkpoint and the TensorRT backend."""
     tp, pp = inputs.tp, inputs.pp
     kind = inputs.draft
-    if kind != "medusa" and pp != 1:
-        raise BuildError(f"--pp {pp}: TensorRT-LLM's EAGLE engines support no pipeline parallelism (pp must be 1)")
     tcfg = _target_config(target)
     dtype = target.dtype
     hf = {k: v.to(dtype) for k, v in target.hf_model.state_dict().items()}
@@ -153,97 +152,53 @@ def _trtllm_checkpoint(staging: Path, inputs: BuildInputs, target: TargetModel, 
             "artifacts": {"trtllm_checkpoint": "trtllm/checkpoint", "trtllm_engine_dir": "trtllm/engine"}}
 
 
-def _trtllm_griffin(staging: Path, inputs: BuildInputs, target: TargetModel, module, settings: dict) -> dict[str, Any]:
-    """GRIFFIN on the PyTorch backend: an EAGLE-3-style draft directory and the drafter module."""
-    if settings["choices"] is not None:
-        raise BuildError("GRIFFIN on TensorRT-LLM's PyTorch backend drafts dynamic trees only (eagle_choices was "
-                         "removed there); use --tree dynamic")
-    draft_dir = staging / "trtllm" / "draft"
-    cfg = draft_config_dict(module, "griffin")
-    cfg.update(architectures=[TRTLLM_GRIFFIN_ARCH], draft_vocab_size=cfg["vocab_size"], torch_dtype=inputs.dtype)
-    trt.write_json(draft_dir / "config.json", cfg)
-    save_safetensors(draft_state(module, target.dtype), draft_dir / "model.safetensors")
-    modules = staging / "trtllm" / "custom_modules"
-    modules.mkdir(parents=True)
-    shutil.copy2(PLUGINS / "trtllm" / f"{TRTLLM_PLUGIN}.py", modules / f"{TRTLLM_PLUGIN}.py")
-    layers = target.num_layers
-    spec = {"decoding_type": "Eagle3", "speculative_model_dir": "trtllm/draft", "eagle3_one_model": False,
-            "eagle3_layers_to_capture": [max(layers - 2, 0), layers - 1], "max_draft_len": settings["num_eagle_layers"],
-            "max_total_draft_tokens": settings["max_draft_len"], **settings["dynamic"]}
-    return {"build": None, "serve_config": {"backend": "pytorch", "speculative_config": spec},
-            "serve": ["trtllm-serve", "target", "--backend", "pytorch", "--custom_module_dirs", "trtllm/custom_modules",
-                      "--config", "trtllm/serve.yaml", "--tp_size", str(inputs.tp), "--pp_size", str(inputs.pp),
-                      "--host", "0.0.0.0", "--port", "${PORT:-8000}"],
-            "artifacts": {"trtllm_draft": "trtllm/draft/model.safetensors",
-                          "trtllm_drafter_module": f"trtllm/custom_modules/{TRTLLM_PLUGIN}.py"}}
-
-
-def _trtllm_eagle3(staging: Path, inputs: BuildInputs, target: TargetModel, module, settings: dict) -> dict[str, Any]:
-    """EAGLE-3 on TensorRT-LLM's PyTorch backend: the official layout, which its built-in ``EAGLE3LlamaForCausalLM``
-    loads (``draft_vocab_size`` in the config selects it), and the YAML ``speculative_config``."""
-    if settings["choices"] is not None:
-        raise BuildError("EAGLE-3 on TensorRT-LLM's PyTorch backend drafts dynamic trees or chains (eagle_choices was "
-                         "removed there); use --tree dynamic")
-    draft_dir = staging / "trtllm" / "draft"
-    cfg = dict(draft_config_dict(module, "eagle3"), torch_dtype=inputs.dtype)
-    trt.write_json(draft_dir / "config.json", cfg)
-    save_safetensors(draft_state(module, target.dtype), draft_dir / "model.safetensors")
-    spec = {"decoding_type": "Eagle3", "speculative_model_dir": "trtllm/draft",
-            "eagle3_layers_to_capture": captured_layer_outputs(module, "TensorRT-LLM"),
-            "max_draft_len": settings["num_eagle_layers"], "max_total_draft_tokens": settings["max_draft_len"],
-            **settings["dynamic"]}
-    return {"build": None, "serve_config": {"backend": "pytorch", "speculative_config": spec},
-            "serve": ["trtllm-serve", "target", "--backend", "pytorch", "--config", "trtllm/serve.yaml",
-                      "--tp_size", str(inputs.tp), "--pp_size", str(inputs.pp), "--host", "0.0.0.0",
-                      "--port", "${PORT:-8000}"],
-            "artifacts": {"trtllm_draft": "trtllm/draft/model.safetensors"}}
-
-
 def build_trtllm(staging: Path, inputs: BuildInputs, target: TargetModel, module, tree, step) -> dict[str, Any]:
-    settings = trt.tree_settings(tree)
-    try:
-        trt.check_tree(settings)
-    except trt.TrtllmExportError as exc:
-        raise BuildError(f"tree does not fit TensorRT-LLM: {exc}") from exc
-    if inputs.draft == "medusa" and not isinstance(tree, StaticTree):
-        raise BuildError("Medusa engines need a static tree (medusa_choices); use --tree static:mc_sim_7b_63")
+    """The PyTorch-backend export by default; the legacy engine checkpoint with ``--trtllm-legacy-engine``."""
     write_target(staging, target)
-    if inputs.draft == "griffin":
-        step("writing the GRIFFIN draft and drafter for TensorRT-LLM's PyTorch backend")
-        out = _trtllm_griffin(staging, inputs, target, module, settings)
-    elif inputs.draft == "eagle3":
-        step("writing the EAGLE-3 draft for TensorRT-LLM's PyTorch backend")
-        out = _trtllm_eagle3(staging, inputs, target, module, settings)
+    legacy = inputs.trtllm_legacy_engine
+    if legacy is None:
+        step("writing the draft for TensorRT-LLM's PyTorch backend")
+        layers = (captured_layer_outputs(module, "TensorRT-LLM") if inputs.draft == "eagle3"
+                  else [target.num_layers - 1])  # the last layer's output, through the target's norm in the drafter
+        out = trtllm_pytorch.pytorch_route(staging, inputs.draft, target, module, tree, inputs.tp, inputs.pp,
+                                           inputs.dtype, layers,
+                                           lambda path: save_safetensors(draft_state(module, target.dtype), path))
+        notes = [*out["notes"], "serving needs a GPU machine with TensorRT-LLM; run trtllm/serve.sh there (PyTorch "
+                 "backend, no engine build" + (", the kit installed beside it for the drafter package)"
+                                               if inputs.draft != "eagle3" else ")")]
     else:
+        settings = trt.tree_settings(tree)
+        try:
+            trt.check_tree(settings)
+        except trt.TrtllmExportError as exc:
+            raise BuildError(f"tree does not fit TensorRT-LLM: {exc}") from exc
+        if inputs.draft == "medusa" and not isinstance(tree, StaticTree):
+            raise BuildError("Medusa engines need a static tree (medusa_choices); use --tree static:mc_sim_7b_63")
         out = _trtllm_checkpoint(staging, inputs, target, module, settings, step)
+        notes = [f"legacy TensorRT engine route for TensorRT-LLM {legacy} (<= 1.2): trtllm-build needs a GPU machine "
+                 "with that release; run trtllm/build.sh there, then trtllm/serve.sh"]
     (staging / "trtllm" / "serve.yaml").write_text(yaml.safe_dump(out["serve_config"], sort_keys=False))
     commands = {}
     if out["build"]:
-        build_sh = staging / "trtllm" / "build.sh"
-        commands["build the engine"] = serve_script(build_sh, out["build"])
+        commands["build the engine"] = serve_script(staging / "trtllm" / "build.sh", out["build"])
     commands["serve"] = serve_script(staging / "trtllm" / "serve.sh", out["serve"])
-    notes = []
     built = False
     if out["build"] and importlib.util.find_spec("tensorrt_llm") is not None:
         step("tensorrt_llm is importable: running trtllm-build")
         subprocess.run(["bash", str(staging / "trtllm" / "build.sh")], check=True)
-        built = True
-    elif out["build"]:
-        notes.append("trtllm-build needs a GPU machine with TensorRT-LLM (not importable here); run trtllm/build.sh "
-                     "there, then trtllm/serve.sh")
-    else:
-        notes.append("serving needs a GPU machine with TensorRT-LLM; run trtllm/serve.sh there (PyTorch backend, no build)")
+        built, notes = True, []
     artifacts = {"target": "target", "trtllm_serve_config": "trtllm/serve.yaml", **out["artifacts"]}
     artifacts = {k: v for k, v in artifacts.items() if k != "trtllm_engine_dir" or built}
-    return {"artifacts": artifacts, "serve": {"commands": commands, "notes": notes},
-            "tensorrt_llm": {"tree": settings, "engine_built": built, "serve_config": out["serve_config"]}}
+    record = {"route": "pytorch" if legacy is None else f"legacy-engine {legacy}", "engine_built": built,
+              "serve_config": out["serve_config"]}
+    if legacy is not None:
+        record["tree"] = settings
+    return {"artifacts": artifacts, "serve": {"commands": commands, "notes": notes}, "tensorrt_llm": record}
 
 
 # -- SGLang -----------------------------------------------------------------------------------
 def build_sglang(staging: Path, inputs: BuildInputs, target: TargetModel, module, tree, step) -> dict[str, Any]:
     kind = inputs.draft
-    if kind == "medusa":
-        raise BuildError("SGLang has no Medusa support; build Medusa with --backend tensorrt-llm or onnxruntime")
     if not isinstance(tree, DynamicTreeConfig):
         raise BuildError("SGLang drafts EAGLE-style dynamic trees only (steps / top-k / draft tokens); use --tree dynamic")
     step("writing the draft in SGLang's layout")

@@ -201,6 +201,7 @@ MOA_VLLM = (
     "vLLM's EAGLE proposer hands a draft model only the target's last hidden states (EAGLE-3: a few layers' "
     "hidden states), never the target's per-layer KV cache that LSA attends over, and it cannot run the target's "
     "own last layers with draft-time KV entries (TLI); it would need a proposer of its own, not just a model class")
+MEDUSA_SGLANG = "SGLang has no Medusa decoding (its algorithms: EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, DFLASH, DSPARK)"
 MEDUSA_VLLM = (
     "vLLM's Medusa method proposes each head's top-1 only (a chain), so the kit's Medusa engine, defined by its "
     "tree of choices, would not run as built; vLLM would need tree proposals and tree attention in its verifier")
@@ -276,7 +277,7 @@ def _register_builtin() -> None:
     register(DraftKind("eagle3", eagle3, "build_eagle3", "EAGLE-3: three target layers fused, own reduced-vocabulary "
                        "head, training-time test"))
     register(DraftKind("medusa", medusa, "build_medusa", "Medusa heads on a static tree",
-                       default_tree="static:mc_sim_7b_63", refused_backends={"vllm": MEDUSA_VLLM}))
+                       default_tree="static:mc_sim_7b_63", refused_backends={"vllm": MEDUSA_VLLM, "sglang": MEDUSA_SGLANG}))
     register(DraftKind("moa", moa, "build_moa", "Mixture of Attentions (LSA, SA + CA, TLI)",
                        refused_backends={"tensorrt-llm": MOA_SERVER_ENGINES, "sglang": MOA_SERVER_ENGINES,
                                          "vllm": MOA_VLLM}))

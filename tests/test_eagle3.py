@@ -30,6 +30,7 @@ from specdec_kit.runtime.trees import DynamicTreeConfig, tree_to_dict
 from specdec_kit.train.eagle3 import TrainingTimeTest, draft_vocabulary, tapped_outputs
 
 from conftest import SMALL_DEMO
+from test_trtllm_interface import check_against_llm_args
 
 CONFIG = {"architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "hidden_size": 48, "intermediate_size": 96,
           "max_position_embeddings": 256, "model_type": "llama", "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -334,9 +335,10 @@ def test_server_exports_name_the_tapped_layers_in_each_engines_convention(tmp_pa
     assert weights["d2t"].dtype == torch.int64 and weights["t2d"].dtype == torch.bool
     assert {k.split(".")[0] for k in weights} == {"d2t", "t2d", "embed_tokens", "fc", "midlayer", "norm", "lm_head"}
     trt = export("tensorrt-llm", tmp_path / "e3", checkpoints, tmp_path / "trt")
-    spec = yaml.safe_load((trt / "trtllm" / "serve.yaml").read_text())["speculative_config"]
+    spec = check_against_llm_args(trt / "trtllm" / "serve.yaml")  # the keys and types TensorRT-LLM declares
     assert spec["decoding_type"] == "Eagle3" and spec["eagle3_layers_to_capture"] == [0, 1, 2]
-    assert spec["speculative_model_dir"] == "trtllm/draft" and spec["max_draft_len"] == 4
+    assert spec["speculative_model"] == "trtllm/draft" and spec["max_draft_len"] == 4
+    assert "--custom_module_dirs" not in (trt / "trtllm" / "serve.sh").read_text()  # TensorRT-LLM's own class
     assert "draft_vocab_size" in json.loads((trt / "trtllm" / "draft" / "config.json").read_text())
 
 

@@ -1,9 +1,9 @@
-"""TensorRT-LLM export, checked without TensorRT-LLM: shards reassemble to the original weights, names
-and shapes follow the documented checkpoint layout, configs parse, trees obey the engine's limits."""
+"""TensorRT-LLM's legacy engine route (``--trtllm-legacy-engine``, releases <= 1.2), checked without TensorRT-LLM:
+shards reassemble to the original weights, names and shapes follow the documented checkpoint layout, configs
+parse, trees obey the engine's limits. The default PyTorch-backend export: tests/test_trtllm_interface.py."""
 
 from __future__ import annotations
 
-import ast
 import json
 
 import pytest
@@ -14,7 +14,6 @@ from safetensors.torch import load_file
 from specdec_kit.export import trtllm_export as trt
 from specdec_kit.export.builder import build_engine
 from specdec_kit.export.inputs import BuildError, BuildInputs
-from specdec_kit.export.server_exports import PLUGINS, TRTLLM_GRIFFIN_ARCH, TRTLLM_PLUGIN
 from specdec_kit.runtime.choices import EAGLE1_DEFAULT, MC_SIM_7B_63
 from specdec_kit.runtime.drafts.loading import load_draft
 from specdec_kit.runtime.manifest import read_manifest
@@ -24,7 +23,8 @@ from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree, parse_tree_
 
 def build(paths, kind, tree, tmp, tp=1, pp=1):
     inputs = BuildInputs(draft=kind, target=paths["target"], draft_path=paths[kind], tokenizer=paths["target"],
-                         backend="tensorrt-llm", dtype="float32", tree=tree_to_dict(tree), tp=tp, pp=pp)
+                         backend="tensorrt-llm", dtype="float32", tree=tree_to_dict(tree), tp=tp, pp=pp,
+                         trtllm_legacy_engine="1.2.1")
     return build_engine(inputs, tmp / f"{kind}-tp{tp}-pp{pp}")
 
 
@@ -149,36 +149,8 @@ def test_tree_constraints_are_enforced():
 
 
 def test_unsupported_combinations_are_refused(demo_checkpoints, tmp_path):
-    with pytest.raises(BuildError, match="no pipeline parallelism"):
+    with pytest.raises(BuildError, match="pp_size 1"):
         build(demo_checkpoints, "hass", DynamicTreeConfig(10, 2, 3), tmp_path, pp=2)
-    with pytest.raises(BuildError, match="dynamic trees only"):
-        build(demo_checkpoints, "griffin", StaticTree.from_choices(EAGLE1_DEFAULT), tmp_path)
     with pytest.raises(BuildError, match="exceeds the 4 Medusa heads"):
         build(demo_checkpoints, "medusa", parse_tree_spec("static:chain-5"), tmp_path)
     assert list(tmp_path.iterdir()) == []
-
-
-def test_griffin_pytorch_backend_export(demo_checkpoints, tmp_path):
-    result = build(demo_checkpoints, "griffin", DynamicTreeConfig(total_tokens=30, depth=4, top_k=4), tmp_path)
-    draft_dir = result.path / "trtllm" / "draft"
-    cfg = json.loads((draft_dir / "config.json").read_text())
-    assert cfg["architectures"] == [TRTLLM_GRIFFIN_ARCH] and cfg["draft_vocab_size"] == cfg["vocab_size"]
-    spec = yaml.safe_load((result.path / "trtllm" / "serve.yaml").read_text())["speculative_config"]
-    assert spec["decoding_type"] == "Eagle3" and spec["speculative_model_dir"] == "trtllm/draft"
-    assert spec["max_draft_len"] == 5 and spec["max_total_draft_tokens"] == 29 and spec["dynamic_tree_max_topK"] == 4
-    assert spec["eagle3_layers_to_capture"] == [0, 1]  # the target's last two layers (2-layer target)
-    serve = (result.path / "trtllm" / "serve.sh").read_text()
-    assert "--custom_module_dirs trtllm/custom_modules" in serve and "--backend pytorch" in serve
-    # the drafter registers the name TensorRT-LLM derives from this config: "EAGLE3" + architecture
-    source = (result.path / "trtllm" / "custom_modules" / f"{TRTLLM_PLUGIN}.py").read_text()
-    tree = ast.parse(source)
-    consts = {n.targets[0].id: n.value for n in tree.body if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name)}
-    assert ast.literal_eval(consts["ARCHITECTURE"]) == cfg["architectures"][0]
-    decorated = [d for n in tree.body if isinstance(n, ast.ClassDef) for d in n.decorator_list]
-    assert any(isinstance(d, ast.Call) and d.func.id == "register_auto_model" and d.args[0].id == "REGISTERED_NAME"
-               for d in decorated)
-    # the draft's weights are the kit's GRIFFIN keys, unchanged
-    saved = load_file(str(draft_dir / "model.safetensors"))
-    module = load_draft(demo_checkpoints["griffin"], "griffin", 64, cfg["vocab_size"])
-    assert set(saved) == set(module.state_dict())
-    assert source == (PLUGINS / "trtllm" / f"{TRTLLM_PLUGIN}.py").read_text()

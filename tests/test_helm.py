@@ -159,7 +159,7 @@ def test_feature_switches(chart):
     env = server(docs["Deployment"]["spec"]["template"]["spec"])["env"]
     assert {"name": "SPECDEC_API_KEY", "valueFrom": {"secretKeyRef": {"name": "specdec-api-key", "key": "api-key"}}} in env
     assert docs["PersistentVolumeClaim"]["spec"]["accessModes"] == ["ReadWriteMany"]  # shared by 2 replicas
-    multi = render(chart, example(CHART / "ci" / "values-multinode-tp8-pp2.yaml"))
+    multi = render(chart, example(CHART / "ci" / "values-multinode-tp16.yaml"))
     leader = next(spec for role, spec in pods_of(multi) if role == "leader")
     assert "--nnodes=2" in server(leader)["args"] and "--node-rank=$(LWS_WORKER_INDEX)" in server(leader)["args"]
     assert any(d["kind"] == "Role" and d["rules"][0]["resources"] == ["pods"] for d in multi)
@@ -206,7 +206,7 @@ def test_dockerfiles_are_hadolint_clean_and_pinned():
         assert "USER 10001" in text and "org.opencontainers.image.version" in text
         assert ":latest" not in text
     assert "lmsysorg/sglang:v0.5.19-cu129" in (REPO / "build" / "sglang.Dockerfile").read_text()
-    assert "tensorrt-llm/release:1.2.1" in (REPO / "build" / "tensorrt-llm.Dockerfile").read_text()
+    assert "tensorrt-llm/release:1.3.0rc24" in (REPO / "build" / "tensorrt-llm.Dockerfile").read_text()
     assert "torch==2.13.0" in (REPO / "build" / "cpu.Dockerfile").read_text()
 
 

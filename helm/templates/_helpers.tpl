@@ -53,6 +53,12 @@ specdec.io/backend: {{ .Values.backend }}
 {{- if and (eq $v.model.source "huggingface") (or (not $v.model.huggingface.target) (not $v.model.huggingface.draft)) -}}{{- fail "model.source=huggingface needs model.huggingface.target and model.huggingface.draft" -}}{{- end -}}
 {{- if and (eq $v.model.source "s3") (or (not $v.model.s3.target) (not $v.model.s3.draft)) -}}{{- fail "model.source=s3 needs model.s3.target and model.s3.draft" -}}{{- end -}}
 {{- end -}}
+{{- /* The builder's own table (export/engine_rules.py, generated into files/engine-rules.yaml): layouts an engine refuses. */ -}}
+{{- range (.Files.Get "files/engine-rules.yaml" | fromYaml).rules -}}
+{{- if and (eq .backend $v.backend) (has $v.engine.draft .drafts) (or (ne .when "pipeline") (gt (int $v.parallelism.pipeline) 1)) -}}
+{{- fail (printf "backend %s with draft %s%s: %s" $v.backend $v.engine.draft (ternary (printf " and parallelism.pipeline=%d" (int $v.parallelism.pipeline)) "" (eq .when "pipeline")) .reason) -}}
+{{- end -}}
+{{- end -}}
 {{- if and $v.router.enabled (ne $v.backend "sglang") -}}{{- fail "router.enabled: the SGLang Model Gateway routes SGLang workers; use backend sglang (or a Service for the others)" -}}{{- end -}}
 {{- end -}}
 

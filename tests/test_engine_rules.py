@@ -1,0 +1,54 @@
+"""One table of refused layouts for the builder and the chart: the chart's copy is the generated one, and every rule
+that touches a layout the chart can express is refused by both, with the same reason."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helm_python.chart import Chart
+from helm_python.errors import HelmError
+
+from specdec_kit.export.builder import build_engine
+from specdec_kit.export.engine_rules import ALWAYS, CHART_RULES, WITH_PIPELINE, chart_rules_text, engine_rules
+from specdec_kit.export.inputs import BuildError, BuildInputs
+from specdec_kit.runtime.trees import DynamicTreeConfig, parse_tree_spec, tree_to_dict
+
+REPO = Path(__file__).resolve().parents[1]
+CHART_DRAFTS = json.loads((REPO / "helm" / "values.schema.json").read_text())["properties"]["engine"]["properties"]["draft"]["enum"]
+CHART_BACKENDS = ("sglang", "tensorrt-llm")
+
+
+def test_the_charts_copy_is_the_builders_table():
+    assert (REPO / CHART_RULES).read_text() == chart_rules_text(), (
+        f"{CHART_RULES} is stale: run python -m specdec_kit.export.engine_rules --write {CHART_RULES}")
+
+
+def chart_cases() -> list[tuple[str, str, int, str]]:
+    return [(rule.backend, draft, 2 if rule.when == WITH_PIPELINE else 1, rule.reason) for rule in engine_rules()
+            for draft in rule.drafts if rule.backend in CHART_BACKENDS and draft in CHART_DRAFTS]
+
+
+def test_the_table_covers_the_engines_refusals():
+    cases = {(backend, draft, pp) for backend, draft, pp, _ in chart_cases()}
+    assert {("sglang", "griffin", 2), ("sglang", "hass", 2), ("tensorrt-llm", "griffin", 2), ("sglang", "medusa", 1),
+            ("tensorrt-llm", "medusa", 1)} <= cases
+    assert {r.when for r in engine_rules()} >= {ALWAYS, WITH_PIPELINE}
+
+
+@pytest.mark.parametrize("backend,draft,pp,reason", chart_cases(), ids=lambda v: str(v)[:20])
+def test_chart_and_builder_refuse_alike(demo_checkpoints, tmp_path, backend, draft, pp, reason):
+    values = {"backend": backend, "engine": {"source": "build", "draft": draft}, "model": {"pvc": {"claimName": "m"}},
+              "parallelism": {"tensor": 1, "pipeline": pp}}
+    with pytest.raises(HelmError) as refused:
+        Chart.load(str(REPO / "helm")).render(values, name="specdec", namespace="llm")
+    assert reason[:120] in " ".join(str(refused.value).split())
+    tree = parse_tree_spec("static:mc_sim_7b_63:8") if draft == "medusa" else DynamicTreeConfig(16, 3, 4)
+    inputs = BuildInputs(draft=draft, target=demo_checkpoints["target"], draft_path=demo_checkpoints[draft],
+                         tokenizer=demo_checkpoints["target"], backend=backend, dtype="float32", tree=tree_to_dict(tree),
+                         pp=pp)
+    with pytest.raises(BuildError) as built:
+        build_engine(inputs, tmp_path / "engine")
+    assert reason[:120] in str(built.value)
+    assert not (tmp_path / "engine").exists()
