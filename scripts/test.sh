@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The README's test command: set up .venv, the guidellm client's .venv-guidellm and vLLM's .venv-vllm (each
-# reused once made), then run the default test tier (CPU; the vLLM tier runs vLLM's server on three engines).
+# The README's test command: set up .venv, the guidellm client's .venv-guidellm, vLLM's .venv-vllm and SGLang's
+# .venv-sglang (each reused once made), then run the default test tier (CPU; the vLLM tier runs vLLM's server on
+# the zoo's engines, the SGLang tier runs SGLang's own argument checks on every command the kit and chart write).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/setup_guidellm.sh
 bash scripts/setup_vllm.sh
+bash scripts/setup_sglang.sh
 .venv/bin/python -m pytest "$@"

@@ -112,6 +112,15 @@ def vllm_python() -> str:
     return python
 
 
+def sglang_python() -> str:
+    """SGLang's interpreter for the SGLang tier (its own virtualenv, made by scripts/setup_sglang.sh)."""
+    python = os.environ.get("SPECDEC_SGLANG_PYTHON") or str(Path(__file__).resolve().parents[1] / ".venv-sglang/bin/python")
+    if not Path(python).exists():
+        pytest.fail(f"SGLang's interpreter not found at {python}: run `bash scripts/setup_sglang.sh` "
+                    "(scripts/test.sh does it before the tests)")
+    return python
+
+
 def chi_square_pvalue(observed: torch.Tensor, expected_probs: torch.Tensor) -> float:
     """Goodness of fit; cells expected below 5 counts are pooled; impossible cells must stay empty."""
     observed, expected_probs = observed.flatten().double(), expected_probs.flatten()
