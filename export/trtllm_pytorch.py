@@ -23,7 +23,7 @@ from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
 
 PLUGIN_DIR = Path(__file__).resolve().parent / "plugins" / "trtllm"
 DRAFTER_PACKAGE = "specdec_trtllm"
-# The kit's draft architectures the drafter package registers (its ARCHITECTURES), by kit kind.
+# The kit's draft architectures the drafter package builds, by kit kind.
 DRAFTER_ARCHITECTURES = {"griffin": "SpecdecGriffinLlama", "eagle": "SpecdecEagleLlama", "eagle2": "SpecdecEagleLlama",
                          "hass": "SpecdecEagleLlama"}
 LEGACY_KINDS = ("eagle", "eagle2", "hass", "medusa")

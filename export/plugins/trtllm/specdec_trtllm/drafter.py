@@ -35,10 +35,8 @@ from tensorrt_llm._torch.modules.linear import Linear, TensorParallelMode, Weigh
 from tensorrt_llm._torch.modules.rms_norm import RMSNorm
 from tensorrt_llm._torch.speculative.interface import SpeculativeDecodingMode
 
+from specdec_kit.export.trtllm_pytorch import DRAFTER_ARCHITECTURES  # what the exported config.json names
 from specdec_kit.runtime.drafts.griffin import TokenGuidedFusion
-
-# What the exported draft config.json names (``architectures``), by the drafter's two shapes.
-ARCHITECTURES = {"griffin": "SpecdecGriffinLlama", "eagle": "SpecdecEagleLlama"}
 
 
 class DraftMLP(nn.Module):
@@ -135,11 +133,11 @@ class SpecdecDraftForCausalLM(DecoderModelForCausalLM):
 
 
 def kit_kind(draft_config) -> Optional[str]:
-    """``griffin`` or ``eagle`` when the draft config names one of the kit's architectures, else None."""
+    """``griffin`` or ``eagle`` (EAGLE-1/2, HASS) when the draft config names one of the kit's architectures."""
     names = getattr(draft_config.pretrained_config, "architectures", None) or []
-    for kind, arch in ARCHITECTURES.items():
+    for kind, arch in DRAFTER_ARCHITECTURES.items():
         if arch in names:
-            return kind
+            return "griffin" if kind == "griffin" else "eagle"
     return None
 
 
