@@ -13,9 +13,7 @@ SGLANG_SPEC=${SGLANG_SPEC:-sglang==0.5.23}
 STEP_PREFIX=setup-sglang
 # shellcheck source=scripts/steps.sh
 source scripts/steps.sh
-prepare_venv "$VENV"
-step "upgrading pip" "$VENV/bin/python" -m pip install -q --upgrade pip
-step "installing PyTorch (torch==2.13.0, CPU)" "$VENV/bin/python" -m pip install -q torch==2.13.0
+cpu_torch_venv "$VENV"
 step "installing $SGLANG_SPEC without its CUDA dependencies" "$VENV/bin/python" -m pip install -q --no-deps "$SGLANG_SPEC"
 # What sglang.srt.server_args, its resolution pipeline and its model registry import (SGLang's own pins where
 # it has them); found by importing them on a CPU machine.

