@@ -103,22 +103,23 @@ def demo_engine(demo_checkpoints, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def vllm_python() -> str:
-    """vLLM's interpreter for the vLLM tier (its own virtualenv, made by scripts/setup_vllm.sh)."""
-    python = os.environ.get("SPECDEC_VLLM_PYTHON") or str(Path(__file__).resolve().parents[1] / ".venv-vllm/bin/python")
+def tier_python(env: str, venv: str, setup: str) -> str:
+    """An engine tier's interpreter: ``$env``, else its own virtualenv, which ``scripts/<setup>`` makes."""
+    python = os.environ.get(env) or str(Path(__file__).resolve().parents[1] / venv / "bin" / "python")
     if not Path(python).exists():
-        pytest.fail(f"vLLM's interpreter not found at {python}: run `bash scripts/setup_vllm.sh` "
-                    "(scripts/test.sh does it before the tests)")
+        pytest.fail(f"interpreter not found at {python}: run `bash scripts/{setup}` (scripts/test.sh does it before "
+                    "the tests)")
     return python
+
+
+def vllm_python() -> str:
+    """vLLM's interpreter for the vLLM tier (vLLM's CPU build)."""
+    return tier_python("SPECDEC_VLLM_PYTHON", ".venv-vllm", "setup_vllm.sh")
 
 
 def sglang_python() -> str:
-    """SGLang's interpreter for the SGLang tier (its own virtualenv, made by scripts/setup_sglang.sh)."""
-    python = os.environ.get("SPECDEC_SGLANG_PYTHON") or str(Path(__file__).resolve().parents[1] / ".venv-sglang/bin/python")
-    if not Path(python).exists():
-        pytest.fail(f"SGLang's interpreter not found at {python}: run `bash scripts/setup_sglang.sh` "
-                    "(scripts/test.sh does it before the tests)")
-    return python
+    """SGLang's interpreter for the SGLang tier (SGLang's argument code and model registry)."""
+    return tier_python("SPECDEC_SGLANG_PYTHON", ".venv-sglang", "setup_sglang.sh")
 
 
 def chi_square_pvalue(observed: torch.Tensor, expected_probs: torch.Tensor) -> float:
