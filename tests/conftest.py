@@ -102,7 +102,6 @@ def demo_engine(demo_checkpoints, tmp_path_factory):
     return build_engine(inputs, tmp_path_factory.mktemp("served") / "engine").path
 
 
-@pytest.fixture(scope="session")
 def tier_python(env: str, venv: str, setup: str) -> str:
     """An engine tier's interpreter: ``$env``, else its own virtualenv, which ``scripts/<setup>`` makes."""
     python = os.environ.get(env) or str(Path(__file__).resolve().parents[1] / venv / "bin" / "python")
@@ -112,6 +111,7 @@ def tier_python(env: str, venv: str, setup: str) -> str:
     return python
 
 
+@pytest.fixture(scope="session")
 def vllm_python() -> str:
     """vLLM's interpreter for the vLLM tier (vLLM's CPU build)."""
     return tier_python("SPECDEC_VLLM_PYTHON", ".venv-vllm", "setup_vllm.sh")
