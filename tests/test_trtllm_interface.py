@@ -140,6 +140,13 @@ def import_like_trtllm(package_dir: Path):
         sys.path.remove(str(package_dir.parent))
 
 
+def test_drafter_package_names_the_release_it_needs(demo_checkpoints, tmp_path, standin):
+    result = build(demo_checkpoints, "griffin", DynamicTreeConfig(16, 3, 4), tmp_path)
+    del sys.modules["tensorrt_llm._torch.models.modeling_utils"].register_draft_model  # an older release
+    with pytest.raises(ImportError, match="register_draft_model, which this TensorRT-LLM release lacks"):
+        import_like_trtllm(result.path / "trtllm" / "specdec_trtllm")
+
+
 @pytest.mark.parametrize("kind", ["griffin", "hass"])
 def test_drafter_package_computes_the_kits_draft(demo_checkpoints, tmp_path, standin, kind):
     result = build(demo_checkpoints, kind, DynamicTreeConfig(16, 3, 4), tmp_path)
@@ -183,5 +190,6 @@ def test_drafter_package_computes_the_kits_draft(demo_checkpoints, tmp_path, sta
     assert torch.equal(logits.argmax(-1), kit_logits[0].argmax(-1))
 
     foreign = SimpleNamespace(pretrained_config=SimpleNamespace(architectures=["LlamaForCausalLMEagle3"]))
+    assert package.drafter.kit_kind(draft_config) == ("griffin" if kind == "griffin" else "eagle")
     assert builder(target_config, foreign, hf.lm_head, hf) == "tensorrt-llm's Eagle3ForCausalLM"
     assert standin.BUILTIN_CALLS == [foreign]  # other drafts keep TensorRT-LLM's own builder

@@ -29,7 +29,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from tensorrt_llm._torch.models.modeling_llama import LlamaAttention
-from tensorrt_llm._torch.models.modeling_utils import DecoderModel, DecoderModelForCausalLM, register_draft_model
+from tensorrt_llm._torch.models.modeling_utils import DecoderModel, DecoderModelForCausalLM
+
+try:
+    from tensorrt_llm._torch.models.modeling_utils import register_draft_model
+except ImportError as exc:  # a release from before the draft-model registry
+    raise ImportError("the kit's drafter package registers its draft with tensorrt_llm's register_draft_model, which "
+                      "this TensorRT-LLM release lacks; use a release that has it (the kit's exports follow TensorRT-LLM "
+                      "main as of commit 0004396), or, for EAGLE-1/2, HASS and Medusa on a release <= 1.2, build with "
+                      "--trtllm-legacy-engine") from exc
 from tensorrt_llm._torch.modules.decoder_layer import DecoderLayer
 from tensorrt_llm._torch.modules.linear import Linear, TensorParallelMode, WeightMode, WeightsLoadingConfig
 from tensorrt_llm._torch.modules.rms_norm import RMSNorm
