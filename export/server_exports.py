@@ -160,7 +160,7 @@ def build_trtllm(staging: Path, inputs: BuildInputs, target: TargetModel, module
         step("writing the draft for TensorRT-LLM's PyTorch backend")
         layers = (captured_layer_outputs(module, "TensorRT-LLM") if inputs.draft == "eagle3"
                   else [target.num_layers - 1])  # the last layer's output, through the target's norm in the drafter
-        out = trtllm_pytorch.pytorch_route(staging, inputs.draft, target, module, tree, inputs.tp, inputs.pp,
+        out = trtllm_pytorch.pytorch_route(staging, inputs.draft, module, tree, inputs.tp, inputs.pp,
                                            inputs.dtype, layers,
                                            lambda path: save_safetensors(draft_state(module, target.dtype), path))
         notes = [*out["notes"], "serving needs a GPU machine with TensorRT-LLM; run trtllm/serve.sh there (PyTorch "

@@ -14,11 +14,12 @@ import json
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+from torch import nn
 
 from specdec_kit.export.inputs import BuildError
 from specdec_kit.runtime.drafts.loading import draft_config_dict
-from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
 
 PLUGIN_DIR = Path(__file__).resolve().parent / "plugins" / "trtllm"
@@ -67,7 +68,8 @@ def speculative_config(tree: StaticTree | DynamicTreeConfig, layers_to_capture: 
     return {**spec, "max_draft_len": depth, "eagle_choices": choices}
 
 
-def write_draft_dir(draft_dir: Path, kind: str, module, dtype_name: str, state_writer) -> None:
+def write_draft_dir(draft_dir: Path, kind: str, module: nn.Module, dtype_name: str,
+                    state_writer: Callable[[Path], None]) -> None:
     """The draft as TensorRT-LLM's ``ModelConfig.from_pretrained`` and the drafter read it."""
     cfg = draft_config_dict(module, kind)
     if kind != "eagle3":
@@ -81,8 +83,8 @@ def write_draft_dir(draft_dir: Path, kind: str, module, dtype_name: str, state_w
     state_writer(draft_dir / "model.safetensors")
 
 
-def pytorch_route(staging: Path, kind: str, target: TargetModel, module, tree, tp: int, pp: int, dtype_name: str,
-                  layers_to_capture: list[int], state_writer) -> dict[str, Any]:
+def pytorch_route(staging: Path, kind: str, module: nn.Module, tree: StaticTree | DynamicTreeConfig, tp: int, pp: int,
+                  dtype_name: str, layers_to_capture: list[int], state_writer: Callable[[Path], None]) -> dict[str, Any]:
     """Draft directory, drafter package (kit kinds) and the serve command; returns what ``build_trtllm`` records."""
     write_draft_dir(staging / "trtllm" / "draft", kind, module, dtype_name, state_writer)
     spec = speculative_config(tree, layers_to_capture)
