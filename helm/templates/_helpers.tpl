@@ -46,6 +46,8 @@ specdec.io/backend: {{ .Values.backend }}
 {{- else -}}
 {{- if eq $v.engine.source "demo" -}}{{- fail (printf "engine.source=demo is the CPU image's demo engine; backend %s needs engine.source build or prebuilt" $v.backend) -}}{{- end -}}
 {{- if and (gt $g (int $v.gpu.perNode)) (ne (mod $g (int $v.gpu.perNode)) 0) -}}{{- fail (printf "parallelism: %d GPUs per replica do not fit nodes of gpu.perNode=%d (use a multiple of it, or fewer than it)" $g (int $v.gpu.perNode)) -}}{{- end -}}
+{{- if and (lt $g (int $v.gpu.perNode)) (ne (mod (int $v.gpu.perNode) $g) 0) -}}{{- fail (printf "parallelism: %d GPUs per replica do not divide the %d GPUs of a node (gpu.perNode), so %d of each node's GPUs could never be used; choose tensor x pipeline dividing it" $g (int $v.gpu.perNode) (mod (int $v.gpu.perNode) $g)) -}}{{- end -}}
+{{- if and (eq $v.engine.source "prebuilt") (not $v.engine.cache.existingClaim) -}}{{- fail (printf "engine.source=prebuilt on backend %s needs engine.cache.existingClaim: the PVC holding the engine, mounted at /engine-cache (engine.path inside it); without one the pod would look for %s in the image" $v.backend $v.engine.path) -}}{{- end -}}
 {{- if and (eq $v.backend "tensorrt-llm") (gt $g (int $v.gpu.perNode)) -}}{{- fail "multi-node TensorRT-LLM needs MPI orchestration this chart does not provide; use backend sglang for replicas spanning nodes" -}}{{- end -}}
 {{- end -}}
 {{- if eq $v.engine.source "build" -}}
@@ -59,6 +61,8 @@ specdec.io/backend: {{ .Values.backend }}
 {{- fail (printf "backend %s with draft %s%s: %s" $v.backend $v.engine.draft (ternary (printf " and parallelism.pipeline=%d" (int $v.parallelism.pipeline)) "" (eq .when "pipeline")) .reason) -}}
 {{- end -}}
 {{- end -}}
+{{- if and (eq $v.engine.source "prebuilt") $v.engine.cache.existingClaim (not (hasPrefix "/engine-cache/" $v.engine.path)) -}}{{- fail (printf "engine.path %s: a prebuilt engine on engine.cache.existingClaim is mounted at /engine-cache; give its path there (/engine-cache/...)" $v.engine.path) -}}{{- end -}}
+{{- if gt (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas) -}}{{- fail (printf "autoscaling: minReplicas %d exceeds maxReplicas %d" (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas)) -}}{{- end -}}
 {{- if and $v.router.enabled (ne $v.backend "sglang") -}}{{- fail "router.enabled: the SGLang Model Gateway routes SGLang workers; use backend sglang (or a Service for the others)" -}}{{- end -}}
 {{- end -}}
 
