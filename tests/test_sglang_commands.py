@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from helm_python.chart import Chart
 from helm_python.errors import HelmError
 
@@ -103,8 +104,6 @@ def chart_layout(chart: Chart, kind: str, tp: int, pp: int) -> dict | str:
         out = chart.render(values, name="specdec", namespace="llm")
     except HelmError as exc:
         return str(exc)
-    import yaml
-
     docs = [d for path, text in out.items() if not path.endswith("NOTES.txt") for d in yaml.safe_load_all(text) if d]
     pods = [d["spec"]["template"]["spec"] for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "specdec"]
     pods += [d["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"] for d in docs if d["kind"] == "LeaderWorkerSet"]
@@ -121,9 +120,8 @@ def chart_sglang_command(checkpoints, layout: dict, tmp_path: Path, tp: int, pp:
     tree = DynamicTreeConfig(int(build_args["total-tokens"]), int(build_args["depth"]), int(build_args["top-k"]))
     engine = build(checkpoints, kind, tmp_path, tree)
     server = layout["server"]
-    options = dict(a[2:].split("=", 1) for a in server[: server.index("--")] if "=" in a) if "--" in server else dict(
-        a[2:].split("=", 1) for a in server if "=" in a)
-    extra = server[server.index("--") + 1:] if "--" in server else []
+    head, extra = (server[: server.index("--")], server[server.index("--") + 1:]) if "--" in server else (server, [])
+    options = dict(a[2:].split("=", 1) for a in head if "=" in a)
     extra = [a.replace("$(LWS_WORKER_INDEX)", "0").replace("$(LWS_LEADER_ADDRESS)", "10.0.0.1") for a in extra]
     launcher = external_flags("sglang", options["host"], options["served-model-name"], None, None)
     command = serve_command(engine, [*launcher, *extra])
