@@ -169,6 +169,18 @@ def test_feature_switches(chart):
     assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}} in fetch["env"]
 
 
+def test_network_policy_admits_what_the_enabled_features_need(chart):
+    values = {"networkPolicy": {"enabled": True}, "ingress": {"enabled": True, "hosts": [{"host": "llm.example.com"}]},
+              "httpRoute": {"enabled": True, "parentRefs": [{"name": "gw", "namespace": "gateway-system"}]},
+              "monitoring": {"podMonitor": {"enabled": True}}}
+    policy = next(d for d in render(chart, values) if d["kind"] == "NetworkPolicy")
+    peers = [p.get("namespaceSelector", {}).get("matchLabels", {}).get("kubernetes.io/metadata.name")
+             for p in policy["spec"]["ingress"][0]["from"]]
+    assert peers == [None, "ingress-nginx", "gateway-system", "monitoring"]  # None: the release's own namespace
+    plain = next(d for d in render(chart, {"networkPolicy": {"enabled": True}}) if d["kind"] == "NetworkPolicy")
+    assert plain["spec"]["ingress"][0]["from"] == [{"podSelector": {}}]
+
+
 @pytest.mark.parametrize("values, message", [
     ({"backend": "sglang", "engine": {"source": "build"}, "model": {"pvc": {"claimName": "m"}},
       "parallelism": {"tensor": 0}}, "tensor"),
