@@ -163,6 +163,8 @@ def test_feature_switches(chart):
     leader = next(spec for role, spec in pods_of(multi) if role == "leader")
     assert "--nnodes=2" in server(leader)["args"] and "--node-rank=$(LWS_WORKER_INDEX)" in server(leader)["args"]
     assert any(d["kind"] == "Role" and d["rules"][0]["resources"] == ["pods"] for d in multi)
+    spread = leader["topologySpreadConstraints"][0]
+    assert spread["topologyKey"] == "kubernetes.io/hostname" and spread["labelSelector"]["matchLabels"]
     pdb = next(d for d in multi if d["kind"] == "PodDisruptionBudget")  # leaders and workers of every group
     assert pdb["spec"]["selector"]["matchExpressions"] == [{"key": "specdec.io/role", "operator": "In",
                                                            "values": ["leader", "worker"]}]

@@ -36,6 +36,14 @@ tolerations: {{- toYaml . | nindent 2 }}
 {{- with $v.affinity }}
 affinity: {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- if and $v.topologySpread.enabled (ne $role "worker") (or (gt (int $v.replicaCount) 1) $v.autoscaling.enabled) }}
+topologySpreadConstraints:
+  - maxSkew: 1
+    topologyKey: {{ $v.topologySpread.topologyKey }}
+    whenUnsatisfiable: {{ $v.topologySpread.whenUnsatisfiable }}
+    labelSelector:
+      matchLabels: {{- include "specdec.selectorLabels" $ | nindent 8 }}
+{{- end }}
 {{- if $build }}
 initContainers:
   {{- if eq $v.model.source "huggingface" }}
