@@ -174,6 +174,21 @@ def test_feature_switches(chart):
     assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}} in fetch["env"]
 
 
+def test_engine_cache_key_changes_with_every_build_input(chart):
+    def engine_path(values: dict) -> str:
+        spec = next(spec for _, spec in pods_of(render(chart, values)))
+        return next(a for a in server(spec)["args"] if a.startswith("--engine="))
+
+    base = {"backend": "sglang", "engine": {"source": "build"}, "model": {"pvc": {"claimName": "m", "target": "llama-a"}}}
+    same = engine_path(base)
+    assert engine_path(base) == same and same.startswith("--engine=/engine-cache/griffin-sglang-tp1-pp1-")
+    changed = [{"model": {"pvc": {"claimName": "m", "target": "llama-b"}}}, {"engine": {"source": "build", "depth": 4}},
+               {"engine": {"source": "build", "dtype": "bfloat16"}},
+               {"engine": {"source": "build", "buildArgs": ["--device=cuda"]}}]
+    paths = {engine_path({**base, **c}) for c in changed}
+    assert same not in paths and len(paths) == len(changed)
+
+
 def test_network_policy_admits_what_the_enabled_features_need(chart):
     values = {"networkPolicy": {"enabled": True}, "ingress": {"enabled": True, "hosts": [{"host": "llm.example.com"}]},
               "httpRoute": {"enabled": True, "parentRefs": [{"name": "gw", "namespace": "gateway-system"}]},

@@ -72,9 +72,13 @@ specdec.io/backend: {{ .Values.backend }}
 {{ printf "%s:%s" $img.repository $img.tag }}
 {{- end -}}
 
-{{/* The engine directory the server starts from. A built engine is cached under a key that says what it is for. */}}
+{{/* The engine directory the server starts from. A built engine is cached under a key that says what it is for:
+     draft, backend, parallelism, GPU type, kit version and a hash of the model source, tree, dtype and build
+     arguments, so changed inputs build a new engine instead of colliding with the old one. */}}
 {{- define "specdec.engineKey" -}}
-{{- printf "%s-%s-tp%d-pp%d-%s-%s" .Values.engine.draft .Values.backend (int .Values.parallelism.tensor) (int .Values.parallelism.pipeline) .Values.gpu.product .Chart.AppVersion | lower -}}
+{{- $e := .Values.engine -}}
+{{- $inputs := dict "model" .Values.model "tree" $e.tree "totalTokens" $e.totalTokens "depth" $e.depth "topK" $e.topK "dtype" $e.dtype "buildArgs" $e.buildArgs -}}
+{{- printf "%s-%s-tp%d-pp%d-%s-%s-%s" $e.draft .Values.backend (int .Values.parallelism.tensor) (int .Values.parallelism.pipeline) .Values.gpu.product .Chart.AppVersion (toJson $inputs | sha256sum | trunc 12) | lower -}}
 {{- end -}}
 {{- define "specdec.enginePath" -}}
 {{- if eq .Values.engine.source "build" -}}/engine-cache/{{ include "specdec.engineKey" . }}{{- else -}}{{ .Values.engine.path }}{{- end -}}
