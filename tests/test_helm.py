@@ -138,8 +138,11 @@ def test_gpu_essentials(chart, path):
             assert spec["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB"
             assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
             build = next((i for i in spec.get("initContainers", []) if i["name"] == "build-engine"), None)
-            assert build is not None and build["resources"]["limits"]["nvidia.com/gpu"] == gpus  # built on the GPU node
-            assert f"--tp={tp}" in build["args"] and f"--pp={pp}" in build["args"]
+            if role == "worker":  # the leader builds its group's engine; workers wait for its manifest
+                assert build is None
+            else:
+                assert build is not None and build["resources"]["limits"]["nvidia.com/gpu"] == gpus  # on the GPU node
+                assert f"--tp={tp}" in build["args"] and f"--pp={pp}" in build["args"]
         has_shm = any(v["name"] == "shm" and v["emptyDir"]["medium"] == "Memory" for v in spec["volumes"])
         assert has_shm == (tp * pp > 1)
     if gpu_backend:
@@ -163,6 +166,10 @@ def test_feature_switches(chart):
     leader = next(spec for role, spec in pods_of(multi) if role == "leader")
     assert "--nnodes=2" in server(leader)["args"] and "--node-rank=$(LWS_WORKER_INDEX)" in server(leader)["args"]
     assert any(d["kind"] == "Role" and d["rules"][0]["resources"] == ["pods"] for d in multi)
+    worker = next(spec for role, spec in pods_of(multi) if role == "worker")  # one builder per group: the leader
+    assert [c["name"] for c in leader["initContainers"]] == ["fetch-models", "build-engine"]
+    assert [c["name"] for c in worker["initContainers"]] == ["wait-for-engine"]
+    assert "manifest.json" in worker["initContainers"][0]["command"][2]
     spread = leader["topologySpreadConstraints"][0]
     assert spread["topologyKey"] == "kubernetes.io/hostname" and spread["labelSelector"]["matchLabels"]
     pdb = next(d for d in multi if d["kind"] == "PodDisruptionBudget")  # leaders and workers of every group

@@ -12,6 +12,7 @@ Call with (dict "root" $ "role" "single|leader|worker").
 {{- $paths := include "specdec.healthPaths" $ | fromJson -}}
 {{- $engine := include "specdec.enginePath" $ -}}
 {{- $build := eq $v.engine.source "build" -}}
+{{- $builder := and $build (ne $role "worker") -}}{{- /* one builder per replica group: the leader; workers wait */ -}}
 {{- $modelRoot := ternary (printf "/models/%s" $v.model.pvc.target) "/models/target" (eq $v.model.source "pvc") -}}
 {{- $draftRoot := ternary (printf "/models/%s" $v.model.pvc.draft) "/models/draft" (eq $v.model.source "pvc") -}}
 serviceAccountName: {{ include "specdec.serviceAccountName" $ }}
@@ -44,7 +45,19 @@ topologySpreadConstraints:
     labelSelector:
       matchLabels: {{- include "specdec.selectorLabels" $ | nindent 8 }}
 {{- end }}
-{{- if $build }}
+{{- if and $build (eq $role "worker") }}
+initContainers:
+  - name: wait-for-engine
+    image: {{ include "specdec.image" $ }}
+    imagePullPolicy: {{ $v.imagePullPolicy }}
+    command: ["sh", "-c", "until [ -f \"$ENGINE/manifest.json\" ]; do echo \"waiting for the leader to build $ENGINE\"; sleep 10; done"]
+    env:
+      - {name: ENGINE, value: {{ $engine | quote }}}
+    securityContext: {{- toYaml $v.securityContext | nindent 6 }}
+    volumeMounts:
+      - {name: engine-cache, mountPath: /engine-cache, readOnly: true}
+{{- end }}
+{{- if $builder }}
 initContainers:
   {{- if eq $v.model.source "huggingface" }}
   - name: fetch-models
@@ -205,7 +218,7 @@ volumes:
   - name: engine-cache
     persistentVolumeClaim: {claimName: {{ include "specdec.engineClaim" $ }}}
   {{- end }}
-  {{- if $build }}
+  {{- if $builder }}
   - name: models
     {{- if eq $v.model.source "pvc" }}
     persistentVolumeClaim: {claimName: {{ $v.model.pvc.claimName }}, readOnly: true}
