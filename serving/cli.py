@@ -101,6 +101,11 @@ def main(argv=None) -> int:
             print(f"error: {args.engine} is a {manifest['backend']} engine; --backend {backend} needs an engine built "
                   f"with --backend {backend}", file=sys.stderr)
             return 2
+        if backend == "tensorrt-llm" and args.api_key:
+            print("error: an API key (--api-key or $SPECDEC_API_KEY) was given, but trtllm-serve takes none and would "
+                  "serve without checking it; put an authenticating gateway in front of it, or unset the key",
+                  file=sys.stderr)
+            return 2
         name = args.served_model_name or args.engine.resolve().name
         flags = external_flags(backend, args.host, name, args.api_key, args.max_model_len)
         return launch_external(args.engine, backend, flags, args.server_args, args.port)

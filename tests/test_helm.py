@@ -229,6 +229,8 @@ def test_network_policy_admits_what_the_enabled_features_need(chart):
     ({"autoscaling": {"enabled": True, "mode": "prometheus-adapter", "minReplicas": 5, "maxReplicas": 2}},
      "minReplicas 5 exceeds maxReplicas 2"),
     ({"autoscaling": {"enabled": True, "mode": "keda"}}, "set monitoring.serviceMonitor.enabled=true"),
+    ({"backend": "tensorrt-llm", "engine": {"source": "build"}, "model": {"pvc": {"claimName": "m"}},
+      "apiKey": {"existingSecret": "k"}}, "trtllm-serve takes no API key"),
     ({"replicas": 3}, "replicas"),
     ({"router": {"enabled": True}}, "router.enabled"),
     ({"gpu": {"perNode": 0}}, "perNode"),

@@ -250,6 +250,11 @@ def test_server_backends_launch_their_own_server(demo_checkpoints, tmp_path):
     wrong = subprocess.run([sys.executable, "-m", "specdec_kit.serving", "--engine", str(engine), "--backend",
                             "tensorrt-llm"], capture_output=True, text=True, timeout=60)
     assert wrong.returncode == 2 and "is a sglang engine" in wrong.stderr
+    trt = build_engine(BuildInputs(**{**inputs.__dict__, "backend": "tensorrt-llm", "file_hashes": {}}),
+                       tmp_path / "trtllm-engine").path
+    keyed = subprocess.run([sys.executable, "-m", "specdec_kit.serving", "--engine", str(trt), "--api-key", "sk-x"],
+                           capture_output=True, text=True, timeout=60)
+    assert keyed.returncode == 2 and "trtllm-serve takes none" in keyed.stderr  # never a server that ignores the key
 
 
 def test_an_error_after_the_stream_began_is_sent_in_band_and_the_server_recovers(engine_dir):

@@ -64,6 +64,7 @@ specdec.io/backend: {{ .Values.backend }}
 {{- if and (eq $v.engine.source "prebuilt") $v.engine.cache.existingClaim (not (hasPrefix "/engine-cache/" $v.engine.path)) -}}{{- fail (printf "engine.path %s: a prebuilt engine on engine.cache.existingClaim is mounted at /engine-cache; give its path there (/engine-cache/...)" $v.engine.path) -}}{{- end -}}
 {{- if and $v.autoscaling.enabled (eq $v.autoscaling.mode "keda") (not $v.monitoring.serviceMonitor.enabled) -}}{{- fail "autoscaling.mode=keda queries Prometheus for the queue metric of this release's Service (the service label), which exists only when the ServiceMonitor scrapes it: set monitoring.serviceMonitor.enabled=true, or KEDA would read nothing and scale on 0" -}}{{- end -}}
 {{- if gt (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas) -}}{{- fail (printf "autoscaling: minReplicas %d exceeds maxReplicas %d" (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas)) -}}{{- end -}}
+{{- if and $v.apiKey.existingSecret (eq $v.backend "tensorrt-llm") -}}{{- fail "apiKey.existingSecret: trtllm-serve takes no API key, so the key would not be checked; put an authenticating gateway in front (and leave apiKey empty), or use backend sglang or embedded" -}}{{- end -}}
 {{- if and $v.router.enabled (ne $v.backend "sglang") -}}{{- fail "router.enabled: the SGLang Model Gateway routes SGLang workers; use backend sglang (or a Service for the others)" -}}{{- end -}}
 {{- end -}}
 
