@@ -244,6 +244,9 @@ def test_notes_say_how_to_reach_test_and_load_test(chart):
     notes = chart.render(example(CHART / "ci" / "values-sglang-a100.yaml"), name="specdec", namespace="llm")
     text = next(v for k, v in notes.items() if k.endswith("NOTES.txt"))
     assert "port-forward svc/specdec" in text and "helm test specdec" in text and "locust -f loadtest/chat.py" in text
+    assert "2 replica(s) x 1 GPU(s)" in text
+    cpu = next(v for k, v in chart.render({}, name="specdec", namespace="llm").items() if k.endswith("NOTES.txt"))
+    assert "1 replica(s) on CPU." in cpu and "GPU" not in cpu.split("Engine:")[0]
 
 
 def test_dockerfiles_are_hadolint_clean_and_pinned():
