@@ -240,6 +240,29 @@ def test_values_that_must_be_refused_are_refused(chart, values, message):
         chart.render(values, name="specdec", namespace="llm")
 
 
+def test_helm_tests_speculation_check_passes_a_speculating_server_and_fails_one_without(chart, demo_engine):
+    """The `helm test` pod that checks speculation, run as is against the kit's real server (its URL swapped in)."""
+    from server_helpers import Server
+
+    docs = render(chart, {"tests": {"speculationDeadlineSeconds": 20}})
+    pod = next(d for d in docs if d["kind"] == "Pod" and d["metadata"]["name"] == "specdec-test-speculation")
+    script = pod["spec"]["containers"][0]["args"][0]
+    assert "http://specdec:8000" in script
+    for extra, passes in (((), True), (("--speculation", "off"), False)):
+        server = Server(demo_engine, *extra)
+        try:
+            proc = subprocess.run([sys.executable, "-c", script.replace("http://specdec:8000", server.url)],
+                                  capture_output=True, text=True, timeout=120, env={**os.environ, "API_KEY": ""})
+        finally:
+            server.stop()
+        if passes:
+            assert proc.returncode == 0 and "acceptance length:" in proc.stdout, proc.stdout + proc.stderr
+        else:
+            assert proc.returncode != 0 and "never rose above 1" in proc.stderr, proc.stdout + proc.stderr
+    trt = render(chart, {"backend": "tensorrt-llm", "engine": {"source": "build"}, "model": {"pvc": {"claimName": "m"}}})
+    assert not any(d["metadata"]["name"] == "specdec-test-speculation" for d in trt)  # trtllm-serve reports neither
+
+
 def test_notes_say_how_to_reach_test_and_load_test(chart):
     notes = chart.render(example(CHART / "ci" / "values-sglang-a100.yaml"), name="specdec", namespace="llm")
     text = next(v for k, v in notes.items() if k.endswith("NOTES.txt"))
