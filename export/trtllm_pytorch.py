@@ -10,7 +10,6 @@ which registers the draft builder of that mode. The keys written here are the on
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any, Callable
 from torch import nn
 
 from specdec_kit.export.inputs import BuildError
+from specdec_kit.export.trtllm_export import write_json
 from specdec_kit.runtime.drafts.loading import draft_config_dict
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
 
@@ -78,8 +78,7 @@ def write_draft_dir(draft_dir: Path, kind: str, module: nn.Module, dtype_name: s
                              "uses) ties them to an o_proj bias the draft lacks (attention_bias)")
         cfg.update(architectures=[DRAFTER_ARCHITECTURES[kind]], draft_vocab_size=cfg["vocab_size"])
     cfg["torch_dtype"] = dtype_name
-    draft_dir.mkdir(parents=True, exist_ok=True)
-    (draft_dir / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    write_json(draft_dir / "config.json", cfg)
     state_writer(draft_dir / "model.safetensors")
 
 

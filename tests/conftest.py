@@ -102,6 +102,14 @@ def demo_engine(demo_checkpoints, tmp_path_factory):
     return build_engine(inputs, tmp_path_factory.mktemp("served") / "engine").path
 
 
+@pytest.fixture(scope="session")
+def chart():
+    """The Helm chart, loaded once (the chart, engine-rule and SGLang tests render it)."""
+    from helm_python.chart import Chart
+
+    return Chart.load(str(Path(__file__).resolve().parents[1] / "helm"))
+
+
 def tier_python(env: str, venv: str, setup: str) -> str:
     """An engine tier's interpreter: ``$env``, else its own virtualenv, which ``scripts/<setup>`` makes."""
     python = os.environ.get(env) or str(Path(__file__).resolve().parents[1] / venv / "bin" / "python")

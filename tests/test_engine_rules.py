@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-from helm_python.chart import Chart
 from helm_python.errors import HelmError
 
 from specdec_kit.export.builder import build_engine
@@ -38,11 +37,11 @@ def test_the_table_covers_the_engines_refusals():
 
 
 @pytest.mark.parametrize("backend,draft,pp,reason", chart_cases(), ids=lambda v: str(v)[:20])
-def test_chart_and_builder_refuse_alike(demo_checkpoints, tmp_path, backend, draft, pp, reason):
+def test_chart_and_builder_refuse_alike(chart, demo_checkpoints, tmp_path, backend, draft, pp, reason):
     values = {"backend": backend, "engine": {"source": "build", "draft": draft}, "model": {"pvc": {"claimName": "m"}},
               "parallelism": {"tensor": 1, "pipeline": pp}}
     with pytest.raises(HelmError) as refused:
-        Chart.load(str(REPO / "helm")).render(values, name="specdec", namespace="llm")
+        chart.render(values, name="specdec", namespace="llm")
     assert reason[:120] in " ".join(str(refused.value).split())
     tree = parse_tree_spec("static:mc_sim_7b_63:8") if draft == "medusa" else DynamicTreeConfig(16, 3, 4)
     inputs = BuildInputs(draft=draft, target=demo_checkpoints["target"], draft_path=demo_checkpoints[draft],

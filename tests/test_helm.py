@@ -25,11 +25,6 @@ CRD_SCHEMAS = {p.stem: json.loads(p.read_text()) for p in (Path(__file__).resolv
 K8S_VERSION = "1.33.0"
 
 
-@pytest.fixture(scope="module")
-def chart() -> Chart:
-    return Chart.load(str(CHART))
-
-
 def render(chart: Chart, values: dict) -> list[dict]:
     out = chart.render(values, name="specdec", namespace="llm")
     docs = []

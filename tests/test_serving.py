@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import signal
 import subprocess
@@ -250,8 +252,7 @@ def test_server_backends_launch_their_own_server(demo_checkpoints, tmp_path):
     wrong = subprocess.run([sys.executable, "-m", "specdec_kit.serving", "--engine", str(engine), "--backend",
                             "tensorrt-llm"], capture_output=True, text=True, timeout=60)
     assert wrong.returncode == 2 and "is a sglang engine" in wrong.stderr
-    trt = build_engine(BuildInputs(**{**inputs.__dict__, "backend": "tensorrt-llm", "file_hashes": {}}),
-                       tmp_path / "trtllm-engine").path
+    trt = build_engine(dataclasses.replace(inputs, backend="tensorrt-llm", file_hashes={}), tmp_path / "trtllm-engine").path
     keyed = subprocess.run([sys.executable, "-m", "specdec_kit.serving", "--engine", str(trt), "--api-key", "sk-x"],
                            capture_output=True, text=True, timeout=60)
     assert keyed.returncode == 2 and "trtllm-serve takes none" in keyed.stderr  # never a server that ignores the key

@@ -12,7 +12,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 from helm_python.chart import Chart
 from helm_python.errors import HelmError
 
@@ -27,6 +26,8 @@ from specdec_kit.runtime.trees import DynamicTreeConfig, tree_to_dict
 from specdec_kit.serving.cli import external_flags
 
 from conftest import SMALL_DEMO, sglang_python
+from test_helm import pods_of, render
+from test_helm import server as server_container
 
 REPO = Path(__file__).resolve().parents[1]
 HARNESS = Path(__file__).resolve().parent / "sglang_harness.py"
@@ -91,26 +92,17 @@ def test_every_command_the_builder_writes_passes_sglangs_checks(checkpoints, tmp
     assert refused == [], "\n".join(refused)
 
 
-@pytest.fixture(scope="module")
-def chart() -> Chart:
-    return Chart.load(str(REPO / "helm"))
-
-
 def chart_layout(chart: Chart, kind: str, tp: int, pp: int) -> dict | str:
     """The chart's server and build arguments for an SGLang layout, or its refusal."""
     values = {"backend": "sglang", "engine": {"source": "build", "draft": kind}, "model": {"pvc": {"claimName": "m"}},
               "parallelism": {"tensor": tp, "pipeline": pp}}
     try:
-        out = chart.render(values, name="specdec", namespace="llm")
+        docs = render(chart, values)
     except HelmError as exc:
         return str(exc)
-    docs = [d for path, text in out.items() if not path.endswith("NOTES.txt") for d in yaml.safe_load_all(text) if d]
-    pods = [d["spec"]["template"]["spec"] for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "specdec"]
-    pods += [d["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"] for d in docs if d["kind"] == "LeaderWorkerSet"]
-    spec = pods[0]
-    server = next(c for c in spec["containers"] if c["name"] == "server")
+    _, spec = pods_of(docs)[0]  # the Deployment's pod, or the LeaderWorkerSet's leader (which builds the engine)
     builder = next(c for c in spec["initContainers"] if c["name"] == "build-engine")
-    return {"server": server["args"], "build": builder["args"]}
+    return {"server": server_container(spec)["args"], "build": builder["args"]}
 
 
 def chart_sglang_command(checkpoints, layout: dict, tmp_path: Path, tp: int, pp: int, kind: str) -> dict:
