@@ -7,7 +7,9 @@ verified engine or is left exactly as it was.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import fcntl
 import json
 import os
 import platform
@@ -17,7 +19,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -160,6 +162,30 @@ def build_engine(inputs: BuildInputs, output: Path, force: bool = False, device:
     check_legacy_release(inputs.trtllm_legacy_engine, inputs.draft, inputs.backend)
     check_engine_rules(inputs.backend, inputs.draft, inputs.pp, inputs.trtllm_legacy_engine)
     check_output(output)
+    with output_lock(output, step):
+        return _build_locked(inputs, output, digest, force, device, step, start)
+
+
+@contextlib.contextmanager
+def output_lock(output: Path, step: Callable[[str], None]) -> Iterator[None]:
+    """One build of an output at a time (two build Jobs of one engine, or two people): the second waits for the
+    first, then finds its engine and reuses it, instead of both moving a directory into the same place."""
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(output.parent / f".{output.name}.lock", "a")
+    except OSError as exc:
+        raise BuildError(f"--output {output}: cannot write in {output.parent} ({exc.strerror or exc})") from exc
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            step(f"waiting for another build of {output} to finish")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def _build_locked(inputs: BuildInputs, output: Path, digest: str, force: bool, device: str | torch.device,
+                  step: Callable[[str], None], start: float) -> BuildResult:
     if output.exists() and not force:
         found = _existing(output, digest)
         if found is not None:

@@ -110,6 +110,12 @@ def chart():
     return Chart.load(str(Path(__file__).resolve().parents[1] / "helm"))
 
 
+def left_in(directory: Path) -> list[str]:
+    """What a build left in ``directory``, less the builder's lock files (``.NAME.lock``, kept on purpose: removing a
+    held lock would let two builds of one engine run at once)."""
+    return sorted(p.name for p in directory.iterdir() if not (p.name.startswith(".") and p.name.endswith(".lock")))
+
+
 def tier_python(env: str, venv: str, setup: str) -> str:
     """An engine tier's interpreter: ``$env``, else its own virtualenv, which ``scripts/<setup>`` makes."""
     python = os.environ.get(env) or str(Path(__file__).resolve().parents[1] / venv / "bin" / "python")

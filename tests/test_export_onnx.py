@@ -25,7 +25,7 @@ from specdec_kit.runtime.manifest import EngineError, read_manifest
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig, parse_tree_spec, tree_to_dict
 
-from conftest import hf_greedy
+from conftest import hf_greedy, left_in
 
 REPO = Path(__file__).resolve().parents[1]
 TREES = {"griffin": tree_to_dict(DynamicTreeConfig(12, 3, 3)), "eagle2": tree_to_dict(DynamicTreeConfig(10, 2, 3)),
@@ -195,7 +195,7 @@ def test_cli_builds_reuses_and_force_rebuilds(demo_checkpoints, tmp_path):
     assert forced.returncode == 0 and "built torch engine" in forced.stdout
     other = run_cli(*args[:-2], "--tree", "static:chain-3", "--output", str(tmp_path / "eng"), cwd=tmp_path)
     assert other.returncode == 2 and "not an engine built from these inputs" in other.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["eng"]  # no staging directories left behind
+    assert left_in(tmp_path) == ["eng"]  # no staging directories left behind
 
 
 def test_bad_input_fails_cleanly_and_writes_nothing(demo_checkpoints, tmp_path):
@@ -239,7 +239,48 @@ def test_bad_input_fails_cleanly_and_writes_nothing(demo_checkpoints, tmp_path):
                   str(demo_checkpoints["griffin"]), "--backend", "torch", "--output", str(blocker), cwd=tmp_path)
     assert res.returncode == 2 and "is a file, expected an engine directory" in res.stderr and "Traceback" not in res.stderr
     assert (occupied / "notes.txt").read_text() == "mine" and blocker.read_text() == ""
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "misfit", "occupied"]  # nothing half-written
+    assert left_in(tmp_path) == ["file", "misfit", "occupied"]  # nothing half-written
+
+
+def test_concurrent_builds_of_one_engine_build_it_once(demo_checkpoints, tmp_path, monkeypatch):
+    """Two builds of the same output (two build Jobs of one engine): the second waits for the first's lock, then
+    reuses its engine instead of moving another directory into place."""
+    import threading
+    import time
+
+    import specdec_kit.export.builder as builder
+
+    release, loads = threading.Event(), []
+    load = builder.TargetModel.from_pretrained
+
+    def held_load(*args, **kwargs):  # the first build stays inside its lock until the test lets it go
+        loads.append(1)
+        release.wait(60)
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(builder.TargetModel, "from_pretrained", held_load)
+    results, steps = {}, []
+
+    def run(name: str) -> None:
+        results[name] = build_engine(inputs_for(demo_checkpoints, "griffin", "torch"), tmp_path / "eng",
+                                     step=lambda msg: steps.append((name, msg)))
+
+    first = threading.Thread(target=run, args=("first",))
+    first.start()
+    while not loads:
+        time.sleep(0.01)
+    second = threading.Thread(target=run, args=("second",))
+    second.start()
+    deadline = time.monotonic() + 60
+    while ("second", f"waiting for another build of {tmp_path / 'eng'} to finish") not in steps:
+        assert time.monotonic() < deadline, steps
+        time.sleep(0.01)
+    release.set()
+    first.join(120)
+    second.join(120)
+    assert not results["first"].reused and results["second"].reused and len(loads) == 1
+    assert results["second"].manifest == results["first"].manifest
+    assert left_in(tmp_path) == ["eng"]
 
 
 def test_a_failure_after_staging_removes_the_staging_directory(demo_checkpoints, tmp_path, monkeypatch):
@@ -251,7 +292,7 @@ def test_a_failure_after_staging_removes_the_staging_directory(demo_checkpoints,
     monkeypatch.setattr(builder, "write_manifest", boom)
     with pytest.raises(RuntimeError, match="disk full"):
         build_engine(inputs_for(demo_checkpoints, "griffin", "torch"), tmp_path / "eng")
-    assert list(tmp_path.iterdir()) == []
+    assert left_in(tmp_path) == []
 
 
 def test_an_eagle3_engine_taps_the_target_and_fuses_in_a_graph_of_its_own(engines, torch_target):

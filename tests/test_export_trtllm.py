@@ -20,6 +20,8 @@ from specdec_kit.runtime.manifest import read_manifest
 from specdec_kit.runtime.synthetic import tiny_hf_model
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree, parse_tree_spec, tree_to_dict
 
+from conftest import left_in
+
 
 def build(paths, kind, tree, tmp, tp=1, pp=1):
     inputs = BuildInputs(draft=kind, target=paths["target"], draft_path=paths[kind], tokenizer=paths["target"],
@@ -153,4 +155,4 @@ def test_unsupported_combinations_are_refused(demo_checkpoints, tmp_path):
         build(demo_checkpoints, "hass", DynamicTreeConfig(10, 2, 3), tmp_path, pp=2)
     with pytest.raises(BuildError, match="exceeds the 4 Medusa heads"):
         build(demo_checkpoints, "medusa", parse_tree_spec("static:chain-5"), tmp_path)
-    assert list(tmp_path.iterdir()) == []
+    assert left_in(tmp_path) == []
