@@ -28,6 +28,10 @@ DRAFTER_PACKAGE = "specdec_trtllm"
 DRAFTER_ARCHITECTURES = {"griffin": "SpecdecGriffinLlama", "eagle": "SpecdecEagleLlama", "eagle2": "SpecdecEagleLlama",
                          "hass": "SpecdecEagleLlama"}
 LEGACY_KINDS = ("eagle", "eagle2", "hass", "medusa")
+# What serving needs to see the engine: iteration statistics (queue depth, KV-cache use, draft and accepted tokens,
+# acceptance length) and trtllm-serve's Prometheus endpoint (/prometheus/metrics), which it mounts only with
+# return_perf_metrics; the chart's probes, autoscaling, endpoint picker and `helm test` read them.
+METRICS_OPTIONS = {"enable_iter_perf_stats": True, "return_perf_metrics": True}
 REMOVAL = ("TensorRT-LLM removed trtllm-build and its TensorRT engine backend after release 1.2 (PRs #15763, #15767; "
            "migration guide docs/source/legacy/tensorrt-backend-removal.md)")
 
@@ -87,7 +91,9 @@ def pytorch_route(staging: Path, kind: str, module: nn.Module, tree: StaticTree 
     """Draft directory, drafter package (kit kinds) and the serve command; returns what ``build_trtllm`` records."""
     write_draft_dir(staging / "trtllm" / "draft", kind, module, dtype_name, state_writer)
     spec = speculative_config(tree, layers_to_capture)
-    serve = ["trtllm-serve", "target", "--backend", "pytorch", "--config", "trtllm/serve.yaml"]
+    # trtllm-serve names the model after its directory: specdec-serve points SPECDEC_MODEL_DIR at a link named as the
+    # served model
+    serve = ["trtllm-serve", "${SPECDEC_MODEL_DIR:-target}", "--backend", "pytorch", "--config", "trtllm/serve.yaml"]
     artifacts = {"trtllm_draft": "trtllm/draft/model.safetensors"}
     if kind != "eagle3":
         shutil.copytree(PLUGIN_DIR / DRAFTER_PACKAGE, staging / "trtllm" / DRAFTER_PACKAGE,
@@ -99,5 +105,5 @@ def pytorch_route(staging: Path, kind: str, module: nn.Module, tree: StaticTree 
     if "eagle_choices" in spec:
         notes.append("eagle_choices (a static tree) is deprecated in TensorRT-LLM and slated for removal in 1.4; "
                      "a dynamic tree or a chain keeps working")
-    return {"build": None, "serve_config": {"speculative_config": spec}, "serve": serve, "artifacts": artifacts,
+    return {"build": None, "serve_config": {"speculative_config": spec, **METRICS_OPTIONS}, "serve": serve, "artifacts": artifacts,
             "notes": notes}

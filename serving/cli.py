@@ -12,6 +12,7 @@ import argparse
 import logging
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 from specdec_kit.runtime.manifest import EngineError, read_manifest
@@ -59,7 +60,7 @@ def parse_args(argv):
 
 def external_flags(backend: str, host: str, name: str, api_key: str | None, max_model_len: int | None) -> list[str]:
     """The options the engine's own server takes for this server's host, model name, key and context limit
-    (trtllm-serve reads its host and port from serve.sh and takes none of them)."""
+    (trtllm-serve reads its host and port from serve.sh and takes none of them: see ``trtllm_model_link``)."""
     if backend == "tensorrt-llm":
         return []
     flags = ["--host", host, "--served-model-name", name]
@@ -70,13 +71,25 @@ def external_flags(backend: str, host: str, name: str, api_key: str | None, max_
     return flags
 
 
-def launch_external(engine: Path, backend: str, flags: list[str], extra: list[str], port: int) -> int:
+def trtllm_model_link(engine: Path, name: str) -> Path:
+    """trtllm-serve has no option for the served model name: it names the model after its directory. A link named
+    ``name`` to the engine's target (in a fresh temporary directory) makes it serve that name."""
+    if not name or "/" in name or name in (".", ".."):
+        raise ValueError(f"--served-model-name {name!r}: trtllm-serve names its model after the model directory, so "
+                         "the name must be a single path component (no '/')")
+    link = Path(tempfile.mkdtemp(prefix="specdec-served-")) / name
+    link.symlink_to((engine / "target").resolve(), target_is_directory=True)
+    return link
+
+
+def launch_external(engine: Path, backend: str, flags: list[str], extra: list[str], port: int,
+                    env_extra: dict[str, str] | None = None) -> int:
     """Replace this process with the engine's own server (SGLang, trtllm-serve or vLLM)."""
     script = engine / SERVER_SCRIPTS[backend]
     if not script.is_file():
         print(f"error: {script}: missing; build the engine with --backend {backend}", file=sys.stderr)
         return 2
-    env = dict(os.environ, PORT=str(port))
+    env = dict(os.environ, PORT=str(port), **(env_extra or {}))
     cmd = ["bash", str(script), *flags, *(a for a in extra if a != "--")]
     shown = [("***" if i and cmd[i - 1] == "--api-key" else c) for i, c in enumerate(cmd)]
     print(f"starting the {backend} server: {' '.join(shown)} (PORT={port})", flush=True)
@@ -107,8 +120,15 @@ def main(argv=None) -> int:
                   file=sys.stderr)
             return 2
         name = args.served_model_name or args.engine.resolve().name
+        env_extra = {}
+        if backend == "tensorrt-llm":
+            try:
+                env_extra["SPECDEC_MODEL_DIR"] = str(trtllm_model_link(args.engine, name))
+            except ValueError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
         flags = external_flags(backend, args.host, name, args.api_key, args.max_model_len)
-        return launch_external(args.engine, backend, flags, args.server_args, args.port)
+        return launch_external(args.engine, backend, flags, args.server_args, args.port, env_extra)
 
     import uvicorn
 

@@ -256,6 +256,23 @@ def test_server_backends_launch_their_own_server(demo_checkpoints, tmp_path):
     keyed = subprocess.run([sys.executable, "-m", "specdec_kit.serving", "--engine", str(trt), "--api-key", "sk-x"],
                            capture_output=True, text=True, timeout=60)
     assert keyed.returncode == 2 and "trtllm-serve takes none" in keyed.stderr  # never a server that ignores the key
+    # trtllm-serve names its model after the model directory: the served name arrives as the name of a link to the
+    # engine's target. A stand-in for trtllm-serve (TensorRT-LLM cannot be installed here) reports what it was given.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "trtllm-serve").write_text(f"#!{sys.executable}\nimport pathlib, sys\n"
+                                          "model = pathlib.Path(sys.argv[1])\n"
+                                          "print('model name', model.name, 'at', model.resolve(), 'args', *sys.argv[2:])\n")
+    (bin_dir / "trtllm-serve").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin"}
+    named = subprocess.run([sys.executable, "-m", "specdec_kit.serving", "--engine", str(trt), "--served-model-name",
+                            "llama-3-8b-griffin", "--port", "9123"], capture_output=True, text=True, timeout=60, env=env)
+    assert named.returncode == 0, named.stdout + named.stderr
+    assert f"model name llama-3-8b-griffin at {(trt / 'target').resolve()} args --backend pytorch" in named.stdout
+    assert "--port 9123" in named.stdout
+    slashed = subprocess.run([sys.executable, "-m", "specdec_kit.serving", "--engine", str(trt), "--served-model-name",
+                              "meta/llama"], capture_output=True, text=True, timeout=60, env=env)
+    assert slashed.returncode == 2 and "single path component" in slashed.stderr
 
 
 def test_an_error_after_the_stream_began_is_sent_in_band_and_the_server_recovers(engine_dir):

@@ -23,6 +23,7 @@ from specdec_kit.runtime.drafts.loading import load_draft
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig, parse_tree_spec, tree_to_dict
 import trtllm_standin
+from conftest import left_in
 
 SCHEMA = json.loads((Path(__file__).parent / "upstream" / "tensorrt_llm_llm_args.json").read_text())
 
@@ -95,7 +96,10 @@ def test_pytorch_backend_export_uses_only_current_llm_args(demo_checkpoints, tmp
         assert spec["eagle_choices"] == [list(c) for c in tree.choices]
         assert any("deprecated" in note for note in result.manifest["serve"]["notes"])
     serve = (trtllm / "serve.sh").read_text()
-    assert "trtllm-serve target --backend pytorch --config trtllm/serve.yaml --custom_module_dirs trtllm/specdec_trtllm" in serve
+    assert ("trtllm-serve ${SPECDEC_MODEL_DIR:-target} --backend pytorch --config trtllm/serve.yaml "
+            "--custom_module_dirs trtllm/specdec_trtllm") in serve
+    config = yaml.safe_load((trtllm / "serve.yaml").read_text())  # what the chart's probes, metrics and tests read
+    assert config["enable_iter_perf_stats"] is True and config["return_perf_metrics"] is True
     assert not (trtllm / "build.sh").exists() and not (trtllm / "checkpoint").exists()
     cfg = json.loads((trtllm / "draft" / "config.json").read_text())
     expected = "SpecdecGriffinLlama" if kind == "griffin" else "SpecdecEagleLlama"
@@ -116,7 +120,7 @@ def test_legacy_engine_route_only_for_releases_that_have_it(demo_checkpoints, tm
         build(demo_checkpoints, "hass", DynamicTreeConfig(16, 3, 4), tmp_path, legacy="latest")
     with pytest.raises(BuildError, match=r"max_total_draft_tokens \(19\) <= dynamic_tree_max_topK \* max_draft_len \(8\)"):
         build(demo_checkpoints, "hass", DynamicTreeConfig(total_tokens=20, depth=1, top_k=4), tmp_path)
-    assert list(tmp_path.iterdir()) == []
+    assert left_in(tmp_path) == []
     legacy = build(demo_checkpoints, "medusa", chain, tmp_path, legacy="1.2.1")
     assert (legacy.path / "trtllm" / "checkpoint" / "config.json").is_file()
     assert legacy.manifest["tensorrt_llm"]["route"] == "legacy-engine 1.2.1"
