@@ -21,6 +21,9 @@ class ServerMetrics:
         r, label = self.registry, ["model_name"]
         self.running = Gauge("specdec:num_requests_running", "Requests in the running batch", label, registry=r)
         self.waiting = Gauge("specdec:num_requests_waiting", "Requests waiting in the queue", label, registry=r)
+        self.kv_usage = Gauge("specdec:kv_cache_usage_perc",
+                              "KV-cache use, 0-1: tokens held by the running batch over max-num-seqs x the engine's "
+                              "context (vLLM's kv_cache_usage_perc; the endpoint picker reads it)", label, registry=r)
         self.ttft = Histogram("specdec:time_to_first_token_seconds", "Time to first token", label,
                               buckets=LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("specdec:inter_token_latency_seconds", "Inter-token latency, per token", label,

@@ -88,6 +88,7 @@ class Scheduler:
         self.gen = SpeculativeGenerator(engine.target, drafter, decode=lambda ids: tok.decode(ids, skip_special_tokens=True))
         self.metrics, self.policy = metrics, policy
         self.max_num_seqs, self.max_queue, self.max_unread_tokens = max_num_seqs, max_queue, max_unread_tokens
+        self.kv_budget = max_num_seqs * engine.target.max_context  # tokens the batch may hold at most
         self.pending: deque[ServerRequest] = deque()
         self.batch = None
         self.cv = threading.Condition()
@@ -172,6 +173,8 @@ class Scheduler:
             except Exception as exc:  # never leave requests hanging; the server keeps serving
                 self._fail_all(new, exc)
             self.metrics.labels(self.metrics.running).set(self.batch.size if self.batch is not None else 0)
+            held = int(self.batch.cache.lengths.sum()) if self.batch is not None and self.batch.size else 0
+            self.metrics.labels(self.metrics.kv_usage).set(held / self.kv_budget)
 
     def _fail_all(self, new: list[ServerRequest], exc: Exception) -> None:
         """A batched step failed (no single request to blame): fail its rows, keep serving."""
