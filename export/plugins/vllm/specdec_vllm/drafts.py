@@ -104,7 +104,8 @@ class DraftModel(nn.Module):
             raise ValueError(f"draft hidden_act {config.hidden_act!r}: only silu is supported")
         d = config.hidden_size
         self.hidden_size, self.griffin = d, griffin
-        first = vllm_config.model_config.get_num_layers(vllm_config.parallel_config)  # after the target's layers
+        # numbered after all the target's layers (not one pipeline stage's, which would collide with the target's)
+        first = vllm_config.model_config.get_total_num_hidden_layers()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, d, prefix=maybe_prefix(prefix, "embed_tokens"))
         qkv_bias = bool(getattr(config, "specdec_qkv_bias", False))
         if griffin:
