@@ -34,6 +34,12 @@ TRTLLM_PP_SPEC = (
     "the kit's TensorRT-LLM EAGLE-family exports run with pp_size 1: the legacy EAGLE checkpoint converter asserts "
     "it, and the PyTorch backend's one-model drafter (the kit's drafter module) has not been checked across "
     "pipeline stages; use tensor parallelism")
+VLLM_PP_SPEC = (
+    "vLLM fails at start-up with EAGLE-style speculative decoding and pipeline parallelism: its model runner creates "
+    "the drafter on the last pipeline stage only, then reads it on every stage (vllm/v1/worker/gpu_model_runner.py "
+    "_check_and_update_cudagraph_mode, 0.32.0: \"'CPUModelRunner' object has no attribute 'drafter'\", seen with "
+    "vLLM's CPU build at --pipeline-parallel-size 2), and its own EAGLE classes number the draft layer after one "
+    "stage's layers, colliding with the target's ('Duplicate layer name'); use tensor parallelism (across nodes too)")
 
 TRTLLM_MEDUSA_REMOVED = (
     "TensorRT-LLM removed Medusa with its TensorRT engine backend after release 1.2 (the PyTorch backend, the only "
@@ -63,6 +69,7 @@ def engine_rules() -> list[EngineRule]:
              for name in draft_kinds() for backend, reason in draft_kind(name).refused_backends.items()]
     rules.append(EngineRule("sglang", FEATURE_KINDS, WITH_PIPELINE, SGLANG_PP_SPEC))
     rules.append(EngineRule("tensorrt-llm", FEATURE_KINDS, WITH_PIPELINE, TRTLLM_PP_SPEC))
+    rules.append(EngineRule("vllm", FEATURE_KINDS, WITH_PIPELINE, VLLM_PP_SPEC))
     rules.append(EngineRule("tensorrt-llm", ("medusa",), CURRENT_RELEASE, TRTLLM_MEDUSA_REMOVED))
     return rules
 
