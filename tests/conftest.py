@@ -104,10 +104,10 @@ def demo_engine(demo_checkpoints, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def chart():
-    """The Helm chart, loaded once (the chart, engine-rule and SGLang tests render it)."""
-    from helm_python.chart import Chart
+    """The Helm chart driven by the real Helm CLI (the chart, engine-rule, SGLang and vLLM tests render it)."""
+    from helm_cli import HelmChart
 
-    return Chart.load(str(Path(__file__).resolve().parents[1] / "helm"))
+    return HelmChart()
 
 
 def left_in(directory: Path) -> list[str]:
