@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build, tag and (with --push) push the kit's images where a Docker engine exists.
-#   build/build.sh [cpu|sglang|tensorrt-llm|all] [--registry REG] [--tag TAG] [--push]
+#   build/build.sh [cpu|sglang|vllm|tensorrt-llm|all] [--registry REG] [--tag TAG] [--push]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 targets=()
@@ -8,8 +8,8 @@ registry="" tag="$(python3 -c 'import re;print(re.search(r"^version = \"(.+)\"",
 push=0
 while [ $# -gt 0 ]; do
   case "$1" in
-    cpu|sglang|tensorrt-llm) targets+=("$1") ;;
-    all) targets+=(cpu sglang tensorrt-llm) ;;
+    cpu|sglang|vllm|tensorrt-llm) targets+=("$1") ;;
+    all) targets+=(cpu sglang vllm tensorrt-llm) ;;
     --registry) registry="${2%/}/"; shift ;;
     --tag) tag="$2"; shift ;;
     --push) push=1 ;;

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helm_python.errors import HelmError
+from helm_cli import HelmRefused
 
 from specdec_kit.export.builder import build_engine
 from specdec_kit.export.engine_rules import ALWAYS, CHART_RULES, WITH_PIPELINE, chart_rules_text, engine_rules
@@ -16,7 +16,7 @@ from specdec_kit.runtime.trees import DynamicTreeConfig, parse_tree_spec, tree_t
 
 REPO = Path(__file__).resolve().parents[1]
 CHART_DRAFTS = json.loads((REPO / "helm" / "values.schema.json").read_text())["properties"]["engine"]["properties"]["draft"]["enum"]
-CHART_BACKENDS = ("sglang", "tensorrt-llm")
+CHART_BACKENDS = ("sglang", "vllm", "tensorrt-llm")
 
 
 def test_the_charts_copy_is_the_builders_table():
@@ -37,14 +37,15 @@ def test_the_table_covers_the_engines_refusals():
 
 
 @pytest.mark.parametrize("backend,draft,pp,reason", chart_cases(), ids=lambda v: str(v)[:20])
-def test_chart_and_builder_refuse_alike(chart, demo_checkpoints, tmp_path, backend, draft, pp, reason):
+def test_chart_and_builder_refuse_alike(chart, demo_checkpoints, request, tmp_path, backend, draft, pp, reason):
     values = {"backend": backend, "engine": {"source": "build", "draft": draft}, "model": {"pvc": {"claimName": "m"}},
               "parallelism": {"tensor": 1, "pipeline": pp}}
-    with pytest.raises(HelmError) as refused:
-        chart.render(values, name="specdec", namespace="llm")
+    with pytest.raises(HelmRefused) as refused:
+        chart.render(values)
     assert reason[:120] in " ".join(str(refused.value).split())
     tree = parse_tree_spec("static:mc_sim_7b_63:8") if draft == "medusa" else DynamicTreeConfig(16, 3, 4)
-    inputs = BuildInputs(draft=draft, target=demo_checkpoints["target"], draft_path=demo_checkpoints[draft],
+    draft_path = request.getfixturevalue("eagle3_checkpoint") if draft == "eagle3" else demo_checkpoints[draft]
+    inputs = BuildInputs(draft=draft, target=demo_checkpoints["target"], draft_path=draft_path,
                          tokenizer=demo_checkpoints["target"], backend=backend, dtype="float32", tree=tree_to_dict(tree),
                          pp=pp)
     with pytest.raises(BuildError) as built:

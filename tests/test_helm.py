@@ -1,38 +1,32 @@
-"""The chart, rendered by real Helm (helm-python-sdk, Helm v4's own Go code) without a cluster: lint,
-Kubernetes schemas for every manifest (custom resources against their own schemas, by kind), the
-essentials of GPU deployments, refused values, golden outputs; and the images' Dockerfiles."""
+"""The chart, rendered and linted by a real Helm CLI (v4, scripts/setup_helm.sh) without a cluster: Kubernetes
+schemas for every manifest (custom resources against their own schemas, by kind), the essentials of GPU deployments,
+refused values (at render time and by `helm lint`), the custom resources' API checks, the build Job's protocol run
+for real against the kit's builder, the `helm test` checks run against the kit's server, golden outputs; and the
+images' Dockerfiles."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import jsonschema
 import kubernetes_validate as kv
 import pytest
 import yaml
-from helm_python.chart import Chart, lint
-from helm_python.errors import HelmError
+
+from helm_cli import CHART, CHART_APIS, HelmChart, HelmRefused
 
 REPO = Path(__file__).resolve().parents[1]
-CHART = REPO / "helm"
 EXAMPLES = sorted((CHART / "ci").glob("values-*.yaml"))
 GOLDEN = Path(__file__).resolve().parent / "golden" / "helm"
 CRD_SCHEMAS = {p.stem: json.loads(p.read_text()) for p in (Path(__file__).resolve().parent / "schemas").glob("*.json")}
 K8S_VERSION = "1.33.0"
-
-
-def render(chart: Chart, values: dict) -> list[dict]:
-    out = chart.render(values, name="specdec", namespace="llm")
-    docs = []
-    for path in sorted(out):
-        if path.endswith("NOTES.txt"):
-            continue
-        docs += [d for d in yaml.safe_load_all(out[path]) if d]
-    return docs
+SGLANG_BUILD = {"backend": "sglang", "engine": {"source": "build"}, "model": {"pvc": {"claimName": "m"}}}
 
 
 def example(path: Path) -> dict:
@@ -51,27 +45,58 @@ def pods_of(docs: list[dict]) -> list[tuple[str, dict]]:
     return out
 
 
+def build_job(docs: list[dict]) -> dict:
+    [job] = [d for d in docs if d["kind"] == "Job"]
+    return job
+
+
 def server(spec: dict) -> dict:
     return next(c for c in spec["containers"] if c["name"] == "server")
 
 
-def test_lint_is_clean():
-    report = lint(str(CHART), strict=True)
-    assert report["errors"] == []
-    assert [m for m in report["messages"] if m["severity"] >= 2] == []
-    for path in EXAMPLES:
-        report = lint(str(CHART), example(path), strict=True)
-        assert [m for m in report["messages"] if m["severity"] >= 2] == [], path.name
+def named(items: list[dict], name: str) -> dict:
+    return next(i for i in items if i["name"] == name)
+
+
+def test_lint_is_clean(chart):
+    for values in [{}] + [example(p) for p in EXAMPLES]:
+        proc = chart.lint(values)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "[WARNING]" not in proc.stdout and "[ERROR]" not in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"autoscaling": {"enabled": True, "mode": "prometheus-adapter", "minReplicas": 5, "maxReplicas": 2}},
+     "minReplicas 5 exceeds maxReplicas 2"),
+    ({**SGLANG_BUILD, "parallelism": {"tensor": 8, "pipeline": 2}}, "PP + speculative decoding"),
+    ({**SGLANG_BUILD, "parallelism": {"tensor": 3}}, "do not divide the 8 GPUs of a node"),
+])
+def test_lint_refuses_what_install_refuses(chart, values, message):
+    """`helm lint` renders with the chart's `fail` switched off; the chart's refusals reach it all the same."""
+    with pytest.raises(HelmRefused, match=re.escape(message)):
+        chart.render(values)
+    proc = chart.lint(values)
+    assert proc.returncode != 0 and "[ERROR]" in proc.stdout and message in " ".join(proc.stdout.split()), proc.stdout
+
+
+def check_inference_pool_rules(doc: dict) -> None:
+    """The CRD's CEL rules: a port for Service references, unique target port numbers."""
+    ref = doc["spec"]["endpointPickerRef"]
+    assert ref.get("kind", "Service") != "Service" or "port" in ref
+    numbers = [p["number"] for p in doc["spec"]["targetPorts"]]
+    assert len(numbers) == len(set(numbers))
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_every_manifest_validates(chart, path):
-    docs = render(chart, example(path))
+    docs = chart.render(example(path))
     assert docs
     for doc in docs:
         kind = doc["kind"]
         if kind in CRD_SCHEMAS:
             jsonschema.validate(doc, CRD_SCHEMAS[kind])
+            if kind == "InferencePool":
+                check_inference_pool_rules(doc)
             if kind == "LeaderWorkerSet":  # its pod templates are core Pods: check them with Kubernetes' schema
                 for part in ("leaderTemplate", "workerTemplate"):
                     tmpl = doc["spec"]["leaderWorkerTemplate"][part]
@@ -87,7 +112,7 @@ def test_every_manifest_validates(chart, path):
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_rendered_output_matches_golden(chart, path):
-    text = yaml.safe_dump_all(render(chart, example(path)), sort_keys=True)
+    text = yaml.safe_dump_all(chart.render(example(path)), sort_keys=True)
     golden = GOLDEN / f"{path.stem}.yaml"
     if os.environ.get("SPECDEC_UPDATE_GOLDEN"):
         golden.parent.mkdir(parents=True, exist_ok=True)
@@ -97,11 +122,11 @@ def test_rendered_output_matches_golden(chart, path):
 
 
 def test_defaults_are_the_cpu_demo(chart):
-    docs = render(chart, {})
+    docs = chart.render({}, api_versions=())  # the defaults need no custom resource
     [(role, spec)] = pods_of(docs)
     c = server(spec)
     assert c["image"] == "specdec:0.1.0-cpu" and "--engine=/opt/specdec/engines/griffin-onnxruntime" in c["args"]
-    assert "nvidia.com/gpu" not in json.dumps(spec) and "nodeSelector" not in spec
+    assert "nvidia.com/gpu" not in json.dumps(spec) and "nodeSelector" not in spec and "initContainers" not in spec
     assert not any(v["name"] == "shm" for v in spec["volumes"])
     assert {d["kind"] for d in docs} == {"Deployment", "Service", "ServiceAccount", "PodDisruptionBudget", "Pod"}
 
@@ -109,10 +134,11 @@ def test_defaults_are_the_cpu_demo(chart):
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_gpu_essentials(chart, path):
     values = example(path)
-    docs = render(chart, values)
-    merged = chart.merge_values(values)
+    docs = chart.render(values)
+    merged = chart.merged_values(values)
     tp, pp = merged["parallelism"]["tensor"], merged["parallelism"]["pipeline"]
     gpu_backend = merged["backend"] != "embedded"
+    build = merged["engine"]["source"] == "build"
     pods = pods_of(docs)
     per_pod = []
     for role, spec in pods:
@@ -126,20 +152,23 @@ def test_gpu_essentials(chart, path):
             assert c["readinessProbe"]["httpGet"]["path"] in ("/health/ready", "/health_generate", "/health")
         else:
             assert "readinessProbe" not in c
+        # no serving pod builds: each waits for the one build Job's engine
+        assert [i["name"] for i in spec.get("initContainers", [])] == (["wait-for-engine"] if build else [])
         if gpu_backend:
             gpus = c["resources"]["limits"]["nvidia.com/gpu"]
             assert gpus == c["resources"]["requests"]["nvidia.com/gpu"]
             per_pod.append(gpus)
             assert spec["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-A100-SXM4-80GB"
             assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
-            build = next((i for i in spec.get("initContainers", []) if i["name"] == "build-engine"), None)
-            if role == "worker":  # the leader builds its group's engine; workers wait for its manifest
-                assert build is None
-            else:
-                assert build is not None and build["resources"]["limits"]["nvidia.com/gpu"] == gpus  # on the GPU node
-                assert f"--tp={tp}" in build["args"] and f"--pp={pp}" in build["args"]
         has_shm = any(v["name"] == "shm" and v["emptyDir"]["medium"] == "Memory" for v in spec["volumes"])
         assert has_shm == (tp * pp > 1)
+    if build:  # one builder for the release, asking for no GPU (the serving pods hold them while they wait)
+        job = build_job(docs)["spec"]["template"]["spec"]
+        builder = named(job["containers"], "build-engine")
+        assert "nvidia.com/gpu" not in json.dumps(job)
+        assert f"--tp={tp}" in builder["args"] and f"--pp={pp}" in builder["args"]
+        engine = next(a for a in server(pods[0][1])["args"] if a.startswith("--engine=")).split("=", 1)[1]
+        assert f"--output={engine}" in builder["args"]
     if gpu_backend:
         lws = [d for d in docs if d["kind"] == "LeaderWorkerSet"]
         nodes = lws[0]["spec"]["leaderWorkerTemplate"]["size"] if lws else 1
@@ -148,7 +177,7 @@ def test_gpu_essentials(chart, path):
 
 
 def test_feature_switches(chart):
-    docs = {d["kind"]: d for d in render(chart, example(CHART / "ci" / "values-sglang-a100.yaml"))}
+    docs = {d["kind"]: d for d in chart.render(example(CHART / "ci" / "values-sglang-a100.yaml"))}
     assert docs["ScaledObject"]["spec"]["triggers"][0]["metadata"]["query"].startswith("sum(sglang:num_queue_reqs{")
     assert docs["ServiceMonitor"]["spec"]["endpoints"][0]["path"] == "/metrics"
     dashboard = json.loads(docs["ConfigMap"]["data"]["specdec.json"])
@@ -156,29 +185,58 @@ def test_feature_switches(chart):
     assert {"Time to first token", "Inter-token latency (per token)", "Throughput", "Acceptance length"} <= titles
     env = server(docs["Deployment"]["spec"]["template"]["spec"])["env"]
     assert {"name": "SPECDEC_API_KEY", "valueFrom": {"secretKeyRef": {"name": "specdec-api-key", "key": "api-key"}}} in env
-    assert docs["PersistentVolumeClaim"]["spec"]["accessModes"] == ["ReadWriteMany"]  # shared by 2 replicas
-    multi = render(chart, example(CHART / "ci" / "values-multinode-tp16.yaml"))
+    assert docs["PersistentVolumeClaim"]["spec"]["accessModes"] == ["ReadWriteMany"]  # the Job writes, replicas read
+    assert docs["PersistentVolumeClaim"]["spec"]["storageClassName"] == "standard-rwx"
+    multi = chart.render(example(CHART / "ci" / "values-multinode-tp16.yaml"))
     leader = next(spec for role, spec in pods_of(multi) if role == "leader")
     assert "--nnodes=2" in server(leader)["args"] and "--node-rank=$(LWS_WORKER_INDEX)" in server(leader)["args"]
     assert any(d["kind"] == "Role" and d["rules"][0]["resources"] == ["pods"] for d in multi)
-    worker = next(spec for role, spec in pods_of(multi) if role == "worker")  # one builder per group: the leader
-    assert [c["name"] for c in leader["initContainers"]] == ["fetch-models", "build-engine"]
-    assert [c["name"] for c in worker["initContainers"]] == ["wait-for-engine"]
-    assert "manifest.json" in worker["initContainers"][0]["command"][2]
+    job = build_job(multi)["spec"]["template"]["spec"]  # S3 checkpoints synced into the model cache, then the build
+    assert [c["name"] for c in job["initContainers"]] == ["fetch-models"] and job["restartPolicy"] == "Never"
+    fetch = job["initContainers"][0]
+    assert named(fetch["env"], "TARGET_DIR")["value"] == "/models/s3/models/llama-3-70b-instruct"
+    assert named(job["volumes"], "models")["persistentVolumeClaim"]["claimName"] == "specdec-model-cache"
+    assert named(job["volumes"], "engine-cache")["persistentVolumeClaim"]["claimName"] == "specdec-engines-rwx"
+    model_cache = next(d for d in multi if d["kind"] == "PersistentVolumeClaim")
+    assert model_cache["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
     spread = leader["topologySpreadConstraints"][0]
     assert spread["topologyKey"] == "kubernetes.io/hostname" and spread["labelSelector"]["matchLabels"]
     pdb = next(d for d in multi if d["kind"] == "PodDisruptionBudget")  # leaders and workers of every group
     assert pdb["spec"]["selector"]["matchExpressions"] == [{"key": "specdec.io/role", "operator": "In",
                                                            "values": ["leader", "worker"]}]
-    trt = {d["kind"]: d for d in render(chart, example(CHART / "ci" / "values-trtllm-tp4.yaml"))}
-    assert trt["HorizontalPodAutoscaler"]["spec"]["metrics"][0]["pods"]["metric"]["name"]
-    fetch = next(i for i in trt["Deployment"]["spec"]["template"]["spec"]["initContainers"] if i["name"] == "fetch-models")
+    trt = {d["kind"]: d for d in chart.render(example(CHART / "ci" / "values-trtllm-tp4.yaml"))}
+    assert trt["HorizontalPodAutoscaler"]["spec"]["metrics"][0]["pods"]["metric"]["name"] == "trtllm_num_requests_waiting"
+    assert trt["PodMonitor"]["spec"]["podMetricsEndpoints"][0]["path"] == "/prometheus/metrics"
+    fetch = named(trt["Job"]["spec"]["template"]["spec"]["initContainers"], "fetch-models")
     assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}} in fetch["env"]
+    assert named(fetch["env"], "TARGET_DIR")["value"] == "/models/hf/meta-llama/Meta-Llama-3-8B-Instruct"
 
 
-def test_engine_cache_key_changes_with_every_build_input(chart):
+def test_vllm_backend(chart):
+    docs = chart.render(example(CHART / "ci" / "values-vllm-a100.yaml"))
+    kinds = {d["kind"]: d for d in docs}
+    [(_, spec)] = pods_of(docs)
+    c = server(spec)
+    assert c["image"] == "specdec:0.1.0-vllm" and "--served-model-name=llama-3.1-8b-eagle3" in c["args"]
+    assert c["args"][c["args"].index("--") + 1:] == ["--max-model-len", "8192", "--gpu-memory-utilization", "0.9"]
+    assert c["readinessProbe"]["httpGet"]["path"] == "/health"
+    route = kinds["HTTPRoute"]["spec"]["rules"][0]["backendRefs"]
+    assert route == [{"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "specdec"}]
+    epp = yaml.safe_load(next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "specdec-epp")
+                         ["data"]["epp.yaml"])
+    assert next(p for p in epp["plugins"] if p["type"] == "core-metrics-extractor")["parameters"]["defaultEngine"] == "vllm"
+    # a vLLM replica over two nodes: the leader serves, the workers run headless
+    multi = chart.render({**example(CHART / "ci" / "values-vllm-a100.yaml"), "parallelism": {"tensor": 16, "pipeline": 1},
+                          "inferencePool": {"enabled": False}, "httpRoute": {"enabled": False}})
+    roles = {role: server(spec)["args"] for role, spec in pods_of(multi)}
+    for role, args in roles.items():
+        assert {"--nnodes=2", "--node-rank=$(LWS_WORKER_INDEX)", "--master-addr=$(LWS_LEADER_ADDRESS)"} <= set(args)
+        assert ("--headless" in args) == (role == "worker")
+
+
+def test_engine_cache_key_changes_with_every_build_input_and_nothing_else(chart):
     def engine_path(values: dict) -> str:
-        spec = next(spec for _, spec in pods_of(render(chart, values)))
+        spec = next(spec for _, spec in pods_of(chart.render(values)))
         return next(a for a in server(spec)["args"] if a.startswith("--engine="))
 
     base = {"backend": "sglang", "engine": {"source": "build"}, "model": {"pvc": {"claimName": "m", "target": "llama-a"}}}
@@ -186,85 +244,213 @@ def test_engine_cache_key_changes_with_every_build_input(chart):
     assert engine_path(base) == same and same.startswith("--engine=/engine-cache/griffin-sglang-tp1-pp1-")
     changed = [{"model": {"pvc": {"claimName": "m", "target": "llama-b"}}}, {"engine": {"source": "build", "depth": 4}},
                {"engine": {"source": "build", "dtype": "bfloat16"}},
-               {"engine": {"source": "build", "buildArgs": ["--device=cuda"]}}]
+               {"engine": {"source": "build", "buildArgs": ["--device=cuda"]}},
+               {"model": {"source": "huggingface", "huggingface": {"target": "org/a", "draft": "org/b"}}}]
     paths = {engine_path({**base, **c}) for c in changed}
     assert same not in paths and len(paths) == len(changed)
+    unchanged = [{"model": {"pvc": {"claimName": "m", "target": "llama-a"}, "cache": {"size": "1Ti"}}},
+                 {"engine": {"source": "build", "cache": {"storageClassName": "fast"}}},
+                 {"engine": {"source": "build", "build": {"backoffLimit": 5}}}]
+    assert {engine_path({**base, **c}) for c in unchanged} == {same}
+
+
+def test_build_job_name_follows_its_pod_template(chart):
+    """A Job's template is immutable: changed build settings get a new Job, unchanged ones keep it."""
+    def job_name(values: dict) -> str:
+        return build_job(chart.render(values))["metadata"]["name"]
+
+    base = job_name(SGLANG_BUILD)
+    assert base.startswith("specdec-build-") and job_name(SGLANG_BUILD) == base
+    assert job_name({**SGLANG_BUILD, "engine": {"source": "build", "build": {"resources": {"requests": {"cpu": "2"}}}}}) != base
+    assert job_name({**SGLANG_BUILD, "replicaCount": 3}) == base
+
+
+def test_build_job_and_waiting_pods_run_the_kits_builder(chart, demo_checkpoints, tmp_path):
+    """The Job's build script and the pods' wait script, as rendered, run here against the kit's real builder: a
+    failed build leaves its last lines for the waiting pods, and a build that succeeds lets them start."""
+    docs = chart.render({"engine": {"source": "build", "draft": "griffin", "tree": "static:chain-3", "dtype": "float32"},
+                         "model": {"pvc": {"claimName": "m"}}})
+    builder = named(build_job(docs)["spec"]["template"]["spec"]["containers"], "build-engine")
+    waiter = named(pods_of(docs)[0][1]["initContainers"], "wait-for-engine")
+    engine = tmp_path / "cache" / "engine"
+    engine.parent.mkdir()  # the engine cache's mount
+    local = {"/models/target": str(demo_checkpoints["target"]), "/models/draft": str(demo_checkpoints["griffin"]),
+             named(builder["env"], "ENGINE")["value"]: str(engine)}
+
+    def localize(args: list[str]) -> list[str]:
+        return [next((a.replace(k, v) for k, v in local.items() if k in a), a) for a in args]
+
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "ENGINE": str(engine),
+           "JOB": named(waiter["env"], "JOB")["value"], "HOME": str(tmp_path)}
+    wait = waiter["command"]
+    broken = localize(builder["args"])
+    broken[[i for i, a in enumerate(broken) if a.startswith("--draft-path=")][0]] = f"--draft-path={tmp_path / 'missing'}"
+    run = lambda args: subprocess.run([*builder["command"], *args], env=env, capture_output=True, text=True,
+                                      timeout=600, cwd=tmp_path)
+    failed = run(broken)
+    assert failed.returncode != 0 and "missing" in Path(f"{engine}.failed").read_text()
+    waited = subprocess.run(wait, env=env, capture_output=True, text=True, timeout=60)
+    assert waited.returncode == 1 and "the engine build failed" in waited.stderr and "missing" in waited.stderr
+    built = run(localize(builder["args"]))
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert not Path(f"{engine}.failed").exists() and (engine / "manifest.json").is_file()
+    waited = subprocess.run(wait, env=env, capture_output=True, text=True, timeout=60)
+    assert waited.returncode == 0, waited.stderr
 
 
 def test_network_policy_admits_what_the_enabled_features_need(chart):
     values = {"networkPolicy": {"enabled": True}, "ingress": {"enabled": True, "hosts": [{"host": "llm.example.com"}]},
               "httpRoute": {"enabled": True, "parentRefs": [{"name": "gw", "namespace": "gateway-system"}]},
               "monitoring": {"podMonitor": {"enabled": True}}}
-    policy = next(d for d in render(chart, values) if d["kind"] == "NetworkPolicy")
+    policy = next(d for d in chart.render(values) if d["kind"] == "NetworkPolicy")
     peers = [p.get("namespaceSelector", {}).get("matchLabels", {}).get("kubernetes.io/metadata.name")
              for p in policy["spec"]["ingress"][0]["from"]]
     assert peers == [None, "ingress-nginx", "gateway-system", "monitoring"]  # None: the release's own namespace
-    plain = next(d for d in render(chart, {"networkPolicy": {"enabled": True}}) if d["kind"] == "NetworkPolicy")
+    plain = next(d for d in chart.render({"networkPolicy": {"enabled": True}}) if d["kind"] == "NetworkPolicy")
     assert plain["spec"]["ingress"][0]["from"] == [{"podSelector": {}}]
 
 
 @pytest.mark.parametrize("values, message", [
-    ({"backend": "sglang", "engine": {"source": "build"}, "model": {"pvc": {"claimName": "m"}},
-      "parallelism": {"tensor": 0}}, "tensor"),
-    ({"backend": "sglang", "engine": {"source": "build"}, "model": {"pvc": {"claimName": "m"}},
-      "parallelism": {"tensor": 1.5}}, "tensor"),
+    ({**SGLANG_BUILD, "parallelism": {"tensor": 0}}, "tensor"),
+    ({**SGLANG_BUILD, "parallelism": {"tensor": 1.5}}, "tensor"),
     ({"parallelism": {"tensor": 2}}, "/parallelism/tensor': value must be 1"),  # embedded runs on one device
-    ({"backend": "sglang", "engine": {"source": "build"}, "model": {"pvc": {"claimName": "m"}},
-      "parallelism": {"tensor": 4, "pipeline": 3}}, "do not fit nodes of gpu.perNode=8"),
-    ({"backend": "tensorrt-llm", "engine": {"source": "build"}, "model": {"pvc": {"claimName": "m"}},
-      "parallelism": {"tensor": 8, "pipeline": 2}}, "multi-node TensorRT-LLM"),
+    ({**SGLANG_BUILD, "parallelism": {"tensor": 4, "pipeline": 3}}, "do not fit nodes of gpu.perNode=8"),
+    ({**SGLANG_BUILD, "backend": "tensorrt-llm", "parallelism": {"tensor": 8, "pipeline": 2}}, "multi-node TensorRT-LLM"),
     ({"backend": "sglang"}, "engine.source=demo"),
     ({"backend": "sglang", "engine": {"source": "build"}}, "model.pvc.claimName"),
     ({"backend": "sglang", "engine": {"source": "build"}, "model": {"source": "huggingface"}}, "model.huggingface.target"),
-    ({"backend": "sglang", "engine": {"source": "build"}, "model": {"pvc": {"claimName": "m"}},
-      "parallelism": {"tensor": 3}}, "do not divide the 8 GPUs of a node"),
+    ({**SGLANG_BUILD, "parallelism": {"tensor": 3}}, "do not divide the 8 GPUs of a node"),
     ({"backend": "sglang", "engine": {"source": "prebuilt", "path": "/engines/x"}}, "needs engine.cache.existingClaim"),
     ({"backend": "sglang", "engine": {"source": "prebuilt", "path": "/engines/x", "cache": {"existingClaim": "e"}}},
      "mounted at /engine-cache"),
     ({"autoscaling": {"enabled": True, "mode": "prometheus-adapter", "minReplicas": 5, "maxReplicas": 2}},
      "minReplicas 5 exceeds maxReplicas 2"),
     ({"autoscaling": {"enabled": True, "mode": "keda"}}, "set monitoring.serviceMonitor.enabled=true"),
-    ({"backend": "tensorrt-llm", "engine": {"source": "build"}, "model": {"pvc": {"claimName": "m"}},
-      "apiKey": {"existingSecret": "k"}}, "trtllm-serve takes no API key"),
+    ({**SGLANG_BUILD, "backend": "tensorrt-llm", "apiKey": {"existingSecret": "k"}}, "trtllm-serve takes no API key"),
+    ({**SGLANG_BUILD, "backend": "tensorrt-llm", "server": {"servedModelName": "meta-llama/Llama-3-8B"}},
+     "cannot hold a '/'"),
     ({"replicas": 3}, "replicas"),
     ({"router": {"enabled": True}}, "router.enabled"),
+    ({**SGLANG_BUILD, "router": {"enabled": True}, "inferencePool": {"enabled": True}}, "choose one"),
     ({"gpu": {"perNode": 0}}, "perNode"),
+    ({"model": {"scratch": {"size": "1Gi"}}}, "scratch"),  # the model cache replaced it
 ])
 def test_values_that_must_be_refused_are_refused(chart, values, message):
-    with pytest.raises(HelmError, match=message):
-        chart.render(values, name="specdec", namespace="llm")
+    with pytest.raises(HelmRefused, match=message):
+        chart.render(values)
+
+
+@pytest.mark.parametrize("values, api", [
+    ({**SGLANG_BUILD, "parallelism": {"tensor": 16}}, "leaderworkerset.x-k8s.io/v1"),
+    ({"autoscaling": {"enabled": True, "mode": "keda"}, "monitoring": {"serviceMonitor": {"enabled": True}}},
+     "keda.sh/v1alpha1"),
+    ({"autoscaling": {"enabled": True, "mode": "prometheus-adapter"}}, "custom.metrics.k8s.io/v1beta1"),
+    ({"monitoring": {"podMonitor": {"enabled": True}}}, "monitoring.coreos.com/v1"),
+    ({"httpRoute": {"enabled": True, "parentRefs": [{"name": "gw"}]}}, "gateway.networking.k8s.io/v1"),
+    ({"inferencePool": {"enabled": True}}, "inference.networking.k8s.io/v1"),
+])
+def test_custom_resources_need_their_api_in_the_cluster(chart, values, api):
+    others = [a for a in CHART_APIS if a != api]
+    with pytest.raises(HelmRefused, match=f"the cluster serves no {api} API") as refused:
+        chart.render(values, api_versions=others)
+    assert f"--api-versions {api}" in str(refused.value)
+    assert chart.render(values, api_versions=[api, *others])
+    proc = chart.lint(values)  # lint has no cluster to ask: it leaves the check to install
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_inference_pool_and_its_endpoint_picker(chart, demo_engine):
+    """The pool selects the serving pods; the picker's config refers to plugins it declares; and the metrics it reads
+    from the kit's own server exist there (checked against the real server)."""
+    from server_helpers import Server
+
+    values = {"inferencePool": {"enabled": True}, "replicaCount": 2,
+              "httpRoute": {"enabled": True, "parentRefs": [{"name": "gw", "namespace": "gateway-system"}]}}
+    docs = chart.render(values)
+    pool = next(d for d in docs if d["kind"] == "InferencePool")
+    jsonschema.validate(pool, CRD_SCHEMAS["InferencePool"])
+    check_inference_pool_rules(pool)
+    deployment = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "specdec")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert pool["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert pool["spec"]["targetPorts"] == [{"number": server(deployment["spec"]["template"]["spec"])["ports"][0]["containerPort"]}]
+    service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == pool["spec"]["endpointPickerRef"]["name"])
+    assert service["spec"]["ports"][0]["port"] == pool["spec"]["endpointPickerRef"]["port"]["number"]
+    picker = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "specdec-epp")
+    assert service["spec"]["selector"].items() <= picker["spec"]["template"]["metadata"]["labels"].items()
+    args = picker["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--pool-name=specdec" in args and "--pool-namespace=llm" in args
+    config = yaml.safe_load(next(d for d in docs if d["kind"] == "ConfigMap")["data"]["epp.yaml"])
+    declared = {p.get("name", p["type"]) for p in config["plugins"]}
+    refs = {r["pluginRef"] for prof in config["schedulingProfiles"] for r in prof["plugins"]}
+    refs |= {s["pluginRef"] for s in config["dataLayer"]["sources"]}
+    refs |= {e["pluginRef"] for s in config["dataLayer"]["sources"] for e in s["extractors"]}
+    assert refs <= declared
+    extractor = next(p for p in config["plugins"] if p["type"] == "core-metrics-extractor")["parameters"]
+    [engine] = extractor["engineConfigs"]
+    assert engine["name"] == extractor["defaultEngine"] == "specdec"
+    route = next(d for d in docs if d["kind"] == "HTTPRoute")["spec"]["rules"][0]["backendRefs"][0]
+    assert (route["kind"], route["name"]) == ("InferencePool", pool["metadata"]["name"])
+    srv = Server(demo_engine)
+    try:
+        srv.client().chat.completions.create(model="demo", messages=[{"role": "user", "content": "hi"}], max_tokens=8)
+        names = {line.split("{")[0].split(" ")[0] for line in httpx.get(srv.url + "/metrics").text.splitlines()
+                 if line and not line.startswith("#")}
+        metrics = srv.metrics()
+    finally:
+        srv.stop()
+    for spec in ("queuedRequestsSpec", "runningRequestsSpec", "kvUsageSpec"):
+        assert engine[spec] in names, f"{engine[spec]} is not among the server's metrics"
+    usage = next(v for k, v in metrics.items() if k.startswith("specdec:kv_cache_usage_perc"))
+    assert 0.0 <= usage <= 1.0
 
 
 def test_helm_tests_speculation_check_passes_a_speculating_server_and_fails_one_without(chart, demo_engine):
     """The `helm test` pod that checks speculation, run as is against the kit's real server (its URL swapped in)."""
     from server_helpers import Server
 
-    docs = render(chart, {"tests": {"speculationDeadlineSeconds": 20}})
+    docs = chart.render({"tests": {"speculationDeadlineSeconds": 20}})
     pod = next(d for d in docs if d["kind"] == "Pod" and d["metadata"]["name"] == "specdec-test-speculation")
     script = pod["spec"]["containers"][0]["args"][0]
     assert "http://specdec:8000" in script
     for extra, passes in (((), True), (("--speculation", "off"), False)):
-        server = Server(demo_engine, *extra)
+        srv = Server(demo_engine, *extra)
         try:
-            proc = subprocess.run([sys.executable, "-c", script.replace("http://specdec:8000", server.url)],
+            proc = subprocess.run([sys.executable, "-c", script.replace("http://specdec:8000", srv.url)],
                                   capture_output=True, text=True, timeout=120, env={**os.environ, "API_KEY": ""})
         finally:
-            server.stop()
+            srv.stop()
         if passes:
             assert proc.returncode == 0 and "acceptance length:" in proc.stdout, proc.stdout + proc.stderr
         else:
             assert proc.returncode != 0 and "never rose above 1" in proc.stderr, proc.stdout + proc.stderr
-    trt = render(chart, {"backend": "tensorrt-llm", "engine": {"source": "build"}, "model": {"pvc": {"claimName": "m"}}})
-    assert not any(d["metadata"]["name"] == "specdec-test-speculation" for d in trt)  # trtllm-serve reports neither
+
+
+def speculation_check(chart: HelmChart, values: dict) -> dict:
+    """What the speculation check of a backend reads (its configuration, embedded in the test pod's script)."""
+    pod = next(d for d in chart.render(values) if d["kind"] == "Pod" and d["metadata"]["name"] == "specdec-test-speculation")
+    script = pod["spec"]["containers"][0]["args"][0]
+    return json.loads(json.loads(script.split("spec, deadline = json.loads(", 1)[1].split("), time.time()", 1)[0]))
+
+
+def test_every_backend_has_a_speculation_check(chart):
+    checks = {backend: speculation_check(chart, {**SGLANG_BUILD, "backend": backend})
+              for backend in ("sglang", "vllm", "tensorrt-llm")}
+    assert checks["sglang"] == {"info": "/server_info", "metrics": "/metrics", "gauge": "sglang:spec_accept_length"}
+    assert checks["tensorrt-llm"]["metrics"] == "/prometheus/metrics"  # mounted by the export's return_perf_metrics
+    assert checks["tensorrt-llm"]["gauge"] == "trtllm_spec_decode_acceptance_length"
+    assert checks["vllm"]["accepted"] == "vllm:spec_decode_num_accepted_tokens_total"
 
 
 def test_notes_say_how_to_reach_test_and_load_test(chart):
-    notes = chart.render(example(CHART / "ci" / "values-sglang-a100.yaml"), name="specdec", namespace="llm")
-    text = next(v for k, v in notes.items() if k.endswith("NOTES.txt"))
+    no_custom_resources = {"autoscaling": {"enabled": False}, "monitoring": {"serviceMonitor": {"enabled": False}}}
+    text = chart.notes({**example(CHART / "ci" / "values-sglang-a100.yaml"), **no_custom_resources})
     assert "port-forward svc/specdec" in text and "helm test specdec" in text and "locust -f loadtest/chat.py" in text
-    assert "2 replica(s) x 1 GPU(s)" in text
-    cpu = next(v for k, v in chart.render({}, name="specdec", namespace="llm").items() if k.endswith("NOTES.txt"))
+    assert "2 replica(s) x 1 GPU(s)" in text and "logs -f job/specdec-build-" in text
+    cpu = chart.notes({})
     assert "1 replica(s) on CPU." in cpu and "GPU" not in cpu.split("Engine:")[0]
+    with pytest.raises(HelmRefused, match="the cluster serves no inference.networking.k8s.io/v1 API"):
+        chart.notes({"inferencePool": {"enabled": True}})  # a client-side dry run sees only the built-in APIs
 
 
 def test_dockerfiles_are_hadolint_clean_and_pinned():
@@ -277,6 +463,7 @@ def test_dockerfiles_are_hadolint_clean_and_pinned():
         assert ":latest" not in text
     assert "lmsysorg/sglang:v0.5.19-cu129" in (REPO / "build" / "sglang.Dockerfile").read_text()
     assert "tensorrt-llm/release:1.3.0rc24" in (REPO / "build" / "tensorrt-llm.Dockerfile").read_text()
+    assert "vllm/vllm-openai:v0.32.0" in (REPO / "build" / "vllm.Dockerfile").read_text()
     assert "torch==2.13.0" in (REPO / "build" / "cpu.Dockerfile").read_text()
 
 
@@ -291,3 +478,13 @@ def test_values_files_pass_yamllint():
                            str(CHART / "values.yaml"), str(CHART / "Chart.yaml"), *map(str, EXAMPLES)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
+
+
+def test_the_chart_readme_lists_every_value():
+    """helm/README.md's values table is the one generated from the schema (and every value has a description)."""
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "helm_values_table.py"), "--check"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    undescribed = [k for k, v in schema["properties"].items() if "description" not in v]
+    assert undescribed == [], undescribed

@@ -12,8 +12,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helm_python.chart import Chart
-from helm_python.errors import HelmError
 
 from specdec_kit.export.builder import build_engine
 from specdec_kit.export.engine_rules import SGLANG_PP_SPEC
@@ -26,7 +24,8 @@ from specdec_kit.runtime.trees import DynamicTreeConfig, tree_to_dict
 from specdec_kit.serving.cli import external_flags
 
 from conftest import SMALL_DEMO, sglang_python
-from test_helm import pods_of, render
+from helm_cli import HelmChart, HelmRefused
+from test_helm import build_job, pods_of
 from test_helm import server as server_container
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,21 +91,21 @@ def test_every_command_the_builder_writes_passes_sglangs_checks(checkpoints, tmp
     assert refused == [], "\n".join(refused)
 
 
-def chart_layout(chart: Chart, kind: str, tp: int, pp: int) -> dict | str:
+def chart_layout(chart: HelmChart, kind: str, tp: int, pp: int) -> dict | str:
     """The chart's server and build arguments for an SGLang layout, or its refusal."""
     values = {"backend": "sglang", "engine": {"source": "build", "draft": kind}, "model": {"pvc": {"claimName": "m"}},
               "parallelism": {"tensor": tp, "pipeline": pp}}
     try:
-        docs = render(chart, values)
-    except HelmError as exc:
+        docs = chart.render(values)
+    except HelmRefused as exc:
         return str(exc)
-    _, spec = pods_of(docs)[0]  # the Deployment's pod, or the LeaderWorkerSet's leader (which builds the engine)
-    builder = next(c for c in spec["initContainers"] if c["name"] == "build-engine")
+    _, spec = pods_of(docs)[0]  # the Deployment's pod, or the LeaderWorkerSet's leader
+    builder = next(c for c in build_job(docs)["spec"]["template"]["spec"]["containers"] if c["name"] == "build-engine")
     return {"server": server_container(spec)["args"], "build": builder["args"]}
 
 
 def chart_sglang_command(checkpoints, layout: dict, tmp_path: Path, tp: int, pp: int, kind: str) -> dict:
-    """The SGLang command a chart layout leads to: the engine its init container builds (here on the demo target at
+    """The SGLang command a chart layout leads to: the engine its build Job builds (here on the demo target at
     TP 1, the chart's TP and PP put back), plus specdec-serve's flags and the arguments after ``--``."""
     build_args = dict(a[2:].split("=", 1) for a in layout["build"] if a.startswith("--") and "=" in a)
     tree = DynamicTreeConfig(int(build_args["total-tokens"]), int(build_args["depth"]), int(build_args["top-k"]))

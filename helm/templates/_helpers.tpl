@@ -37,35 +37,65 @@ specdec.io/backend: {{ .Values.backend }}
 {{- end -}}
 {{- define "specdec.multiNode" -}}{{ gt (int (include "specdec.nodesPerReplica" .)) 1 }}{{- end -}}
 
+{{/* Refuse the values with a message naming them. `fail` stops helm install, upgrade and template; helm lint renders
+     with `fail` switched off (it logs the message at INFO and goes on), so an include of a template that cannot exist
+     follows, which lint reports as an error carrying the same message: lint is a gate too. */}}
+{{- define "specdec.refuse" -}}
+{{- fail . -}}
+{{- include (printf "values refused: %s" .) dict -}}
+{{- end -}}
+
+{{/* A custom resource the values turn on needs its API in the cluster (helm template: pass --api-versions). Skipped
+     by helm lint, which renders without a cluster (it is neither an install nor an upgrade). */}}
+{{- define "specdec.requireApi" -}}
+{{- $ := .root -}}
+{{- if and (or $.Release.IsInstall $.Release.IsUpgrade) (not ($.Capabilities.APIVersions.Has .api)) -}}
+{{- include "specdec.refuse" (printf "%s renders a %s (%s), but the cluster serves no %s API: install %s first (helm template: pass --api-versions %s)" .what .kind .api .api .provider .api) -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Values a schema cannot express: refused with a message that names them. */}}
 {{- define "specdec.validate" -}}
 {{- $v := .Values -}}
 {{- $g := int (include "specdec.gpusPerReplica" .) -}}
+{{- $n := int $v.gpu.perNode -}}
 {{- if eq $v.backend "embedded" -}}
-{{- if gt $g 1 -}}{{- fail (printf "parallelism: tensor x pipeline = %d, but the embedded backend runs on one device; use backend sglang or tensorrt-llm" $g) -}}{{- end -}}
+{{- if gt $g 1 -}}{{- include "specdec.refuse" (printf "parallelism: tensor x pipeline = %d, but the embedded backend runs on one device; use backend sglang, vllm or tensorrt-llm" $g) -}}{{- end -}}
 {{- else -}}
-{{- if eq $v.engine.source "demo" -}}{{- fail (printf "engine.source=demo is the CPU image's demo engine; backend %s needs engine.source build or prebuilt" $v.backend) -}}{{- end -}}
-{{- if and (gt $g (int $v.gpu.perNode)) (ne (mod $g (int $v.gpu.perNode)) 0) -}}{{- fail (printf "parallelism: %d GPUs per replica do not fit nodes of gpu.perNode=%d (use a multiple of it, or fewer than it)" $g (int $v.gpu.perNode)) -}}{{- end -}}
-{{- if and (lt $g (int $v.gpu.perNode)) (ne (mod (int $v.gpu.perNode) $g) 0) -}}{{- fail (printf "parallelism: %d GPUs per replica do not divide the %d GPUs of a node (gpu.perNode), so %d of each node's GPUs could never be used; choose tensor x pipeline dividing it" $g (int $v.gpu.perNode) (mod (int $v.gpu.perNode) $g)) -}}{{- end -}}
-{{- if and (eq $v.engine.source "prebuilt") (not $v.engine.cache.existingClaim) -}}{{- fail (printf "engine.source=prebuilt on backend %s needs engine.cache.existingClaim: the PVC holding the engine, mounted at /engine-cache (engine.path inside it); without one the pod would look for %s in the image" $v.backend $v.engine.path) -}}{{- end -}}
-{{- if and (eq $v.backend "tensorrt-llm") (gt $g (int $v.gpu.perNode)) -}}{{- fail "multi-node TensorRT-LLM needs MPI orchestration this chart does not provide; use backend sglang for replicas spanning nodes" -}}{{- end -}}
+{{- if eq $v.engine.source "demo" -}}{{- include "specdec.refuse" (printf "engine.source=demo is the CPU image's demo engine; backend %s needs engine.source build or prebuilt" $v.backend) -}}{{- end -}}
+{{- if and (gt $g $n) (ne (mod $g $n) 0) -}}{{- include "specdec.refuse" (printf "parallelism: %d GPUs per replica do not fit nodes of gpu.perNode=%d (use a multiple of it, or fewer than it)" $g $n) -}}{{- end -}}
+{{- if and (lt $g $n) (ne (mod $n $g) 0) -}}{{- include "specdec.refuse" (printf "parallelism: %d GPUs per replica do not divide the %d GPUs of a node (gpu.perNode), so %d of each node's GPUs could never be used; choose tensor x pipeline dividing it" $g $n (mod $n $g)) -}}{{- end -}}
+{{- if and (eq $v.engine.source "prebuilt") (not $v.engine.cache.existingClaim) -}}{{- include "specdec.refuse" (printf "engine.source=prebuilt on backend %s needs engine.cache.existingClaim: the PVC holding the engine, mounted at /engine-cache (engine.path inside it); without one the pod would look for %s in the image" $v.backend $v.engine.path) -}}{{- end -}}
+{{- if and (eq $v.backend "tensorrt-llm") (gt $g $n) -}}{{- include "specdec.refuse" "multi-node TensorRT-LLM needs MPI orchestration this chart does not provide; use backend sglang or vllm for replicas spanning nodes" -}}{{- end -}}
 {{- end -}}
 {{- if eq $v.engine.source "build" -}}
-{{- if and (eq $v.model.source "pvc") (not $v.model.pvc.claimName) -}}{{- fail "engine.source=build with model.source=pvc needs model.pvc.claimName" -}}{{- end -}}
-{{- if and (eq $v.model.source "huggingface") (or (not $v.model.huggingface.target) (not $v.model.huggingface.draft)) -}}{{- fail "model.source=huggingface needs model.huggingface.target and model.huggingface.draft" -}}{{- end -}}
-{{- if and (eq $v.model.source "s3") (or (not $v.model.s3.target) (not $v.model.s3.draft)) -}}{{- fail "model.source=s3 needs model.s3.target and model.s3.draft" -}}{{- end -}}
+{{- if and (eq $v.model.source "pvc") (not $v.model.pvc.claimName) -}}{{- include "specdec.refuse" "engine.source=build with model.source=pvc needs model.pvc.claimName" -}}{{- end -}}
+{{- if and (eq $v.model.source "huggingface") (or (not $v.model.huggingface.target) (not $v.model.huggingface.draft)) -}}{{- include "specdec.refuse" "model.source=huggingface needs model.huggingface.target and model.huggingface.draft" -}}{{- end -}}
+{{- if and (eq $v.model.source "s3") (or (not $v.model.s3.target) (not $v.model.s3.draft)) -}}{{- include "specdec.refuse" "model.source=s3 needs model.s3.target and model.s3.draft" -}}{{- end -}}
 {{- end -}}
 {{- /* The builder's own table (export/engine_rules.py, generated into files/engine-rules.yaml): layouts an engine refuses. */ -}}
 {{- range (.Files.Get "files/engine-rules.yaml" | fromYaml).rules -}}
 {{- if and (eq .backend $v.backend) (has $v.engine.draft .drafts) (or (ne .when "pipeline") (gt (int $v.parallelism.pipeline) 1)) -}}
-{{- fail (printf "backend %s with draft %s%s: %s" $v.backend $v.engine.draft (ternary (printf " and parallelism.pipeline=%d" (int $v.parallelism.pipeline)) "" (eq .when "pipeline")) .reason) -}}
+{{- include "specdec.refuse" (printf "backend %s with draft %s%s: %s" $v.backend $v.engine.draft (ternary (printf " and parallelism.pipeline=%d" (int $v.parallelism.pipeline)) "" (eq .when "pipeline")) .reason) -}}
 {{- end -}}
 {{- end -}}
-{{- if and (eq $v.engine.source "prebuilt") $v.engine.cache.existingClaim (not (hasPrefix "/engine-cache/" $v.engine.path)) -}}{{- fail (printf "engine.path %s: a prebuilt engine on engine.cache.existingClaim is mounted at /engine-cache; give its path there (/engine-cache/...)" $v.engine.path) -}}{{- end -}}
-{{- if and $v.autoscaling.enabled (eq $v.autoscaling.mode "keda") (not $v.monitoring.serviceMonitor.enabled) -}}{{- fail "autoscaling.mode=keda queries Prometheus for the queue metric of this release's Service (the service label), which exists only when the ServiceMonitor scrapes it: set monitoring.serviceMonitor.enabled=true, or KEDA would read nothing and scale on 0" -}}{{- end -}}
-{{- if gt (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas) -}}{{- fail (printf "autoscaling: minReplicas %d exceeds maxReplicas %d" (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas)) -}}{{- end -}}
-{{- if and $v.apiKey.existingSecret (eq $v.backend "tensorrt-llm") -}}{{- fail "apiKey.existingSecret: trtllm-serve takes no API key, so the key would not be checked; put an authenticating gateway in front (and leave apiKey empty), or use backend sglang or embedded" -}}{{- end -}}
-{{- if and $v.router.enabled (ne $v.backend "sglang") -}}{{- fail "router.enabled: the SGLang Model Gateway routes SGLang workers; use backend sglang (or a Service for the others)" -}}{{- end -}}
+{{- if and (eq $v.engine.source "prebuilt") $v.engine.cache.existingClaim (not (hasPrefix "/engine-cache/" $v.engine.path)) -}}{{- include "specdec.refuse" (printf "engine.path %s: a prebuilt engine on engine.cache.existingClaim is mounted at /engine-cache; give its path there (/engine-cache/...)" $v.engine.path) -}}{{- end -}}
+{{- if and $v.autoscaling.enabled (eq $v.autoscaling.mode "keda") (not $v.monitoring.serviceMonitor.enabled) -}}{{- include "specdec.refuse" "autoscaling.mode=keda queries Prometheus for the queue metric of this release's Service (the service label), which exists only when the ServiceMonitor scrapes it: set monitoring.serviceMonitor.enabled=true, or KEDA would read nothing and scale on 0" -}}{{- end -}}
+{{- if gt (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas) -}}{{- include "specdec.refuse" (printf "autoscaling: minReplicas %d exceeds maxReplicas %d" (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas)) -}}{{- end -}}
+{{- if and $v.apiKey.existingSecret (eq $v.backend "tensorrt-llm") -}}{{- include "specdec.refuse" "apiKey.existingSecret: trtllm-serve takes no API key, so the key would not be checked; put an authenticating gateway in front (and leave apiKey empty), or use backend sglang, vllm or embedded" -}}{{- end -}}
+{{- if and (eq $v.backend "tensorrt-llm") (contains "/" (include "specdec.servedModelName" .)) -}}{{- include "specdec.refuse" (printf "server.servedModelName %s: trtllm-serve names its model after the model directory, so the name cannot hold a '/'" (include "specdec.servedModelName" .)) -}}{{- end -}}
+{{- if and $v.router.enabled (ne $v.backend "sglang") -}}{{- include "specdec.refuse" "router.enabled: the SGLang Model Gateway routes SGLang workers; use backend sglang (or a Service, or inferencePool, for the others)" -}}{{- end -}}
+{{- if and $v.router.enabled $v.inferencePool.enabled -}}{{- include "specdec.refuse" "router.enabled and inferencePool.enabled: both pick the replica for each request; choose one" -}}{{- end -}}
+{{- /* Custom resources the values turn on, and the API each needs. */ -}}
+{{- if eq (include "specdec.multiNode" .) "true" -}}{{- include "specdec.requireApi" (dict "root" . "what" (printf "parallelism: %d GPUs per replica over %s nodes" $g (include "specdec.nodesPerReplica" .)) "kind" "LeaderWorkerSet" "api" "leaderworkerset.x-k8s.io/v1" "provider" "the LeaderWorkerSet controller (kubernetes-sigs/lws)") -}}{{- end -}}
+{{- if $v.autoscaling.enabled -}}
+{{- if eq $v.autoscaling.mode "keda" -}}{{- include "specdec.requireApi" (dict "root" . "what" "autoscaling.mode=keda" "kind" "ScaledObject" "api" "keda.sh/v1alpha1" "provider" "KEDA") -}}
+{{- else -}}{{- include "specdec.requireApi" (dict "root" . "what" "autoscaling.mode=prometheus-adapter" "kind" "HorizontalPodAutoscaler on a pods metric" "api" "custom.metrics.k8s.io/v1beta1" "provider" "prometheus-adapter (it serves the custom metrics API)") -}}{{- end -}}
+{{- end -}}
+{{- if $v.monitoring.serviceMonitor.enabled -}}{{- include "specdec.requireApi" (dict "root" . "what" "monitoring.serviceMonitor.enabled" "kind" "ServiceMonitor" "api" "monitoring.coreos.com/v1" "provider" "the Prometheus Operator (e.g. kube-prometheus-stack)") -}}{{- end -}}
+{{- if $v.monitoring.podMonitor.enabled -}}{{- include "specdec.requireApi" (dict "root" . "what" "monitoring.podMonitor.enabled" "kind" "PodMonitor" "api" "monitoring.coreos.com/v1" "provider" "the Prometheus Operator (e.g. kube-prometheus-stack)") -}}{{- end -}}
+{{- if $v.httpRoute.enabled -}}{{- include "specdec.requireApi" (dict "root" . "what" "httpRoute.enabled" "kind" "HTTPRoute" "api" "gateway.networking.k8s.io/v1" "provider" "the Gateway API CRDs and a Gateway implementation") -}}{{- end -}}
+{{- if $v.inferencePool.enabled -}}{{- include "specdec.requireApi" (dict "root" . "what" "inferencePool.enabled" "kind" "InferencePool" "api" "inference.networking.k8s.io/v1" "provider" "the Gateway API Inference Extension CRDs and a Gateway that supports them") -}}{{- end -}}
 {{- end -}}
 
 {{- define "specdec.image" -}}
@@ -73,12 +103,26 @@ specdec.io/backend: {{ .Values.backend }}
 {{ printf "%s:%s" $img.repository $img.tag }}
 {{- end -}}
 
+{{- define "specdec.servedModelName" -}}{{ default (include "specdec.fullname" .) .Values.server.servedModelName }}{{- end -}}
+
+{{/* Where the build reads the checkpoints: inside model.pvc's claim, or the model cache the Job downloads into (one
+     directory per source, so another repository or bucket never mixes with a cached one). */}}
+{{- define "specdec.modelPaths" -}}
+{{- $m := .Values.model -}}
+{{- if eq $m.source "pvc" -}}{"target": {{ printf "/models/%s" $m.pvc.target | quote }}, "draft": {{ printf "/models/%s" $m.pvc.draft | quote }}}
+{{- else if eq $m.source "huggingface" -}}{"target": {{ printf "/models/hf/%s" $m.huggingface.target | quote }}, "draft": {{ printf "/models/hf/%s" $m.huggingface.draft | quote }}}
+{{- else -}}{"target": {{ printf "/models/s3/%s" (trimPrefix "s3://" $m.s3.target | trimSuffix "/") | quote }}, "draft": {{ printf "/models/s3/%s" (trimPrefix "s3://" $m.s3.draft | trimSuffix "/") | quote }}}{{- end -}}
+{{- end -}}
+
 {{/* The engine directory the server starts from. A built engine is cached under a key that says what it is for:
-     draft, backend, parallelism, GPU type, kit version and a hash of the model source, tree, dtype and build
-     arguments, so changed inputs build a new engine instead of colliding with the old one. */}}
+     draft, backend, parallelism, GPU type, kit version and a hash of what identifies the checkpoints (their source and
+     where in it), the tree, dtype and build arguments, so changed inputs build a new engine instead of colliding with
+     the old one, and settings that change nothing built (cache sizes, storage classes) leave it alone. */}}
 {{- define "specdec.engineKey" -}}
 {{- $e := .Values.engine -}}
-{{- $inputs := dict "model" .Values.model "tree" $e.tree "totalTokens" $e.totalTokens "depth" $e.depth "topK" $e.topK "dtype" $e.dtype "buildArgs" $e.buildArgs -}}
+{{- $m := .Values.model -}}
+{{- $where := ternary (pick $m.pvc "claimName" "target" "draft") (pick (index $m $m.source) "target" "draft") (eq $m.source "pvc") -}}
+{{- $inputs := dict "model" (dict "source" $m.source "where" $where) "tree" $e.tree "totalTokens" $e.totalTokens "depth" $e.depth "topK" $e.topK "dtype" $e.dtype "buildArgs" $e.buildArgs -}}
 {{- printf "%s-%s-tp%d-pp%d-%s-%s-%s" $e.draft .Values.backend (int .Values.parallelism.tensor) (int .Values.parallelism.pipeline) .Values.gpu.product .Chart.AppVersion (toJson $inputs | sha256sum | trunc 12) | lower -}}
 {{- end -}}
 {{- define "specdec.enginePath" -}}
@@ -87,10 +131,16 @@ specdec.io/backend: {{ .Values.backend }}
 {{- define "specdec.engineClaim" -}}
 {{- default (printf "%s-engine-cache" (include "specdec.fullname" .)) .Values.engine.cache.existingClaim -}}
 {{- end -}}
+{{- define "specdec.modelClaim" -}}
+{{- if eq .Values.model.source "pvc" -}}{{ .Values.model.pvc.claimName }}
+{{- else -}}{{ default (printf "%s-model-cache" (include "specdec.fullname" .)) .Values.model.cache.existingClaim }}{{- end -}}
+{{- end -}}
 
+{{/* Per backend: probes, metrics, the queue depth autoscaling reads, and how `helm test` sees speculation. */}}
 {{- define "specdec.healthPaths" -}}
 {{- if eq .Values.backend "sglang" -}}{"live": "/health", "ready": "/health_generate", "metrics": "/metrics"}
-{{- else if eq .Values.backend "tensorrt-llm" -}}{"live": "/health", "ready": "/health", "metrics": "/prometheus/metrics"}
+{{- else if eq .Values.backend "tensorrt-llm" -}}{"live": "/health", "ready": "/health_generate", "metrics": "/prometheus/metrics"}
+{{- else if eq .Values.backend "vllm" -}}{"live": "/health", "ready": "/health", "metrics": "/metrics"}
 {{- else -}}{"live": "/health", "ready": "/health/ready", "metrics": "/metrics"}{{- end -}}
 {{- end -}}
 
@@ -98,5 +148,59 @@ specdec.io/backend: {{ .Values.backend }}
 {{- if .Values.autoscaling.queueMetric -}}{{ .Values.autoscaling.queueMetric }}
 {{- else if eq .Values.backend "sglang" -}}sglang:num_queue_reqs
 {{- else if eq .Values.backend "tensorrt-llm" -}}trtllm_num_requests_waiting
+{{- else if eq .Values.backend "vllm" -}}vllm:num_requests_waiting
 {{- else -}}specdec:num_requests_waiting{{- end -}}
+{{- end -}}
+
+{{/* What shows that the server speculates: /server_info naming the draft (the kit's server and SGLang), and the
+     acceptance length, a gauge or (vLLM) 1 + accepted draft tokens / drafts from its counters. */}}
+{{- define "specdec.speculationCheck" -}}
+{{- $metrics := (include "specdec.healthPaths" . | fromJson).metrics -}}
+{{- if eq .Values.backend "sglang" -}}{"info": "/server_info", "metrics": {{ $metrics | quote }}, "gauge": "sglang:spec_accept_length"}
+{{- else if eq .Values.backend "tensorrt-llm" -}}{"info": "", "metrics": {{ $metrics | quote }}, "gauge": "trtllm_spec_decode_acceptance_length"}
+{{- else if eq .Values.backend "vllm" -}}{"info": "", "metrics": {{ $metrics | quote }}, "accepted": "vllm:spec_decode_num_accepted_tokens_total", "drafts": "vllm:spec_decode_num_drafts_total"}
+{{- else -}}{"info": "/server_info", "metrics": {{ $metrics | quote }}, "gauge": "specdec:spec_accept_length"}{{- end -}}
+{{- end -}}
+
+{{/* The endpoint picker's name for the backend's engine: vLLM, SGLang and trtllm-serve are built into it; the kit's
+     own server is described by its metrics (the picker has no LoRA or cache-geometry series to read from it). */}}
+{{- define "specdec.eppEngine" -}}
+{{- if eq .Values.backend "vllm" -}}{"name": "vllm"}
+{{- else if eq .Values.backend "sglang" -}}{"name": "sglang"}
+{{- else if eq .Values.backend "tensorrt-llm" -}}{"name": "trtllm-serve"}
+{{- else -}}{"name": "specdec", "config": {"name": "specdec", "queuedRequestsSpec": "specdec:num_requests_waiting", "runningRequestsSpec": "specdec:num_requests_running", "kvUsageSpec": "specdec:kv_cache_usage_perc", "loraSpec": "", "cacheInfoSpec": ""}}{{- end -}}
+{{- end -}}
+
+{{- define "specdec.eppConfig" -}}
+{{- $engine := include "specdec.eppEngine" . | fromJson -}}
+apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: metrics-data-source
+  parameters:
+    path: {{ (include "specdec.healthPaths" . | fromJson).metrics }}
+- type: core-metrics-extractor
+  parameters:
+    defaultEngine: {{ $engine.name }}
+    {{- if $engine.config }}
+    engineConfigs:
+    - {{ $engine.config | toJson }}
+    {{- end }}
+- type: queue-scorer
+- type: kv-cache-utilization-scorer
+- type: prefix-cache-scorer
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: queue-scorer
+    weight: 2
+  - pluginRef: kv-cache-utilization-scorer
+    weight: 2
+  - pluginRef: prefix-cache-scorer
+    weight: 3
+dataLayer:
+  sources:
+  - pluginRef: metrics-data-source
+    extractors:
+    - pluginRef: core-metrics-extractor
 {{- end -}}

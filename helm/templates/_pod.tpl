@@ -12,9 +12,6 @@ Call with (dict "root" $ "role" "single|leader|worker").
 {{- $paths := include "specdec.healthPaths" $ | fromJson -}}
 {{- $engine := include "specdec.enginePath" $ -}}
 {{- $build := eq $v.engine.source "build" -}}
-{{- $builder := and $build (ne $role "worker") -}}{{- /* one builder per replica group: the leader; workers wait */ -}}
-{{- $modelRoot := ternary (printf "/models/%s" $v.model.pvc.target) "/models/target" (eq $v.model.source "pvc") -}}
-{{- $draftRoot := ternary (printf "/models/%s" $v.model.pvc.draft) "/models/draft" (eq $v.model.source "pvc") -}}
 serviceAccountName: {{ include "specdec.serviceAccountName" $ }}
 terminationGracePeriodSeconds: {{ $v.terminationGracePeriodSeconds }}
 {{- with $v.imagePullSecrets }}
@@ -45,98 +42,9 @@ topologySpreadConstraints:
     labelSelector:
       matchLabels: {{- include "specdec.selectorLabels" $ | nindent 8 }}
 {{- end }}
-{{- if and $build (eq $role "worker") }}
+{{- if $build }}
 initContainers:
-  - name: wait-for-engine
-    image: {{ include "specdec.image" $ }}
-    imagePullPolicy: {{ $v.imagePullPolicy }}
-    command: ["sh", "-c", "until [ -f \"$ENGINE/manifest.json\" ]; do echo \"waiting for the leader to build $ENGINE\"; sleep 10; done"]
-    env:
-      - {name: ENGINE, value: {{ $engine | quote }}}
-    securityContext: {{- toYaml $v.securityContext | nindent 6 }}
-    volumeMounts:
-      - {name: engine-cache, mountPath: /engine-cache, readOnly: true}
-{{- end }}
-{{- if $builder }}
-initContainers:
-  {{- if eq $v.model.source "huggingface" }}
-  - name: fetch-models
-    image: {{ include "specdec.image" $ }}
-    imagePullPolicy: {{ $v.imagePullPolicy }}
-    command: ["python", "-c"]
-    args:
-      - |
-        import os
-        from huggingface_hub import snapshot_download
-        for repo, where in ((os.environ["TARGET"], "/models/target"), (os.environ["DRAFT"], "/models/draft")):
-            if not os.path.isfile(os.path.join(where, "config.json")):
-                snapshot_download(repo, local_dir=where, token=os.environ.get("HF_TOKEN") or None)
-    env:
-      - {name: TARGET, value: {{ $v.model.huggingface.target | quote }}}
-      - {name: DRAFT, value: {{ $v.model.huggingface.draft | quote }}}
-      - {name: HOME, value: /tmp}
-      {{- if $v.model.huggingface.tokenSecret.name }}
-      - name: HF_TOKEN
-        valueFrom: {secretKeyRef: {name: {{ $v.model.huggingface.tokenSecret.name }}, key: {{ $v.model.huggingface.tokenSecret.key }}}}
-      {{- end }}
-    securityContext: {{- toYaml $v.securityContext | nindent 6 }}
-    volumeMounts:
-      - {name: models, mountPath: /models}
-      - {name: tmp, mountPath: /tmp}
-  {{- else if eq $v.model.source "s3" }}
-  - name: fetch-models
-    image: {{ printf "%s:%s" $v.images.s3.repository $v.images.s3.tag }}
-    imagePullPolicy: {{ $v.imagePullPolicy }}
-    command: ["sh", "-c", "aws s3 sync \"$TARGET\" /models/target && aws s3 sync \"$DRAFT\" /models/draft"]
-    env:
-      - {name: TARGET, value: {{ $v.model.s3.target | quote }}}
-      - {name: DRAFT, value: {{ $v.model.s3.draft | quote }}}
-      - {name: HOME, value: /tmp}
-    {{- with $v.model.s3.credentialsSecret }}
-    envFrom:
-      - secretRef: {name: {{ . }}}
-    {{- end }}
-    securityContext: {{- toYaml $v.securityContext | nindent 6 }}
-    volumeMounts:
-      - {name: models, mountPath: /models}
-      - {name: tmp, mountPath: /tmp}
-  {{- end }}
-  - name: build-engine
-    image: {{ include "specdec.image" $ }}
-    imagePullPolicy: {{ $v.imagePullPolicy }}
-    command: ["specdec-build-engine"]
-    args:
-      - --draft={{ $v.engine.draft }}
-      - --target={{ $modelRoot }}
-      - --draft-path={{ $draftRoot }}
-      - --backend={{ ternary "onnxruntime" $v.backend (eq $v.backend "embedded") }}
-      - --tp={{ $v.parallelism.tensor }}
-      - --pp={{ $v.parallelism.pipeline }}
-      - --tree={{ $v.engine.tree }}
-      {{- if eq $v.engine.tree "dynamic" }}
-      - --total-tokens={{ $v.engine.totalTokens }}
-      - --depth={{ $v.engine.depth }}
-      - --top-k={{ $v.engine.topK }}
-      {{- end }}
-      - --dtype={{ $v.engine.dtype }}
-      - --output={{ $engine }}
-      {{- range $v.engine.buildArgs }}
-      - {{ . | quote }}
-      {{- end }}
-    env:
-      - {name: HOME, value: /tmp}
-    securityContext: {{- toYaml $v.securityContext | nindent 6 }}
-    resources:
-      {{- if $gpu }}
-      requests: {{- toYaml (merge (dict $v.gpu.resourceName $gpus) $v.gpuResources.requests) | nindent 8 }}
-      limits: {{- toYaml (merge (dict $v.gpu.resourceName $gpus) $v.gpuResources.limits) | nindent 8 }}
-      {{- else }}
-      {{- toYaml $v.resources | nindent 6 }}
-      {{- end }}
-    volumeMounts:
-      - {name: models, mountPath: /models, readOnly: true}
-      - {name: engine-cache, mountPath: /engine-cache}
-      - {name: tmp, mountPath: /tmp}
+  {{- include "specdec.waitForEngine" $ | nindent 2 }}
 {{- end }}
 containers:
   - name: server
@@ -147,7 +55,7 @@ containers:
       - --engine={{ $engine }}
       - --host=0.0.0.0
       - --port={{ $v.server.port }}
-      - --served-model-name={{ default (include "specdec.fullname" $) $v.server.servedModelName }}
+      - --served-model-name={{ include "specdec.servedModelName" $ }}
       {{- if not $gpu }}
       - --max-num-seqs={{ $v.server.maxNumSeqs }}
       - --max-queue={{ $v.server.maxQueue }}
@@ -157,7 +65,15 @@ containers:
       {{- if or $multi $v.server.extraArgs }}
       - "--"
       {{- end }}
-      {{- if $multi }}
+      {{- if and $multi (eq $v.backend "vllm") }}
+      - --nnodes={{ include "specdec.nodesPerReplica" $ }}
+      - --node-rank=$(LWS_WORKER_INDEX)
+      - --master-addr=$(LWS_LEADER_ADDRESS)
+      - --master-port=29500
+      {{- if eq $role "worker" }}
+      - --headless
+      {{- end }}
+      {{- else if $multi }}
       - --nnodes={{ include "specdec.nodesPerReplica" $ }}
       - --node-rank=$(LWS_WORKER_INDEX)
       - --dist-init-addr=$(LWS_LEADER_ADDRESS):20000
@@ -218,16 +134,168 @@ volumes:
   - name: engine-cache
     persistentVolumeClaim: {claimName: {{ include "specdec.engineClaim" $ }}}
   {{- end }}
-  {{- if $builder }}
-  - name: models
-    {{- if eq $v.model.source "pvc" }}
-    persistentVolumeClaim: {claimName: {{ $v.model.pvc.claimName }}, readOnly: true}
-    {{- else }}
-    emptyDir: {sizeLimit: {{ $v.model.scratch.size }}}
-    {{- end }}
-  {{- end }}
   {{- if gt (int (include "specdec.gpusPerReplica" $)) 1 }}
   - name: shm
     emptyDir: {medium: Memory, sizeLimit: {{ $v.shm.sizeLimit }}}
   {{- end }}
+{{- end -}}
+
+{{/* Serving pods start once the build Job has put the engine's manifest in place (the builder writes it last). If the
+     build failed, the Job leaves its last lines in <engine>.failed: the pod's init container fails with them (and is
+     retried, so a later successful build is picked up). */}}
+{{- define "specdec.waitForEngine" -}}
+{{- $v := .Values -}}
+- name: wait-for-engine
+  image: {{ include "specdec.image" . }}
+  imagePullPolicy: {{ $v.imagePullPolicy }}
+  command:
+    - sh
+    - -c
+    - |
+      until [ -f "$ENGINE/manifest.json" ]; do
+        if [ -f "$ENGINE.failed" ]; then
+          echo "the engine build failed (kubectl logs job/$JOB); its last lines:" >&2
+          cat "$ENGINE.failed" >&2
+          exit 1
+        fi
+        echo "waiting for job/$JOB to build $ENGINE"
+        sleep 10
+      done
+  env:
+    - {name: ENGINE, value: {{ include "specdec.enginePath" . | quote }}}
+    - {name: JOB, value: {{ include "specdec.buildJobName" . | quote }}}
+  securityContext: {{- toYaml $v.securityContext | nindent 4 }}
+  resources:
+    requests: {cpu: 10m, memory: 32Mi}
+    limits: {memory: 64Mi}
+  volumeMounts:
+    - {name: engine-cache, mountPath: /engine-cache, readOnly: true}
+{{- end -}}
+
+{{/* The engine build, once per release: download the checkpoints into the model cache (Hugging Face, S3; a PVC is
+     read in place), then build into the engine cache. It runs on a CPU node by default (engine.build.nodeSelector):
+     the builder converts checkpoints and needs no GPU, and a build asking for the GPUs that the waiting serving pods
+     already hold would never be scheduled. */}}
+{{- define "specdec.buildPodSpec" -}}
+{{- $v := .Values -}}
+{{- $m := $v.model -}}
+{{- $paths := include "specdec.modelPaths" . | fromJson -}}
+{{- $engine := include "specdec.enginePath" . -}}
+serviceAccountName: {{ include "specdec.serviceAccountName" . }}
+restartPolicy: Never
+{{- with $v.imagePullSecrets }}
+imagePullSecrets: {{- toYaml . | nindent 2 }}
+{{- end }}
+securityContext: {{- toYaml $v.podSecurityContext | nindent 2 }}
+{{- with $v.engine.build.nodeSelector }}
+nodeSelector: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $v.engine.build.tolerations }}
+tolerations: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if ne $m.source "pvc" }}
+initContainers:
+  {{- if eq $m.source "huggingface" }}
+  - name: fetch-models
+    image: {{ include "specdec.image" . }}
+    imagePullPolicy: {{ $v.imagePullPolicy }}
+    command: ["python", "-c"]
+    args:
+      - |
+        import os
+        from huggingface_hub import snapshot_download
+        for repo, where in ((os.environ["TARGET"], os.environ["TARGET_DIR"]), (os.environ["DRAFT"], os.environ["DRAFT_DIR"])):
+            done = os.path.join(where, ".specdec-complete")
+            if os.path.isfile(done):
+                print(f"{repo}: cached in {where}")
+                continue
+            snapshot_download(repo, local_dir=where, token=os.environ.get("HF_TOKEN") or None)
+            open(done, "w").close()
+    env:
+      - {name: TARGET, value: {{ $m.huggingface.target | quote }}}
+      - {name: DRAFT, value: {{ $m.huggingface.draft | quote }}}
+      - {name: TARGET_DIR, value: {{ $paths.target | quote }}}
+      - {name: DRAFT_DIR, value: {{ $paths.draft | quote }}}
+      - {name: HOME, value: /tmp}
+      {{- if $m.huggingface.tokenSecret.name }}
+      - name: HF_TOKEN
+        valueFrom: {secretKeyRef: {name: {{ $m.huggingface.tokenSecret.name }}, key: {{ $m.huggingface.tokenSecret.key }}}}
+      {{- end }}
+    securityContext: {{- toYaml $v.securityContext | nindent 6 }}
+    volumeMounts:
+      - {name: models, mountPath: /models}
+      - {name: tmp, mountPath: /tmp}
+  {{- else }}
+  - name: fetch-models
+    image: {{ printf "%s:%s" $v.images.s3.repository $v.images.s3.tag }}
+    imagePullPolicy: {{ $v.imagePullPolicy }}
+    command: ["sh", "-c", "aws s3 sync \"$TARGET\" \"$TARGET_DIR\" && aws s3 sync \"$DRAFT\" \"$DRAFT_DIR\""]
+    env:
+      - {name: TARGET, value: {{ $m.s3.target | quote }}}
+      - {name: DRAFT, value: {{ $m.s3.draft | quote }}}
+      - {name: TARGET_DIR, value: {{ $paths.target | quote }}}
+      - {name: DRAFT_DIR, value: {{ $paths.draft | quote }}}
+      - {name: HOME, value: /tmp}
+    {{- with $m.s3.credentialsSecret }}
+    envFrom:
+      - secretRef: {name: {{ . }}}
+    {{- end }}
+    securityContext: {{- toYaml $v.securityContext | nindent 6 }}
+    volumeMounts:
+      - {name: models, mountPath: /models}
+      - {name: tmp, mountPath: /tmp}
+  {{- end }}
+{{- end }}
+containers:
+  - name: build-engine
+    image: {{ include "specdec.image" . }}
+    imagePullPolicy: {{ $v.imagePullPolicy }}
+    command:
+      - bash
+      - -c
+      - |
+        set -o pipefail
+        rm -f "$ENGINE.failed"
+        specdec-build-engine "$@" 2>&1 | tee /tmp/build.log || { status=$?; tail -n 30 /tmp/build.log >"$ENGINE.failed"; exit "$status"; }
+      - specdec-build-engine
+    args:
+      - --draft={{ $v.engine.draft }}
+      - --target={{ $paths.target }}
+      - --draft-path={{ $paths.draft }}
+      - --backend={{ ternary "onnxruntime" $v.backend (eq $v.backend "embedded") }}
+      - --tp={{ $v.parallelism.tensor }}
+      - --pp={{ $v.parallelism.pipeline }}
+      - --tree={{ $v.engine.tree }}
+      {{- if eq $v.engine.tree "dynamic" }}
+      - --total-tokens={{ $v.engine.totalTokens }}
+      - --depth={{ $v.engine.depth }}
+      - --top-k={{ $v.engine.topK }}
+      {{- end }}
+      - --dtype={{ $v.engine.dtype }}
+      - --output={{ $engine }}
+      {{- range $v.engine.buildArgs }}
+      - {{ . | quote }}
+      {{- end }}
+    env:
+      - {name: HOME, value: /tmp}
+      - {name: ENGINE, value: {{ $engine | quote }}}
+    securityContext: {{- toYaml $v.securityContext | nindent 6 }}
+    resources: {{- toYaml $v.engine.build.resources | nindent 6 }}
+    volumeMounts:
+      - {name: models, mountPath: /models, readOnly: {{ eq $m.source "pvc" }}}
+      - {name: engine-cache, mountPath: /engine-cache}
+      - {name: tmp, mountPath: /tmp}
+volumes:
+  - name: tmp
+    emptyDir: {}
+  - name: engine-cache
+    persistentVolumeClaim: {claimName: {{ include "specdec.engineClaim" . }}}
+  - name: models
+    persistentVolumeClaim: {claimName: {{ include "specdec.modelClaim" . }}{{ if eq $m.source "pvc" }}, readOnly: true{{ end }}}
+{{- end -}}
+
+{{/* A Job's pod template cannot change: the name carries a hash of it, so changed build settings make a new Job (the
+     builder reuses an engine already built from identical inputs, and a lock keeps two builds of one engine apart). */}}
+{{- define "specdec.buildJobName" -}}
+{{- printf "%s-build-%s" (include "specdec.fullname" . | trunc 45 | trimSuffix "-") (include "specdec.buildPodSpec" . | sha256sum | trunc 10) -}}
 {{- end -}}
