@@ -72,8 +72,13 @@ class FeatureFamily(DraftFamily):
     manifest_keys = ("num_hidden_layers", "num_key_value_heads", "head_dim", "hidden_size", "vocab_size")
 
     def head(self, module: nn.Module, target: TargetModel) -> nn.Module:
-        """What turns the draft's prediction feature into logits over the target's vocabulary."""
-        return target.lm_head
+        """What turns the draft's prediction feature into logits over the target's vocabulary: the target's LM head,
+        or its rows of the draft's reduced vocabulary."""
+        if getattr(module, "d2t", None) is None:
+            return target.lm_head
+        from specdec_kit.runtime.drafts.layers import TargetRowsHead
+
+        return TargetRowsHead(target.lm_head, module)
 
     def torch_drafter(self, module, target, tree):
         from specdec_kit.runtime.drafting import FeatureTreeDrafter, TorchFeatureStep

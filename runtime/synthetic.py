@@ -16,6 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralFo
 from specdec_kit.runtime.drafts.eagle import EagleDraft
 from specdec_kit.runtime.drafts.eagle3 import Eagle3Draft, default_feature_layers
 from specdec_kit.runtime.drafts.griffin import GriffinDraft
+from specdec_kit.runtime.drafts.layers import FeatureDraft
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
 from specdec_kit.runtime.drafts.moa import MoADraft
 from specdec_kit.runtime.target import TargetModel
@@ -90,6 +91,21 @@ def random_griffin(target: TargetModel, seed: int = 2) -> GriffinDraft:
     draft = GriffinDraft(draft_config(target)).to(target.dtype)
     draft.embed_tokens.weight.data.copy_(target.embed_tokens.weight.data)
     return draft.eval()
+
+
+@torch.no_grad()
+def with_draft_vocab(draft: FeatureDraft, size: int, seed: int = 7) -> FeatureDraft:
+    """The same EAGLE/GRIFFIN draft proposing only ``size`` random target tokens (its reduced draft vocabulary)."""
+    config = draft.config
+    reduced = type(draft)(config, draft_vocab_size=size, **({"fc_bias": draft.fc.bias is not None}
+                                                           if isinstance(draft, EagleDraft) else {}))
+    reduced = reduced.to(draft.embed_tokens.weight.dtype)
+    reduced.load_state_dict(draft.state_dict(), strict=False)  # every weight; the vocabulary maps come next
+    used = torch.randperm(config.vocab_size, generator=torch.Generator().manual_seed(seed))[:size].sort().values
+    reduced.d2t.copy_(used - torch.arange(size))
+    reduced.t2d.zero_()
+    reduced.t2d[used] = True
+    return reduced.eval()
 
 
 def eagle3_layers(target: TargetModel) -> tuple[int, ...]:

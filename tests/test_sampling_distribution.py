@@ -21,7 +21,7 @@ from specdec_kit.runtime.sampling import SamplingParams, target_probs
 from specdec_kit.runtime.moa_drafting import MoATreeDrafter, TorchMoAStep
 from specdec_kit.runtime.registry import drafter_for as registry_drafter_for
 from specdec_kit.runtime.synthetic import (
-    fitted_medusa, oracle_griffin, oracle_moa, random_eagle, random_eagle3, random_moa, tiny_hf_model,
+    fitted_medusa, oracle_griffin, oracle_moa, random_eagle, random_eagle3, random_moa, tiny_hf_model, with_draft_vocab,
 )
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
@@ -71,6 +71,9 @@ def drafter_for(name: str, target: TargetModel):
         return MoATreeDrafter(TorchMoAStep(oracle_moa(target), target), StaticTree.from_choices(EAGLE1_DEFAULT))
     if name == "moa-random-tli1-dynamic":
         return MoATreeDrafter(TorchMoAStep(random_moa(target, tli=1), target), DynamicTreeConfig(total_tokens=10, depth=3, top_k=3))
+    if name == "griffin-oracle-vocab-dynamic":  # a reduced draft vocabulary (4 of the 6 tokens): q = 0 outside it
+        return registry_drafter_for("griffin", with_draft_vocab(oracle_griffin(target), 4), target,
+                                    DynamicTreeConfig(total_tokens=10, depth=3, top_k=3))
     if name == "eagle3-random-dynamic":  # 4 of the 6 tokens in the draft vocabulary: q = 0 outside it
         return registry_drafter_for("eagle3", random_eagle3(target, draft_vocab=4), target,
                                     DynamicTreeConfig(total_tokens=10, depth=3, top_k=3))
@@ -85,6 +88,7 @@ SETTINGS = {"T=1": dict(temperature=1.0), "T=0.7,top_p=0.9": dict(temperature=0.
 @pytest.mark.parametrize("setting", list(SETTINGS))
 @pytest.mark.parametrize("drafter_name", ["eagle-random-dynamic", "griffin-oracle-static", "griffin-oracle-chain1", "medusa-fitted",
                                           "moa-oracle-static", "moa-random-tli1-dynamic", "eagle3-random-dynamic",
+                                          "griffin-oracle-vocab-dynamic",
                                           "plain"])
 def test_sampled_distribution_matches_target(small_target, drafter_name, setting):
     base = SETTINGS[setting]

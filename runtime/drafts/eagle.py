@@ -16,7 +16,8 @@ from specdec_kit.runtime.drafts.layers import DraftDecoderLayer, FeatureDraft
 
 
 class EagleDraft(FeatureDraft):
-    def __init__(self, config: LlamaConfig, fc_bias: bool = True, qkv_bias: bool = False):
+    def __init__(self, config: LlamaConfig, fc_bias: bool = True, qkv_bias: bool = False,
+                 draft_vocab_size: int | None = None):
         super().__init__()
         self.config = config
         d = config.hidden_size
@@ -26,6 +27,7 @@ class EagleDraft(FeatureDraft):
             DraftDecoderLayer(config, i, qkv_bias=qkv_bias) for i in range(config.num_hidden_layers)
         )
         self._init_rotary(config)
+        self._init_draft_vocab(config, draft_vocab_size)
 
     def fuse(self, features: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
         return self.fc(torch.cat((embeds, features), dim=-1))

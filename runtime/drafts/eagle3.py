@@ -21,7 +21,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from specdec_kit.runtime.attention import cached_attention
 from specdec_kit.runtime.contract import AttentionWindow, LayerCache
-from specdec_kit.runtime.drafts.layers import DraftAttention, DraftMLP, FeatureDraft
+from specdec_kit.runtime.drafts.layers import DraftAttention, DraftMLP, FeatureDraft, OnTargetVocab
 
 
 def default_feature_layers(num_target_layers: int) -> tuple[int, int, int]:
@@ -72,10 +72,6 @@ class Eagle3Draft(FeatureDraft):
         self._init_rotary(config)
 
     @property
-    def draft_vocab_size(self) -> int:
-        return self.lm_head.out_features
-
-    @property
     def attention_shape(self) -> tuple[int, int, int]:
         attn = self.midlayer.self_attn
         return 1, attn.num_kv_heads, attn.head_dim
@@ -95,21 +91,13 @@ class Eagle3Draft(FeatureDraft):
         """Logits over the draft vocabulary (index i is target token ``i + d2t[i]``)."""
         return self.lm_head(self.norm(prediction))
 
-    def target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids + self.d2t[draft_ids]
 
-
-class DraftVocabHead(nn.Module):
-    """An EAGLE-3 draft's logits placed on the target's vocabulary: draft id i at target id ``i + d2t[i]``, every
-    other target id at -inf, so trees, verification and sampling run unchanged and never propose a token outside
-    the draft vocabulary (vLLM maps the same way)."""
+class DraftVocabHead(OnTargetVocab):
+    """An EAGLE-3 draft's logits (its own head over its draft vocabulary) placed on the target's vocabulary."""
 
     def __init__(self, draft: Eagle3Draft):
-        super().__init__()
+        super().__init__(draft)
         self.draft = draft
 
     def forward(self, prediction: torch.Tensor) -> torch.Tensor:
-        logits = self.draft.logits(prediction)
-        full = logits.new_full((*logits.shape[:-1], self.draft.config.vocab_size), float("-inf"))
-        ids = self.draft.target_ids(torch.arange(logits.shape[-1], device=logits.device))
-        return full.scatter(-1, ids.expand(logits.shape), logits)
+        return self.place(self.draft.logits(prediction))

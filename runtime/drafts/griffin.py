@@ -46,7 +46,7 @@ class TokenGuidedFusion(nn.Module):
 
 
 class GriffinDraft(FeatureDraft):
-    def __init__(self, config: LlamaConfig, qkv_bias: bool = False):
+    def __init__(self, config: LlamaConfig, qkv_bias: bool = False, draft_vocab_size: int | None = None):
         super().__init__()
         if config.num_hidden_layers != 1:
             raise ValueError(f"GRIFFIN drafts have one decoder layer; config says num_hidden_layers={config.num_hidden_layers}")
@@ -56,6 +56,7 @@ class GriffinDraft(FeatureDraft):
         self.fc = TokenGuidedFusion(config)
         self.layers = nn.ModuleList([DraftDecoderLayer(config, 0, qkv_bias=qkv_bias, widened=True)])
         self._init_rotary(config)
+        self._init_draft_vocab(config, draft_vocab_size)
 
     def fuse(self, features: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
         return self.fc(features, embeds)

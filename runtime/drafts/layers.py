@@ -87,6 +87,24 @@ class FeatureDraft(nn.Module):
         # Non-persistent buffers only: not part of the checkpoint's keys.
         self.rotary_emb = LlamaRotaryEmbedding(config=config)
 
+    def _init_draft_vocab(self, config: LlamaConfig, draft_vocab_size: int | None) -> None:
+        """A reduced draft vocabulary: the draft proposes only these target tokens, scored by the target's own LM-head
+        rows (``TargetRowsHead``). Stored as EAGLE-3 stores its own: ``d2t`` (draft id i is target id i + d2t[i])
+        and ``t2d`` (which target ids are in it)."""
+        if draft_vocab_size is not None and draft_vocab_size < config.vocab_size:
+            self.register_buffer("d2t", torch.zeros(draft_vocab_size, dtype=torch.long))
+            self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
+
+    @property
+    def draft_vocab_size(self) -> int:
+        d2t = getattr(self, "d2t", None)
+        return self.config.vocab_size if d2t is None else d2t.shape[0]
+
+    def target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Target token ids of draft ids (the identity without a reduced vocabulary)."""
+        d2t = getattr(self, "d2t", None)
+        return draft_ids if d2t is None else draft_ids + d2t[draft_ids]
+
     @property
     def attention_shape(self) -> tuple[int, int, int]:
         attn = self.layers[0].self_attn
@@ -128,3 +146,34 @@ class FeatureDraft(nn.Module):
         for layer in self.layers:
             hidden = layer(hidden, cos, sin, window)
         return self.split(hidden)
+
+
+class OnTargetVocab(nn.Module):
+    """Logits over a draft vocabulary placed on the target's: draft id i at target id ``i + d2t[i]``, every other
+    target id at -inf, so trees, verification and sampling run unchanged and never propose a token outside the draft
+    vocabulary (vLLM maps EAGLE-3's the same way)."""
+
+    def __init__(self, draft: FeatureDraft):
+        super().__init__()
+        self.vocab_size = draft.config.vocab_size
+        self.register_buffer("ids", draft.target_ids(torch.arange(draft.draft_vocab_size, device=draft.d2t.device)),
+                             persistent=False)
+
+    def place(self, logits: torch.Tensor) -> torch.Tensor:
+        full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
+        return full.scatter(-1, self.ids.expand(logits.shape), logits)
+
+
+class TargetRowsHead(OnTargetVocab):
+    """An EAGLE/HASS/GRIFFIN draft with a reduced vocabulary: the target's LM head over that vocabulary's rows only
+    (a draft step computes draft-vocabulary x d products instead of the target's vocabulary x d), placed on the
+    target's vocabulary."""
+
+    def __init__(self, lm_head: nn.Linear, draft: FeatureDraft):
+        super().__init__(draft)
+        if lm_head.bias is not None:
+            raise ValueError("a reduced draft vocabulary reads the target's LM head rows; this head has a bias")
+        self.register_buffer("rows", lm_head.weight.detach()[self.ids].clone(), persistent=False)
+
+    def forward(self, prediction: torch.Tensor) -> torch.Tensor:
+        return self.place(torch.nn.functional.linear(prediction, self.rows.to(prediction.dtype)))

@@ -3,7 +3,11 @@
 Layouts (as the reference implementations write them):
 
 * EAGLE-1/2, HASS, GRIFFIN: ``config.json`` (a Llama config with ``num_hidden_layers`` 1 and the
-  optional ``bias`` / ``qkv_bias`` keys) + ``pytorch_model.bin`` (or ``model.safetensors``).
+  optional ``bias`` / ``qkv_bias`` keys) + ``pytorch_model.bin`` (or ``model.safetensors``). The kit's extension:
+  with ``draft_vocab_size`` below ``vocab_size`` the head proposes a reduced vocabulary (its ``d2t`` / ``t2d`` maps
+  as EAGLE-3's, scored by the target's own LM-head rows).
+* Any of these with ``embedding_from_target: true`` in its config (the kit's extension) leaves out
+  ``embed_tokens.weight``, which is the target's (frozen in training): loading takes it from the target.
 * EAGLE-3: ``config.json`` (a Llama config with ``draft_vocab_size`` and, when the draft is narrower or wider than
   the target, ``target_hidden_size``) + ``pytorch_model.bin`` (or ``model.safetensors``), 16 tensors
   including the ``d2t`` / ``t2d`` vocabulary maps (optional when the draft vocabulary is the target's).
@@ -29,6 +33,7 @@ from transformers import LlamaConfig
 from specdec_kit.runtime.drafts.eagle import EagleDraft
 from specdec_kit.runtime.drafts.eagle3 import Eagle3Draft, default_feature_layers
 from specdec_kit.runtime.drafts.griffin import GriffinDraft
+from specdec_kit.runtime.drafts.layers import FeatureDraft
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
 from specdec_kit.runtime.drafts.moa import MoADraft
 
@@ -166,13 +171,14 @@ def build_griffin(config: dict[str, Any], file: Path, target_hidden: int, target
     cfg = _fitting_llama_config(config, file, target_hidden, target_vocab)
     if cfg.num_hidden_layers != 1:
         raise DraftLoadError(f"{file}: key 'num_hidden_layers' is {cfg.num_hidden_layers}, expected 1 for GRIFFIN")
-    return GriffinDraft(cfg, qkv_bias=bool(config.get("qkv_bias", False)))
+    return GriffinDraft(cfg, qkv_bias=bool(config.get("qkv_bias", False)), draft_vocab_size=_draft_vocab(config, file, cfg))
 
 
 def build_eagle(config: dict[str, Any], file: Path, target_hidden: int, target_vocab: int,
                 target_shape: tuple[int, int] | None = None) -> EagleDraft:
     cfg = _fitting_llama_config(config, file, target_hidden, target_vocab)
-    return EagleDraft(cfg, fc_bias=bool(config.get("bias", True)), qkv_bias=bool(config.get("qkv_bias", False)))
+    return EagleDraft(cfg, fc_bias=bool(config.get("bias", True)), qkv_bias=bool(config.get("qkv_bias", False)),
+                      draft_vocab_size=_draft_vocab(config, file, cfg))
 
 
 def feature_layers_of(config: dict[str, Any], file: Path, target_layers: int | None) -> tuple[int, ...]:
@@ -200,11 +206,15 @@ def build_eagle3(config: dict[str, Any], file: Path, target_hidden: int, target_
     _check_fits(file, width_key, target_hidden, int(config[width_key]))
     if cfg.num_hidden_layers != 1:
         raise DraftLoadError(f"{file}: key 'num_hidden_layers' is {cfg.num_hidden_layers}, expected 1 for EAGLE-3")
+    layers = feature_layers_of(config, file, target_shape[0] if target_shape else None)
+    return Eagle3Draft(cfg, target_hidden, _draft_vocab(config, file, cfg), layers)
+
+
+def _draft_vocab(config: dict[str, Any], file: Path, cfg: LlamaConfig) -> int:
     draft_vocab = int(config.get("draft_vocab_size", cfg.vocab_size))
     if not 1 <= draft_vocab <= cfg.vocab_size:
         raise DraftLoadError(f"{file}: draft_vocab_size is {draft_vocab}, expected 1..{cfg.vocab_size} (vocab_size)")
-    layers = feature_layers_of(config, file, target_shape[0] if target_shape else None)
-    return Eagle3Draft(cfg, target_hidden, draft_vocab, layers)
+    return draft_vocab
 
 
 def _identity_vocab_maps(module: Eagle3Draft, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -214,7 +224,7 @@ def _identity_vocab_maps(module: Eagle3Draft, state: dict[str, torch.Tensor]) ->
     return state
 
 
-def check_vocab_maps(module: Eagle3Draft, file: Path) -> None:
+def check_vocab_maps(module: FeatureDraft, file: Path) -> None:
     """Every draft id must map into the target vocabulary, and ``t2d`` must mark exactly the ids it maps to."""
     mapped = torch.arange(module.draft_vocab_size) + module.d2t
     if int(mapped.min()) < 0 or int(mapped.max()) >= module.config.vocab_size:
@@ -248,18 +258,28 @@ def load_draft(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     target_shape: tuple[int, int] | None = None,
+    embedding: torch.Tensor | None = None,
 ) -> nn.Module:
-    """Load an official-layout draft checkpoint strictly; refuse one that does not fit the target."""
+    """Load an official-layout draft checkpoint strictly; refuse one that does not fit the target. ``embedding``:
+    the target's token embedding, for a head that takes it from the target (``embedding_from_target``)."""
     from specdec_kit.runtime.registry import draft_kind
 
     path = Path(path)
     if not path.is_dir():
         raise DraftLoadError(f"{path}: draft checkpoint directory does not exist")
-    config_file = path / "config.json"
-    module = build_draft(kind, read_config(path), config_file, target_hidden, target_vocab, target_shape)
+    config_file, config = path / "config.json", read_config(path)
+    module = build_draft(kind, config, config_file, target_hidden, target_vocab, target_shape)
     file = _find_file(path, draft_kind(kind).family.weight_files)
-    strict_load(module, _key_map(module, file, read_weights(file)), file)
-    if isinstance(module, Eagle3Draft):
+    state = _key_map(module, file, read_weights(file))
+    if config.get("embedding_from_target"):
+        if embedding is None:
+            raise DraftLoadError(f"{config_file}: embedding_from_target is set, so the draft takes the target's "
+                                 "embedding; load it against its target (load_draft_for)")
+        if "embed_tokens.weight" in state:
+            raise DraftLoadError(f"{file}: holds embed_tokens.weight, but {config_file} says embedding_from_target")
+        state = dict(state, **{"embed_tokens.weight": embedding.detach().to("cpu", module.embed_tokens.weight.dtype)})
+    strict_load(module, state, file)
+    if getattr(module, "d2t", None) is not None:
         check_vocab_maps(module, file)
     return module.to(device=device, dtype=dtype).eval()
 
@@ -296,15 +316,23 @@ def draft_config_dict(module: nn.Module, kind: str, base_model: str = "") -> dic
     out["qkv_bias"] = module.layers[0].self_attn.q_proj.bias is not None
     if isinstance(module, EagleDraft):
         out["bias"] = module.fc.bias is not None
+    if module.draft_vocab_size < module.config.vocab_size:
+        out["draft_vocab_size"] = module.draft_vocab_size
     return out
 
 
-def save_draft(module: nn.Module, path: str | Path, kind: str, safetensors: bool = False, base_model: str = "") -> Path:
-    """Write ``module`` in the official layout of ``kind`` (so the reference code could load it too)."""
+def save_draft(module: nn.Module, path: str | Path, kind: str, safetensors: bool = False, base_model: str = "",
+               embedding_from_target: bool = False) -> Path:
+    """Write ``module`` in the official layout of ``kind`` (so the reference code could load it too);
+    ``embedding_from_target`` leaves out the token embedding (the target's), which loading then takes from it."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(draft_config_dict(module, kind, base_model), indent=2))
+    config = draft_config_dict(module, kind, base_model)
     state = {k: v.detach().to("cpu").contiguous() for k, v in module.state_dict().items()}
+    if embedding_from_target:
+        config["embedding_from_target"] = True
+        state.pop("embed_tokens.weight")
+    (path / "config.json").write_text(json.dumps(config, indent=2))
     if isinstance(module, MedusaHeads):
         state = {k[len(MEDUSA_PREFIX):]: v for k, v in state.items()}
         name = "medusa_lm_head.safetensors" if safetensors else "medusa_lm_head.pt"
