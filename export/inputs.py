@@ -53,7 +53,16 @@ class BuildInputs:
 
 
 def resolve_paths(draft: str, target: Path | None, draft_path: Path | None, tokenizer: Path | None) -> tuple[Path, Path, Path, bool]:
-    """The user's paths, or the demo zoo's target and the head of this method when none are given."""
+    """The user's paths, or the demo zoo's target and the head of this method when none are given; a named target
+    (``--target smollm2``) is obtained and converted on first use, its head the kit's own unless one is given."""
+    from specdec_kit.runtime.pretrained import is_named, named_head, resolve_target
+
+    if target is not None and is_named(target):
+        try:
+            draft_path = draft_path or named_head(str(target), draft)
+            target = resolve_target(target)
+        except (ValueError, RuntimeError) as exc:
+            raise BuildError(str(exc)) from None
     demo = target is None and draft_path is None
     if demo:
         from specdec_kit.paths import default_zoo

