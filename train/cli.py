@@ -7,6 +7,9 @@ The head is written in its method's official layout, with a resumable training_s
 EAGLE-3 (--method eagle3) reads three target layers (--feature-layers, default the reference's 2, L/2, L-3),
 picks its draft vocabulary (--draft-vocab tokens, default a quarter of the target's) by token frequency in
 the training data, and trains with training-time test (--ttt-length draft steps unrolled per block).
+EAGLE, HASS and GRIFFIN heads take --draft-vocab too: the head then proposes only those tokens, scored by the
+target's own LM-head rows (a cheaper draft step; the ONNX Runtime and PyTorch engines run it, the server engines'
+drafters do not). For a real target's heads from self-distilled data, see ``python -m specdec_kit.train.recipe``.
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--method", required=True, choices=[*METHODS, "eagle3", "moa"],
                    help="moa: Mixture of Attentions (LSA, SA, CA, TLI; see --tli)")
     p.add_argument("--tli", type=int, default=0, help="moa: how many of the target's last layers finish a draft")
-    p.add_argument("--target", type=Path, required=True, help="Hugging Face checkpoint directory of the target")
+    p.add_argument("--target", type=Path, required=True,
+                   help="Hugging Face checkpoint directory of the target, or a named one (smollm2)")
     p.add_argument("--out", type=Path, required=True, help="where the head (official layout) is written")
     p.add_argument("--data", type=Path, help="training text (default: the stdlib corpus)")
     p.add_argument("--steps", type=int, default=500)
@@ -58,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--passes", type=int, help="forward passes per batch (default: HASS/GRIFFIN 3, EAGLE 1)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--draft-vocab", type=int, default=0, help="eagle3: draft vocabulary size (0: a quarter of the target's)")
+    p.add_argument("--draft-vocab", type=int, default=0,
+                   help="draft vocabulary size, the training data's most frequent tokens (eagle3: 0 is a quarter of "
+                        "the target's; eagle, hass, griffin: 0 is the target's whole vocabulary)")
     p.add_argument("--ttt-length", type=int, default=7, help="eagle3: draft steps unrolled per block (training-time test)")
     p.add_argument("--feature-layers", type=lambda s: [int(i) for i in s.split(",")],
                    help="eagle3: target layer ids whose entering hidden states are fused, e.g. 2,16,29")
@@ -73,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
 
     set_threads()
     try:
+        from specdec_kit.runtime.pretrained import resolve_target
+
+        args.target = resolve_target(args.target)
         target = TargetModel.from_pretrained(args.target, dtype="float32", device=args.device)
         tokenizer = load_tokenizer(args.target)
         docs = read_documents(args.data) if args.data else load_corpus().train
@@ -95,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             spec = Eagle3Spec(draft_vocab=args.draft_vocab, ttt_length=args.ttt_length,
                               feature_layers=args.feature_layers, **overrides)
         else:
-            spec = HeadSpec.defaults(args.method, **overrides)
+            spec = HeadSpec.defaults(args.method, draft_vocab=args.draft_vocab, **overrides)
         need = spec.steps * spec.batch * spec.seq_len
         data = blocks(token_stream(tokenizer, docs, max_tokens=need + spec.seq_len), spec.seq_len, spec.seed)
         if data.shape[0] == 0:
@@ -113,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             result = train_eagle3(target, data, spec, args.out, base_model=str(args.target))
         else:
             result = train_head(target, data, spec, args.out, base_model=str(args.target))
-    except (TargetLoadError, ValueError, FileNotFoundError) as exc:
+    except (TargetLoadError, ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(result, indent=2))

@@ -28,6 +28,7 @@ from specdec_kit.runtime.drafts.eagle3 import Eagle3Draft, default_feature_layer
 from specdec_kit.runtime.drafts.loading import save_draft
 from specdec_kit.runtime.synthetic import draft_config
 from specdec_kit.runtime.target import TargetModel
+from specdec_kit.train.distilled import BatchMasks, DistilledData
 from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state
 
 
@@ -87,11 +88,17 @@ class StepResult:
 
 
 class TrainingTimeTest:
-    """The unrolled draft over one batch of blocks (see the module docstring)."""
+    """The unrolled draft over one batch of blocks (see the module docstring). ``logits`` are the target's over its
+    whole vocabulary, or (distilled data, with ``masks``) over the draft vocabulary already."""
 
-    def __init__(self, draft: Eagle3Draft, taps: torch.Tensor, tokens: torch.Tensor, logits: torch.Tensor):
+    def __init__(self, draft: Eagle3Draft, taps: torch.Tensor, tokens: torch.Tensor, logits: torch.Tensor,
+                 masks: BatchMasks | None = None):
         self.draft = draft
         self.tokens, self.logits = tokens, logits
+        self.countable = None
+        if masks is not None:  # the position's next token is an answer token the draft vocabulary holds
+            top = masks.top
+            self.countable = masks.valid & masks.counted & (top >= 0) & draft.t2d[top.clamp(min=0)]
         bsz, seq = tokens.shape
         self.seq = seq
         self.hidden = draft.fc(taps)
@@ -133,9 +140,13 @@ class TrainingTimeTest:
         t2d = self.draft.t2d
         with torch.no_grad():
             target = shift_left(self.logits, j + 1)
-            exists = torch.arange(self.seq, device=target.device) + j + 1 < self.seq
-            counted = t2d[target.argmax(-1)] & exists[None, :]
-            target_p = torch.softmax(target[..., t2d].float(), dim=-1)
+            if self.countable is None:
+                exists = torch.arange(self.seq, device=target.device) + j + 1 < self.seq
+                counted = t2d[target.argmax(-1)] & exists[None, :]
+                target = target[..., t2d]
+            else:
+                counted = shift_left(self.countable, j + 1)
+            target_p = torch.softmax(target.float(), dim=-1)
         logp = torch.log_softmax(draft_logits.float(), dim=-1)
         loss = -((target_p * logp).sum(-1) * counted).mean()
         with torch.no_grad():
@@ -144,37 +155,48 @@ class TrainingTimeTest:
         return StepResult(loss, float(hits) / max(n, 1), n)
 
 
-def eagle3_losses(draft: Eagle3Draft, spec: Eagle3Spec, taps, tokens, logits) -> tuple[torch.Tensor, list[StepResult]]:
-    ttt = TrainingTimeTest(draft, taps, tokens, logits)
+def eagle3_losses(draft: Eagle3Draft, spec: Eagle3Spec, taps, tokens, logits,
+                  masks: BatchMasks | None = None) -> tuple[torch.Tensor, list[StepResult]]:
+    ttt = TrainingTimeTest(draft, taps, tokens, logits, masks)
     results = [ttt.step(j) for j in range(spec.ttt_length)]
     return sum(spec.step_decay ** j * r.loss for j, r in enumerate(results)), results
 
 
-def train_eagle3(target: TargetModel, data: torch.Tensor, spec: Eagle3Spec, out_dir: Path, base_model: str = "",
-                 progress: bool = True, save_dtype: torch.dtype | None = None) -> dict:
-    """Train an EAGLE-3 head on ``data`` [N, seq_len] token blocks (features streamed from the target); writes the
-    official layout (``d2t``/``t2d`` included, in ``save_dtype``, default the target's) and a resumable state."""
-    if not isinstance(data, torch.Tensor):
+def train_eagle3(target: TargetModel, data: torch.Tensor | DistilledData, spec: Eagle3Spec, out_dir: Path,
+                 base_model: str = "", progress: bool = True, save_dtype: torch.dtype | None = None,
+                 embedding_from_target: bool = False) -> dict:
+    """Train an EAGLE-3 head on ``data``: [N, seq_len] token blocks (features streamed from the target), or
+    self-distilled data holding the tapped layers. Writes the official layout (``d2t``/``t2d`` included, in
+    ``save_dtype``, default the target's; without the embedding with ``embedding_from_target``) and a resumable
+    state."""
+    distilled = isinstance(data, DistilledData)
+    if not distilled and not isinstance(data, torch.Tensor):
         raise ValueError("eagle3 trains on streamed features (the target's tapped layers and its logits come from "
-                         "one forward per batch); --cache-features stores the last layer only")
+                         "one forward per batch) or on distilled data; --cache-features stores the last layer only")
     out_dir.mkdir(parents=True, exist_ok=True)
     size = spec.draft_vocab or max(1, target.vocab_size // 4)
-    d2t, t2d = draft_vocabulary(data, target.vocab_size, size)
-    coverage = float(torch.isin(data, torch.nonzero(t2d).flatten()).float().mean())
+    seen = data.answer_tokens() if distilled else data
+    d2t, t2d = draft_vocabulary(seen, target.vocab_size, size)
+    coverage = float(t2d[seen].float().mean())
     print(f"eagle3: draft vocabulary {size} of {target.vocab_size} tokens covers {coverage:.1%} of the training "
           "tokens", file=sys.stderr)
     draft = new_eagle3(target, spec, d2t, t2d).float()
+    if distilled:  # the target's logits over the draft vocabulary: its LM-head rows of those ids
+        data.lm_rows = target.lm_head.weight.data.float()[draft.target_ids(torch.arange(size))]
     state_path = out_dir / "training_state.pt"
     params, opt, start, history = optimizer_and_state(draft, spec, state_path)
     bar = tqdm(range(start, spec.steps), desc="eagle3", initial=start, total=spec.steps, disable=not progress,
                file=sys.stderr)
     t0 = time.time()
     for step in bar:
-        tokens = data[spec.batch_rows(step, data.shape[0])]
-        taps, logits = tapped_outputs(target, tokens, draft.feature_layers)
+        if distilled:
+            tokens, taps, logits, masks = data.batch(step)
+        else:
+            tokens, masks = data[spec.batch_rows(step, data.shape[0])], None
+            taps, logits = tapped_outputs(target, tokens, draft.feature_layers)
         for group in opt.param_groups:
             group["lr"] = spec.lr * min(1.0, (step + 1) / spec.warmup)
-        loss, results = eagle3_losses(draft, spec, taps, tokens, logits)
+        loss, results = eagle3_losses(draft, spec, taps, tokens, logits, masks)
         spec.check_finite(loss, "eagle3", step)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -187,7 +209,8 @@ def train_eagle3(target: TargetModel, data: torch.Tensor, spec: Eagle3Spec, out_
                         acc=" ".join(f"s{j}:{a:.2f}" for j, a in enumerate(record["step_accuracy"][:4])))
         if (step + 1) % 100 == 0 or step + 1 == spec.steps:
             save_state(draft, opt, step + 1, history, state_path)
-    save_draft(draft.to(save_dtype or target.dtype), out_dir, "eagle3", base_model=base_model)
+    save_draft(draft.to(save_dtype or target.dtype), out_dir, "eagle3", base_model=base_model,
+               embedding_from_target=embedding_from_target)
     (out_dir / "training_spec.json").write_text(json.dumps(dict(asdict(spec), method="eagle3"), indent=2))
     return {"steps": spec.steps, "minutes": round((time.time() - t0) / 60, 2), "draft_vocab": size,
             "draft_vocab_coverage": round(coverage, 4), "last": history[-1] if history else None}

@@ -44,6 +44,13 @@ class StreamedFeatures:
         feats, logits = target_outputs(self.target, tokens)
         return tokens, feats, logits
 
+    def batch_for(self, step: int, schedule) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
+        """The schedule's blocks of ``step`` (no masks: every position of a block is real and counts)."""
+        return *self.batch(schedule.batch_rows(step, len(self))), None
+
+    def tokens_seen(self) -> torch.Tensor:
+        return self.data
+
 
 def write_cache(target: TargetModel, data: torch.Tensor, out: Path, shard_blocks: int = 64) -> Path:
     """Compute and store features for ``data`` [N, T] blocks; prints the size first."""
@@ -89,3 +96,8 @@ class CachedFeatures:
         feats = self.features[idx].float()
         logits = self.lm_head(feats.to(self.lm_head.weight.dtype)).float()
         return self.tokens[idx], feats, logits
+
+    batch_for = StreamedFeatures.batch_for
+
+    def tokens_seen(self) -> torch.Tensor:
+        return self.tokens

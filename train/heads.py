@@ -26,6 +26,7 @@ from specdec_kit.runtime.drafts.medusa import MedusaHeads
 from specdec_kit.runtime.synthetic import draft_config
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.train.draft_forward import PassRunner, next_pass_features
+from specdec_kit.train.distilled import BatchMasks, DistilledData
 from specdec_kit.train.features import StreamedFeatures
 from specdec_kit.train.losses import LossWeights, medusa_loss, next_alignment_mask, pass_loss
 from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state
@@ -37,6 +38,7 @@ from specdec_kit.train.methods import METHODS  # noqa: F401  (the trainers this 
 class HeadSpec(Schedule):
     method: str
     passes: int = 1  # forward passes per batch (HASS: 3, GRIFFIN: 3)
+    draft_vocab: int = 0  # a reduced draft vocabulary of the training data's most frequent tokens (0: the target's)
     weights: dict = field(default_factory=dict)  # LossWeights fields
     noise: float = 0.1  # uniform feature noise amplitude on pass-1 inputs (EAGLE's augmentation)
     align_topk: int = 3  # GRIFFIN: predictable = true token in the draft's top-k
@@ -53,10 +55,15 @@ class HeadSpec(Schedule):
         }
         if method not in base:
             raise ValueError(f"unknown method {method!r}; expected one of {list(METHODS)}")
+        if method == "medusa" and overrides.get("draft_vocab"):
+            raise ValueError("medusa heads predict over the target's whole vocabulary; a draft vocabulary applies to "
+                             "eagle, hass, griffin and eagle3")
         return cls(method=method, **{**base[method], **overrides})
 
 
-def new_head(method: str, target: TargetModel, spec: HeadSpec) -> torch.nn.Module:
+def new_head(method: str, target: TargetModel, spec: HeadSpec, vocab: tuple[torch.Tensor, torch.Tensor] | None = None
+             ) -> torch.nn.Module:
+    """A seeded head; ``vocab``: (d2t, t2d) of a reduced draft vocabulary."""
     torch.manual_seed(spec.seed)
     if method == "medusa":
         head = MedusaHeads(target.hidden_size, target.vocab_size, spec.medusa_heads, spec.medusa_layers)
@@ -64,22 +71,52 @@ def new_head(method: str, target: TargetModel, spec: HeadSpec) -> torch.nn.Modul
             h[-1].weight.data.copy_(target.lm_head.weight.data.float())
         return head
     cls = GriffinDraft if method == "griffin" else EagleDraft
-    draft = cls(draft_config(target))
+    draft = cls(draft_config(target), draft_vocab_size=None if vocab is None else len(vocab[0]))
     draft.embed_tokens.weight.data.copy_(target.embed_tokens.weight.data.float())
     draft.embed_tokens.weight.requires_grad_(False)  # the target's embedding, frozen (as in the reference)
+    if vocab is not None:
+        draft.d2t.copy_(vocab[0])
+        draft.t2d.copy_(vocab[1])
     return draft
 
 
-def feature_step(draft, lm_head, spec: HeadSpec, tokens, feats, logits, gen: torch.Generator):
-    """All passes on one batch: returns the summed loss and per-pass (top1, top3, positions, loss)."""
+def head_vocab(draft, target: TargetModel) -> tuple[torch.nn.Linear, torch.Tensor | None]:
+    """What scores the draft's prediction feature in training: the target's LM head, or its rows of the draft's
+    reduced vocabulary; and the map from target ids to the head's (-1 outside it; None: the identity)."""
+    lm_head = target.lm_head.float()
+    if getattr(draft, "d2t", None) is None:
+        return lm_head, None
+    ids = draft.target_ids(torch.arange(draft.draft_vocab_size))
+    rows = torch.nn.Linear(lm_head.in_features, len(ids), bias=False)
+    rows.weight.data.copy_(lm_head.weight.data[ids])
+    to_head = torch.full((target.vocab_size,), -1, dtype=torch.long)
+    to_head[ids] = torch.arange(len(ids))
+    return rows, to_head
+
+
+def feature_step(draft, lm_head, spec: HeadSpec, tokens, feats, logits, gen: torch.Generator,
+                 masks: BatchMasks | None = None, to_head: torch.Tensor | None = None):
+    """All passes on one batch: returns the summed loss and per-pass (top1, top3, positions, loss). ``logits`` are the
+    target's over the head's vocabulary; ``masks`` (distilled data) mark padding and the positions that count (the
+    others count everywhere but the last position); ``to_head`` maps target ids into a reduced vocabulary, where a
+    position counts only if the target's own next token is in it."""
     weights = LossWeights(**spec.weights)
     # position i: (F_i, x_{i+1}) -> F_{i+1}, and the target's distribution of x_{i+2}
     inputs, tgt_feat, tgt_logits = feats[:, :-1], feats[:, 1:], logits[:, 1:]
     true_next = tokens[:, 2:]
     seq = inputs.shape[1]
-    valid = torch.ones(tokens.shape[0], seq, dtype=torch.bool)
-    token_mask = torch.cat([torch.ones_like(true_next, dtype=torch.bool), torch.zeros_like(valid[:, :1])], dim=1)
+    if masks is None:
+        valid = torch.ones(tokens.shape[0], seq, dtype=torch.bool)
+        token_mask = torch.cat([torch.ones_like(true_next, dtype=torch.bool), torch.zeros_like(valid[:, :1])], dim=1)
+    else:  # both positions real, and position i + 1's next token an answer token the head can propose
+        valid = masks.valid[:, :-1] & masks.valid[:, 1:]
+        token_mask = valid & masks.counted[:, 1:]
+        if to_head is not None:
+            top = masks.top[:, 1:]
+            token_mask = token_mask & (top >= 0) & (to_head[top.clamp(min=0)] >= 0)
     true_next = torch.cat([true_next, torch.zeros_like(true_next[:, :1])], dim=1)
+    if to_head is not None:  # GRIFFIN's predictable check compares in the head's vocabulary (-1: never predictable)
+        true_next = to_head[true_next]
     runner = PassRunner(draft, tokens[:, 1:], valid)
     noise = (torch.rand(inputs.shape, generator=gen) - 0.5) * spec.noise
     pass_in = inputs + noise
@@ -98,31 +135,42 @@ def feature_step(draft, lm_head, spec: HeadSpec, tokens, feats, logits, gen: tor
 
 
 def train_head(target: TargetModel, data, spec: HeadSpec, out_dir: Path, base_model: str = "",
-               progress: bool = True, save_dtype: torch.dtype | None = None) -> dict:
-    """Train one head; ``data`` is [N, seq_len] token blocks (features streamed from the target) or a
-    ``CachedFeatures``. Writes the official layout (in ``save_dtype``, default the target's) and a
-    resumable training state to ``out_dir``."""
+               progress: bool = True, save_dtype: torch.dtype | None = None, embedding_from_target: bool = False) -> dict:
+    """Train one head; ``data`` is [N, seq_len] token blocks (features streamed from the target), a
+    ``CachedFeatures`` or a ``DistilledData``. Writes the official layout (in ``save_dtype``, default the target's;
+    without the embedding with ``embedding_from_target``) and a resumable training state to ``out_dir``."""
     source = StreamedFeatures(target, data) if isinstance(data, torch.Tensor) else data
     out_dir.mkdir(parents=True, exist_ok=True)
-    head = new_head(spec.method, target, spec).float()
+    vocab, coverage = None, None
+    if spec.draft_vocab:
+        from specdec_kit.train.eagle3 import draft_vocabulary
+
+        seen = source.answer_tokens() if isinstance(source, DistilledData) else source.tokens_seen()
+        vocab = draft_vocabulary(seen, target.vocab_size, spec.draft_vocab)
+        coverage = float(vocab[1][seen].float().mean())
+        print(f"{spec.method}: draft vocabulary {spec.draft_vocab} of {target.vocab_size} tokens covers {coverage:.1%} "
+              "of the training tokens", file=sys.stderr)
+    head = new_head(spec.method, target, spec, vocab).float()
     state_path = out_dir / "training_state.pt"
     params, opt, start, history = optimizer_and_state(head, spec, state_path)
-    lm_head = target.lm_head.float()
+    lm_head, to_head = head_vocab(head, target) if spec.method != "medusa" else (target.lm_head.float(), None)
     for p in lm_head.parameters():
         p.requires_grad_(False)
+    if isinstance(source, DistilledData):
+        source.lm_rows = lm_head.weight.data
     gen = torch.Generator().manual_seed(spec.seed + start)
     bar = tqdm(range(start, spec.steps), desc=spec.method, initial=start, total=spec.steps, disable=not progress,
                file=sys.stderr)
     t0 = time.time()
     for step in bar:
-        tokens, feats, logits = source.batch(spec.batch_rows(step, len(source)))
+        tokens, feats, logits, masks = source.batch_for(step, spec)
         for group in opt.param_groups:
             group["lr"] = spec.lr * min(1.0, (step + 1) / spec.warmup)
         if spec.method == "medusa":
             loss, accs = medusa_loss(head(feats), tokens, torch.ones_like(tokens, dtype=torch.bool))
             record = {"step": step, "loss": float(loss.detach()), "head_top1": accs}
         else:
-            loss, stats = feature_step(head, lm_head, spec, tokens, feats, logits, gen)
+            loss, stats = feature_step(head, lm_head, spec, tokens, feats, logits, gen, masks, to_head)
             record = {"step": step, "loss": float(loss.detach()), "top1": [s[0] for s in stats],
                       "top3": [s[1] for s in stats], "positions": [s[2] for s in stats],
                       "pass_loss": [s[3] for s in stats]}
@@ -139,9 +187,11 @@ def train_head(target: TargetModel, data, spec: HeadSpec, out_dir: Path, base_mo
             bar.set_postfix(loss=f"{record['loss']:.3f}", top1=" ".join(f"{a:.2f}" for a in record["head_top1"]))
         if (step + 1) % 100 == 0 or step + 1 == spec.steps:
             save_state(head, opt, step + 1, history, state_path)
-    save_draft(head.to(save_dtype or target.dtype), out_dir, spec.method, base_model=base_model)
+    save_draft(head.to(save_dtype or target.dtype), out_dir, spec.method, base_model=base_model,
+               embedding_from_target=embedding_from_target)
     (out_dir / "training_spec.json").write_text(json.dumps(asdict(spec), indent=2))
-    return {"steps": spec.steps, "minutes": round((time.time() - t0) / 60, 2), "last": history[-1] if history else None}
+    return {"steps": spec.steps, "minutes": round((time.time() - t0) / 60, 2), "last": history[-1] if history else None,
+            **({"draft_vocab": spec.draft_vocab, "draft_vocab_coverage": round(coverage, 4)} if vocab else {})}
 
 
 def build_heads(out: Path, recipe: dict, tokenizer, corpus, log: dict, force: bool = False) -> None:

@@ -1,0 +1,164 @@
+"""Self-distilled training data: the answers are the target's own (greedy: its greedy decoding; sampled: the same
+seeded draws on every run), the features written while generating equal the target's hidden states over the finished
+sequence, the recorded next tokens are its argmax, a run resumes where it stopped; and draft heads trained on the
+data (a reduced draft vocabulary, the embedding taken from the target) load and decode losslessly."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from specdec_kit.export.builder import build_engine
+from specdec_kit.export.inputs import BuildError, BuildInputs
+from specdec_kit.runtime.demo import write_demo
+from specdec_kit.runtime.engine import open_engine
+from specdec_kit.runtime.generate import SpeculativeGenerator
+from specdec_kit.runtime.loader import load_draft_for, load_tokenizer, make_drafter
+from specdec_kit.runtime.registry import draft_kind
+from specdec_kit.runtime.target import TargetModel
+from specdec_kit.runtime.trees import DynamicTreeConfig, tree_to_dict
+from specdec_kit.train.distill import INDEX, DistillSpec, Variant, chat_ids, distill, read_shard
+from specdec_kit.train.distilled import DistilledData
+from specdec_kit.train.prompt_sources import Prompt, read_prompts, write_prompts
+
+from conftest import SMALL_DEMO, hf_greedy
+
+TEMPLATE = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}> {% endif %}"
+SPEC = dict(max_new_tokens=12, batch=3, chunk=4, hidden_indices=[1, 2, 3, 4],
+            variants=[Variant("greedy"), Variant("t1", 1.0, 0.9)])
+
+
+@pytest.fixture(scope="module")
+def chat_target(tmp_path_factory):
+    """A small 4-layer demo target whose tokenizer has a chat template."""
+    paths = write_demo(tmp_path_factory.mktemp("chat"), shape=dict(SMALL_DEMO, layers=4))
+    config_file = paths["target"] / "tokenizer_config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "chat_template": TEMPLATE}))
+    return paths["target"]
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    texts = ["the quick brown fox", "def main():", "hello", "a b c d e f", "speculative decoding is", "x"]
+    write_prompts([Prompt(f"p/{i}", "test", t) for i, t in enumerate(texts)], path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def distilled(chat_target, prompts_file, tmp_path_factory):
+    out = tmp_path_factory.mktemp("data") / "d"
+    return out, distill(chat_target, prompts_file, out, DistillSpec(**SPEC), progress=False)
+
+
+def samples(out):
+    index = json.loads((out / INDEX).read_text())
+    for shard in index["shards"]:
+        data = read_shard(out / shard["file"])
+        offsets = data["offsets"]
+        for n, meta in enumerate(shard["samples"]):
+            a, b = int(offsets[n]), int(offsets[n + 1])
+            yield meta, data["tokens"][a:b].long(), data["features"][a:b], data["top"][a:b].long()
+
+
+def test_answers_features_and_next_tokens_are_the_targets_own(chat_target, prompts_file, distilled):
+    out, index = distilled
+    target = TargetModel.from_pretrained(chat_target, dtype="float32")
+    tokenizer = load_tokenizer(chat_target)
+    prompts = {p.id: chat_ids(tokenizer, p) for p in read_prompts(prompts_file)}
+    seen = {"greedy": 0, "t1": 0}
+    for meta, tokens, feats, top in samples(out):
+        seen[meta["variant"]] += 1
+        prompt = prompts[meta["prompt_id"]]
+        start = meta["answer_start"]
+        assert tokens[:start].tolist() == prompt and len(tokens) == start + meta["answer_tokens"] - 1
+        if meta["variant"] == "greedy":  # the target's own greedy decoding (this target never ends a turn)
+            assert tokens[start:].tolist() == hf_greedy(target.hf_model, prompt, meta["answer_tokens"])[:-1]
+        with torch.no_grad():
+            ref = target.hf_model(tokens[None], output_hidden_states=True)
+        expected = torch.stack([ref.hidden_states[i][0] for i in SPEC["hidden_indices"]], dim=1)
+        assert torch.allclose(feats.float(), expected, atol=2e-2, rtol=1e-2)  # float16 storage
+        assert top[:start - 1].eq(-1).all()
+        assert top[start - 1:].tolist() == ref.logits[0, start - 1:].argmax(-1).tolist()
+    assert seen == {"greedy": 6, "t1": 6} and index["tokens"] == sum(len(t) for _, t, _, _ in samples(out))
+
+
+def test_a_run_is_reproducible_resumes_and_refuses_other_settings(chat_target, prompts_file, distilled, tmp_path):
+    out, index = distilled
+    again = distill(chat_target, prompts_file, tmp_path / "again", DistillSpec(**SPEC), progress=False)
+    assert again["fingerprint"] == index["fingerprint"]  # seeded sampling: the same draws on every run
+    partial = json.loads((tmp_path / "again" / INDEX).read_text())  # lose one shard: the rerun makes only that one
+    lost = partial["shards"].pop()
+    (tmp_path / "again" / lost["file"]).unlink()
+    (tmp_path / "again" / INDEX).write_text(json.dumps(partial))
+    kept = {s["file"]: (tmp_path / "again" / s["file"]).stat().st_mtime_ns for s in partial["shards"]}
+    resumed = distill(chat_target, prompts_file, tmp_path / "again", DistillSpec(**SPEC), progress=False)
+    assert resumed["fingerprint"] == index["fingerprint"]
+    assert all((tmp_path / "again" / f).stat().st_mtime_ns == m for f, m in kept.items())
+    with pytest.raises(ValueError, match="written with another spec"):
+        distill(chat_target, prompts_file, tmp_path / "again", DistillSpec(**{**SPEC, "max_new_tokens": 5}),
+                progress=False)
+    # fewer prompts: the shards of the chunks whose prompts stay the same are kept, the others dropped
+    fewer = distill(chat_target, prompts_file, tmp_path / "again", DistillSpec(**SPEC), limit=4, progress=False)
+    assert sorted(s["file"] for s in fewer["shards"]) == ["greedy-0000.safetensors", "t1-0000.safetensors"]
+    assert all((tmp_path / "again" / f).stat().st_mtime_ns == m for f, m in kept.items() if f.endswith("-0000.safetensors"))
+
+
+def test_batches_mark_padding_and_the_answers(chat_target, distilled):
+    out, _ = distilled
+    target = TargetModel.from_pretrained(chat_target, dtype="float32")
+    data = DistilledData(out, [4], target.lm_head.weight.data, tokens_per_batch=64, seed=1)
+    assert sorted(i for b in data.batches for i in b) == list(range(12))
+    for step in range(len(data)):
+        tokens, feats, logits, masks = data.batch(step)
+        assert tokens.numel() <= 64 or tokens.shape[0] == 1
+        for r, i in enumerate(data.batches[step]):
+            n, start = data.tokens[i].shape[0], data.starts[i]
+            assert masks.valid[r].tolist() == [True] * n + [False] * (tokens.shape[1] - n)
+            assert masks.counted[r].nonzero().flatten().tolist() == list(range(start - 1, n))
+        assert torch.allclose(logits, feats @ target.lm_head.weight.data.T, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["griffin", "eagle3"])
+def test_heads_trained_on_distilled_data_decode_losslessly(chat_target, distilled, tmp_path, kind):
+    """A reduced draft vocabulary (half the target's) and the target's embedding (left out of the checkpoint)."""
+    out, _ = distilled
+    target = TargetModel.from_pretrained(chat_target, dtype="float32")
+    vocab = target.vocab_size // 2
+    if kind == "eagle3":
+        from specdec_kit.train.eagle3 import Eagle3Spec, train_eagle3
+
+        spec = Eagle3Spec(steps=8, lr=3e-3, warmup=1, draft_vocab=vocab, ttt_length=3, feature_layers=[1, 2, 3])
+        train_eagle3(target, DistilledData(out, [1, 2, 3], tokens_per_batch=128), spec, tmp_path, progress=False,
+                     embedding_from_target=True)
+    else:
+        from specdec_kit.train.heads import HeadSpec, train_head
+
+        spec = HeadSpec.defaults("griffin", steps=8, lr=3e-3, warmup=1, draft_vocab=vocab)
+        train_head(target, DistilledData(out, [4], tokens_per_batch=128), spec, tmp_path, progress=False,
+                   embedding_from_target=True)
+    config = json.loads((tmp_path / "config.json").read_text())
+    state = torch.load(tmp_path / "pytorch_model.bin", weights_only=True)
+    assert config["draft_vocab_size"] == vocab and config["embedding_from_target"] is True
+    assert "embed_tokens.weight" not in state and state["d2t"].shape == (vocab,)
+    module = load_draft_for(target, kind, tmp_path)
+    assert torch.equal(module.embed_tokens.weight, target.embed_tokens.weight)
+    head = draft_kind(kind).family.head(module, target)
+    logits = head(torch.randn(2, target.hidden_size))  # placed on the target's vocabulary, -inf outside the draft's
+    assert logits.shape[-1] == target.vocab_size and int(torch.isfinite(logits[0]).sum()) == vocab
+    prompts = [[5, 9, 11], [3, 3, 8, 1, 2]]
+    plain = [r.tokens for r in SpeculativeGenerator(target, None).generate(prompts, 24)]
+    tree = DynamicTreeConfig(8, 3, 2)
+    assert [r.tokens for r in SpeculativeGenerator(target, make_drafter(target, kind, tmp_path, tree)).generate(
+        prompts, 24)] == plain
+    # the ONNX Runtime engine folds the head in (the LM-head rows of the draft vocabulary, or EAGLE-3's own)
+    inputs = BuildInputs(draft=kind, target=chat_target, draft_path=tmp_path, tokenizer=chat_target,
+                         backend="onnxruntime", dtype="float32", tree=tree_to_dict(tree))
+    engine = open_engine(build_engine(inputs, tmp_path / "engine").path)
+    assert [r.tokens for r in SpeculativeGenerator(engine.target, engine.drafter).generate(prompts, 24)] == plain
+    if kind == "griffin":  # the servers' drafters score the whole vocabulary: they refuse the head, saying so
+        with pytest.raises(BuildError, match="proposes a reduced vocabulary"):
+            build_engine(dataclasses.replace(inputs, backend="sglang", file_hashes={}), tmp_path / "sglang")

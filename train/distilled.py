@@ -1,0 +1,109 @@
+"""Self-distilled data (``train/distill.py``) as training batches for the draft trainers.
+
+Samples of similar length share a batch of at most ``tokens_per_batch`` tokens (right-padded: a real position never
+attends to a pad, which comes after it), and the batches come in a fixed shuffled order, so a resumed run sees the
+same batches. Each batch carries the draft's input features (the final hidden state for EAGLE/HASS/GRIFFIN, the
+three tapped layers side by side for EAGLE-3), the target's logits over the head's vocabulary (the target's LM-head
+rows of that vocabulary applied to the final state: exactly the target's logits there), and masks: ``valid`` (not
+padding) and ``counted`` (the position's next token is part of the answer, so its prediction counts in the loss).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from specdec_kit.train.distill import INDEX
+
+
+@dataclass
+class BatchMasks:
+    valid: torch.Tensor  # [B, T] real positions (not padding)
+    counted: torch.Tensor  # [B, T] positions whose next token is an answer token
+    top: torch.Tensor  # [B, T] the target's most likely next token (target ids; -1 where not recorded)
+
+
+class DistilledData:
+    def __init__(self, path: Path, hidden_indices: list[int], lm_rows: torch.Tensor | None = None, tokens_per_batch: int = 4096,
+                 seed: int = 0, variants: tuple[str, ...] | None = None):
+        index_file = path / INDEX
+        if not index_file.is_file():
+            raise FileNotFoundError(f"{index_file}: missing; generate the data with python -m specdec_kit.train.distill")
+        index = json.loads(index_file.read_text())
+        stored = index["spec"]["hidden_indices"]
+        missing = [i for i in hidden_indices if i not in stored]
+        if missing:
+            raise ValueError(f"{index_file}: hidden states {missing} were not stored (stored: {stored})")
+        self.index, self.lm_rows = index, lm_rows
+        columns = [stored.index(i) for i in hidden_indices]
+        final = len(stored) - 1  # the final, normed state is stored last
+        inputs_are_final = columns == [final]
+        tokens, feats, finals, tops, starts, lengths = [], [], [], [], [], []
+        for shard in sorted(index["shards"], key=lambda s: s["file"]):
+            keep = [n for n, s in enumerate(shard["samples"]) if variants is None or s["variant"] in variants]
+            with safe_open(str(path / shard["file"]), "pt") as f:
+                offsets = f.get_tensor("offsets")
+                all_feats = f.get_tensor("features")
+                shard_tokens, shard_top = f.get_tensor("tokens").long(), f.get_tensor("top").long()
+                shard_starts = f.get_tensor("answer_start")
+            for n in keep:
+                a, b = int(offsets[n]), int(offsets[n + 1])
+                tokens.append(shard_tokens[a:b])
+                finals.append(all_feats[a:b, final].clone())  # copies: the shard's other columns are let go
+                feats.append(finals[-1] if inputs_are_final else all_feats[a:b, columns].flatten(1))
+                tops.append(shard_top[a:b])
+                starts.append(int(shard_starts[n]))
+                lengths.append(b - a)
+        if not tokens:
+            raise ValueError(f"{path}: no samples" + (f" of variants {variants}" if variants else ""))
+        self.tokens, self.features, self.finals, self.tops, self.starts = tokens, feats, finals, tops, starts
+        self.batches = self._plan(lengths, tokens_per_batch, seed)
+
+    @staticmethod
+    def _plan(lengths: list[int], budget: int, seed: int) -> list[list[int]]:
+        """Samples sorted by length, cut into batches of at most ``budget`` padded tokens, in a seeded order."""
+        order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+        batches, current = [], []
+        for i in order:
+            if current and (len(current) + 1) * lengths[i] > budget:
+                batches.append(current)
+                current = []
+            current.append(i)
+        batches.append(current)
+        perm = torch.randperm(len(batches), generator=torch.Generator().manual_seed(seed)).tolist()
+        return [batches[p] for p in perm]
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def batch_for(self, step: int, schedule) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, BatchMasks]:
+        return self.batch(step)  # the batches are planned by token budget, not the schedule's batch size
+
+    def answer_tokens(self) -> torch.Tensor:
+        """Every answer token, for choosing a draft vocabulary by frequency."""
+        return torch.cat([t[s:] for t, s in zip(self.tokens, self.starts)])
+
+    @torch.no_grad()
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, BatchMasks]:
+        """Batch ``step`` (wrapping around): tokens [B, T], features [B, T, D], the target's logits over the head's
+        vocabulary [B, T, V'], and the masks."""
+        rows = self.batches[step % len(self.batches)]
+        width = max(self.tokens[i].shape[0] for i in rows)
+        bsz, dim = len(rows), self.features[rows[0]].shape[-1]
+        tokens = torch.zeros(bsz, width, dtype=torch.long)
+        feats = torch.zeros(bsz, width, dim)
+        finals = torch.zeros(bsz, width, self.finals[rows[0]].shape[-1])
+        top = torch.full((bsz, width), -1, dtype=torch.long)
+        valid = torch.zeros(bsz, width, dtype=torch.bool)
+        counted = torch.zeros(bsz, width, dtype=torch.bool)
+        for r, i in enumerate(rows):
+            n = self.tokens[i].shape[0]
+            tokens[r, :n], feats[r, :n], finals[r, :n] = self.tokens[i], self.features[i].float(), self.finals[i].float()
+            top[r, :n], valid[r, :n] = self.tops[i], True
+            counted[r, max(self.starts[i] - 1, 0):n] = True  # position t's next token t+1 is an answer token
+        logits = finals @ self.lm_rows.float().T
+        return tokens, feats, logits, BatchMasks(valid, counted, top)

@@ -1,0 +1,157 @@
+"""``python -m specdec_kit.train.recipe train/recipes/smollm2.json``: the heads of a real target, reproduced by one
+command from a recipe file: the target (a named one, obtained from its package), self-distilled data (the target's
+own answers to the recipe's prompts, with its features, ``train/distill.py``) and one head per entry of the recipe,
+trained on that data (GRIFFIN, EAGLE, HASS with ``train/heads.py``; EAGLE-3 with ``train/eagle3.py``).
+
+Every stage resumes: the data generation skips the shards it has, each head continues from its
+``training_state.pt``, and a finished head is left alone (``--force`` retrains it). The output holds the heads
+(float16, without the target's embedding, which they take from it), ``training_log.json`` (the data's fingerprint and
+size, each head's settings, minutes and loss history) and ``training_curves.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+RECIPES = Path(__file__).resolve().parent / "recipes"
+
+
+def data_dir(recipe: dict, given: Path | None) -> Path:
+    from specdec_kit.runtime.pretrained import cache_root
+
+    return given or cache_root() / "data" / recipe["name"]
+
+
+def run_distill(recipe: dict, recipe_dir: Path, data: Path) -> dict:
+    from specdec_kit.runtime.pretrained import resolve_target
+    from specdec_kit.train.distill import DistillSpec, distill
+
+    return distill(resolve_target(recipe["target"]), recipe_dir / recipe["prompts"], data,
+                   DistillSpec.from_dict(recipe["distill"]), limit=recipe.get("limit"))
+
+
+def run_head(name: str, settings: dict, recipe: dict, data: Path, out: Path, force: bool) -> dict | None:
+    """Train (or finish training) one head; None when it is already done."""
+    import torch
+
+    from specdec_kit.runtime.device import resolve_dtype
+    from specdec_kit.runtime.pretrained import resolve_target
+    from specdec_kit.runtime.target import TargetModel
+    from specdec_kit.train.distilled import DistilledData
+
+    folder = out / name
+    if (folder / "config.json").is_file() and not force:
+        return None
+    settings = dict(settings)
+    method = settings.pop("method", name)
+    budget = settings.pop("tokens_per_batch", 4096)
+    epochs = settings.pop("epochs", None)  # passes over the data, in place of a step count
+    variants = tuple(settings.pop("variants")) if "variants" in settings else None
+    target_path = resolve_target(recipe["target"])
+    target = TargetModel.from_pretrained(target_path, dtype="float32", device="cpu")
+    save_dtype = resolve_dtype(recipe.get("save_dtype", "float16"), torch.device("cpu"))
+    shared = bool(recipe.get("embedding_from_target", True))
+    base = recipe["target"]
+    if method == "eagle3":
+        from specdec_kit.runtime.drafts.eagle3 import default_feature_layers
+        from specdec_kit.train.eagle3 import Eagle3Spec, train_eagle3
+
+        spec = Eagle3Spec(**settings)
+        layers = list(spec.feature_layers or default_feature_layers(target.num_layers))
+        source = DistilledData(data, layers, tokens_per_batch=budget, seed=spec.seed, variants=variants)
+        spec.steps = round(epochs * len(source)) if epochs else spec.steps
+        print(f"{name}: {len(source)} batches of distilled data, {spec.steps} steps", file=sys.stderr)
+        return train_eagle3(target, source, spec, folder, base_model=base, save_dtype=save_dtype,
+                            embedding_from_target=shared)
+    from specdec_kit.train.heads import HeadSpec, train_head
+
+    spec = HeadSpec.defaults(method, **settings)
+    source = DistilledData(data, [target.num_layers], tokens_per_batch=budget, seed=spec.seed, variants=variants)
+    spec.steps = round(epochs * len(source)) if epochs else spec.steps
+    print(f"{name}: {len(source)} batches of distilled data, {spec.steps} steps", file=sys.stderr)
+    return train_head(target, source, spec, folder, base_model=base, save_dtype=save_dtype,
+                      embedding_from_target=shared)
+
+
+def plot_curves(log: dict, path: Path) -> None:
+    from specdec_kit.plots import pyplot
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, history in log.get("histories", {}).items():
+        if history:
+            steps = [h["step"] for h in history]
+            losses = [h["loss"] for h in history]
+            window = max(1, len(losses) // 50)
+            smooth = [sum(losses[max(0, i - window + 1):i + 1]) / len(losses[max(0, i - window + 1):i + 1])
+                      for i in range(len(losses))]
+            ax.plot(steps, smooth, label=name)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (moving mean)")
+    ax.set_yscale("log")
+    ax.legend()
+    ax.set_title(f"{log['recipe']}: draft heads on self-distilled data")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m specdec_kit.train.recipe", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("recipe", type=Path, help="recipe file, or the name of one in train/recipes (e.g. smollm2)")
+    p.add_argument("--out", type=Path, help="where the heads go (default: the recipe's out)")
+    p.add_argument("--data", type=Path, help="distilled data directory (default: $SPECDEC_CACHE/data/<name>)")
+    p.add_argument("--stages", default="distill,heads", help="distill, heads, or both (default)")
+    p.add_argument("--heads", help="only these heads, comma-separated (default: every head of the recipe)")
+    p.add_argument("--force", action="store_true", help="retrain heads that are finished")
+    args = p.parse_args(argv)
+    path = args.recipe if args.recipe.suffix == ".json" else RECIPES / f"{args.recipe}.json"
+    if not path.is_file():
+        print(f"error: {path}: no such recipe (the kit's: {sorted(q.stem for q in RECIPES.glob('*.json'))})",
+              file=sys.stderr)
+        return 2
+    recipe = json.loads(path.read_text())
+    from specdec_kit.runtime.loader import set_threads
+
+    set_threads()
+    out = args.out or Path(recipe["out"])
+    data = data_dir(recipe, args.data)
+    out.mkdir(parents=True, exist_ok=True)
+    log_path = out / "training_log.json"
+    log = json.loads(log_path.read_text()) if log_path.is_file() else {"recipe": recipe["name"], "heads": {}}
+    stages = set(args.stages.split(","))
+    try:
+        if "distill" in stages:
+            index = run_distill(recipe, path.parent, data)
+            log["data"] = {"fingerprint": index["fingerprint"], "tokens": index["tokens"],
+                           "answer_tokens": index["answer_tokens"], "samples": sum(len(s["samples"]) for s in index["shards"]),
+                           "skipped_prompts": len(index["skipped"]), "spec": index["spec"],
+                           "prompts_sha256": index["prompts_sha256"]}
+            log_path.write_text(json.dumps(log, indent=1))
+        if "heads" in stages:
+            wanted = args.heads.split(",") if args.heads else list(recipe["heads"])
+            for name in wanted:
+                result = run_head(name, recipe["heads"][name], recipe, data, out, args.force)
+                if result is None:
+                    print(f"{name}: already trained in {out / name} (--force retrains)", file=sys.stderr)
+                    continue
+                state = out / name / "training_state.pt"
+                import torch
+
+                log["heads"][name] = {"settings": recipe["heads"][name], **{k: v for k, v in result.items() if k != "last"}}
+                log.setdefault("histories", {})[name] = torch.load(state, weights_only=True)["history"]
+                log_path.write_text(json.dumps(log, indent=1))
+                plot_curves(log, out / "training_curves.png")
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps({k: v for k, v in log.items() if k != "histories"}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
