@@ -83,40 +83,53 @@ def run(args) -> int:
         sets[name] = [tokenizer(t)["input_ids"][-512:] for t in texts]
     temps = [float(t) for t in args.temperatures.split(",")]
     names = list(generators) + peers
-    results: dict = {}  # (set, T, method) -> {(prompt index, repeat): run measurements}
-    total = sum(len(v) for v in sets.values()) * len(temps) * args.repeats * len(names)
+    results = measure(generators, sets, temps, args.repeats, args.max_new_tokens, hf, peers)
+    rows = summarize(results, names)
+    meta = {"prompts_per_set": args.prompts, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+            "tree": {"total_tokens": args.total_tokens, "depth": args.depth, "top_k": args.top_k}}
+    write_all(rows, args.out, machine(), meta)
+    print((args.out / "results.md").read_text())
+    return 0
+
+
+def machine() -> str:
+    return (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+            f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU only'}, torch {torch.__version__}")
+
+
+def measure(generators: dict[str, SpeculativeGenerator], sets: dict[str, list[list[int]]], temps: list[float],
+            repeats: int, max_new_tokens: int, hf: HFPeers | None = None, peers: list[str] = ()) -> dict:
+    """Every prompt of every set, one at a time (batch 1), by every method, at every temperature, ``repeats``
+    times; methods interleaved per prompt in a rotating order, each warmed once first so none pays first-call costs.
+    Returns {(set, T, method): {(prompt index, repeat): measurements}}; a prompt's seed is the same for every method."""
+    names = list(generators) + list(peers)
+    results: dict = {}
+    total = sum(len(v) for v in sets.values()) * len(temps) * repeats * len(names)
     bar = tqdm(total=total, desc="benchmark", file=sys.stderr)
     warm = sets[next(iter(sets))][0]
-    for method in names:  # warm every decoder once so no method pays first-call costs in the timings
+    for method in names:
         if method in generators:
             generators[method].generate([warm], 4)
         else:
             hf.run(method, warm, 4, SamplingParams())
     for set_name, prompt_ids in sets.items():
         for temp in temps:
-            for rep in range(args.repeats):
+            for rep in range(repeats):
                 for i, ids in enumerate(prompt_ids):
                     params = SamplingParams(temperature=temp, seed=1000 * rep + i)
                     order = names[i % len(names):] + names[: i % len(names)]  # rotate: interleaved
                     for method in order:
                         if method in generators:
-                            st = generators[method].generate([ids], args.max_new_tokens, params)[0].stats
+                            st = generators[method].generate([ids], max_new_tokens, params)[0].stats
                             run = {"tps": st.tokens_per_s, "tokens": st.generated_tokens, "total_s": st.total_s,
                                    "stats": st}
                         else:
-                            n, secs = hf.run(method, ids, args.max_new_tokens, params)
+                            n, secs = hf.run(method, ids, max_new_tokens, params)
                             run = {"tps": n / secs, "tokens": n, "total_s": secs}
                         results.setdefault((set_name, temp, method), {})[(i, rep)] = run
                         bar.update(1)
     bar.close()
-    rows = summarize(results, names)
-    machine = (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
-               f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU only'}, torch {torch.__version__}")
-    meta = {"prompts_per_set": args.prompts, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
-            "tree": {"total_tokens": args.total_tokens, "depth": args.depth, "top_k": args.top_k}}
-    write_all(rows, args.out, machine, meta)
-    print((args.out / "results.md").read_text())
-    return 0
+    return results
 
 
 def summarize(results: dict, names: list[str]) -> list[dict]:

@@ -1,0 +1,160 @@
+"""``specdec-bench-chat``: the speedup benchmark on a real chat target (SmolLM2-135M-Instruct by default) through its
+ONNX Runtime engines, batch 1: plain decoding against each of the kit's heads (GRIFFIN, EAGLE-3) on HumanEval,
+Spec-Bench and MT-Bench (chat) prompts held out of the heads' training, sent through the target's chat template, at
+T=0 and T=0.7. Methods alternate prompt by prompt; medians over prompts and repeats.
+
+The tree is chosen first, from measured costs: on calibration prompts (the heads' own training prompts, never the
+benchmark's), each head decodes greedily with each candidate tree; the tree with the most tokens/s is kept, and the
+candidates' table (acceptance length, verification and draft time per cycle, tokens/s, the analytical bound
+tau x t_plain / (t_verify + t_draft)) is written beside the results (tree_search.md/.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+DEFAULT_TREES = "4:3:1,6:3:2,8:3:2,8:4:2,10:4:2,12:4:3,12:5:2,16:5:3"  # total_tokens:depth:top_k
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="specdec-bench-chat", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default="smollm2", help="a named target (its heads come with the kit)")
+    p.add_argument("--methods", default="griffin,eagle3", help="heads to compare with plain decoding")
+    p.add_argument("--sets", default="humaneval,spec_bench,chat", help="prompt sets (held out of training)")
+    p.add_argument("--temperatures", default="0,0.7")
+    p.add_argument("--prompts", type=int, default=8, help="prompts per set")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--trees", default=DEFAULT_TREES, help="candidate dynamic trees, total_tokens:depth:top_k")
+    p.add_argument("--calibration-prompts", type=int, default=4)
+    p.add_argument("--calibration-tokens", type=int, default=64)
+    p.add_argument("--backend", default="onnxruntime", choices=["onnxruntime", "torch"],
+                   help="the engines' backend (torch: PyTorch eager, no graph export)")
+    p.add_argument("--engines", type=Path, default=Path("engines"), help="where the engines are built (or reused)")
+    p.add_argument("--out", type=Path, default=Path("bench/results/smollm2"))
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, for the tests")
+    return p.parse_args(argv)
+
+
+def build_engines(args, methods: list[str]) -> dict[str, Path]:
+    """Each head's engine, built by the kit's builder (an identical rebuild is reused)."""
+    from specdec_kit.export.builder import build_engine
+    from specdec_kit.export.inputs import BuildInputs, resolve_paths
+    from specdec_kit.runtime.trees import DynamicTreeConfig, tree_to_dict
+
+    paths = {}
+    for method in methods:
+        target, draft, tokenizer, _ = resolve_paths(method, Path(args.target), None, None)
+        inputs = BuildInputs(draft=method, target=target, draft_path=draft, tokenizer=tokenizer, backend=args.backend,
+                             dtype="float32", tree=tree_to_dict(DynamicTreeConfig(8, 3, 2)))
+        out = args.engines / f"{args.target}-{method}-{args.backend}"
+        print(f"{method}: engine {out}", file=sys.stderr)
+        paths[method] = build_engine(inputs, out, step=lambda msg: print(f"  {msg}", file=sys.stderr)).path
+    return paths
+
+
+def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def search_trees(engines: dict, plain, calibration: list[list[int]], candidates: list, max_new: int) -> dict:
+    """Per method, every candidate tree's measured costs on the calibration prompts; the fastest is ``best``."""
+    import statistics
+
+    from specdec_kit.runtime.generate import RequestStats, SpeculativeGenerator
+
+    def timed(gen) -> tuple[float, RequestStats]:
+        gen.generate(calibration[:1], 4)
+        runs = [gen.generate([ids], max_new)[0].stats for ids in calibration]
+        return statistics.median(r.tokens_per_s for r in runs), RequestStats.combined(runs)
+
+    plain_tps, plain_stats = timed(plain)
+    t_plain = plain_stats.total_s / max(plain_stats.generated_tokens, 1)
+    out = {"plain_tokens_per_s": plain_tps, "methods": {}}
+    for method, engine in engines.items():
+        rows = []
+        for tree in candidates:
+            tps, stats = timed(SpeculativeGenerator(engine.target, engine.drafter_for(tree)))
+            verify, draft = stats.verify_s / stats.cycles, stats.draft_s / stats.cycles
+            rows.append({"tree": [tree.total_tokens, tree.depth, tree.top_k], "tau": stats.acceptance_length,
+                         "verify_ms": 1000 * verify, "draft_ms": 1000 * draft, "tokens_per_s": tps,
+                         "speedup": tps / plain_tps, "bound": stats.acceptance_length * t_plain / (verify + draft)})
+            print(f"  {method} tree {rows[-1]['tree']}: tau {rows[-1]['tau']:.2f}, {tps:.1f} tok/s "
+                  f"({rows[-1]['speedup']:.2f}x plain)", file=sys.stderr)
+        best = max(rows, key=lambda r: (r["tokens_per_s"], -r["tree"][0]))
+        out["methods"][method] = {"candidates": rows, "best": best["tree"]}
+    out["t_plain_ms"] = 1000 * t_plain
+    return out
+
+
+def tree_table(search: dict) -> list[str]:
+    lines = [f"Plain decoding on the calibration prompts: {search['plain_tokens_per_s']:.1f} tokens/s "
+             f"({search['t_plain_ms']:.1f} ms per token)", "",
+             "| method | tree (total, depth, top-k) | tau | verify ms/cycle | draft ms/cycle | tokens/s | speedup | bound |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for method, found in search["methods"].items():
+        for r in found["candidates"]:
+            mark = " **(chosen)**" if r["tree"] == found["best"] else ""
+            lines.append(f"| {method} | {tuple(r['tree'])}{mark} | {r['tau']:.2f} | {r['verify_ms']:.1f} | "
+                         f"{r['draft_ms']:.1f} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}x | {r['bound']:.2f}x |")
+    return lines
+
+
+def run(args) -> int:
+    from specdec_kit.bench.prompts import chat_messages
+    from specdec_kit.bench.report import write_all
+    from specdec_kit.bench.speedup import machine, measure, summarize
+    from specdec_kit.runtime.drafting import NoDrafter
+    from specdec_kit.runtime.engine import open_engine
+    from specdec_kit.runtime.generate import SpeculativeGenerator
+    from specdec_kit.runtime.loader import set_threads
+    from specdec_kit.runtime.trees import DynamicTreeConfig
+    from specdec_kit.train.prompt_sources import read_prompts
+    from specdec_kit.train.recipe import RECIPES
+
+    if args.smoke:
+        args.prompts, args.max_new_tokens, args.repeats = 1, 8, 1
+        args.calibration_prompts, args.calibration_tokens, args.trees = 1, 8, "4:3:1,8:3:2"
+    set_threads()
+    methods = [m for m in args.methods.split(",") if m]
+    engines = {m: open_engine(path) for m, path in build_engines(args, methods).items()}
+    first = engines[methods[0]]
+    tokenizer = first.tokenizer
+    plain = SpeculativeGenerator(first.target, NoDrafter())
+    recipe = json.loads((RECIPES / f"{args.target}.json").read_text())
+    training = read_prompts(RECIPES / recipe["prompts"])[:args.calibration_prompts]  # seen in training: not benchmarked
+    calibration = [chat_ids(tokenizer, [{"role": "user", "content": p.text}]) for p in training]
+    candidates = [DynamicTreeConfig(*map(int, spec.split(":"))) for spec in args.trees.split(",")]
+    print(f"choosing the tree from measured costs ({len(candidates)} candidates)", file=sys.stderr)
+    search = search_trees(engines, plain, calibration, candidates, args.calibration_tokens)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "tree_search.json").write_text(json.dumps(search, indent=2))
+    (args.out / "tree_search.md").write_text("\n".join(tree_table(search)) + "\n")
+    generators = {"plain": plain}
+    for method, engine in engines.items():
+        tree = DynamicTreeConfig(*search["methods"][method]["best"])
+        generators[method] = SpeculativeGenerator(engine.target, engine.drafter_for(tree))
+    sets = {name: [chat_ids(tokenizer, m) for m in chat_messages(name, args.prompts)] for name in args.sets.split(",")}
+    temps = [float(t) for t in args.temperatures.split(",")]
+    results = measure(generators, sets, temps, args.repeats, args.max_new_tokens)
+    rows = summarize(results, list(generators))
+    meta = {"target": args.target, "backend": args.backend, "batch": 1, "prompts_per_set": args.prompts,
+            "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+            "trees": {m: search["methods"][m]["best"] for m in methods}}
+    write_all(rows, args.out, machine(), meta)
+    print("\n".join(tree_table(search)))
+    print((args.out / "results.md").read_text())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

