@@ -54,6 +54,33 @@ def server(spec: dict) -> dict:
     return next(c for c in spec["containers"] if c["name"] == "server")
 
 
+def render_layout(chart: HelmChart, backend: str, kind: str, tp: int, pp: int) -> list[dict] | str:
+    """A GPU backend's build-from-PVC layout: the rendered objects, or the chart's refusal."""
+    values = {"backend": backend, "engine": {"source": "build", "draft": kind}, "model": {"pvc": {"claimName": "m"}},
+              "parallelism": {"tensor": tp, "pipeline": pp}}
+    try:
+        return chart.render(values)
+    except HelmRefused as exc:
+        return str(exc)
+
+
+def speculation_script(docs: list[dict]) -> str:
+    """The Python the `helm test` speculation pod runs."""
+    pod = next(d for d in docs if d["kind"] == "Pod" and d["metadata"]["name"] == "specdec-test-speculation")
+    return pod["spec"]["containers"][0]["args"][0]
+
+
+def check_speculation(script: str, url: str, speculating: bool, timeout: float = 120) -> None:
+    """Run the speculation check against the server at ``url``: it passes on a speculating server, fails on a plain
+    one."""
+    proc = subprocess.run([sys.executable, "-c", script.replace("http://specdec:8000", url)], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "API_KEY": ""})
+    if speculating:
+        assert proc.returncode == 0 and "acceptance length:" in proc.stdout, proc.stdout + proc.stderr
+    else:
+        assert proc.returncode != 0 and "never rose above 1" in proc.stderr, proc.stdout + proc.stderr
+
+
 def named(items: list[dict], name: str) -> dict:
     return next(i for i in items if i["name"] == name)
 
@@ -409,27 +436,19 @@ def test_helm_tests_speculation_check_passes_a_speculating_server_and_fails_one_
     """The `helm test` pod that checks speculation, run as is against the kit's real server (its URL swapped in)."""
     from server_helpers import Server
 
-    docs = chart.render({"tests": {"speculationDeadlineSeconds": 20}})
-    pod = next(d for d in docs if d["kind"] == "Pod" and d["metadata"]["name"] == "specdec-test-speculation")
-    script = pod["spec"]["containers"][0]["args"][0]
+    script = speculation_script(chart.render({"tests": {"speculationDeadlineSeconds": 20}}))
     assert "http://specdec:8000" in script
-    for extra, passes in (((), True), (("--speculation", "off"), False)):
+    for extra, speculating in (((), True), (("--speculation", "off"), False)):
         srv = Server(demo_engine, *extra)
         try:
-            proc = subprocess.run([sys.executable, "-c", script.replace("http://specdec:8000", srv.url)],
-                                  capture_output=True, text=True, timeout=120, env={**os.environ, "API_KEY": ""})
+            check_speculation(script, srv.url, speculating)
         finally:
             srv.stop()
-        if passes:
-            assert proc.returncode == 0 and "acceptance length:" in proc.stdout, proc.stdout + proc.stderr
-        else:
-            assert proc.returncode != 0 and "never rose above 1" in proc.stderr, proc.stdout + proc.stderr
 
 
 def speculation_check(chart: HelmChart, values: dict) -> dict:
     """What the speculation check of a backend reads (its configuration, embedded in the test pod's script)."""
-    pod = next(d for d in chart.render(values) if d["kind"] == "Pod" and d["metadata"]["name"] == "specdec-test-speculation")
-    script = pod["spec"]["containers"][0]["args"][0]
+    script = speculation_script(chart.render(values))
     return json.loads(json.loads(script.split("spec, deadline = json.loads(", 1)[1].split("), time.time()", 1)[0]))
 
 

@@ -24,8 +24,8 @@ from specdec_kit.runtime.trees import DynamicTreeConfig, tree_to_dict
 from specdec_kit.serving.cli import external_flags
 
 from conftest import SMALL_DEMO, sglang_python
-from helm_cli import HelmChart, HelmRefused
-from test_helm import build_job, pods_of
+from helm_cli import HelmChart
+from test_helm import build_job, pods_of, render_layout
 from test_helm import server as server_container
 
 REPO = Path(__file__).resolve().parents[1]
@@ -93,12 +93,9 @@ def test_every_command_the_builder_writes_passes_sglangs_checks(checkpoints, tmp
 
 def chart_layout(chart: HelmChart, kind: str, tp: int, pp: int) -> dict | str:
     """The chart's server and build arguments for an SGLang layout, or its refusal."""
-    values = {"backend": "sglang", "engine": {"source": "build", "draft": kind}, "model": {"pvc": {"claimName": "m"}},
-              "parallelism": {"tensor": tp, "pipeline": pp}}
-    try:
-        docs = chart.render(values)
-    except HelmRefused as exc:
-        return str(exc)
+    docs = render_layout(chart, "sglang", kind, tp, pp)
+    if isinstance(docs, str):
+        return docs
     _, spec = pods_of(docs)[0]  # the Deployment's pod, or the LeaderWorkerSet's leader
     builder = next(c for c in build_job(docs)["spec"]["template"]["spec"]["containers"] if c["name"] == "build-engine")
     return {"server": server_container(spec)["args"], "build": builder["args"]}

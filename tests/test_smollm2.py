@@ -12,10 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from specdec_kit.bench.prompts import DEFAULT_SPEC_BENCH, held_out_ids
-from specdec_kit.paths import default_zoo
 from specdec_kit.runtime.generate import SpeculativeGenerator
 from specdec_kit.runtime.loader import load_tokenizer, make_drafter
 from specdec_kit.runtime.pretrained import NAMED_TARGETS, named_head, resolve_target

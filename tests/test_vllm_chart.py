@@ -11,7 +11,6 @@ import json
 import os
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,8 +26,8 @@ from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import parse_tree_spec, tree_to_dict
 from specdec_kit.serving.cli import external_flags
 
-from helm_cli import HelmChart, HelmRefused
-from test_helm import build_job, pods_of, server
+from helm_cli import HelmChart
+from test_helm import build_job, check_speculation, pods_of, render_layout, server, speculation_script
 from test_vllm_engine import STARTUP_S, build as build_zoo_engine
 
 HARNESS = Path(__file__).resolve().parent / "vllm_harness.py"
@@ -69,12 +68,9 @@ def with_parallelism(argv: list[str], tp: int, pp: int) -> list[str]:
 def chart_commands(chart: HelmChart, engine: Path, kind: str, tp: int, pp: int) -> list[tuple[str, list[str]]] | str:
     """The vLLM command of every serving pod a chart layout renders (the engine's serve.sh at the Job's --tp/--pp,
     then specdec-serve's flags and the arguments after ``--``), or the chart's refusal."""
-    values = {"backend": "vllm", "engine": {"source": "build", "draft": kind}, "model": {"pvc": {"claimName": "m"}},
-              "parallelism": {"tensor": tp, "pipeline": pp}}
-    try:
-        docs = chart.render(values)
-    except HelmRefused as exc:
-        return str(exc)
+    docs = render_layout(chart, "vllm", kind, tp, pp)
+    if isinstance(docs, str):
+        return docs
     build = dict(a[2:].split("=", 1) for a in build_job(docs)["spec"]["template"]["spec"]["containers"][0]["args"])
     commands = []
     for role, spec in pods_of(docs):
@@ -147,20 +143,15 @@ def test_vllm_fails_to_start_with_pipeline_parallelism_as_the_kits_rule_says(vll
 def test_helm_tests_speculation_check_on_vllm(vllm_python, chart, tmp_path):
     """The chart's `helm test` speculation check for backend vllm, run as rendered against vLLM's own server: it
     passes with the kit's GRIFFIN head proposing, and fails on the same engine served without speculation."""
-    docs = chart.render({"backend": "vllm", "engine": {"source": "build"}, "model": {"pvc": {"claimName": "m"}},
-                         "tests": {"speculationDeadlineSeconds": 30}})
-    script = next(d for d in docs if d["metadata"]["name"] == "specdec-test-speculation")["spec"]["containers"][0]["args"][0]
+    script = speculation_script(chart.render({"backend": "vllm", "engine": {"source": "build"},
+                                              "model": {"pvc": {"claimName": "m"}},
+                                              "tests": {"speculationDeadlineSeconds": 30}}))
     engine = build_zoo_engine("griffin", tmp_path / "griffin-vllm")
     for speculative in (True, False):
         srv = start_vllm(f"vllm-{speculative}", engine, vllm_python, speculative=speculative, max_model_len=1024,
                          kv_cache_gib=1, log=tmp_path / f"vllm-{speculative}.log", extra=["--enforce-eager"])
         try:
             srv.wait_ready("/health", STARTUP_S)
-            proc = subprocess.run([sys.executable, "-c", script.replace("http://specdec:8000", srv.url)],
-                                  capture_output=True, text=True, timeout=300, env={**os.environ, "API_KEY": ""})
+            check_speculation(script, srv.url, speculative, timeout=300)
         finally:
             srv.stop()
-        if speculative:
-            assert proc.returncode == 0 and "acceptance length:" in proc.stdout, proc.stdout + proc.stderr
-        else:
-            assert proc.returncode != 0 and "never rose above 1" in proc.stderr, proc.stdout + proc.stderr
