@@ -60,6 +60,8 @@ def add_options(parser) -> None:
     group.add_argument("--max-prompt-chars", type=int, default=0,
                        help="skip prompts longer than this many characters (0 = keep all), e.g. for short-context models")
     group.add_argument("--prompt-seed", type=int, default=0)
+    group.add_argument("--show-replies", type=int, default=2, include_in_web_ui=True,
+                       help="print this many prompts and replies with the report (every one is in _requests.csv)")
 
 
 class ChatUser(HttpUser):
@@ -109,14 +111,15 @@ class ChatUser(HttpUser):
         path = "/v1/chat/completions" if opts.endpoint == "chat" else "/v1/completions"
         max_tokens = draw_max_tokens(self.rng, opts.max_tokens_distribution, opts.max_tokens,
                                      opts.max_tokens_min, opts.max_tokens_max)
-        body = self._body(self.rng.choice(self.prompts), max_tokens)
+        prompt = self.rng.choice(self.prompts)
+        body = self._body(prompt, max_tokens)
         start = time.perf_counter()
         COLLECTOR.mark_start(time.time())
         with self.client.post(path, json=body, headers=self.headers, stream=not opts.no_stream, catch_response=True,
                               name=path + (" (stream)" if not opts.no_stream else "")) as resp:
             if resp.status_code != 200:
                 resp.failure(f"HTTP {resp.status_code}: {resp.text[:300]}")
-                COLLECTOR.add(StreamRecord(error=f"HTTP {resp.status_code}", requested_tokens=max_tokens))
+                COLLECTOR.add(StreamRecord(error=f"HTTP {resp.status_code}", requested_tokens=max_tokens, prompt=prompt))
                 return
             if opts.no_stream:
                 record = self._whole(resp, start, max_tokens)
@@ -125,6 +128,7 @@ class ChatUser(HttpUser):
                 for line in resp.iter_lines(decode_unicode=True):
                     meter.feed(line, time.perf_counter())
                 record = meter.finish(time.perf_counter())
+            record.prompt = prompt
             if record.ok:
                 resp.success()
             else:
@@ -151,7 +155,9 @@ class ChatUser(HttpUser):
             return rec
         usage = data.get("usage") or {}
         rec.output_tokens = int(usage.get("completion_tokens", 0))
-        rec.finish_reason = (data.get("choices") or [{}])[0].get("finish_reason")
+        choice = (data.get("choices") or [{}])[0]
+        rec.finish_reason = choice.get("finish_reason")
+        rec.text = (choice.get("message") or {}).get("content") or choice.get("text") or ""
         spec = usage.get("spec_decoding")
         if isinstance(spec, dict):
             rec.acceptance_length = spec.get("acceptance_length")
@@ -178,4 +184,5 @@ def report(environment, **kwargs) -> None:
     if isinstance(environment.runner, WorkerRunner):
         return  # the master reports for everyone
     opts = environment.parsed_options
-    COLLECTOR.report(opts.llm_report or None, getattr(opts, "csv_prefix", None), opts.ttft_slo_ms, opts.tpot_slo_ms)
+    COLLECTOR.report(opts.llm_report or None, getattr(opts, "csv_prefix", None), opts.ttft_slo_ms, opts.tpot_slo_ms,
+                     opts.show_replies)

@@ -33,6 +33,8 @@ class StreamRecord:
     itl: list[float] = field(default_factory=list)  # seconds, one per token after the first
     acceptance_length: float | None = None  # the server's, when it reports one (kit's usage.spec_decoding)
     token_count_source: str = "chunks"
+    prompt: str = ""  # what was asked (a chat message's content, or the completion prompt)
+    text: str = ""  # the completion's text as received
 
     @property
     def tpot(self) -> float | None:
@@ -142,6 +144,7 @@ class StreamMeter:
                 rec.itl.extend([(t - last) / k] * k)
             last = t
         rec.output_tokens = sum(counts)
+        rec.text = self.text
         if rec.error is None and not self.done:
             rec.error = "stream ended without data: [DONE]"
         if rec.error is None and rec.output_tokens < rec.requested_tokens and rec.finish_reason != "stop":

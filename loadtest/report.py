@@ -66,7 +66,7 @@ class RunCollector:
                 self.ended = time.time()
 
     def report(self, prefix: str | None, csv_prefix: str | None, ttft_slo_ms: float | None,
-               tpot_slo_ms: float | None) -> dict:
+               tpot_slo_ms: float | None, show_replies: int = 0) -> dict:
         with self.lock:
             records = list(self.records)
         if not records:  # quit before any request (the web UI closed without a test, say): nothing to report
@@ -90,6 +90,8 @@ class RunCollector:
                 stats = summary[name]
                 writer.writerow([name, stats["p50"], stats["p90"], stats["p99"], stats["mean"]])
         print(format_summary(summary, base), flush=True)
+        if show_replies > 0:
+            print(format_replies(records, show_replies), flush=True)
         return summary
 
 
@@ -111,4 +113,17 @@ def format_summary(s: dict, base: Path) -> str:
         lines.append(f"acceptance length (server-reported, mean over requests): {s['acceptance_length_mean']}")
     lines.append(f"token counts from: {', '.join(s['token_count_sources']) or '-'}")
     lines.append(f"written: {base}_summary.json, {base}_summary.csv, {base}_requests.csv")
+    return "\n".join(lines)
+
+
+def format_replies(records: list[StreamRecord], count: int, width: int = 300) -> str:
+    """The first ``count`` successful requests' prompts and replies, shortened: a glance at what the server said."""
+    def short(text: str) -> str:
+        text = " ".join(text.split())
+        return text if len(text) <= width else text[:width - 3] + "..."
+
+    shown = [r for r in records if r.ok][:count]
+    lines = [f"replies ({len(shown)} of {len(records)}; all in _requests.csv):"]
+    for r in shown:
+        lines += [f"  > {short(r.prompt)}", f"  < {short(r.text)} [{r.output_tokens} tokens, {r.finish_reason}]"]
     return "\n".join(lines)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from specdec_kit.loadtest.metrics import StreamMeter, summarize
-from specdec_kit.loadtest.prompts import load_prompts
+from specdec_kit.loadtest.prompts import default_prompt_file, load_prompts
 from specdec_kit.loadtest.report import draw_max_tokens
 
 from server_helpers import Server
@@ -38,7 +38,7 @@ def meter(lines: list[tuple[float, str]], requested: int = 0):
 
 def test_chunks_with_several_tokens_count_as_several_and_itl_is_per_token():
     rec = meter([(0.1, frame("a", 1)), (0.4, frame("bcd", 4)), (0.5, frame("e", 5, "length")), (0.5, "data: [DONE]")], 5)
-    assert rec.ok and rec.output_tokens == 5 and rec.token_count_source == "continuous_usage"
+    assert rec.ok and rec.output_tokens == 5 and rec.token_count_source == "continuous_usage" and rec.text == "abcde"
     assert rec.ttft == pytest.approx(0.1)
     assert rec.itl == pytest.approx([0.1, 0.1, 0.1, 0.1])  # 0.3 s for 3 tokens, then 0.1 s for 1
     assert rec.tpot == pytest.approx(0.4 / 4)
@@ -114,6 +114,10 @@ def test_locust_headless_against_the_kits_server(zoo_engine, tmp_path):
     assert summary["failed"] == 0 and summary["requests"] == len(rows) >= 8
     assert all(r["ok"] == "True" and float(r["ttft"]) < float(r["e2e"]) for r in rows)
     assert all(int(r["output_tokens"]) == 32 for r in rows)  # ignore_eos: exactly what was asked
+    asked = set(load_prompts(default_prompt_file(), 1500))
+    assert all(r["prompt"] in asked and r["text"].strip() for r in rows)  # each request's prompt and reply recorded
+    shown = proc.stdout[proc.stdout.index("replies (2 of"):]
+    assert f"  > {' '.join(rows[0]['prompt'].split())[:40]}" in shown and f"[32 tokens, length]" in shown
     assert summary["token_count_sources"] == ["continuous_usage"]
     served = after["specdec:generation_tokens_total"] - before["specdec:generation_tokens_total"]
     assert served == sum(int(r["output_tokens"]) for r in rows)  # our count equals the server's
