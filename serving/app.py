@@ -246,8 +246,7 @@ async def generate(request: Request, kind: str):
             options = body.stream_options
             stream = EventStream(reply, bool(options and options.include_usage),
                                  bool(options and options.continuous_usage_stats))
-            decode = lambda ids: state.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-            return StreamingResponse(stream.frames(first, events, decode, prepared.stops),
+            return StreamingResponse(stream.frames(first, events, state.tokenizer, prepared.stops),
                                      media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"})
         outcome = await unless_disconnected(request, collect(events))
     except BaseException:

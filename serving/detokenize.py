@@ -1,20 +1,30 @@
 """Streaming text from token ids: send only what can no longer change.
 
 A speculative cycle delivers several tokens at once, byte-level BPE can split a character across
-tokens (the decoder shows U+FFFD until it completes), and a stop string may be arriving piece by
-piece; so each update decodes the whole completion and holds back an incomplete character and any
-tail that could still become a stop string. The final update sends the generator's own final text
-(already cut at the stop string).
+tokens, and a stop string may be arriving piece by piece. Fast tokenizers decode incrementally with
+``tokenizers``' ``DecodeStream`` (each token is decoded once, and a character split across tokens is held
+until it completes), so a long completion costs linear, not quadratic, time; a tokenizer without a
+``tokenizers`` backend decodes the whole completion on every update and holds back a trailing incomplete
+character (U+FFFD). Either way a tail that could still become a stop string is held back. The final update
+sends the generator's own final text (already cut at the stop string).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Sequence
 
 
 class IncrementalText:
-    def __init__(self, decode: Callable[[list[int]], str], stops: Sequence[str] = ()):
-        self.decode, self.stops = decode, [s for s in stops if s]
+    def __init__(self, tokenizer, stops: Sequence[str] = ()):
+        self.tokenizer, self.stops = tokenizer, [s for s in stops if s]
+        self.backend = getattr(tokenizer, "backend_tokenizer", None)
+        self.stream = None
+        if self.backend is not None:
+            from tokenizers.decoders import DecodeStream
+
+            self.stream = DecodeStream(skip_special_tokens=True)
+        self.fed = 0  # tokens given to the stream so far
+        self.decoded = ""  # the stream's text so far
         self.sent = 0
 
     def _holdback(self, text: str) -> int:
@@ -27,12 +37,23 @@ class IncrementalText:
                     break
         return longest
 
+    def _text(self, tokens: list[int]) -> tuple[str, int]:
+        """The completion's text and how much of it is complete characters."""
+        if self.stream is None:
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            return text, len(text.rstrip("\ufffd"))
+        if len(tokens) > self.fed:
+            piece = self.stream.step(self.backend, list(tokens[self.fed:]))
+            self.fed = len(tokens)
+            if piece:
+                self.decoded += piece
+        return self.decoded, len(self.decoded)
+
     def update(self, tokens: list[int], final_text: str | None = None) -> str:
         if final_text is not None:
             text, end = final_text, len(final_text)
         else:
-            text = self.decode(tokens)
-            end = len(text.rstrip("\ufffd"))
+            text, end = self._text(tokens)
             end -= self._holdback(text[:end])
         if end <= self.sent:
             return ""

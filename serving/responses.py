@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator
 
 from specdec_kit.serving.detokenize import IncrementalText
 from specdec_kit.serving.scheduler import Delta
@@ -75,10 +75,9 @@ class EventStream:
             return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
 
-    async def frames(self, first: Delta, rest: AsyncIterator[Delta], decode: Callable[[list[int]], str],
-                     stops: list[str]) -> AsyncIterator[str]:
+    async def frames(self, first: Delta, rest: AsyncIterator[Delta], tokenizer, stops: list[str]) -> AsyncIterator[str]:
         """All frames from the request's first event on; an error after the start goes in-band, then [DONE]."""
-        text = IncrementalText(decode, stops)
+        text = IncrementalText(tokenizer, stops)
         if self.reply.is_chat:
             yield self.frame([self.choice(None, None, role=True)])
         delta = first
