@@ -1,0 +1,212 @@
+"""``specdec-profile-cycle``: where a batched decoding cycle's time goes, at batch 1, 4 and 16.
+
+Runs the runtime's own generation loop (the loop the server's scheduler drives) over an engine, the rows in lockstep,
+under ``cProfile``, and sorts every function's own time into the stages of a cycle: the ONNX Runtime (or PyTorch)
+target and draft calls, the past keys/values gathered into graph inputs, attention masks, KV writes and
+compaction, the draft tree's search, verification, the per-row bookkeeping in Python, and the rest. A torch or
+ONNX Runtime builtin counts toward the stage of the runtime function that called it. The table gives
+milliseconds per cycle and shares; it says where to work, the benchmarks say what it gained.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import sys
+import time
+from pathlib import Path
+
+# (module path suffix, function name or "*") -> stage; the first match wins. Builtins take their caller's stage.
+STAGES: list[tuple[str, str, str]] = [
+    ("runtime/ort_backend.py", "_run_over_cache", "KV cache: writes, masks"),
+    ("runtime/ort_backend.py", "*", "graph calls (Python side)"),
+    ("runtime/kv_cache.py", "commit", "KV cache: commit (compaction)"),
+    ("runtime/kv_cache.py", "select_rows", "KV cache: rows joining/leaving"),
+    ("runtime/kv_cache.py", "extend_rows", "KV cache: rows joining/leaving"),
+    ("runtime/kv_cache.py", "*", "KV cache: writes, masks"),
+    ("runtime/drafting.py", "*", "draft tree search"),
+    ("runtime/trees.py", "*", "draft tree search"),
+    ("runtime/verify.py", "*", "verification"),
+    ("runtime/sampling.py", "*", "verification"),
+    ("runtime/generate.py", "_account", "per-row bookkeeping"),
+    ("runtime/generate.py", "_emit", "per-row bookkeeping"),
+    ("runtime/generate.py", "_emit_guarded", "per-row bookkeeping"),
+    ("runtime/generate.py", "_next_indices", "per-row bookkeeping"),
+    ("runtime/generate.py", "retire", "per-row bookkeeping"),
+    ("runtime/generate.py", "*", "cycle glue"),
+    ("runtime/target.py", "*", "target forward (PyTorch)"),
+    ("runtime/drafts/", "*", "draft forward (PyTorch)"),
+]
+SESSION_RUN = "run_with_iobinding"  # ONNX Runtime's call: its time is the graphs' own compute
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="specdec-profile-cycle", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--engine", type=Path, help="engine directory (default: the demo zoo's GRIFFIN ONNX Runtime engine, "
+                   "built under --engines if missing)")
+    p.add_argument("--engines", type=Path, default=Path("engines"))
+    p.add_argument("--batches", default="1,4,16", help="batch sizes")
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--plain", action="store_true", help="profile plain decoding (no draft) through the same loop")
+    p.add_argument("--out", type=Path, default=Path("bench/results/cycle_profile"))
+    return p.parse_args(argv)
+
+
+def stage_of(filename: str, func: str) -> str | None:
+    if SESSION_RUN in func:
+        return "ONNX Runtime graph compute"
+    path = filename.replace("\\", "/")
+    for suffix, name, stage in STAGES:
+        if suffix in path and name in ("*", func):
+            return stage
+    return None
+
+
+def attribute(stats: pstats.Stats) -> dict[str, float]:
+    """Seconds per stage. A runtime function's own time goes to its stage; the time of a builtin or a library
+    function goes, caller by caller, to the stage its caller resolves to (a library function resolves to the stage of
+    its heaviest caller, recursively). ONNX Runtime's session calls are the graphs' compute; the copy that makes the
+    past keys/values one contiguous input is its own stage."""
+    resolved: dict[tuple, str] = {}
+
+    def resolve(key: tuple, seen: frozenset = frozenset()) -> str:
+        if key in resolved:
+            return resolved[key]
+        own = stage_of(key[0], key[2])
+        if own is None:
+            callers = stats.stats.get(key, (0, 0, 0, 0, {}))[4]
+            heaviest = max(callers.items(), key=lambda kv: kv[1][3], default=None)
+            if heaviest is None or heaviest[0] in seen:
+                own = "other (libraries, interpreter)"
+            else:
+                own = resolve(heaviest[0], seen | {key})
+        resolved[key] = own
+        return own
+
+    out: dict[str, float] = {}
+    for key, (_, _, tottime, _, callers) in stats.stats.items():
+        own = stage_of(key[0], key[2])
+        if own is not None or not callers:
+            stage = own or "other (libraries, interpreter)"
+            out[stage] = out.get(stage, 0.0) + tottime
+            continue
+        for caller, (_, _, share, _) in callers.items():
+            stage = resolve(caller)
+            if "contiguous" in key[2] and caller[2] == "run" and caller[0].endswith("ort_backend.py"):
+                stage = "past K/V copied into graph inputs"
+            out[stage] = out.get(stage, 0.0) + share
+    return out
+
+
+def engine_path(args) -> Path:
+    if args.engine:
+        return args.engine
+    from specdec_kit.bench.engine_backends import engine_for
+
+    return engine_for("griffin", "onnxruntime", args.engines)
+
+
+def graphs_of(engine) -> dict[str, object]:
+    """The engine's ONNX Runtime graphs by role (none for a PyTorch engine)."""
+    from specdec_kit.runtime.ort_backend import OrtGraph
+
+    found: dict[str, object] = {}
+
+    def walk(obj, depth: int = 0) -> None:
+        if depth > 3 or obj is None:
+            return
+        for value in (vars(obj).values() if hasattr(obj, "__dict__") else []):
+            items = value.values() if isinstance(value, dict) else [value]
+            for item in items:
+                if isinstance(item, OrtGraph):
+                    found[item.path.stem.removesuffix(".optimized")] = item
+                elif hasattr(item, "__dict__") and type(item).__module__.startswith("specdec_kit"):
+                    walk(item, depth + 1)
+
+    walk(engine)
+    return found
+
+
+def split_graph_compute(by_stage: dict[str, float], graphs: dict, before: dict[str, float]) -> None:
+    """Replace the graphs' total compute by each graph's, from the graphs' own timers."""
+    total = by_stage.pop("ONNX Runtime graph compute", 0.0)
+    for role, graph in graphs.items():
+        spent = graph.seconds - before[role]
+        by_stage[f"ONNX Runtime: {role}"] = spent
+        total -= spent
+    if total > 1e-6:
+        by_stage["ONNX Runtime graph compute"] = total
+
+
+def profile_batch(gen, graphs: dict, prompts: list[list[int]], new_tokens: int) -> dict:
+    gen.generate(prompts, 8)  # warm-up: sessions, allocations
+    before = {role: g.seconds for role, g in graphs.items()}
+    profiler = cProfile.Profile()
+    started = time.perf_counter()
+    profiler.enable()
+    results = gen.generate(prompts, new_tokens)
+    profiler.disable()
+    wall = time.perf_counter() - started
+    stats = pstats.Stats(profiler)
+    cycles = max(r.stats.cycles for r in results)
+    tokens = sum(len(r.tokens) for r in results)
+    by_stage = attribute(stats)
+    split_graph_compute(by_stage, graphs, before)
+    return {"batch": len(prompts), "cycles": cycles, "tokens": tokens, "wall_s": wall,
+            "tokens_per_s_profiled": tokens / wall,
+            "acceptance_length": sum(r.stats.acceptance_length for r in results) / len(results),
+            "ms_per_cycle": {k: 1000 * v / cycles for k, v in sorted(by_stage.items(), key=lambda kv: -kv[1]) if v > 0},
+            "total_ms_per_cycle": 1000 * sum(by_stage.values()) / cycles}
+
+
+def table(rows: list[dict]) -> list[str]:
+    stages = []
+    for r in rows:
+        stages += [s for s in r["ms_per_cycle"] if s not in stages]
+    head = "| stage | " + " | ".join(f"batch {r['batch']}: ms/cycle (share)" for r in rows) + " |"
+    lines = [head, "|---|" + "---:|" * len(rows)]
+    for s in stages:
+        cells = []
+        for r in rows:
+            ms = r["ms_per_cycle"].get(s, 0.0)
+            cells.append(f"{ms:.2f} ({ms / r['total_ms_per_cycle']:.0%})")
+        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    lines.append("| **total (profiled)** | " + " | ".join(f"**{r['total_ms_per_cycle']:.2f}**" for r in rows) + " |")
+    lines.append("| tau / tokens per s (profiled) | " + " | ".join(
+        f"{r['acceptance_length']:.2f} / {r['tokens_per_s_profiled']:.0f}" for r in rows) + " |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from specdec_kit.bench.prompts import humaneval
+    from specdec_kit.runtime.drafting import NoDrafter
+    from specdec_kit.runtime.engine import open_engine
+    from specdec_kit.runtime.generate import SpeculativeGenerator
+    from specdec_kit.runtime.loader import set_threads
+
+    set_threads()
+    engine = open_engine(engine_path(args))
+    gen = SpeculativeGenerator(engine.target, NoDrafter() if args.plain else engine.drafter)
+    batches = [int(b) for b in args.batches.split(",")]
+    texts = humaneval(max(batches))
+    prompts = [engine.tokenizer(t)["input_ids"] for t in texts]
+    rows = []
+    for b in batches:
+        print(f"profiling batch {b} ...", file=sys.stderr)
+        rows.append(profile_batch(gen, graphs_of(engine), prompts[:b], args.new_tokens))
+    lines = [f"Engine {engine.path.name}, {'plain' if args.plain else 'speculative'} decoding, {args.new_tokens} new "
+             "tokens per row, rows in lockstep, cProfile (its overhead inflates Python-side stages)", "", *table(rows)]
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = "plain" if args.plain else "speculative"
+    (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    (args.out / f"{stem}.json").write_text(json.dumps(rows, indent=2))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
