@@ -1,7 +1,7 @@
 """Greedy identity and speed of every demo-zoo head on one device (CUDA when present): for each method, the
 runtime's speculative output must equal ``transformers`` greedy decoding of the target token for token.
 
-    python scripts/cuda_check.py [--device cuda] [--dtype float32] [--max-new-tokens 64]
+    python scripts/cuda_check.py [--device cuda] [--dtype float32] [--max-new-tokens 64] [--json FILE]
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 import torch
 
@@ -29,6 +30,7 @@ def main() -> int:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--tree", default="16,5,4", help="dynamic tree total,depth,top_k")
+    p.add_argument("--json", type=Path, help="also write the rows and the device to this file")
     args = p.parse_args()
     zoo = default_zoo()
     target = TargetModel.from_pretrained(zoo / "target", args.dtype, args.device)
@@ -59,6 +61,11 @@ def main() -> int:
     name = torch.cuda.get_device_name() if target.device.type == "cuda" else "cpu"
     print(f"device {target.device} ({name}), {args.dtype}, torch {torch.__version__}: "
           f"{'all identical' if ok else 'MISMATCH'}")
+    if args.json:
+        args.json.write_text(json.dumps({"device": str(target.device), "device_name": name, "dtype": args.dtype,
+                                         "torch": torch.__version__, "tree": args.tree,
+                                         "max_new_tokens": args.max_new_tokens, "all_identical": ok, "rows": rows},
+                                        indent=1))
     return 0 if ok else 1
 
 

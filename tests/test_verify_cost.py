@@ -1,0 +1,44 @@
+"""The verification-cost curve: every (batch, N) point timed over a cache kept at the context's length."""
+
+from __future__ import annotations
+
+import json
+
+from specdec_kit.bench.verify_cost import main, parse_tokens
+
+
+def test_the_curve_covers_every_batch_and_token_count(tmp_path):
+    assert main(["--shape", "tiny", "--device", "cpu", "--tokens", "1-3,8", "--batch", "1,2", "--repeats", "2",
+                 "--context", "12", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "verify_cost.json").read_text())
+    assert [(p["batch"], p["tokens"]) for p in result["points"]] == [(b, n) for b in (1, 2) for n in (1, 2, 3, 8)]
+    assert all(p["ms_min"] <= p["ms"] <= p["ms_max"] and p["ms"] > 0 for p in result["points"])
+    assert [p["ratio_to_first"] for p in result["points"] if p["tokens"] == 1] == [1.0, 1.0]
+    assert result["parameters"] > 0 and result["device"] == "cpu"
+    assert "| 2 | 8 |" in (tmp_path / "verify_cost.md").read_text()
+    assert (tmp_path / "verify_cost.png").stat().st_size > 0
+
+
+def test_token_counts_parse_and_bad_ones_are_named(capsys):
+    assert parse_tokens("1-4,8,3") == [1, 2, 3, 4, 8]
+    assert main(["--shape", "tiny", "--tokens", "4-2"]) == 2
+    assert "'4-2' is not a range" in capsys.readouterr().err
+
+
+def test_the_gpu_check_says_what_it_would_run_without_a_gpu(tmp_path):
+    import os
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.sh"
+    bin_dir = tmp_path / "bin"  # a PATH with the script's tools and no nvidia-smi, whatever this machine has
+    bin_dir.mkdir()
+    for tool in ("date", "dirname"):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    env = {**os.environ, "PATH": str(bin_dir)}
+    proc = subprocess.run([shutil.which("bash"), str(script), str(tmp_path / "gpu")], capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "no CUDA GPU" in proc.stdout and "specdec-verify-cost --shape llama3-8b" in proc.stdout
+    assert "cuda_check.py --device cuda" in proc.stdout and not (tmp_path / "gpu").exists()
