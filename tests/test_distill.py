@@ -162,3 +162,33 @@ def test_heads_trained_on_distilled_data_decode_losslessly(chat_target, distille
     if kind == "griffin":  # the servers' drafters score the whole vocabulary: they refuse the head, saying so
         with pytest.raises(BuildError, match="proposes a reduced vocabulary"):
             build_engine(dataclasses.replace(inputs, backend="sglang", file_hashes={}), tmp_path / "sglang")
+
+
+def test_the_recipe_goes_on_training_a_head_when_asked_more_epochs(chat_target, distilled, tmp_path):
+    """More epochs in the recipe continue the saved head from its state (its loss history goes on); an unchanged
+    recipe leaves it alone; --force starts it again."""
+    from specdec_kit.train.recipe import main
+
+    out, _ = distilled
+    heads = tmp_path / "heads"
+    recipe = {"name": "tiny", "target": str(chat_target), "prompts": "unused.jsonl", "out": str(heads),
+              "save_dtype": "float32", "heads": {"griffin": {"epochs": 1, "lr": 3e-3, "warmup": 1, "draft_vocab": 64,
+                                                              "tokens_per_batch": 128}}}
+    path = tmp_path / "tiny.json"
+
+    def run(epochs: int, *extra: str) -> list[int]:
+        recipe["heads"]["griffin"]["epochs"] = epochs
+        path.write_text(json.dumps(recipe))
+        assert main([str(path), "--data", str(out), "--stages", "heads", *extra]) == 0
+        return [h["step"] for h in torch.load(heads / "griffin" / "training_state.pt", weights_only=True)["history"]]
+
+    batches = len(DistilledData(out, [4], tokens_per_batch=128))
+    assert run(1) == list(range(batches))
+    state = heads / "griffin" / "training_state.pt"
+    before = state.stat().st_mtime_ns
+    assert run(1) == list(range(batches)) and state.stat().st_mtime_ns == before  # as far as asked: left alone
+    assert run(2) == list(range(2 * batches))  # continued from step `batches`, not started again
+    log = json.loads((heads / "training_log.json").read_text())
+    assert log["heads"]["griffin"]["steps"] == 2 * batches and len(log["histories"]["griffin"]) == 2 * batches
+    assert json.loads((heads / "griffin" / "training_spec.json").read_text())["steps"] == 2 * batches
+    assert run(1, "--force") == list(range(batches))  # from the start, the old state discarded

@@ -4,7 +4,8 @@ own answers to the recipe's prompts, with its features, ``train/distill.py``) an
 trained on that data (GRIFFIN, EAGLE, HASS with ``train/heads.py``; EAGLE-3 with ``train/eagle3.py``).
 
 Every stage resumes: the data generation skips the shards it has, each head continues from its
-``training_state.pt``, and a finished head is left alone (``--force`` retrains it). The output holds the heads
+``training_state.pt``, and a finished head is left alone unless the recipe now asks more steps of it (more epochs:
+it goes on from its state); ``--force`` retrains it from the start. The output holds the heads
 (float16, without the target's embedding, which they take from it), ``training_log.json`` (the data's fingerprint and
 size, each head's settings, minutes and loss history) and ``training_curves.png``.
 """
@@ -33,8 +34,17 @@ def run_distill(recipe: dict, recipe_dir: Path, data: Path) -> dict:
                    DistillSpec.from_dict(recipe["distill"]), limit=recipe.get("limit"))
 
 
+def trained_steps(folder: Path) -> int:
+    """Steps behind the head saved in ``folder`` (0 when none is saved)."""
+    spec = folder / "training_spec.json"
+    if not ((folder / "config.json").is_file() and spec.is_file()):
+        return 0
+    return int(json.loads(spec.read_text())["steps"])
+
+
 def run_head(name: str, settings: dict, recipe: dict, data: Path, out: Path, force: bool) -> dict | None:
-    """Train (or finish training) one head; None when it is already done."""
+    """Train one head, or go on training it when the recipe now asks more steps than it has (from its
+    ``training_state.pt``); None when it is already trained as far as the recipe asks."""
     import torch
 
     from specdec_kit.runtime.device import resolve_dtype
@@ -43,8 +53,9 @@ def run_head(name: str, settings: dict, recipe: dict, data: Path, out: Path, for
     from specdec_kit.train.distilled import DistilledData
 
     folder = out / name
-    if (folder / "config.json").is_file() and not force:
-        return None
+    done = trained_steps(folder)
+    if done and not force and not (folder / "training_state.pt").is_file():
+        return None  # finished elsewhere (e.g. committed): nothing to go on from
     settings = dict(settings)
     method = settings.pop("method", name)
     budget = settings.pop("tokens_per_batch", 4096)
@@ -57,23 +68,24 @@ def run_head(name: str, settings: dict, recipe: dict, data: Path, out: Path, for
     base = recipe["target"]
     if method == "eagle3":
         from specdec_kit.runtime.drafts.eagle3 import default_feature_layers
-        from specdec_kit.train.eagle3 import Eagle3Spec, train_eagle3
+        from specdec_kit.train.eagle3 import Eagle3Spec, train_eagle3 as train
 
         spec = Eagle3Spec(**settings)
         layers = list(spec.feature_layers or default_feature_layers(target.num_layers))
-        source = DistilledData(data, layers, tokens_per_batch=budget, seed=spec.seed, variants=variants)
-        spec.steps = round(epochs * len(source)) if epochs else spec.steps
-        print(f"{name}: {len(source)} batches of distilled data, {spec.steps} steps", file=sys.stderr)
-        return train_eagle3(target, source, spec, folder, base_model=base, save_dtype=save_dtype,
-                            embedding_from_target=shared)
-    from specdec_kit.train.heads import HeadSpec, train_head
+    else:
+        from specdec_kit.train.heads import HeadSpec, train_head as train
 
-    spec = HeadSpec.defaults(method, **settings)
-    source = DistilledData(data, [target.num_layers], tokens_per_batch=budget, seed=spec.seed, variants=variants)
+        spec = HeadSpec.defaults(method, **settings)
+        layers = [target.num_layers]
+    source = DistilledData(data, layers, tokens_per_batch=budget, seed=spec.seed, variants=variants)
     spec.steps = round(epochs * len(source)) if epochs else spec.steps
-    print(f"{name}: {len(source)} batches of distilled data, {spec.steps} steps", file=sys.stderr)
-    return train_head(target, source, spec, folder, base_model=base, save_dtype=save_dtype,
-                      embedding_from_target=shared)
+    if done >= spec.steps and not force:
+        return None
+    if force:
+        (folder / "training_state.pt").unlink(missing_ok=True)  # the trainer would otherwise resume from it
+    start = f"from step {done}, " if done and not force else ""
+    print(f"{name}: {len(source)} batches of distilled data, {start}{spec.steps} steps", file=sys.stderr)
+    return train(target, source, spec, folder, base_model=base, save_dtype=save_dtype, embedding_from_target=shared)
 
 
 def plot_curves(log: dict, path: Path) -> None:
@@ -107,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", type=Path, help="distilled data directory (default: $SPECDEC_CACHE/data/<name>)")
     p.add_argument("--stages", default="distill,heads", help="distill, heads, or both (default)")
     p.add_argument("--heads", help="only these heads, comma-separated (default: every head of the recipe)")
-    p.add_argument("--force", action="store_true", help="retrain heads that are finished")
+    p.add_argument("--force", action="store_true", help="retrain heads from the start (their saved state discarded)")
     args = p.parse_args(argv)
     path = args.recipe if args.recipe.suffix == ".json" else RECIPES / f"{args.recipe}.json"
     if not path.is_file():
@@ -135,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         if "heads" in stages:
             wanted = args.heads.split(",") if args.heads else list(recipe["heads"])
             for name in wanted:
+                before = log["heads"].get(name, {}).get("minutes", 0) if trained_steps(out / name) and not args.force else 0
                 result = run_head(name, recipe["heads"][name], recipe, data, out, args.force)
                 if result is None:
                     print(f"{name}: already trained in {out / name} (--force retrains)", file=sys.stderr)
@@ -142,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                 state = out / name / "training_state.pt"
                 import torch
 
+                result["minutes"] = round(before + result["minutes"], 2)  # a continued head's minutes add up
                 log["heads"][name] = {"settings": recipe["heads"][name], **{k: v for k, v in result.items() if k != "last"}}
                 log.setdefault("histories", {})[name] = torch.load(state, weights_only=True)["history"]
                 log_path.write_text(json.dumps(log, indent=1))
