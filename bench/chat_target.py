@@ -44,13 +44,14 @@ def build_engines(args, methods: list[str]) -> dict[str, Path]:
     """Each head's engine, built by the kit's builder (an identical rebuild is reused)."""
     from specdec_kit.export.builder import build_engine
     from specdec_kit.export.inputs import BuildInputs, resolve_paths
+    from specdec_kit.runtime.pretrained import NAMED_TARGETS
     from specdec_kit.runtime.trees import DynamicTreeConfig, tree_to_dict
 
     paths = {}
     for method in methods:
         target, draft, tokenizer, _ = resolve_paths(method, Path(args.target), None, None)
         inputs = BuildInputs(draft=method, target=target, draft_path=draft, tokenizer=tokenizer, backend=args.backend,
-                             dtype="float32", tree=tree_to_dict(DynamicTreeConfig(8, 3, 2)))
+                             dtype="float32", tree=tree_to_dict(DynamicTreeConfig(**NAMED_TARGETS[args.target].cpu_tree)))
         out = args.engines / f"{args.target}-{method}-{args.backend}"
         print(f"{method}: engine {out}", file=sys.stderr)
         paths[method] = build_engine(inputs, out, step=lambda msg: print(f"  {msg}", file=sys.stderr)).path

@@ -21,9 +21,12 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 
 
 def test_zoo_fits_its_budget_and_matches_the_recipe():
+    """The demo zoo's own budget; the named targets' heads beside it (``zoo/<name>/``) have theirs."""
+    from specdec_kit.runtime.pretrained import NAMED_TARGETS
+
     weights = [p for p in ZOO.rglob("*") if p.suffix in WEIGHT_SUFFIXES]
     assert not [p for p in weights if p.name.endswith("training_state.pt")], "training state must not ship"
-    total = sum(p.stat().st_size for p in weights)
+    total = sum(p.stat().st_size for p in weights if p.relative_to(ZOO).parts[0] not in NAMED_TARGETS)
     assert total <= 50 * 2**20, f"zoo weights are {total / 2**20:.1f} MiB > 50 MiB"
     log = json.loads((ZOO / "training_log.json").read_text())
     assert log["recipe"] == recipe_hash(json.loads(RECIPE.read_text())), "recipe changed: rebuild the zoo"
