@@ -25,7 +25,7 @@ CONTEXT_FLAG = {"sglang": "--context-length", "vllm": "--max-model-len"}
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="specdec-serve", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="example: specdec-serve --engine engines/griffin-onnxruntime --port 8000")
+                                epilog="example: specdec-serve --engine engines/smollm2-griffin-onnxruntime --port 8000")
     p.add_argument("--engine", type=Path, required=True, help="engine directory (export/build_engine.py)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
@@ -38,9 +38,11 @@ def parse_args(argv):
                    help="require 'Authorization: Bearer KEY' on /v1 (default: $SPECDEC_API_KEY)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     p.add_argument("--speculation", default="adaptive",
-                   help="adaptive (tree shrinks with load, off where it stops paying; the default), "
-                        "'off' (plain decoding), 'fixed' (the engine's tree at every batch size), or a schedule "
-                        "like 2:1,4:0.5,16:0.25,inf:0 (batch size: fraction of the engine's tree)")
+                   help="adaptive (tree shrinks with load, off where it stops paying; the default), 'cost' (per batch "
+                        "size the tree, among the engine's and smaller ones, or plain decoding with the most predicted "
+                        "tokens/s from the measured target cost curve, draft cost and acceptance), 'off' (plain "
+                        "decoding), 'fixed' (the engine's tree at every batch size), or a schedule like "
+                        "2:1,4:0.5,16:0.25,inf:0 (batch size: fraction of the engine's tree)")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM: seconds to finish running and queued requests while new ones get 503 (then exit 0)")
     p.add_argument("--max-model-len", type=int,
@@ -137,6 +139,7 @@ def main(argv=None) -> int:
     from specdec_kit.serving.app import ServerConfig, create_app
     from specdec_kit.serving.lifecycle import DrainingServer, listening_socket
     from specdec_kit.serving.metrics import ServerMetrics
+    from specdec_kit.serving.cost_policy import CostPolicy, candidate_trees
     from specdec_kit.serving.policy import SpeculationPolicy, default_schedule, parse_schedule
     from specdec_kit.serving.scheduler import Scheduler
 
@@ -150,6 +153,8 @@ def main(argv=None) -> int:
         mode = args.speculation
         if mode == "adaptive":
             policy = SpeculationPolicy(default_schedule(engine.tree))
+        elif mode == "cost":
+            policy = CostPolicy(candidate_trees(engine.tree))
         elif mode == "fixed":
             policy = SpeculationPolicy([(1 << 30, engine.tree)], adaptive=False)
         elif mode == "off":

@@ -12,7 +12,9 @@ the mode not in use) and runs the faster one, so throughput does not fall below 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
+from specdec_kit.runtime.generate import CycleOutcome
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
 
 Tree = StaticTree | DynamicTreeConfig
@@ -56,6 +58,18 @@ def parse_schedule(spec: str, tree: Tree) -> list[tuple[int, Tree | None]]:
     if steps[-1][0] < 1 << 30:
         steps.append((1 << 30, steps[-1][1]))
     return steps
+
+
+class Policy(Protocol):
+    """What the scheduler asks of a speculation policy, once per cycle."""
+
+    never_speculates: bool
+
+    def choose(self, batch_size: int) -> Tree | None: ...
+
+    def observe(self, outcome: CycleOutcome, seconds: float) -> None: ...
+
+    def describe(self) -> list[dict]: ...
 
 
 @dataclass
@@ -113,6 +127,10 @@ class SpeculationPolicy:
             b.spec, b.spec_n = new, b.spec_n + 1
         else:
             b.plain, b.plain_n = new, b.plain_n + 1
+
+    def observe(self, outcome: CycleOutcome, seconds: float) -> None:
+        """The scheduler's report of one cycle (the tokens it emitted in ``seconds``)."""
+        self.record(outcome.rows, outcome.speculative, outcome.emitted, seconds)
 
     @property
     def never_speculates(self) -> bool:

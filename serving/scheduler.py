@@ -4,7 +4,7 @@ leave between cycles.
 HTTP handlers (asyncio) ``submit`` requests into a bounded queue and read ``Delta`` events from their
 own asyncio queue; the engine thread admits waiting requests up to ``max_num_seqs`` (one prefill for
 all of them), runs one speculative cycle over the whole batch with a tree per sequence (its size chosen
-by the ``SpeculationPolicy`` for the current batch size), hands each request its new tokens, and
+by the speculation policy for the current batch size), hands each request its new tokens, and
 retires finished and cancelled rows, which frees their cache.
 
 Failures stay with the request that caused them: a prefill that fails is retried one request at a
@@ -32,7 +32,7 @@ from specdec_kit.runtime.generate import RequestStats, SpeculativeGenerator
 from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.serving.errors import APIError, draining, internal, overloaded, slow_reader
 from specdec_kit.serving.metrics import ServerMetrics
-from specdec_kit.serving.policy import SpeculationPolicy, tree_nodes
+from specdec_kit.serving.policy import Policy, tree_nodes
 
 
 @dataclass
@@ -79,7 +79,7 @@ class ServerRequest:
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, metrics: ServerMetrics, policy: SpeculationPolicy, max_num_seqs: int = 16,
+    def __init__(self, engine: Engine, metrics: ServerMetrics, policy: Policy, max_num_seqs: int = 16,
                  max_queue: int = 256, max_unread_tokens: int = 2048):
         tok = engine.tokenizer
         self.engine = engine
@@ -238,7 +238,7 @@ class Scheduler:
         self.metrics.labels(self.metrics.tree_tokens).set(tree_nodes(tree))
         t0 = time.perf_counter()
         outcome = self.gen.cycle(batch, speculate=tree is not None)
-        self.policy.record(outcome.rows, outcome.speculative, outcome.emitted, time.perf_counter() - t0)
+        self.policy.observe(outcome, time.perf_counter() - t0)
         self.metrics.record_speculation(outcome.rows if outcome.speculative else 0, outcome.draft_tokens,
                                         outcome.accepted_tokens, outcome.accepted_per_depth)
         self._report()

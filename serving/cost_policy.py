@@ -1,0 +1,135 @@
+"""Tree size per batch from measured costs: the speculation policy that predicts each candidate's throughput.
+
+A speculative cycle over a batch of B rows with a tree of N nodes costs one target call over B x N tokens plus the
+draft's steps, and yields B x (1 + a_N) tokens, where a_N is the accepted draft tokens per row for that tree. Plain
+decoding costs one target call over B tokens and yields B. The three quantities are measured from the server's own
+cycles, each where it is shared: the target's cost as a curve over the total tokens of a call (the same for any
+batch split: 4 rows x 8 nodes and 32 rows x 1 cost alike), the draft's per batch size (its steps are the tree's
+depth, which every candidate keeps), the acceptance per tree (it does not depend on the batch). So a cycle at batch 16 with a 4-node tree also tells what plain decoding at
+batch 64 would cost, and the policy picks, for each batch size, the candidate with the most predicted tokens per
+second, measuring what it cannot yet predict and re-measuring the runner-up now and then.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from specdec_kit.runtime.generate import CycleOutcome
+from specdec_kit.serving.policy import Tree, shrink, tree_nodes
+
+
+@dataclass
+class Ema:
+    """An exponential moving average that remembers how many samples it has seen."""
+
+    value: float = 0.0
+    n: int = 0
+
+    def add(self, x: float, smoothing: float) -> None:
+        self.value = x if self.n == 0 else (1 - smoothing) * self.value + smoothing * x
+        self.n += 1
+
+
+def interpolate(points: dict[int, Ema], x: int) -> float | None:
+    """Piecewise-linear estimate at ``x`` from the measured points; beyond the last, along the last segment's slope
+    (never below the last value; with one point, that value); before the first, the first value. None with no point."""
+    xs = sorted(k for k, e in points.items() if e.n)
+    if not xs:
+        return None
+    if x in points and points[x].n:
+        return points[x].value
+    i = bisect.bisect_left(xs, x)
+    if i == 0:
+        return points[xs[0]].value
+    if i == len(xs):
+        if len(xs) == 1:
+            return points[xs[0]].value
+        x0, x1 = xs[-2], xs[-1]
+        slope = max(0.0, (points[x1].value - points[x0].value) / (x1 - x0))
+        return points[x1].value + slope * (x - x1)
+    x0, x1 = xs[i - 1], xs[i]
+    y0, y1 = points[x0].value, points[x1].value
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def candidate_trees(tree: Tree, fractions: tuple[float, ...] = (1.0, 0.5, 0.25, 0.125)) -> list[Tree]:
+    """The engine's tree and smaller ones of the same kind, each size once, largest first."""
+    out: list[Tree] = []
+    for f in fractions:
+        t = shrink(tree, f) if f < 1 else tree
+        if tree_nodes(t) >= 2 and tree_nodes(t) not in {tree_nodes(o) for o in out}:
+            out.append(t)
+    return out
+
+
+@dataclass
+class CostPolicy:
+    """Per batch size, the candidate (a tree of ``trees``, or plain decoding) with the most predicted tokens/s."""
+
+    trees: list[Tree]
+    warmup: int = 3  # measurements of a quantity before it is trusted
+    probe_every: int = 25  # then, per batch size, one cycle of the runner-up this often
+    smoothing: float = 0.2
+    verify: dict[int, Ema] = field(default_factory=dict)  # target call seconds by total tokens (rows x nodes)
+    draft: dict[int, Ema] = field(default_factory=dict)  # draft seconds by batch size
+    accepted: dict[int, Ema] = field(default_factory=dict)  # [candidate] -> accepted draft tokens per row
+    cycles: dict[int, int] = field(default_factory=dict)  # per batch size, for the probes
+    _last: int = 0  # the candidate of the cycle being run (0 = plain, k = trees[k - 1])
+
+    @property
+    def never_speculates(self) -> bool:
+        return not self.trees
+
+    def nodes(self, k: int) -> int:
+        return 1 if k == 0 else tree_nodes(self.trees[k - 1])
+
+    def predicted_rate(self, k: int, batch: int) -> float | None:
+        """Tokens/s the candidate would give at this batch size; None where a quantity is not measured enough."""
+        verify_points = {t: e for t, e in self.verify.items() if e.n >= self.warmup}
+        verify = interpolate(verify_points, batch * self.nodes(k))
+        if verify is None or (len(verify_points) < 2 and batch * self.nodes(k) not in verify_points):
+            return None
+        if k == 0:
+            return batch / verify
+        acc = self.accepted.get(k)
+        draft = interpolate({b: e for b, e in self.draft.items() if e.n >= self.warmup}, batch)
+        if acc is None or acc.n < self.warmup or draft is None:
+            return None
+        return batch * (1 + acc.value) / (verify + draft)
+
+    def _unmeasured(self, batch: int) -> int | None:
+        """A candidate whose prediction at this batch size still lacks a measurement: plain first (its call is the
+        cheapest point of the cost curve), then the trees, largest first."""
+        for k in range(len(self.trees) + 1):
+            if self.predicted_rate(k, batch) is None:
+                return k
+        return None
+
+    def choose(self, batch_size: int) -> Tree | None:
+        k = self._unmeasured(batch_size)
+        if k is None:
+            ranked = sorted(range(len(self.trees) + 1), key=lambda c: -self.predicted_rate(c, batch_size))
+            n = self.cycles[batch_size] = self.cycles.get(batch_size, 0) + 1
+            k = ranked[1] if len(ranked) > 1 and n % self.probe_every == 0 else ranked[0]
+        self._last = k
+        return None if k == 0 else self.trees[k - 1]
+
+    def observe(self, outcome: CycleOutcome, seconds: float) -> None:
+        """Fold one cycle's measured costs and acceptance into the model."""
+        if seconds <= 0 or outcome.rows == 0:
+            return
+        k = self._last if outcome.speculative else 0
+        self.verify.setdefault(outcome.rows * self.nodes(k), Ema()).add(outcome.verify_s, self.smoothing)
+        if k:
+            self.draft.setdefault(outcome.rows, Ema()).add(outcome.draft_s, self.smoothing)
+            self.accepted.setdefault(k, Ema()).add(outcome.accepted_tokens / outcome.rows, self.smoothing)
+
+    def describe(self) -> list[dict]:
+        """Per candidate: its tree size and acceptance, and its predicted tokens/s at the batch sizes seen."""
+        out = []
+        for k in range(len(self.trees) + 1):
+            acc = self.accepted.get(k)
+            out.append({"tree_tokens": self.nodes(k), "accepted_per_row": acc.value if acc and acc.n else None,
+                        "predicted_tokens_per_s": {b: self.predicted_rate(k, b) for b in sorted(self.cycles)}})
+        return out
