@@ -55,6 +55,17 @@ def test_the_named_target_is_a_plain_llama_checkpoint_with_its_chat_template(smo
     assert resolve_target("smollm2") == smollm2 and time.perf_counter() - started < 1  # converted once, then reused
 
 
+def test_the_committed_heads_fit_their_budget_and_record_their_training():
+    folder = named_head("smollm2", "griffin").parent
+    weights = [p for p in folder.rglob("*") if p.suffix in (".bin", ".safetensors") and p.is_file()]  # state stays local
+    assert {p.parent.name for p in weights} == {"griffin", "eagle3"}
+    assert sum(p.stat().st_size for p in weights) < 40e6
+    log = json.loads((folder / "training_log.json").read_text())
+    assert set(log["heads"]) == {"griffin", "eagle3"} and len(log["data"]["fingerprint"]) == 64
+    assert all(len(log["histories"][k]) == log["heads"][k]["steps"] for k in log["heads"])
+    assert (folder / "training_curves.png").stat().st_size > 0
+
+
 @pytest.mark.parametrize("kind", ["griffin", "eagle3"])
 def test_the_kits_heads_are_lossless_on_smollm2(target, chats, kind):
     head = named_head("smollm2", kind)
@@ -76,7 +87,8 @@ def test_generate_with_the_named_target_and_its_head(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "greedy output identical to plain decoding: True" in proc.stdout
     griffin = json.loads(out.read_text())[0]
-    assert griffin["identical_to_plain"] and "total_tokens=8" in griffin["method"]  # the named target's CPU tree
+    cpu_tree = NAMED_TARGETS["smollm2"].cpu_tree
+    assert griffin["identical_to_plain"] and f"total_tokens={cpu_tree['total_tokens']}" in griffin["method"]
 
 
 def test_the_recipe_prompts_leave_the_benchmark_out():
