@@ -164,7 +164,7 @@ def test_heads_trained_on_distilled_data_decode_losslessly(chat_target, distille
             build_engine(dataclasses.replace(inputs, backend="sglang", file_hashes={}), tmp_path / "sglang")
 
 
-def test_the_recipe_goes_on_training_a_head_when_asked_more_epochs(chat_target, distilled, tmp_path):
+def test_the_recipe_goes_on_training_a_head_when_asked_more_epochs(chat_target, distilled, tmp_path, capsys):
     """More epochs in the recipe continue the saved head from its state (its loss history goes on); an unchanged
     recipe leaves it alone; --force starts it again."""
     from specdec_kit.train.recipe import main
@@ -186,9 +186,15 @@ def test_the_recipe_goes_on_training_a_head_when_asked_more_epochs(chat_target, 
     assert run(1) == list(range(batches))
     state = heads / "griffin" / "training_state.pt"
     before = state.stat().st_mtime_ns
+    capsys.readouterr()
     assert run(1) == list(range(batches)) and state.stat().st_mtime_ns == before  # as far as asked: left alone
+    assert f"griffin: already trained in {heads / 'griffin'} ({batches} steps" in capsys.readouterr().err
     assert run(2) == list(range(2 * batches))  # continued from step `batches`, not started again
     log = json.loads((heads / "training_log.json").read_text())
     assert log["heads"]["griffin"]["steps"] == 2 * batches and len(log["histories"]["griffin"]) == 2 * batches
     assert json.loads((heads / "griffin" / "training_spec.json").read_text())["steps"] == 2 * batches
     assert run(1, "--force") == list(range(batches))  # from the start, the old state discarded
+    state.unlink()  # a head trained elsewhere (the committed ones): nothing to go on from, and it says so
+    capsys.readouterr()
+    run_without_state = main([str(path), "--data", str(out), "--stages", "heads"])
+    assert run_without_state == 0 and "no training_state.pt to go on from" in capsys.readouterr().err

@@ -55,7 +55,9 @@ def run_head(name: str, settings: dict, recipe: dict, data: Path, out: Path, for
     folder = out / name
     done = trained_steps(folder)
     if done and not force and not (folder / "training_state.pt").is_file():
-        return None  # finished elsewhere (e.g. committed): nothing to go on from
+        print(f"{name}: {folder} holds a head of {done} steps and no training_state.pt to go on from (trained "
+              "elsewhere, e.g. the committed one); --force retrains it", file=sys.stderr)
+        return None
     settings = dict(settings)
     method = settings.pop("method", name)
     budget = settings.pop("tokens_per_batch", 4096)
@@ -80,6 +82,7 @@ def run_head(name: str, settings: dict, recipe: dict, data: Path, out: Path, for
     source = DistilledData(data, layers, tokens_per_batch=budget, seed=spec.seed, variants=variants)
     spec.steps = round(epochs * len(source)) if epochs else spec.steps
     if done >= spec.steps and not force:
+        print(f"{name}: already trained in {folder} ({done} steps; --force retrains)", file=sys.stderr)
         return None
     if force:
         (folder / "training_state.pt").unlink(missing_ok=True)  # the trainer would otherwise resume from it
@@ -150,7 +153,6 @@ def main(argv: list[str] | None = None) -> int:
                 before = log["heads"].get(name, {}).get("minutes", 0) if trained_steps(out / name) and not args.force else 0
                 result = run_head(name, recipe["heads"][name], recipe, data, out, args.force)
                 if result is None:
-                    print(f"{name}: already trained in {out / name} (--force retrains)", file=sys.stderr)
                     continue
                 state = out / name / "training_state.pt"
                 import torch
