@@ -19,12 +19,6 @@ CPU_DEMO_TREE = {"total_tokens": 12, "depth": 5, "top_k": 2}
 CPU_MEDUSA_TREE = "static:mc_sim_7b_63:24"
 
 
-def has_chat_template(tokenizer_dir: Path) -> bool:
-    """Whether the engine's tokenizer carries a chat template (then its example prompt is a question)."""
-    config = tokenizer_dir / "tokenizer_config.json"
-    return (tokenizer_dir / "chat_template.jinja").is_file() or (config.is_file() and "chat_template" in config.read_text())
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="build_engine.py",
@@ -139,7 +133,8 @@ def summarize(result, args) -> str:
                      f"features {o['parity_max_abs']['features']:.1e}; greedy output identical: {o['greedy_identical_to_torch']}")
     serve = m.get("serve", {})
     if m["backend"] in ("onnxruntime", "torch"):
-        prompt = "What is a closure in Python?" if has_chat_template(result.path / "tokenizer") else "def fibonacci(n):"
+        chat = m.get("tokenizer", {}).get("chat_template")  # recorded by the builder: a chat model is asked a question
+        prompt = "What is a closure in Python?" if chat else "def fibonacci(n):"
         lines.append(f"  run it:   specdec-generate --engine {result.path} --prompt '{prompt}'")
     for note in serve.get("notes", []):
         lines.append(f"  note:     {note}")
