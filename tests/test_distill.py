@@ -164,9 +164,10 @@ def test_heads_trained_on_distilled_data_decode_losslessly(chat_target, distille
             build_engine(dataclasses.replace(inputs, backend="sglang", file_hashes={}), tmp_path / "sglang")
 
 
-def test_the_recipe_goes_on_training_a_head_when_asked_more_epochs(chat_target, distilled, tmp_path, capsys):
-    """More epochs in the recipe continue the saved head from its state (its loss history goes on); an unchanged
-    recipe leaves it alone; --force starts it again."""
+def test_the_recipe_goes_on_training_a_head_when_asked_more_epochs(chat_target, prompts_file, distilled, tmp_path,
+                                                                   capsys):
+    """More epochs in the recipe continue the saved head from its state (its loss history goes on) over the data
+    it was trained on, never over other data; an unchanged recipe leaves it alone; --force starts it again."""
     from specdec_kit.train.recipe import main
 
     out, _ = distilled
@@ -193,6 +194,15 @@ def test_the_recipe_goes_on_training_a_head_when_asked_more_epochs(chat_target, 
     log = json.loads((heads / "training_log.json").read_text())
     assert log["heads"]["griffin"]["steps"] == 2 * batches and len(log["histories"]["griffin"]) == 2 * batches
     assert json.loads((heads / "griffin" / "training_spec.json").read_text())["steps"] == 2 * batches
+    assert log["heads"]["griffin"]["data_fingerprint"] == json.loads((out / INDEX).read_text())["fingerprint"]
+    fewer = tmp_path / "fewer"  # other data: fewer prompts, so another vocabulary and batch plan
+    distill(chat_target, prompts_file, fewer, DistillSpec(**SPEC), limit=3, progress=False)
+    recipe["heads"]["griffin"]["epochs"] = 9
+    path.write_text(json.dumps(recipe))
+    before = state.stat().st_mtime_ns
+    capsys.readouterr()
+    assert main([str(path), "--data", str(fewer), "--stages", "heads"]) == 0 and state.stat().st_mtime_ns == before
+    assert "the data now is" in capsys.readouterr().err
     assert run(1, "--force") == list(range(batches))  # from the start, the old state discarded
     state.unlink()  # a head trained elsewhere (the committed ones): nothing to go on from, and it says so
     capsys.readouterr()

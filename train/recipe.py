@@ -42,9 +42,20 @@ def trained_steps(folder: Path) -> int:
     return int(json.loads(spec.read_text())["steps"])
 
 
-def run_head(name: str, settings: dict, recipe: dict, data: Path, out: Path, force: bool) -> dict | None:
+def data_fingerprint(data: Path) -> str:
+    """The fingerprint of the distilled data in ``data`` (written by the distill stage)."""
+    index = data / "index.json"
+    if not index.is_file():
+        raise FileNotFoundError(f"{index}: no distilled data there; run the distill stage first")
+    return json.loads(index.read_text())["fingerprint"]
+
+
+def run_head(name: str, settings: dict, recipe: dict, data: Path, out: Path, force: bool,
+             trained_on: str | None = None) -> dict | None:
     """Train one head, or go on training it when the recipe now asks more steps than it has (from its
-    ``training_state.pt``); None when it is already trained as far as the recipe asks."""
+    ``training_state.pt``); None when it is already trained as far as the recipe asks. A head goes on only over
+    the data it was trained on (``trained_on``, a fingerprint): other data means another draft vocabulary and
+    another batch plan, which its state does not fit."""
     import torch
 
     from specdec_kit.runtime.device import resolve_dtype
@@ -57,6 +68,10 @@ def run_head(name: str, settings: dict, recipe: dict, data: Path, out: Path, for
     if done and not force and not (folder / "training_state.pt").is_file():
         print(f"{name}: {folder} holds a head of {done} steps and no training_state.pt to go on from (trained "
               "elsewhere, e.g. the committed one); --force retrains it", file=sys.stderr)
+        return None
+    if done and not force and trained_on != data_fingerprint(data):
+        print(f"{name}: {folder} was trained on distilled data {str(trained_on)[:12]}, the data now is "
+              f"{data_fingerprint(data)[:12]}; --force retrains it on this data", file=sys.stderr)
         return None
     settings = dict(settings)
     method = settings.pop("method", name)
@@ -151,14 +166,16 @@ def main(argv: list[str] | None = None) -> int:
             wanted = args.heads.split(",") if args.heads else list(recipe["heads"])
             for name in wanted:
                 before = log["heads"].get(name, {}).get("minutes", 0) if trained_steps(out / name) and not args.force else 0
-                result = run_head(name, recipe["heads"][name], recipe, data, out, args.force)
+                trained_on = log["heads"].get(name, {}).get("data_fingerprint")
+                result = run_head(name, recipe["heads"][name], recipe, data, out, args.force, trained_on)
                 if result is None:
                     continue
                 state = out / name / "training_state.pt"
                 import torch
 
                 result["minutes"] = round(before + result["minutes"], 2)  # a continued head's minutes add up
-                log["heads"][name] = {"settings": recipe["heads"][name], **{k: v for k, v in result.items() if k != "last"}}
+                log["heads"][name] = {"settings": recipe["heads"][name], "data_fingerprint": data_fingerprint(data),
+                                      **{k: v for k, v in result.items() if k != "last"}}
                 log.setdefault("histories", {})[name] = torch.load(state, weights_only=True)["history"]
                 log_path.write_text(json.dumps(log, indent=1))
                 plot_curves(log, out / "training_curves.png")
