@@ -16,7 +16,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from specdec_kit import __version__
-from specdec_kit.runtime.manifest import sha256_file
+from specdec_kit.runtime.manifest import ONNX_GRAPH_INTERFACE, sha256_file
 
 ZOO_HEADS = {"griffin": "griffin", "eagle": "eagle", "eagle2": "eagle", "hass": "hass", "eagle3": "eagle3", "medusa": "medusa",
              "moa": "moa"}
@@ -44,7 +44,8 @@ class BuildInputs:
     def options(self) -> dict[str, Any]:
         return {"draft": self.draft, "backend": self.backend, "dtype": self.dtype, "tree": self.tree,
                 "tp": self.tp, "pp": self.pp, "kit_version": __version__,
-                **({"trtllm_legacy_engine": self.trtllm_legacy_engine} if self.trtllm_legacy_engine else {})}
+                **({"trtllm_legacy_engine": self.trtllm_legacy_engine} if self.trtllm_legacy_engine else {}),
+                **({"graph_interface": ONNX_GRAPH_INTERFACE} if self.backend == "onnxruntime" else {})}
 
     def digest(self) -> str:
         """SHA-256 over the options and every input file's content hash."""

@@ -9,6 +9,14 @@ from specdec_kit.runtime.graphs import GraphPlan
 OPSET = 18
 
 
+def argument_shapes(plan: GraphPlan) -> tuple:
+    """The plan's dynamic axes in argument order; a cached graph's per-layer buffers are its ``*past``, one
+    argument to ``torch.export``."""
+    named = [plan.dims[name] for name in plan.spec.inputs if not name.startswith("past_")]
+    buffers = tuple(plan.dims[name] for name in plan.spec.inputs if name.startswith("past_"))
+    return (*named, buffers) if buffers else tuple(named)
+
+
 def export_plan(plan: GraphPlan, graphs: Path) -> Path:
     """``graphs/<role>.onnx`` (weights as external data beside it) with the plan's names and dynamic axes."""
     import torch
@@ -17,7 +25,7 @@ def export_plan(plan: GraphPlan, graphs: Path) -> Path:
     path = graphs / f"{spec.name}.onnx"
     program = torch.onnx.export(
         plan.module.eval(), plan.args, dynamo=True, input_names=list(spec.inputs), output_names=list(spec.outputs),
-        dynamic_shapes={name: plan.dims[name] for name in spec.inputs}, opset_version=OPSET, optimize=True,
+        dynamic_shapes=argument_shapes(plan), opset_version=OPSET, optimize=True,
         verbose=False,
     )
     program.save(str(path), external_data=True)

@@ -7,7 +7,6 @@ Qwen2's q/k/v biases come for free); only the cache handling and the mask are th
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from specdec_kit.runtime.contract import AttentionWindow
@@ -34,17 +33,14 @@ def cached_attention(
     num_kv_heads: int,
     head_dim: int,
 ) -> torch.Tensor:
-    """One attention block: project, rotate, hand the new K/V of ``layer`` to the window, attend to what it
-    returns under its mask (None: all of it), project out."""
+    """One attention block: project, rotate, let the window store the new K/V of ``layer`` and attend (the
+    runtime's cache and an export's graph inputs attend differently), project out."""
     bsz, q_len, _ = hidden.shape
     q = attn.q_proj(hidden).view(bsz, q_len, num_heads, head_dim).transpose(1, 2)
     k = attn.k_proj(hidden).view(bsz, q_len, num_kv_heads, head_dim).transpose(1, 2)
     v = attn.v_proj(hidden).view(bsz, q_len, num_kv_heads, head_dim).transpose(1, 2)
     q = apply_rope(q, cos, sin)
     k = apply_rope(k, cos, sin)
-    keys, values = window.update(layer, k, v)
-    out = F.scaled_dot_product_attention(
-        q, keys, values, attn_mask=window.mask, enable_gqa=num_heads != num_kv_heads
-    )
+    out = window.attend(layer, q, k, v)
     out = out.transpose(1, 2).reshape(bsz, q_len, num_heads * head_dim)
     return attn.o_proj(out)

@@ -27,11 +27,9 @@ class AttentionWindow(Protocol):
     """One forward's view of a cache, as attention layers use it: the mask, and where each layer's new keys and
     values go and what they attend to."""
 
-    mask: torch.Tensor | None  # [B, 1, Q, K] bool, or None when every key is visible
-
-    def update(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store the new tokens' keys/values [B, H, Q, D] of ``layer``; return every key/value [B, H, K, D] the new
-        tokens attend to (under ``mask``)."""
+    def attend(self, layer: int, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """Store the new tokens' keys/values [B, H_kv, Q, D] of ``layer`` and attend their queries [B, H, Q, D] to
+        every key they may see (grouped-query when H > H_kv); returns [B, H, Q, D]."""
         ...
 
 

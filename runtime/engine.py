@@ -19,7 +19,7 @@ from specdec_kit.runtime.device import DTYPES, resolve_device
 from specdec_kit.runtime.drafting import Drafter, NoDrafter
 from specdec_kit.runtime.generate import SpeculativeGenerator
 from specdec_kit.runtime.loader import load_tokenizer
-from specdec_kit.runtime.manifest import EngineError, read_manifest
+from specdec_kit.runtime.manifest import ONNX_GRAPH_INTERFACE, EngineError, read_manifest
 from specdec_kit.runtime.registry import draft_kind
 from specdec_kit.runtime.trees import tree_from_dict
 
@@ -68,6 +68,14 @@ def _require(manifest: dict, root: Path, section: str, keys) -> None:
         raise EngineError(f"{root / 'manifest.json'}: key {section}.{missing[0]} is missing")
 
 
+def rebuild_command(manifest: dict) -> str:
+    """The command that built this engine, forced to build again (or the builder's name when not recorded)."""
+    command = manifest.get("build", {}).get("command")
+    if not command:
+        return "python export/build_engine.py ... --force"
+    return " ".join(["python", f"export/{Path(command[0]).name}", *command[1:], "--force"])
+
+
 def _ort_components(root: Path, manifest: dict, device: torch.device, tree):
     from specdec_kit.runtime.ort_backend import OrtGraph, OrtTarget, providers_for
 
@@ -76,6 +84,11 @@ def _ort_components(root: Path, manifest: dict, device: torch.device, tree):
     _require(manifest, root, "draft", family.manifest_keys)
     dtype = DTYPES[manifest["dtype"]]
     onnx_info = manifest.get("onnx", {})
+    interface = onnx_info.get("graph_interface", 1)
+    if interface != ONNX_GRAPH_INTERFACE:
+        raise EngineError(f"{root}: its ONNX graphs have interface {interface} and this kit runs interface "
+                          f"{ONNX_GRAPH_INTERFACE} (each layer's cache buffer bound in place); rebuild the engine with "
+                          f"{rebuild_command(manifest)}")
     provider = providers_for(device)[0]
     provider = provider[0] if isinstance(provider, tuple) else provider
     use_optimized = provider in onnx_info.get("optimized_for", [])

@@ -1,14 +1,19 @@
-"""The graph form of every step: past keys/values in, present out, explicit mask over past + new keys.
+"""The graph form of every step: each layer's cache buffer in, the new keys/values out, an explicit mask over the
+buffer's slots + the new keys.
 
-The runtime's own modules run unchanged inside these wrappers over a ``GraphCache`` (a ``LayerCache`` whose past
-slots are graph inputs and whose new keys/values are graph outputs). ``GraphPlan``s say what each engine graph is
-(role, module, example inputs, dynamic axes); ``export/onnx_graphs.py`` writes them as ONNX, and
-``runtime/ort_backend.py`` feeds the resulting sessions from the runtime's ``KVCache`` under the same names.
+The runtime's own modules run unchanged inside these wrappers over a ``GraphCache`` (a ``LayerCache`` whose
+per-layer buffers are graph inputs and whose new keys/values are graph outputs). The runtime binds each layer's
+whole ``KVCache`` buffer as that layer's input, in place: nothing copies the past. So attention reads the buffer
+and the new keys separately (one softmax over both), and grouped-query heads share a key head by reshaping the
+queries rather than repeating the keys. ``GraphPlan``s say what each engine graph is (role, module, example
+inputs, dynamic axes); ``export/onnx_graphs.py`` writes them as ONNX, and ``runtime/ort_backend.py`` feeds the
+resulting sessions from the runtime's ``KVCache`` under the same names.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 from torch import nn
@@ -21,12 +26,18 @@ from specdec_kit.runtime.moa_drafting import moa_hidden
 from specdec_kit.runtime.target import TargetModel
 
 
-class GraphCache:
-    """``LayerCache`` for export. It has no committed slots: its P - Q past slots are all pending ones, visible
-    per the mask [B, Q, P] a graph takes as input, so the runtime's modules attend over it unchanged."""
+def past_names(layers: int) -> tuple[str, ...]:
+    """The per-layer cache inputs of a graph over ``layers`` layers, in argument order: keys, then values."""
+    return tuple(f"past_key_{i}" for i in range(layers)) + tuple(f"past_value_{i}" for i in range(layers))
 
-    def __init__(self, past_keys: torch.Tensor, past_values: torch.Tensor, first_layer: int = 0):
-        self.past_keys, self.past_values = past_keys, past_values  # [L, B, H, P - Q, D] (layers from first_layer on)
+
+class GraphCache:
+    """``LayerCache`` for export. It has no committed slots: each layer's buffer of C slots is visible per the
+    mask [B, Q, C + Q] a graph takes as input (its last Q columns for the new tokens), so the runtime's modules
+    attend over it unchanged."""
+
+    def __init__(self, past_keys: Sequence[torch.Tensor], past_values: Sequence[torch.Tensor], first_layer: int = 0):
+        self.past_keys, self.past_values = past_keys, past_values  # per layer [B, H_kv, C, D], from first_layer on
         self.first_layer = first_layer
         self.new_keys: list[torch.Tensor] = []
         self.new_values: list[torch.Tensor] = []
@@ -34,41 +45,68 @@ class GraphCache:
     def window(self, pending_mask: torch.Tensor) -> "GraphWindow":
         return GraphWindow(self, pending_mask[:, None])
 
+    @classmethod
+    def of(cls, past: Sequence[torch.Tensor], first_layer: int = 0) -> "GraphCache":
+        """From a graph's per-layer inputs in ``past_names`` order (every key buffer, then every value buffer)."""
+        half = len(past) // 2
+        return cls(past[:half], past[half:], first_layer)
+
     def present(self) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.stack(self.new_keys), torch.stack(self.new_values)
 
 
 @dataclass
 class GraphWindow:
-    """``AttentionWindow`` of a ``GraphCache``: keeps each layer's new keys/values and returns past + new."""
+    """``AttentionWindow`` of a ``GraphCache``: keeps each layer's new keys/values and attends over the layer's
+    buffer and the new keys without joining them (joining would copy the buffer on every call)."""
 
     cache: GraphCache
-    mask: torch.Tensor
+    mask: torch.Tensor  # [B, 1, Q, C + Q]
 
-    def update(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def attend(self, layer: int, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         c = self.cache
         c.new_keys.append(keys)
         c.new_values.append(values)
         i = layer - c.first_layer
-        return torch.cat([c.past_keys[i], keys], dim=2), torch.cat([c.past_values[i], values], dim=2)
+        past_keys, past_values = c.past_keys[i], c.past_values[i]
+        bsz, heads, q_len, dim = queries.shape
+        kv_heads, slots = keys.shape[1], past_keys.shape[2]
+        group = heads // kv_heads  # query heads g * j .. g * j + g - 1 share key head j
+        grouped = queries.reshape(bsz, kv_heads, group * q_len, dim) * dim ** -0.5
+        visible = self.mask[:, :, None]  # [B, 1, 1, Q, C + Q]: one mask for every head of a group
+        floor = torch.finfo(queries.dtype).min
+
+        def scores(against: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+            s = (grouped @ against.transpose(-1, -2)).view(bsz, kv_heads, group, q_len, -1)
+            return s.masked_fill(~seen, floor)
+
+        on_past = scores(past_keys, visible[..., :slots])
+        on_new = scores(keys, visible[..., slots:])
+        top = torch.maximum(on_past.amax(-1, keepdim=True), on_new.amax(-1, keepdim=True))
+        w_past, w_new = (on_past - top).exp(), (on_new - top).exp()
+        total = w_past.sum(-1, keepdim=True) + w_new.sum(-1, keepdim=True)
+        flat = (bsz, kv_heads, group * q_len, -1)
+        out = (w_past / total).view(flat) @ past_values + (w_new / total).view(flat) @ values
+        return out.view(bsz, heads, q_len, dim)
 
 
 class TargetStepGraph(nn.Module):
-    """(ids, positions, mask, logits_index, past K/V) -> (logits, features, present K/V)."""
+    """(ids, positions, mask, logits_index, each layer's K/V buffer) -> (logits, features, present K/V)."""
 
     def __init__(self, target: TargetModel):
         super().__init__()
         self.target = target
 
-    def forward(self, input_ids, position_ids, attention_mask, logits_index, past_keys, past_values):
-        cache = GraphCache(past_keys, past_values)
+    def forward(self, input_ids, position_ids, attention_mask, logits_index, *past):
+        cache = GraphCache.of(past)
         out = self.target.cached_step(input_ids, position_ids, attention_mask, cache, logits_index)
         present_keys, present_values = cache.present()
         return out.logits, out.features, present_keys, present_values
 
 
 class FeatureDraftStepGraph(nn.Module):
-    """(ids, features, positions, mask, logits_index, past K/V) -> (logits, regression feature, present K/V).
+    """(ids, features, positions, mask, logits_index, each layer's K/V buffer) -> (logits, regression feature,
+    present K/V).
 
     The target's LM head is part of the graph so a draft step is one session call; ``logits_index``
     keeps it to the positions that need logits (one per row when the context is long)."""
@@ -77,8 +115,8 @@ class FeatureDraftStepGraph(nn.Module):
         super().__init__()
         self.draft, self.lm_head = draft, lm_head
 
-    def forward(self, input_ids, hidden_states, position_ids, attention_mask, logits_index, past_keys, past_values):
-        cache = GraphCache(past_keys, past_values)
+    def forward(self, input_ids, hidden_states, position_ids, attention_mask, logits_index, *past):
+        cache = GraphCache.of(past)
         pred, reg = self.draft.cached_step(hidden_states, input_ids, position_ids, attention_mask, cache)
         selected = torch.gather(pred, 1, logits_index[..., None].expand(-1, -1, pred.shape[-1]))
         present_keys, present_values = cache.present()
@@ -120,15 +158,14 @@ class MoAMemoryGraph(nn.Module):
 
 
 class MoAStepGraph(nn.Module):
-    """(ids, positions, SA mask, SA past K/V, memory K/V and mask) -> (o_hat, SA present K/V)."""
+    """(ids, positions, SA mask, memory K/V and mask, SA K/V buffer) -> (o_hat, SA present K/V)."""
 
     def __init__(self, draft: MoADraft):
         super().__init__()
         self.draft = draft
 
-    def forward(self, input_ids, position_ids, attention_mask, past_keys, past_values, memory_keys, memory_values,
-                memory_mask):
-        cache = GraphCache(past_keys, past_values)
+    def forward(self, input_ids, position_ids, attention_mask, memory_keys, memory_values, memory_mask, *past):
+        cache = GraphCache.of(past)
         o_hat = moa_hidden(self.draft, input_ids, position_ids, attention_mask, cache, memory_keys, memory_values,
                            memory_mask)
         present_keys, present_values = cache.present()
@@ -142,8 +179,8 @@ class TargetTailGraph(nn.Module):
         super().__init__()
         self.target, self.first = target, target.num_layers - layers
 
-    def forward(self, hidden_states, position_ids, attention_mask, logits_index, past_keys, past_values):
-        cache = GraphCache(past_keys, past_values, first_layer=self.first)
+    def forward(self, hidden_states, position_ids, attention_mask, logits_index, *past):
+        cache = GraphCache.of(past, first_layer=self.first)
         feats = self.target.run_layers(hidden_states, position_ids, attention_mask, cache, self.first)
         selected = torch.gather(feats, 1, logits_index[..., None].expand(-1, -1, feats.shape[-1]))
         present_keys, present_values = cache.present()
@@ -161,21 +198,25 @@ class LMHeadGraph(nn.Module):
 
 @dataclass
 class GraphSpec:
-    """What one exported graph is: its file, its I/O names, and which axes are dynamic."""
+    """What one exported graph is: its file and its I/O names (a cached graph's per-layer buffers come last)."""
 
     name: str
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
 
+    def with_layers(self, layers: int) -> "GraphSpec":
+        """This spec with one key and one value buffer input per layer appended."""
+        return GraphSpec(self.name, self.inputs + past_names(layers), self.outputs)
+
 
 TARGET_SPEC = GraphSpec(
     "target_step",
-    ("input_ids", "position_ids", "attention_mask", "logits_index", "past_keys", "past_values"),
+    ("input_ids", "position_ids", "attention_mask", "logits_index"),
     ("logits", "features", "present_keys", "present_values"),
 )
 DRAFT_SPEC = GraphSpec(
     "draft_step",
-    ("input_ids", "hidden_states", "position_ids", "attention_mask", "logits_index", "past_keys", "past_values"),
+    ("input_ids", "hidden_states", "position_ids", "attention_mask", "logits_index"),
     ("logits", "hidden_states_out", "present_keys", "present_values"),
 )
 FUSE_SPEC = GraphSpec("draft_fuse", ("hidden_states",), ("fused",))
@@ -183,35 +224,34 @@ MEDUSA_SPEC = GraphSpec("medusa_heads", ("hidden_states",), ("logits",))
 MOA_MEMORY_SPEC = GraphSpec("moa_memory", ("target_kv", "position_ids"), ("memory_keys", "memory_values"))
 MOA_STEP_SPEC = GraphSpec(
     "moa_step",
-    ("input_ids", "position_ids", "attention_mask", "past_keys", "past_values", "memory_keys", "memory_values",
-     "memory_mask"),
+    ("input_ids", "position_ids", "attention_mask", "memory_keys", "memory_values", "memory_mask"),
     ("o_hat", "present_keys", "present_values"),
 )
-TAIL_SPEC = GraphSpec("target_tail", ("hidden_states", "position_ids", "attention_mask", "logits_index", "past_keys",
-                                      "past_values"), ("logits", "present_keys", "present_values"))
+TAIL_SPEC = GraphSpec("target_tail", ("hidden_states", "position_ids", "attention_mask", "logits_index"),
+                      ("logits", "present_keys", "present_values"))
 LM_HEAD_SPEC = GraphSpec("lm_head", ("hidden_states", "logits_index"), ("logits",))
 
 
 def _cached_example(num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device, batch=2, q=3, past=5):
+    """(ids, positions, mask, logits_index), and every layer's key buffer then every value buffer."""
     ids = torch.zeros(batch, q, dtype=torch.long, device=device)
     pos = torch.arange(past, past + q, device=device).expand(batch, q).contiguous()
     mask = torch.ones(batch, q, past + q, dtype=torch.bool, device=device)
     index = torch.arange(q, device=device).expand(batch, q).contiguous()
-    kv = torch.zeros(num_layers, batch, kv_heads, past, head_dim, dtype=dtype, device=device)
-    return ids, pos, mask, index, kv, kv.clone()
+    buffers = tuple(torch.zeros(batch, kv_heads, past, head_dim, dtype=dtype, device=device) for _ in range(2 * num_layers))
+    return (ids, pos, mask, index), buffers
 
 
-def _cache_dims() -> dict[str, dict[int, torch.export.Dim]]:
+def _cache_dims(layers: int) -> dict[str, dict[int, torch.export.Dim]]:
     batch, q, past, sel = (torch.export.Dim(n, min=1, max=1 << 16) for n in ("batch", "tokens", "past_len", "selected"))
-    total = torch.export.Dim.AUTO  # = past_len + tokens, which export derives from the concatenation
+    total = torch.export.Dim.AUTO  # = past_len + tokens, which export derives from the mask's two parts
     return {
         "input_ids": {0: batch, 1: q},
         "position_ids": {0: batch, 1: q},
         "attention_mask": {0: batch, 1: q, 2: total},
         "logits_index": {0: batch, 1: sel},
-        "past_keys": {1: batch, 3: past},
-        "past_values": {1: batch, 3: past},
         "hidden_states": {0: batch, 1: q},
+        **{name: {0: batch, 2: past} for name in past_names(layers)},
     }
 
 
@@ -234,8 +274,9 @@ def _big(name: str) -> torch.export.Dim:
 
 
 def target_plan(target: TargetModel) -> GraphPlan:
-    ex = _cached_example(target.num_layers, target.num_kv_heads, target.head_dim, target.dtype, target.device)
-    return GraphPlan(TARGET_SPEC, TargetStepGraph(target), ex, _cache_dims())
+    layers = target.num_layers
+    inputs, buffers = _cached_example(layers, target.num_kv_heads, target.head_dim, target.dtype, target.device)
+    return GraphPlan(TARGET_SPEC.with_layers(layers), TargetStepGraph(target), inputs + buffers, _cache_dims(layers))
 
 
 def feature_draft_plans(draft: FeatureDraft, head: nn.Module) -> list[GraphPlan]:
@@ -243,10 +284,10 @@ def feature_draft_plans(draft: FeatureDraft, head: nn.Module) -> list[GraphPlan]
     the target's vocabulary) folded in."""
     layers, heads, dim = draft.attention_shape
     weight = draft.embed_tokens.weight
-    ids, pos, mask, index, pk, pv = _cached_example(layers, heads, dim, weight.dtype, weight.device)
+    (ids, pos, mask, index), buffers = _cached_example(layers, heads, dim, weight.dtype, weight.device)
     feats = torch.zeros(ids.shape[0], ids.shape[1], draft.config.hidden_size, dtype=weight.dtype, device=weight.device)
-    return [GraphPlan(DRAFT_SPEC, FeatureDraftStepGraph(draft, head), (ids, feats, pos, mask, index, pk, pv),
-                      _cache_dims())]
+    return [GraphPlan(DRAFT_SPEC.with_layers(layers), FeatureDraftStepGraph(draft, head),
+                      (ids, feats, pos, mask, index, *buffers), _cache_dims(layers))]
 
 
 def fuse_plan(draft: Eagle3Draft) -> GraphPlan:
@@ -274,19 +315,21 @@ def moa_plans(draft: MoADraft, target: TargetModel) -> list[GraphPlan]:
     plans = [GraphPlan(MOA_MEMORY_SPEC, MoAMemoryGraph(draft), (kv, pos),
                        {"target_kv": {0: batch, 1: width}, "position_ids": {0: batch, 1: width}})]
     _, heads, dim = draft.attention_shape
-    ids, pos, mask, index, pk, pv = _cached_example(1, heads, dim, dtype, dev, bsz, q, past)
+    (ids, pos, mask, index), buffers = _cached_example(1, heads, dim, dtype, dev, bsz, q, past)
     mk = torch.zeros(bsz, heads, mem, dim, dtype=dtype, device=dev)
     mmask = torch.ones(bsz, mem, dtype=torch.bool, device=dev)
-    dims = _cache_dims()
+    dims = _cache_dims(1)
     dims.update(memory_keys={0: dims["input_ids"][0], 2: memory}, memory_values={0: dims["input_ids"][0], 2: memory},
                 memory_mask={0: dims["input_ids"][0], 1: memory})
-    plans.append(GraphPlan(MOA_STEP_SPEC, MoAStepGraph(draft), (ids, pos, mask, pk, pv, mk, mk.clone(), mmask), dims))
+    plans.append(GraphPlan(MOA_STEP_SPEC.with_layers(1), MoAStepGraph(draft),
+                           (ids, pos, mask, mk, mk.clone(), mmask, *buffers), dims))
     hidden = torch.zeros(bsz, q, target.hidden_size, dtype=dtype, device=dev)
     if draft.tli == 0:
         dims = {"hidden_states": {0: batch, 1: width}, "logits_index": {0: batch, 1: _big("selected")}}
         plans.append(GraphPlan(LM_HEAD_SPEC, LMHeadGraph(target.lm_head), (hidden, index), dims))
     else:
-        ids, pos, mask, index, pk, pv = _cached_example(draft.tli, target.num_kv_heads, target.head_dim, dtype, dev, bsz, q, past)
-        plans.append(GraphPlan(TAIL_SPEC, TargetTailGraph(target, draft.tli), (hidden, pos, mask, index, pk, pv),
-                               _cache_dims()))
+        (_, pos, mask, index), buffers = _cached_example(draft.tli, target.num_kv_heads, target.head_dim, dtype, dev,
+                                                         bsz, q, past)
+        plans.append(GraphPlan(TAIL_SPEC.with_layers(draft.tli), TargetTailGraph(target, draft.tli),
+                               (hidden, pos, mask, index, *buffers), _cache_dims(draft.tli)))
     return plans

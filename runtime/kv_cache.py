@@ -5,6 +5,8 @@ so a batch may hold sequences of different lengths without padding the prefix. N
 written *after* a row's committed length (optionally past ``offset`` pending slots), may see any
 committed slot plus the pending slots their mask allows, and only become part of the sequence when
 ``commit`` copies the accepted ones into place, which is the KV compaction of tree decoding.
+A cache that graphs read in place (the ONNX Runtime engines bind each layer's whole buffer) grows in
+``block``-slot steps instead of doubling, so the slots a graph reads beyond the longest row stay few.
 The cache is an inference-only structure: every method that allocates or mutates runs in
 ``torch.inference_mode`` so callers need not remember to.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 
 @dataclass
@@ -21,6 +24,7 @@ class KVCache:
     keys: torch.Tensor  # [L, B, H, S, D]
     values: torch.Tensor  # [L, B, H, S, D]
     lengths: torch.Tensor  # [B] int64, committed tokens per row
+    block: int = 0  # grow to a multiple of this many slots (0: double)
 
     @classmethod
     @torch.inference_mode()
@@ -33,12 +37,14 @@ class KVCache:
         capacity: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        block: int = 0,
     ) -> "KVCache":
         shape = (num_layers, batch, num_kv_heads, capacity, head_dim)
         return cls(
             keys=torch.zeros(shape, dtype=dtype, device=device),
             values=torch.zeros(shape, dtype=dtype, device=device),
             lengths=torch.zeros(batch, dtype=torch.long, device=device),
+            block=block,
         )
 
     @property
@@ -51,10 +57,11 @@ class KVCache:
 
     @torch.inference_mode()
     def ensure_capacity(self, needed: int) -> None:
-        """Grow (by doubling) so that slot ``needed - 1`` exists; rarely taken, amortised O(1)."""
+        """Grow so that slot ``needed - 1`` exists: by doubling (rarely taken, amortised O(1)), or to the next
+        multiple of ``block``."""
         if needed <= self.capacity:
             return
-        new_cap = max(needed, 2 * self.capacity)
+        new_cap = -(-needed // self.block) * self.block if self.block else max(needed, 2 * self.capacity)
         pad = new_cap - self.capacity
         shape = list(self.keys.shape)
         shape[3] = pad
@@ -94,17 +101,18 @@ class KVCache:
             return None
         return self._visible_slots(pending_mask, k_len, p_len)[:, None, :, :]
 
-    def past_and_new_mask(self, pending_mask: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """For graphs that take the past slots as an input and append the new tokens' keys after them
-        (the ONNX engines): the mask [B, Q, past + Q] and ``past`` = longest row + earlier pending slots.
+    def buffer_and_new_mask(self, pending_mask: torch.Tensor) -> torch.Tensor:
+        """For graphs that read each layer's whole buffer in place and the new tokens' keys beside it (the ONNX
+        engines): the mask [B, Q, capacity + Q], after growing the cache so the new tokens' slots exist. Slots
+        past a row's length and its visible pending slots (stale or empty) are masked out.
 
         ``pending_mask`` [B, Q, offset + Q] as for ``attention_mask``; its last Q columns are the new
         tokens, the first ``offset`` the pending slots already written (earlier levels of a draft tree)."""
         q_len = pending_mask.shape[1]
         offset = pending_mask.shape[2] - q_len
-        past = self.key_length(offset)
-        visible = self._visible_slots(pending_mask[..., :offset], past, offset)
-        return torch.cat([visible, pending_mask[..., offset:]], dim=2), past
+        self.ensure_capacity(self.key_length(offset) + q_len)
+        visible = self._visible_slots(pending_mask[..., :offset], self.capacity, offset)
+        return torch.cat([visible, pending_mask[..., offset:]], dim=2)
 
     def window(self, pending_mask: torch.Tensor) -> "CacheWindow":
         """One forward of Q new tokens (``LayerCache``): their pending slots start at ``lengths + P - Q``; the
@@ -194,10 +202,14 @@ class KVCache:
 
     @torch.inference_mode()
     def select_rows(self, rows: torch.Tensor) -> None:
-        """Keep only ``rows`` (e.g. drop finished sequences from the running batch)."""
-        self.keys = self.keys[:, rows].contiguous()
-        self.values = self.values[:, rows].contiguous()
+        """Keep only ``rows`` (e.g. drop finished sequences from the running batch); a block-grown cache also
+        drops the slots its longest remaining row no longer needs."""
         self.lengths = self.lengths[rows].clone()
+        keep = self.capacity
+        if self.block and len(self.lengths):
+            keep = min(keep, max(self.block, -(-int(self.lengths.max()) // self.block) * self.block))
+        self.keys = self.keys[:, rows, :, :keep].contiguous()
+        self.values = self.values[:, rows, :, :keep].contiguous()
 
 
 @dataclass
@@ -210,6 +222,8 @@ class CacheWindow:
     mask: torch.Tensor | None
     k_len: int
 
-    def update(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def attend(self, layer: int, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         self.cache.write(layer, keys, values, self.slots)
-        return self.cache.view(layer, self.k_len)
+        past_keys, past_values = self.cache.view(layer, self.k_len)
+        return F.scaled_dot_product_attention(queries, past_keys, past_values, attn_mask=self.mask,
+                                              enable_gqa=queries.shape[1] != keys.shape[1])

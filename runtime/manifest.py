@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 SCHEMA_VERSION = 1
+ONNX_GRAPH_INTERFACE = 2  # the ONNX engines' graph I/O: 2 = one key and one value buffer input per layer, read in place
 MANIFEST_NAME = "manifest.json"
 BACKENDS = ("onnxruntime", "torch", "tensorrt-llm", "sglang", "vllm")
 # dtype names the kit accepts, by torch dtype name (``runtime/device.py`` maps them to torch dtypes)

@@ -4,9 +4,10 @@ Each class implements a protocol of ``runtime/contract.py`` beside its PyTorch c
 (``TargetStep``, like ``TargetModel``), ``OrtFeatureDraftStep`` (``FeatureStep``, like ``TorchFeatureStep``),
 ``OrtMedusaHeads`` (``MedusaStep``, like ``MedusaHeads``) and ``OrtMoAStep`` (a ``MoAStep``, like
 ``TorchMoAStep``); the generation loop, tree search and verification are the runtime's own.
-The runtime's ``KVCache`` stays the one cache: each call passes its past slots in and writes the
-graph's present keys/values back into the new tokens' slots. Tensors cross into ONNX Runtime through
-I/O binding on their own memory (no copies on CPU or CUDA beyond gathering the past slots).
+The runtime's ``KVCache`` stays the one cache: each call binds every layer's whole key and value buffer as that
+layer's input, in place, and writes the graph's present keys/values back into the new tokens' slots. Tensors cross
+into ONNX Runtime through I/O binding on their own memory: nothing copies the past, on CPU or CUDA. These caches
+grow in ``CACHE_BLOCK``-slot steps, so the slots a graph reads past the longest row stay few.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from specdec_kit.runtime.graphs import past_names
 from specdec_kit.runtime.kv_cache import KVCache
 from specdec_kit.runtime.moa_drafting import MoAStep
 from specdec_kit.runtime.target import TargetOutput
 
+CACHE_BLOCK = 64  # slots a cache grows by: reading up to this many spare slots beats copying the past every call
 NUMPY_TYPES = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_}
 
 
@@ -85,20 +88,25 @@ class OrtGraph:
         return result
 
 
+def new_block_cache(layers: int, batch: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                    device: torch.device) -> KVCache:
+    """A cache for graphs that read it in place: one block to start, grown by blocks as the rows need."""
+    return KVCache.allocate(layers, batch, kv_heads, head_dim, CACHE_BLOCK, dtype, device, block=CACHE_BLOCK)
+
+
 def _run_over_cache(graph: OrtGraph, cache: KVCache, pending_mask: torch.Tensor, feeds: dict[str, torch.Tensor],
                     outputs: dict, first_layer: int = 0) -> dict[str, torch.Tensor]:
-    """Run a past-in/present-out graph over ``cache`` (its layers from ``first_layer`` on): add the mask over
-    past + new keys and the past slots to ``feeds``, then write the present keys/values into the new tokens'
-    pending slots (``pending_mask`` [B, Q, offset + Q] as for ``KVCache.attention_mask``)."""
+    """Run a buffer-in/present-out graph over ``cache`` (its layers from ``first_layer`` on): add the mask over
+    the buffers + new keys and each layer's buffer to ``feeds``, then write the present keys/values into the new
+    tokens' pending slots (``pending_mask`` [B, Q, offset + Q] as for ``KVCache.attention_mask``)."""
     q_len = pending_mask.shape[1]
     offset = pending_mask.shape[2] - q_len
-    mask, past = cache.past_and_new_mask(pending_mask)
+    mask = cache.buffer_and_new_mask(pending_mask)
     layers, bsz, heads, _, dim = cache.keys[first_layer:].shape
+    buffers = [cache.keys[first_layer + i] for i in range(layers)] + [cache.values[first_layer + i] for i in range(layers)]
     present = ((layers, bsz, heads, q_len, dim), cache.keys.dtype)
-    out = graph.run(dict(feeds, attention_mask=mask, past_keys=cache.keys[first_layer:, :, :, :past],
-                         past_values=cache.values[first_layer:, :, :, :past]),
+    out = graph.run(dict(feeds, attention_mask=mask, **dict(zip(past_names(layers), buffers))),
                     dict(outputs, present_keys=present, present_values=present))
-    cache.ensure_capacity(past + q_len)
     cache.write_all(out["present_keys"], out["present_values"], cache.slots(q_len, offset), first_layer)
     return out
 
@@ -134,7 +142,7 @@ class OrtTarget:
         return list(self.spec.get("eos_token_ids", []))
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
-        return KVCache.allocate(self.num_layers, batch, self.num_kv_heads, self.head_dim, capacity, self.dtype, self.device)
+        return new_block_cache(self.num_layers, batch, self.num_kv_heads, self.head_dim, self.dtype, self.device)
 
     @torch.inference_mode()
     def __call__(self, tokens, positions, pending_mask, cache: KVCache, logits_at=None) -> TargetOutput:
@@ -155,7 +163,7 @@ class OrtFeatureDraftStep:
         self.hidden_size, self.vocab_size = spec["hidden_size"], spec["vocab_size"]
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
-        return KVCache.allocate(self.layers, batch, self.heads, self.head_dim, capacity, self.dtype, self.graph.device)
+        return new_block_cache(self.layers, batch, self.heads, self.head_dim, self.dtype, self.graph.device)
 
     @torch.inference_mode()
     def __call__(self, features, tokens, positions, pending_mask, cache, logits_at=None):
@@ -198,8 +206,8 @@ class OrtMoAStep(MoAStep):
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         s = self.spec
-        return KVCache.allocate(1, batch, s["num_key_value_heads"], s["head_dim"], capacity, self._dtype,
-                                self.graphs["moa_step"].device)
+        return new_block_cache(1, batch, s["num_key_value_heads"], s["head_dim"], self._dtype,
+                               self.graphs["moa_step"].device)
 
     def memory_update(self, kv: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         s = self.spec

@@ -38,8 +38,9 @@ def test_window_writes_after_each_rows_length_and_masks_pending_slots():
     window = cache.window(pending)
     assert window.k_len == 3 + 3 and window.slots.tolist() == [[5], [3]]
     new = torch.full((2, 1, 1, 2), 100.0)
-    keys, values = window.update(0, new, -new)
-    assert keys.shape == (2, 1, 6, 2) and float(cache.keys[0, 0, 0, 5, 0]) == 100 and float(cache.keys[0, 1, 0, 3, 0]) == 100
+    out = window.attend(0, torch.zeros(2, 1, 1, 2), new, -new)  # zero queries: the mean of the visible values
+    assert float(cache.keys[0, 0, 0, 5, 0]) == 100 and float(cache.keys[0, 1, 0, 3, 0]) == 100
+    assert out[:, 0, 0, 0].tolist() == pytest.approx([-(0 + 1 + 2 + 3 + 100) / 5, -(0 + 1 + 100) / 3])
     mask = window.mask[:, 0, 0]
     assert mask[0].tolist() == [True, True, True, True, False, True]  # 3 committed, pending 0 yes, 1 no, itself
     assert mask[1].tolist() == [True, True, False, True, False, False]  # row 1 is shorter: its slots end earlier
@@ -69,6 +70,13 @@ def test_capacity_grows_keeping_contents_and_rows_join_and_leave():
     cache.lengths = torch.tensor([4, 2])
     cache.ensure_capacity(9)
     assert cache.capacity >= 9 and cache.keys[0, 0, 0, :4, 0].tolist() == [0, 1, 2, 3]
+    blocks = filled_cache(capacity=4)
+    blocks.block, blocks.lengths = 4, torch.tensor([3, 1])
+    blocks.ensure_capacity(9)
+    assert blocks.capacity == 12 and blocks.keys[0, 0, 0, :4, 0].tolist() == [0, 1, 2, 3]
+    blocks.lengths = torch.tensor([9, 2])
+    blocks.select_rows(torch.tensor([1]))  # the longest row left: its spare blocks go with it
+    assert blocks.capacity == 4 and blocks.keys[0, 0, 0, :4, 0].tolist() == [0, 1, 2, 3]
     fresh = KVCache.allocate(2, 1, 1, 2, 3, torch.float32, "cpu")
     fresh.lengths = torch.tensor([1])
     cache = KVCache.with_rows(cache, fresh)
@@ -82,7 +90,7 @@ def test_both_caches_and_every_backend_step_implement_the_contract():
     target = tiny_target(hidden_size=32, layers=2, heads=2, kv_heads=1, intermediate=64, vocab=40)
     assert isinstance(target, TargetStep)
     assert isinstance(target.new_cache(1, 4), LayerCache)
-    assert isinstance(GraphCache(torch.zeros(1, 1, 1, 0, 16), torch.zeros(1, 1, 1, 0, 16)), LayerCache)
+    assert isinstance(GraphCache([torch.zeros(1, 1, 0, 16)], [torch.zeros(1, 1, 0, 16)]), LayerCache)
     assert isinstance(TorchFeatureStep(oracle_eagle(target), target.lm_head), FeatureStep)
     assert isinstance(TorchMoAStep(random_moa(target), target), TokenStep)
     assert isinstance(random_medusa(target), MedusaStep)
@@ -98,9 +106,14 @@ def test_graph_cache_attends_over_past_plus_new_like_the_runtime_cache():
     target(ids[:, :3], ar[None, :3], causal[:, :3, :3], cache)
     cache.commit(ar[None, :3], torch.tensor([3]))
     ref = target(ids[:, 3:], ar[None, 3:], causal[:, 3:, 3:], cache)
-    graph = GraphCache(cache.keys[:, :, :, :3], cache.values[:, :, :, :3])
+    # the graph reads each layer's whole buffer (16 slots, stale ones too) under the mask over buffer + new keys
     with torch.inference_mode():
-        got = target.cached_step(ids[:, 3:], ar[None, 3:], causal[:, 3:, :5], graph)
+        cache.keys[:, :, :, 3:] = 1e4
+    mask = cache.buffer_and_new_mask(causal[:, 3:, 3:])
+    assert mask.shape == (1, 2, 16 + 2) and mask[0, :, :3].all() and not mask[0, :, 3:16].any()
+    graph = GraphCache(list(cache.keys), list(cache.values))
+    with torch.inference_mode():
+        got = target.cached_step(ids[:, 3:], ar[None, 3:], mask, graph)
     assert torch.allclose(ref.logits, got.logits, atol=1e-5)
     assert graph.present()[0].shape == (2, 1, 1, 2, 16)
 
