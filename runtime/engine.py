@@ -69,11 +69,15 @@ def _require(manifest: dict, root: Path, section: str, keys) -> None:
 
 
 def rebuild_command(manifest: dict) -> str:
-    """The command that built this engine, forced to build again (or the builder's name when not recorded)."""
-    command = manifest.get("build", {}).get("command")
-    if not command:
-        return "python export/build_engine.py ... --force"
-    return " ".join(["python", f"export/{Path(command[0]).name}", *command[1:], "--force"])
+    """The builder's command that made this engine, forced to build again; when something else built it (a
+    benchmark, a test), the builder's command for its draft kind."""
+    command = manifest.get("build", {}).get("command") or [""]
+    name = Path(command[0]).name
+    if name == "build_engine.py":
+        return " ".join(["python", "export/build_engine.py", *command[1:], "--force"])
+    if name == "specdec-build-engine":
+        return " ".join([name, *command[1:], "--force"])
+    return f"python export/build_engine.py --draft {manifest['draft']['kind']} ... --force"
 
 
 def _ort_components(root: Path, manifest: dict, device: torch.device, tree):

@@ -165,6 +165,11 @@ def test_corrupted_incomplete_or_mismatched_engines_are_refused(engines, tmp_pat
     with pytest.raises(EngineError, match="draft kind is 'griffin', expected 'medusa'"):
         open_engine(eng, expect_draft="medusa")
     manifest = json.loads((eng / "manifest.json").read_text())
+    older = {**manifest, "onnx": {k: v for k, v in manifest["onnx"].items() if k != "graph_interface"}}
+    (eng / "manifest.json").write_text(json.dumps(older))  # built before the per-layer buffers: graphs of interface 1
+    with pytest.raises(EngineError, match=r"interface 1 and this kit runs interface 2 .*rebuild the engine with "
+                                          r"python export/build_engine.py .*--force"):
+        open_engine(eng)
     (eng / "manifest.json").write_text(json.dumps({**manifest, "schema_version": 99}))
     with pytest.raises(EngineError, match="schema_version 99"):
         open_engine(eng)
