@@ -2,7 +2,8 @@
 
 Builds (or reuses) with ``export/build_engine.py``'s builder the demo zoo's ONNX Runtime engines and ``--backend
 vllm`` engines for each draft, starts every server once on 127.0.0.1 (the kit's ``specdec-serve``: plain with
-``--speculation off`` and speculative with its default adaptive policy and CPU-sized dynamic tree; vLLM's
+``--speculation off`` and speculative with each of ``--kit-policies``, by default its adaptive policy and the cost
+policy, which sizes the tree per batch from measured costs, over the CPU-sized dynamic tree; vLLM's
 OpenAI server: plain on the target and speculative through ``specdec-serve`` on the vLLM engine, whose chain is
 the tree's longest path), then measures in rounds: each repeat visits every concurrency level and, within it,
 every server in a rotated order, so drift over the run hits all of them alike. Idle servers stay up (neither
@@ -12,7 +13,9 @@ template; ``ignore_eos``, so each generates exactly ``--max-tokens``).
 Reports per server, mode and concurrency: total tokens/s over the level's wall time (median of the repeats,
 with min and max), TTFT and per-token ITL p50 (medians of the repeats' p50s), acceptance length from each
 server's own /metrics counters (1 + accepted / drafts), and whether the greedy texts agree with the kit's plain
-decoding. Writes ``vllm_side_by_side.{json,md,png}``. Numbers are reported, never asserted.
+decoding, and the goals against the measured numbers: the kit's plain decoding at least vLLM's at the most streams,
+and the kit's GRIFFIN at least 1.7x its plain decoding at one stream and 1.2x at the most streams. Writes
+``vllm_side_by_side.{json,md,png}``. Numbers are reported, never asserted.
 
 Thread budget: both run on the same cores. The kit computes with ONNX Runtime's intra-op threads (one per core)
 on its engine thread; vLLM's CPU build, by default (``VLLM_CPU_OMP_THREADS_BIND=auto``), binds one OpenMP
@@ -41,6 +44,8 @@ def parse_args(argv):
     p = argparse.ArgumentParser(prog="specdec-bench-vllm", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--drafts", default="eagle2,griffin", help="draft methods, comma-separated (each served by both)")
+    p.add_argument("--kit-policies", default="adaptive,cost",
+                   help="the kit's speculation policies, comma-separated (a speculative kit server for each)")
     p.add_argument("--concurrency", default="1,4,16", help="concurrent streams per level, comma-separated")
     p.add_argument("--repeats", type=int, default=3, help="rounds over every level and server")
     p.add_argument("--prompts", type=int, default=8, help="HumanEval prompts")
@@ -58,17 +63,19 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def server_specs(drafts: list[str], root: Path) -> list[dict]:
-    """(server, mode, engine, how to start) for the kit and vLLM, plain first."""
+def server_specs(drafts: list[str], root: Path, policies: list[str]) -> list[dict]:
+    """(server, mode, engine, how to start) for the kit and vLLM, plain first; the kit's speculative servers once
+    per policy (mode ``griffin`` for the adaptive policy, ``griffin+cost`` for another)."""
     from specdec_kit.bench.engine_backends import engine_for
 
     kit = {d: engine_for(d, "onnxruntime", root) for d in drafts}
     vllm = {d: engine_for(d, "vllm", root) for d in drafts}
-    specs = [{"server": "kit", "mode": "plain", "engine": kit[drafts[0]], "speculative": False},
-             {"server": "vllm", "mode": "plain", "engine": vllm[drafts[0]], "speculative": False}]
+    specs = [{"server": "kit", "mode": "plain", "engine": kit[drafts[0]], "speculation": "off"},
+             {"server": "vllm", "mode": "plain", "engine": vllm[drafts[0]], "speculation": "off"}]
     for d in drafts:
-        specs += [{"server": "kit", "mode": d, "engine": kit[d], "speculative": True},
-                  {"server": "vllm", "mode": d, "engine": vllm[d], "speculative": True}]
+        specs += [{"server": "kit", "mode": d if policy == "adaptive" else f"{d}+{policy}", "engine": kit[d],
+                   "speculation": policy} for policy in policies]
+        specs.append({"server": "vllm", "mode": d, "engine": vllm[d], "speculation": "on"})
     return specs
 
 
@@ -78,10 +85,10 @@ def start(spec: dict, args, max_streams: int):
     label = f"{spec['server']}-{spec['mode']}"
     log = args.out / "logs" / f"{label}.log"
     if spec["server"] == "kit":
-        server = start_kit(label, spec["engine"], "adaptive" if spec["speculative"] else "off", max_streams, log)
+        server = start_kit(label, spec["engine"], spec["speculation"], max_streams, log)
         server.wait_ready("/health/ready", STARTUP_S)
     else:
-        server = start_vllm(label, spec["engine"], args.vllm_python, spec["speculative"], args.max_model_len,
+        server = start_vllm(label, spec["engine"], args.vllm_python, spec["speculation"] != "off", args.max_model_len,
                             args.vllm_kv_cache_gib, log, args.vllm_arg)
         server.wait_ready("/health", STARTUP_S)
     return server
@@ -144,6 +151,32 @@ def summarize(rows: list[dict]) -> list[dict]:
     return out
 
 
+def goals(summary: list[dict]) -> list[dict]:
+    """The goals this benchmark exists for, each against the measured medians (reported, never asserted)."""
+    def find(server: str, mode: str, streams: int) -> dict | None:
+        return next((r for r in summary if (r["server"], r["mode"], r["streams"]) == (server, mode, streams)), None)
+
+    levels = sorted({r["streams"] for r in summary})
+    low, high = levels[0], levels[-1]
+    out = []
+    kit_plain, vllm_plain = find("kit", "plain", high), find("vllm", "plain", high)
+    if kit_plain and vllm_plain:
+        ratio = kit_plain["tokens_per_s"] / vllm_plain["tokens_per_s"]
+        out.append({"goal": f"kit plain >= vLLM plain at {high} streams", "measured": f"{ratio:.2f}x", "met": ratio >= 1.0})
+    for mode in sorted({r["mode"] for r in summary if r["server"] == "kit" and r["mode"].split("+")[0] == "griffin"}):
+        for streams, bound in ((low, 1.7), (high, 1.2)):
+            row = find("kit", mode, streams)
+            if row:
+                out.append({"goal": f"kit {mode} >= {bound}x kit plain at {streams} stream{'s' if streams > 1 else ''}",
+                            "measured": f"{row['over_own_plain']:.2f}x", "met": row["over_own_plain"] >= bound})
+    return out
+
+
+def goal_lines(found: list[dict]) -> list[str]:
+    return ["| goal | measured | met |", "|---|---:|---|"] + [
+        f"| {g['goal']} | {g['measured']} | {'yes' if g['met'] else 'no'} |" for g in found]
+
+
 def median_of(rows: list[dict], key: str) -> float | None:
     values = [r[key] for r in rows if r[key] is not None]
     return round(statistics.median(values), 2) if values else None
@@ -167,7 +200,7 @@ def plot(summary: list[dict], path: Path) -> None:
     panels = (("tokens_per_s", "throughput (tokens/s, median)"), ("ttft_p50_ms", "time to first token p50 (ms)"),
               ("itl_p50_ms", "inter-token latency p50 (ms)"))
     modes = list(dict.fromkeys(r["mode"] for r in summary))
-    colors = dict(zip(modes, ("#7f7f7f", "#4c72b0", "#dd8452", "#55a868", "#c44e52")))
+    colors = dict(zip(modes, ("#7f7f7f", "#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860")))
     for server, style in (("kit", "-"), ("vllm", "--")):
         for mode in modes:
             sel = [r for r in summary if (r["server"], r["mode"]) == (server, mode)]
@@ -192,9 +225,10 @@ def settings(args, specs: list[dict]) -> dict:
                             + " (auto: one compute thread per core but the last, which runs its API server and scheduler)",
             "vllm_args": args.vllm_arg or ["(none: vLLM's default compiled path)"],
             "vllm_chain": {s["mode"]: json.loads((s["engine"] / "manifest.json").read_text())["vllm"]["speculative_config"]
-                           ["num_speculative_tokens"] for s in specs if s["server"] == "vllm" and s["speculative"]},
+                           ["num_speculative_tokens"] for s in specs if s["server"] == "vllm" and s["speculation"] != "off"},
             "kit_trees": {s["mode"]: json.loads((s["engine"] / "manifest.json").read_text())["tree"]
-                          for s in specs if s["server"] == "kit" and s["speculative"]},
+                          for s in specs if s["server"] == "kit" and s["speculation"] != "off"},
+            "kit_policies": {s["mode"]: s["speculation"] for s in specs if s["server"] == "kit"},
             "max_tokens": args.max_tokens, "prompts": args.prompts, "repeats": args.repeats,
             "requests_per_stream": args.requests_per_stream}
 
@@ -216,7 +250,7 @@ def main(argv=None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(default_zoo() / "tokenizer")
     prompts = [tokenizer(p)["input_ids"] for p in humaneval(args.prompts)]
     print("building or reusing the engines ...", flush=True)
-    specs = server_specs(drafts, args.engines)
+    specs = server_specs(drafts, args.engines, [p.strip() for p in args.kit_policies.split(",") if p.strip()])
     servers = {}
     t0 = time.time()
     try:
@@ -232,14 +266,15 @@ def main(argv=None) -> int:
     for row in rows:
         row.pop("texts")  # compared in the summary; the results keep numbers only
     meta = settings(args, specs)
+    found = goals(summary)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "vllm_side_by_side.json").write_text(
-        json.dumps({"settings": meta, "summary": summary, "rows": rows}, indent=2, default=str) + "\n")
+        json.dumps({"settings": meta, "summary": summary, "goals": found, "rows": rows}, indent=2, default=str) + "\n")
     lines = [f"The kit's server and vLLM-CPU, demo zoo target, {args.prompts} HumanEval prompts as token ids, "
              f"{args.max_tokens} tokens each, T=0, {args.repeats} interleaved rounds ({meta['machine']})", "",
              f"- kit: {meta['kit_threads']}; trees " + ", ".join(f"{m} {t}" for m, t in meta["kit_trees"].items()),
              f"- vLLM: {meta['vllm_threads']}; chains " + ", ".join(f"{m} K={k}" for m, k in meta["vllm_chain"].items())
-             + "; options " + " ".join(meta["vllm_args"]), ""] + table(summary)
+             + "; options " + " ".join(meta["vllm_args"]), ""] + table(summary) + [""] + goal_lines(found)
     write_text_and_plot(args.out, "vllm_side_by_side", lines, lambda path: plot(summary, path))
     return 0
 

@@ -84,32 +84,33 @@ class CostPolicy:
     def nodes(self, k: int) -> int:
         return 1 if k == 0 else tree_nodes(self.trees[k - 1])
 
-    def predicted_rate(self, k: int, batch: int) -> float | None:
+    def trusted(self) -> tuple[dict[int, Ema], dict[int, Ema]]:
+        """The verify and draft cost points measured ``warmup`` times or more (taken once per decision)."""
+        return ({t: e for t, e in self.verify.items() if e.n >= self.warmup},
+                {b: e for b, e in self.draft.items() if e.n >= self.warmup})
+
+    def predicted_rate(self, k: int, batch: int, points: tuple[dict[int, Ema], dict[int, Ema]] | None = None) -> float | None:
         """Tokens/s the candidate would give at this batch size; None where a quantity is not measured enough."""
-        verify_points = {t: e for t, e in self.verify.items() if e.n >= self.warmup}
+        verify_points, draft_points = points or self.trusted()
         verify = interpolate(verify_points, batch * self.nodes(k))
         if verify is None or (len(verify_points) < 2 and batch * self.nodes(k) not in verify_points):
             return None
         if k == 0:
             return batch / verify
         acc = self.accepted.get(k)
-        draft = interpolate({b: e for b, e in self.draft.items() if e.n >= self.warmup}, batch)
+        draft = interpolate(draft_points, batch)
         if acc is None or acc.n < self.warmup or draft is None:
             return None
         return batch * (1 + acc.value) / (verify + draft)
 
-    def _unmeasured(self, batch: int) -> int | None:
-        """A candidate whose prediction at this batch size still lacks a measurement: plain first (its call is the
-        cheapest point of the cost curve), then the trees, largest first."""
-        for k in range(len(self.trees) + 1):
-            if self.predicted_rate(k, batch) is None:
-                return k
-        return None
-
     def choose(self, batch_size: int) -> Tree | None:
-        k = self._unmeasured(batch_size)
+        points = self.trusted()
+        rates = [self.predicted_rate(c, batch_size, points) for c in range(len(self.trees) + 1)]
+        # a candidate still lacking a measurement goes first: plain (its call is the cheapest point of the cost
+        # curve), then the trees, largest first
+        k = next((c for c, rate in enumerate(rates) if rate is None), None)
         if k is None:
-            ranked = sorted(range(len(self.trees) + 1), key=lambda c: -self.predicted_rate(c, batch_size))
+            ranked = sorted(range(len(rates)), key=lambda c: -rates[c])
             n = self.cycles[batch_size] = self.cycles.get(batch_size, 0) + 1
             k = ranked[1] if len(ranked) > 1 and n % self.probe_every == 0 else ranked[0]
         self._last = k

