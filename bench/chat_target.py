@@ -51,7 +51,7 @@ def build_engines(args, methods: list[str]) -> dict[str, Path]:
     for method in methods:
         target, draft, tokenizer, _ = resolve_paths(method, Path(args.target), None, None)
         inputs = BuildInputs(draft=method, target=target, draft_path=draft, tokenizer=tokenizer, backend=args.backend,
-                             dtype="float32", tree=tree_to_dict(DynamicTreeConfig(**NAMED_TARGETS[args.target].cpu_tree)))
+                             dtype="float32", tree=tree_to_dict(DynamicTreeConfig(**NAMED_TARGETS[args.target].cpu_tree(method))))
         out = args.engines / f"{args.target}-{method}-{args.backend}"
         print(f"{method}: engine {out}", file=sys.stderr)
         step = lambda msg: print(f"  {msg}", file=sys.stderr)  # noqa: E731

@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         from specdec_kit.runtime.pretrained import NAMED_TARGETS, is_named
 
         named = args.target is not None and is_named(args.target)
-        cpu_tree = NAMED_TARGETS[str(args.target)].cpu_tree if named else None
+        cpu_tree = NAMED_TARGETS[str(args.target)].cpu_tree(args.draft) if named else None
         target, draft_path, tokenizer, demo = resolve_paths(args.draft, args.target, args.draft_path, args.tokenizer)
         tree = resolve_tree_dict(args.draft, args.backend, demo, args.tree, args.total_tokens, args.depth, args.top_k,
                                  cpu_tree)

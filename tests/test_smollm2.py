@@ -71,7 +71,7 @@ def test_the_kits_heads_are_lossless_on_smollm2(target, chats, kind):
     head = named_head("smollm2", kind)
     config = json.loads((head / "config.json").read_text())
     assert config["embedding_from_target"] and config["draft_vocab_size"] < target.vocab_size
-    tree = DynamicTreeConfig(**NAMED_TARGETS["smollm2"].cpu_tree)
+    tree = DynamicTreeConfig(**NAMED_TARGETS["smollm2"].cpu_tree(kind))
     plain = SpeculativeGenerator(target, None).generate(chats, NEW_TOKENS)
     spec = SpeculativeGenerator(target, make_drafter(target, kind, head, tree)).generate(chats, NEW_TOKENS)
     assert [r.tokens for r in spec] == [r.tokens for r in plain]
@@ -87,7 +87,7 @@ def test_generate_with_the_named_target_and_its_head(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "greedy output identical to plain decoding: True" in proc.stdout
     griffin = json.loads(out.read_text())[0]
-    cpu_tree = NAMED_TARGETS["smollm2"].cpu_tree
+    cpu_tree = NAMED_TARGETS["smollm2"].cpu_tree("griffin")
     assert griffin["identical_to_plain"] and f"total_tokens={cpu_tree['total_tokens']}" in griffin["method"]
 
 
