@@ -101,9 +101,14 @@ def _run_over_cache(graph: OrtGraph, cache: KVCache, pending_mask: torch.Tensor,
     tokens' pending slots (``pending_mask`` [B, Q, offset + Q] as for ``KVCache.attention_mask``)."""
     q_len = pending_mask.shape[1]
     offset = pending_mask.shape[2] - q_len
-    mask = cache.buffer_and_new_mask(pending_mask)
+    if offset == 0 and not bool(cache.lengths.any()):  # a prefill: no slot is visible yet, so the buffers go in
+        cache.ensure_capacity(q_len)                    # empty rather than as slots to mask out
+        mask, width = pending_mask, 0
+    else:
+        mask, width = cache.buffer_and_new_mask(pending_mask), cache.capacity
     layers, bsz, heads, _, dim = cache.keys[first_layer:].shape
-    buffers = [cache.keys[first_layer + i] for i in range(layers)] + [cache.values[first_layer + i] for i in range(layers)]
+    buffers = ([cache.keys[first_layer + i, :, :, :width] for i in range(layers)]
+               + [cache.values[first_layer + i, :, :, :width] for i in range(layers)])
     present = ((layers, bsz, heads, q_len, dim), cache.keys.dtype)
     out = graph.run(dict(feeds, attention_mask=mask, **dict(zip(past_names(layers), buffers))),
                     dict(outputs, present_keys=present, present_values=present))
