@@ -43,7 +43,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def build_engines(args, methods: list[str]) -> dict[str, Path]:
     """Each head's engine, built by the kit's builder (an identical rebuild is reused)."""
     from specdec_kit.export.builder import build_engine
-    from specdec_kit.export.inputs import BuildError, BuildInputs, resolve_paths
+    from specdec_kit.export.inputs import BuildInputs, resolve_paths
     from specdec_kit.runtime.pretrained import NAMED_TARGETS
     from specdec_kit.runtime.trees import DynamicTreeConfig, tree_to_dict
 
@@ -54,12 +54,8 @@ def build_engines(args, methods: list[str]) -> dict[str, Path]:
                              dtype="float32", tree=tree_to_dict(DynamicTreeConfig(**NAMED_TARGETS[args.target].cpu_tree(method))))
         out = args.engines / f"{args.target}-{method}-{args.backend}"
         print(f"{method}: engine {out}", file=sys.stderr)
-        step = lambda msg: print(f"  {msg}", file=sys.stderr)  # noqa: E731
-        try:
-            paths[method] = build_engine(inputs, out, step=step).path
-        except BuildError as exc:  # an engine of this name from other inputs (an older head): the benchmark's own
-            print(f"  {exc}: rebuilding it", file=sys.stderr)
-            paths[method] = build_engine(inputs, out, force=True, step=step).path
+        paths[method] = build_engine(inputs, out, step=lambda msg: print(f"  {msg}", file=sys.stderr),
+                                     replace_other=True).path
     return paths
 
 

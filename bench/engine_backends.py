@@ -44,7 +44,7 @@ def engine_for(kind: str, backend: str, root: Path) -> Path:
     target, draft_path, tokenizer, demo = resolve_paths(kind, None, None, None)
     inputs = BuildInputs(draft=kind, target=target, draft_path=draft_path, tokenizer=tokenizer, backend=backend,
                          dtype="float32", tree=resolve_tree_dict(kind, backend, demo), demo=demo)
-    return build_engine(inputs, root / f"{kind}-{backend}", device="cpu").path
+    return build_engine(inputs, root / f"{kind}-{backend}", device="cpu", replace_other=True).path
 
 
 def plot(rows: list[dict], path: Path) -> None:

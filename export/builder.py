@@ -151,7 +151,10 @@ def _save_checkpoints(staging: Path, target: TargetModel, kind: str, module) -> 
 
 
 def build_engine(inputs: BuildInputs, output: Path, force: bool = False, device: str | torch.device = "cpu",
-                 step: Callable[[str], None] = lambda msg: None) -> BuildResult:
+                 step: Callable[[str], None] = lambda msg: None, replace_other: bool = False) -> BuildResult:
+    """Build the engine of ``inputs`` at ``output``, or reuse the one there built from the same inputs. An engine
+    there from other inputs is an error unless ``replace_other`` (a tool's own engine directory, e.g. a
+    benchmark's, rebuilt after a head or the kit changed); ``force`` rebuilds even an identical one."""
     start = time.perf_counter()
     step("hashing inputs")
     inputs.file_hashes = {"target": hash_tree(inputs.target, "target"), "draft": hash_tree(inputs.draft_path, "draft")}
@@ -163,7 +166,7 @@ def build_engine(inputs: BuildInputs, output: Path, force: bool = False, device:
     check_engine_rules(inputs.backend, inputs.draft, inputs.pp, inputs.trtllm_legacy_engine)
     check_output(output)
     with output_lock(output, step):
-        return _build_locked(inputs, output, digest, force, device, step, start)
+        return _build_locked(inputs, output, digest, force, device, step, start, replace_other)
 
 
 @contextlib.contextmanager
@@ -185,12 +188,14 @@ def output_lock(output: Path, step: Callable[[str], None]) -> Iterator[None]:
 
 
 def _build_locked(inputs: BuildInputs, output: Path, digest: str, force: bool, device: str | torch.device,
-                  step: Callable[[str], None], start: float) -> BuildResult:
+                  step: Callable[[str], None], start: float, replace_other: bool = False) -> BuildResult:
     if output.exists() and not force:
         found = _existing(output, digest)
         if found is not None:
             return BuildResult(output, found, reused=True, seconds=time.perf_counter() - start)
-        if any(output.iterdir()):
+        if replace_other:
+            step(f"{output} holds an engine built from other inputs: rebuilding it")
+        elif any(output.iterdir()):
             raise BuildError(f"--output {output}: exists and is not an engine built from these inputs; "
                              "pass --force to replace it or choose another --output")
     dtype = DTYPES[inputs.dtype]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from specdec_kit.export.builder import build_engine
-from specdec_kit.export.inputs import BuildInputs
+from specdec_kit.export.inputs import BuildError, BuildInputs
 from specdec_kit.export.onnx_build import target_parity
 from specdec_kit.runtime.drafting import TorchFeatureStep
 from specdec_kit.runtime.registry import drafter_for
@@ -204,6 +204,20 @@ def test_cli_builds_reuses_and_force_rebuilds(demo_checkpoints, tmp_path):
     other = run_cli(*args[:-2], "--tree", "static:chain-3", "--output", str(tmp_path / "eng"), cwd=tmp_path)
     assert other.returncode == 2 and "not an engine built from these inputs" in other.stderr
     assert left_in(tmp_path) == ["eng"]  # no staging directories left behind
+
+
+def test_a_tools_own_engine_directory_is_rebuilt_when_its_inputs_changed(demo_checkpoints, tmp_path):
+    """``replace_other`` (what the benchmarks pass for their engines): an engine from other inputs is rebuilt, an
+    identical one still reused."""
+    out = tmp_path / "eng"
+    build_engine(inputs_for(demo_checkpoints, "griffin", "torch"), out)
+    other = inputs_for(demo_checkpoints, "griffin", "torch", tree=tree_to_dict(DynamicTreeConfig(6, 2, 2)))
+    with pytest.raises(BuildError, match="not an engine built from these inputs"):
+        build_engine(other, out)
+    rebuilt = build_engine(other, out, replace_other=True)
+    assert not rebuilt.reused and read_manifest(out)["tree"] == other.tree
+    assert build_engine(other, out, replace_other=True).reused
+    assert left_in(tmp_path) == ["eng"]
 
 
 def test_bad_input_fails_cleanly_and_writes_nothing(demo_checkpoints, tmp_path):
