@@ -3,11 +3,18 @@
 A speculative cycle over a batch of B rows with a tree of N nodes costs one target call over B x N tokens plus the
 draft's steps, and yields B x (1 + a_N) tokens, where a_N is the accepted draft tokens per row for that tree. Plain
 decoding costs one target call over B tokens and yields B. The three quantities are measured from the server's own
-cycles, each where it is shared: the target's cost as a curve over the total tokens of a call (the same for any
-batch split: 4 rows x 8 nodes and 32 rows x 1 cost alike), the draft's per batch size (its steps are the tree's
-depth, which every candidate keeps), the acceptance per tree (it does not depend on the batch). So a cycle at batch 16 with a 4-node tree also tells what plain decoding at
-batch 64 would cost, and the policy picks, for each batch size, the candidate with the most predicted tokens per
-second, measuring what it cannot yet predict and re-measuring the runner-up now and then.
+cycles, each where it is shared: the target's cost as a curve over the total tokens of a call, the draft's per batch
+size (its steps are the tree's depth, which every candidate keeps), the acceptance per tree (it does not depend on
+the batch). A first guess treats every batch split alike (4 rows x 8 nodes as 32 rows x 1), so a cycle at batch 16
+with a 4-node tree also tells what plain decoding at batch 64 would cost; but rows cost apart from tokens (each
+row's cache is read), so once a batch size recurs (``settle`` cycles) every candidate is measured at that size a
+few times, and those measurements take precedence. Per batch size the policy picks the candidate with the most
+predicted tokens per second, measuring what it cannot yet predict and re-measuring the runner-up now and then.
+
+Switching costs: the first speculative cycle after plain ones runs the draft over all the context it skipped, so its
+draft time is not a draft step's cost and is left out of the draft's measurements; and a probe of a runner-up that
+keeps losing comes half as often each time (back to ``probe_every`` when the leader changes), since each probe of
+speculation pays that catch-up.
 """
 
 from __future__ import annotations
@@ -69,13 +76,20 @@ class CostPolicy:
 
     trees: list[Tree]
     warmup: int = 3  # measurements of a quantity before it is trusted
-    probe_every: int = 25  # then, per batch size, one cycle of the runner-up this often
+    probe_every: int = 25  # then, per batch size, one cycle of the runner-up this often (at first)
+    max_probe_gap: int = 800  # the longest a losing runner-up's probes back off to
+    settle: int = 10  # cycles at a batch size before every candidate is measured at that size
     smoothing: float = 0.2
     verify: dict[int, Ema] = field(default_factory=dict)  # target call seconds by total tokens (rows x nodes)
+    verify_at: dict[int, dict[int, Ema]] = field(default_factory=dict)  # the same per batch size: rows -> tokens
     draft: dict[int, Ema] = field(default_factory=dict)  # draft seconds by batch size
     accepted: dict[int, Ema] = field(default_factory=dict)  # [candidate] -> accepted draft tokens per row
     cycles: dict[int, int] = field(default_factory=dict)  # per batch size, for the probes
+    leader: dict[int, int] = field(default_factory=dict)  # per batch size: the candidate it runs
+    probe_gap: dict[int, int] = field(default_factory=dict)  # per batch size: cycles between probes of the runner-up
+    next_probe: dict[int, int] = field(default_factory=dict)  # per batch size: the cycle of the next probe
     _last: int = 0  # the candidate of the cycle being run (0 = plain, k = trees[k - 1])
+    _previous: int = 0  # the candidate of the cycle before it
 
     @property
     def never_speculates(self) -> bool:
@@ -92,8 +106,12 @@ class CostPolicy:
     def predicted_rate(self, k: int, batch: int, points: tuple[dict[int, Ema], dict[int, Ema]] | None = None) -> float | None:
         """Tokens/s the candidate would give at this batch size; None where a quantity is not measured enough."""
         verify_points, draft_points = points or self.trusted()
-        verify = interpolate(verify_points, batch * self.nodes(k))
-        if verify is None or (len(verify_points) < 2 and batch * self.nodes(k) not in verify_points):
+        x = batch * self.nodes(k)
+        own = {t: e for t, e in self.verify_at.get(batch, {}).items() if e.n >= self.warmup}
+        if x in own or len(own) >= 2:  # measured at this batch size: its own curve
+            verify_points = own
+        verify = interpolate(verify_points, x)
+        if verify is None or (len(verify_points) < 2 and x not in verify_points):
             return None
         if k == 0:
             return batch / verify
@@ -103,16 +121,30 @@ class CostPolicy:
             return None
         return batch * (1 + acc.value) / (verify + draft)
 
+    def measured_at(self, k: int, batch: int) -> bool:
+        """Whether candidate ``k`` has been measured ``warmup`` times at this batch size itself."""
+        point = self.verify_at.get(batch, {}).get(batch * self.nodes(k))
+        return point is not None and point.n >= self.warmup
+
     def choose(self, batch_size: int) -> Tree | None:
         points = self.trusted()
         rates = [self.predicted_rate(c, batch_size, points) for c in range(len(self.trees) + 1)]
+        n = self.cycles[batch_size] = self.cycles.get(batch_size, 0) + 1
         # a candidate still lacking a measurement goes first: plain (its call is the cheapest point of the cost
-        # curve), then the trees, largest first
+        # curve), then the trees, largest first; at a batch size that recurs, every candidate at that size
         k = next((c for c, rate in enumerate(rates) if rate is None), None)
+        if k is None and n > self.settle:
+            k = next((c for c in range(len(rates)) if not self.measured_at(c, batch_size)), None)
         if k is None:
             ranked = sorted(range(len(rates)), key=lambda c: -rates[c])
-            n = self.cycles[batch_size] = self.cycles.get(batch_size, 0) + 1
-            k = ranked[1] if len(ranked) > 1 and n % self.probe_every == 0 else ranked[0]
+            k = ranked[0]
+            if self.leader.get(batch_size) != k:  # a new leader: its runner-up is worth probing often again
+                self.leader[batch_size], self.probe_gap[batch_size] = k, self.probe_every
+                self.next_probe[batch_size] = n + self.probe_every
+            if len(ranked) > 1 and n >= self.next_probe[batch_size]:
+                k = ranked[1]
+                self.next_probe[batch_size] = n + self.probe_gap[batch_size]
+                self.probe_gap[batch_size] = min(2 * self.probe_gap[batch_size], self.max_probe_gap)
         self._last = k
         return None if k == 0 else self.trees[k - 1]
 
@@ -121,10 +153,14 @@ class CostPolicy:
         if seconds <= 0 or outcome.rows == 0:
             return
         k = self._last if outcome.speculative else 0
-        self.verify.setdefault(outcome.rows * self.nodes(k), Ema()).add(outcome.verify_s, self.smoothing)
+        tokens = outcome.rows * self.nodes(k)
+        self.verify.setdefault(tokens, Ema()).add(outcome.verify_s, self.smoothing)
+        self.verify_at.setdefault(outcome.rows, {}).setdefault(tokens, Ema()).add(outcome.verify_s, self.smoothing)
         if k:
-            self.draft.setdefault(outcome.rows, Ema()).add(outcome.draft_s, self.smoothing)
+            if self._previous:  # after a plain cycle the draft caught up on the skipped context: not a step's cost
+                self.draft.setdefault(outcome.rows, Ema()).add(outcome.draft_s, self.smoothing)
             self.accepted.setdefault(k, Ema()).add(outcome.accepted_tokens / outcome.rows, self.smoothing)
+        self._previous = k
 
     def describe(self) -> list[dict]:
         """Per candidate: its tree size and acceptance, and its predicted tokens/s at the batch sizes seen."""

@@ -18,9 +18,10 @@ TREE = DynamicTreeConfig(total_tokens=16, depth=3, top_k=4)
 ACCEPTED = {16: 2.0, 8: 1.6, 4: 1.2, 2: 0.7}  # accepted draft tokens per row, by tree size
 
 
-def verify_seconds(tokens: int) -> float:
-    """A target that costs the same up to 16 tokens per call (memory-bound), then grows with them (compute-bound)."""
-    return 0.010 + 0.0005 * max(0, tokens - 16)
+def verify_seconds(tokens: int, rows: int) -> float:
+    """A target that costs the same up to 16 tokens per call (memory-bound), then grows with them (compute-bound),
+    and a little more for each row (its cache is read)."""
+    return 0.010 + 0.0005 * max(0, tokens - 16) + 0.0004 * rows
 
 
 def draft_seconds(batch: int) -> float:
@@ -29,20 +30,22 @@ def draft_seconds(batch: int) -> float:
 
 def rate(batch: int, nodes: int) -> float:
     if nodes == 1:
-        return batch / verify_seconds(batch)
-    return batch * (1 + ACCEPTED[nodes]) / (verify_seconds(batch * nodes) + draft_seconds(batch))
+        return batch / verify_seconds(batch, batch)
+    return batch * (1 + ACCEPTED[nodes]) / (verify_seconds(batch * nodes, batch) + draft_seconds(batch))
 
 
 def drive(policy: CostPolicy, batch: int, cycles: int) -> list[int]:
-    """Run the policy against the modelled machine at one batch size; the tree sizes it chose (1 = plain)."""
-    chosen = []
+    """Run the policy against the modelled machine at one batch size; the tree sizes it chose (1 = plain). The first
+    speculative cycle after plain ones also runs the draft over the context they skipped (one step per cycle)."""
+    chosen, skipped = [], 0
     for _ in range(cycles):
         tree = policy.choose(batch)
         nodes = tree_nodes(tree)
-        draft = draft_seconds(batch) if tree is not None else 0.0
+        draft = draft_seconds(batch) * (1 + skipped) if tree is not None else 0.0
+        skipped = 0 if tree is not None else skipped + 1
         accepted = ACCEPTED.get(nodes, 0.0) * batch
         outcome = CycleOutcome(tree is not None, batch, int(batch + accepted), (nodes - 1) * batch, int(accepted), [],
-                               draft, verify_seconds(batch * nodes))
+                               draft, verify_seconds(batch * nodes, batch))
         policy.observe(outcome, outcome.draft_s + outcome.verify_s)
         chosen.append(nodes)
     return chosen
@@ -76,13 +79,26 @@ def test_it_picks_the_fastest_candidate_for_each_batch_size():
     assert described[1]["predicted_tokens_per_s"][16] == pytest.approx(rate(16, 1))
 
 
-def test_a_batch_size_it_has_not_seen_is_predicted_without_trying_every_tree():
-    policy = CostPolicy(candidate_trees(TREE), warmup=3)
+def test_switching_costs_neither_skew_the_draft_cost_nor_keep_being_paid():
+    """Catch-up cycles stay out of the draft's cost, and the probes of a runner-up that keeps losing back off."""
+    policy = CostPolicy(candidate_trees(TREE), warmup=3, probe_every=25)
+    chosen = drive(policy, 16, 1000)
+    assert policy.draft[16].value == pytest.approx(draft_seconds(16))  # a step's cost, not a catch-up's
+    probes = [i for i, n in enumerate(chosen[100:]) if n != 1]
+    assert 2 <= len(probes) <= 8, probes  # 36 at a fixed interval of 25
+    assert all(b - a > a - c for a, b, c in zip(probes[1:], probes[2:], probes)), probes  # further apart each time
+    assert drive(policy, 1, 100)[-50:].count(16) >= 47  # a big tree alone still wins, from clean measurements
+
+
+def test_a_batch_size_it_has_not_seen_is_predicted_then_measured_once_it_recurs():
+    policy = CostPolicy(candidate_trees(TREE), warmup=3, settle=10)
     drive(policy, 1, 60)
     drive(policy, 4, 60)
-    chosen = drive(policy, 16, 60)
-    assert chosen.count(16) <= 3  # the 256-token verification was predicted too slow, not measured at length
+    chosen = drive(policy, 16, 80)
+    assert 16 not in chosen[:10]  # the 256-token verification was predicted too slow from the other sizes' costs
+    assert all(policy.measured_at(k, 16) for k in range(len(policy.trees) + 1))  # then each candidate at 16 itself
     assert chosen[-30:].count(1) >= 28
+    assert policy.predicted_rate(0, 16) == pytest.approx(rate(16, 1))  # 16 rows x 1 token, not 1 row x 16
 
 
 def test_without_trees_it_never_speculates():
