@@ -18,22 +18,14 @@ when it was never consumed (a rollback restored the state from before it was abs
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from specdec_kit.runtime.drafting import DraftTree, Drafter, NoDrafter
-from specdec_kit.runtime.generate import append_context
+from specdec_kit.runtime.draft_context import DraftContext
 from specdec_kit.runtime.kv_cache import KVCache
 from specdec_kit.runtime.moa_drafting import MoATreeDrafter, TorchMoAStep
-
-
-@dataclass
-class Context:
-    feats: torch.Tensor  # [1, W, d] (empty width for drafts without per-position features)
-    tokens: torch.Tensor  # [1, W]
-    counts: torch.Tensor  # [1]
 
 
 class EdgeDrafter:
@@ -44,7 +36,7 @@ class EdgeDrafter:
 
     def __init__(self, drafter: Drafter, device: torch.device, dtype: torch.dtype):
         self.drafter, self.device, self.dtype = drafter, device, dtype
-        self.ctx: Context | None = None
+        self.ctx: DraftContext | None = None
         self.consumed = True
 
     # -- state -----------------------------------------------------------------------------------
@@ -66,10 +58,9 @@ class EdgeDrafter:
         counts = torch.tensor([len(tokens)], dtype=torch.long, device=self.device)
         feats = feats.to(self.device, self.dtype)[None]
         if self.consumed or self.ctx is None:
-            self.ctx = Context(feats, tok, counts)
+            self.ctx = DraftContext.of(feats, tok, counts)
         else:
-            f, t, c = append_context(self.ctx.feats, self.ctx.tokens, self.ctx.counts, feats, tok, counts)
-            self.ctx = Context(f, t, c)
+            self.ctx = self.ctx.append(feats, tok, counts)
         self.consumed = False
 
     # -- per cycle -------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 import torch
 
 from specdec_kit.runtime.device import now
+from specdec_kit.runtime.draft_context import DraftContext
 from specdec_kit.runtime.drafting import Drafter, DraftTree, NoDrafter
 from specdec_kit.runtime.kv_cache import KVCache
 from specdec_kit.runtime.sampling import SamplingParams, request_seed, sampled_tokens
@@ -120,37 +121,23 @@ class DecodeBatch:
 
     rows: list[_Row]
     cache: KVCache
-    ctx_feats: torch.Tensor  # [B, W, d]
-    ctx_tokens: torch.Tensor  # [B, W]
-    ctx_counts: torch.Tensor  # [B]
+    context: DraftContext
 
     @property
     def size(self) -> int:
         return len(self.rows)
 
+    @property
+    def ctx_feats(self) -> torch.Tensor:  # [B, W, d]
+        return self.context.feats
 
-def _pad_width(x: torch.Tensor, width: int) -> torch.Tensor:
-    if x.shape[1] >= width:
-        return x
-    pad = x.new_zeros(x.shape[0], width - x.shape[1], *x.shape[2:])
-    return torch.cat([x, pad], dim=1)
+    @property
+    def ctx_tokens(self) -> torch.Tensor:  # [B, W]
+        return self.context.tokens
 
-
-def append_context(feats: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor, new_feats: torch.Tensor,
-                   new_tokens: torch.Tensor, new_counts: torch.Tensor):
-    """Per row, the first ``counts`` pairs followed by the first ``new_counts`` new pairs (a cycle that
-    did not draft leaves its context for the next one that does, so the draft never misses a position)."""
-    total = counts + new_counts
-    width = int(total.max().item())
-    ar = torch.arange(width, device=tokens.device)[None, :]
-    from_new = ar >= counts[:, None]
-    idx_old = ar.clamp(max=feats.shape[1] - 1).expand(len(counts), -1)
-    idx_new = (ar - counts[:, None]).clamp(0, new_feats.shape[1] - 1)
-    out_tokens = torch.where(from_new, torch.gather(new_tokens, 1, idx_new), torch.gather(tokens, 1, idx_old))
-    d = feats.shape[-1]
-    out_feats = torch.where(from_new[..., None], torch.gather(new_feats, 1, idx_new[..., None].expand(-1, -1, d)),
-                            torch.gather(feats, 1, idx_old[..., None].expand(-1, -1, d)))
-    return out_feats, out_tokens, total
+    @property
+    def ctx_counts(self) -> torch.Tensor:  # [B]
+        return self.context.counts
 
 
 class SpeculativeGenerator:
@@ -273,7 +260,7 @@ class SpeculativeGenerator:
             row.start = start
             row.stats.prefill_s = prefill_s
             self._emit_guarded(row, [first_list[b]])
-        return DecodeBatch(rows, cache, out.features, ctx_tokens, counts)
+        return DecodeBatch(rows, cache, DraftContext.of(out.features, ctx_tokens, counts))
 
     @torch.inference_mode()
     def admit(self, running: DecodeBatch | None, new: DecodeBatch) -> DecodeBatch:
@@ -284,10 +271,7 @@ class SpeculativeGenerator:
             return new
         running.cache.extend_rows(new.cache)
         self.drafter.add_rows(new.size, new.cache.capacity)
-        width = max(running.ctx_tokens.shape[1], new.ctx_tokens.shape[1])
-        running.ctx_feats = torch.cat([_pad_width(running.ctx_feats, width), _pad_width(new.ctx_feats.to(running.ctx_feats.dtype), width)])
-        running.ctx_tokens = torch.cat([_pad_width(running.ctx_tokens, width), _pad_width(new.ctx_tokens, width)])
-        running.ctx_counts = torch.cat([running.ctx_counts, new.ctx_counts])
+        running.context = running.context.extend_rows(new.context)
         running.rows.extend(new.rows)
         return running
 
@@ -306,7 +290,7 @@ class SpeculativeGenerator:
             sel = torch.tensor(keep, dtype=torch.long, device=self.target.device)
             batch.cache.select_rows(sel)
             self.drafter.select_rows(sel)
-            batch.ctx_feats, batch.ctx_tokens, batch.ctx_counts = batch.ctx_feats[sel], batch.ctx_tokens[sel], batch.ctx_counts[sel]
+            batch.context = batch.context.select_rows(sel)
         batch.rows = [batch.rows[j] for j in keep]
         return done
 
@@ -357,10 +341,9 @@ class SpeculativeGenerator:
         new_tokens = torch.cat([result.path_tokens[:, 1:], torch.zeros_like(result.path_tokens[:, :1])], dim=1)
         new_tokens.scatter_(1, (result.counts - 1)[:, None], result.next_tokens[:, None])
         if replace:
-            batch.ctx_feats, batch.ctx_tokens, batch.ctx_counts = result.features, new_tokens, result.counts
+            batch.context = DraftContext.of(result.features, new_tokens, result.counts)
         else:
-            batch.ctx_feats, batch.ctx_tokens, batch.ctx_counts = append_context(
-                batch.ctx_feats, batch.ctx_tokens, batch.ctx_counts, result.features, new_tokens, result.counts)
+            batch.context = batch.context.append(result.features, new_tokens, result.counts)
 
     def _account(self, rows: list[_Row], tree: DraftTree, result: TreeResult, drafted: bool, draft_s: float,
                  verify_s: float, end: float) -> CycleOutcome:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from specdec_kit.runtime.drafting import TorchFeatureStep, FeatureTreeDrafter
-from specdec_kit.runtime.generate import SpeculativeGenerator, append_context
+from specdec_kit.runtime.draft_context import DraftContext
+from specdec_kit.runtime.generate import SpeculativeGenerator
 from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.runtime.synthetic import oracle_griffin
 from specdec_kit.runtime.trees import DynamicTreeConfig
@@ -61,12 +62,26 @@ def test_plain_cycles_keep_the_draft_context(predictable_case):
     assert per_cycle_always > 2.0 and per_cycle_mixed > 0.7 * per_cycle_always
 
 
-def test_append_context_concatenates_per_row():
+def test_draft_context_appends_per_row_in_place_and_keeps_snapshots():
     feats = torch.arange(2 * 3 * 1, dtype=torch.float).view(2, 3, 1)
     toks = torch.tensor([[1, 2, 3], [4, 5, 0]])
+    snapshot = DraftContext.of(feats, toks, torch.tensor([3, 2]))
     new_feats = -torch.arange(1, 2 * 2 + 1, dtype=torch.float).view(2, 2, 1)
-    new_toks = torch.tensor([[7, 8], [9, 0]])
-    f, t, c = append_context(feats, toks, torch.tensor([3, 2]), new_feats, new_toks, torch.tensor([2, 1]))
-    assert c.tolist() == [5, 3]
-    assert t[0].tolist() == [1, 2, 3, 7, 8] and t[1, :3].tolist() == [4, 5, 9]
-    assert f[0, :, 0].tolist() == [0, 1, 2, -1, -2] and f[1, :3, 0].tolist() == [3, 4, -3]
+    grown = snapshot.append(new_feats, torch.tensor([[7, 8], [9, 0]]), torch.tensor([2, 1]))
+    assert grown.counts.tolist() == [5, 3] and grown.width == 5
+    assert grown.tokens[0].tolist() == [1, 2, 3, 7, 8] and grown.tokens[1, :3].tolist() == [4, 5, 9]
+    assert grown.feats[0, :, 0].tolist() == [0, 1, 2, -1, -2] and grown.feats[1, :3, 0].tolist() == [3, 4, -3]
+    # the earlier context still reads what it held
+    assert snapshot.tokens.tolist() == [[1, 2, 3], [4, 5, 0]] and snapshot.counts.tolist() == [3, 2]
+    # a long run of one-pair appends writes into room kept ahead (buffers double), not a copy per append
+    ctx, buffers = grown, set()
+    for step in range(40):
+        ctx = ctx.append(torch.full((2, 1, 1), float(step)), torch.full((2, 1), 100 + step), torch.tensor([1, 1]))
+        buffers.add(ctx.tokens_buffer.data_ptr())
+    assert ctx.counts.tolist() == [45, 43] and len(buffers) <= 4
+    assert ctx.tokens[0, 5:].tolist() == list(range(100, 140)) and ctx.tokens[1, 3:43].tolist() == list(range(100, 140))
+    assert ctx.feats[1, 42, 0].item() == 39.0
+    kept = ctx.select_rows(torch.tensor([1]))
+    assert kept.counts.tolist() == [43] and kept.tokens[0, :3].tolist() == [4, 5, 9]
+    joined = kept.extend_rows(snapshot)
+    assert joined.counts.tolist() == [43, 3, 2] and joined.tokens[1, :3].tolist() == [1, 2, 3]
