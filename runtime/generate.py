@@ -82,6 +82,7 @@ class CycleOutcome:
     accepted_per_depth: list[int]  # [d-1]: rows whose accepted path reached depth d
     draft_s: float
     verify_s: float
+    caught_up: bool = False  # the draft also read context that plain cycles or a prefill left: not one step's time
 
 
 @dataclass
@@ -326,13 +327,17 @@ class SpeculativeGenerator:
         (plain decoding) and keeps the draft context for the next speculative cycle."""
         dev = self.target.device
         drafted = speculate and not isinstance(self.drafter, NoDrafter)
+        # after a speculative cycle each row's context is its accepted path, at most the tree's depth plus the root
+        caught_up = drafted and batch.context.width > self.drafter.max_depth + 1
         t0 = now(dev)
         tree = (self.drafter if drafted else self._plain).draft(batch.ctx_feats, batch.ctx_tokens, batch.ctx_counts)
         t1 = now(dev)
         result = self.verify_tree(batch, tree)
         t2 = now(dev)
         self._next_context(batch, result, replace=drafted or isinstance(self.drafter, NoDrafter))
-        return self._account(batch.rows, tree, result, drafted, t1 - t0, t2 - t1, t2)
+        outcome = self._account(batch.rows, tree, result, drafted, t1 - t0, t2 - t1, t2)
+        outcome.caught_up = caught_up
+        return outcome
 
     @staticmethod
     def _next_context(batch: DecodeBatch, result: TreeResult, replace: bool) -> None:

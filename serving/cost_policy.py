@@ -9,12 +9,17 @@ the batch). A first guess treats every batch split alike (4 rows x 8 nodes as 32
 with a 4-node tree also tells what plain decoding at batch 64 would cost; but rows cost apart from tokens (each
 row's cache is read), so once a batch size recurs (``settle`` cycles) every candidate is measured at that size a
 few times, and those measurements take precedence. Per batch size the policy picks the candidate with the most
-predicted tokens per second, measuring what it cannot yet predict and re-measuring the runner-up now and then.
+predicted tokens per second, measuring what it cannot yet predict and re-measuring the others, in turn, now and then.
 
-Switching costs: the first speculative cycle after plain ones runs the draft over all the context it skipped, so its
-draft time is not a draft step's cost and is left out of the draft's measurements; and a probe of a runner-up that
-keeps losing comes half as often each time (back to ``probe_every`` when the leader changes), since each probe of
-speculation pays that catch-up.
+A cycle also costs what is neither draft nor target: accepting, streaming the tokens out, the scheduler's
+bookkeeping. That overhead is measured per batch size (the cycle's whole time less its draft and target parts) and
+is part of every candidate's prediction: left out, it favours candidates with more cycles per token (plain
+decoding, small trees), which pay it more often.
+
+Switching costs: the first speculative cycle after plain ones (or after a prefill) runs the draft over all the
+context it has not read, so its draft time is not a draft step's cost and is left out of the draft's measurements;
+and the probes of candidates that keep losing come half as often after each round of them (back to ``probe_every``
+when the leader changes), since each probe of speculation pays that catch-up.
 """
 
 from __future__ import annotations
@@ -28,14 +33,15 @@ from specdec_kit.serving.policy import Tree, shrink, tree_nodes
 
 @dataclass
 class Ema:
-    """An exponential moving average that remembers how many samples it has seen."""
+    """An exponential moving average that remembers how many samples it has seen; over its first ``1 / smoothing``
+    samples it is their plain mean (so one early outlier does not linger as the estimate)."""
 
     value: float = 0.0
     n: int = 0
 
     def add(self, x: float, smoothing: float) -> None:
-        self.value = x if self.n == 0 else (1 - smoothing) * self.value + smoothing * x
         self.n += 1
+        self.value += (x - self.value) * max(smoothing, 1.0 / self.n)
 
 
 def interpolate(points: dict[int, Ema], x: int) -> float | None:
@@ -76,20 +82,23 @@ class CostPolicy:
 
     trees: list[Tree]
     warmup: int = 3  # measurements of a quantity before it is trusted
-    probe_every: int = 25  # then, per batch size, one cycle of the runner-up this often (at first)
-    max_probe_gap: int = 800  # the longest a losing runner-up's probes back off to
+    probe_every: int = 25  # then, per batch size, one cycle of another candidate this often (at first)
+    max_probe_gap: int = 800  # the longest the probes of losing candidates back off to
     settle: int = 10  # cycles at a batch size before every candidate is measured at that size
     smoothing: float = 0.2
+    acceptance_smoothing: float = 0.1  # acceptance varies a lot from cycle to cycle (and with the text): a longer memory
+    acceptance_warmup: int = 8  # cycles of a tree before its acceptance is trusted
     verify: dict[int, Ema] = field(default_factory=dict)  # target call seconds by total tokens (rows x nodes)
     verify_at: dict[int, dict[int, Ema]] = field(default_factory=dict)  # the same per batch size: rows -> tokens
     draft: dict[int, Ema] = field(default_factory=dict)  # draft seconds by batch size
+    overhead: dict[int, Ema] = field(default_factory=dict)  # seconds of a cycle outside draft and target, by batch size
     accepted: dict[int, Ema] = field(default_factory=dict)  # [candidate] -> accepted draft tokens per row
     cycles: dict[int, int] = field(default_factory=dict)  # per batch size, for the probes
     leader: dict[int, int] = field(default_factory=dict)  # per batch size: the candidate it runs
-    probe_gap: dict[int, int] = field(default_factory=dict)  # per batch size: cycles between probes of the runner-up
+    probe_gap: dict[int, int] = field(default_factory=dict)  # per batch size: cycles between probes
     next_probe: dict[int, int] = field(default_factory=dict)  # per batch size: the cycle of the next probe
+    probe_turn: dict[int, int] = field(default_factory=dict)  # per batch size: which non-leader the next probe runs
     _last: int = 0  # the candidate of the cycle being run (0 = plain, k = trees[k - 1])
-    _previous: int = 0  # the candidate of the cycle before it
 
     @property
     def never_speculates(self) -> bool:
@@ -113,13 +122,23 @@ class CostPolicy:
         verify = interpolate(verify_points, x)
         if verify is None or (len(verify_points) < 2 and x not in verify_points):
             return None
+        verify += interpolate(self.overhead, batch) or 0.0
         if k == 0:
             return batch / verify
-        acc = self.accepted.get(k)
+        acc = self.acceptance(k)
         draft = interpolate(draft_points, batch)
-        if acc is None or acc.n < self.warmup or draft is None:
+        if acc is None or draft is None:
             return None
-        return batch * (1 + acc.value) / (verify + draft)
+        return batch * (1 + acc) / (verify + draft)
+
+    def acceptance(self, k: int) -> float | None:
+        """Accepted draft tokens per row for candidate ``k``, once measured enough. A larger tree of the same kind
+        holds the smaller ones' likely paths, so it is taken to accept at least what they measured."""
+        own = self.accepted.get(k)
+        if own is None or own.n < self.acceptance_warmup:
+            return None
+        smaller = [e.value for c, e in self.accepted.items() if c > k and e.n >= self.acceptance_warmup]
+        return max([own.value, *smaller])
 
     def measured_at(self, k: int, batch: int) -> bool:
         """Whether candidate ``k`` has been measured ``warmup`` times at this batch size itself."""
@@ -138,29 +157,34 @@ class CostPolicy:
         if k is None:
             ranked = sorted(range(len(rates)), key=lambda c: -rates[c])
             k = ranked[0]
-            if self.leader.get(batch_size) != k:  # a new leader: its runner-up is worth probing often again
+            if self.leader.get(batch_size) != k:  # a new leader: the others are worth probing often again
                 self.leader[batch_size], self.probe_gap[batch_size] = k, self.probe_every
-                self.next_probe[batch_size] = n + self.probe_every
+                self.next_probe[batch_size], self.probe_turn[batch_size] = n + self.probe_every, 0
             if len(ranked) > 1 and n >= self.next_probe[batch_size]:
-                k = ranked[1]
+                # the others in turn, best first: an unlucky early measurement does not bury a candidate for good
+                turn = self.probe_turn[batch_size]
+                k = ranked[1 + turn % (len(ranked) - 1)]
+                self.probe_turn[batch_size] = turn + 1
                 self.next_probe[batch_size] = n + self.probe_gap[batch_size]
-                self.probe_gap[batch_size] = min(2 * self.probe_gap[batch_size], self.max_probe_gap)
+                if (turn + 1) % (len(ranked) - 1) == 0:  # a round over: the next ones come half as often
+                    self.probe_gap[batch_size] = min(2 * self.probe_gap[batch_size], self.max_probe_gap)
         self._last = k
         return None if k == 0 else self.trees[k - 1]
 
     def observe(self, outcome: CycleOutcome, seconds: float) -> None:
-        """Fold one cycle's measured costs and acceptance into the model."""
+        """Fold one cycle's measured costs and acceptance into the model; ``seconds`` is the cycle's whole time."""
         if seconds <= 0 or outcome.rows == 0:
             return
         k = self._last if outcome.speculative else 0
         tokens = outcome.rows * self.nodes(k)
         self.verify.setdefault(tokens, Ema()).add(outcome.verify_s, self.smoothing)
         self.verify_at.setdefault(outcome.rows, {}).setdefault(tokens, Ema()).add(outcome.verify_s, self.smoothing)
+        self.overhead.setdefault(outcome.rows, Ema()).add(max(0.0, seconds - outcome.draft_s - outcome.verify_s),
+                                                          self.smoothing)
         if k:
-            if self._previous:  # after a plain cycle the draft caught up on the skipped context: not a step's cost
+            if not outcome.caught_up:  # a catch-up over skipped context is not a step's cost
                 self.draft.setdefault(outcome.rows, Ema()).add(outcome.draft_s, self.smoothing)
-            self.accepted.setdefault(k, Ema()).add(outcome.accepted_tokens / outcome.rows, self.smoothing)
-        self._previous = k
+            self.accepted.setdefault(k, Ema()).add(outcome.accepted_tokens / outcome.rows, self.acceptance_smoothing)
 
     def describe(self) -> list[dict]:
         """Per candidate: its tree size and acceptance, and its predicted tokens/s at the batch sizes seen."""

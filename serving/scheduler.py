@@ -238,10 +238,11 @@ class Scheduler:
         self.metrics.labels(self.metrics.tree_tokens).set(tree_nodes(tree))
         t0 = time.perf_counter()
         outcome = self.gen.cycle(batch, speculate=tree is not None)
-        self.policy.observe(outcome, time.perf_counter() - t0)
         self.metrics.record_speculation(outcome.rows if outcome.speculative else 0, outcome.draft_tokens,
                                         outcome.accepted_tokens, outcome.accepted_per_depth)
         self._report()
+        # the policy weighs the whole cycle: handing the tokens out is paid once per cycle, whatever it drafted
+        self.policy.observe(outcome, time.perf_counter() - t0)
 
     def _report(self) -> None:
         """Hand every request its new tokens, update the metrics, retire finished rows."""

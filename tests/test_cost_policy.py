@@ -34,19 +34,32 @@ def rate(batch: int, nodes: int) -> float:
     return batch * (1 + ACCEPTED[nodes]) / (verify_seconds(batch * nodes, batch) + draft_seconds(batch))
 
 
-def drive(policy: CostPolicy, batch: int, cycles: int) -> list[int]:
-    """Run the policy against the modelled machine at one batch size; the tree sizes it chose (1 = plain). The first
-    speculative cycle after plain ones also runs the draft over the context they skipped (one step per cycle)."""
-    chosen, skipped = [], 0
-    for _ in range(cycles):
+def drive(policy: CostPolicy, batch: int, cycles: int, overhead: float = 0.0, prefill_every: int = 0,
+          unlucky: int = 0) -> list[int]:
+    """Run the policy against the modelled machine at one batch size; the tree sizes it chose (1 = plain). Each cycle
+    also costs ``overhead`` outside draft and target. The first speculative cycle after plain ones also runs the draft
+    over the context they skipped (one step per cycle), and every ``prefill_every`` cycles a request joins whose
+    prompt the draft reads at its next speculative cycle (as long as 30 steps). The largest tree's first ``unlucky``
+    cycles accept nothing (text the draft predicts badly)."""
+    chosen, skipped, largest, owed = [], 0, 0, dict.fromkeys(ACCEPTED, 0.0)
+    for i in range(cycles):
+        if prefill_every and i % prefill_every == 0:
+            skipped += 30
         tree = policy.choose(batch)
         nodes = tree_nodes(tree)
         draft = draft_seconds(batch) * (1 + skipped) if tree is not None else 0.0
+        caught_up = tree is not None and skipped > 0
         skipped = 0 if tree is not None else skipped + 1
-        accepted = ACCEPTED.get(nodes, 0.0) * batch
-        outcome = CycleOutcome(tree is not None, batch, int(batch + accepted), (nodes - 1) * batch, int(accepted), [],
-                               draft, verify_seconds(batch * nodes, batch))
-        policy.observe(outcome, outcome.draft_s + outcome.verify_s)
+        accepted = 0
+        if tree is not None:  # whole tokens over the batch, their mean ACCEPTED per row
+            owed[nodes] += ACCEPTED[nodes] * batch
+            accepted, owed[nodes] = int(owed[nodes]), owed[nodes] - int(owed[nodes])
+        if nodes == max(ACCEPTED):
+            largest += 1
+            accepted *= largest > unlucky
+        outcome = CycleOutcome(tree is not None, batch, batch + accepted, (nodes - 1) * batch, accepted, [],
+                               draft, verify_seconds(batch * nodes, batch), caught_up)
+        policy.observe(outcome, outcome.draft_s + outcome.verify_s + overhead)
         chosen.append(nodes)
     return chosen
 
@@ -80,14 +93,45 @@ def test_it_picks_the_fastest_candidate_for_each_batch_size():
 
 
 def test_switching_costs_neither_skew_the_draft_cost_nor_keep_being_paid():
-    """Catch-up cycles stay out of the draft's cost, and the probes of a runner-up that keeps losing back off."""
+    """Catch-up cycles (after plain ones, or over a joining request's prompt) stay out of the draft's cost, and the
+    probes of a runner-up that keeps losing back off."""
     policy = CostPolicy(candidate_trees(TREE), warmup=3, probe_every=25)
     chosen = drive(policy, 16, 1000)
     assert policy.draft[16].value == pytest.approx(draft_seconds(16))  # a step's cost, not a catch-up's
     probes = [i for i, n in enumerate(chosen[100:]) if n != 1]
-    assert 2 <= len(probes) <= 8, probes  # 36 at a fixed interval of 25
-    assert all(b - a > a - c for a, b, c in zip(probes[1:], probes[2:], probes)), probes  # further apart each time
-    assert drive(policy, 1, 100)[-50:].count(16) >= 47  # a big tree alone still wins, from clean measurements
+    assert 4 <= len(probes) <= 16, probes  # 36 at a fixed interval of 25
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps == sorted(gaps) and gaps[-1] >= 4 * gaps[0], probes  # further apart after each round
+    assert drive(policy, 1, 100, prefill_every=20)[-50:].count(16) >= 47  # a big tree alone still wins
+    assert policy.draft[1].value == pytest.approx(draft_seconds(1))  # prompts read by the draft left out too
+
+
+def test_every_candidate_is_measured_again_and_an_unlucky_start_buries_no_tree():
+    """The probes take the other candidates in turn, not only the runner-up; and a larger tree whose first cycles met
+    text the draft predicts badly is taken to accept at least what a smaller one of its kind measured."""
+    policy = CostPolicy(candidate_trees(TREE), warmup=3, probe_every=25)
+    chosen = drive(policy, 16, 1000)
+    assert set(chosen[100:]) == {1, 2, 4, 8, 16}  # plain leads; each tree is probed again
+    policy = CostPolicy(candidate_trees(TREE), warmup=3, probe_every=25)
+    drive(policy, 1, 20, unlucky=8)
+    assert policy.accepted[1].value < policy.accepted[2].value  # the largest tree measured worse than the next
+    assert policy.acceptance(1) == policy.accepted[2].value
+    assert drive(policy, 1, 200)[-100:].count(16) >= 95
+    assert policy.accepted[1].value > policy.accepted[2].value
+
+
+def test_the_overhead_of_a_cycle_counts_against_candidates_that_need_more_cycles():
+    """What a cycle costs besides draft and target (streaming, bookkeeping) is paid per cycle: it makes a tree that
+    yields more tokens per cycle worth it where plain decoding would win without it."""
+    overhead = 0.01
+    assert max([1, 2, 4, 8, 16], key=lambda n: rate(8, n)) == 1  # without the overhead, plain at batch 8
+    with_overhead = {n: 8 * (1 + ACCEPTED.get(n, 0.0)) / (8 / rate(8, n) * (1 + ACCEPTED.get(n, 0.0)) + overhead)
+                     for n in (1, 2, 4, 8, 16)}
+    assert max(with_overhead, key=with_overhead.get) == 4
+    policy = CostPolicy(candidate_trees(TREE), warmup=3, probe_every=25)
+    assert drive(policy, 8, 150, overhead=overhead)[-100:].count(4) >= 95
+    assert policy.overhead[8].value == pytest.approx(overhead)
+    assert policy.predicted_rate(3, 8) == pytest.approx(with_overhead[4], rel=0.02)
 
 
 def test_a_batch_size_it_has_not_seen_is_predicted_then_measured_once_it_recurs():
