@@ -57,9 +57,22 @@ Tree = StaticTree | DynamicTreeConfig
 
 @dataclass(frozen=True)
 class DraftCheckpoint:
-    """The committed lengths of a drafter's own caches at one moment (``Drafter.checkpoint``)."""
+    """The committed lengths of a drafter's own caches at one moment (``Drafter.checkpoint``), and how many
+    positions each row had skipped by then (``FeatureTreeDrafter``'s bounded catch-up)."""
 
     lengths: tuple[torch.Tensor, ...]
+    skipped: torch.Tensor | None = None
+
+
+def recent_pairs(features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor, window: int):
+    """Per row, only its last ``window`` context pairs (left-aligned) -> (features, tokens, counts, dropped)."""
+    keep = counts.clamp(max=window)
+    dropped = counts - keep
+    width = min(window, tokens.shape[1])
+    idx = dropped[:, None] + torch.arange(width, device=tokens.device)[None, :]
+    idx = idx.clamp(max=tokens.shape[1] - 1)
+    feats = torch.gather(features, 1, idx[..., None].expand(-1, -1, features.shape[-1]))
+    return feats, torch.gather(tokens, 1, idx), keep, dropped
 
 
 class Drafter:
@@ -174,13 +187,24 @@ class TorchFeatureStep:
 
 
 class FeatureTreeDrafter(Drafter):
-    """EAGLE/HASS/GRIFFIN draft steps (any ``FeatureStep``) over a static or a dynamic tree."""
+    """EAGLE/HASS/GRIFFIN draft steps (any ``FeatureStep``) over a static or a dynamic tree.
+
+    Catching up is bounded: after plain cycles (a loaded server's choice) each row has a long context the draft has
+    not read, and reading all of it for every row cost more than the cycle's verification. One catch-up reads at
+    most ``catch_up_pairs`` pairs over the batch (but each row's last ``min_window`` at least); a row's older
+    unread pairs are skipped, its later positions keep their place (``skipped`` offsets them), and the draft
+    attends over what it read. Drafts stay lossless (verification decides); only the first tree after a skip may
+    accept less. A batch of one reads prompts up to ``catch_up_pairs`` long whole."""
+
+    catch_up_pairs: int = 512
+    min_window: int = 16
 
     def __init__(self, step: FeatureStep, tree: Tree, feature_layers: tuple[int, ...] | None = None):
         self.step, self.feature_layers = step, feature_layers
         self.max_nodes = self.max_depth = 0
         self.set_tree(tree)
         self.cache: KVCache | None = None
+        self.skipped: torch.Tensor | None = None  # [B] positions each row skipped unread
 
     def set_tree(self, tree: Tree) -> None:
         self.tree = tree
@@ -193,12 +217,35 @@ class FeatureTreeDrafter(Drafter):
 
     def reset(self, batch: int, capacity: int) -> None:
         self.cache = self.step.new_cache(batch, capacity)
+        self.skipped = torch.zeros(batch, dtype=torch.long, device=self.cache.lengths.device)
 
     def select_rows(self, rows: torch.Tensor) -> None:
         self.cache.select_rows(rows)
+        self.skipped = self.skipped[rows]
 
     def add_rows(self, count: int, capacity: int) -> None:
         self.cache = KVCache.with_rows(self.cache, self.step.new_cache(count, capacity))
+        self.skipped = torch.cat([self.skipped, self.skipped.new_zeros(count)])
+
+    def checkpoint(self) -> DraftCheckpoint:
+        return DraftCheckpoint(tuple(c.lengths.clone() for c in self.owned_caches()), self.skipped.clone())
+
+    def restore(self, checkpoint: DraftCheckpoint) -> None:
+        super().restore(checkpoint)
+        self.skipped = checkpoint.skipped.clone()
+
+    def positions_from(self) -> torch.Tensor:
+        """[B] each row's next position: what its cache holds plus what it skipped."""
+        return self.cache.lengths + self.skipped
+
+    def _bounded(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor):
+        """The context a catch-up reads (see the class docstring); rows' skipped positions are recorded."""
+        window = max(self.min_window, self.catch_up_pairs // max(1, tokens.shape[0]))
+        if tokens.shape[1] <= window:
+            return features, tokens, counts
+        features, tokens, counts, dropped = recent_pairs(features, tokens, counts, window)
+        self.skipped = self.skipped + dropped
+        return features, tokens, counts
 
     @staticmethod
     def _logp(logits: torch.Tensor) -> torch.Tensor:
@@ -209,25 +256,26 @@ class FeatureTreeDrafter(Drafter):
         """Run the context pairs through the draft into its cache -> the root's next-token log-probs [B, V]
         and its predicted feature [B, d] (the tree grows from them; a client offline continues from them)."""
         cache = self.cache
+        features, tokens, counts = self._bounded(features, tokens, counts)
         bsz, q_len = tokens.shape
         ar = torch.arange(q_len, device=tokens.device)
         causal = (ar[None, :] <= ar[:, None]).expand(bsz, q_len, q_len)
-        positions = cache.lengths[:, None] + ar[None, :]
+        positions = self.positions_from()[:, None] + ar[None, :]
         logits, reg = self.step(features.to(self.step.dtype), tokens, positions, causal, cache, logits_at=(counts - 1)[:, None])
         cache.commit(ar.expand(bsz, q_len), counts)  # context pairs join the draft's sequence in place
         return self._logp(logits[:, 0]), last_real(reg, counts)
 
     @torch.inference_mode()
     def draft(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
-        root_logp, root_reg = self.context_step(features, tokens, counts)
         roots = last_real(tokens, counts)
+        root_logp, root_reg = self.context_step(features, tokens, counts)
         if isinstance(self.tree, StaticTree):
             return self._static(roots, root_logp, root_reg)
         return self._dynamic(roots, root_logp, root_reg)
 
     def _step(self, feats, toks, level_pos, pending):
         """One tree level: ``toks`` [B, n] at ``level_pos`` past each row's cache, seeing ``pending``."""
-        positions = (self.cache.lengths + level_pos)[:, None].expand_as(toks)
+        positions = (self.positions_from() + level_pos)[:, None].expand_as(toks)
         logits, reg = self._run_step(feats, toks, positions, pending)
         return self._logp(logits), reg
 

@@ -7,17 +7,21 @@ cycles, each where it is shared: the target's cost as a curve over the total tok
 size (its steps are the tree's depth, which every candidate keeps), the acceptance per tree (it does not depend on
 the batch). A first guess treats every batch split alike (4 rows x 8 nodes as 32 rows x 1), so a cycle at batch 16
 with a 4-node tree also tells what plain decoding at batch 64 would cost; but rows cost apart from tokens (each
-row's cache is read), so once a batch size recurs (``settle`` cycles) every candidate is measured at that size a
-few times, and those measurements take precedence. Per batch size the policy picks the candidate with the most
-predicted tokens per second, measuring what it cannot yet predict and re-measuring the others, in turn, now and then.
+row's cache is read), so once a batch size recurs (``settle`` cycles) each contender (a candidate predicted within
+``contender`` of the best) is measured at that size a few times, and those measurements take precedence. Per batch size the policy picks the candidate with the most
+predicted tokens per second, measuring what it cannot yet predict and re-measuring the contenders, in turn, now and
+then.
 
 A cycle also costs what is neither draft nor target: accepting, streaming the tokens out, the scheduler's
 bookkeeping. That overhead is measured per batch size (the cycle's whole time less its draft and target parts) and
 is part of every candidate's prediction: left out, it favours candidates with more cycles per token (plain
 decoding, small trees), which pay it more often.
 
-Switching costs: the first speculative cycle after plain ones (or after a prefill) runs the draft over all the
-context it has not read, so its draft time is not a draft step's cost and is left out of the draft's measurements;
+Switching costs: the first speculative cycle after plain ones (or after a prefill) runs the draft over the context
+it has not read, so its draft time is not a draft step's cost and is left out of the draft's measurements. While it
+speculates all along, what the draft reads beyond a step is the prompts of requests that joined: that is a cost of
+speculating, averaged over its cycles (``reading``). Plain decoding stays unless a tree is predicted ``margin``
+faster: leaving it pays a catch-up, and the predictions err by about that much;
 and the probes of candidates that keep losing come half as often after each round of them (back to ``probe_every``
 when the leader changes), since each probe of speculation pays that catch-up.
 """
@@ -84,14 +88,18 @@ class CostPolicy:
     warmup: int = 3  # measurements of a quantity before it is trusted
     probe_every: int = 25  # then, per batch size, one cycle of another candidate this often (at first)
     max_probe_gap: int = 800  # the longest the probes of losing candidates back off to
-    settle: int = 10  # cycles at a batch size before every candidate is measured at that size
-    smoothing: float = 0.2
+    settle: int = 10  # cycles at a batch size before its contenders are measured at that size
+    contender: float = 0.8  # predicted within this fraction of the best: worth measuring at the batch size itself
+    smoothing: float = 0.1
     acceptance_smoothing: float = 0.1  # acceptance varies a lot from cycle to cycle (and with the text): a longer memory
     acceptance_warmup: int = 8  # cycles of a tree before its acceptance is trusted
     verify: dict[int, Ema] = field(default_factory=dict)  # target call seconds by total tokens (rows x nodes)
     verify_at: dict[int, dict[int, Ema]] = field(default_factory=dict)  # the same per batch size: rows -> tokens
     draft: dict[int, Ema] = field(default_factory=dict)  # draft seconds by batch size
     overhead: dict[int, Ema] = field(default_factory=dict)  # seconds of a cycle outside draft and target, by batch size
+    reading: dict[int, Ema] = field(default_factory=dict)  # per speculative cycle, the draft's reading of joined prompts
+    reading_smoothing: float = 0.01  # prompts join now and then: an average over many cycles
+    margin: float = 1.1  # a tree must be predicted this much faster than plain decoding to replace it
     accepted: dict[int, Ema] = field(default_factory=dict)  # [candidate] -> accepted draft tokens per row
     cycles: dict[int, int] = field(default_factory=dict)  # per batch size, for the probes
     leader: dict[int, int] = field(default_factory=dict)  # per batch size: the candidate it runs
@@ -99,6 +107,7 @@ class CostPolicy:
     next_probe: dict[int, int] = field(default_factory=dict)  # per batch size: the cycle of the next probe
     probe_turn: dict[int, int] = field(default_factory=dict)  # per batch size: which non-leader the next probe runs
     _last: int = 0  # the candidate of the cycle being run (0 = plain, k = trees[k - 1])
+    _previous: int = 0  # the candidate of the cycle before it
 
     @property
     def never_speculates(self) -> bool:
@@ -114,13 +123,10 @@ class CostPolicy:
 
     def predicted_rate(self, k: int, batch: int, points: tuple[dict[int, Ema], dict[int, Ema]] | None = None) -> float | None:
         """Tokens/s the candidate would give at this batch size; None where a quantity is not measured enough."""
-        verify_points, draft_points = points or self.trusted()
+        shared, draft_points = points or self.trusted()
         x = batch * self.nodes(k)
-        own = {t: e for t, e in self.verify_at.get(batch, {}).items() if e.n >= self.warmup}
-        if x in own or len(own) >= 2:  # measured at this batch size: its own curve
-            verify_points = own
-        verify = interpolate(verify_points, x)
-        if verify is None or (len(verify_points) < 2 and x not in verify_points):
+        verify = self.verify_cost(x, batch, shared)
+        if verify is None:
             return None
         verify += interpolate(self.overhead, batch) or 0.0
         if k == 0:
@@ -129,7 +135,23 @@ class CostPolicy:
         draft = interpolate(draft_points, batch)
         if acc is None or draft is None:
             return None
+        draft += interpolate(self.reading, batch) or 0.0
         return batch * (1 + acc) / (verify + draft)
+
+    def verify_cost(self, x: int, batch: int, shared: dict[int, Ema]) -> float | None:
+        """Seconds of a target call over ``x`` tokens at this batch size. Measured at the batch size itself where
+        it has been, within that range; beyond it, its largest own point plus the shared curve's rise from there (the
+        rows' own cost stays; own points at a few tokens per row say nothing of where calls turn compute-bound)."""
+        own = {t: e for t, e in self.verify_at.get(batch, {}).items() if e.n >= self.warmup}
+        if x in own or (len(own) >= 2 and x <= max(own)):
+            return interpolate(own, x)
+        shared_x = interpolate(shared, x)
+        if len(shared) < 2 and x not in shared:
+            return None
+        if own:
+            top = max(own)
+            return own[top].value + max(0.0, shared_x - interpolate(shared, top))
+        return shared_x
 
     def acceptance(self, k: int) -> float | None:
         """Accepted draft tokens per row for candidate ``k``, once measured enough. A larger tree of the same kind
@@ -152,21 +174,25 @@ class CostPolicy:
         # a candidate still lacking a measurement goes first: plain (its call is the cheapest point of the cost
         # curve), then the trees, largest first; at a batch size that recurs, every candidate at that size
         k = next((c for c, rate in enumerate(rates) if rate is None), None)
-        if k is None and n > self.settle:
-            k = next((c for c in range(len(rates)) if not self.measured_at(c, batch_size)), None)
+        if k is None and n > self.settle:  # those predicted close to the best, not the ones far behind
+            best = max(rates)
+            k = next((c for c in range(len(rates))
+                      if rates[c] >= self.contender * best and not self.measured_at(c, batch_size)), None)
         if k is None:
-            ranked = sorted(range(len(rates)), key=lambda c: -rates[c])
+            ranked = sorted(range(len(rates)), key=lambda c: -(rates[c] * (self.margin if c == 0 else 1.0)))
             k = ranked[0]
             if self.leader.get(batch_size) != k:  # a new leader: the others are worth probing often again
                 self.leader[batch_size], self.probe_gap[batch_size] = k, self.probe_every
                 self.next_probe[batch_size], self.probe_turn[batch_size] = n + self.probe_every, 0
-            if len(ranked) > 1 and n >= self.next_probe[batch_size]:
-                # the others in turn, best first: an unlucky early measurement does not bury a candidate for good
+            # the contenders in turn, best first: an unlucky early measurement does not bury a candidate for good,
+            # and one predicted far behind is not worth a probe's cycle (and catch-up) at this batch size
+            others = [c for c in ranked[1:] if rates[c] >= self.contender * rates[k]]
+            if others and n >= self.next_probe[batch_size]:
                 turn = self.probe_turn[batch_size]
-                k = ranked[1 + turn % (len(ranked) - 1)]
+                k = others[turn % len(others)]
                 self.probe_turn[batch_size] = turn + 1
                 self.next_probe[batch_size] = n + self.probe_gap[batch_size]
-                if (turn + 1) % (len(ranked) - 1) == 0:  # a round over: the next ones come half as often
+                if (turn + 1) % len(others) == 0:  # a round over: the next ones come half as often
                     self.probe_gap[batch_size] = min(2 * self.probe_gap[batch_size], self.max_probe_gap)
         self._last = k
         return None if k == 0 else self.trees[k - 1]
@@ -182,9 +208,15 @@ class CostPolicy:
         self.overhead.setdefault(outcome.rows, Ema()).add(max(0.0, seconds - outcome.draft_s - outcome.verify_s),
                                                           self.smoothing)
         if k:
-            if not outcome.caught_up:  # a catch-up over skipped context is not a step's cost
+            step = interpolate(self.draft, outcome.rows)
+            if not outcome.caught_up:  # a catch-up over unread context is not a step's cost
                 self.draft.setdefault(outcome.rows, Ema()).add(outcome.draft_s, self.smoothing)
+            elif self._previous and step is not None:  # speculating all along: it read prompts that joined
+                self.reading.setdefault(outcome.rows, Ema()).add(max(0.0, outcome.draft_s - step), self.reading_smoothing)
+            if self._previous and not outcome.caught_up:
+                self.reading.setdefault(outcome.rows, Ema()).add(0.0, self.reading_smoothing)
             self.accepted.setdefault(k, Ema()).add(outcome.accepted_tokens / outcome.rows, self.acceptance_smoothing)
+        self._previous = k
 
     def describe(self) -> list[dict]:
         """Per candidate: its tree size and acceptance, and its predicted tokens/s at the batch sizes seen."""

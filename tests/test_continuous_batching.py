@@ -85,3 +85,30 @@ def test_draft_context_appends_per_row_in_place_and_keeps_snapshots():
     assert kept.counts.tolist() == [43] and kept.tokens[0, :3].tolist() == [4, 5, 9]
     joined = kept.extend_rows(snapshot)
     assert joined.counts.tolist() == [43, 3, 2] and joined.tokens[1, :3].tolist() == [1, 2, 3]
+
+
+def test_a_bounded_catch_up_skips_old_context_and_stays_lossless(predictable_case):
+    """After runs of plain cycles the draft reads only each row's newest pairs (positions kept): outputs stay the
+    target's own, and the draft still predicts well from what it read."""
+    case = predictable_case
+    prompts = case.prompts[:4]
+    gen = generator(case)
+    gen.drafter.catch_up_pairs, gen.drafter.min_window = 8, 2  # 2 pairs per row at batch 4
+    rows = run_with_arrivals(gen, prompts, {0: [0, 1], 1: [2, 3]}, speculate=lambda c: c % 4 == 3)
+    assert [r.tokens for r in rows] == case.references[:4]
+    skipped = []
+    gen = generator(case)
+    gen.drafter.catch_up_pairs, gen.drafter.min_window = 8, 2
+    original = gen.drafter._bounded
+
+    def spy(*args):
+        out = original(*args)
+        skipped.append(int(gen.drafter.skipped.sum()))
+        return out
+
+    gen.drafter._bounded = spy
+    rows = run_with_arrivals(gen, prompts, {0: [0, 1, 2, 3]}, speculate=lambda c: c % 4 == 3)
+    assert [r.tokens for r in rows] == case.references[:4]
+    assert skipped and skipped[-1] > 0  # prompts and plain runs were skipped in part
+    spec = sum(r.stats.spec_cycles for r in rows)
+    assert sum(r.stats.accepted_tokens for r in rows) > 1.0 * spec  # the draft still accepts from what it read
