@@ -69,9 +69,10 @@ def run_head(name: str, settings: dict, recipe: dict, data: Path, out: Path, for
         print(f"{name}: {folder} holds a head of {done} steps and no training_state.pt to go on from (trained "
               "elsewhere, e.g. the committed one); --force retrains it", file=sys.stderr)
         return None
-    if done and not force and trained_on != data_fingerprint(data):
+    current = data_fingerprint(data) if done and not force else None
+    if current is not None and trained_on != current:
         print(f"{name}: {folder} was trained on distilled data {str(trained_on)[:12]}, the data now is "
-              f"{data_fingerprint(data)[:12]}; --force retrains it on this data", file=sys.stderr)
+              f"{current[:12]}; --force retrains it on this data", file=sys.stderr)
         return None
     settings = dict(settings)
     method = settings.pop("method", name)
