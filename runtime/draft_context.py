@@ -46,10 +46,6 @@ class DraftContext:
         return self.tokens_buffer[:, : self.width]
 
     @property
-    def rows(self) -> int:
-        return self.counts.shape[0]
-
-    @property
     def capacity(self) -> int:
         return self.tokens_buffer.shape[1]
 

@@ -8,9 +8,9 @@ size (its steps are the tree's depth, which every candidate keeps), the acceptan
 the batch). A first guess treats every batch split alike (4 rows x 8 nodes as 32 rows x 1), so a cycle at batch 16
 with a 4-node tree also tells what plain decoding at batch 64 would cost; but rows cost apart from tokens (each
 row's cache is read), so once a batch size recurs (``settle`` cycles) each contender (a candidate predicted within
-``contender`` of the best) is measured at that size a few times, and those measurements take precedence. Per batch size the policy picks the candidate with the most
-predicted tokens per second, measuring what it cannot yet predict and re-measuring the contenders, in turn, now and
-then.
+``contender`` of the best) is measured at that size a few times, and those measurements take precedence. Per batch
+size the policy picks the candidate with the most predicted tokens per second, measuring what it cannot yet predict
+and re-measuring the contenders, in turn, now and then.
 
 A cycle also costs what is neither draft nor target: accepting, streaming the tokens out, the scheduler's
 bookkeeping. That overhead is measured per batch size (the cycle's whole time less its draft and target parts) and
@@ -21,9 +21,9 @@ Switching costs: the first speculative cycle after plain ones (or after a prefil
 it has not read, so its draft time is not a draft step's cost and is left out of the draft's measurements. While it
 speculates all along, what the draft reads beyond a step is the prompts of requests that joined: that is a cost of
 speculating, averaged over its cycles (``reading``). Plain decoding stays unless a tree is predicted ``margin``
-faster: leaving it pays a catch-up, and the predictions err by about that much;
-and the probes of candidates that keep losing come half as often after each round of them (back to ``probe_every``
-when the leader changes), since each probe of speculation pays that catch-up.
+faster: leaving it pays a catch-up, and the predictions err by about that much. The probes of contenders that keep
+losing come half as often after each round of them (back to ``probe_every`` when the leader changes), since each
+probe of speculation pays that catch-up too.
 """
 
 from __future__ import annotations
@@ -91,13 +91,13 @@ class CostPolicy:
     settle: int = 10  # cycles at a batch size before its contenders are measured at that size
     contender: float = 0.8  # predicted within this fraction of the best: worth measuring at the batch size itself
     smoothing: float = 0.1
-    acceptance_smoothing: float = 0.1  # acceptance varies a lot from cycle to cycle (and with the text): a longer memory
+    acceptance_smoothing: float = 0.1  # acceptance varies from cycle to cycle and with the text
     acceptance_warmup: int = 8  # cycles of a tree before its acceptance is trusted
     verify: dict[int, Ema] = field(default_factory=dict)  # target call seconds by total tokens (rows x nodes)
     verify_at: dict[int, dict[int, Ema]] = field(default_factory=dict)  # the same per batch size: rows -> tokens
     draft: dict[int, Ema] = field(default_factory=dict)  # draft seconds by batch size
     overhead: dict[int, Ema] = field(default_factory=dict)  # seconds of a cycle outside draft and target, by batch size
-    reading: dict[int, Ema] = field(default_factory=dict)  # per speculative cycle, the draft's reading of joined prompts
+    reading: dict[int, Ema] = field(default_factory=dict)  # per speculative cycle: the draft reading joined prompts
     reading_smoothing: float = 0.01  # prompts join now and then: an average over many cycles
     margin: float = 1.1  # a tree must be predicted this much faster than plain decoding to replace it
     accepted: dict[int, Ema] = field(default_factory=dict)  # [candidate] -> accepted draft tokens per row
@@ -172,7 +172,7 @@ class CostPolicy:
         rates = [self.predicted_rate(c, batch_size, points) for c in range(len(self.trees) + 1)]
         n = self.cycles[batch_size] = self.cycles.get(batch_size, 0) + 1
         # a candidate still lacking a measurement goes first: plain (its call is the cheapest point of the cost
-        # curve), then the trees, largest first; at a batch size that recurs, every candidate at that size
+        # curve), then the trees, largest first; at a batch size that recurs, its contenders at that size
         k = next((c for c, rate in enumerate(rates) if rate is None), None)
         if k is None and n > self.settle:  # those predicted close to the best, not the ones far behind
             best = max(rates)
@@ -212,7 +212,8 @@ class CostPolicy:
             if not outcome.caught_up:  # a catch-up over unread context is not a step's cost
                 self.draft.setdefault(outcome.rows, Ema()).add(outcome.draft_s, self.smoothing)
             elif self._previous and step is not None:  # speculating all along: it read prompts that joined
-                self.reading.setdefault(outcome.rows, Ema()).add(max(0.0, outcome.draft_s - step), self.reading_smoothing)
+                extra = max(0.0, outcome.draft_s - step)
+                self.reading.setdefault(outcome.rows, Ema()).add(extra, self.reading_smoothing)
             if self._previous and not outcome.caught_up:
                 self.reading.setdefault(outcome.rows, Ema()).add(0.0, self.reading_smoothing)
             self.accepted.setdefault(k, Ema()).add(outcome.accepted_tokens / outcome.rows, self.acceptance_smoothing)

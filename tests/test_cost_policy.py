@@ -39,8 +39,8 @@ def drive(policy: CostPolicy, batch: int, cycles: int, overhead: float = 0.0, pr
     """Run the policy against the modelled machine at one batch size; the tree sizes it chose (1 = plain). Each cycle
     also costs ``overhead`` outside draft and target. The first speculative cycle after plain ones also runs the draft
     over the context they skipped (a tenth of a step per position: one call over more tokens), and every
-    ``prefill_every`` cycles a request joins whose 30-token prompt the draft reads at its next speculative cycle. The largest tree's first ``unlucky``
-    cycles accept nothing (text the draft predicts badly)."""
+    ``prefill_every`` cycles a request joins whose 30-token prompt the draft reads at its next speculative cycle.
+    The largest tree's first ``unlucky`` cycles accept nothing (text the draft predicts badly)."""
     chosen, skipped, largest, owed = [], 0, 0, dict.fromkeys(ACCEPTED, 0.0)
     for i in range(cycles):
         if prefill_every and i % prefill_every == 0:
