@@ -9,7 +9,7 @@ the root alone, which makes the same loop plain autoregressive decoding.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -228,7 +228,7 @@ class FeatureTreeDrafter(Drafter):
         self.skipped = torch.cat([self.skipped, self.skipped.new_zeros(count)])
 
     def checkpoint(self) -> DraftCheckpoint:
-        return DraftCheckpoint(tuple(c.lengths.clone() for c in self.owned_caches()), self.skipped.clone())
+        return replace(super().checkpoint(), skipped=self.skipped.clone())
 
     def restore(self, checkpoint: DraftCheckpoint) -> None:
         super().restore(checkpoint)

@@ -208,14 +208,13 @@ class CostPolicy:
         self.overhead.setdefault(outcome.rows, Ema()).add(max(0.0, seconds - outcome.draft_s - outcome.verify_s),
                                                           self.smoothing)
         if k:
-            step = interpolate(self.draft, outcome.rows)
             if not outcome.caught_up:  # a catch-up over unread context is not a step's cost
                 self.draft.setdefault(outcome.rows, Ema()).add(outcome.draft_s, self.smoothing)
-            elif self._previous and step is not None:  # speculating all along: it read prompts that joined
-                extra = max(0.0, outcome.draft_s - step)
-                self.reading.setdefault(outcome.rows, Ema()).add(extra, self.reading_smoothing)
-            if self._previous and not outcome.caught_up:
-                self.reading.setdefault(outcome.rows, Ema()).add(0.0, self.reading_smoothing)
+            if self._previous:  # speculating all along: what the draft read beyond a step was prompts that joined
+                step = interpolate(self.draft, outcome.rows) if outcome.caught_up else outcome.draft_s
+                if step is not None:
+                    extra = max(0.0, outcome.draft_s - step)
+                    self.reading.setdefault(outcome.rows, Ema()).add(extra, self.reading_smoothing)
             self.accepted.setdefault(k, Ema()).add(outcome.accepted_tokens / outcome.rows, self.acceptance_smoothing)
         self._previous = k
 
