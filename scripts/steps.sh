@@ -1,5 +1,6 @@
 # Sourced by the set-up scripts. step "what" command... runs a command quietly (its output appended to
-# $LOG), says how long it took, and on failure shows the log's tail and exits. prepare_venv DIR creates the
+# $LOG), says how long it took, and on failure tries again (STEP_ATTEMPTS in all, 3 unless set: downloads from
+# PyPI and npm break off now and then, and pip resumes from its cache), then shows the log's tail and exits. prepare_venv DIR creates the
 # virtualenv DIR if missing and starts its set-up log (LOG=DIR/setup.log); cpu_torch_venv DIR does that, upgrades
 # pip and installs the pinned CPU torch (the engines' tiers install theirs beside it).
 prepare_venv() {
@@ -9,17 +10,23 @@ prepare_venv() {
     : >"$LOG"
 }
 
+# pip: resume a broken-off download many times before giving up, and retry a failed connection more often.
+export PIP_RESUME_RETRIES=${PIP_RESUME_RETRIES:-20} PIP_RETRIES=${PIP_RETRIES:-10}
+
 step() {
-    local what=$1 start=$SECONDS
+    local what=$1 start=$SECONDS attempt=1 attempts=${STEP_ATTEMPTS:-3}
     shift
     printf '%s: %s ... ' "${STEP_PREFIX:-setup}" "$what"
-    if "$@" >>"$LOG" 2>&1; then
-        echo "done ($((SECONDS - start)) s)"
-    else
-        echo "FAILED; the end of $LOG:"
-        tail -n 40 "$LOG"
-        exit 1
-    fi
+    until "$@" >>"$LOG" 2>&1; do
+        if [ "$attempt" -ge "$attempts" ]; then
+            echo "FAILED after $attempts attempts; the end of $LOG:"
+            tail -n 40 "$LOG"
+            exit 1
+        fi
+        attempt=$((attempt + 1))
+        printf 'failed, trying again (attempt %d of %d) ... ' "$attempt" "$attempts"
+    done
+    echo "done ($((SECONDS - start)) s)"
 }
 
 cpu_torch_venv() {
