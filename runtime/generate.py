@@ -23,6 +23,25 @@ from specdec_kit.runtime.verify import verify_batch
 
 logger = logging.getLogger(__name__)
 
+STOP_EDGE_CHARS = 8  # characters a decoding window's first tokens may render differently from the whole text
+
+
+def stop_may_end_in_tail(decode: Callable[[list[int]], str], tokens: list[int], appended: int,
+                         stops: Sequence[str]) -> bool:
+    """Whether a stop string may have appeared with the last ``appended`` tokens, decoding only the tail: the text
+    before held none, so a new one ends in those tokens and starts at most the longest stop string's length
+    earlier. The window reaches back until its earlier tokens give that many characters plus a margin for what a
+    window's edge renders differently (a split multi-byte character, a stripped leading space), so the check
+    costs the same at every output length; a hit is to be confirmed on the whole text."""
+    need = max(len(s) for s in stops) + STOP_EDGE_CHARS
+    earlier = need  # tokens before the new ones inside the window: about a character each
+    while True:
+        start = max(0, len(tokens) - appended - earlier)
+        if start == 0 or len(decode(tokens[start:len(tokens) - appended])) >= need:
+            tail = decode(tokens[start:])
+            return any(s and s in tail for s in stops)
+        earlier *= 2
+
 
 @dataclass
 class RequestStats:
@@ -177,6 +196,7 @@ class SpeculativeGenerator:
 
     def _emit(self, row: _Row, new_tokens: list[int]) -> None:
         """Append a cycle's tokens, cutting at EOS, the token budget or a stop string."""
+        before = len(row.tokens)
         for tok in new_tokens:
             row.tokens.append(tok)
             if tok in self.eos and not row.ignore_eos:
@@ -185,13 +205,14 @@ class SpeculativeGenerator:
             if len(row.tokens) >= row.max_new:
                 row.finish = "length"
                 break
-        if row.stop and self.decode is not None:
+        appended = len(row.tokens) - before
+        if row.stop and self.decode is not None and stop_may_end_in_tail(self.decode, row.tokens, appended, row.stop):
             text = self.decode(row.tokens)
             hits = [(text.find(s), s) for s in row.stop if s and s in text]
             if hits:
                 cut, stop = min(hits)
-                # the shortest token prefix whose text contains the stop string
-                for n in range(1, len(row.tokens) + 1):
+                # the shortest token prefix whose text contains the stop string (the text before this cycle held none)
+                for n in range(before + 1, len(row.tokens) + 1):
                     if stop in self.decode(row.tokens[:n]):
                         row.tokens = row.tokens[:n]
                         break

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from transformers import AutoTokenizer
+
+from specdec_kit.paths import default_zoo
 
 from specdec_kit.runtime.drafting import TorchFeatureStep, FeatureTreeDrafter, NoDrafter
-from specdec_kit.runtime.generate import RequestStats, SpeculativeGenerator
+from specdec_kit.runtime.generate import STOP_EDGE_CHARS, RequestStats, SpeculativeGenerator, stop_may_end_in_tail
 from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.runtime.synthetic import oracle_griffin, tiny_target
 from specdec_kit.runtime.trees import DynamicTreeConfig
@@ -45,6 +48,49 @@ def test_stop_strings(target):
         [[1, 2, 3]], 30, stop_strings=[stop])[0]
     assert res.text == plain.text[:cut] and res.finish_reason == "stop"
     assert decode(res.tokens).find(stop) == cut  # tokens end right after the stop string appears
+
+
+def test_stop_strings_late_in_a_long_output_decode_only_a_tail(target):
+    lengths = []
+
+    def decode(toks):
+        lengths.append(len(toks))
+        return "".join(chr(65 + t % 26) for t in toks)
+
+    plain = SpeculativeGenerator(target, NoDrafter(), eos_token_ids=[], decode=decode).generate([[1, 2, 3]], 110)[0]
+    stop = plain.text[95:98]
+    cut = plain.text.find(stop)
+    for stops in (["a"], [stop]):  # never there (lower case) / late
+        lengths.clear()
+        res = SpeculativeGenerator(target, griffin(target), eos_token_ids=[], decode=decode).generate(
+            [[1, 2, 3]], 110, stop_strings=stops)[0]
+        if stops == ["a"]:
+            assert res.tokens == plain.tokens and res.finish_reason == "length"
+            # the window: the longest stop string plus the edge margin, and one cycle's tokens (tree depth 3 + 1);
+            # the whole completion is decoded once, for the result's text
+            assert [n for n in lengths if n > len("a") + STOP_EDGE_CHARS + 4] == [110]
+        else:
+            assert res.text == plain.text[:cut] and res.finish_reason == "stop"
+            assert decode(res.tokens).find(stop) == cut
+
+
+def test_the_tail_check_misses_no_stop_string_across_multibyte_characters():
+    tokenizer = AutoTokenizer.from_pretrained(default_zoo() / "tokenizer")
+    text = "Crème brûlée 🍮 costs 5€; 日本語のテキスト, naïve café — résumé 🎉🎉 ok!\n  indented\tend"
+    tokens = tokenizer(text)["input_ids"]
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    checked = 0
+    for end in range(1, len(tokens) + 1):
+        whole = decode(tokens[:end])
+        for appended in range(1, min(4, end) + 1):
+            before = decode(tokens[: end - appended])
+            for length in range(1, 7):
+                for stop_end in range(len(whole) - 3, len(whole) + 1):
+                    stop = whole[max(0, stop_end - length) : stop_end]
+                    if stop and stop in whole and stop not in before:
+                        checked += 1
+                        assert stop_may_end_in_tail(decode, tokens[:end], appended, [stop]), (end, appended, stop)
+    assert checked > 100
 
 
 def test_statistics_are_consistent(target):
