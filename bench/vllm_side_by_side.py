@@ -7,7 +7,8 @@ policy, which sizes the tree per batch from measured costs, over the CPU-sized d
 OpenAI server: plain on the target and speculative through ``specdec-serve`` on the vLLM engine, whose chain is
 the tree's longest path), then measures in rounds: each repeat visits every concurrency level and, within it,
 every server in a rotated order, so drift over the run hits all of them alike. Idle servers stay up (neither
-spins while idle). Every request streams greedy completions of HumanEval prompts given as token ids (no chat
+spins while idle); each measurement starts once the machine is quiet (vLLM's worker keeps a core busy for about a
+second after a load, which otherwise lands on the next server measured; the waits are in the results). Every request streams greedy completions of HumanEval prompts given as token ids (no chat
 template; ``ignore_eos``, so each generates exactly ``--max-tokens``).
 
 Reports per server, mode and concurrency: total tokens/s over the level's wall time (median of the repeats,
@@ -95,8 +96,9 @@ def start(spec: dict, args, max_streams: int):
 
 
 def measure(servers: dict, prompts, levels: list[int], args) -> list[dict]:
-    """Interleaved rounds: repeat -> level -> every server (order rotated each round)."""
-    from specdec_kit.bench.servers import SERVED_NAME, acceptance_length
+    """Interleaved rounds: repeat -> level -> every server (order rotated each round), each measurement started on
+    a quiet machine (the previous server's leftover work done)."""
+    from specdec_kit.bench.servers import SERVED_NAME, acceptance_length, wait_for_quiet_cpu
     from specdec_kit.bench.streams import run_level
 
     labels = list(servers)
@@ -110,10 +112,12 @@ def measure(servers: dict, prompts, levels: list[int], args) -> list[dict]:
             shift = (repeat * len(levels) + levels.index(clients)) % len(labels)
             for label in labels[shift:] + labels[:shift]:
                 server, (kind, mode) = servers[label], label.split("-", 1)
+                waited = wait_for_quiet_cpu()
                 before = server.counters(METRIC_PREFIX[kind])
                 row = run_level(server.url, SERVED_NAME, prompts, clients, total, args.max_tokens)
                 tau = acceptance_length(before, server.counters(METRIC_PREFIX[kind]), METRIC_PREFIX[kind])
-                row.update(server=kind, mode=mode, repeat=repeat, acceptance_length=None if tau is None else round(tau, 3))
+                row.update(server=kind, mode=mode, repeat=repeat, quiet_wait_s=waited,
+                           acceptance_length=None if tau is None else round(tau, 3))
                 rows.append(row)
                 print(f"  round {repeat + 1}/{args.repeats}  {label:>13} x{clients:<3} {row['throughput_tok_s']:7.1f} tok/s  "
                       f"TTFT p50 {row['ttft_p50_ms']} ms  ITL p50 {row['itl_p50_ms']} ms  tau {row['acceptance_length']}"
