@@ -3,10 +3,11 @@
 A speculative cycle over a batch of B rows with a tree of N nodes costs one target call over B x N tokens plus the
 draft's steps, and yields B x (1 + a_N) tokens, where a_N is the accepted draft tokens per row for that tree. Plain
 decoding costs one target call over B tokens and yields B. The three quantities are measured from the server's own
-cycles, each where it is shared: the target's cost as a curve over the total tokens of a call, the draft's per batch
-size (its steps are the tree's depth, which every candidate keeps), the acceptance per tree (it does not depend on
-the batch). A first guess treats every batch split alike (4 rows x 8 nodes as 32 rows x 1), so a cycle at batch 16
-with a 4-node tree also tells what plain decoding at batch 64 would cost; but rows cost apart from tokens (each
+cycles, each where it is shared: the target's cost as a curve over the total tokens of a call, the draft's per draft
+call and batch size (a tree costs its number of calls: fewer for a smaller dynamic tree, which needs fewer
+expansion steps), the acceptance per tree (it does not depend on the batch).
+A first guess treats every batch split alike (4 rows x 8 nodes as 32 rows x 1), so a cycle at batch 16 with a
+4-node tree also tells what plain decoding at batch 64 would cost; but rows cost apart from tokens (each
 row's cache is read), so once a batch size recurs (``settle`` cycles) each contender (a candidate predicted within
 ``contender`` of the best) is measured at that size a few times, and those measurements take precedence. Per batch
 size the policy picks the candidate with the most predicted tokens per second, measuring what it cannot yet predict
@@ -85,6 +86,7 @@ class CostPolicy:
     """Per batch size, the candidate (a tree of ``trees``, or plain decoding) with the most predicted tokens/s."""
 
     trees: list[Tree]
+    calls: list[int] | None = None  # draft model calls per cycle of each tree (the drafter's ``draft_calls``); 1 each
     warmup: int = 3  # measurements of a quantity before it is trusted
     probe_every: int = 25  # then, per batch size, one cycle of another candidate this often (at first)
     max_probe_gap: int = 800  # the longest the probes of losing candidates back off to
@@ -95,7 +97,7 @@ class CostPolicy:
     acceptance_warmup: int = 8  # cycles of a tree before its acceptance is trusted
     verify: dict[int, Ema] = field(default_factory=dict)  # target call seconds by total tokens (rows x nodes)
     verify_at: dict[int, dict[int, Ema]] = field(default_factory=dict)  # the same per batch size: rows -> tokens
-    draft: dict[int, Ema] = field(default_factory=dict)  # draft seconds by batch size
+    draft: dict[int, Ema] = field(default_factory=dict)  # seconds per draft call by batch size
     overhead: dict[int, Ema] = field(default_factory=dict)  # seconds of a cycle outside draft and target, by batch size
     reading: dict[int, Ema] = field(default_factory=dict)  # per speculative cycle: the draft reading joined prompts
     reading_smoothing: float = 0.01  # prompts join now and then: an average over many cycles
@@ -116,6 +118,9 @@ class CostPolicy:
     def nodes(self, k: int) -> int:
         return 1 if k == 0 else tree_nodes(self.trees[k - 1])
 
+    def draft_calls(self, k: int) -> int:
+        return 0 if k == 0 else (self.calls[k - 1] if self.calls else 1)
+
     def trusted(self) -> tuple[dict[int, Ema], dict[int, Ema]]:
         """The verify and draft cost points measured ``warmup`` times or more (taken once per decision)."""
         return ({t: e for t, e in self.verify.items() if e.n >= self.warmup},
@@ -132,9 +137,10 @@ class CostPolicy:
         if k == 0:
             return batch / verify
         acc = self.acceptance(k)
-        draft = interpolate(draft_points, batch)
-        if acc is None or draft is None:
-            return None
+        if acc is None or not draft_points or batch < min(draft_points):
+            return None  # a draft cost guessed from larger batches only would be too high to ever get measured
+        per_call = interpolate(draft_points, batch)
+        draft = per_call * self.draft_calls(k)
         draft += interpolate(self.reading, batch) or 0.0
         return batch * (1 + acc) / (verify + draft)
 
@@ -209,9 +215,12 @@ class CostPolicy:
                                                           self.smoothing)
         if k:
             if not outcome.caught_up:  # a catch-up over unread context is not a step's cost
-                self.draft.setdefault(outcome.rows, Ema()).add(outcome.draft_s, self.smoothing)
+                self.draft.setdefault(outcome.rows, Ema()).add(outcome.draft_s / self.draft_calls(k), self.smoothing)
             if self._previous:  # speculating all along: what the draft read beyond a step was prompts that joined
-                step = interpolate(self.draft, outcome.rows) if outcome.caught_up else outcome.draft_s
+                step = outcome.draft_s
+                if outcome.caught_up:
+                    per_call = interpolate(self.draft, outcome.rows)
+                    step = None if per_call is None else per_call * self.draft_calls(k)
                 if step is not None:
                     extra = max(0.0, outcome.draft_s - step)
                     self.reading.setdefault(outcome.rows, Ema()).add(extra, self.reading_smoothing)

@@ -21,11 +21,13 @@ Tree = StaticTree | DynamicTreeConfig
 
 
 def shrink(tree: Tree, fraction: float) -> Tree:
-    """The same kind of tree with about ``fraction`` of its nodes (at least a root and one child)."""
+    """The same kind of tree with about ``fraction`` of its nodes (at least a root and one child). A dynamic tree
+    keeps only the draft steps its nodes can use: N nodes hold paths of at most N - 1 draft tokens (a first level
+    and N - 2 expansions), and the deeper steps would cost a draft call each for nothing."""
     if isinstance(tree, DynamicTreeConfig):
         total = max(2, round(tree.total_tokens * fraction))
         top_k = max(1, min(tree.top_k, total - 1))
-        return DynamicTreeConfig(total_tokens=total, depth=tree.depth, top_k=top_k)
+        return DynamicTreeConfig(total_tokens=total, depth=min(tree.depth, total - 2), top_k=top_k)
     keep = max(1, round(len(tree.choices) * fraction))
     return StaticTree.from_choices([list(c) for c in tree.choices[:keep]])  # sorted by depth: prefix-closed
 

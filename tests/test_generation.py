@@ -10,8 +10,9 @@ from specdec_kit.paths import default_zoo
 from specdec_kit.runtime.drafting import TorchFeatureStep, FeatureTreeDrafter, NoDrafter
 from specdec_kit.runtime.generate import STOP_EDGE_CHARS, RequestStats, SpeculativeGenerator, stop_may_end_in_tail
 from specdec_kit.runtime.sampling import SamplingParams
-from specdec_kit.runtime.synthetic import oracle_griffin, tiny_target
+from specdec_kit.runtime.synthetic import oracle_griffin, random_griffin, tiny_target
 from specdec_kit.runtime.trees import DynamicTreeConfig
+from specdec_kit.serving.policy import shrink
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +92,35 @@ def test_the_tail_check_misses_no_stop_string_across_multibyte_characters():
                         checked += 1
                         assert stop_may_end_in_tail(decode, tokens[:end], appended, [stop]), (end, appended, stop)
     assert checked > 100
+
+
+def drafted_paths(target, draft, tree) -> list[list[tuple[int, ...]]]:
+    """The token paths (root first) of the first tree ``tree`` drafts for three prompts, per row, sorted."""
+    gen = SpeculativeGenerator(target, FeatureTreeDrafter(TorchFeatureStep(draft, target.lm_head), tree), eos_token_ids=[])
+    prompts = [[1, 2, 3], [4, 5], [7, 8, 9, 10]]
+    batch = gen.admit(None, gen.prefill(prompts, [20] * 3, [SamplingParams()] * 3))
+    drafted = gen.drafter.draft(batch.ctx_feats, batch.ctx_tokens, batch.ctx_counts)
+    out = []
+    for b in range(drafted.tokens.shape[0]):
+        paths = set()
+        for node in range(drafted.tokens.shape[1]):
+            if drafted.valid[b, node]:
+                path = []
+                while node >= 0:
+                    path.append(int(drafted.tokens[b, node]))
+                    node = int(drafted.parents[b, node])
+                paths.add(tuple(path[::-1]))
+        out.append(sorted(paths))
+    return out
+
+
+def test_a_shrunk_dynamic_tree_drafts_the_same_tree_in_fewer_steps(target):
+    """``shrink`` keeps only the draft steps a tree's nodes can use; the tree drafted is the same as with every step."""
+    draft = random_griffin(target)  # an imperfect draft: its trees branch
+    for full in (DynamicTreeConfig(4, 4, 3), DynamicTreeConfig(6, 5, 2), DynamicTreeConfig(3, 5, 2)):
+        small = shrink(full, 1.0)
+        assert small.depth < full.depth and small.total_tokens == full.total_tokens
+        assert drafted_paths(target, draft, small) == drafted_paths(target, draft, full)
 
 
 def test_statistics_are_consistent(target):

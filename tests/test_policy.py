@@ -22,7 +22,9 @@ def test_shrink_keeps_a_tree_of_the_same_kind():
     static = StaticTree.from_choices([[0], [1], [0, 0], [0, 1]])
     assert tree_nodes(shrink(static, 0.5)) == 3 and isinstance(shrink(static, 0.5), StaticTree)
     small = shrink(TREE, 0.01)
-    assert small.total_tokens == 2 and small.top_k == 1
+    assert small.total_tokens == 2 and small.top_k == 1 and small.depth == 0  # one draft call: a first level
+    assert shrink(TREE, 0.25) == DynamicTreeConfig(total_tokens=4, depth=2, top_k=3)  # paths of at most 3 tokens
+    assert shrink(TREE, 0.5).depth == TREE.depth  # 8 nodes can use every step
 
 
 def test_parse_schedule_reads_fractions_and_refuses_nonsense():
