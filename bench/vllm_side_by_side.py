@@ -8,8 +8,9 @@ OpenAI server: plain on the target and speculative through ``specdec-serve`` on 
 the tree's longest path), then measures in rounds: each repeat visits every concurrency level and, within it,
 every server in a rotated order, so drift over the run hits all of them alike. Idle servers stay up (neither
 spins while idle); each measurement starts once the machine is quiet (vLLM's worker keeps a core busy for about a
-second after a load, which otherwise lands on the next server measured; the waits are in the results). Every request streams greedy completions of HumanEval prompts given as token ids (no chat
-template; ``ignore_eos``, so each generates exactly ``--max-tokens``).
+second after a load, which otherwise lands on the next server measured; the waits are in the results). Every
+request streams greedy completions of HumanEval prompts given as token ids (no chat template; ``ignore_eos``, so
+each generates exactly ``--max-tokens``).
 
 Reports per server, mode and concurrency: total tokens/s over the level's wall time (median of the repeats,
 with min and max), TTFT and per-token ITL p50 (medians of the repeats' p50s), acceptance length from each

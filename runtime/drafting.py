@@ -114,10 +114,6 @@ class Drafter:
         """Draft ``tree`` from the next cycle on (the server shrinks trees as its batch grows)."""
         raise ValueError(f"{type(self).__name__} drafts no tree")
 
-    def draft_calls(self, tree: Tree) -> int:
-        """Draft model calls a cycle with ``tree`` makes: what its draft time scales with across tree sizes."""
-        return 1
-
     def owned_caches(self) -> list[KVCache]:
         """The caches this drafter owns (what ``checkpoint`` saves and ``restore`` rolls back)."""
         return []
@@ -215,10 +211,6 @@ class FeatureTreeDrafter(Drafter):
         nodes, depth = ((tree.buffers.num_nodes, tree.buffers.max_depth) if isinstance(tree, StaticTree)
                         else (tree.total_tokens, tree.depth + 1))
         self.max_nodes, self.max_depth = max(self.max_nodes, nodes), max(self.max_depth, depth)
-
-    def draft_calls(self, tree: Tree) -> int:
-        """One call per level: the first reads the new context, each further one expands the tree a level."""
-        return tree.buffers.max_depth if isinstance(tree, StaticTree) else tree.depth + 1
 
     def owned_caches(self) -> list[KVCache]:
         return [self.cache]

@@ -1,8 +1,9 @@
 # Sourced by the set-up scripts. step "what" command... runs a command quietly (its output appended to
 # $LOG), says how long it took, and on failure tries again (STEP_ATTEMPTS in all, 3 unless set: downloads from
-# PyPI and npm break off now and then, and pip resumes from its cache), then shows the log's tail and exits. prepare_venv DIR creates the
-# virtualenv DIR if missing and starts its set-up log (LOG=DIR/setup.log); cpu_torch_venv DIR does that, upgrades
-# pip and installs the pinned CPU torch (the engines' tiers install theirs beside it).
+# PyPI and npm break off now and then, and pip resumes from its cache), then shows the log's tail and exits.
+# prepare_venv DIR creates the virtualenv DIR if missing and starts its set-up log (LOG=DIR/setup.log);
+# cpu_torch_venv DIR does that, upgrades pip and installs the pinned CPU torch (the engines' tiers install theirs
+# beside it).
 prepare_venv() {
     mkdir -p "$1"
     LOG=$1/setup.log

@@ -154,8 +154,7 @@ def main(argv=None) -> int:
         if mode == "adaptive":
             policy = SpeculationPolicy(default_schedule(engine.tree))
         elif mode == "cost":
-            trees = candidate_trees(engine.tree)
-            policy = CostPolicy(trees, calls=[engine.drafter.draft_calls(t) for t in trees])
+            policy = CostPolicy(candidate_trees(engine.tree))
         elif mode == "fixed":
             policy = SpeculationPolicy([(1 << 30, engine.tree)], adaptive=False)
         elif mode == "off":

@@ -3,9 +3,10 @@
 A speculative cycle over a batch of B rows with a tree of N nodes costs one target call over B x N tokens plus the
 draft's steps, and yields B x (1 + a_N) tokens, where a_N is the accepted draft tokens per row for that tree. Plain
 decoding costs one target call over B tokens and yields B. The three quantities are measured from the server's own
-cycles, each where it is shared: the target's cost as a curve over the total tokens of a call, the draft's per draft
-call and batch size (a tree costs its number of calls: fewer for a smaller dynamic tree, which needs fewer
-expansion steps), the acceptance per tree (it does not depend on the batch).
+cycles, each where it is shared: the target's cost as a curve over the total tokens of a call, the draft's per tree
+and batch size (a smaller dynamic tree makes fewer draft calls, and a first call that reads the new context costs
+more than an expansion step, so no one per-call cost fits them all), the acceptance per tree (it does not depend on
+the batch).
 A first guess treats every batch split alike (4 rows x 8 nodes as 32 rows x 1), so a cycle at batch 16 with a
 4-node tree also tells what plain decoding at batch 64 would cost; but rows cost apart from tokens (each
 row's cache is read), so once a batch size recurs (``settle`` cycles) each contender (a candidate predicted within
@@ -86,7 +87,6 @@ class CostPolicy:
     """Per batch size, the candidate (a tree of ``trees``, or plain decoding) with the most predicted tokens/s."""
 
     trees: list[Tree]
-    calls: list[int] | None = None  # draft model calls per cycle of each tree (the drafter's ``draft_calls``); 1 each
     warmup: int = 3  # measurements of a quantity before it is trusted
     probe_every: int = 25  # then, per batch size, one cycle of another candidate this often (at first)
     max_probe_gap: int = 800  # the longest the probes of losing candidates back off to
@@ -97,7 +97,7 @@ class CostPolicy:
     acceptance_warmup: int = 8  # cycles of a tree before its acceptance is trusted
     verify: dict[int, Ema] = field(default_factory=dict)  # target call seconds by total tokens (rows x nodes)
     verify_at: dict[int, dict[int, Ema]] = field(default_factory=dict)  # the same per batch size: rows -> tokens
-    draft: dict[int, Ema] = field(default_factory=dict)  # seconds per draft call by batch size
+    draft: dict[int, dict[int, Ema]] = field(default_factory=dict)  # [candidate] -> draft seconds by batch size
     overhead: dict[int, Ema] = field(default_factory=dict)  # seconds of a cycle outside draft and target, by batch size
     reading: dict[int, Ema] = field(default_factory=dict)  # per speculative cycle: the draft reading joined prompts
     reading_smoothing: float = 0.01  # prompts join now and then: an average over many cycles
@@ -118,15 +118,14 @@ class CostPolicy:
     def nodes(self, k: int) -> int:
         return 1 if k == 0 else tree_nodes(self.trees[k - 1])
 
-    def draft_calls(self, k: int) -> int:
-        return 0 if k == 0 else (self.calls[k - 1] if self.calls else 1)
-
-    def trusted(self) -> tuple[dict[int, Ema], dict[int, Ema]]:
-        """The verify and draft cost points measured ``warmup`` times or more (taken once per decision)."""
+    def trusted(self) -> tuple[dict[int, Ema], dict[int, dict[int, Ema]]]:
+        """The verify and (per candidate) draft cost points measured ``warmup`` times or more (taken once per
+        decision)."""
         return ({t: e for t, e in self.verify.items() if e.n >= self.warmup},
-                {b: e for b, e in self.draft.items() if e.n >= self.warmup})
+                {k: {b: e for b, e in by_batch.items() if e.n >= self.warmup} for k, by_batch in self.draft.items()})
 
-    def predicted_rate(self, k: int, batch: int, points: tuple[dict[int, Ema], dict[int, Ema]] | None = None) -> float | None:
+    def predicted_rate(self, k: int, batch: int,
+                       points: tuple[dict[int, Ema], dict[int, dict[int, Ema]]] | None = None) -> float | None:
         """Tokens/s the candidate would give at this batch size; None where a quantity is not measured enough."""
         shared, draft_points = points or self.trusted()
         x = batch * self.nodes(k)
@@ -137,11 +136,10 @@ class CostPolicy:
         if k == 0:
             return batch / verify
         acc = self.acceptance(k)
-        if acc is None or not draft_points or batch < min(draft_points):
+        own = draft_points.get(k)
+        if acc is None or not own or batch < min(own):
             return None  # a draft cost guessed from larger batches only would be too high to ever get measured
-        per_call = interpolate(draft_points, batch)
-        draft = per_call * self.draft_calls(k)
-        draft += interpolate(self.reading, batch) or 0.0
+        draft = interpolate(own, batch) + (interpolate(self.reading, batch) or 0.0)
         return batch * (1 + acc) / (verify + draft)
 
     def verify_cost(self, x: int, batch: int, shared: dict[int, Ema]) -> float | None:
@@ -215,12 +213,9 @@ class CostPolicy:
                                                           self.smoothing)
         if k:
             if not outcome.caught_up:  # a catch-up over unread context is not a step's cost
-                self.draft.setdefault(outcome.rows, Ema()).add(outcome.draft_s / self.draft_calls(k), self.smoothing)
+                self.draft.setdefault(k, {}).setdefault(outcome.rows, Ema()).add(outcome.draft_s, self.smoothing)
             if self._previous:  # speculating all along: what the draft read beyond a step was prompts that joined
-                step = outcome.draft_s
-                if outcome.caught_up:
-                    per_call = interpolate(self.draft, outcome.rows)
-                    step = None if per_call is None else per_call * self.draft_calls(k)
+                step = interpolate(self.draft.get(k, {}), outcome.rows) if outcome.caught_up else outcome.draft_s
                 if step is not None:
                     extra = max(0.0, outcome.draft_s - step)
                     self.reading.setdefault(outcome.rows, Ema()).add(extra, self.reading_smoothing)

@@ -26,8 +26,7 @@ def verify_seconds(tokens: int, rows: int) -> float:
 
 
 CANDIDATES = candidate_trees(TREE)
-CALLS = [t.depth + 1 for t in CANDIDATES]  # draft calls per cycle: a first level, then the expansion steps
-STEPS = {tree_nodes(t): c for t, c in zip(CANDIDATES, CALLS)}
+STEPS = {tree_nodes(t): t.depth + 1 for t in CANDIDATES}  # draft calls per cycle: a first level, then expansions
 
 
 def draft_seconds(batch: int, nodes: int) -> float:
@@ -36,7 +35,7 @@ def draft_seconds(batch: int, nodes: int) -> float:
 
 
 def cost_policy(**kwargs) -> CostPolicy:
-    return CostPolicy(CANDIDATES, calls=CALLS, **kwargs)
+    return CostPolicy(CANDIDATES, **kwargs)
 
 
 def rate(batch: int, nodes: int) -> float:
@@ -108,7 +107,7 @@ def test_switching_costs_neither_skew_the_draft_cost_nor_keep_being_paid():
     probes of contenders that keep losing back off; candidates far behind are not probed at all."""
     policy = cost_policy(warmup=3, probe_every=25)
     chosen = drive(policy, 16, 1000)
-    assert policy.draft[16].value == pytest.approx(draft_seconds(16, 16) / STEPS[16])  # a call's, not a catch-up's
+    assert policy.draft[1][16].value == pytest.approx(draft_seconds(16, 16))  # a cycle's cost, not a catch-up's
     settled = chosen[100:]  # plain decoding; of the trees only the 2-node one is close enough to be probed, seldom
     assert set(settled) == {1, 2} and settled.count(2) <= 10, settled
     drive(policy, 1, 100)
@@ -119,7 +118,7 @@ def test_switching_costs_neither_skew_the_draft_cost_nor_keep_being_paid():
     gaps = [b - a for a, b in zip(probes, probes[1:])]
     assert gaps == sorted(gaps) and gaps[-1] >= 4 * gaps[0], probes  # further apart after each round
     assert drive(policy, 1, 200, prefill_every=20)[-50:].count(16) >= 47  # a big tree alone still wins
-    assert policy.draft[1].value == pytest.approx(draft_seconds(1, 16) / STEPS[16])  # prompts read left out too
+    assert policy.draft[1][1].value == pytest.approx(draft_seconds(1, 16))  # prompts read by the draft left out too
     # ... but averaged over the cycles as a cost of speculating: 3 steps' worth every 20 cycles
     assert policy.reading[1].value == pytest.approx(3 * draft_seconds(1, 16) / 20, rel=0.5)
 
@@ -127,8 +126,8 @@ def test_switching_costs_neither_skew_the_draft_cost_nor_keep_being_paid():
 def test_an_unlucky_start_buries_no_tree():
     """A larger tree whose first cycles met text the draft predicts badly is taken to accept at least what a smaller
     one of its kind measured, and wins once its own acceptance shows. (A drafter whose cost is the same for every
-    tree, one call: the policy's default.)"""
-    policy = CostPolicy(CANDIDATES, warmup=3, probe_every=25)
+    tree, as Medusa's one call.)"""
+    policy = cost_policy(warmup=3, probe_every=25)
     one_call = lambda batch, nodes: draft_seconds(batch, 16)  # noqa: E731
     drive(policy, 1, 20, unlucky=8, draft_cost=one_call)
     assert policy.accepted[1].value < policy.accepted[2].value  # the largest tree measured worse than the next
