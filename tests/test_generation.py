@@ -6,7 +6,6 @@ import pytest
 from transformers import AutoTokenizer
 
 from specdec_kit.paths import default_zoo
-
 from specdec_kit.runtime.drafting import TorchFeatureStep, FeatureTreeDrafter, NoDrafter
 from specdec_kit.runtime.generate import STOP_EDGE_CHARS, RequestStats, SpeculativeGenerator, stop_may_end_in_tail
 from specdec_kit.runtime.sampling import SamplingParams
