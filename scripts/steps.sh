@@ -1,6 +1,7 @@
 # Sourced by the set-up scripts. step "what" command... runs a command quietly (its output appended to
-# $LOG), says how long it took, and on failure tries again (STEP_ATTEMPTS in all, 3 unless set: downloads from
-# PyPI and npm break off now and then, and pip resumes from its cache), then shows the log's tail and exits.
+# $LOG), says how long it took, and on failure tries again after a pause that grows (STEP_PAUSE x the attempt,
+# 30 s unless set; STEP_ATTEMPTS in all, 4 unless set: downloads from PyPI and npm break off now and then, sometimes
+# for minutes), then shows the log's tail and exits.
 # prepare_venv DIR creates the virtualenv DIR if missing and starts its set-up log (LOG=DIR/setup.log);
 # cpu_torch_venv DIR does that, upgrades pip and installs the pinned CPU torch (the engines' tiers install theirs
 # beside it).
@@ -15,7 +16,7 @@ prepare_venv() {
 export PIP_RESUME_RETRIES=${PIP_RESUME_RETRIES:-20} PIP_RETRIES=${PIP_RETRIES:-10}
 
 step() {
-    local what=$1 start=$SECONDS attempt=1 attempts=${STEP_ATTEMPTS:-3}
+    local what=$1 start=$SECONDS attempt=1 attempts=${STEP_ATTEMPTS:-4} pause
     shift
     printf '%s: %s ... ' "${STEP_PREFIX:-setup}" "$what"
     until "$@" >>"$LOG" 2>&1; do
@@ -24,8 +25,10 @@ step() {
             tail -n 40 "$LOG"
             exit 1
         fi
+        pause=$((${STEP_PAUSE:-30} * attempt))
+        printf 'failed; trying again in %d s (attempt %d of %d) ... ' "$pause" "$((attempt + 1))" "$attempts"
+        sleep "$pause"
         attempt=$((attempt + 1))
-        printf 'failed, trying again (attempt %d of %d) ... ' "$attempt" "$attempts"
     done
     echo "done ($((SECONDS - start)) s)"
 }
