@@ -11,6 +11,7 @@ from specdec_kit.runtime.generate import STOP_EDGE_CHARS, RequestStats, Speculat
 from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.runtime.synthetic import oracle_griffin, random_griffin, tiny_target
 from specdec_kit.runtime.trees import DynamicTreeConfig
+from specdec_kit.runtime.verify import path_of
 from specdec_kit.serving.policy import shrink
 
 
@@ -57,21 +58,22 @@ def test_stop_strings_late_in_a_long_output_decode_only_a_tail(target):
         lengths.append(len(toks))
         return "".join(chr(65 + t % 26) for t in toks)
 
-    plain = SpeculativeGenerator(target, NoDrafter(), eos_token_ids=[], decode=decode).generate([[1, 2, 3]], 110)[0]
-    stop = plain.text[95:98]
-    cut = plain.text.find(stop)
-    for stops in (["a"], [stop]):  # never there (lower case) / late
-        lengths.clear()
-        res = SpeculativeGenerator(target, griffin(target), eos_token_ids=[], decode=decode).generate(
+    def generate(stops: list[str]):
+        return SpeculativeGenerator(target, griffin(target), eos_token_ids=[], decode=decode).generate(
             [[1, 2, 3]], 110, stop_strings=stops)[0]
-        if stops == ["a"]:
-            assert res.tokens == plain.tokens and res.finish_reason == "length"
-            # the window: the longest stop string plus the edge margin, and one cycle's tokens (tree depth 3 + 1);
-            # the whole completion is decoded once, for the result's text
-            assert [n for n in lengths if n > len("a") + STOP_EDGE_CHARS + 4] == [110]
-        else:
-            assert res.text == plain.text[:cut] and res.finish_reason == "stop"
-            assert decode(res.tokens).find(stop) == cut
+
+    plain = SpeculativeGenerator(target, NoDrafter(), eos_token_ids=[], decode=decode).generate([[1, 2, 3]], 110)[0]
+    lengths.clear()
+    res = generate(["a"])  # never there (lower case)
+    assert res.tokens == plain.tokens and res.finish_reason == "length"
+    # the window: the longest stop string plus the edge margin, and one cycle's tokens (tree depth 3 + 1); the whole
+    # completion is decoded once, for the result's text
+    assert [n for n in lengths if n > len("a") + STOP_EDGE_CHARS + 4] == [110]
+    stop = plain.text[95:98]  # late
+    cut = plain.text.find(stop)
+    res = generate([stop])
+    assert res.text == plain.text[:cut] and res.finish_reason == "stop"
+    assert decode(res.tokens).find(stop) == cut
 
 
 def test_the_tail_check_misses_no_stop_string_across_multibyte_characters():
@@ -101,15 +103,9 @@ def drafted_paths(target, draft, tree) -> list[list[tuple[int, ...]]]:
     drafted = gen.drafter.draft(batch.ctx_feats, batch.ctx_tokens, batch.ctx_counts)
     out = []
     for b in range(drafted.tokens.shape[0]):
-        paths = set()
-        for node in range(drafted.tokens.shape[1]):
-            if drafted.valid[b, node]:
-                path = []
-                while node >= 0:
-                    path.append(int(drafted.tokens[b, node]))
-                    node = int(drafted.parents[b, node])
-                paths.add(tuple(path[::-1]))
-        out.append(sorted(paths))
+        nodes = drafted.valid[b].nonzero().flatten()
+        path, counts = path_of(drafted.tree_mask[b].expand(len(nodes), -1, -1), nodes)
+        out.append(sorted(tuple(drafted.tokens[b, p[:c]].tolist()) for p, c in zip(path, counts)))
     return out
 
 
