@@ -112,7 +112,9 @@ def drafted_paths(target, draft, tree) -> list[list[tuple[int, ...]]]:
 def test_a_shrunk_dynamic_tree_drafts_the_same_tree_in_fewer_steps(target):
     """``shrink`` keeps only the draft steps a tree's nodes can use; the tree drafted is the same as with every step."""
     draft = random_griffin(target)  # an imperfect draft: its trees branch
-    for full in (DynamicTreeConfig(4, 4, 3), DynamicTreeConfig(6, 5, 2), DynamicTreeConfig(3, 5, 2)):
+    # a single beam drafts a chain as deep as the nodes allow: a step fewer would cut it
+    for full in (DynamicTreeConfig(4, 4, 3), DynamicTreeConfig(6, 5, 2), DynamicTreeConfig(3, 5, 2),
+                 DynamicTreeConfig(4, 4, 1)):
         small = shrink(full, 1.0)
         assert small.depth < full.depth and small.total_tokens == full.total_tokens
         assert drafted_paths(target, draft, small) == drafted_paths(target, draft, full)
