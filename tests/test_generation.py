@@ -12,7 +12,7 @@ from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.runtime.synthetic import oracle_griffin, random_griffin, tiny_target
 from specdec_kit.runtime.trees import DynamicTreeConfig
 from specdec_kit.runtime.verify import path_of
-from specdec_kit.serving.policy import shrink
+from specdec_kit.serving.policy import fewest_steps
 
 
 @pytest.fixture(scope="module")
@@ -110,12 +110,13 @@ def drafted_paths(target, draft, tree) -> list[list[tuple[int, ...]]]:
 
 
 def test_a_shrunk_dynamic_tree_drafts_the_same_tree_in_fewer_steps(target):
-    """``shrink`` keeps only the draft steps a tree's nodes can use; the tree drafted is the same as with every step."""
+    """``fewest_steps`` keeps only the draft steps a tree's nodes can use; the tree drafted is the same as with every
+    step."""
     draft = random_griffin(target)  # an imperfect draft: its trees branch
     # a single beam drafts a chain as deep as the nodes allow: a step fewer would cut it
     for full in (DynamicTreeConfig(4, 4, 3), DynamicTreeConfig(6, 5, 2), DynamicTreeConfig(3, 5, 2),
                  DynamicTreeConfig(4, 4, 1)):
-        small = shrink(full, 1.0)
+        small = fewest_steps(full)
         assert small.depth < full.depth and small.total_tokens == full.total_tokens
         assert drafted_paths(target, draft, small) == drafted_paths(target, draft, full)
 

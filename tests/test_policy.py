@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from specdec_kit.serving.policy import SpeculationPolicy, default_schedule, parse_schedule, shrink, tree_nodes
+from specdec_kit.serving.policy import (SpeculationPolicy, default_schedule, fewest_steps, parse_schedule, shrink,
+                                       tree_nodes)
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
 
 TREE = DynamicTreeConfig(total_tokens=16, depth=4, top_k=4)
@@ -13,18 +14,26 @@ TREE = DynamicTreeConfig(total_tokens=16, depth=4, top_k=4)
 
 def test_schedule_shrinks_the_tree_with_the_batch_and_turns_off():
     policy = SpeculationPolicy(default_schedule(TREE), adaptive=False)
-    sizes = {b: tree_nodes(policy.choose(b)) for b in (1, 2, 3, 4, 8, 32, 33)}
-    assert sizes == {1: 16, 2: 16, 3: 8, 4: 8, 8: 4, 32: 2, 33: 1}
+    sizes = {b: tree_nodes(policy.choose(b)) for b in (1, 2, 3, 16, 17, 32, 33)}
+    assert sizes == {1: 16, 2: 16, 3: 4, 16: 4, 17: 2, 32: 2, 33: 1}
     assert policy.choose(33) is None
 
 
-def test_shrink_keeps_a_tree_of_the_same_kind():
+def test_shrink_keeps_the_likeliest_choices_and_turns_small_dynamic_trees_into_chains():
     static = StaticTree.from_choices([[0], [1], [0, 0], [0, 1]])
     assert tree_nodes(shrink(static, 0.5)) == 3 and isinstance(shrink(static, 0.5), StaticTree)
+    assert shrink(TREE, 1.0) is TREE and shrink(static, 1.0) is static
     small = shrink(TREE, 0.01)
     assert small.total_tokens == 2 and small.top_k == 1 and small.depth == 0  # one draft call: a first level
-    assert shrink(TREE, 0.25) == DynamicTreeConfig(total_tokens=4, depth=2, top_k=3)  # paths of at most 3 tokens
-    assert shrink(TREE, 0.5).depth == TREE.depth  # 8 nodes can use every step
+    # 3 draft tokens fit on one path of depth 4: a chain of them, drafted in 3 calls of one beam
+    assert shrink(TREE, 0.25) == DynamicTreeConfig(total_tokens=4, depth=2, top_k=1)
+    assert shrink(TREE, 0.5) == DynamicTreeConfig(total_tokens=8, depth=4, top_k=4)  # 7 do not: the beams stay
+    assert shrink(DynamicTreeConfig(total_tokens=12, depth=5, top_k=2), 0.5) == DynamicTreeConfig(6, 4, 1)
+
+
+def test_fewest_steps_keeps_only_the_draft_steps_a_trees_nodes_can_use():
+    assert fewest_steps(DynamicTreeConfig(total_tokens=4, depth=4, top_k=3)) == DynamicTreeConfig(4, 2, 3)
+    assert fewest_steps(DynamicTreeConfig(total_tokens=8, depth=4, top_k=4)) == DynamicTreeConfig(8, 4, 4)
 
 
 def test_parse_schedule_reads_fractions_and_refuses_nonsense():
