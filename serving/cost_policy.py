@@ -9,10 +9,13 @@ more than an expansion step, so no one per-call cost fits them all), the accepta
 the batch).
 A first guess treats every batch split alike (4 rows x 8 nodes as 32 rows x 1), so a cycle at batch 16 with a
 4-node tree also tells what plain decoding at batch 64 would cost; but rows cost apart from tokens (each
-row's cache is read), so once a batch size recurs (``settle`` cycles) each contender (a candidate predicted within
-``contender`` of the best) is measured at that size a few times, and those measurements take precedence. Per batch
-size the policy picks the candidate with the most predicted tokens per second, measuring what it cannot yet predict
-and re-measuring the contenders, in turn, now and then.
+row's cache is read), so once a batch size recurs (``settle`` cycles) plain decoding and each contender (a
+candidate predicted within ``contender`` of the best) are measured at that size a few times. A cost is extrapolated
+at most ``reach`` times beyond the largest size it was measured at; further out, the candidate is measured. Once a candidate has run at a batch size, its own
+whole cycles there are its prediction (with its acceptance): the model of parts only ranks what has not run there,
+since its parts miss what differs between candidates beside draft and target (streaming more tokens per cycle,
+accepting a longer path). Per batch size the policy picks the candidate with the most predicted tokens per second,
+measuring what it cannot yet predict and re-measuring the contenders, in turn, now and then.
 
 A cycle also costs what is neither draft nor target: accepting, streaming the tokens out, the scheduler's
 bookkeeping. That overhead is measured per batch size (the cycle's whole time less its draft and target parts) and
@@ -34,6 +37,7 @@ import bisect
 from dataclasses import dataclass, field
 
 from specdec_kit.runtime.generate import CycleOutcome
+from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
 from specdec_kit.serving.policy import Tree, shrink, tree_nodes
 
 
@@ -76,10 +80,22 @@ def candidate_trees(tree: Tree, fractions: tuple[float, ...] = (1.0, 0.5, 0.25, 
     """The engine's tree and smaller ones of the same kind, each size once, largest first."""
     out: list[Tree] = []
     for f in fractions:
-        t = shrink(tree, f) if f < 1 else tree
+        t = shrink(tree, f)
         if tree_nodes(t) >= 2 and tree_nodes(t) not in {tree_nodes(o) for o in out}:
             out.append(t)
     return out
+
+
+def holds(big: Tree, small: Tree) -> bool:
+    """Whether ``big`` drafts (about) every path ``small`` does: a static tree's choices contain the other's; a
+    dynamic tree with as many beams, as deep, and as many nodes picks its nodes from a superset of the other's
+    candidates by the same scores. (A chain is not held by a wider tree, which may spend its nodes on siblings.)"""
+    if isinstance(big, DynamicTreeConfig) and isinstance(small, DynamicTreeConfig):
+        return (big.top_k == small.top_k and big.depth >= small.depth
+                and big.total_tokens >= small.total_tokens)
+    if isinstance(big, StaticTree) and isinstance(small, StaticTree):
+        return {tuple(c) for c in small.choices} <= {tuple(c) for c in big.choices}
+    return False
 
 
 @dataclass
@@ -99,9 +115,11 @@ class CostPolicy:
     verify_at: dict[int, dict[int, Ema]] = field(default_factory=dict)  # the same per batch size: rows -> tokens
     draft: dict[int, dict[int, Ema]] = field(default_factory=dict)  # [candidate] -> draft seconds by batch size
     overhead: dict[int, Ema] = field(default_factory=dict)  # seconds of a cycle outside draft and target, by batch size
+    cycle_at: dict[int, dict[int, Ema]] = field(default_factory=dict)  # [candidate] -> whole cycle seconds by batch size
     reading: dict[int, Ema] = field(default_factory=dict)  # per speculative cycle: the draft reading joined prompts
     reading_smoothing: float = 0.01  # prompts join now and then: an average over many cycles
     margin: float = 1.1  # a tree must be predicted this much faster than plain decoding to replace it
+    reach: float = 2.0  # a cost is extrapolated at most this far beyond the largest size measured; further, measured
     accepted: dict[int, Ema] = field(default_factory=dict)  # [candidate] -> accepted draft tokens per row
     cycles: dict[int, int] = field(default_factory=dict)  # per batch size, for the probes
     leader: dict[int, int] = field(default_factory=dict)  # per batch size: the candidate it runs
@@ -128,6 +146,13 @@ class CostPolicy:
                        points: tuple[dict[int, Ema], dict[int, dict[int, Ema]]] | None = None) -> float | None:
         """Tokens/s the candidate would give at this batch size; None where a quantity is not measured enough."""
         shared, draft_points = points or self.trusted()
+        own_cycle = self.cycle_at.get(k, {}).get(batch)
+        if own_cycle is not None and own_cycle.n >= self.warmup:  # measured at this batch size: no model needed
+            if k == 0:
+                return batch / own_cycle.value
+            acc = self.acceptance(k)
+            return None if acc is None else (
+                batch * (1 + acc) / (own_cycle.value + (interpolate(self.reading, batch) or 0.0)))
         x = batch * self.nodes(k)
         verify = self.verify_cost(x, batch, shared)
         if verify is None:
@@ -137,38 +162,43 @@ class CostPolicy:
             return batch / verify
         acc = self.acceptance(k)
         own = draft_points.get(k)
-        if acc is None or not own or batch < min(own):
-            return None  # a draft cost guessed from larger batches only would be too high to ever get measured
+        if acc is None or not own or not min(own) <= batch <= self.reach * max(own):
+            return None  # guessed from larger batches only, too high to ever get measured; from far smaller, anything
         draft = interpolate(own, batch) + (interpolate(self.reading, batch) or 0.0)
         return batch * (1 + acc) / (verify + draft)
 
     def verify_cost(self, x: int, batch: int, shared: dict[int, Ema]) -> float | None:
         """Seconds of a target call over ``x`` tokens at this batch size. Measured at the batch size itself where
-        it has been, within that range; beyond it, its largest own point plus the shared curve's rise from there (the
-        rows' own cost stays; own points at a few tokens per row say nothing of where calls turn compute-bound)."""
+        it has been, within that range; outside it, its nearest own point moved by the shared curve's rise or fall
+        from there (the rows' own cost stays; own points at a few tokens per row say nothing of where calls turn
+        compute-bound, nor do a tree's calls of what a row's single token costs)."""
         own = {t: e for t, e in self.verify_at.get(batch, {}).items() if e.n >= self.warmup}
-        if x in own or (len(own) >= 2 and x <= max(own)):
+        if x in own or (len(own) >= 2 and min(own) <= x <= max(own)):
             return interpolate(own, x)
         shared_x = interpolate(shared, x)
-        if len(shared) < 2 and x not in shared:
+        if (len(shared) < 2 and x not in shared) or x > self.reach * max(shared):
             return None
-        if own:
+        if own and x > max(own):
             top = max(own)
             return own[top].value + max(0.0, shared_x - interpolate(shared, top))
+        if own:
+            bottom = min(own)
+            return max(shared_x, own[bottom].value - max(0.0, interpolate(shared, bottom) - shared_x))
         return shared_x
 
     def acceptance(self, k: int) -> float | None:
-        """Accepted draft tokens per row for candidate ``k``, once measured enough. A larger tree of the same kind
-        holds the smaller ones' likely paths, so it is taken to accept at least what they measured."""
+        """Accepted draft tokens per row for candidate ``k``, once measured enough. A larger tree that holds a
+        smaller one's paths is taken to accept at least what that one measured."""
         own = self.accepted.get(k)
         if own is None or own.n < self.acceptance_warmup:
             return None
-        smaller = [e.value for c, e in self.accepted.items() if c > k and e.n >= self.acceptance_warmup]
-        return max([own.value, *smaller])
+        held = [e.value for c, e in self.accepted.items()
+                if c and c != k and e.n >= self.acceptance_warmup and holds(self.trees[k - 1], self.trees[c - 1])]
+        return max([own.value, *held])
 
     def measured_at(self, k: int, batch: int) -> bool:
-        """Whether candidate ``k`` has been measured ``warmup`` times at this batch size itself."""
-        point = self.verify_at.get(batch, {}).get(batch * self.nodes(k))
+        """Whether candidate ``k``'s whole cycle has been measured ``warmup`` times at this batch size itself."""
+        point = self.cycle_at.get(k, {}).get(batch)
         return point is not None and point.n >= self.warmup
 
     def choose(self, batch_size: int) -> Tree | None:
@@ -180,8 +210,8 @@ class CostPolicy:
         k = next((c for c, rate in enumerate(rates) if rate is None), None)
         if k is None and n > self.settle:  # those predicted close to the best, not the ones far behind
             best = max(rates)
-            k = next((c for c in range(len(rates))
-                      if rates[c] >= self.contender * best and not self.measured_at(c, batch_size)), None)
+            k = next((c for c in range(len(rates))  # plain decoding always: speculation answers to it
+                      if (c == 0 or rates[c] >= self.contender * best) and not self.measured_at(c, batch_size)), None)
         if k is None:
             ranked = sorted(range(len(rates)), key=lambda c: -(rates[c] * (self.margin if c == 0 else 1.0)))
             k = ranked[0]
@@ -211,8 +241,10 @@ class CostPolicy:
         self.verify_at.setdefault(outcome.rows, {}).setdefault(tokens, Ema()).add(outcome.verify_s, self.smoothing)
         self.overhead.setdefault(outcome.rows, Ema()).add(max(0.0, seconds - outcome.draft_s - outcome.verify_s),
                                                           self.smoothing)
+        if not (k and outcome.caught_up):  # a catch-up over unread context is not a step's cost
+            self.cycle_at.setdefault(k, {}).setdefault(outcome.rows, Ema()).add(seconds, self.smoothing)
         if k:
-            if not outcome.caught_up:  # a catch-up over unread context is not a step's cost
+            if not outcome.caught_up:
                 self.draft.setdefault(k, {}).setdefault(outcome.rows, Ema()).add(outcome.draft_s, self.smoothing)
             if self._previous:  # speculating all along: what the draft read beyond a step was prompts that joined
                 step = interpolate(self.draft.get(k, {}), outcome.rows) if outcome.caught_up else outcome.draft_s

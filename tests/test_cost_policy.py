@@ -12,7 +12,7 @@ import pytest
 
 from specdec_kit.runtime.generate import CycleOutcome
 from specdec_kit.runtime.trees import DynamicTreeConfig
-from specdec_kit.serving.cost_policy import CostPolicy, Ema, candidate_trees, interpolate
+from specdec_kit.serving.cost_policy import CostPolicy, Ema, candidate_trees, holds, interpolate
 from specdec_kit.serving.policy import tree_nodes
 
 TREE = DynamicTreeConfig(total_tokens=16, depth=3, top_k=4)
@@ -45,12 +45,14 @@ def rate(batch: int, nodes: int) -> float:
 
 
 def drive(policy: CostPolicy, batch: int, cycles: int, overhead: float = 0.0, prefill_every: int = 0,
-          unlucky: int = 0, draft_cost: Callable[[int, int], float] = draft_seconds) -> list[int]:
+          unlucky: int = 0, draft_cost: Callable[[int, int], float] = draft_seconds,
+          per_token: float = 0.0) -> list[int]:
     """Run the policy against the modelled machine at one batch size; the tree sizes it chose (1 = plain). Each cycle
     also costs ``overhead`` outside draft and target. The first speculative cycle after plain ones also runs the draft
     over the context they skipped (a tenth of a step per position: one call over more tokens), and every
     ``prefill_every`` cycles a request joins whose 30-token prompt the draft reads at its next speculative cycle.
-    The largest tree's first ``unlucky`` cycles accept nothing (text the draft predicts badly)."""
+    The largest tree's first ``unlucky`` cycles accept nothing (text the draft predicts badly). Handing out each token
+    costs ``per_token`` more."""
     chosen, skipped, largest, owed = [], 0, 0, dict.fromkeys(ACCEPTED, 0.0)
     for i in range(cycles):
         if prefill_every and i % prefill_every == 0:
@@ -69,13 +71,17 @@ def drive(policy: CostPolicy, batch: int, cycles: int, overhead: float = 0.0, pr
             accepted *= largest > unlucky
         outcome = CycleOutcome(tree is not None, batch, batch + accepted, (nodes - 1) * batch, accepted, [],
                                draft, verify_seconds(batch * nodes, batch), caught_up)
-        policy.observe(outcome, outcome.draft_s + outcome.verify_s + overhead)
+        policy.observe(outcome, outcome.draft_s + outcome.verify_s + overhead + per_token * outcome.emitted)
         chosen.append(nodes)
     return chosen
 
 
 def test_candidates_are_the_engine_tree_and_smaller_ones():
     assert [tree_nodes(t) for t in candidate_trees(TREE)] == [16, 8, 4, 2]
+    assert [t.top_k for t in candidate_trees(TREE)] == [4, 4, 1, 1]  # the small ones are chains
+    big, half, chain4, chain2 = candidate_trees(TREE)
+    assert holds(big, half) and holds(chain4, chain2)  # a smaller tree's paths are among a larger one's ...
+    assert not holds(half, chain4) and not holds(chain2, chain4)  # ... but not a chain's among a wider tree's
     assert [tree_nodes(t) for t in candidate_trees(DynamicTreeConfig(3, 2, 2))] == [3, 2]
 
 
@@ -150,16 +156,53 @@ def test_the_overhead_of_a_cycle_counts_against_candidates_that_need_more_cycles
     assert policy.predicted_rate(4, batch) == pytest.approx(with_overhead[2], rel=0.02)
 
 
-def test_a_batch_size_it_has_not_seen_is_predicted_then_measured_once_it_recurs():
+def test_a_candidates_own_cycles_at_a_batch_size_outweigh_the_model():
+    """Streaming costs per token: a cycle of a tree, yielding more tokens, costs more outside draft and target than
+    a plain one, which one overhead per batch size cannot tell apart. Each candidate's whole cycles at the batch size
+    itself show it, and the candidate truly fastest wins."""
+    batch, per_token = 16, 0.004
+    true_rate = {n: 1 / (1 / rate(batch, n) + per_token) for n in (1, 2, 4, 8, 16)}
+    assert max(true_rate, key=true_rate.get) == 1
+    policy = cost_policy(warmup=3, probe_every=25)
+    assert drive(policy, batch, 200, per_token=per_token)[-100:].count(1) >= 95
+    for k, n in enumerate((1, 16, 8, 4, 2)):
+        if policy.measured_at(k, batch):
+            assert policy.predicted_rate(k, batch) == pytest.approx(true_rate[n], rel=0.02)
+
+
+def test_a_batch_size_near_measured_ones_is_predicted_and_one_far_beyond_them_is_measured():
+    """Costs are extrapolated only up to ``reach`` times the largest size measured: at 16 rows after 1 and 4 the
+    draft's cost and the target's over 16 x 16 tokens are measured, not guessed from calls 4 times smaller."""
     policy = cost_policy(warmup=3, settle=10)
     drive(policy, 1, 60)
     drive(policy, 4, 60)
-    chosen = drive(policy, 16, 80)
-    assert 16 not in chosen[:10]  # the 256-token verification was predicted too slow from the other sizes' costs
-    assert policy.measured_at(0, 16)  # then the contenders at 16 itself
-    assert not policy.measured_at(1, 16)  # the largest tree, far behind, is not worth cycles at 16 to confirm it
-    assert chosen[-30:].count(1) >= 28
+    assert all(policy.predicted_rate(k, 16) is None for k in range(1, len(CANDIDATES) + 1))
+    chosen = drive(policy, 16, 12)  # the trees' cycles at 16 ...
+    assert set(chosen) == {16, 8, 4, 2} and not policy.measured_at(0, 16)
+    # ... tell plain decoding's cost at 16 rows: their calls' cost there, less the shared curve's fall to 16 tokens
+    assert policy.predicted_rate(0, 16) == pytest.approx(rate(16, 1), rel=0.25)  # (the curve mixes row counts)
+    chosen += drive(policy, 16, 68)
+    assert all(policy.measured_at(k, 16) for k in range(len(CANDIDATES) + 1))
+    assert chosen[-30:].count(1) >= 28  # plain decoding, the fastest at 16 on the modelled machine
     assert policy.predicted_rate(0, 16) == pytest.approx(rate(16, 1))  # 16 rows x 1 token, not 1 row x 16
+    # between measured sizes the model predicts: the first cycles at 8 run the best it predicts, measuring nothing
+    predicted = {k: policy.predicted_rate(k, 8) for k in range(len(CANDIDATES) + 1)}
+    assert None not in predicted.values()
+    best = max(predicted, key=lambda k: predicted[k] * (policy.margin if k == 0 else 1.0))
+    assert set(drive(policy, 8, 10)) == {policy.nodes(best)}
+
+
+def test_plain_decoding_is_measured_at_every_batch_size_that_recurs():
+    """Speculation answers to plain decoding: however far behind the model puts it (here after a call over 16 tokens
+    measured while the machine was busy), plain decoding is measured at a batch size that recurs, and wins there
+    where it is fastest."""
+    policy = cost_policy(warmup=3, settle=10)
+    for batch in (1, 4, 8):
+        drive(policy, batch, 60)
+    policy.verify[16] = Ema(1.0, 100)
+    assert policy.predicted_rate(0, 16) < 0.1 * max(filter(None, (policy.predicted_rate(k, 16) for k in range(1, 5))))
+    chosen = drive(policy, 16, 100)
+    assert policy.measured_at(0, 16) and chosen[-30:].count(1) >= 28
 
 
 def test_without_trees_it_never_speculates():
