@@ -11,11 +11,12 @@ A first guess treats every batch split alike (4 rows x 8 nodes as 32 rows x 1), 
 4-node tree also tells what plain decoding at batch 64 would cost; but rows cost apart from tokens (each
 row's cache is read), so once a batch size recurs (``settle`` cycles) plain decoding and each contender (a
 candidate predicted within ``contender`` of the best) are measured at that size a few times. A cost is extrapolated
-at most ``reach`` times beyond the largest size it was measured at; further out, the candidate is measured. Once a candidate has run at a batch size, its own
-whole cycles there are its prediction (with its acceptance): the model of parts only ranks what has not run there,
-since its parts miss what differs between candidates beside draft and target (streaming more tokens per cycle,
-accepting a longer path). Per batch size the policy picks the candidate with the most predicted tokens per second,
-measuring what it cannot yet predict and re-measuring the contenders, in turn, now and then.
+at most ``reach`` times beyond the largest size it was measured at; further out, the candidate is measured. Once a
+candidate has run at a batch size, its own whole cycles there are its prediction (with its acceptance): the model
+of parts only ranks what has not run there, since its parts miss what differs between candidates beside draft and
+target (streaming more tokens per cycle, accepting a longer path). Per batch size the policy picks the candidate
+with the most predicted tokens per second, measuring what it cannot yet predict and re-measuring the contenders, in
+turn, now and then.
 
 A cycle also costs what is neither draft nor target: accepting, streaming the tokens out, the scheduler's
 bookkeeping. That overhead is measured per batch size (the cycle's whole time less its draft and target parts) and
@@ -115,7 +116,7 @@ class CostPolicy:
     verify_at: dict[int, dict[int, Ema]] = field(default_factory=dict)  # the same per batch size: rows -> tokens
     draft: dict[int, dict[int, Ema]] = field(default_factory=dict)  # [candidate] -> draft seconds by batch size
     overhead: dict[int, Ema] = field(default_factory=dict)  # seconds of a cycle outside draft and target, by batch size
-    cycle_at: dict[int, dict[int, Ema]] = field(default_factory=dict)  # [candidate] -> whole cycle seconds by batch size
+    cycle_at: dict[int, dict[int, Ema]] = field(default_factory=dict)  # [candidate] -> a whole cycle's seconds by batch
     reading: dict[int, Ema] = field(default_factory=dict)  # per speculative cycle: the draft reading joined prompts
     reading_smoothing: float = 0.01  # prompts join now and then: an average over many cycles
     margin: float = 1.1  # a tree must be predicted this much faster than plain decoding to replace it
