@@ -37,10 +37,11 @@ def parse_args(argv):
     p.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1 (default: $SPECDEC_API_KEY)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
-    p.add_argument("--speculation", default="adaptive",
-                   help="adaptive (tree shrinks with load, off where it stops paying; the default), 'cost' (per batch "
-                        "size the tree, among the engine's and smaller ones, or plain decoding with the most predicted "
-                        "tokens/s from the measured target cost curve, draft cost and acceptance), 'off' (plain "
+    p.add_argument("--speculation", default="cost",
+                   help="'cost' (the default: per batch size the tree, among the engine's and smaller ones, or plain "
+                        "decoding with the most tokens/s, from each one's measured cycles or, where it has not run, "
+                        "the measured target cost curve, draft cost and acceptance), 'adaptive' (a fixed schedule: the "
+                        "tree shrinks with load; per bucket, plain decoding where it is faster), 'off' (plain "
                         "decoding), 'fixed' (the engine's tree at every batch size), or a schedule like "
                         "2:1,4:0.5,16:0.25,inf:0 (batch size: fraction of the engine's tree)")
     p.add_argument("--drain-timeout", type=float, default=30.0,
