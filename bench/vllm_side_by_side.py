@@ -51,9 +51,9 @@ def parse_args(argv):
     p.add_argument("--concurrency", default="1,4,16", help="concurrent streams per level, comma-separated")
     p.add_argument("--repeats", type=int, default=3, help="rounds over every level and server")
     p.add_argument("--prompts", type=int, default=8, help="HumanEval prompts")
-    p.add_argument("--requests-per-stream", type=int, default=2,
+    p.add_argument("--requests-per-stream", type=int, default=4,
                    help="a level sends max(prompts, this x streams) requests")
-    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--engines", type=Path, default=Path("engines"), help="where the engines are built or reused")
     p.add_argument("--vllm-python", default=os.environ.get("SPECDEC_VLLM_PYTHON") or str(REPO / ".venv-vllm/bin/python"),
                    help="vLLM's interpreter (default: $SPECDEC_VLLM_PYTHON, else .venv-vllm from scripts/setup_vllm.sh)")
@@ -209,6 +209,8 @@ def plot(summary: list[dict], path: Path) -> None:
     for server, style in (("kit", "-"), ("vllm", "--")):
         for mode in modes:
             sel = [r for r in summary if (r["server"], r["mode"]) == (server, mode)]
+            if not sel:  # a mode only the kit serves (a second policy): no empty series in the legend
+                continue
             for ax, (key, _) in zip(axes, panels):
                 ax.plot([r["streams"] for r in sel], [r[key] for r in sel], style, marker="o" if server == "kit" else "s",
                         color=colors[mode], label=f"{server} {mode}")
