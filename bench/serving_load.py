@@ -1,11 +1,11 @@
 """The server under concurrent streaming load, speculative against plain (``specdec-bench-serving``).
 
-Starts ``specdec-serve`` on an engine twice (``--speculation adaptive`` and ``--speculation off``),
-and at each concurrency level runs that many client threads, each streaming chat requests back to
-back (HumanEval prompts, T=0, fixed ``max_tokens`` with ``ignore_eos``). Per request it records the
-time to first token and, from vLLM-style ``continuous_usage_stats``, the inter-token latency per
-token (a chunk carrying k tokens counts as k gaps of a k-th each). Reports throughput, p50/p99 TTFT
-and ITL, and the server's acceptance length; writes JSON, markdown and a plot. Reported, never asserted.
+Starts ``specdec-serve`` on an engine twice (``--speculation`` with the policy given, by default the server's
+own, ``cost``, and ``--speculation off``), and at each concurrency level runs that many client threads, each
+streaming chat requests back to back (HumanEval prompts, T=0, fixed ``max_tokens`` with ``ignore_eos``). Per
+request it records the time to first token and, from vLLM-style ``continuous_usage_stats``, the inter-token latency
+per token (a chunk carrying k tokens counts as k gaps of a k-th each). Reports throughput, p50/p99 TTFT and ITL,
+and the server's acceptance length; writes JSON, markdown and a plot. Reported, never asserted.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ def parse_args(argv):
     p.add_argument("--concurrency", default="1,4,16")
     p.add_argument("--requests", type=int, default=48, help="requests per concurrency level (at least one per client)")
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--speculation", default="cost", help="the speculative server's policy (default: the server's, cost)")
     p.add_argument("--out", type=Path, default=RESULTS)
     return p.parse_args(argv)
 
@@ -47,7 +48,7 @@ def server_tau(url: str) -> float | None:
     return None
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def plot(rows: list[dict], path: Path, policy: str) -> None:
     plt = pyplot()
 
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
@@ -55,7 +56,7 @@ def plot(rows: list[dict], path: Path) -> None:
               ("itl_p50_ms", "inter-token latency p50 (ms)"))
     for mode, marker in (("speculative", "o"), ("plain", "s")):
         sel = [r for r in rows if r["mode"] == mode]
-        label = "speculative (adaptive)" if mode == "speculative" else "plain"
+        label = f"speculative ({policy})" if mode == "speculative" else "plain"
         for ax, (key, _) in zip(axes, panels):
             ax.plot([r["concurrency"] for r in sel], [r[key] for r in sel], marker=marker, label=label)
     levels = sorted({r["concurrency"] for r in rows})
@@ -75,7 +76,7 @@ def main(argv=None) -> int:
     levels = [int(c) for c in args.concurrency.split(",")]
     prompts = humaneval(32)
     rows = []
-    for mode, flag in (("speculative", "adaptive"), ("plain", "off")):
+    for mode, flag in (("speculative", args.speculation), ("plain", "off")):
         server = start_kit(mode, engine, flag, max(levels), args.out / "logs" / f"serving_load-{mode}.log")
         try:
             server.wait_ready("/health/ready", 600)
@@ -99,17 +100,18 @@ def main(argv=None) -> int:
                       / next(r["throughput_tok_s"] for r in rows if r["mode"] == "plain" and r["concurrency"] == c), 2)
              for c in levels}
     machine = f"{platform.machine()}, CPU"
-    result = {"engine": str(engine), "max_tokens": args.max_tokens, "requests_per_level": args.requests,
+    result = {"engine": str(engine), "speculation": args.speculation, "max_tokens": args.max_tokens,
+              "requests_per_level": args.requests,
               "machine": machine, "rows": rows, "speculative_over_plain_throughput": ratio}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "serving_load.json").write_text(json.dumps(result, indent=2) + "\n")
-    lines = [f"Server load: {args.requests} streaming chat requests per level, {args.max_tokens} tokens each, T=0 "
-             f"({machine})", "", "| mode | streams | tokens/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | tau |",
+    lines = [f"Server load: {args.requests} streaming chat requests per level, {args.max_tokens} tokens each, T=0, "
+             f"speculative with --speculation {args.speculation} ({machine})", "", "| mode | streams | tokens/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | tau |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {r['mode']} | {r['concurrency']} | {r['throughput_tok_s']} | {r['ttft_p50_ms']} | {r['ttft_p99_ms']} | "
               f"{r['itl_p50_ms']} | {r['itl_p99_ms']} | {r.get('server_accept_length')} |" for r in rows]
     lines += ["", "speculative / plain throughput: " + ", ".join(f"{c} streams {v}x" for c, v in ratio.items())]
-    write_text_and_plot(args.out, "serving_load", lines, lambda path: plot(rows, path))
+    write_text_and_plot(args.out, "serving_load", lines, lambda path: plot(rows, path, args.speculation))
     return 0
 
 
