@@ -109,7 +109,7 @@ def drafted_paths(target, draft, tree) -> list[list[tuple[int, ...]]]:
     return out
 
 
-def test_a_shrunk_dynamic_tree_drafts_the_same_tree_in_fewer_steps(target):
+def test_a_dynamic_tree_with_fewest_steps_drafts_the_same_tree(target):
     """``fewest_steps`` keeps only the draft steps a tree's nodes can use; the tree drafted is the same as with every
     step."""
     draft = random_griffin(target)  # an imperfect draft: its trees branch
