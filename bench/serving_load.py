@@ -101,12 +101,13 @@ def main(argv=None) -> int:
              for c in levels}
     machine = f"{platform.machine()}, CPU"
     result = {"engine": str(engine), "speculation": args.speculation, "max_tokens": args.max_tokens,
-              "requests_per_level": args.requests,
-              "machine": machine, "rows": rows, "speculative_over_plain_throughput": ratio}
+              "requests_per_level": args.requests, "machine": machine, "rows": rows,
+              "speculative_over_plain_throughput": ratio}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "serving_load.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"Server load: {args.requests} streaming chat requests per level, {args.max_tokens} tokens each, T=0, "
-             f"speculative with --speculation {args.speculation} ({machine})", "", "| mode | streams | tokens/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | tau |",
+             f"speculative with --speculation {args.speculation} ({machine})", "",
+             "| mode | streams | tokens/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | tau |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {r['mode']} | {r['concurrency']} | {r['throughput_tok_s']} | {r['ttft_p50_ms']} | {r['ttft_p99_ms']} | "
               f"{r['itl_p50_ms']} | {r['itl_p99_ms']} | {r.get('server_accept_length')} |" for r in rows]

@@ -147,13 +147,13 @@ class CostPolicy:
                        points: tuple[dict[int, Ema], dict[int, dict[int, Ema]]] | None = None) -> float | None:
         """Tokens/s the candidate would give at this batch size; None where a quantity is not measured enough."""
         shared, draft_points = points or self.trusted()
-        own_cycle = self.cycle_at.get(k, {}).get(batch)
-        if own_cycle is not None and own_cycle.n >= self.warmup:  # measured at this batch size: no model needed
+        reading = interpolate(self.reading, batch) or 0.0
+        if self.measured_at(k, batch):  # its own whole cycles at this batch size: no model needed
+            cycle = self.cycle_at[k][batch].value
             if k == 0:
-                return batch / own_cycle.value
+                return batch / cycle
             acc = self.acceptance(k)
-            return None if acc is None else (
-                batch * (1 + acc) / (own_cycle.value + (interpolate(self.reading, batch) or 0.0)))
+            return None if acc is None else batch * (1 + acc) / (cycle + reading)
         x = batch * self.nodes(k)
         verify = self.verify_cost(x, batch, shared)
         if verify is None:
@@ -165,8 +165,7 @@ class CostPolicy:
         own = draft_points.get(k)
         if acc is None or not own or not min(own) <= batch <= self.reach * max(own):
             return None  # guessed from larger batches only, too high to ever get measured; from far smaller, anything
-        draft = interpolate(own, batch) + (interpolate(self.reading, batch) or 0.0)
-        return batch * (1 + acc) / (verify + draft)
+        return batch * (1 + acc) / (verify + interpolate(own, batch) + reading)
 
     def verify_cost(self, x: int, batch: int, shared: dict[int, Ema]) -> float | None:
         """Seconds of a target call over ``x`` tokens at this batch size. Measured at the batch size itself where
@@ -193,8 +192,8 @@ class CostPolicy:
         own = self.accepted.get(k)
         if own is None or own.n < self.acceptance_warmup:
             return None
-        held = [e.value for c, e in self.accepted.items()
-                if c and c != k and e.n >= self.acceptance_warmup and holds(self.trees[k - 1], self.trees[c - 1])]
+        held = [e.value for c, e in self.accepted.items()  # trees only: plain decoding accepts nothing
+                if c != k and e.n >= self.acceptance_warmup and holds(self.trees[k - 1], self.trees[c - 1])]
         return max([own.value, *held])
 
     def measured_at(self, k: int, batch: int) -> bool:
