@@ -71,6 +71,14 @@ class DraftContext:
         width = int(counts.max().item()) if counts.numel() else 0
         return DraftContext(self.feats_buffer[rows, :width], self.tokens_buffer[rows, :width], counts, width)
 
+    def last_pairs(self) -> "DraftContext":
+        """Each row's last pair alone (the rest was read ahead); every row has one."""
+        if not bool((self.counts >= 1).all()):
+            raise ValueError("draft context: a row without pairs has no last pair")
+        at = (self.counts - 1)[:, None]
+        feats = torch.gather(self.feats_buffer, 1, at[..., None].expand(-1, -1, self.feats_buffer.shape[-1]))
+        return DraftContext.of(feats, torch.gather(self.tokens_buffer, 1, at), torch.ones_like(self.counts))
+
     def extend_rows(self, other: "DraftContext") -> "DraftContext":
         """These rows followed by ``other``'s."""
         width = max(self.width, other.width)

@@ -107,6 +107,13 @@ class Drafter:
     def add_rows(self, count: int, capacity: int) -> None:
         """Make room for ``count`` sequences joining the batch (their context arrives with the next draft)."""
 
+    def join(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor, capacity: int) -> bool:
+        """Make room for rows joining the batch with this pending context ([n, W, d], [n, W], [n]). True: this
+        drafter read all but each row's last pair now, on the joining rows alone, and the caller keeps only the
+        last pairs pending; False (the default): it reads all of them with the next draft."""
+        self.add_rows(counts.shape[0], capacity)
+        return False
+
     def bind(self, target_cache: KVCache) -> None:
         """The target's cache of the batch being decoded (drafts that read the target's K/V keep it)."""
 
@@ -226,6 +233,27 @@ class FeatureTreeDrafter(Drafter):
     def add_rows(self, count: int, capacity: int) -> None:
         self.cache = KVCache.with_rows(self.cache, self.step.new_cache(count, capacity))
         self.skipped = torch.cat([self.skipped, self.skipped.new_zeros(count)])
+
+    def join(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor, capacity: int) -> bool:
+        """Read the joining rows' prompts now, on those rows alone, into a cache of their own that then joins the
+        batch's. Read in the next draft instead, every row of the batch would be padded to the longest prompt (at
+        16 rows, a draft call 16 times the width it needs), and the bounded catch-up would split its pairs over
+        all rows, skipping most of each new prompt for good; read here, a batch of one reads its prompt whole."""
+        ahead = counts - 1  # the last pair is the root's: it stays pending for the next draft
+        if not ahead.numel() or int(ahead.min()) < 1:
+            return super().join(features, tokens, counts, capacity)
+        running = self.cache, self.skipped
+        self.cache = self.step.new_cache(counts.shape[0], capacity)
+        self.skipped = torch.zeros_like(counts)
+        try:
+            width = int(ahead.max())
+            self.context_step(features[:, :width], tokens[:, :width], ahead)
+            joining = self.cache, self.skipped
+        finally:
+            self.cache, self.skipped = running
+        self.cache = KVCache.with_rows(self.cache, joining[0])
+        self.skipped = torch.cat([self.skipped, joining[1]])
+        return True
 
     def checkpoint(self) -> DraftCheckpoint:
         return replace(super().checkpoint(), skipped=self.skipped.clone())

@@ -292,8 +292,10 @@ class SpeculativeGenerator:
             self.drafter.bind(new.cache)
             return new
         running.cache.extend_rows(new.cache)
-        self.drafter.add_rows(new.size, new.cache.capacity)
-        running.context = running.context.extend_rows(new.context)
+        pending = new.context
+        if self.drafter.join(pending.feats, pending.tokens, pending.counts, new.cache.capacity):
+            pending = pending.last_pairs()
+        running.context = running.context.extend_rows(pending)
         running.rows.extend(new.rows)
         return running
 

@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 import torch
 
 from specdec_kit.runtime.contract import LayerCache
-from specdec_kit.runtime.drafting import DraftTree, FeatureTreeDrafter, last_real
+from specdec_kit.runtime.drafting import Drafter, DraftTree, FeatureTreeDrafter, last_real
 from specdec_kit.runtime.drafts.moa import MoADraft
 from specdec_kit.runtime.kv_cache import KVCache
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
@@ -167,6 +167,11 @@ class MoATreeDrafter(FeatureTreeDrafter):
     def add_rows(self, count: int, capacity: int) -> None:
         super().add_rows(count, capacity)
         self.step.memory = KVCache.with_rows(self.step.memory, self.step.new_cache(count, capacity))
+
+    def join(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor, capacity: int) -> bool:
+        """The joining rows' context is read with the next draft: MoA's context step also reads the CA memory,
+        which the target's verified K/V fills at that draft."""
+        return Drafter.join(self, features, tokens, counts, capacity)
 
     def update_memory(self, counts: torch.Tensor) -> None:
         """LSA over the target K/V of each row's ``counts`` newest verified positions, into the CA memory."""

@@ -48,6 +48,39 @@ def test_requests_joining_a_running_batch_stay_lossless(predictable_case):
     assert sum(r.stats.accepted_tokens for r in rows) > 2 * sum(r.stats.cycles for r in rows)  # tau > 3
 
 
+def test_a_joining_row_is_read_at_the_join_not_in_every_rows_next_draft(predictable_case):
+    """The draft reads a joining row's prompt on that row alone as it joins: the running rows' next draft stays as
+    narrow as their accepted paths (no catch-up over the new prompt's width) and the output stays the target's."""
+    case = predictable_case
+    gen = generator(case)
+    greedy = SamplingParams()
+    batch = gen.admit(None, gen.prefill([case.prompts[0], case.prompts[1]], [NEW_TOKENS] * 2, [greedy] * 2))
+    gen.cycle(batch)
+    gen.cycle(batch)
+    prompt = case.prompts[2]
+    batch = gen.admit(batch, gen.prefill([prompt], [NEW_TOKENS], [greedy]))
+    assert batch.context.width <= gen.drafter.max_depth + 1  # the new row's last pair alone is pending
+    assert batch.context.counts[-1].item() == 1
+    assert gen.drafter.cache.lengths[-1].item() == len(prompt) - 1 and gen.drafter.skipped[-1].item() == 0
+    rows = list(batch.rows)
+    outcome = gen.cycle(batch)
+    assert not outcome.caught_up and outcome.rows == 3 and outcome.accepted_tokens > 0
+    while batch.size:
+        gen.retire(batch)
+        if batch.size:
+            gen.cycle(batch)
+    assert [r.tokens for r in rows] == case.references[:3]
+
+
+def test_joining_rows_stay_lossless_with_every_admission_pattern(predictable_case):
+    """Rows joining one or several at a time, while others speculate or run plain, give the target's output."""
+    case = predictable_case
+    prompts = case.prompts[:6]
+    rows = run_with_arrivals(generator(case), prompts, {0: [0], 1: [1, 2], 4: [3], 5: [4, 5]},
+                             speculate=lambda c: c % 5 != 3)
+    assert [r.tokens for r in rows] == case.references[:6]
+
+
 def test_plain_cycles_keep_the_draft_context(predictable_case):
     """Cycles without speculation hand their context to the next speculative one: acceptance on the
     speculative cycles stays what it is with speculation throughout."""
