@@ -25,11 +25,11 @@ decoding, small trees), which pay it more often.
 
 Switching costs: the first speculative cycle after plain ones (or after a prefill) runs the draft over the context
 it has not read, so its draft time is not a draft step's cost and is left out of the draft's measurements. While it
-speculates all along, what the draft reads beyond a step is the prompts of requests that joined (drafters that do
-not read them as they join): that is a cost of speculating, averaged over its cycles (``reading``). Plain decoding stays unless a tree is predicted ``margin``
-faster: leaving it pays a catch-up, and the predictions err by about that much. The probes of contenders that keep
-losing come half as often after each round of them (back to ``probe_every`` when the leader changes), since each
-probe of speculation pays that catch-up too.
+speculates all along, what the draft reads beyond a step is the prompts of requests that joined (with drafters
+that do not read them as they join): that is a cost of speculating, averaged over its cycles (``reading``). Plain
+decoding stays unless a tree is predicted ``margin`` faster: leaving it pays a catch-up, and the predictions err by
+about that much. The probes of contenders that keep losing come half as often after each round of them (back to
+``probe_every`` when the leader changes), since each probe of speculation pays that catch-up too.
 """
 
 from __future__ import annotations
