@@ -3,10 +3,10 @@ one kept-alive connection, metered by the load test's own per-token ``StreamMete
 ``continuous_usage_stats``: a chunk carrying k tokens counts as k, with k inter-token gaps of a k-th of the wait
 each).
 
-A connection per request, as a client created per request opens, is what serving clients (the OpenAI SDK, Locust,
-guidellm) do not do, and on a small machine it is not free: it cost about 35 ms a request on 2 cores (a one-token
-completion took 80 ms against 45 ms kept alive), client work on the cores the server computes on, which every
-server paid alike and which hid part of what speculation saves."""
+Serving clients (the OpenAI SDK, Locust, guidellm) keep their connections. A client made per request opens one per
+request, which on a small machine is not free: about 35 ms a request on 2 cores (a one-token completion took 80 ms
+against 45 ms kept alive), client work on the cores the server computes on, which every server paid and which hid
+part of what speculation saves."""
 
 from __future__ import annotations
 
