@@ -191,10 +191,10 @@ def goals(summary: list[dict], rows: list[dict]) -> list[dict]:
                 out.append({"goal": f"kit {mode} >= {bound}x kit plain at {streams} stream{'s' if streams > 1 else ''}",
                             "measured": f"{row['over_own_plain']:.2f}x", "met": row["over_own_plain"] >= bound})
     for mode in sorted({r["mode"] for r in summary if r["server"] == "kit" and r["mode"] != "plain"}):
-        rows = [r for r in summary if (r["server"], r["mode"]) == ("kit", mode)]
+        per_level = [r for r in summary if (r["server"], r["mode"]) == ("kit", mode)]
         out.append({"goal": f"kit {mode} >= kit plain at every level",
-                    "measured": " / ".join(f"{r['over_own_plain']:.2f}x" for r in rows),
-                    "met": all(r["over_own_plain"] >= 1.0 for r in rows)})
+                    "measured": " / ".join(f"{r['over_own_plain']:.2f}x" for r in per_level),
+                    "met": all(r["over_own_plain"] >= 1.0 for r in per_level)})
     return out
 
 

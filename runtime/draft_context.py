@@ -75,9 +75,8 @@ class DraftContext:
         """Each row's last pair alone (the rest was read ahead); every row has one."""
         if not bool((self.counts >= 1).all()):
             raise ValueError("draft context: a row without pairs has no last pair")
-        at = (self.counts - 1)[:, None]
-        feats = torch.gather(self.feats_buffer, 1, at[..., None].expand(-1, -1, self.feats_buffer.shape[-1]))
-        return DraftContext.of(feats, torch.gather(self.tokens_buffer, 1, at), torch.ones_like(self.counts))
+        feats, tokens = last_real(self.feats, self.counts), last_real(self.tokens, self.counts)
+        return DraftContext.of(feats[:, None], tokens[:, None], torch.ones_like(self.counts))
 
     def extend_rows(self, other: "DraftContext") -> "DraftContext":
         """These rows followed by ``other``'s."""
@@ -86,6 +85,12 @@ class DraftContext:
                            _widened(other.feats.to(self.feats_buffer.dtype), width)])
         tokens = torch.cat([_widened(self.tokens, width), _widened(other.tokens, width)])
         return DraftContext(feats, tokens, torch.cat([self.counts, other.counts]), width)
+
+
+def last_real(x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """x [B, Q, ...] -> x[b, counts[b] - 1]."""
+    idx = (counts - 1).view(-1, *([1] * (x.ndim - 1))).expand(-1, 1, *x.shape[2:])
+    return torch.gather(x, 1, idx).squeeze(1)
 
 
 def _widened(x: torch.Tensor, width: int) -> torch.Tensor:

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from specdec_kit.runtime.contract import FeatureStep, MedusaStep
+from specdec_kit.runtime.draft_context import last_real
 from specdec_kit.runtime.drafts.layers import FeatureDraft
 from specdec_kit.runtime.kv_cache import KVCache
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree, ancestor_masks
@@ -44,12 +45,6 @@ class DraftTree:
             tree_mask=buf.tree_mask.to(tokens.device).expand(bsz, -1, -1),
             depth=buf.position_offsets.to(tokens.device).expand(bsz, -1),
         )
-
-
-def last_real(x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """x [B, Q, ...] -> x[b, counts[b] - 1]."""
-    idx = (counts - 1).view(-1, *([1] * (x.ndim - 1))).expand(-1, 1, *x.shape[2:])
-    return torch.gather(x, 1, idx).squeeze(1)
 
 
 Tree = StaticTree | DynamicTreeConfig
