@@ -117,12 +117,14 @@ def _spawn(label: str, cmd: list[str], env: dict[str, str], log: Path, port: int
     return ServerProcess(label, f"http://127.0.0.1:{port}", proc, log)
 
 
-def start_kit(label: str, engine: Path, speculation: str, max_num_seqs: int, log: Path) -> ServerProcess:
-    """``specdec-serve`` over an embedded (ONNX Runtime or PyTorch) engine; returns before it is ready."""
+def start_kit(label: str, engine: Path, speculation: str, max_num_seqs: int, log: Path,
+              extra: list[str] = ()) -> ServerProcess:
+    """``specdec-serve`` over an embedded (ONNX Runtime or PyTorch) engine (``extra``: more of its options);
+    returns before it is ready."""
     port = free_port()
     cmd = [sys.executable, "-m", "specdec_kit.serving", "--engine", str(engine), "--port", str(port),
            "--served-model-name", SERVED_NAME, "--speculation", speculation, "--max-num-seqs", str(max_num_seqs),
-           "--log-level", "warning"]
+           "--log-level", "warning", *extra]
     return _spawn(label, cmd, dict(os.environ), log, port)
 
 

@@ -26,6 +26,10 @@ Thread budget: both run on the same cores. The kit computes with ONNX Runtime's 
 on its engine thread; vLLM's CPU build, by default (``VLLM_CPU_OMP_THREADS_BIND=auto``), binds one OpenMP
 compute thread per core minus one and leaves the last core to its API server and scheduler. The values in
 force are recorded in the results; set ``VLLM_CPU_OMP_THREADS_BIND`` to change vLLM's.
+
+Prefix caching: on in both, each server's default (vLLM's automatic prefix caching, the kit's prefix cache), so
+the rounds' repeated prompts reuse their cached blocks in both; ``--vllm-arg=--no-enable-prefix-caching`` and
+``--kit-arg=--no-enable-prefix-caching`` measure without.
 """
 
 from __future__ import annotations
@@ -64,6 +68,8 @@ def parse_args(argv):
     p.add_argument("--max-model-len", type=int, default=1024, help="vLLM's context limit")
     p.add_argument("--vllm-arg", action="append", default=[],
                    help="an extra option for every vLLM server (repeat; e.g. --vllm-arg=--enforce-eager)")
+    p.add_argument("--kit-arg", action="append", default=[],
+                   help="an extra option for every kit server (repeat; e.g. --kit-arg=--no-enable-prefix-caching)")
     p.add_argument("--out", type=Path, default=RESULTS, help="writes vllm_side_by_side.{json,md,png} and logs/ here")
     return p.parse_args(argv)
 
@@ -90,7 +96,7 @@ def start(spec: dict, args, max_streams: int):
     label = f"{spec['server']}-{spec['mode']}"
     log = args.out / "logs" / f"{label}.log"
     if spec["server"] == "kit":
-        server = start_kit(label, spec["engine"], spec["speculation"], max_streams, log)
+        server = start_kit(label, spec["engine"], spec["speculation"], max_streams, log, args.kit_arg)
         server.wait_ready("/health/ready", STARTUP_S)
     else:
         server = start_vllm(label, spec["engine"], args.vllm_python, spec["speculation"] != "off", args.max_model_len,
@@ -254,6 +260,8 @@ def settings(args, specs: list[dict]) -> dict:
             "vllm_threads": "VLLM_CPU_OMP_THREADS_BIND=" + os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
                             + " (auto: one compute thread per core but the last, which runs its API server and scheduler)",
             "vllm_args": args.vllm_arg or ["(none: vLLM's default compiled path)"],
+            "kit_args": args.kit_arg or ["(none)"],
+            "prefix_caching": "each server's default (on in both) unless the arguments above turn it off",
             "vllm_chain": {s["mode"]: json.loads((s["engine"] / "manifest.json").read_text())["vllm"]["speculative_config"]
                            ["num_speculative_tokens"] for s in specs if s["server"] == "vllm" and s["speculation"] != "off"},
             "kit_trees": {s["mode"]: json.loads((s["engine"] / "manifest.json").read_text())["tree"]

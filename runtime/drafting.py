@@ -9,7 +9,9 @@ the root alone, which makes the same loop plain autoregressive decoding.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
+from typing import Sequence
 
 import torch
 from torch import nn
@@ -18,6 +20,7 @@ from specdec_kit.runtime.contract import FeatureStep, MedusaStep
 from specdec_kit.runtime.draft_context import last_real
 from specdec_kit.runtime.drafts.layers import FeatureDraft
 from specdec_kit.runtime.kv_cache import KVCache
+from specdec_kit.runtime.prefix_cache import PrefixBlock
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree, ancestor_masks
 
 
@@ -102,10 +105,12 @@ class Drafter:
     def add_rows(self, count: int, capacity: int) -> None:
         """Make room for ``count`` sequences joining the batch (their context arrives with the next draft)."""
 
-    def join(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor, capacity: int) -> bool:
+    def join(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor, capacity: int,
+             prefix: Sequence[Sequence[PrefixBlock]] | None = None) -> bool:
         """Make room for rows joining the batch with this pending context ([n, W, d], [n, W], [n]). True: this
         drafter read all but each row's last pair now, on the joining rows alone, and the caller keeps only the
-        last pairs pending; False (the default): it reads all of them with the next draft."""
+        last pairs pending; False (the default): it reads all of them with the next draft. ``prefix``: each row's
+        prompt blocks in the prefix cache, where a drafter may find (and leave) its reading of them."""
         self.add_rows(counts.shape[0], capacity)
         return False
 
@@ -229,26 +234,59 @@ class FeatureTreeDrafter(Drafter):
         self.cache = KVCache.with_rows(self.cache, self.step.new_cache(count, capacity))
         self.skipped = torch.cat([self.skipped, self.skipped.new_zeros(count)])
 
-    def join(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor, capacity: int) -> bool:
+    def join(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor, capacity: int,
+             prefix: Sequence[Sequence[PrefixBlock]] | None = None) -> bool:
         """Read the joining rows' prompts now, on those rows alone, into a cache of their own that then joins the
         batch's. Read in the next draft instead, every row of the batch would be padded to the longest prompt (at
         16 rows, a draft call 16 times the width it needs), and the bounded catch-up would split its pairs over
-        all rows, skipping most of each new prompt for good; read here, a batch of one reads its prompt whole."""
+        all rows, skipping most of each new prompt for good; read here, a batch of one reads its prompt whole.
+        Pairs a prefix block already holds are loaded, not read; blocks read now keep this reading."""
         ahead = counts - 1  # the last pair is the root's: it stays pending for the next draft
         if not ahead.numel() or int(ahead.min()) < 1:
-            return super().join(features, tokens, counts, capacity)
+            return super().join(features, tokens, counts, capacity, prefix)
         running = self.cache, self.skipped
         self.cache = self.step.new_cache(counts.shape[0], capacity)
         self.skipped = torch.zeros_like(counts)
         try:
-            width = int(ahead.max())
-            self.context_step(features[:, :width], tokens[:, :width], ahead)
+            loaded = self._load_prefix_pairs(prefix, ahead)
+            rest = ahead - loaded
+            width = int(rest.max())
+            at = (loaded[:, None] + torch.arange(width, device=counts.device)[None, :]).clamp(max=tokens.shape[1] - 1)
+            self.context_step(torch.gather(features, 1, at[..., None].expand(-1, -1, features.shape[-1])),
+                              torch.gather(tokens, 1, at), rest)
+            if prefix is not None:
+                self._keep_prefix_pairs(prefix, ahead)
             joining = self.cache, self.skipped
         finally:
             self.cache, self.skipped = running
         self.cache = KVCache.with_rows(self.cache, joining[0])
         self.skipped = torch.cat([self.skipped, joining[1]])
         return True
+
+    def _load_prefix_pairs(self, prefix: Sequence[Sequence[PrefixBlock]] | None, ahead: torch.Tensor) -> torch.Tensor:
+        """Load into the (fresh) cache each row's pairs its leading prefix blocks hold; returns how many per row
+        (always fewer than ``ahead``: a cached prefix leaves at least the prompt's last token)."""
+        loaded = torch.zeros_like(ahead)
+        for b, chain in enumerate(prefix or []):
+            read = list(itertools.takewhile(lambda block: block.draft_keys is not None, chain))
+            if read:
+                keys = torch.cat([block.draft_keys for block in read], dim=2)[:, :, : int(ahead[b]) - 1]
+                values = torch.cat([block.draft_values for block in read], dim=2)[:, :, : keys.shape[2]]
+                self.cache.load_prefix(b, keys, values)
+                loaded[b] = keys.shape[2]
+        return loaded
+
+    def _keep_prefix_pairs(self, prefix: Sequence[Sequence[PrefixBlock]], ahead: torch.Tensor) -> None:
+        """Give each prefix block without them the pairs whose next token it holds, from rows read whole."""
+        for b, chain in enumerate(prefix):
+            if int(self.skipped[b]) or int(self.cache.lengths[b]) != int(ahead[b]):
+                continue  # a catch-up skipped part of this prompt: its pairs are not at their positions
+            for i, block in enumerate(chain):
+                size = block.keys.shape[2]
+                if block.draft_keys is None and (i + 1) * size - 1 <= int(ahead[b]):
+                    span = slice(max(0, i * size - 1), (i + 1) * size - 1)
+                    block.draft_keys = self.cache.keys[:, b, :, span].clone()
+                    block.draft_values = self.cache.values[:, b, :, span].clone()
 
     def checkpoint(self) -> DraftCheckpoint:
         return replace(super().checkpoint(), skipped=self.skipped.clone())

@@ -17,8 +17,9 @@ from specdec_kit.runtime.device import now
 from specdec_kit.runtime.draft_context import DraftContext
 from specdec_kit.runtime.drafting import Drafter, DraftTree, NoDrafter
 from specdec_kit.runtime.kv_cache import KVCache
+from specdec_kit.runtime.prefix_cache import PrefixBlock, PrefixCache
 from specdec_kit.runtime.sampling import SamplingParams, request_seed, sampled_tokens
-from specdec_kit.runtime.contract import TargetStep
+from specdec_kit.runtime.contract import TargetOutput, TargetStep
 from specdec_kit.runtime.verify import verify_batch
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ class RequestStats:
     draft_tokens: int = 0  # draft nodes sent to verification (tree size - 1, summed over cycles)
     accepted_tokens: int = 0  # accepted draft tokens, summed over cycles
     accepted_per_depth: list[int] = field(default_factory=list)  # [d-1]: cycles accepting depth d
+    cached_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
     prefill_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0
@@ -71,7 +73,7 @@ class RequestStats:
         """Counts and times summed over requests (so ``acceptance_length`` is their pooled tau)."""
         out = cls()
         for st in stats:
-            for name in ("prompt_tokens", "generated_tokens", "cycles", "spec_cycles", "draft_tokens", "accepted_tokens",
+            for name in ("prompt_tokens", "cached_tokens", "generated_tokens", "cycles", "spec_cycles", "draft_tokens", "accepted_tokens",
                          "prefill_s", "draft_s", "verify_s", "total_s"):
                 setattr(out, name, getattr(out, name) + getattr(st, name))
             width = max(len(out.accepted_per_depth), len(st.accepted_per_depth))
@@ -142,6 +144,7 @@ class DecodeBatch:
     rows: list[_Row]
     cache: KVCache
     context: DraftContext
+    prefix: list[list[PrefixBlock]] | None = None  # fresh from ``prefill``: each row's prompt blocks in the cache
 
     @property
     def size(self) -> int:
@@ -170,8 +173,10 @@ class SpeculativeGenerator:
         drafter: Drafter | None = None,
         eos_token_ids: Sequence[int] | None = None,
         decode: Callable[[list[int]], str] | None = None,
+        prefix_cache: PrefixCache | None = None,
     ):
         self.drafter = drafter or NoDrafter()
+        self.prefix_cache = prefix_cache  # prompts' cached blocks skip the prefill
         self.target = self.drafter.target_view(target)  # EAGLE-3 drafters read tapped layers
         self.eos = set(target.eos_token_ids() if eos_token_ids is None else eos_token_ids)
         self.decode = decode
@@ -249,22 +254,20 @@ class SpeculativeGenerator:
                      tag=(tags[i] if tags else None))
                 for i, (p, m, st) in enumerate(zip(params, budgets, stops))]
         lens = [len(p) for p in prompts]
-        for row, n in zip(rows, lens):
-            row.stats.prompt_tokens = n
-        capacity = max(lens) + max(budgets) + self.drafter.max_nodes + 2
         start = now(dev)
-        width = max(lens)
-        tokens = torch.zeros(bsz, width, dtype=torch.long, device=dev)
+        chains = [self.prefix_cache.match(p) for p in prompts] if self.prefix_cache else [[] for _ in prompts]
+        cached = [sum(block.keys.shape[2] for block in chain) for chain in chains]
+        for row, n, hit in zip(rows, lens, cached):
+            row.stats.prompt_tokens, row.stats.cached_tokens = n, hit
+        whole = torch.zeros(bsz, max(lens), dtype=torch.long, device=dev)
         for b, p in enumerate(prompts):
-            tokens[b, : len(p)] = torch.as_tensor(list(p), dtype=torch.long)
+            whole[b, : len(p)] = torch.as_tensor(list(p), dtype=torch.long)
         counts = torch.tensor(lens, dtype=torch.long, device=dev)
-        ar = torch.arange(width, device=dev)
-        cache = target.new_cache(bsz, capacity)
-        t0 = now(dev)
-        out = target(tokens, ar.expand(bsz, width), (ar[None, :] <= ar[:, None]).expand(bsz, width, width), cache,
-                     logits_at=(counts - 1)[:, None])
-        self.target_forward_s += now(dev) - t0
-        cache.commit(ar.expand(bsz, width), counts)
+        cache = target.new_cache(bsz, max(lens) + max(budgets) + self.drafter.max_nodes + 2)
+        out, feats = self._prompt_forward(whole, counts, chains, cache)
+        if self.prefix_cache is not None:
+            chains = [self.prefix_cache.store(p, cache.keys[:, b], cache.values[:, b], feats[b])
+                      for b, p in enumerate(prompts)]
         first = out.logits[:, 0].argmax(dim=-1)
         for b, row in enumerate(rows):
             if first_tokens is not None and first_tokens[b] is not None:
@@ -274,7 +277,7 @@ class SpeculativeGenerator:
                     first[b] = sampled_tokens(out.logits[b, :1], row.params, row.seed, [0])[0]
                 except Exception as exc:  # noqa: BLE001 - one row's sampling fails that row alone
                     self.fail_row(row, exc)
-        ctx_tokens = torch.cat([tokens[:, 1:], torch.zeros_like(tokens[:, :1])], dim=1)
+        ctx_tokens = torch.cat([whole[:, 1:], torch.zeros_like(whole[:, :1])], dim=1)
         ctx_tokens.scatter_(1, (counts - 1)[:, None], first[:, None])
         prefill_s = now(dev) - start
         first_list = first.tolist()
@@ -282,19 +285,54 @@ class SpeculativeGenerator:
             row.start = start
             row.stats.prefill_s = prefill_s
             self._emit_guarded(row, [first_list[b]])
-        return DecodeBatch(rows, cache, DraftContext.of(out.features, ctx_tokens, counts))
+        return DecodeBatch(rows, cache, DraftContext.of(feats, ctx_tokens, counts),
+                           chains if self.prefix_cache is not None else None)
+
+    def _prompt_forward(self, whole: torch.Tensor, counts: torch.Tensor, chains: list[list[PrefixBlock]],
+                        cache: KVCache) -> tuple[TargetOutput, torch.Tensor]:
+        """The target over each prompt (``whole`` [B, W], ``counts`` long) after its cached blocks, on ``cache``;
+        returns the forward's output (logits at each prompt's last token) and every prompt position's features."""
+        bsz, dev = whole.shape[0], whole.device
+        done = torch.tensor([sum(block.keys.shape[2] for block in chain) for chain in chains], device=dev)
+        for b, chain in enumerate(chains):
+            if chain:
+                cache.load_prefix(b, torch.cat([block.keys for block in chain], dim=2),
+                                  torch.cat([block.values for block in chain], dim=2))
+        fresh = counts - done
+        width = int(fresh.max())
+        ar = torch.arange(width, device=dev)
+        ahead = (done[:, None] + ar[None, :]).clamp(max=whole.shape[1] - 1)  # padding past a prompt stays in range
+        tokens = torch.gather(whole, 1, ahead)
+        t0 = now(dev)
+        out = self.target(tokens, ahead, (ar[None, :] <= ar[:, None]).expand(bsz, width, width), cache,
+                          logits_at=(fresh - 1)[:, None])
+        self.target_forward_s += now(dev) - t0
+        cache.commit(ar.expand(bsz, width), fresh)
+        if not bool(done.any()):
+            return out, out.features
+        feats = out.features.new_zeros(bsz, whole.shape[1], out.features.shape[-1])
+        for b, chain in enumerate(chains):
+            n, hit = int(counts[b]), int(done[b])
+            if chain:
+                feats[b, :hit] = torch.cat([block.features for block in chain])
+            feats[b, hit:n] = out.features[b, : n - hit]
+        return out, feats
 
     @torch.inference_mode()
     def admit(self, running: DecodeBatch | None, new: DecodeBatch) -> DecodeBatch:
-        """Join ``new`` rows (fresh from ``prefill``) to the running batch between cycles."""
-        if running is None or running.size == 0:
-            self.drafter.reset(new.size, new.cache.capacity)
+        """Join ``new`` rows (fresh from ``prefill``) to the running batch between cycles (or start one)."""
+        starting = running is None or running.size == 0
+        if starting:
+            self.drafter.reset(0, new.cache.capacity)
+        pending = new.context
+        if self.drafter.join(pending.feats, pending.tokens, pending.counts, new.cache.capacity, new.prefix):
+            pending = pending.last_pairs()
+        new.prefix = None  # read: the blocks are the prefix cache's again
+        if starting:
             self.drafter.bind(new.cache)
+            new.context = pending
             return new
         running.cache.extend_rows(new.cache)
-        pending = new.context
-        if self.drafter.join(pending.feats, pending.tokens, pending.counts, new.cache.capacity):
-            pending = pending.last_pairs()
         running.context = running.context.extend_rows(pending)
         running.rows.extend(new.rows)
         return running

@@ -183,6 +183,17 @@ class KVCache:
         self.values = torch.cat([self.values, values], dim=1)
         self.lengths = torch.cat([self.lengths, other.lengths])
 
+    @torch.inference_mode()
+    def load_prefix(self, row: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Row ``row``, empty so far, starts with these committed keys/values [L, H, n, D] (a cached prompt prefix)."""
+        if int(self.lengths[row]):
+            raise ValueError(f"load_prefix: row {row} already holds {int(self.lengths[row])} tokens")
+        n = keys.shape[2]
+        self.ensure_capacity(n)
+        self.keys[:, row, :, :n] = keys
+        self.values[:, row, :, :n] = values
+        self.lengths[row] = n
+
     @staticmethod
     def with_rows(cache: "KVCache | None", fresh: "KVCache") -> "KVCache":
         """``cache`` with ``fresh``'s rows appended, or ``fresh`` itself when there is no cache yet."""

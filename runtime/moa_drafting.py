@@ -168,10 +168,10 @@ class MoATreeDrafter(FeatureTreeDrafter):
         super().add_rows(count, capacity)
         self.step.memory = KVCache.with_rows(self.step.memory, self.step.new_cache(count, capacity))
 
-    def join(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor, capacity: int) -> bool:
+    def join(self, features, tokens, counts, capacity, prefix=None) -> bool:
         """The joining rows' context is read with the next draft: MoA's context step also reads the CA memory,
         which the target's verified K/V fills at that draft."""
-        return Drafter.join(self, features, tokens, counts, capacity)
+        return Drafter.join(self, features, tokens, counts, capacity, prefix)
 
     def update_memory(self, counts: torch.Tensor) -> None:
         """LSA over the target K/V of each row's ``counts`` newest verified positions, into the CA memory."""

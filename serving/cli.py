@@ -54,6 +54,12 @@ def parse_args(argv):
     p.add_argument("--max-unread-tokens", type=int, default=2048,
                    help="a stream whose client leaves more generated tokens than this unread is stopped "
                         "with a slow_reader error (bounds the memory one client can hold)")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="reuse the keys and values of prompt blocks (16 tokens) an earlier request computed, so a prompt "
+                        "that starts like an earlier one (a shared system prompt, a chat's earlier turns) computes only "
+                        "what is new (default: on, as in vLLM)")
+    p.add_argument("--prefix-cache-mib", type=float, default=512.0,
+                   help="memory for the prefix cache; the least recently used blocks go first (default: 512)")
     p.add_argument("--no-checksums", action="store_true", help="check file sizes only when opening the engine")
     p.add_argument("--log-level", default="info")
     p.add_argument("server_args", nargs=argparse.REMAINDER,
@@ -170,7 +176,12 @@ def main(argv=None) -> int:
                           max_queue=args.max_queue, drain_timeout=args.drain_timeout,
                           max_request_bytes=args.max_request_bytes, max_model_len=args.max_model_len)
     metrics = ServerMetrics(name)
-    scheduler = Scheduler(engine, metrics, policy, args.max_num_seqs, args.max_queue, args.max_unread_tokens)
+    try:
+        scheduler = Scheduler(engine, metrics, policy, args.max_num_seqs, args.max_queue, args.max_unread_tokens,
+                              args.prefix_cache_mib if args.enable_prefix_caching else 0.0)
+    except ValueError as exc:
+        print(f"error: --prefix-cache-mib: {exc}", file=sys.stderr)
+        return 2
     app = create_app(engine, config, scheduler, metrics)
     print(f"serving {name} ({engine.backend} engine, {engine.draft_kind} draft, speculation {mode}) on "
           f"http://{args.host}:{args.port}/v1", flush=True)

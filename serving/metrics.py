@@ -33,6 +33,11 @@ class ServerMetrics:
         self.queue_time = Histogram("specdec:request_queue_time_seconds", "Time spent waiting in the queue", label,
                                     buckets=E2E_BUCKETS, registry=r)
         self.prompt_tokens = Counter("specdec:prompt_tokens", "Prompt tokens processed", label, registry=r)
+        self.prefix_queries = Counter("specdec:prefix_cache_queries",
+                                      "Prompt tokens looked up in the prefix cache (vLLM's prefix_cache_queries)",
+                                      label, registry=r)
+        self.prefix_hits = Counter("specdec:prefix_cache_hits",
+                                   "Prompt tokens whose keys and values came from the prefix cache", label, registry=r)
         self.generation_tokens = Counter("specdec:generation_tokens", "Tokens generated", label, registry=r)
         self.success = Counter("specdec:request_success", "Finished requests", label + ["finished_reason"], registry=r)
         self.errors = Counter("specdec:request_errors", "Failed requests by error type", label + ["type"], registry=r)

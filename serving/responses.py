@@ -11,15 +11,18 @@ from specdec_kit.serving.scheduler import Delta
 
 
 def usage_body(prompt_tokens: int, completion_tokens: int, stats) -> dict:
-    """OpenAI's usage, plus ``spec_decoding`` (the request's speculation statistics) when ``stats`` is given."""
-    spec = None
+    """OpenAI's usage, plus ``spec_decoding`` (the request's speculation statistics) and OpenAI's
+    ``prompt_tokens_details.cached_tokens`` (prompt tokens the prefix cache held) when ``stats`` is given."""
+    spec = details = None
     if stats is not None:
+        details = {"cached_tokens": stats.cached_tokens}
         spec = {"draft_tokens": stats.draft_tokens, "accepted_tokens": stats.accepted_tokens,
                 "speculative_cycles": stats.spec_cycles, "cycles": stats.cycles,
                 "acceptance_length": round(stats.acceptance_length, 4),
                 "accepted_per_depth": stats.accepted_per_depth}
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens, "spec_decoding": spec}
+            "total_tokens": prompt_tokens + completion_tokens, "prompt_tokens_details": details,
+            "spec_decoding": spec}
 
 
 @dataclass

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from specdec_kit.runtime.engine import Engine
 from specdec_kit.runtime.generate import RequestStats, SpeculativeGenerator
+from specdec_kit.runtime.prefix_cache import PrefixCache
 from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.serving.errors import APIError, draining, internal, overloaded, slow_reader
 from specdec_kit.serving.metrics import ServerMetrics
@@ -80,12 +81,14 @@ class ServerRequest:
 
 class Scheduler:
     def __init__(self, engine: Engine, metrics: ServerMetrics, policy: Policy, max_num_seqs: int = 16,
-                 max_queue: int = 256, max_unread_tokens: int = 2048):
+                 max_queue: int = 256, max_unread_tokens: int = 2048, prefix_cache_mib: float = 0.0):
         tok = engine.tokenizer
         self.engine = engine
         # a server that never speculates drafts nothing at all (no draft context is kept either)
         drafter = None if policy.never_speculates else engine.drafter
         self.gen = SpeculativeGenerator(engine.target, drafter, decode=lambda ids: tok.decode(ids, skip_special_tokens=True))
+        if prefix_cache_mib > 0:  # sized for the target view the generator runs (EAGLE-3's reads tapped layers)
+            self.gen.prefix_cache = PrefixCache.within(self.gen.target, prefix_cache_mib)
         self.metrics, self.policy = metrics, policy
         self.max_num_seqs, self.max_queue, self.max_unread_tokens = max_num_seqs, max_queue, max_unread_tokens
         self.kv_budget = max_num_seqs * engine.target.max_context  # tokens the batch may hold at most
@@ -209,6 +212,9 @@ class Scheduler:
                 except Exception as one:  # noqa: BLE001
                     self._fail_request(req, one)
         for part in fresh:
+            for row in part.rows:
+                self.metrics.labels(self.metrics.prefix_queries).inc(row.stats.prompt_tokens)
+                self.metrics.labels(self.metrics.prefix_hits).inc(row.stats.cached_tokens)
             self.batch = self.gen.admit(self.batch, part)
         if fresh:
             self._report()

@@ -203,6 +203,28 @@ def test_metrics_parse_and_move(server):
         assert name in after, name
 
 
+def test_a_repeated_prompt_computes_only_its_uncached_tail(server, runtime_engine):
+    client = server.client()
+    prompt = "A prompt repeated word for word: " + " ".join(reversed(PROMPTS)) * 3
+    ids = runtime_engine.tokenizer(prompt)["input_ids"]
+    before = server.metrics()
+    first = client.completions.create(model="demo", prompt=prompt, max_tokens=24, temperature=0)
+    again = client.completions.create(model="demo", prompt=prompt, max_tokens=24, temperature=0)
+    after = server.metrics()
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert again.usage.prompt_tokens_details.cached_tokens == (len(ids) - 1) // 16 * 16 > 0
+    assert again.choices[0].text == first.choices[0].text == runtime_greedy(runtime_engine, ids, 24)
+    queries, hits = "specdec:prefix_cache_queries_total", "specdec:prefix_cache_hits_total"
+    assert after[queries] - before[queries] == 2 * len(ids)
+    assert after[hits] - before[hits] == again.usage.prompt_tokens_details.cached_tokens
+
+
+def test_a_prefix_cache_too_small_for_one_block_is_refused_at_start(engine_dir):
+    done = subprocess.run([sys.executable, "-m", "specdec_kit.serving", "--engine", str(engine_dir),
+                           "--prefix-cache-mib", "0.0001"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--prefix-cache-mib" in done.stderr and "at least one block" in done.stderr
+
+
 def test_overload_gets_429_with_retry_after_and_shutdown_drains(engine_dir):
     srv = Server(engine_dir, "--max-num-seqs", "1", "--max-queue", "1", "--drain-timeout", "60")
     try:
