@@ -73,8 +73,8 @@ class RequestStats:
         """Counts and times summed over requests (so ``acceptance_length`` is their pooled tau)."""
         out = cls()
         for st in stats:
-            for name in ("prompt_tokens", "cached_tokens", "generated_tokens", "cycles", "spec_cycles", "draft_tokens", "accepted_tokens",
-                         "prefill_s", "draft_s", "verify_s", "total_s"):
+            for name in ("prompt_tokens", "cached_tokens", "generated_tokens", "cycles", "spec_cycles", "draft_tokens",
+                         "accepted_tokens", "prefill_s", "draft_s", "verify_s", "total_s"):
                 setattr(out, name, getattr(out, name) + getattr(st, name))
             width = max(len(out.accepted_per_depth), len(st.accepted_per_depth))
             mine = out.accepted_per_depth + [0] * (width - len(out.accepted_per_depth))

@@ -18,6 +18,8 @@ from typing import Sequence
 
 import torch
 
+from specdec_kit.runtime.contract import TargetStep
+
 
 @dataclass(eq=False)
 class PrefixBlock:
@@ -37,7 +39,8 @@ class PrefixBlock:
 
 
 class PrefixCache:
-    """See the module docstring; ``match`` before a prefill, ``store`` after it."""
+    """See the module docstring; ``match`` before a prefill, ``store`` after it. One cache serves one generator:
+    the blocks also keep its drafter's reading of them."""
 
     def __init__(self, block_size: int = 16, max_tokens: int = 16384):
         if block_size < 1 or max_tokens < block_size:
@@ -51,8 +54,9 @@ class PrefixCache:
         self.hit_tokens = 0  # of those, found cached
 
     @classmethod
-    def within(cls, target, mib: float, block_size: int = 16) -> "PrefixCache":
-        """A cache holding at most ``mib`` MiB of ``target``'s (a ``TargetStep``) keys, values and features."""
+    def within(cls, target: TargetStep, mib: float, block_size: int = 16) -> "PrefixCache":
+        """A cache holding at most ``mib`` MiB of ``target``'s keys, values and features (a feature draft's reading
+        of the blocks comes on top: its one or few layers against the target's many)."""
         per_token = (2 * target.num_layers * target.num_kv_heads * target.head_dim + target.feature_size)
         per_token *= torch.empty((), dtype=target.dtype).element_size()
         tokens = int(mib * 2**20) // per_token

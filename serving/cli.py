@@ -55,9 +55,9 @@ def parse_args(argv):
                    help="a stream whose client leaves more generated tokens than this unread is stopped "
                         "with a slow_reader error (bounds the memory one client can hold)")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
-                   help="reuse the keys and values of prompt blocks (16 tokens) an earlier request computed, so a prompt "
-                        "that starts like an earlier one (a shared system prompt, a chat's earlier turns) computes only "
-                        "what is new (default: on, as in vLLM)")
+                   help="reuse the keys and values of prompt blocks (16 tokens) an earlier request computed, so a "
+                        "prompt that starts like an earlier one (a shared system prompt, a chat's earlier turns) "
+                        "computes only what is new (default: on, as in vLLM)")
     p.add_argument("--prefix-cache-mib", type=float, default=512.0,
                    help="memory for the prefix cache; the least recently used blocks go first (default: 512)")
     p.add_argument("--no-checksums", action="store_true", help="check file sizes only when opening the engine")

@@ -99,7 +99,8 @@ def test_generation_over_cached_prefixes_is_the_targets_greedy_output(predictabl
     assert [r.tokens for r in rows] == [hf_greedy(case.hf, p, NEW_TOKENS) for p in prompts]
     assert [r.stats.cached_tokens for r in rows] == [0, 32, 32, 32, 16, 40]
     if speculative:  # the draft's reading of cached blocks, loaded, drafts as a reading from scratch does
-        uncached = run_groups(SpeculativeGenerator(case.target, oracle_drafter(case), eos_token_ids=[]), prompts, groups)
+        uncached_gen = SpeculativeGenerator(case.target, oracle_drafter(case), eos_token_ids=[])
+        uncached = run_groups(uncached_gen, prompts, groups)
         assert [r.stats.accepted_tokens for r in rows] == [r.stats.accepted_tokens for r in uncached]
         assert sum(r.stats.accepted_tokens for r in rows) > sum(r.stats.cycles for r in rows)
         blocks = cache.match(prompts[5])
