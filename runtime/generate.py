@@ -44,6 +44,18 @@ def stop_may_end_in_tail(decode: Callable[[list[int]], str], tokens: list[int], 
         earlier *= 2
 
 
+def places_after_leaving(staying: Sequence[bool]) -> list[int]:
+    """The rows that stay, in their new order: each keeps its place unless it sits past the end of the smaller
+    batch, whence it fills a leaver's place (first places first)."""
+    count = sum(staying)
+    holes = [j for j in range(count) if not staying[j]]
+    movers = [j for j in range(count, len(staying)) if staying[j]]
+    order = list(range(count))
+    for hole, mover in zip(holes, movers):
+        order[hole] = mover
+    return order
+
+
 @dataclass
 class RequestStats:
     prompt_tokens: int = 0
@@ -339,8 +351,9 @@ class SpeculativeGenerator:
 
     @torch.inference_mode()
     def retire(self, batch: DecodeBatch) -> list[_Row]:
-        """Drop finished (or cancelled) rows from the batch and its caches; returns them."""
-        keep = [j for j, row in enumerate(batch.rows) if row.finish is None]
+        """Drop finished (or cancelled) rows from the batch and its caches; returns them. Rows from the end of the
+        batch take the places of those that left (the caches move as many rows as left, not all after them)."""
+        keep = places_after_leaving([row.finish is None for row in batch.rows])
         if len(keep) == batch.size:
             return []
         done = [row for row in batch.rows if row.finish is not None]

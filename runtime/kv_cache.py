@@ -25,6 +25,8 @@ class KVCache:
     values: torch.Tensor  # [L, B, H, S, D]
     lengths: torch.Tensor  # [B] int64, committed tokens per row
     block: int = 0  # grow to a multiple of this many slots (0: double)
+    key_store: torch.Tensor | None = None  # [L, B' >= B, H, S, D] when ``keys`` is its first B rows (room to join)
+    value_store: torch.Tensor | None = None
 
     @classmethod
     @torch.inference_mode()
@@ -68,6 +70,7 @@ class KVCache:
         zeros = self.keys.new_zeros(shape)
         self.keys = torch.cat([self.keys, zeros], dim=3)
         self.values = torch.cat([self.values, zeros.clone()], dim=3)
+        self.key_store = self.value_store = None  # the grown tensors are stores of their own rows
 
     def slots(self, num_new: int, offset: int = 0) -> torch.Tensor:
         """Absolute slot of each new token: ``lengths[b] + offset + i``; shape [B, num_new]."""
@@ -171,7 +174,9 @@ class KVCache:
 
     @torch.inference_mode()
     def extend_rows(self, other: "KVCache") -> None:
-        """Append ``other``'s rows (requests joining a running batch); capacities are padded to the larger."""
+        """Append ``other``'s rows (requests joining a running batch); capacities are padded to the larger. The
+        rows are written into room kept after the batch's (grown by doubling), not into a copy of the whole cache:
+        at 16 rows a copy per join (and per leave) had cost more than a fifth of a cycle."""
         self.ensure_capacity(other.capacity)
         keys, values = other.keys, other.values
         if other.capacity < self.capacity:
@@ -179,9 +184,32 @@ class KVCache:
             shape[3] = self.capacity - other.capacity
             keys = torch.cat([keys, keys.new_zeros(shape)], dim=3)
             values = torch.cat([values, values.new_zeros(shape)], dim=3)
-        self.keys = torch.cat([self.keys, keys], dim=1)
-        self.values = torch.cat([self.values, values], dim=1)
+        rows, added = self.batch, other.batch
+        key_store, value_store = self._stores_with_room(added)
+        key_store[:, rows:rows + added] = keys
+        value_store[:, rows:rows + added] = values
+        self._use_rows(key_store, value_store, rows + added)
         self.lengths = torch.cat([self.lengths, other.lengths])
+
+    def _stores_with_room(self, added: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tensors whose first rows hold this batch's and that have room for ``added`` more."""
+        key_store = self.keys if self.key_store is None else self.key_store
+        value_store = self.values if self.value_store is None else self.value_store
+        rows = self.batch
+        if key_store.shape[1] >= rows + added:
+            return key_store, value_store
+        shape = list(self.keys.shape)
+        shape[1] = max(rows + added, 2 * rows)
+        grown_keys, grown_values = self.keys.new_zeros(shape), self.values.new_zeros(shape)
+        grown_keys[:, :rows] = self.keys
+        grown_values[:, :rows] = self.values
+        return grown_keys, grown_values
+
+    def _use_rows(self, key_store: torch.Tensor, value_store: torch.Tensor, rows: int) -> None:
+        """The batch is the first ``rows`` rows of these stores (each layer's rows stay one contiguous block, which
+        the graphs bind in place)."""
+        self.key_store, self.value_store = key_store, value_store
+        self.keys, self.values = key_store[:, :rows], value_store[:, :rows]
 
     @torch.inference_mode()
     def load_prefix(self, row: int, keys: torch.Tensor, values: torch.Tensor) -> None:
@@ -213,14 +241,28 @@ class KVCache:
 
     @torch.inference_mode()
     def select_rows(self, rows: torch.Tensor) -> None:
-        """Keep only ``rows`` (e.g. drop finished sequences from the running batch); a block-grown cache also
-        drops the slots its longest remaining row no longer needs."""
+        """Keep only ``rows`` (e.g. drop finished sequences from the running batch), in that order: the rows that
+        change place are moved in place, so an order that fills the leavers' places from the end moves only as
+        many rows as left. A block-grown cache whose longest remaining row no longer needs its last slots is
+        copied into a narrower one instead (the slots a graph reads stay few)."""
         self.lengths = self.lengths[rows].clone()
         keep = self.capacity
         if self.block and len(self.lengths):
             keep = min(keep, max(self.block, -(-int(self.lengths.max()) // self.block) * self.block))
-        self.keys = self.keys[:, rows, :, :keep].contiguous()
-        self.values = self.values[:, rows, :, :keep].contiguous()
+        if keep < self.capacity or not len(rows):
+            self.keys = self.keys[:, rows, :, :keep].contiguous()
+            self.values = self.values[:, rows, :, :keep].contiguous()
+            self.key_store = self.value_store = None
+            return
+        key_store = self.keys if self.key_store is None else self.key_store
+        value_store = self.values if self.value_store is None else self.value_store
+        places = torch.arange(len(rows), device=rows.device)
+        moved = rows != places
+        if bool(moved.any()):
+            source, target = rows[moved], places[moved]
+            key_store[:, target] = key_store[:, source]
+            value_store[:, target] = value_store[:, source]
+        self._use_rows(key_store, value_store, len(rows))
 
 
 @dataclass

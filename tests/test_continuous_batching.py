@@ -145,3 +145,37 @@ def test_a_bounded_catch_up_skips_old_context_and_stays_lossless(predictable_cas
     assert skipped and skipped[-1] > 0  # prompts and plain runs were skipped in part
     spec = sum(r.stats.spec_cycles for r in rows)
     assert sum(r.stats.accepted_tokens for r in rows) > 1.0 * spec  # the draft still accepts from what it read
+
+
+def test_rows_join_into_kept_room_and_leavers_places_are_filled_from_the_end():
+    """Joining writes into room kept after the batch (no copy of the cache once there is room), leaving moves only
+    as many rows as left, and every row keeps its own keys, values and length."""
+    from specdec_kit.runtime.generate import places_after_leaving
+    from specdec_kit.runtime.kv_cache import KVCache
+
+    def rows_of(ids: list[int]) -> KVCache:
+        cache = KVCache.allocate(2, len(ids), 1, 2, 8, torch.float32, "cpu")
+        with torch.inference_mode():  # row i holds the value i everywhere and i + 1 committed tokens
+            for b, i in enumerate(ids):
+                cache.keys[:, b] = float(i)
+                cache.values[:, b] = -float(i)
+                cache.lengths[b] = i + 1
+        return cache
+
+    def ids_in(cache: KVCache) -> list[int]:
+        assert torch.equal(cache.values, -cache.keys)
+        assert torch.equal(cache.lengths, cache.keys[0, :, 0, 0, 0].long() + 1)
+        return cache.keys[0, :, 0, 0, 0].long().tolist()
+
+    cache = rows_of([0, 1, 2])
+    cache.extend_rows(rows_of([3]))  # grows once, with room for more
+    store = cache.key_store.data_ptr()
+    cache.extend_rows(rows_of([4, 5]))
+    assert ids_in(cache) == [0, 1, 2, 3, 4, 5] and cache.key_store.data_ptr() == store
+    order = places_after_leaving([True, False, True, False, True, True])
+    assert order == [0, 4, 2, 5]
+    cache.select_rows(torch.tensor(order))
+    assert ids_in(cache) == [0, 4, 2, 5] and cache.key_store.data_ptr() == store
+    cache.extend_rows(rows_of([6]))
+    assert ids_in(cache) == [0, 4, 2, 5, 6] and cache.key_store.data_ptr() == store
+    assert all(w.is_contiguous() for w in cache.keys) and all(w.is_contiguous() for w in cache.values)
