@@ -115,6 +115,15 @@ def kit_run(kind: str, target: TargetModel, prompts: list[list[int]]):
     drafter = drafter_for(kind, module, target, parse_tree_spec(f"static:chain-{CHAIN}"))
     recorder = drafter.step = RecordingStep(drafter.step)
     generator = SpeculativeGenerator(target, drafter, eos_token_ids=[])
+    admit = generator.admit
+
+    def admit_unrecorded(running, new):  # the draft reads a prompt as it joins; that reading proposes nothing
+        before = len(recorder.rows)
+        batch = admit(running, new)
+        del recorder.rows[before:]
+        return batch
+
+    generator.admit = admit_unrecorded
     outputs, first_rows = [], None
     accepted = cycles = 0
     for i, prompt in enumerate(prompts):
