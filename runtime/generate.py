@@ -276,7 +276,7 @@ class SpeculativeGenerator:
             whole[b, : len(p)] = torch.as_tensor(list(p), dtype=torch.long)
         counts = torch.tensor(lens, dtype=torch.long, device=dev)
         cache = target.new_cache(bsz, max(lens) + max(budgets) + self.drafter.max_nodes + 2)
-        out, feats = self._prompt_forward(whole, counts, chains, cache)
+        out, feats = self._prompt_forward(whole, counts, chains, cached, cache)
         if self.prefix_cache is not None:
             chains = [self.prefix_cache.store(p, cache.keys[:, b], cache.values[:, b], feats[b])
                       for b, p in enumerate(prompts)]
@@ -301,11 +301,12 @@ class SpeculativeGenerator:
                            chains if self.prefix_cache is not None else None)
 
     def _prompt_forward(self, whole: torch.Tensor, counts: torch.Tensor, chains: list[list[PrefixBlock]],
-                        cache: KVCache) -> tuple[TargetOutput, torch.Tensor]:
-        """The target over each prompt (``whole`` [B, W], ``counts`` long) after its cached blocks, on ``cache``;
-        returns the forward's output (logits at each prompt's last token) and every prompt position's features."""
+                        cached: list[int], cache: KVCache) -> tuple[TargetOutput, torch.Tensor]:
+        """The target over each prompt (``whole`` [B, W], ``counts`` long) after its ``cached`` tokens (its
+        ``chains`` of blocks), on ``cache``; returns the forward's output (logits at each prompt's last token) and
+        every prompt position's features."""
         bsz, dev = whole.shape[0], whole.device
-        done = torch.tensor([sum(block.keys.shape[2] for block in chain) for chain in chains], device=dev)
+        done = torch.tensor(cached, dtype=torch.long, device=dev)
         for b, chain in enumerate(chains):
             if chain:
                 cache.load_prefix(b, torch.cat([block.keys for block in chain], dim=2),

@@ -193,8 +193,7 @@ class KVCache:
 
     def _stores_with_room(self, added: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Tensors whose first rows hold this batch's and that have room for ``added`` more."""
-        key_store = self.keys if self.key_store is None else self.key_store
-        value_store = self.values if self.value_store is None else self.value_store
+        key_store, value_store = self._stores()
         rows = self.batch
         if key_store.shape[1] >= rows + added:
             return key_store, value_store
@@ -204,6 +203,12 @@ class KVCache:
         grown_keys[:, :rows] = self.keys
         grown_values[:, :rows] = self.values
         return grown_keys, grown_values
+
+    def _stores(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tensors the batch's rows live in: the stores with room, or the keys and values themselves."""
+        if self.key_store is None:
+            return self.keys, self.values
+        return self.key_store, self.value_store
 
     def _use_rows(self, key_store: torch.Tensor, value_store: torch.Tensor, rows: int) -> None:
         """The batch is the first ``rows`` rows of these stores (each layer's rows stay one contiguous block, which
@@ -254,8 +259,7 @@ class KVCache:
             self.values = self.values[:, rows, :, :keep].contiguous()
             self.key_store = self.value_store = None
             return
-        key_store = self.keys if self.key_store is None else self.key_store
-        value_store = self.values if self.value_store is None else self.value_store
+        key_store, value_store = self._stores()
         places = torch.arange(len(rows), device=rows.device)
         moved = rows != places
         if bool(moved.any()):
