@@ -15,8 +15,15 @@ at most ``reach`` times beyond the largest size it was measured at; further out,
 candidate has run at a batch size, its own whole cycles there are its prediction (with its acceptance): the model
 of parts only ranks what has not run there, since its parts miss what differs between candidates beside draft and
 target (streaming more tokens per cycle, accepting a longer path). Per batch size the policy picks the candidate
-with the most predicted tokens per second, measuring what it cannot yet predict and re-measuring the contenders, in
-turn, now and then.
+with the most predicted tokens per second, measuring what it cannot yet predict and probing the others predicted
+within ``probe_within`` of the leader, in turn, now and then; a challenger must be predicted ``hold`` faster than the
+leader to replace it.
+
+Estimates go stale: the leader is measured every cycle, a candidate that does not lead only by its probes, so a
+sample after a long gap weighs what the cycles in between would have (``Ema``): a cost measured while the machine
+was busy (a batch filling, its clients' requests parsed on the same cores) or acceptance measured on other text does
+not stay a candidate's estimate for good. A chain's cycle also tells what every shorter chain would have accepted on
+the same text (a prefix of its path), so their acceptance follows the text now decoded.
 
 A cycle also costs what is neither draft nor target: accepting, streaming the tokens out, the scheduler's
 bookkeeping. That overhead is measured per batch size (the cycle's whole time less its draft and target parts) and
@@ -45,14 +52,27 @@ from specdec_kit.serving.policy import Tree, shrink, tree_nodes
 @dataclass
 class Ema:
     """An exponential moving average that remembers how many samples it has seen; over its first ``1 / smoothing``
-    samples it is their plain mean (so one early outlier does not linger as the estimate)."""
+    samples it is their plain mean (so one early outlier does not linger as the estimate).
+
+    With a clock (``now``: cycles counted where the estimate applies), a sample that comes ``k`` ticks after the one
+    before weighs what ``k`` samples would have (``1 - (1 - smoothing) ** k``), at most ``most`` (a cost measured
+    after a long gap all but replaces the estimate; one cycle's acceptance, noisier, is given less). A candidate that
+    does not lead runs only as a probe, now and then: its estimate then follows what the probes measure now rather
+    than its first cycles, which may have met other conditions (other text, a machine busy streaming to many
+    clients as a batch filled) and would otherwise stay its estimate for hundreds of probes."""
 
     value: float = 0.0
     n: int = 0
+    at: int = 0  # the clock at the last sample
 
-    def add(self, x: float, smoothing: float) -> None:
+    def add(self, x: float, smoothing: float, now: int | None = None, most: float = 1.0) -> None:
         self.n += 1
-        self.value += (x - self.value) * max(smoothing, 1.0 / self.n)
+        weight = max(smoothing, 1.0 / self.n)
+        if now is not None:
+            if self.n > 1:
+                weight = max(weight, min(most, 1.0 - (1.0 - smoothing) ** (now - self.at)))
+            self.at = now
+        self.value += (x - self.value) * weight
 
 
 def interpolate(points: dict[int, Ema], x: int) -> float | None:
@@ -99,6 +119,13 @@ def holds(big: Tree, small: Tree) -> bool:
     return False
 
 
+def chain_length(tree: Tree) -> int | None:
+    """The draft tokens of a chain (a dynamic tree of one beam); None for a tree that branches."""
+    if isinstance(tree, DynamicTreeConfig) and tree.top_k == 1:
+        return tree.total_tokens - 1
+    return None
+
+
 @dataclass
 class CostPolicy:
     """Per batch size, the candidate (a tree of ``trees``, or plain decoding) with the most predicted tokens/s."""
@@ -109,6 +136,7 @@ class CostPolicy:
     max_probe_gap: int = 800  # the longest the probes of losing candidates back off to
     settle: int = 10  # cycles at a batch size before its contenders are measured at that size
     contender: float = 0.8  # predicted within this fraction of the best: worth measuring at the batch size itself
+    probe_within: float = 0.5  # predicted within this fraction of the leader: probed now and then (further, never)
     smoothing: float = 0.1
     acceptance_smoothing: float = 0.1  # acceptance varies from cycle to cycle and with the text
     acceptance_warmup: int = 8  # cycles of a tree before its acceptance is trusted
@@ -120,9 +148,12 @@ class CostPolicy:
     reading: dict[int, Ema] = field(default_factory=dict)  # per speculative cycle: the draft reading joined prompts
     reading_smoothing: float = 0.01  # prompts join now and then: an average over many cycles
     margin: float = 1.1  # a tree must be predicted this much faster than plain decoding to replace it
+    hold: float = 1.05  # and any candidate this much faster than the leader: estimates from probes are noisy
+    acceptance_most: float = 0.3  # the most one cycle's acceptance weighs after a long gap (see ``Ema``): it is noisy
     reach: float = 2.0  # a cost is extrapolated at most this far beyond the largest size measured; further, measured
     accepted: dict[int, Ema] = field(default_factory=dict)  # [candidate] -> accepted draft tokens per row
-    cycles: dict[int, int] = field(default_factory=dict)  # per batch size, for the probes
+    cycles: dict[int, int] = field(default_factory=dict)  # per batch size, for the probes (and its estimates' clock)
+    clock: int = 0  # cycles at every batch size: the acceptance estimates' clock
     leader: dict[int, int] = field(default_factory=dict)  # per batch size: the candidate it runs
     probe_gap: dict[int, int] = field(default_factory=dict)  # per batch size: cycles between probes
     next_probe: dict[int, int] = field(default_factory=dict)  # per batch size: the cycle of the next probe
@@ -205,6 +236,7 @@ class CostPolicy:
         points = self.trusted()
         rates = [self.predicted_rate(c, batch_size, points) for c in range(len(self.trees) + 1)]
         n = self.cycles[batch_size] = self.cycles.get(batch_size, 0) + 1
+        self.clock += 1
         # a candidate still lacking a measurement goes first: plain (its call is the cheapest point of the cost
         # curve), then the trees, largest first; at a batch size that recurs, its contenders at that size
         k = next((c for c, rate in enumerate(rates) if rate is None), None)
@@ -213,14 +245,16 @@ class CostPolicy:
             k = next((c for c in range(len(rates))  # plain decoding always: speculation answers to it
                       if (c == 0 or rates[c] >= self.contender * best) and not self.measured_at(c, batch_size)), None)
         if k is None:
-            ranked = sorted(range(len(rates)), key=lambda c: -(rates[c] * (self.margin if c == 0 else 1.0)))
+            leader = self.leader.get(batch_size)
+            ranked = sorted(range(len(rates)), key=lambda c: -(rates[c] * (self.margin if c == 0 else 1.0)
+                                                               * (self.hold if c == leader else 1.0)))
             k = ranked[0]
-            if self.leader.get(batch_size) != k:  # a new leader: the others are worth probing often again
+            if leader != k:  # a new leader: the others are worth probing often again
                 self.leader[batch_size], self.probe_gap[batch_size] = k, self.probe_every
                 self.next_probe[batch_size], self.probe_turn[batch_size] = n + self.probe_every, 0
-            # the contenders in turn, best first: an unlucky early measurement does not bury a candidate for good,
+            # the others in turn, best first: an unlucky early measurement does not bury a candidate for good,
             # and one predicted far behind is not worth a probe's cycle (and catch-up) at this batch size
-            others = [c for c in ranked[1:] if rates[c] >= self.contender * rates[k]]
+            others = [c for c in ranked[1:] if rates[c] >= self.probe_within * rates[k]]
             if others and n >= self.next_probe[batch_size]:
                 turn = self.probe_turn[batch_size]
                 k = others[turn % len(others)]
@@ -241,18 +275,38 @@ class CostPolicy:
         self.verify_at.setdefault(outcome.rows, {}).setdefault(tokens, Ema()).add(outcome.verify_s, self.smoothing)
         self.overhead.setdefault(outcome.rows, Ema()).add(max(0.0, seconds - outcome.draft_s - outcome.verify_s),
                                                           self.smoothing)
+        now = self.cycles.get(outcome.rows, 0)  # this batch size's clock
         if not (k and outcome.caught_up):  # a catch-up over unread context is not a step's cost
-            self.cycle_at.setdefault(k, {}).setdefault(outcome.rows, Ema()).add(seconds, self.smoothing)
+            self.cycle_at.setdefault(k, {}).setdefault(outcome.rows, Ema()).add(seconds, self.smoothing, now)
         if k:
             if not outcome.caught_up:
-                self.draft.setdefault(k, {}).setdefault(outcome.rows, Ema()).add(outcome.draft_s, self.smoothing)
+                self.draft.setdefault(k, {}).setdefault(outcome.rows, Ema()).add(outcome.draft_s, self.smoothing, now)
             if self._previous:  # speculating all along: what the draft read beyond a step was prompts that joined
                 step = interpolate(self.draft.get(k, {}), outcome.rows) if outcome.caught_up else outcome.draft_s
                 if step is not None:
                     extra = max(0.0, outcome.draft_s - step)
                     self.reading.setdefault(outcome.rows, Ema()).add(extra, self.reading_smoothing)
-            self.accepted.setdefault(k, Ema()).add(outcome.accepted_tokens / outcome.rows, self.acceptance_smoothing)
+            self.accepted.setdefault(k, Ema()).add(outcome.accepted_tokens / outcome.rows, self.acceptance_smoothing,
+                                                   self.clock, self.acceptance_most)
+            self._credit_shorter_chains(k, outcome)
         self._previous = k
+
+    def _credit_shorter_chains(self, k: int, outcome: CycleOutcome) -> None:
+        """A chain drafts the first tokens of every longer chain (one beam: the draft's likeliest token at each
+        step), and verification accepts a prefix of the drafted path, so a chain's cycle tells what each shorter
+        chain would have accepted on the same text: its accepted depth capped at the shorter length (exactly when
+        greedy, in expectation when sampled). The shorter chains' acceptance then follows the text being decoded
+        now, not the text of their own last cycles, which may be long ago (a candidate that does not lead runs only
+        as a probe)."""
+        longest = chain_length(self.trees[k - 1])
+        reached = outcome.accepted_per_depth  # [d-1]: rows whose accepted path reached depth d
+        if longest is None or not reached:
+            return
+        for c, tree in enumerate(self.trees, start=1):
+            length = chain_length(tree)
+            if c != k and length is not None and length < longest:
+                self.accepted.setdefault(c, Ema()).add(sum(reached[:length]) / outcome.rows,
+                                                       self.acceptance_smoothing, self.clock, self.acceptance_most)
 
     def describe(self) -> list[dict]:
         """Per candidate: its tree size and acceptance, and its predicted tokens/s at the batch sizes seen."""
