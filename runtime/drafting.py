@@ -20,7 +20,7 @@ from specdec_kit.runtime.contract import FeatureStep, MedusaStep
 from specdec_kit.runtime.draft_context import last_real
 from specdec_kit.runtime.drafts.layers import FeatureDraft
 from specdec_kit.runtime.kv_cache import KVCache
-from specdec_kit.runtime.prefix_cache import PrefixBlock
+from specdec_kit.runtime.prefix_cache import PrefixBlock, joined
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree, ancestor_masks
 
 
@@ -270,10 +270,10 @@ class FeatureTreeDrafter(Drafter):
         for b, chain in enumerate(prefix or []):
             read = list(itertools.takewhile(lambda block: block.draft_keys is not None, chain))
             if read:
-                keys = torch.cat([block.draft_keys for block in read], dim=2)[:, :, : int(ahead[b]) - 1]
-                values = torch.cat([block.draft_values for block in read], dim=2)[:, :, : keys.shape[2]]
-                self.cache.load_prefix(b, keys, values)
-                loaded[b] = keys.shape[2]
+                keys, values = joined(read, draft=True)
+                n = min(keys.shape[2], int(ahead[b]) - 1)
+                self.cache.load_prefix(b, keys[:, :, :n], values[:, :, :n])
+                loaded[b] = n
         return loaded
 
     def _keep_prefix_pairs(self, prefix: Sequence[Sequence[PrefixBlock]], ahead: torch.Tensor) -> None:

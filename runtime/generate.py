@@ -17,7 +17,7 @@ from specdec_kit.runtime.device import now
 from specdec_kit.runtime.draft_context import DraftContext
 from specdec_kit.runtime.drafting import Drafter, DraftTree, NoDrafter
 from specdec_kit.runtime.kv_cache import KVCache
-from specdec_kit.runtime.prefix_cache import PrefixBlock, PrefixCache
+from specdec_kit.runtime.prefix_cache import PrefixBlock, PrefixCache, joined
 from specdec_kit.runtime.sampling import SamplingParams, request_seed, sampled_tokens
 from specdec_kit.runtime.contract import TargetOutput, TargetStep
 from specdec_kit.runtime.verify import verify_batch
@@ -309,8 +309,7 @@ class SpeculativeGenerator:
         done = torch.tensor(cached, dtype=torch.long, device=dev)
         for b, chain in enumerate(chains):
             if chain:
-                cache.load_prefix(b, torch.cat([block.keys for block in chain], dim=2),
-                                  torch.cat([block.values for block in chain], dim=2))
+                cache.load_prefix(b, *joined(chain))
         fresh = counts - done
         width = int(fresh.max())
         ar = torch.arange(width, device=dev)

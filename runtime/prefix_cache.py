@@ -38,6 +38,13 @@ class PrefixBlock:
     draft_values: torch.Tensor | None = None
 
 
+def joined(chain: Sequence[PrefixBlock], draft: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """A chain's keys and values joined along positions (with ``draft``, the draft's pairs), to load into one row."""
+    keys = [block.draft_keys if draft else block.keys for block in chain]
+    values = [block.draft_values if draft else block.values for block in chain]
+    return torch.cat(keys, dim=2), torch.cat(values, dim=2)
+
+
 class PrefixCache:
     """See the module docstring; ``match`` before a prefill, ``store`` after it. One cache serves one generator:
     the blocks also keep its drafter's reading of them."""
