@@ -164,8 +164,7 @@ def test_a_chain_tells_what_each_shorter_chain_would_have_accepted():
     trees = candidate_trees(DynamicTreeConfig(total_tokens=6, depth=4, top_k=1)) + [TREE]
     assert [tree_nodes(t) for t in trees] == [6, 3, 2, 16]
     policy = CostPolicy(trees)
-    policy.choose(4)  # the 6-node chain first (every candidate lacks a measurement, the largest tree first)
-    policy._last = 1
+    policy._last = 1  # the cycle below ran the 6-node chain
     # four rows accepting 5, 3, 1 and 0 draft tokens: 3 rows reached depth 1, 2 rows depths 2 and 3, 1 row 4 and 5
     policy.observe(CycleOutcome(True, 4, 13, 20, 9, [3, 2, 2, 1, 1], 0.01, 0.02), 0.03)
     assert policy.accepted[1].value == pytest.approx(9 / 4)
