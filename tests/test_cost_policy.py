@@ -122,7 +122,8 @@ def test_switching_costs_neither_skew_the_draft_cost_nor_keep_being_paid():
     leader = max(set(chosen[100:]), key=chosen[100:].count)
     assert leader in (2, 4)  # the model's best two, 4% apart: the first to lead keeps the lead (``hold``)
     probes = [i for i, n in enumerate(chosen[100:]) if n != leader]
-    assert probes and {chosen[100 + i] for i in probes} <= {1, 2, 4, 8, 16} - {leader}
+    # every other candidate is within half the leader's rate here (the slowest, the 16-node tree, at 0.57x): each probed
+    assert {chosen[100 + i] for i in probes} == {1, 2, 4, 8, 16} - {leader}
     assert 3 <= len(probes) <= 16, probes  # 36 at a fixed interval of 25
     gaps = [b - a for a, b in zip(probes, probes[1:])]
     assert gaps == sorted(gaps) and gaps[-1] >= 4 * gaps[0], probes  # further apart after each round
