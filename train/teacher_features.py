@@ -1,0 +1,134 @@
+"""The target's features for regenerated samples (``train/regenerate.py``), from one teacher-forced forward over each
+finished prompt + answer: the hidden states the heads read and the target's most likely next token, written as the
+same shards and ``index.json`` that ``train/distill.py`` writes, so every trainer reads them unchanged.
+
+A sample keeps its answer whole and the last ``context_tokens`` of its prompt (the target saw the whole prompt; the
+draft learns from the window before the answer, which bounds the features a long multi-turn history would cost).
+Samples go through the target in batches of similar length under a token budget. Resumable: one features shard per
+answers shard, listed in ``index.json`` as it is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from specdec_kit.train.distill import INDEX, Sample, fingerprint, write_shard
+from specdec_kit.train.regenerate import ANSWERS_INDEX, read_answers
+
+
+@dataclass
+class FeatureSpec:
+    context_tokens: int = 128  # prompt tokens kept before each answer
+    tokens_per_batch: int = 4096  # padded tokens per forward
+    hidden_indices: list[int] = field(default_factory=list)  # default: EAGLE-3's taps and the final state
+
+
+@torch.inference_mode()
+def features_for(target, samples: list[dict], spec: FeatureSpec) -> list[Sample]:
+    """Teacher-forced features of ``samples`` (dicts with prompt and answer ids), in their order."""
+    model, device, idx = target.hf_model, target.device, spec.hidden_indices
+    base, head = model.model, model.get_output_embeddings()
+    seqs = [s["prompt"] + s["answer"][:-1] for s in samples]
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    out: dict[int, Sample] = {}
+    start = 0
+    while start < len(order):
+        end = start + 1
+        while end < len(order) and (end - start + 1) * len(seqs[order[end]]) <= spec.tokens_per_batch:
+            end += 1
+        rows = order[start:end]
+        start = end
+        width = len(seqs[rows[-1]])
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        for r, i in enumerate(rows):
+            ids[r, :len(seqs[i])] = torch.tensor(seqs[i])
+            mask[r, :len(seqs[i])] = 1
+        hidden = base(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True).hidden_states
+        for r, i in enumerate(rows):
+            sample, n = samples[i], len(seqs[i])
+            first = max(len(sample["prompt"]) - spec.context_tokens, 0)
+            answer_start = len(sample["prompt"]) - first
+            feats = torch.stack([hidden[k][r, first:n] for k in idx], dim=1).half().cpu()
+            final = hidden[-1][r, len(sample["prompt"]) - 1:n]  # from the last prompt position: the answer's tokens
+            top = head(final).argmax(-1).tolist()
+            out[i] = Sample(sample["conversation"], f"turn{sample['turn']}", seqs[i][first:], answer_start, feats,
+                            [-1] * (answer_start - 1) + top, sample["finish"], len(sample["answer"]))
+    return [out[i] for i in range(len(samples))]
+
+
+def teacher_features(target_path: Path, answers: Path, out: Path, spec: FeatureSpec, progress: bool = True) -> dict:
+    """Write (or go on writing) the features of every answers shard in ``answers`` into ``out``."""
+    from specdec_kit.runtime.target import TargetModel
+    from specdec_kit.train.distill import default_hidden_indices
+
+    answers_index = json.loads((answers / ANSWERS_INDEX).read_text())
+    target = TargetModel.from_pretrained(target_path, dtype="float32")
+    spec.hidden_indices = spec.hidden_indices or default_hidden_indices(target)
+    out.mkdir(parents=True, exist_ok=True)
+    index_path = out / INDEX
+    source = {"pool_fingerprint": answers_index["pool_fingerprint"], "regen_spec": answers_index["spec"]}
+    settings = {"spec": {**asdict(spec), "source": "regenerated"}, "target": answers_index["target"],
+                "prompts_sha256": hashlib.sha256(json.dumps(source, sort_keys=True).encode()).hexdigest(),
+                "answers": str(answers), "hidden_size": target.hidden_size, "skipped": []}
+    index = json.loads(index_path.read_text()) if index_path.is_file() else {**settings, "shards": []}
+    for key in ("spec", "target", "prompts_sha256"):
+        if index[key] != settings[key]:
+            raise ValueError(f"{index_path}: written with another {key} ({index[key]!r}); use another --out, or "
+                             "remove it to start over")
+    have = {s["file"]: s for s in index["shards"]}
+    todo = [s for s in answers_index["shards"] if s["file"].replace(".jsonl", ".safetensors") not in have]
+    bar = tqdm(total=sum(s["answer_tokens"] for s in todo), desc="features", unit="tok", disable=not progress,
+               file=sys.stderr)
+    for shard in todo:
+        t0 = time.time()
+        samples = features_for(target, read_answers(answers / shard["file"]), spec)
+        entry = write_shard(samples, out / shard["file"].replace(".jsonl", ".safetensors"))
+        entry["answers_sha256"] = shard["sha256"]
+        index["shards"].append(entry)
+        index["fingerprint"] = fingerprint(index)
+        index_path.write_text(json.dumps(index, indent=1))
+        bar.update(shard["answer_tokens"])
+        bar.set_postfix(tok_s=f"{sum(len(s.tokens) for s in samples) / (time.time() - t0):.0f}")
+    bar.close()
+    index["tokens"] = sum(s["tokens"] for shard in index["shards"] for s in shard["samples"])
+    index["answer_tokens"] = sum(s["answer_tokens"] for shard in index["shards"] for s in shard["samples"])
+    index["fingerprint"] = fingerprint(index)
+    index_path.write_text(json.dumps(index, indent=1))
+    return index
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m specdec_kit.train.teacher_features", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default="smollm2", help="checkpoint directory, or a named target (smollm2)")
+    p.add_argument("--answers", type=Path, required=True, help="folder written by specdec_kit.train.regenerate")
+    p.add_argument("--out", type=Path, required=True, help="data folder for the trainers (resumed when it exists)")
+    p.add_argument("--context-tokens", type=int, default=FeatureSpec.context_tokens)
+    p.add_argument("--tokens-per-batch", type=int, default=FeatureSpec.tokens_per_batch)
+    args = p.parse_args(argv)
+    from specdec_kit.runtime.loader import set_threads
+    from specdec_kit.runtime.pretrained import resolve_target
+
+    set_threads()
+    spec = FeatureSpec(context_tokens=args.context_tokens, tokens_per_batch=args.tokens_per_batch)
+    try:
+        index = teacher_features(resolve_target(args.target), args.answers, args.out, spec)
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps({k: index[k] for k in ("tokens", "answer_tokens", "fingerprint")}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
