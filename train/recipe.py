@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 RECIPES = Path(__file__).resolve().parent / "recipes"
@@ -27,11 +28,39 @@ def data_dir(recipe: dict, given: Path | None) -> Path:
 
 
 def run_distill(recipe: dict, recipe_dir: Path, data: Path) -> dict:
+    """The training data: regenerated from a prompt pool when the recipe has a ``regenerate`` section (pool, answers
+    turn by turn, then teacher-forced features: ``data/pool``, ``data/answers``, ``data/features``), else distilled
+    from the recipe's prompt file with features written while generating."""
     from specdec_kit.runtime.pretrained import resolve_target
+
+    if "regenerate" in recipe:
+        return run_regenerate(recipe, data, resolve_target(recipe["target"]))
     from specdec_kit.train.distill import DistillSpec, distill
 
     return distill(resolve_target(recipe["target"]), recipe_dir / recipe["prompts"], data,
                    DistillSpec.from_dict(recipe["distill"]), limit=recipe.get("limit"))
+
+
+def run_regenerate(recipe: dict, data: Path, target: Path) -> dict:
+    from specdec_kit.bench.prompts import DEFAULT_SPEC_BENCH
+    from specdec_kit.train.prompt_pool import MANIFEST_FILE, PoolSpec, build_pool, write_pool
+    from specdec_kit.train.regenerate import BackendSpec, RegenSpec, regenerate
+    from specdec_kit.train.teacher_features import FeatureSpec, teacher_features
+
+    section = recipe["regenerate"]
+    pool_spec = PoolSpec(**section.get("pool", {}))
+    manifest = data / "pool" / MANIFEST_FILE
+    if not manifest.is_file() or json.loads(manifest.read_text())["spec"] != asdict(pool_spec):
+        write_pool(*build_pool(pool_spec, RECIPES / "smollm2_prompts.jsonl", DEFAULT_SPEC_BENCH), data / "pool")
+    # answer_tokens: one goal, or milestones: the features follow each, so a part of the data can be trained on
+    # (and a learning curve drawn) while the rest is generated
+    goals = section.get("answer_tokens")
+    for goal in goals if isinstance(goals, list) else [goals]:
+        answers = regenerate(target, data / "pool", data / "answers", RegenSpec(**section.get("answers", {})),
+                             BackendSpec(**section.get("backend", {})), goal)
+        index = teacher_features(target, data / "answers", data / "features",
+                                 FeatureSpec(**section.get("features", {})))
+    return {**index, "pool": json.loads(manifest.read_text()), "answers_regenerated": answers["answer_tokens"]}
 
 
 def trained_steps(folder: Path) -> int:
@@ -151,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     set_threads()
     out = args.out or Path(recipe["out"])
     data = data_dir(recipe, args.data)
+    features = data / "features" if "regenerate" in recipe else data  # what the heads train on
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / "training_log.json"
     log = json.loads(log_path.read_text()) if log_path.is_file() else {"recipe": recipe["name"], "heads": {}}
@@ -162,20 +192,22 @@ def main(argv: list[str] | None = None) -> int:
                            "answer_tokens": index["answer_tokens"], "samples": sum(len(s["samples"]) for s in index["shards"]),
                            "skipped_prompts": len(index["skipped"]), "spec": index["spec"],
                            "prompts_sha256": index["prompts_sha256"]}
+            if "pool" in index:
+                log["data"]["pool"] = {k: index["pool"][k] for k in ("fingerprint", "conversations", "user_turns", "mix")}
             log_path.write_text(json.dumps(log, indent=1))
         if "heads" in stages:
             wanted = args.heads.split(",") if args.heads else list(recipe["heads"])
             for name in wanted:
                 before = log["heads"].get(name, {}).get("minutes", 0) if trained_steps(out / name) and not args.force else 0
                 trained_on = log["heads"].get(name, {}).get("data_fingerprint")
-                result = run_head(name, recipe["heads"][name], recipe, data, out, args.force, trained_on)
+                result = run_head(name, recipe["heads"][name], recipe, features, out, args.force, trained_on)
                 if result is None:
                     continue
                 state = out / name / "training_state.pt"
                 import torch
 
                 result["minutes"] = round(before + result["minutes"], 2)  # a continued head's minutes add up
-                log["heads"][name] = {"settings": recipe["heads"][name], "data_fingerprint": data_fingerprint(data),
+                log["heads"][name] = {"settings": recipe["heads"][name], "data_fingerprint": data_fingerprint(features),
                                       **{k: v for k, v in result.items() if k != "last"}}
                 log.setdefault("histories", {})[name] = torch.load(state, weights_only=True)["history"]
                 log_path.write_text(json.dumps(log, indent=1))
