@@ -1,0 +1,154 @@
+"""Regenerated training data for the real target (SmolLM2): the prompt pool holds at least 20k distinct user turns
+from the packaged sources and none of the benchmark's held-out prompts; the answers are the target's own greedy
+answers, asked turn by turn through its chat template; the teacher-forced features equal the target's hidden states
+and its next-token choices; both stages resume where they stopped and refuse other settings; the trainers' data
+reader takes the result."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec_kit.bench.prompts import DEFAULT_SPEC_BENCH
+from specdec_kit.runtime.loader import load_tokenizer
+from specdec_kit.runtime.pretrained import resolve_target
+from specdec_kit.runtime.target import TargetModel
+from specdec_kit.train.distill import INDEX, read_shard
+from specdec_kit.train.distilled import DistilledData
+from specdec_kit.train.prompt_pool import (Conversation, PoolSpec, build_pool, held_out_texts, normalise, read_pool,
+                                           write_pool)
+from specdec_kit.train.recipe import RECIPES
+from specdec_kit.train.regenerate import (ANSWERS_INDEX, BackendSpec, RegenSpec, read_answers, regenerate,
+                                          template_ids)
+from specdec_kit.train.teacher_features import FeatureSpec, teacher_features
+
+SPEC = RegenSpec(max_prompt_tokens=200, max_new_tokens=24, max_turns=2, chunk=2)
+CONVERSATIONS = [
+    Conversation("t/0", "test", ("Answer with one word: what colour is the sky on a clear day?", "And at night?")),
+    Conversation("t/1", "test", ("What is 2 + 2? Reply with the number only.", "Multiply it by 3.")),
+    Conversation("t/2", "test", ("Name a fruit.",)),
+]
+
+
+@pytest.fixture(scope="module")
+def pool():
+    return build_pool(PoolSpec(), RECIPES / "smollm2_prompts.jsonl", DEFAULT_SPEC_BENCH)
+
+
+def test_the_pool_holds_20k_distinct_user_turns_and_none_of_the_benchmarks(pool, tmp_path):
+    conversations, manifest = pool
+    turns = [normalise(t) for c in conversations for t in c.turns]
+    assert len(turns) >= 20_000 and len(set(turns)) == len(turns) == manifest["user_turns"]
+    assert {s for s, m in manifest["mix"].items() if m["conversations"]} == {"recipe", "sharegpt", "chitchat"}
+    held_out = [t for t in held_out_texts(DEFAULT_SPEC_BENCH) if t]
+    assert len(held_out) >= 60
+    assert not set(turns) & set(held_out)
+    joined = "\n".join(turns)
+    assert not [t for t in held_out if t in joined]  # nor quoted inside a longer turn
+    written = write_pool(conversations, manifest, tmp_path)
+    assert read_pool(tmp_path) == conversations and len(written["fingerprint"]) == 64
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Path:
+    return resolve_target("smollm2")
+
+
+@pytest.fixture(scope="module")
+def regenerated(smollm2, tmp_path_factory):
+    root = tmp_path_factory.mktemp("regen")
+    write_pool(CONVERSATIONS, {"source": "test"}, root / "pool")
+    regenerate(smollm2, root / "pool", root / "answers", SPEC, BackendSpec("kit", batch=2), progress=False)
+    return root
+
+
+def test_answers_are_the_targets_greedy_answers_asked_turn_by_turn(smollm2, regenerated):
+    samples = [s for shard in sorted((regenerated / "answers").glob("answers-*.jsonl")) for s in read_answers(shard)]
+    target = TargetModel.from_pretrained(smollm2, dtype="float32")
+    tokenizer = load_tokenizer(smollm2)
+    eos = target.eos_token_ids()
+    by_turn = {(s["conversation"], s["turn"]): s for s in samples}
+    for s in samples:
+        ids = torch.tensor([s["prompt"]])
+        answer = target.hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=SPEC.max_new_tokens,
+                                          do_sample=False, eos_token_id=eos, pad_token_id=eos[0])[0, ids.shape[1]:]
+        assert s["answer"] == answer.tolist()
+        assert (s["finish"] == "stop") == (s["answer"][-1] in eos)
+        history = []
+        for turn in range(s["turn"]):  # the follow-up sees the target's own answer to the turn before
+            before = by_turn[(s["conversation"], turn)]
+            assert before["finish"] == "stop"
+            text = tokenizer.decode([t for t in before["answer"] if t not in eos], skip_special_tokens=True)
+            history += [{"role": "user", "content": conv_turn(s, turn)}, {"role": "assistant", "content": text}]
+        assert s["prompt"] == template_ids(tokenizer, history + [{"role": "user", "content": conv_turn(s, s["turn"])}])
+    asked = {(s["conversation"], s["turn"]) for s in samples}
+    assert {("t/0", 0), ("t/1", 0), ("t/2", 0)} <= asked and any(turn == 1 for _, turn in asked)
+    index = json.loads((regenerated / "answers" / ANSWERS_INDEX).read_text())
+    assert index["answer_tokens"] == sum(len(s["answer"]) for s in samples) and len(index["shards"]) == 2
+
+
+def conv_turn(sample: dict, turn: int) -> str:
+    return next(c for c in CONVERSATIONS if c.id == sample["conversation"]).turns[turn]
+
+
+def test_features_are_the_targets_hidden_states_and_next_tokens(smollm2, regenerated):
+    spec = FeatureSpec(context_tokens=16, tokens_per_batch=256, hidden_indices=[3, 15, 27, 30])
+    index = teacher_features(smollm2, regenerated / "answers", regenerated / "data", spec, progress=False)
+    assert index["answer_tokens"] == json.loads((regenerated / "answers" / ANSWERS_INDEX).read_text())["answer_tokens"]
+    target = TargetModel.from_pretrained(smollm2, dtype="float32")
+    samples = {(s["conversation"], f"turn{s['turn']}"): s
+               for shard in sorted((regenerated / "answers").glob("answers-*.jsonl")) for s in read_answers(shard)}
+    checked = 0
+    for shard in index["shards"]:
+        data = read_shard(regenerated / "data" / shard["file"])
+        for n, meta in enumerate(shard["samples"]):
+            a, b = int(data["offsets"][n]), int(data["offsets"][n + 1])
+            s = samples[(meta["prompt_id"], meta["variant"])]
+            whole = s["prompt"] + s["answer"][:-1]
+            first = len(s["prompt"]) - 16
+            start = int(data["answer_start"][n])
+            assert data["tokens"][a:b].tolist() == whole[first:] and start == 16
+            with torch.no_grad():
+                ref = target.hf_model(torch.tensor([whole]), output_hidden_states=True)
+            expected = torch.stack([ref.hidden_states[i][0, first:] for i in spec.hidden_indices], dim=1)
+            assert torch.allclose(data["features"][a:b].float(), expected, atol=3e-2, rtol=1e-2)  # float16 storage
+            top = data["top"][a:b].tolist()
+            assert top[:start - 1] == [-1] * (start - 1)
+            assert top[start - 1:] == s["answer"]  # greedy answers: the target's argmax at every answer position
+            checked += 1
+    assert checked == sum(len(sh["samples"]) for sh in index["shards"]) >= 4
+    reader = DistilledData(regenerated / "data", [27], target.lm_head.weight.data, tokens_per_batch=512)
+    assert sum(len(b) for b in reader.batches) == checked
+
+
+def test_both_stages_resume_and_refuse_other_settings(smollm2, regenerated):
+    answers, data = regenerated / "answers", regenerated / "data"
+    if not (data / INDEX).is_file():
+        teacher_features(smollm2, answers, data, FeatureSpec(context_tokens=16, hidden_indices=[3, 15, 27, 30]),
+                         progress=False)
+    stamps = {p.name: p.stat().st_mtime_ns for p in [*answers.glob("answers-*"), *data.glob("*.safetensors")]}
+    before = json.loads((answers / ANSWERS_INDEX).read_text())
+    assert regenerate(smollm2, regenerated / "pool", answers, SPEC, BackendSpec("kit"), progress=False) == before
+    again = teacher_features(smollm2, answers, data, FeatureSpec(context_tokens=16, hidden_indices=[3, 15, 27, 30]),
+                             progress=False)
+    assert again["fingerprint"] == json.loads((data / INDEX).read_text())["fingerprint"]
+    assert stamps == {p.name: p.stat().st_mtime_ns for p in [*answers.glob("answers-*"), *data.glob("*.safetensors")]}
+    with pytest.raises(ValueError, match="written with another spec"):
+        regenerate(smollm2, regenerated / "pool", answers, RegenSpec(max_new_tokens=8), BackendSpec("kit"),
+                   progress=False)
+    with pytest.raises(ValueError, match="written with another spec"):
+        teacher_features(smollm2, answers, data, FeatureSpec(context_tokens=8, hidden_indices=[3, 15, 27, 30]),
+                         progress=False)
+
+
+def test_vllm_gives_the_same_answers_as_the_kit(smollm2, regenerated, vllm_python, monkeypatch, tmp_path):
+    """vLLM's offline engine (its CPU build, float32, no compilation to start quickly) answers every turn with the
+    same greedy tokens as the kit's runtime, through the same prompts."""
+    monkeypatch.setenv("SPECDEC_VLLM_PYTHON", vllm_python)
+    index = regenerate(smollm2, regenerated / "pool", tmp_path, SPEC, BackendSpec("vllm", eager=True), progress=False)
+    kit = json.loads((regenerated / "answers" / ANSWERS_INDEX).read_text())
+    assert [s["sha256"] for s in index["shards"]] == [s["sha256"] for s in kit["shards"]]
+    assert {s["backend"] for s in index["shards"]} == {"vllm"}
