@@ -62,8 +62,9 @@ def draining(retry_after: float) -> APIError:
 
 
 def too_large(limit: int, size: int | None) -> APIError:
-    got = f"{size} bytes" if size is not None else "more"
-    return APIError(413, f"The request body is too large: {got}, this server accepts at most {limit} bytes",
+    """``size`` is the declared length; a chunked body is refused once its count passes the limit (size unknown)."""
+    got = f"{size} bytes" if size is not None else f"more than {limit} bytes (sent in chunks)"
+    return APIError(413, f"The request body is too large: {got}; this server accepts at most {limit} bytes",
                     "invalid_request_error", None, "request_too_large")
 
 

@@ -11,9 +11,9 @@ naming the parameter and never reaches the engine.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from specdec_kit.runtime.sampling import SEED_MAX, SEED_MIN
 from specdec_kit.serving.errors import APIError, invalid, unsupported
@@ -29,6 +29,19 @@ IGNORED_METADATA = ("user", "metadata", "store", "service_tier")
 MAX_STOP_CHARS = 1024  # the stream holds back text that could still become a stop string
 
 
+def whole_number(value: Any) -> Any:
+    """A float with no fraction counts as the integer (``1.0`` for ``1``), as JSON Schema and lenient servers take it;
+    booleans and strings stay refused (strict mode)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def count(**bounds: int) -> Any:
+    """An integer field (whole-number floats accepted) with its bounds, which the served schema states."""
+    return Annotated[int, Field(**bounds), BeforeValidator(whole_number)]
+
+NonEmptyText = Annotated[str, Field(min_length=1)]
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     include_usage: bool = False
@@ -39,11 +52,11 @@ class _Common(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)  # JSON types as they are: no "5" for 5, no true for 1
 
     model: str
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: count(ge=1) | None = None
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0)
-    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
+    top_k: count(ge=0) = 0
+    seed: count(ge=SEED_MIN, le=SEED_MAX) | None = None
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -70,32 +83,49 @@ class _Common(BaseModel):
             raise invalid(f"Unrecognized request argument supplied: {name}", name, "unrecognized_parameter")
 
 
+class TextPart(BaseModel):
+    """The one kind of content part this server takes (the served schema says so)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["text"]
+    text: str
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[TextPart] | None = None
     name: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def text_parts_only(cls, data: Any) -> Any:
+        """Another kind of part (an image, audio) is named in the refusal rather than failing the schema."""
+        parts = data.get("content") if isinstance(data, dict) else None
+        for part in parts if isinstance(parts, list) else []:
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            if kind != "text":
+                raise unsupported("messages.content", f"content part of type {kind!r} (text only)")
+            if not isinstance(part.get("text"), str):
+                raise invalid("a text content part needs 'text', a string", "messages")
+        return data
 
     def text(self) -> str:
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        parts = []
-        for part in self.content:
-            if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise unsupported("messages.content", f"content part of type {part.get('type')!r} (text only)")
-            parts.append(part["text"])
-        return "".join(parts)
+        return "".join(part.text for part in self.content)
 
 
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: count(ge=1) | None = None
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: (NonEmptyText | Annotated[list[NonEmptyText], Field(min_length=1)] | Annotated[list[int], Field(min_length=1)]
+             | Annotated[list[Annotated[list[int], Field(min_length=1)]], Field(min_length=1)])
 
 
 def is_unused(name: str, value: Any) -> bool:
@@ -113,7 +143,9 @@ def parse(model: type[BaseModel], body: Any):
     try:
         request = model.model_validate(body)
     except ValidationError as exc:
-        first = exc.errors()[0]
+        errors = exc.errors()
+        # of a union's failures, an empty value says most (the members' type mismatches say little)
+        first = next((e for e in errors if e["type"] in ("too_short", "string_too_short")), errors[0])
         # union members appear in the location by type ("prompt.list[int].0"); the message keeps them
         where = ".".join(str(p) for p in first["loc"]) or None
         param = str(first["loc"][0]) if first["loc"] else None

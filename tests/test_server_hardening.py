@@ -146,6 +146,10 @@ def test_an_unexpected_exception_is_openai_json_and_counted(demo_engine):
     ('{"model": "demo", "prompt": "x\\ud800y"}', 400, "prompt", None),
     ('{"model": "demo", "prompt": "x", "stop": ["' + "s" * 1025 + '"]}', 400, "stop", None),
     ('{"model": "demo", "prompt": "x", "\\udfff": 1}', 400, "body", None),
+    ('{"model": "demo", "prompt": "x", "max_tokens": 2.5}', 400, "max_tokens", None),
+    ('{"model": "demo", "prompt": "x", "seed": true}', 400, "seed", None),
+    ('{"model": "demo", "prompt": []}', 400, "prompt", None),
+    ('{"model": "demo", "prompt": [[]]}', 400, "prompt", None),
 ])
 def test_bad_values_get_a_400_naming_the_parameter(server, raw, status, param, code):
     resp = post(server.url + "/v1/completions", None, raw=raw.encode())
@@ -162,9 +166,11 @@ def test_a_lone_surrogate_in_a_chat_message_is_a_400_json_error(server):
 
 
 def test_extreme_but_valid_values_are_served(server):
-    for extra in ({"seed": -(2**63)}, {"seed": 2**63 - 1}, {"top_k": 10**30, "temperature": 1.0}, {"top_p": 1e-9}):
+    for extra in ({"seed": -(2**63)}, {"seed": 2**63 - 1}, {"top_k": 10**30, "temperature": 1.0}, {"top_p": 1e-9},
+                  {"max_tokens": 3.0, "seed": 7.0, "top_k": 2.0}):  # whole-number floats are integers (JSON Schema)
         resp = post(server.url + "/v1/completions", {"model": "demo", "prompt": "x", "max_tokens": 3, **extra})
         assert resp.status_code == 200, (extra, resp.text)
+        assert resp.json()["usage"]["completion_tokens"] <= 3
 
 
 def test_a_bad_request_during_running_streams_leaves_them_untouched(server):
@@ -334,6 +340,12 @@ def test_openapi_declares_request_bodies_and_error_responses_and_405_carries_all
         declared = schema["components"]["schemas"][model]
         assert declared["additionalProperties"] is False and declared["properties"]["model"]["enum"] == ["demo"]
         assert declared["properties"]["seed"]["anyOf"][0]["maximum"] == 2**63 - 1
+    prompt = schema["components"]["schemas"]["CompletionRequest"]["properties"]["prompt"]["anyOf"]
+    assert [p.get("minLength", p.get("minItems")) for p in prompt] == [1, 1, 1, 1]  # an empty prompt is refused
+    parts = schema["components"]["schemas"]["ChatMessage"]["properties"]["content"]["anyOf"]
+    text_part = schema["components"]["schemas"]["TextPart"]
+    assert {"type": "array", "items": {"$ref": "#/components/schemas/TextPart"}} in parts
+    assert text_part["properties"]["type"] == {"const": "text", "title": "Type", "type": "string"}
     wrong_method = httpx.get(server.url + "/v1/completions")
     assert wrong_method.status_code == 405 and wrong_method.headers["Allow"] == "POST"
     assert wrong_method.json()["error"]["code"] == "method_not_allowed"
