@@ -106,6 +106,21 @@ def launch_external(engine: Path, backend: str, flags: list[str], extra: list[st
     return 0  # not reached
 
 
+def vllm_interpreter() -> str | None:
+    """The Python a vLLM engine's ``serve.sh`` runs (``$SPECDEC_VLLM_PYTHON``, the vLLM tier's ``.venv-vllm``, else
+    ``python``), checked to import vLLM; None after saying what is missing (inside the engine folder, its ``vllm/``
+    would shadow a missing package and fail with a puzzling "No module named 'vllm.entrypoints'")."""
+    import shutil
+
+    from specdec_kit.paths import has_vllm, missing_vllm, vllm_python
+
+    python = vllm_python(default=shutil.which("python") or "python")
+    if not has_vllm(python):
+        print(f"error: {missing_vllm(python)}", file=sys.stderr)
+        return None
+    return python
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.server_args and args.server_args != ["--"] and (args.backend or "") == "embedded":
@@ -136,6 +151,11 @@ def main(argv=None) -> int:
             except ValueError as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
+        if backend == "vllm":
+            python = vllm_interpreter()
+            if python is None:
+                return 2
+            env_extra["SPECDEC_VLLM_PYTHON"] = python
         flags = external_flags(backend, args.host, name, args.api_key, args.max_model_len)
         return launch_external(args.engine, backend, flags, args.server_args, args.port, env_extra)
 

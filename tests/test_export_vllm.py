@@ -122,3 +122,15 @@ def test_the_mends_are_applied_only_where_the_defects_show():
     assert not cpu_sampling_fixes.top_k_fails_on_no_rows(mended)
     logits = torch.tensor([[1.0, 3.0, 2.0]])
     assert torch.equal(mended(logits, torch.tensor([2]), None), top_k(logits, torch.tensor([2]), None))
+
+
+def test_serving_a_vllm_engine_without_vllm_says_so(demo_checkpoints, tmp_path, monkeypatch, capsys):
+    """``specdec-serve`` on a vLLM engine with an interpreter that lacks vLLM names what is missing and how to
+    point at it, instead of the engine folder's ``vllm/`` shadowing the package."""
+    from specdec_kit.serving.cli import main
+
+    engine = build(demo_checkpoints, "griffin", tmp_path).path
+    monkeypatch.setenv("SPECDEC_VLLM_PYTHON", sys.executable)  # the kit's own interpreter: no vLLM in it
+    assert main(["--engine", str(engine)]) == 2
+    err = capsys.readouterr().err
+    assert f"vLLM is not installed for {sys.executable}" in err and "SPECDEC_VLLM_PYTHON" in err

@@ -94,15 +94,14 @@ class KitAnswers:
         pass
 
 
-def vllm_python() -> str:
-    given = os.environ.get("SPECDEC_VLLM_PYTHON")
-    if given:
-        return given
-    local = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
-    if local.is_file():
-        return str(local)
-    raise FileNotFoundError("vLLM's interpreter not found: run bash scripts/setup_vllm.sh (it makes .venv-vllm) or "
-                            "set SPECDEC_VLLM_PYTHON to a Python that imports vllm")
+def worker_python() -> str:
+    """vLLM's interpreter for the worker; FileNotFoundError saying how to get one."""
+    from specdec_kit.paths import has_vllm, missing_vllm, vllm_python
+
+    python = vllm_python()
+    if python is None or not has_vllm(python):
+        raise FileNotFoundError(missing_vllm(python or "this machine"))
+    return python
 
 
 class VllmAnswers:
@@ -118,7 +117,7 @@ class VllmAnswers:
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
         env.setdefault("OMP_NUM_THREADS", str(len(cores)))  # else vLLM drops its torch threads to 1
         self.log = open(log, "w")
-        self.proc = subprocess.Popen([vllm_python(), str(WORKER), str(target_path), "--dtype", dtype,
+        self.proc = subprocess.Popen([worker_python(), str(WORKER), str(target_path), "--dtype", dtype,
                                       "--max-model-len", str(max_model_len), "--eos", ",".join(map(str, eos)),
                                       *(["--enforce-eager"] if eager else [])],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env,
