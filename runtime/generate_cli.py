@@ -151,15 +151,17 @@ def execute(args) -> int:
                                         top_k=args.top_k or DEMO_TREE["top_k"])
             target = TargetModel.from_pretrained(paths["target"], args.dtype, args.device)
             tokenizer = load_tokenizer(paths["target"])
-            summaries = []
+            summaries, plain = [], None
             for label in ("griffin", "eagle3", "hass", "eagle2", "eagle", "medusa", "moa", "moa_tli0"):
                 if label not in paths or not paths[label].is_dir():
                     continue
                 kind = "moa" if label.startswith("moa") else label  # two Mixture-of-Attentions heads: TLI 1 and 0
                 tree = (resolve_tree(kind, args.tree, args.total_tokens, args.depth, args.top_k) if args.tree
                         else default_tree(kind, dynamic, MEDUSA_DEMO_TREE))
-                summaries += run(target, tokenizer, label, make_drafter(target, kind, paths[label], tree), tree, args,
-                                 prompts, compare_plain=(kind == "griffin"))[0]
+                # plain decoding is measured once, with the first method; every method is compared with it
+                rows, plain = run(target, tokenizer, label, make_drafter(target, kind, paths[label], tree), tree, args,
+                                  prompts, compare_plain=True, plain=plain)
+                summaries += rows
         elif args.engine:
             summaries, plain = [], None
             for path in args.engine:  # several engines of one target: plain decoding is measured once, with the first

@@ -65,3 +65,18 @@ def test_the_benchmark_reports_eagle3_beside_griffin(tmp_path):
         assert r["acceptance_length"] >= 1.0 and r["bound"] > 0 and r["speedup"] > 0
     greedy = [r for r in eagle3 if r["temperature"] == 0.0]
     assert max(r["acceptance_length"] for r in greedy) > 1.5  # the trained head's drafts are accepted
+
+
+def test_every_zoo_method_reports_identity_and_speedup_against_plain(tmp_path, capsys):
+    """``specdec-generate --zoo``: plain decoding is measured once and every method's row says whether it matched
+    it token for token and how fast it ran beside it."""
+    from specdec_kit.runtime import cli
+
+    out = tmp_path / "zoo.json"
+    assert cli.main(["--zoo", str(ZOO), "--prompt", "def parse(text):", "--max-new-tokens", "12", "--json",
+                     str(out)]) == 0
+    rows = json.loads(out.read_text())
+    methods = [r for r in rows if r["method"] != "plain decoding"]
+    assert len(methods) == 8 and [r["method"] for r in rows].count("plain decoding") == 1
+    assert all(r["identical_to_plain"] is True and r["speedup_vs_plain"] > 0 for r in methods), methods
+    assert capsys.readouterr().out.count("greedy output identical to plain decoding: True") == 8
