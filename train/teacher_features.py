@@ -77,7 +77,8 @@ def teacher_features(target_path: Path, answers: Path, out: Path, spec: FeatureS
     out.mkdir(parents=True, exist_ok=True)
     index_path = out / INDEX
     source = {"pool_fingerprint": answers_index["pool_fingerprint"], "regen_spec": answers_index["spec"]}
-    settings = {"spec": {**asdict(spec), "source": "regenerated"}, "target": answers_index["target"],
+    identity = {k: v for k, v in asdict(spec).items() if k != "tokens_per_batch"}  # the batching changes no value
+    settings = {"spec": {**identity, "source": "regenerated"}, "target": answers_index["target"],
                 "prompts_sha256": hashlib.sha256(json.dumps(source, sort_keys=True).encode()).hexdigest(),
                 "answers": str(answers), "hidden_size": target.hidden_size, "skipped": []}
     index = json.loads(index_path.read_text()) if index_path.is_file() else {**settings, "shards": []}
