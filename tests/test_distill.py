@@ -208,3 +208,60 @@ def test_the_recipe_goes_on_training_a_head_when_asked_more_epochs(chat_target, 
     capsys.readouterr()
     run_without_state = main([str(path), "--data", str(out), "--stages", "heads"])
     assert run_without_state == 0 and "no training_state.pt to go on from" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["griffin", "eagle3"])
+def test_heldout_acceptance_counts_chains_and_the_best_head_is_kept(chat_target, distilled, tmp_path, kind):
+    """Training measures the held-out acceptance every ``eval_every`` steps, logs it, and saves the head of the best
+    measurement (whose acceptance it reproduces); the held-out prompts are never trained on. Depth-1 acceptance is
+    the draft's first-step agreement with the target's greedy token, as the trainer's own accuracy counts it through
+    another path; deeper chains never accept more."""
+    from specdec_kit.train.heldout import eagle3_acceptance, feature_draft_acceptance, split
+
+    for_training, for_evaluation = split(50)  # six prompts: half of them held out
+
+    out, _ = distilled
+    target = TargetModel.from_pretrained(chat_target, dtype="float32")
+    layers = [1, 2, 3] if kind == "eagle3" else [4]
+    everything = DistilledData(out, layers, tokens_per_batch=128)
+    source = DistilledData(out, layers, tokens_per_batch=128, select=for_training)
+    heldout = DistilledData(out, layers, tokens_per_batch=128, select=for_evaluation)
+    assert heldout.tokens and len(source.tokens) + len(heldout.tokens) == len(everything.tokens)
+    if kind == "eagle3":
+        from specdec_kit.train.eagle3 import Eagle3Spec, eagle3_losses, train_eagle3
+
+        spec = Eagle3Spec(steps=12, lr=3e-3, warmup=1, ttt_length=3, feature_layers=layers, eval_every=4,
+                          draft_vocab=target.vocab_size)  # every target token countable, as the step accuracy needs
+        result = train_eagle3(target, source, spec, tmp_path, progress=False, heldout=heldout)
+        draft = load_draft_for(target, kind, tmp_path).float()
+        everything.lm_rows = target.lm_head.weight.data.float()[draft.target_ids(torch.arange(draft.draft_vocab_size))]
+        measure = lambda data: eagle3_acceptance(draft, data)  # noqa: E731
+        firsts = [eagle3_losses(draft, spec, taps, tokens, logits, masks)[1][0]
+                  for tokens, taps, logits, masks in map(everything.batch, range(len(everything)))]
+        firsts = [(r.accuracy, r.positions) for r in firsts]
+    else:
+        from specdec_kit.train.heads import HeadSpec, feature_step, train_head
+
+        spec = HeadSpec.defaults("griffin", steps=12, lr=3e-3, warmup=1, noise=0.0, eval_every=4)
+        result = train_head(target, source, spec, tmp_path, progress=False, heldout=heldout)
+        lm_head = target.lm_head.float()
+        everything.lm_rows = lm_head.weight.data
+        oracle = load_draft_for(target, "griffin", chat_target.parent / "griffin").float()
+        draft = load_draft_for(target, kind, tmp_path).float()
+        measure = lambda data, d=None: feature_draft_acceptance(d or draft, "griffin", lm_head, None, data)  # noqa: E731
+        gen = torch.Generator().manual_seed(0)
+        firsts = [feature_step(oracle, lm_head, spec, tokens, feats, logits, gen, masks)[1][0]
+                  for tokens, feats, logits, masks in map(everything.batch, range(len(everything)))]
+        firsts = [(accuracy, positions) for accuracy, _, positions, _ in firsts]
+        draft_acceptance = measure(everything, oracle)  # the demo's constructed GRIFFIN predicts this target well
+        assert draft_acceptance[0] > 0.5
+    acceptance = draft_acceptance if kind == "griffin" else measure(everything)
+    assert acceptance[0] == pytest.approx(sum(a * n for a, n in firsts) / sum(n for _, n in firsts), abs=0.02)
+    assert acceptance[0] >= acceptance[1] >= acceptance[2]
+    measured = [(r["step"] + 1, r["heldout"]["tau"]) for r in torch.load(
+        tmp_path / "training_state.pt", weights_only=True)["history"] if "heldout" in r]
+    assert [s for s, _ in measured] == [4, 8, 12]
+    best_step, best_tau = max(measured, key=lambda m: (m[1], -m[0]))
+    assert result["heldout_best"] == {"step": best_step, "tau": best_tau}
+    heldout.lm_rows = everything.lm_rows
+    assert 1 + sum(measure(heldout)) == pytest.approx(best_tau, abs=1e-3)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 from safetensors import safe_open
@@ -29,7 +30,8 @@ class BatchMasks:
 
 class DistilledData:
     def __init__(self, path: Path, hidden_indices: list[int], lm_rows: torch.Tensor | None = None, tokens_per_batch: int = 4096,
-                 seed: int = 0, variants: tuple[str, ...] | None = None):
+                 seed: int = 0, variants: tuple[str, ...] | None = None, select: Callable[[dict], bool] | None = None):
+        """``select``: which samples (by their index entry: prompt_id, variant, ...) to take, e.g. a held-out split."""
         index_file = path / INDEX
         if not index_file.is_file():
             raise FileNotFoundError(f"{index_file}: missing; generate the data with python -m specdec_kit.train.distill")
@@ -44,7 +46,8 @@ class DistilledData:
         inputs_are_final = columns == [final]
         tokens, feats, finals, tops, starts, lengths = [], [], [], [], [], []
         for shard in sorted(index["shards"], key=lambda s: s["file"]):
-            keep = [n for n, s in enumerate(shard["samples"]) if variants is None or s["variant"] in variants]
+            keep = [n for n, s in enumerate(shard["samples"])
+                    if (variants is None or s["variant"] in variants) and (select is None or select(s))]
             with safe_open(str(path / shard["file"]), "pt") as f:
                 offsets = f.get_tensor("offsets")
                 all_feats = f.get_tensor("features")
@@ -59,7 +62,8 @@ class DistilledData:
                 starts.append(int(shard_starts[n]))
                 lengths.append(b - a)
         if not tokens:
-            raise ValueError(f"{path}: no samples" + (f" of variants {variants}" if variants else ""))
+            raise ValueError(f"{path}: no samples" + (f" of variants {variants}" if variants else "")
+                             + (" in the selection (e.g. a held-out split too small for this data)" if select else ""))
         self.tokens, self.features, self.finals, self.tops, self.starts = tokens, feats, finals, tops, starts
         self.batches = self._plan(lengths, tokens_per_batch, seed)
 

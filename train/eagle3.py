@@ -29,7 +29,8 @@ from specdec_kit.runtime.drafts.loading import save_draft
 from specdec_kit.runtime.synthetic import draft_config
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.train.distilled import BatchMasks, DistilledData
-from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state
+from specdec_kit.train.heldout import HeldOutTracker, eagle3_acceptance
+from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state, saved_extra
 
 
 @dataclass(kw_only=True)
@@ -164,7 +165,7 @@ def eagle3_losses(draft: Eagle3Draft, spec: Eagle3Spec, taps, tokens, logits,
 
 def train_eagle3(target: TargetModel, data: torch.Tensor | DistilledData, spec: Eagle3Spec, out_dir: Path,
                  base_model: str = "", progress: bool = True, save_dtype: torch.dtype | None = None,
-                 embedding_from_target: bool = False) -> dict:
+                 embedding_from_target: bool = False, heldout: DistilledData | None = None) -> dict:
     """Train an EAGLE-3 head on ``data``: [N, seq_len] token blocks (features streamed from the target), or
     self-distilled data holding the tapped layers. Writes the official layout (``d2t``/``t2d`` included, in
     ``save_dtype``, default the target's; without the embedding with ``embedding_from_target``) and a resumable
@@ -185,6 +186,11 @@ def train_eagle3(target: TargetModel, data: torch.Tensor | DistilledData, spec: 
         data.lm_rows = target.lm_head.weight.data.float()[draft.target_ids(torch.arange(size))]
     state_path = out_dir / "training_state.pt"
     params, opt, start, history = optimizer_and_state(draft, spec, state_path)
+    tracker = None
+    if heldout is not None and spec.eval_every:  # held-out acceptance, the best head by it kept
+        heldout.lm_rows = target.lm_head.weight.data.float()[draft.target_ids(torch.arange(size))]
+        tracker = HeldOutTracker(lambda m: eagle3_acceptance(m, heldout, spec.eval_depth), spec.eval_every)
+        tracker.restore(saved_extra(state_path))
     bar = tqdm(range(start, spec.steps), desc="eagle3", initial=start, total=spec.steps, disable=not progress,
                file=sys.stderr)
     t0 = time.time()
@@ -204,13 +210,18 @@ def train_eagle3(target: TargetModel, data: torch.Tensor | DistilledData, spec: 
         opt.step()
         record = {"step": step, "loss": float(loss.detach()), "step_accuracy": [r.accuracy for r in results],
                   "positions": [r.positions for r in results]}
+        if tracker is not None and tracker.due(step, spec.steps):
+            record["heldout"] = tracker.record(draft, step)
         history.append(record)
         bar.set_postfix(loss=f"{record['loss']:.3f}",
                         acc=" ".join(f"s{j}:{a:.2f}" for j, a in enumerate(record["step_accuracy"][:4])))
         if (step + 1) % 100 == 0 or step + 1 == spec.steps:
-            save_state(draft, opt, step + 1, history, state_path)
+            save_state(draft, opt, step + 1, history, state_path, tracker.state() if tracker else None)
+    if tracker is not None:
+        tracker.keep_best(draft)
     save_draft(draft.to(save_dtype or target.dtype), out_dir, "eagle3", base_model=base_model,
                embedding_from_target=embedding_from_target)
     (out_dir / "training_spec.json").write_text(json.dumps(dict(asdict(spec), method="eagle3"), indent=2))
     return {"steps": spec.steps, "minutes": round((time.time() - t0) / 60, 2), "draft_vocab": size,
-            "draft_vocab_coverage": round(coverage, 4), "last": history[-1] if history else None}
+            "draft_vocab_coverage": round(coverage, 4), "last": history[-1] if history else None,
+            **(tracker.summary() if tracker else {})}

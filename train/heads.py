@@ -28,8 +28,9 @@ from specdec_kit.runtime.target import TargetModel
 from specdec_kit.train.draft_forward import PassRunner, next_pass_features
 from specdec_kit.train.distilled import BatchMasks, DistilledData
 from specdec_kit.train.features import StreamedFeatures
+from specdec_kit.train.heldout import HeldOutTracker, feature_draft_acceptance
 from specdec_kit.train.losses import LossWeights, medusa_loss, next_alignment_mask, pass_loss
-from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state
+from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state, saved_extra
 
 from specdec_kit.train.methods import METHODS  # noqa: F401  (the trainers this module implements)
 
@@ -135,10 +136,12 @@ def feature_step(draft, lm_head, spec: HeadSpec, tokens, feats, logits, gen: tor
 
 
 def train_head(target: TargetModel, data, spec: HeadSpec, out_dir: Path, base_model: str = "",
-               progress: bool = True, save_dtype: torch.dtype | None = None, embedding_from_target: bool = False) -> dict:
+               progress: bool = True, save_dtype: torch.dtype | None = None, embedding_from_target: bool = False,
+               heldout: DistilledData | None = None) -> dict:
     """Train one head; ``data`` is [N, seq_len] token blocks (features streamed from the target), a
     ``CachedFeatures`` or a ``DistilledData``. Writes the official layout (in ``save_dtype``, default the target's;
-    without the embedding with ``embedding_from_target``) and a resumable training state to ``out_dir``."""
+    without the embedding with ``embedding_from_target``) and a resumable training state to ``out_dir``. With
+    ``heldout`` data and ``spec.eval_every``, the held-out acceptance is logged and the best head by it is saved."""
     source = StreamedFeatures(target, data) if isinstance(data, torch.Tensor) else data
     out_dir.mkdir(parents=True, exist_ok=True)
     vocab, coverage = None, None
@@ -158,6 +161,12 @@ def train_head(target: TargetModel, data, spec: HeadSpec, out_dir: Path, base_mo
         p.requires_grad_(False)
     if isinstance(source, DistilledData):
         source.lm_rows = lm_head.weight.data
+    tracker = None
+    if heldout is not None and spec.eval_every and spec.method != "medusa":
+        heldout.lm_rows = lm_head.weight.data
+        tracker = HeldOutTracker(lambda m: feature_draft_acceptance(m, spec.method, lm_head, to_head, heldout,
+                                                                    spec.eval_depth), spec.eval_every)
+        tracker.restore(saved_extra(state_path))
     gen = torch.Generator().manual_seed(spec.seed + start)
     bar = tqdm(range(start, spec.steps), desc=spec.method, initial=start, total=spec.steps, disable=not progress,
                file=sys.stderr)
@@ -179,6 +188,8 @@ def train_head(target: TargetModel, data, spec: HeadSpec, out_dir: Path, base_mo
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 0.5)
         opt.step()
+        if tracker is not None and tracker.due(step, spec.steps):
+            record["heldout"] = tracker.record(head, step)
         history.append(record)
         if "top1" in record:
             bar.set_postfix(loss=f"{record['loss']:.3f}",
@@ -186,12 +197,15 @@ def train_head(target: TargetModel, data, spec: HeadSpec, out_dir: Path, base_mo
         else:
             bar.set_postfix(loss=f"{record['loss']:.3f}", top1=" ".join(f"{a:.2f}" for a in record["head_top1"]))
         if (step + 1) % 100 == 0 or step + 1 == spec.steps:
-            save_state(head, opt, step + 1, history, state_path)
+            save_state(head, opt, step + 1, history, state_path, tracker.state() if tracker else None)
+    if tracker is not None:
+        tracker.keep_best(head)
     save_draft(head.to(save_dtype or target.dtype), out_dir, spec.method, base_model=base_model,
                embedding_from_target=embedding_from_target)
     (out_dir / "training_spec.json").write_text(json.dumps(asdict(spec), indent=2))
     return {"steps": spec.steps, "minutes": round((time.time() - t0) / 60, 2), "last": history[-1] if history else None,
-            **({"draft_vocab": spec.draft_vocab, "draft_vocab_coverage": round(coverage, 4)} if vocab else {})}
+            **({"draft_vocab": spec.draft_vocab, "draft_vocab_coverage": round(coverage, 4)} if vocab else {}),
+            **(tracker.summary() if tracker else {})}
 
 
 def build_heads(out: Path, recipe: dict, tokenizer, corpus, log: dict, force: bool = False) -> None:

@@ -108,6 +108,7 @@ def run_head(name: str, settings: dict, recipe: dict, data: Path, out: Path, for
     budget = settings.pop("tokens_per_batch", 4096)
     epochs = settings.pop("epochs", None)  # passes over the data, in place of a step count
     variants = tuple(settings.pop("variants")) if "variants" in settings else None
+    percent = settings.pop("heldout_percent", 2)  # of the prompt ids, when eval_every measures held-out acceptance
     target_path = resolve_target(recipe["target"])
     target = TargetModel.from_pretrained(target_path, dtype="float32", device="cpu")
     save_dtype = resolve_dtype(recipe.get("save_dtype", "float16"), torch.device("cpu"))
@@ -124,7 +125,14 @@ def run_head(name: str, settings: dict, recipe: dict, data: Path, out: Path, for
 
         spec = HeadSpec.defaults(method, **settings)
         layers = [target.num_layers]
-    source = DistilledData(data, layers, tokens_per_batch=budget, seed=spec.seed, variants=variants)
+    heldout, for_training = None, None
+    if spec.eval_every:  # a fixed bucket of prompts is held out from training and measured every eval_every steps
+        from specdec_kit.train.heldout import split
+
+        for_training, for_evaluation = split(percent)
+        heldout = DistilledData(data, layers, tokens_per_batch=budget, variants=variants, select=for_evaluation)
+    source = DistilledData(data, layers, tokens_per_batch=budget, seed=spec.seed, variants=variants,
+                           select=for_training)
     spec.steps = round(epochs * len(source)) if epochs else spec.steps
     if done >= spec.steps and not force:
         print(f"{name}: already trained in {folder} ({done} steps; --force retrains)", file=sys.stderr)
@@ -133,27 +141,45 @@ def run_head(name: str, settings: dict, recipe: dict, data: Path, out: Path, for
         (folder / "training_state.pt").unlink(missing_ok=True)  # the trainer would otherwise resume from it
     start = f"from step {done}, " if done and not force else ""
     print(f"{name}: {len(source)} batches of distilled data, {start}{spec.steps} steps", file=sys.stderr)
-    return train(target, source, spec, folder, base_model=base, save_dtype=save_dtype, embedding_from_target=shared)
+    return train(target, source, spec, folder, base_model=base, save_dtype=save_dtype, embedding_from_target=shared,
+                 heldout=heldout)
 
 
 def plot_curves(log: dict, path: Path) -> None:
+    """The training loss of each head (moving mean) and, where it was measured, its held-out acceptance per depth
+    beside it."""
     from specdec_kit.plots import pyplot
 
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for name, history in log.get("histories", {}).items():
-        if history:
-            steps = [h["step"] for h in history]
-            losses = [h["loss"] for h in history]
-            window = max(1, len(losses) // 50)
-            smooth = [sum(losses[max(0, i - window + 1):i + 1]) / len(losses[max(0, i - window + 1):i + 1])
-                      for i in range(len(losses))]
-            ax.plot(steps, smooth, label=name)
-    ax.set_xlabel("step")
-    ax.set_ylabel("training loss (moving mean)")
-    ax.set_yscale("log")
-    ax.legend()
-    ax.set_title(f"{log['recipe']}: draft heads on self-distilled data")
+    histories = {name: h for name, h in log.get("histories", {}).items() if h}
+    measured = {name: [r for r in h if "heldout" in r] for name, h in histories.items()}
+    panels = 2 if any(measured.values()) else 1
+    fig, axes = plt.subplots(1, panels, figsize=(7 * panels, 4), squeeze=False)
+    loss_ax = axes[0][0]
+    for name, history in histories.items():
+        steps = [h["step"] for h in history]
+        losses = [h["loss"] for h in history]
+        window = max(1, len(losses) // 50)
+        smooth = [sum(losses[max(0, i - window + 1):i + 1]) / len(losses[max(0, i - window + 1):i + 1])
+                  for i in range(len(losses))]
+        loss_ax.plot(steps, smooth, label=name)
+    loss_ax.set_xlabel("step")
+    loss_ax.set_ylabel("training loss (moving mean)")
+    loss_ax.set_yscale("log")
+    loss_ax.legend()
+    loss_ax.set_title(f"{log['recipe']}: draft heads on self-distilled data")
+    if panels == 2:
+        ax = axes[0][1]
+        for n, (name, records) in enumerate(item for item in measured.items() if item[1]):
+            steps = [r["step"] + 1 for r in records]
+            for depth in range(len(records[0]["heldout"]["acceptance"])):
+                ax.plot(steps, [r["heldout"]["acceptance"][depth] for r in records], color=f"C{n}",
+                        linestyle=("-", "--", ":")[depth % 3], label=f"{name} depth {depth + 1}")
+        ax.set_xlabel("step")
+        ax.set_ylabel("held-out acceptance (chain, greedy)")
+        ax.set_ylim(0, 1)
+        ax.legend(fontsize=8)
+        ax.set_title("held-out prompts: share of cycles accepting d drafts")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

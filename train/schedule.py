@@ -15,6 +15,8 @@ class Schedule:
     lr: float = 1e-3
     warmup: int = 30
     seed: int = 0
+    eval_every: int = 0  # held-out acceptance every this many steps (0: never; needs held-out data)
+    eval_depth: int = 3  # draft depths it counts
 
     def batch_rows(self, step: int, num_blocks: int) -> torch.Tensor:
         """The blocks of ``step``: consecutive, wrapping around (so a resumed run sees the same data)."""
@@ -39,5 +41,12 @@ def optimizer_and_state(module: torch.nn.Module, schedule: Schedule, state_path)
     return params, opt, start, history
 
 
-def save_state(module: torch.nn.Module, opt: torch.optim.Optimizer, step: int, history: list, state_path) -> None:
-    torch.save({"head": module.state_dict(), "optimizer": opt.state_dict(), "step": step, "history": history}, state_path)
+def save_state(module: torch.nn.Module, opt: torch.optim.Optimizer, step: int, history: list, state_path,
+               extra: dict | None = None) -> None:
+    """``extra``: what else a resumed run needs (the held-out tracker's best weights)."""
+    torch.save({"head": module.state_dict(), "optimizer": opt.state_dict(), "step": step, "history": history,
+                **({"extra": extra} if extra else {})}, state_path)
+
+
+def saved_extra(state_path) -> dict | None:
+    return torch.load(state_path, weights_only=True).get("extra") if state_path.is_file() else None
