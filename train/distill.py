@@ -25,6 +25,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -236,6 +237,17 @@ def read_shard(path: Path) -> dict[str, torch.Tensor]:
     return load_file(str(path))
 
 
+def run_stage(stage: Callable[[], dict], keys: tuple[str, ...] = ("tokens", "answer_tokens", "fingerprint")) -> int:
+    """A data stage run from its command line: a refusal is one line and exit code 2, else the index's summary."""
+    try:
+        index = stage()
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps({k: index.get(k) for k in keys}, indent=1))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m specdec_kit.train.distill", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -250,13 +262,7 @@ def main(argv: list[str] | None = None) -> int:
 
     set_threads()
     spec = DistillSpec.from_dict(json.loads(args.spec.read_text())) if args.spec else DistillSpec()
-    try:
-        index = distill(resolve_target(args.target), args.prompts, args.out, spec, args.limit)
-    except (ValueError, FileNotFoundError, RuntimeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps({k: index[k] for k in ("tokens", "answer_tokens", "fingerprint")}, indent=1))
-    return 0
+    return run_stage(lambda: distill(resolve_target(args.target), args.prompts, args.out, spec, args.limit))
 
 
 if __name__ == "__main__":

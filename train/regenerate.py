@@ -309,18 +309,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from specdec_kit.runtime.loader import set_threads
     from specdec_kit.runtime.pretrained import cache_root, resolve_target
+    from specdec_kit.train.distill import run_stage
 
     set_threads()
     spec = RegenSpec(**json.loads(args.spec.read_text())) if args.spec else RegenSpec()
-    try:
-        index = regenerate(resolve_target(args.target), args.pool or cache_root() / "data" / "prompt-pool", args.out,
-                           spec, BackendSpec(args.backend, args.batch, args.dtype, args.engine, args.enforce_eager),
-                           args.answer_tokens)
-    except (ValueError, FileNotFoundError, RuntimeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps({k: index.get(k) for k in ("samples", "answer_tokens", "pool_fingerprint")}, indent=1))
-    return 0
+    return run_stage(lambda: regenerate(resolve_target(args.target), args.pool or cache_root() / "data" / "prompt-pool",
+                                        args.out, spec, BackendSpec(args.backend, args.batch, args.dtype, args.engine,
+                                                                    args.enforce_eager), args.answer_tokens),
+                     ("samples", "answer_tokens", "pool_fingerprint"))
 
 
 if __name__ == "__main__":

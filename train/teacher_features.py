@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from specdec_kit.train.distill import INDEX, Sample, fingerprint, write_shard
+from specdec_kit.train.distill import INDEX, Sample, fingerprint, run_stage, write_shard
 from specdec_kit.train.regenerate import ANSWERS_INDEX, read_answers
 
 
@@ -71,6 +71,9 @@ def teacher_features(target_path: Path, answers: Path, out: Path, spec: FeatureS
     from specdec_kit.runtime.target import TargetModel
     from specdec_kit.train.distill import default_hidden_indices
 
+    if not (answers / ANSWERS_INDEX).is_file():
+        raise FileNotFoundError(f"{answers / ANSWERS_INDEX}: no regenerated answers there; write them with python -m "
+                                "specdec_kit.train.regenerate")
     answers_index = json.loads((answers / ANSWERS_INDEX).read_text())
     target = TargetModel.from_pretrained(target_path, dtype="float32")
     spec.hidden_indices = spec.hidden_indices or default_hidden_indices(target)
@@ -122,13 +125,7 @@ def main(argv: list[str] | None = None) -> int:
 
     set_threads()
     spec = FeatureSpec(context_tokens=args.context_tokens, tokens_per_batch=args.tokens_per_batch)
-    try:
-        index = teacher_features(resolve_target(args.target), args.answers, args.out, spec)
-    except (ValueError, FileNotFoundError, RuntimeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps({k: index[k] for k in ("tokens", "answer_tokens", "fingerprint")}, indent=1))
-    return 0
+    return run_stage(lambda: teacher_features(resolve_target(args.target), args.answers, args.out, spec))
 
 
 if __name__ == "__main__":
