@@ -226,6 +226,11 @@ def distill(target_path: Path, prompts_file: Path, out: Path, spec: DistillSpec,
         index["fingerprint"] = fingerprint(index)
         index_path.write_text(json.dumps(index, indent=1))
     bar.close()
+    return finish_index(index, index_path)
+
+
+def finish_index(index: dict, index_path: Path) -> dict:
+    """Totals and the fingerprint over every shard written, saved beside them."""
     index["tokens"] = sum(s["tokens"] for shard in index["shards"] for s in shard["samples"])
     index["answer_tokens"] = sum(s["answer_tokens"] for shard in index["shards"] for s in shard["samples"])
     index["fingerprint"] = fingerprint(index)

@@ -4,14 +4,14 @@ before, through the chat template the target serves with. Only token ids are wri
 come after, from one teacher-forced pass over the finished samples (``train/teacher_features.py``), which is
 cheaper than carrying hidden states through generation.
 
-Two ways to generate, both greedy by default:
+Three ways to generate, greedy by default (the same answers from each, float32):
 
 - ``kit``: the kit's own batched runtime (``SpeculativeGenerator`` without a draft) on the PyTorch target, in batches;
 - ``engine``: the same on an ONNX Runtime engine of the target (what the kit's server runs);
 - ``vllm``: vLLM's offline engine (``vllm.LLM``, continuous batching with prefix caching) in a worker process
   started with vLLM's interpreter (``SPECDEC_VLLM_PYTHON``, else ``.venv-vllm`` as the vLLM tier's set-up makes it).
 
-Resumable: the pool is cut into fixed chunks of conversations, one shard file a chunk (``answers-NNNN.jsonl``,
+Resumable: the pool is cut into fixed chunks of conversations, one shard file a chunk (``answers-NNNNN.jsonl``,
 written whole and atomically), listed in ``answers.json`` with the pool's fingerprint and the settings; a rerun
 skips the shards it has, and ``--answer-tokens`` stops once that many answer tokens are written.
 """

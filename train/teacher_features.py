@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from specdec_kit.train.distill import INDEX, Sample, fingerprint, run_stage, write_shard
+from specdec_kit.train.distill import INDEX, Sample, finish_index, fingerprint, run_stage, write_shard
 from specdec_kit.train.regenerate import ANSWERS_INDEX, read_answers
 
 
@@ -104,11 +104,7 @@ def teacher_features(target_path: Path, answers: Path, out: Path, spec: FeatureS
         bar.update(shard["answer_tokens"])
         bar.set_postfix(tok_s=f"{sum(len(s.tokens) for s in samples) / (time.time() - t0):.0f}")
     bar.close()
-    index["tokens"] = sum(s["tokens"] for shard in index["shards"] for s in shard["samples"])
-    index["answer_tokens"] = sum(s["answer_tokens"] for shard in index["shards"] for s in shard["samples"])
-    index["fingerprint"] = fingerprint(index)
-    index_path.write_text(json.dumps(index, indent=1))
-    return index
+    return finish_index(index, index_path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,9 +42,11 @@ def main() -> None:
         if not line.strip():
             continue
         request = json.loads(line)
+        seed = request.get("seed")  # prompt i samples with seed + i, as the kit's backends do
         params = [SamplingParams(temperature=request.get("temperature", 0.0), top_p=request.get("top_p", 1.0),
-                                 max_tokens=n, stop_token_ids=eos, seed=request.get("seed"), detokenize=False)
-                  for n in request["max_tokens"]]
+                                 max_tokens=n, stop_token_ids=eos, seed=None if seed is None else seed + i,
+                                 detokenize=False)
+                  for i, n in enumerate(request["max_tokens"])]
         results = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in request["prompts"]], params,
                                use_tqdm=False)
         answers = [{"ids": list(r.outputs[0].token_ids),
