@@ -39,6 +39,7 @@ def count(**bounds: int) -> Any:
     """An integer field (whole-number floats accepted) with its bounds, which the served schema states."""
     return Annotated[int, Field(**bounds), BeforeValidator(whole_number)]
 
+
 NonEmptyText = Annotated[str, Field(min_length=1)]
 
 

@@ -108,7 +108,7 @@ def run_head(name: str, settings: dict, recipe: dict, data: Path, out: Path, for
     budget = settings.pop("tokens_per_batch", 4096)
     epochs = settings.pop("epochs", None)  # passes over the data, in place of a step count
     variants = tuple(settings.pop("variants")) if "variants" in settings else None
-    percent = settings.pop("heldout_percent", 2)  # of the prompt ids, when eval_every measures held-out acceptance
+    percent = settings.pop("heldout_percent", None)  # of the prompt ids (default: heldout's), with eval_every
     target_path = resolve_target(recipe["target"])
     target = TargetModel.from_pretrained(target_path, dtype="float32", device="cpu")
     save_dtype = resolve_dtype(recipe.get("save_dtype", "float16"), torch.device("cpu"))
@@ -129,7 +129,7 @@ def run_head(name: str, settings: dict, recipe: dict, data: Path, out: Path, for
     if spec.eval_every:  # a fixed bucket of prompts is held out from training and measured every eval_every steps
         from specdec_kit.train.heldout import split
 
-        for_training, for_evaluation = split(percent)
+        for_training, for_evaluation = split() if percent is None else split(percent)
         heldout = DistilledData(data, layers, tokens_per_batch=budget, variants=variants, select=for_evaluation)
     source = DistilledData(data, layers, tokens_per_batch=budget, seed=spec.seed, variants=variants,
                            select=for_training)
