@@ -218,7 +218,8 @@ def _build_locked(inputs: BuildInputs, output: Path, digest: str, force: bool, d
             from specdec_kit.export.onnx_build import build_onnx
 
             prompts = [tokenizer(p)["input_ids"] for p in PARITY_PROMPTS]
-            extra = build_onnx(staging, target, inputs.draft, module, tree, manifest_target, manifest_draft, prompts, step)
+            extra = build_onnx(staging, target, inputs.draft, module, tree, manifest_target, manifest_draft, prompts,
+                               step, draft_tree=inputs.draft_tree)
         elif inputs.backend == "torch":
             step("writing the target and draft checkpoints (safetensors)")
             extra = {"artifacts": _save_checkpoints(staging, target, inputs.draft, module)}

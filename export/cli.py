@@ -61,6 +61,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="tensorrt-llm only: write the legacy TensorRT engine route (trtllm-build checkpoint; EAGLE-1/2, "
                         "HASS, Medusa) for a TensorRT-LLM release that still has it (<= 1.2, e.g. 1.2.1); by default "
                         "the export targets the PyTorch backend, the only one in later releases")
+    p.add_argument("--no-draft-tree", dest="draft_tree", action="store_false",
+                   help="onnxruntime, feature drafts with a dynamic tree: leave out graphs/draft_tree.onnx, the "
+                        "draft's whole cycle in one call (a faster build; the draft then steps level by level, "
+                        "slower on a CPU)")
     p.add_argument("--output", type=Path, help="engine directory (default engines/<draft>-<backend>)")
     p.add_argument("--force", action="store_true", help="rebuild even if the output holds an engine from these inputs")
     return p.parse_args(argv)
@@ -177,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             draft=args.draft, target=target, draft_path=draft_path, tokenizer=tokenizer, backend=args.backend,
             dtype=resolve_dtype_name(args.backend, args.dtype, device), tree=tree,
             tp=args.tp, pp=args.pp, demo=demo, trtllm_legacy_engine=args.trtllm_legacy_engine,
+            draft_tree=args.draft_tree,
         )
         output = args.output or Path("engines") / f"{f'{args.target}-' if named else ''}{args.draft}-{args.backend}"
         result = build_engine(inputs, output, force=args.force, device=device, step=step)

@@ -39,13 +39,15 @@ class BuildInputs:
     pp: int = 1
     demo: bool = False
     trtllm_legacy_engine: str | None = None  # a TensorRT-LLM release <= 1.2: the legacy trtllm-build route
+    draft_tree: bool = True  # onnxruntime: the draft's whole cycle as one graph, where the kind and tree allow it
     file_hashes: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def options(self) -> dict[str, Any]:
         return {"draft": self.draft, "backend": self.backend, "dtype": self.dtype, "tree": self.tree,
                 "tp": self.tp, "pp": self.pp, "kit_version": __version__,
                 **({"trtllm_legacy_engine": self.trtllm_legacy_engine} if self.trtllm_legacy_engine else {}),
-                **({"graph_interface": ONNX_GRAPH_INTERFACE} if self.backend == "onnxruntime" else {})}
+                **({"graph_interface": ONNX_GRAPH_INTERFACE, "draft_tree": self.draft_tree}
+                   if self.backend == "onnxruntime" else {})}
 
     def digest(self) -> str:
         """SHA-256 over the options and every input file's content hash."""

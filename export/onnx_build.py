@@ -22,6 +22,7 @@ from specdec_kit.runtime.graphs import target_plan
 from specdec_kit.runtime.manifest import ONNX_GRAPH_INTERFACE
 from specdec_kit.runtime.registry import draft_kind
 from specdec_kit.runtime.target import TargetModel
+from specdec_kit.runtime.trees import tree_to_dict
 
 # float32 on CPU: the parity bound for logits/features (graph fusions reorder float sums).
 PARITY_ATOL = {torch.float32: 2e-3, torch.float16: 5e-2}
@@ -118,8 +119,11 @@ def greedy_identity(target: TargetModel, torch_drafter, ort_target, ort_drafter,
 
 
 def build_onnx(staging: Path, target: TargetModel, draft_kind_name: str, draft_module, tree, manifest_target: dict,
-               manifest_draft: dict, prompts: list[list[int]], step: Callable[[str], None]) -> dict[str, Any]:
-    """Write graphs/ under ``staging``; return the manifest's ``artifacts`` and ``onnx`` sections."""
+               manifest_draft: dict, prompts: list[list[int]], step: Callable[[str], None],
+               draft_tree: bool = True) -> dict[str, Any]:
+    """Write graphs/ under ``staging``; return the manifest's ``artifacts`` and ``onnx`` sections. ``draft_tree``:
+    add the draft's whole cycle as one graph where the kind and tree allow it (its export takes longer than the
+    step's: the tree search is unrolled)."""
     import onnxruntime as ort
 
     from specdec_kit.runtime.ort_backend import OrtGraph, OrtTarget, providers_for
@@ -133,8 +137,12 @@ def build_onnx(staging: Path, target: TargetModel, draft_kind_name: str, draft_m
     with quiet_export():
         export_plan(target_plan(target), graphs)
     step(f"exporting the {draft_kind_name} draft to ONNX")
+    plans = family.graph_plans(draft_module, target)
+    whole = family.whole_tree_plan(draft_module, target, tree) if draft_tree else None
+    if whole is not None:
+        plans.append(whole)
     with quiet_export():
-        roles = [export_plan(plan, graphs).stem for plan in family.graph_plans(draft_module, target)]
+        roles = [export_plan(plan, graphs).stem for plan in plans]
     artifacts = {}
     for role in ("target_step", *roles):
         step(f"checking and optimizing {role}.onnx")
@@ -148,7 +156,8 @@ def build_onnx(staging: Path, target: TargetModel, draft_kind_name: str, draft_m
     ort_target = OrtTarget(OrtGraph(graphs / "target_step.optimized.onnx", device), manifest_target, dtype)
     parity = target_parity(target, ort_target, manifest_target["vocab_size"])
     torch_drafter = family.torch_drafter(draft_module, target, tree)
-    manifest = {"target": manifest_target, "draft": manifest_draft}
+    whole_tree = {"whole_tree": tree_to_dict(tree)} if whole is not None else {}
+    manifest = {"target": manifest_target, "draft": manifest_draft, "onnx": whole_tree}
     ort_drafter = family.ort_drafter(lambda role: OrtGraph(graphs / f"{role}.optimized.onnx", device), manifest,
                                      ort_target, tree)
     bound = PARITY_ATOL.get(dtype, 5e-2)
@@ -172,5 +181,6 @@ def build_onnx(staging: Path, target: TargetModel, draft_kind_name: str, draft_m
             "parity_max_relative": {k: float(f"{parity[f'{k}_relative']:.3e}") for k in ("logits", "features")},
             "parity_bound": bound,
             "greedy_identical_to_torch": identical,
+            **whole_tree,  # the tree the draft_tree graph drafts in one call
         },
     }

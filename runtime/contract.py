@@ -98,6 +98,24 @@ class FeatureStep(Protocol):
 
 
 @runtime_checkable
+class WholeTreeStep(Protocol):
+    """A ``FeatureStep`` that can also run a draft's whole cycle in one call for some trees: the context step and the
+    dynamic tree search (an ONNX Runtime engine's ``draft_tree`` graph). Per-call overhead, not arithmetic, dominates
+    small draft steps on a CPU; one call per cycle removes all but one."""
+
+    def drafts_whole(self, tree: object) -> bool:
+        """Whether ``whole_tree`` drafts ``tree`` (a graph is exported for one tree)."""
+        ...
+
+    def whole_tree(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+                   pending_mask: torch.Tensor, cache: KVCache,
+                   root_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The context pairs as for ``__call__`` (their keys/values written to the cache's pending slots), and from each
+        row's root pair (``root_index`` [B]) the tree -> (node tokens [B, N], node parents [B, N], node 0 the root)."""
+        ...
+
+
+@runtime_checkable
 class TokenStep(Protocol):
     """One cached step of a draft that reads tokens only (Mixture of Attentions: its memory of the target's K/V
     is the step's own state, updated once per cycle)."""

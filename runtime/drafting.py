@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
 
-from specdec_kit.runtime.contract import FeatureStep, MedusaStep
+from specdec_kit.runtime.contract import FeatureStep, MedusaStep, WholeTreeStep
 from specdec_kit.runtime.draft_context import last_real
 from specdec_kit.runtime.drafts.layers import FeatureDraft
 from specdec_kit.runtime.kv_cache import KVCache
@@ -33,7 +33,10 @@ class DraftTree:
     depth: torch.Tensor  # [B, N] long
 
     @classmethod
-    def from_parents(cls, tokens: torch.Tensor, parents: torch.Tensor, valid: torch.Tensor) -> "DraftTree":
+    def from_parents(cls, tokens: torch.Tensor, parents: torch.Tensor,
+                     valid: torch.Tensor | None = None) -> "DraftTree":
+        """``valid`` None: every node is real (no padding)."""
+        valid = torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid
         mask, depth = ancestor_masks(parents, valid)
         return cls(tokens=tokens, parents=parents, valid=valid, tree_mask=mask, depth=depth)
 
@@ -60,6 +63,11 @@ class DraftCheckpoint:
 
     lengths: tuple[torch.Tensor, ...]
     skipped: torch.Tensor | None = None
+
+
+def log_probs(logits: torch.Tensor) -> torch.Tensor:
+    """A draft's log-probabilities, in float32 whatever the engine's dtype (tree scores add them up)."""
+    return torch.log_softmax(logits.float(), dim=-1)
 
 
 def recent_pairs(features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor, window: int):
@@ -310,29 +318,46 @@ class FeatureTreeDrafter(Drafter):
 
     @staticmethod
     def _logp(logits: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(logits.float(), dim=-1)
+        return log_probs(logits)
 
-    @torch.inference_mode()
-    def context_step(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor):
-        """Run the context pairs through the draft into its cache -> the root's next-token log-probs [B, V]
-        and its predicted feature [B, d] (the tree grows from them; a client offline continues from them)."""
-        cache = self.cache
+    def _context(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor):
+        """What a context step reads (see ``_bounded``) -> (features, tokens, counts, positions, causal mask)."""
         features, tokens, counts = self._bounded(features, tokens, counts)
         bsz, q_len = tokens.shape
         ar = torch.arange(q_len, device=tokens.device)
         causal = (ar[None, :] <= ar[:, None]).expand(bsz, q_len, q_len)
         positions = self.positions_from()[:, None] + ar[None, :]
-        logits, reg = self.step(features.to(self.step.dtype), tokens, positions, causal, cache, logits_at=(counts - 1)[:, None])
-        cache.commit(ar.expand(bsz, q_len), counts)  # context pairs join the draft's sequence in place
+        return features.to(self.step.dtype), tokens, counts, positions, causal
+
+    def _commit_context(self, counts: torch.Tensor, q_len: int) -> None:
+        """The context pairs join the draft's sequence in place."""
+        self.cache.commit(torch.arange(q_len, device=counts.device).expand(counts.shape[0], q_len), counts)
+
+    @torch.inference_mode()
+    def context_step(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor):
+        """Run the context pairs through the draft into its cache -> the root's next-token log-probs [B, V]
+        and its predicted feature [B, d] (the tree grows from them; a client offline continues from them)."""
+        features, tokens, counts, positions, causal = self._context(features, tokens, counts)
+        logits, reg = self.step(features, tokens, positions, causal, self.cache, logits_at=(counts - 1)[:, None])
+        self._commit_context(counts, tokens.shape[1])
         return self._logp(logits[:, 0]), last_real(reg, counts)
 
     @torch.inference_mode()
     def draft(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
+        if isinstance(self.step, WholeTreeStep) and self.step.drafts_whole(self.tree):
+            return self._whole_tree(features, tokens, counts)
         roots = last_real(tokens, counts)
         root_logp, root_reg = self.context_step(features, tokens, counts)
         if isinstance(self.tree, StaticTree):
             return self._static(roots, root_logp, root_reg)
         return self._dynamic(roots, root_logp, root_reg)
+
+    def _whole_tree(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
+        """The context step and the tree search in one call of the step (``WholeTreeStep``)."""
+        features, tokens, counts, positions, causal = self._context(features, tokens, counts)
+        node_tokens, node_parents = self.step.whole_tree(features, tokens, positions, causal, self.cache, counts - 1)
+        self._commit_context(counts, tokens.shape[1])
+        return DraftTree.from_parents(node_tokens, node_parents)
 
     def _step(self, feats, toks, level_pos, pending):
         """One tree level: ``toks`` [B, n] at ``level_pos`` past each row's cache, seeing ``pending``."""
@@ -372,49 +397,62 @@ class FeatureTreeDrafter(Drafter):
         return DraftTree.from_static(node_tokens, tree)
 
     def _dynamic(self, roots: torch.Tensor, root_logp: torch.Tensor, root_reg: torch.Tensor) -> DraftTree:
-        cfg: DynamicTreeConfig = self.tree
-        k = cfg.top_k
-        bsz, dev = roots.shape[0], roots.device
-        rows = torch.arange(bsz, device=dev)[:, None]
-        scores, beam_tokens = torch.topk(root_logp, k, dim=-1)  # level 1: the root's top-k
-        cand_tokens, cand_scores = [beam_tokens], [scores]
-        cand_parents = [torch.full((bsz, k), -1, dtype=torch.long, device=dev)]
-        cand_depth = [torch.ones(bsz, k, dtype=torch.long, device=dev)]
-        beam_ids = torch.arange(k, device=dev).expand(bsz, k)  # candidate id of each beam
-        beam_feats = root_reg[:, None, :].expand(bsz, k, root_reg.shape[-1])
-        beam_anc = torch.eye(k, dtype=torch.bool, device=dev).expand(bsz, k, k)  # over draft slots so far
-        base = k
-        for level in range(1, cfg.depth + 1):
-            logp, reg = self._step(beam_feats, beam_tokens, level - 1, beam_anc)
-            child_logp, child_tok = torch.topk(logp, k, dim=-1)  # [B, K, K]
-            cum = (child_logp + scores[:, :, None]).view(bsz, k * k)
-            cand_tokens.append(child_tok.view(bsz, k * k))
-            cand_scores.append(cum)
-            cand_parents.append(beam_ids.repeat_interleave(k, dim=1))
-            cand_depth.append(torch.full((bsz, k * k), level + 1, dtype=torch.long, device=dev))
-            if level == cfg.depth:
-                break
-            scores, flat = torch.topk(cum, k, dim=-1)
-            parent_beam = flat // k
-            beam_tokens = child_tok.view(bsz, k * k)[rows, flat]
-            beam_feats = reg[rows, parent_beam]
-            new_slot = torch.eye(k, dtype=torch.bool, device=dev).expand(bsz, k, k)
-            beam_anc = torch.cat([beam_anc[rows, parent_beam], new_slot], dim=2)
-            beam_ids = base + flat
-            base += k * k
-        tokens = torch.cat(cand_tokens, dim=1)
-        parents = torch.cat(cand_parents, dim=1)
-        depth = torch.cat(cand_depth, dim=1)
-        # Keep the best total_tokens-1 by cumulative log-prob; a child never outranks its parent
-        # (log-probs <= 0, and ties go to the shallower node), so the kept nodes form a tree.
-        key = torch.cat(cand_scores, dim=1).double() - depth.double() * 1e-9
-        keep = min(cfg.total_tokens - 1, key.shape[1])
-        chosen = torch.sort(torch.topk(key, keep, dim=-1).indices, dim=-1).values  # parents first
-        node_of = torch.full_like(tokens, -1)
-        node_of.scatter_(1, chosen, torch.arange(1, keep + 1, device=dev).expand(bsz, keep))
-        par_cand = torch.gather(parents, 1, chosen)
-        par_node = torch.where(par_cand < 0, torch.zeros_like(par_cand), torch.gather(node_of, 1, par_cand.clamp(min=0)))
-        node_tokens = torch.cat([roots[:, None], torch.gather(tokens, 1, chosen)], dim=1)
-        node_parents = torch.cat([torch.full((bsz, 1), -1, dtype=torch.long, device=dev), par_node], dim=1)
-        valid = torch.ones_like(node_tokens, dtype=torch.bool)
-        return DraftTree.from_parents(node_tokens, node_parents, valid)
+        tokens, parents = dynamic_tree_search(roots, root_logp, root_reg, self.tree, self._step)
+        return DraftTree.from_parents(tokens, parents)
+
+
+LevelStep = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+def dynamic_tree_search(roots: torch.Tensor, root_logp: torch.Tensor, root_reg: torch.Tensor, cfg: DynamicTreeConfig,
+                        step: LevelStep) -> tuple[torch.Tensor, torch.Tensor]:
+    """EAGLE-2's dynamic tree: ``cfg.top_k`` beams grown ``cfg.depth`` levels by cumulative log-probability, then the
+    best ``cfg.total_tokens - 1`` candidates kept -> (node tokens [B, N], node parents [B, N]; node 0 is the root).
+
+    ``step(features [B, k, d], tokens [B, k], level - 1, visible [B, k, slots])`` drafts one level: the beams see
+    the earlier levels' slots (and their own) through ``visible``. Pure tensor operations with ``cfg`` fixed, so an
+    engine can export the whole search as one graph (``runtime/graphs.py``, ``DraftTreeGraph``)."""
+    k = cfg.top_k
+    bsz, dev = roots.shape[0], roots.device
+    rows = torch.arange(bsz, device=dev)[:, None]
+    scores, beam_tokens = torch.topk(root_logp, k, dim=-1)  # level 1: the root's top-k
+    cand_tokens, cand_scores = [beam_tokens], [scores]
+    cand_parents = [torch.full((bsz, k), -1, dtype=torch.long, device=dev)]
+    cand_depth = [torch.ones(bsz, k, dtype=torch.long, device=dev)]
+    beam_ids = torch.arange(k, device=dev).expand(bsz, k)  # candidate id of each beam
+    beam_feats = root_reg[:, None, :].expand(bsz, k, root_reg.shape[-1])
+    beam_anc = torch.eye(k, dtype=torch.bool, device=dev).expand(bsz, k, k)  # over draft slots so far
+    base = k
+    for level in range(1, cfg.depth + 1):
+        logp, reg = step(beam_feats, beam_tokens, level - 1, beam_anc)
+        child_logp, child_tok = torch.topk(logp, k, dim=-1)  # [B, K, K]
+        cum = (child_logp + scores[:, :, None]).view(bsz, k * k)
+        cand_tokens.append(child_tok.view(bsz, k * k))
+        cand_scores.append(cum)
+        cand_parents.append(beam_ids.repeat_interleave(k, dim=1))
+        cand_depth.append(torch.full((bsz, k * k), level + 1, dtype=torch.long, device=dev))
+        if level == cfg.depth:
+            break
+        scores, flat = torch.topk(cum, k, dim=-1)
+        parent_beam = flat // k
+        beam_tokens = child_tok.view(bsz, k * k)[rows, flat]
+        beam_feats = reg[rows, parent_beam]
+        new_slot = torch.eye(k, dtype=torch.bool, device=dev).expand(bsz, k, k)
+        beam_anc = torch.cat([beam_anc[rows, parent_beam], new_slot], dim=2)
+        beam_ids = base + flat
+        base += k * k
+    tokens = torch.cat(cand_tokens, dim=1)
+    parents = torch.cat(cand_parents, dim=1)
+    depth = torch.cat(cand_depth, dim=1)
+    # Keep the best total_tokens-1 by cumulative log-prob; a child never outranks its parent
+    # (log-probs <= 0, and ties go to the shallower node), so the kept nodes form a tree.
+    key = torch.cat(cand_scores, dim=1).double() - depth.double() * 1e-9
+    keep = min(cfg.total_tokens - 1, key.shape[1])
+    chosen = torch.sort(torch.topk(key, keep, dim=-1).indices, dim=-1).values  # parents first
+    node_of = torch.full_like(tokens, -1)
+    node_of.scatter_(1, chosen, torch.arange(1, keep + 1, device=dev).expand(bsz, keep))
+    par_cand = torch.gather(parents, 1, chosen)
+    par_node = torch.where(par_cand < 0, torch.zeros_like(par_cand), torch.gather(node_of, 1, par_cand.clamp(min=0)))
+    node_tokens = torch.cat([roots[:, None], torch.gather(tokens, 1, chosen)], dim=1)
+    node_parents = torch.cat([torch.full((bsz, 1), -1, dtype=torch.long, device=dev), par_node], dim=1)
+    return node_tokens, node_parents

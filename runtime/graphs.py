@@ -18,12 +18,14 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from specdec_kit.runtime.drafting import dynamic_tree_search, log_probs
 from specdec_kit.runtime.drafts.eagle3 import Eagle3Draft
 from specdec_kit.runtime.drafts.layers import FeatureDraft
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
 from specdec_kit.runtime.drafts.moa import MoADraft
 from specdec_kit.runtime.moa_drafting import moa_hidden
 from specdec_kit.runtime.target import TargetModel
+from specdec_kit.runtime.trees import DynamicTreeConfig
 
 
 def past_names(layers: int) -> tuple[str, ...]:
@@ -90,6 +92,65 @@ class GraphWindow:
         return out.view(bsz, heads, q_len, dim)
 
 
+Segment = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # keys, values, visibility
+
+
+def segment_attention(queries: torch.Tensor, segments: Sequence[Segment]) -> torch.Tensor:
+    """Grouped-query attention over key/value segments [B, H_kv, S_i, D] read where they lie (nothing joins the
+    keys), each with its visibility [B, 1, 1, Q or 1, S_i]; one softmax over all of them."""
+    bsz, heads, q_len, dim = queries.shape
+    kv_heads = segments[0][0].shape[1]
+    group = heads // kv_heads  # query heads g * j .. g * j + g - 1 share key head j
+    grouped = queries.reshape(bsz, kv_heads, group * q_len, dim) * dim ** -0.5
+    floor = torch.finfo(queries.dtype).min
+    scores = [(grouped @ keys.transpose(-1, -2)).view(bsz, kv_heads, group, q_len, -1).masked_fill(~seen, floor)
+              for keys, _, seen in segments]
+    weights = torch.cat(scores, dim=-1).softmax(dim=-1).view(bsz, kv_heads, group * q_len, -1)
+    out, start = None, 0
+    for keys, values, _ in segments:
+        part = weights[..., start:start + keys.shape[2]] @ values
+        out = part if out is None else out + part
+        start += keys.shape[2]
+    return out.view(bsz, heads, q_len, dim)
+
+
+class TreeLevelCache:
+    """``LayerCache`` of one level of a tree search inside a graph: each layer attends over the engine cache's
+    buffer and the context step's new keys as the root sees them (``root_visible`` [B, C + Q]), then over the earlier
+    levels' keys and the level's own as the ``pending_mask`` [B, k, S] of its ``window`` says (own slots last)."""
+
+    def __init__(self, context: GraphCache, root_visible: torch.Tensor):
+        self.context, self.root_visible = context, root_visible
+        self.level_keys: dict[int, torch.Tensor] = {}
+        self.level_values: dict[int, torch.Tensor] = {}
+
+    def window(self, pending_mask: torch.Tensor) -> "TreeLevelWindow":
+        return TreeLevelWindow(self, pending_mask[:, None, None])
+
+
+@dataclass
+class TreeLevelWindow:
+    cache: TreeLevelCache
+    mask: torch.Tensor  # [B, 1, 1, k, S]
+
+    def attend(self, layer: int, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        c = self.cache
+        i = layer - c.context.first_layer
+        past_keys, past_values = c.context.past_keys[i], c.context.past_values[i]
+        seen = c.root_visible[:, None, None, None, :]
+        slots, own = past_keys.shape[2], keys.shape[2]
+        segments = [(past_keys, past_values, seen[..., :slots]),
+                    (c.context.new_keys[i], c.context.new_values[i], seen[..., slots:])]
+        if i in c.level_keys:
+            segments.append((c.level_keys[i], c.level_values[i], self.mask[..., :-own]))
+            c.level_keys[i] = torch.cat([c.level_keys[i], keys], dim=2)
+            c.level_values[i] = torch.cat([c.level_values[i], values], dim=2)
+        else:
+            c.level_keys[i], c.level_values[i] = keys, values
+        segments.append((keys, values, self.mask[..., -own:]))
+        return segment_attention(queries, segments)
+
+
 class TargetStepGraph(nn.Module):
     """(ids, positions, mask, logits_index, each layer's K/V buffer) -> (logits, features, present K/V)."""
 
@@ -121,6 +182,40 @@ class FeatureDraftStepGraph(nn.Module):
         selected = torch.gather(pred, 1, logits_index[..., None].expand(-1, -1, pred.shape[-1]))
         present_keys, present_values = cache.present()
         return self.lm_head(selected), reg, present_keys, present_values
+
+
+class DraftTreeGraph(nn.Module):
+    """(ids, features, positions, mask, root_index, each layer's K/V buffer) -> (tree tokens, tree parents, the
+    context's present K/V): a feature draft's whole cycle as one session call. The context step reads the new pairs
+    (as ``FeatureDraftStepGraph`` does); from each row's root pair (``root_index``) the dynamic tree search of
+    ``tree`` runs its levels inside the graph (``dynamic_tree_search``, the runtime's own). Only the context's keys
+    and values come out: the levels' are scratch, as in the runtime's stepwise search."""
+
+    def __init__(self, draft: FeatureDraft, lm_head: nn.Module, tree: DynamicTreeConfig):
+        super().__init__()
+        self.draft, self.lm_head, self.tree = draft, lm_head, tree
+
+    def logp(self, prediction: torch.Tensor) -> torch.Tensor:
+        return log_probs(self.lm_head(prediction))
+
+    def forward(self, input_ids, hidden_states, position_ids, attention_mask, root_index, *past):
+        cache = GraphCache.of(past)
+        pred, reg = self.draft.cached_step(hidden_states, input_ids, position_ids, attention_mask, cache)
+        present_keys, present_values = cache.present()
+        at = root_index[:, None]
+        root_pred = torch.gather(pred, 1, at[..., None].expand(-1, -1, pred.shape[-1]))[:, 0]
+        root_reg = torch.gather(reg, 1, at[..., None].expand(-1, -1, reg.shape[-1]))[:, 0]
+        root_visible = torch.gather(attention_mask, 1, at[..., None].expand(-1, -1, attention_mask.shape[-1]))[:, 0]
+        first_level = torch.gather(position_ids, 1, at) + 1
+        levels = TreeLevelCache(cache, root_visible)
+
+        def step(feats, toks, level, visible):
+            p, r = self.draft.cached_step(feats, toks, (first_level + level).expand_as(toks), visible, levels)
+            return self.logp(p), r
+
+        tokens, parents = dynamic_tree_search(torch.gather(input_ids, 1, at)[:, 0], self.logp(root_pred), root_reg,
+                                              self.tree, step)
+        return tokens, parents, present_keys, present_values
 
 
 class FuseGraph(nn.Module):
@@ -219,6 +314,11 @@ DRAFT_SPEC = GraphSpec(
     ("input_ids", "hidden_states", "position_ids", "attention_mask", "logits_index"),
     ("logits", "hidden_states_out", "present_keys", "present_values"),
 )
+DRAFT_TREE_SPEC = GraphSpec(
+    "draft_tree",
+    ("input_ids", "hidden_states", "position_ids", "attention_mask", "root_index"),
+    ("tree_tokens", "tree_parents", "present_keys", "present_values"),
+)
 FUSE_SPEC = GraphSpec("draft_fuse", ("hidden_states",), ("fused",))
 MEDUSA_SPEC = GraphSpec("medusa_heads", ("hidden_states",), ("logits",))
 MOA_MEMORY_SPEC = GraphSpec("moa_memory", ("target_kv", "position_ids"), ("memory_keys", "memory_values"))
@@ -288,6 +388,20 @@ def feature_draft_plans(draft: FeatureDraft, head: nn.Module) -> list[GraphPlan]
     feats = torch.zeros(ids.shape[0], ids.shape[1], draft.config.hidden_size, dtype=weight.dtype, device=weight.device)
     return [GraphPlan(DRAFT_SPEC.with_layers(layers), FeatureDraftStepGraph(draft, head),
                       (ids, feats, pos, mask, index, *buffers), _cache_dims(layers))]
+
+
+def draft_tree_plan(draft: FeatureDraft, head: nn.Module, tree: DynamicTreeConfig) -> GraphPlan:
+    """A feature draft's whole cycle (context step and dynamic tree search, ``DraftTreeGraph``) for one tree."""
+    layers, heads, dim = draft.attention_shape
+    weight = draft.embed_tokens.weight
+    (ids, pos, mask, _), buffers = _cached_example(layers, heads, dim, weight.dtype, weight.device)
+    feats = torch.zeros(ids.shape[0], ids.shape[1], draft.config.hidden_size, dtype=weight.dtype, device=weight.device)
+    root = torch.full((ids.shape[0],), ids.shape[1] - 1, dtype=torch.long, device=ids.device)
+    dims = _cache_dims(layers)
+    dims["root_index"] = {0: dims["input_ids"][0]}
+    del dims["logits_index"]
+    return GraphPlan(DRAFT_TREE_SPEC.with_layers(layers), DraftTreeGraph(draft, head, tree),
+                     (ids, feats, pos, mask, root, *buffers), dims)
 
 
 def fuse_plan(draft: Eagle3Draft) -> GraphPlan:

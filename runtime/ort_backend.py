@@ -23,6 +23,7 @@ from specdec_kit.runtime.graphs import past_names
 from specdec_kit.runtime.kv_cache import KVCache
 from specdec_kit.runtime.moa_drafting import MoAStep
 from specdec_kit.runtime.target import TargetOutput
+from specdec_kit.runtime.trees import DynamicTreeConfig
 
 CACHE_BLOCK = 64  # slots a cache grows by: reading up to this many spare slots beats copying the past every call
 NUMPY_TYPES = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_}
@@ -160,27 +161,47 @@ class OrtTarget:
 
 class OrtFeatureDraftStep:
     """A feature draft's step with the target's LM head folded in; see ``TorchFeatureStep``. EAGLE-3 drafts add a
-    ``fuse`` graph (their ``fc``) that turns the target's tapped layers into the step's d-wide feature input."""
+    ``fuse`` graph (their ``fc``) that turns the target's tapped layers into the step's d-wide feature input. An
+    engine built with a dynamic tree adds ``whole``: its ``draft_tree`` graph and that tree, which drafts the cycle
+    in one call (``WholeTreeStep``)."""
 
-    def __init__(self, graph: OrtGraph, spec: dict, dtype: torch.dtype, fuse: OrtGraph | None = None):
-        self.graph, self.spec, self.dtype, self.fuse = graph, spec, dtype, fuse
+    def __init__(self, graph: OrtGraph, spec: dict, dtype: torch.dtype, fuse: OrtGraph | None = None,
+                 whole: tuple[OrtGraph, DynamicTreeConfig] | None = None):
+        self.graph, self.spec, self.dtype, self.fuse, self.whole = graph, spec, dtype, fuse, whole
         self.layers, self.heads, self.head_dim = spec["num_hidden_layers"], spec["num_key_value_heads"], spec["head_dim"]
         self.hidden_size, self.vocab_size = spec["hidden_size"], spec["vocab_size"]
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         return new_block_cache(self.layers, batch, self.heads, self.head_dim, self.dtype, self.graph.device)
 
+    def _step_features(self, features: torch.Tensor) -> torch.Tensor:
+        """The step's d-wide feature input (EAGLE-3: the target's tapped layers through the ``fuse`` graph)."""
+        features = features.to(self.dtype)
+        if self.fuse is not None and features.shape[-1] != self.hidden_size:
+            shape = (*features.shape[:2], self.hidden_size)
+            features = self.fuse.run({"hidden_states": features}, {"fused": (shape, self.dtype)})["fused"]
+        return features
+
     @torch.inference_mode()
     def __call__(self, features, tokens, positions, pending_mask, cache, logits_at=None):
         bsz, q_len = tokens.shape
         index = _all_positions(bsz, q_len, tokens.device) if logits_at is None else logits_at
-        features = features.to(self.dtype)
-        if self.fuse is not None and features.shape[-1] != self.hidden_size:
-            shape = (bsz, q_len, self.hidden_size)
-            features = self.fuse.run({"hidden_states": features}, {"fused": (shape, self.dtype)})["fused"]
-        feeds = {"input_ids": tokens, "hidden_states": features, "position_ids": positions}
+        feeds = {"input_ids": tokens, "hidden_states": self._step_features(features), "position_ids": positions}
         return _cached_call(self.graph, cache, pending_mask, feeds, index, self.hidden_size, self.vocab_size,
                             "hidden_states_out")
+
+    def drafts_whole(self, tree: object) -> bool:
+        return self.whole is not None and tree == self.whole[1]
+
+    @torch.inference_mode()
+    def whole_tree(self, features, tokens, positions, pending_mask, cache, root_index):
+        graph, tree = self.whole
+        nodes = (tokens.shape[0], tree.total_tokens)  # a dynamic tree always fills its budget
+        feeds = {"input_ids": tokens, "hidden_states": self._step_features(features), "position_ids": positions,
+                 "root_index": root_index}
+        out = _run_over_cache(graph, cache, pending_mask, feeds,
+                              {"tree_tokens": (nodes, torch.int64), "tree_parents": (nodes, torch.int64)})
+        return out["tree_tokens"], out["tree_parents"]
 
 
 class OrtMedusaHeads:

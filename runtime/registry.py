@@ -47,6 +47,10 @@ class DraftFamily(ABC):
     def graph_plans(self, module: nn.Module, target: TargetModel) -> list[GraphPlan]:
         """The draft's ONNX graphs (the target's step is exported for every kind)."""
 
+    def whole_tree_plan(self, module: nn.Module, target: TargetModel, tree: Tree) -> GraphPlan | None:
+        """A graph that drafts a whole cycle of ``tree`` in one call, where this family has one for it."""
+        return None
+
     def client_drafter(self, module: nn.Module, tail: TargetModel, tree: Tree) -> Drafter:
         """The drafter of a client-server client, over the client's target tail (``edge/tail.py``)."""
         raise ValueError(f"{self.name} drafts are not offered for client-server drafting "
@@ -90,15 +94,26 @@ class FeatureFamily(DraftFamily):
         from specdec_kit.runtime.drafting import FeatureTreeDrafter
         from specdec_kit.runtime.ort_backend import OrtFeatureDraftStep
 
+        from specdec_kit.runtime.trees import tree_from_dict
+
         layers = manifest["draft"].get("feature_layers")
         fuse = graph("draft_fuse") if layers else None  # tapped layers are fused by the draft's fc, its own graph
-        step = OrtFeatureDraftStep(graph("draft_step"), manifest["draft"], target.dtype, fuse=fuse)
+        whole_tree = manifest.get("onnx", {}).get("whole_tree")
+        whole = (graph("draft_tree"), tree_from_dict(whole_tree)) if whole_tree else None
+        step = OrtFeatureDraftStep(graph("draft_step"), manifest["draft"], target.dtype, fuse=fuse, whole=whole)
         return FeatureTreeDrafter(step, tree, tuple(layers) if layers else None)
 
     def graph_plans(self, module, target):
         from specdec_kit.runtime.graphs import feature_draft_plans
 
         return feature_draft_plans(module, self.head(module, target))
+
+    def whole_tree_plan(self, module, target, tree):
+        """The draft's whole cycle as one graph, for a dynamic tree (``DraftTreeGraph``)."""
+        from specdec_kit.runtime.graphs import draft_tree_plan
+        from specdec_kit.runtime.trees import DynamicTreeConfig
+
+        return draft_tree_plan(module, self.head(module, target), tree) if isinstance(tree, DynamicTreeConfig) else None
 
     def client_drafter(self, module, tail, tree):
         return self.torch_drafter(module, tail, tree)

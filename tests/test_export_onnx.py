@@ -42,14 +42,33 @@ def checkpoints(demo_checkpoints, eagle3_checkpoint) -> dict:
     return dict(demo_checkpoints, eagle3=eagle3_checkpoint)
 
 
+ONE_CALL_TREE = tree_to_dict(DynamicTreeConfig(6, 2, 2))  # small: the one-call graph unrolls the search to export it
+
+
+class Engines(dict):
+    """Each engine built on first use, then shared by the module: ``engines["eagle2"]`` (ONNX Runtime, drafting level
+    by level; EAGLE-3 in one call per cycle, which its greedy test then checks against PyTorch's level-by-level
+    drafts), ``engines["griffin-torch"]``, or ``engines["griffin-onecall"]`` (ONNX Runtime with the draft_tree graph
+    of ``ONE_CALL_TREE``). A test tier that opens one engine builds one."""
+
+    def __init__(self, checkpoints: dict, root: Path):
+        super().__init__()
+        self.checkpoints, self.root = checkpoints, root
+
+    def __missing__(self, name: str) -> Path:
+        kind, _, variant = name.partition("-")
+        if variant == "onecall":
+            inputs = inputs_for(self.checkpoints, kind, tree=ONE_CALL_TREE)
+        else:
+            inputs = inputs_for(self.checkpoints, kind, variant or "onnxruntime", draft_tree=kind == "eagle3")
+        path = build_engine(inputs, self.root / name).path
+        self[name] = path
+        return path
+
+
 @pytest.fixture(scope="module")
-def engines(checkpoints, tmp_path_factory):
-    root = tmp_path_factory.mktemp("engines")
-    built = {}
-    for kind in ("griffin", "eagle2", "eagle3", "medusa"):
-        built[kind] = build_engine(inputs_for(checkpoints, kind), root / f"{kind}-ort").path
-    built["griffin-torch"] = build_engine(inputs_for(checkpoints, "griffin", "torch"), root / "griffin-torch").path
-    return built
+def engines(checkpoints, tmp_path_factory) -> Engines:
+    return Engines(checkpoints, tmp_path_factory.mktemp("engines"))
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +86,7 @@ def test_manifest_records_the_build(engines):
     assert m["backend"] == "onnxruntime" and m["draft"]["kind"] == "griffin" and m["dtype"] == "float32"
     assert m["tree"] == TREES["griffin"] and m["kit_version"] and len(m["inputs"]["sha256"]) == 64
     assert {"target_step", "draft_step", "target_step_optimized", "draft_step_optimized"} <= set(m["artifacts"])
+    assert "draft_tree" not in m["artifacts"] and "whole_tree" not in m["onnx"]  # built with draft_tree=False
     assert m["onnx"]["greedy_identical_to_torch"] is True
     assert m["onnx"]["parity_max_abs"]["logits"] < 1e-3
     assert all(len(f["sha256"]) == 64 and f["bytes"] > 0 for f in m["files"].values())
@@ -116,9 +136,31 @@ def test_draft_graph_matches_pytorch_with_pending_tree_slots(engines, demo_check
     assert torch.allclose(caches[0].keys[:, :, :, :7], caches[1].keys[:, :, :, :7], atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["griffin", "eagle2", "eagle3", "medusa"])
+def test_a_dynamic_tree_engine_drafts_each_cycle_in_one_call(engines, kind="griffin"):
+    """The engine's tree is drafted by its draft_tree graph, one session call per cycle (the step graph runs only
+    for rows joining), with the same trees as the step graph's level-by-level search: same tokens, same acceptance."""
+    engine = open_engine(engines[f"{kind}-onecall"], device="cpu")
+    assert engine.manifest["onnx"]["whole_tree"] == ONE_CALL_TREE
+    step = engine.drafter.step
+    tree_graph, step_graph = step.whole[0], step.graph
+    batch = prompts(engine.target.vocab_size)
+    whole = engine.generator().generate(batch, 40)
+    cycles = sum(r.stats.cycles for r in whole)
+    assert tree_graph.calls >= max(r.stats.cycles for r in whole)
+    assert step_graph.calls == 1  # the batch's prompts, read when it was admitted
+    step.whole = None
+    stepwise = engine.generator().generate(batch, 40)
+    assert step_graph.calls > tree_graph.calls and cycles > 0
+    assert [r.tokens for r in whole] == [r.tokens for r in stepwise]
+    assert [r.stats.accepted_tokens for r in whole] == [r.stats.accepted_tokens for r in stepwise]
+    assert sum(r.stats.accepted_tokens for r in whole) > 0
+
+
+@pytest.mark.parametrize("kind", ["griffin", *(pytest.param(k, marks=pytest.mark.slow) for k in ("eagle2", "eagle3", "medusa"))])
 def test_greedy_through_onnx_equals_pytorch_and_transformers(engines, checkpoints, torch_target, kind):
     engine = open_engine(engines[kind], device="cpu")
+    # a feature draft's dynamic tree is drafted in one call where its engine has the one-call graph (EAGLE-3's here)
+    assert (getattr(getattr(engine.drafter, "step", None), "whole", None) is not None) == (kind == "eagle3")
     target = torch_target
     batch = prompts(target.vocab_size)
     got = engine.generator().generate(batch, 40)
@@ -189,6 +231,7 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_cli_builds_reuses_and_force_rebuilds(demo_checkpoints, tmp_path):
     args = ["--draft", "eagle", "--target", str(demo_checkpoints["target"]), "--draft-path",
             str(demo_checkpoints["eagle"]), "--backend", "torch", "--output", str(tmp_path / "eng")]
@@ -220,6 +263,7 @@ def test_a_tools_own_engine_directory_is_rebuilt_when_its_inputs_changed(demo_ch
     assert left_in(tmp_path) == ["eng"]
 
 
+@pytest.mark.slow
 def test_bad_input_fails_cleanly_and_writes_nothing(demo_checkpoints, tmp_path):
     out = tmp_path / "out"
     unknown = run_cli("--draft", "lookahead", cwd=tmp_path)
@@ -317,6 +361,7 @@ def test_a_failure_after_staging_removes_the_staging_directory(demo_checkpoints,
     assert left_in(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_an_eagle3_engine_taps_the_target_and_fuses_in_a_graph_of_its_own(engines, torch_target):
     manifest = read_manifest(engines["eagle3"])
     layers = list(range(torch_target.num_layers))
