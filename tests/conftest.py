@@ -12,6 +12,30 @@ from scipy import stats
 
 from specdec_kit.runtime.synthetic import tiny_hf_model
 from specdec_kit.runtime.target import TargetModel
+from tiers import TIERS, missing_tool
+
+# A test that asks for one of these fixtures is in that tier, whatever its module says.
+TIER_OF_FIXTURE = {"vllm_python": "vllm", "chart": "helm"}
+
+
+def pytest_configure(config):
+    for marker, needs in TIERS.items():
+        config.addinivalue_line("markers", f"{marker}: {needs}")
+    import specdec_kit.runtime
+
+    checkout = Path(__file__).resolve().parents[1]
+    if Path(specdec_kit.runtime.__file__).resolve().parent != checkout / "runtime":
+        raise pytest.UsageError(f"this interpreter's kit is {Path(specdec_kit.runtime.__file__).parent.parent}, not "
+                                f"this checkout ({checkout}): a shared set-up follows the checkout that ran it last; run "
+                                "`bash scripts/setup.sh` here")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        for fixture, tier in TIER_OF_FIXTURE.items():
+            if fixture in item.fixturenames and tier not in {m.name for m in item.iter_markers()}:
+                item.add_marker(getattr(pytest.mark, tier))
+
 
 NUM_PROMPTS = 20
 NEW_TOKENS = 64
@@ -91,15 +115,24 @@ def eagle3_checkpoint(demo_checkpoints, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def demo_engine(demo_checkpoints, tmp_path_factory):
-    """An ONNX Runtime GRIFFIN engine of the small demo checkpoints (for the server and load tests)."""
+    """An ONNX Runtime GRIFFIN engine of the small demo checkpoints (for the server and load tests), drafting level by
+    level (``draft_tree=False``: the one-call graph's export takes a minute; the ONNX export tests check it)."""
     from specdec_kit.export.builder import build_engine
     from specdec_kit.export.inputs import BuildInputs
     from specdec_kit.runtime.trees import DynamicTreeConfig, tree_to_dict
 
     inputs = BuildInputs(draft="griffin", target=demo_checkpoints["target"], draft_path=demo_checkpoints["griffin"],
                          tokenizer=demo_checkpoints["target"], backend="onnxruntime", dtype="float32",
-                         tree=tree_to_dict(DynamicTreeConfig(12, 3, 3)))
+                         tree=tree_to_dict(DynamicTreeConfig(12, 3, 3)), draft_tree=False)
     return build_engine(inputs, tmp_path_factory.mktemp("served") / "engine").path
+
+
+@pytest.fixture(scope="session")
+def zoo_engines(tmp_path_factory) -> Path:
+    """One directory of the demo zoo's engines for the whole run, as ``--engines`` of the benchmarks: an engine one
+    test builds there (``<kind>-<backend>``) the next one reuses (the builder matches its inputs). Building the zoo's
+    20-layer target into ONNX takes minutes on 2 cores."""
+    return tmp_path_factory.mktemp("zoo-engines")
 
 
 @pytest.fixture(scope="session")
@@ -120,8 +153,8 @@ def tier_python(env: str, venv: str, setup: str) -> str:
     """An engine tier's interpreter: ``$env``, else its own virtualenv, which ``scripts/<setup>`` makes."""
     python = os.environ.get(env) or str(Path(__file__).resolve().parents[1] / venv / "bin" / "python")
     if not Path(python).exists():
-        pytest.fail(f"interpreter not found at {python}: run `bash scripts/{setup}` (scripts/test.sh does it before "
-                    "the tests)")
+        missing_tool(f"interpreter not found at {python}: run `bash scripts/{setup}` (scripts/test.sh does it before "
+                     "the tests)")
     return python
 
 

@@ -12,8 +12,9 @@ import tempfile
 from pathlib import Path
 from typing import Iterable
 
-import pytest
 import yaml
+
+from tiers import missing_tool
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "helm"
@@ -29,7 +30,7 @@ class HelmRefused(Exception):
 def helm_binary() -> str:
     helm = os.environ.get("SPECDEC_HELM") or str(REPO / ".tools" / "helm" / "helm")
     if not Path(helm).exists():
-        pytest.fail(f"helm not found at {helm}: run `bash scripts/setup_helm.sh` (scripts/test.sh does it first)")
+        missing_tool(f"helm not found at {helm}: run `bash scripts/setup_helm.sh` (scripts/test.sh does it first)")
     return helm
 
 

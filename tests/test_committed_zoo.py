@@ -50,6 +50,7 @@ def test_zoo_heads_load_and_decode_losslessly():
         assert out.tokens == ref, kind
 
 
+@pytest.mark.slow
 def test_the_benchmark_reports_eagle3_beside_griffin(tmp_path):
     from specdec_kit.bench import speedup
 

@@ -242,6 +242,7 @@ def test_without_trees_it_never_speculates():
     assert policy.never_speculates and policy.choose(4) is None
 
 
+@pytest.mark.slow
 def test_a_server_choosing_trees_by_cost_stays_lossless(demo_engine):
     from server_helpers import Server
 

@@ -122,6 +122,7 @@ def test_batches_mark_padding_and_the_answers(chat_target, distilled):
         assert torch.allclose(logits, feats @ target.lm_head.weight.data.T, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["griffin", "eagle3"])
 def test_heads_trained_on_distilled_data_decode_losslessly(chat_target, distilled, tmp_path, kind):
     """A reduced draft vocabulary (half the target's) and the target's embedding (left out of the checkpoint)."""
@@ -156,7 +157,7 @@ def test_heads_trained_on_distilled_data_decode_losslessly(chat_target, distille
         prompts, 24)] == plain
     # the ONNX Runtime engine folds the head in (the LM-head rows of the draft vocabulary, or EAGLE-3's own)
     inputs = BuildInputs(draft=kind, target=chat_target, draft_path=tmp_path, tokenizer=chat_target,
-                         backend="onnxruntime", dtype="float32", tree=tree_to_dict(tree))
+                         backend="onnxruntime", dtype="float32", tree=tree_to_dict(tree), draft_tree=False)
     engine = open_engine(build_engine(inputs, tmp_path / "engine").path)
     assert [r.tokens for r in SpeculativeGenerator(engine.target, engine.drafter).generate(prompts, 24)] == plain
     if kind == "griffin":  # the servers' drafters score the whole vocabulary: they refuse the head, saying so

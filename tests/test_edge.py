@@ -91,6 +91,7 @@ def test_remote_draft_is_the_local_draft(edge_setup, name):
         assert (remote.stats.cycles, remote.stats.accepted) == (mine.stats.cycles, mine.stats.accepted_tokens)
 
 
+@pytest.mark.slow
 def test_sampling_over_the_network_draws_the_target_distribution(tmp_path):
     from test_sampling_distribution import PROMPT, VOCAB, chi_square_pvalue, exact_distributions
 
@@ -336,6 +337,7 @@ def test_real_network_path_with_kernel_rate_limit(edge_setup):
     assert sent > result.stats.bytes_up and received > result.stats.bytes_down  # TCP/IP headers and ACKs on top
 
 
+@pytest.mark.slow
 def test_generate_cli_prints_verified_text(demo_checkpoints):
     from specdec_kit.runtime.loader import load_tokenizer
     from specdec_kit.runtime.target import TargetModel
@@ -363,6 +365,7 @@ def test_generate_cli_prints_verified_text(demo_checkpoints):
     assert bad.returncode == 2 and "expected HOST:PORT" in bad.stderr
 
 
+@pytest.mark.slow
 def test_benchmark_smoke_on_loopback(tmp_path):
     """The benchmark end to end on the committed zoo (loopback path, 2 prompts x 16 tokens, 5G, an outage)."""
     from specdec_kit.bench.client_server import main as bench_main

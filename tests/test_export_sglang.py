@@ -90,6 +90,7 @@ def test_sglang_refuses_what_it_cannot_run(demo_checkpoints, tmp_path):
         build(demo_checkpoints, "griffin", tmp_path, tree=parse_tree_spec("static:eagle1_default"))
 
 
+@pytest.mark.sglang
 def test_plugin_registers_under_real_sglang(demo_checkpoints, tmp_path):
     result = build(demo_checkpoints, "griffin", tmp_path)
     verdict, = sglang_verdicts([{"resolve": ["GriffinLlamaForCausalLM"], "package": "specdec_griffin_sglang",

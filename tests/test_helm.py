@@ -21,6 +21,8 @@ import yaml
 
 from helm_cli import CHART, CHART_APIS, HelmChart, HelmRefused
 
+pytestmark = pytest.mark.helm
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((CHART / "ci").glob("values-*.yaml"))
 GOLDEN = Path(__file__).resolve().parent / "golden" / "helm"

@@ -13,8 +13,11 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from server_helpers import free_port
+
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -17,6 +17,8 @@ from specdec_kit.loadtest.report import draw_max_tokens
 
 from server_helpers import Server
 
+pytestmark = pytest.mark.clients
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -86,9 +88,10 @@ def test_prompt_file_errors(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def zoo_engine(tmp_path_factory) -> Path:
-    """The demo engine, built by the user's own command: python export/build_engine.py --draft griffin."""
-    out = tmp_path_factory.mktemp("zoo") / "griffin-onnxruntime"
+def zoo_engine(zoo_engines) -> Path:
+    """The demo engine, built (or, built already by another test, reused) by the user's own command:
+    python export/build_engine.py --draft griffin."""
+    out = zoo_engines / "griffin-onnxruntime"
     proc = subprocess.run([sys.executable, str(REPO / "export" / "build_engine.py"), "--draft", "griffin", "--output",
                            str(out)], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -119,6 +119,7 @@ def test_engine_export_with_a_stated_reason_for_server_backends(predictable_case
             build_engine(BuildInputs(backend=backend, **inputs), tmp_path / backend)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["oracle-tli-L", "random-tli0"])
 def test_onnx_engine_drafts_exactly_what_pytorch_drafts(predictable_case, tmp_path, which):
     """The MoA graphs (LSA memory, draft step, target tail or LM head) on ONNX Runtime: same tokens and the

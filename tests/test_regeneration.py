@@ -65,6 +65,7 @@ def regenerated(smollm2, tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_answers_are_the_targets_greedy_answers_asked_turn_by_turn(smollm2, regenerated):
     samples = [s for shard in sorted((regenerated / "answers").glob("answers-*.jsonl")) for s in read_answers(shard)]
     target = TargetModel.from_pretrained(smollm2, dtype="float32")
@@ -94,6 +95,7 @@ def conv_turn(sample: dict, turn: int) -> str:
     return next(c for c in CONVERSATIONS if c.id == sample["conversation"]).turns[turn]
 
 
+@pytest.mark.slow
 def test_features_are_the_targets_hidden_states_and_next_tokens(smollm2, regenerated):
     spec = FeatureSpec(context_tokens=16, tokens_per_batch=256, hidden_indices=[3, 15, 27, 30])
     index = teacher_features(smollm2, regenerated / "answers", regenerated / "data", spec, progress=False)
@@ -124,6 +126,7 @@ def test_features_are_the_targets_hidden_states_and_next_tokens(smollm2, regener
     assert sum(len(b) for b in reader.batches) == checked
 
 
+@pytest.mark.slow
 def test_both_stages_resume_and_refuse_other_settings(smollm2, regenerated):
     answers, data = regenerated / "answers", regenerated / "data"
     if not (data / INDEX).is_file():

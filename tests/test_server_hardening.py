@@ -254,6 +254,7 @@ def test_a_non_streaming_client_that_disconnects_frees_its_row(server):
     assert post(server.url + "/v1/completions", {"model": "demo", "prompt": "x", "max_tokens": 2}).status_code == 200
 
 
+@pytest.mark.slow
 def test_a_client_that_stops_reading_is_stopped_at_the_unread_limit(demo_engine):
     srv = Server(demo_engine, "--max-unread-tokens", "32")
     try:
@@ -278,6 +279,7 @@ def test_a_client_that_stops_reading_is_stopped_at_the_unread_limit(demo_engine)
 
 # -- drain ------------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_sigterm_drains_with_503_for_new_work_and_exits_0(demo_engine):
     srv = Server(demo_engine, "--drain-timeout", "60")
     lines: list[str] = []
@@ -351,19 +353,18 @@ def test_openapi_declares_request_bodies_and_error_responses_and_405_carries_all
     assert wrong_method.json()["error"]["code"] == "method_not_allowed"
 
 
+@pytest.mark.clients
 def test_schemathesis_finds_no_server_error_and_no_schema_violation(demo_engine, tmp_path):
     """The real fuzzer over the served schema: positive and negative cases, every check but positive-data
     acceptance (a schema cannot say that prompt plus max_tokens must fit the context, so some valid-looking
     requests get a declared 400)."""
     import subprocess
     import sys
-    from pathlib import Path
 
     srv = Server(demo_engine, "--api-key", KEY, "--max-model-len", "48")
     try:
-        cli = Path(sys.executable).parent / "schemathesis"
-        proc = subprocess.run(
-            [str(cli), "run", srv.url + "/openapi.json", "-H", f"Authorization: Bearer {KEY}", "--checks", "all",
+        proc = subprocess.run(  # as a module of this interpreter: no console script's first line to go stale
+            [sys.executable, "-m", "schemathesis.cli", "run", srv.url + "/openapi.json", "-H", f"Authorization: Bearer {KEY}", "--checks", "all",
              "--exclude-checks", "positive_data_acceptance", "--max-examples", "30", "--seed", "1", "--workers", "1",
              "--generation-database", "none", "--request-timeout", "60", "--no-color"],
             capture_output=True, text=True, timeout=600, cwd=tmp_path)

@@ -219,12 +219,14 @@ def test_a_repeated_prompt_computes_only_its_uncached_tail(server, runtime_engin
     assert after[hits] - before[hits] == again.usage.prompt_tokens_details.cached_tokens
 
 
+@pytest.mark.slow
 def test_a_prefix_cache_too_small_for_one_block_is_refused_at_start(engine_dir):
     done = subprocess.run([sys.executable, "-m", "specdec_kit.serving", "--engine", str(engine_dir),
                            "--prefix-cache-mib", "0.0001"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--prefix-cache-mib" in done.stderr and "at least one block" in done.stderr
 
 
+@pytest.mark.slow
 def test_overload_gets_429_with_retry_after_and_shutdown_drains(engine_dir):
     srv = Server(engine_dir, "--max-num-seqs", "1", "--max-queue", "1", "--drain-timeout", "60")
     try:

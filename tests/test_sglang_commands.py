@@ -28,6 +28,8 @@ from helm_cli import HelmChart
 from test_helm import build_job, pods_of, render_layout
 from test_helm import server as server_container
 
+pytestmark = [pytest.mark.sglang, pytest.mark.helm]
+
 REPO = Path(__file__).resolve().parents[1]
 HARNESS = Path(__file__).resolve().parent / "sglang_harness.py"
 KINDS = ("griffin", "eagle", "eagle2", "hass", "eagle3")

@@ -66,6 +66,7 @@ def test_the_committed_heads_fit_their_budget_and_record_their_training():
     assert (folder / "training_curves.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["griffin", "eagle3"])
 def test_the_kits_heads_are_lossless_on_smollm2(target, chats, kind):
     head = named_head("smollm2", kind)
@@ -79,6 +80,7 @@ def test_the_kits_heads_are_lossless_on_smollm2(target, chats, kind):
     assert tau > 1.5, f"the {kind} head should predict its own target's answers often (tau {tau:.2f})"
 
 
+@pytest.mark.slow
 def test_generate_with_the_named_target_and_its_head(tmp_path):
     out = tmp_path / "run.json"
     proc = subprocess.run([sys.executable, "-m", "specdec_kit.runtime.cli", "--target", "smollm2", "--draft", "griffin",
@@ -100,6 +102,7 @@ def test_the_recipe_prompts_leave_the_benchmark_out():
     assert {p.source.split(":")[0] for p in used} == {"spec_bench", "humaneval", "pydoc", "stdlib", "man"}
 
 
+@pytest.mark.slow
 def test_the_chat_benchmark_runs(tmp_path):
     """At a smoke size on the PyTorch backend (the ONNX Runtime engines' exports take minutes on this CPU)."""
     from specdec_kit.bench.chat_target import main

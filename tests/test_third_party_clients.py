@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 
 from server_helpers import Server
+from tiers import missing_tool
+
+pytestmark = pytest.mark.clients
 
 REPO = Path(__file__).resolve().parents[1]
 REQUESTS, STREAMS, PROMPT_TOKENS, OUTPUT_TOKENS = 8, 4, 32, 24
@@ -23,8 +26,8 @@ REQUESTS, STREAMS, PROMPT_TOKENS, OUTPUT_TOKENS = 8, 4, 32, 24
 def guidellm() -> Path:
     exe = Path(os.environ.get("SPECDEC_GUIDELLM_VENV", REPO / ".venv-guidellm")) / "bin" / "guidellm"
     if not exe.exists():
-        pytest.fail(f"guidellm not found at {exe}: run `bash scripts/setup_guidellm.sh` "
-                    "(scripts/test.sh does it before the tests)")
+        missing_tool(f"guidellm not found at {exe}: run `bash scripts/setup_guidellm.sh` "
+                     "(scripts/test.sh does it before the tests)")
     return exe
 
 

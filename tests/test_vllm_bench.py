@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from specdec_kit.bench.vllm_side_by_side import main
 
+pytestmark = [pytest.mark.vllm, pytest.mark.clients, pytest.mark.slow]
 
-def test_side_by_side_benchmark_measures_every_server(vllm_python, tmp_path):
+
+def test_side_by_side_benchmark_measures_every_server(vllm_python, zoo_engines, tmp_path):
     out = tmp_path / "results"
     code = main(["--drafts", "griffin", "--concurrency", "1,2", "--repeats", "1", "--prompts", "2",
                  "--max-tokens", "16", "--vllm-python", vllm_python, "--vllm-arg=--enforce-eager",
-                 "--engines", str(tmp_path / "engines"), "--out", str(out)])
+                 "--engines", str(zoo_engines), "--out", str(out)])
     assert code == 0
     result = json.loads((out / "vllm_side_by_side.json").read_text())
     summary = result["summary"]

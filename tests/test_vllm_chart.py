@@ -30,6 +30,8 @@ from helm_cli import HelmChart
 from test_helm import build_job, check_speculation, pods_of, render_layout, server, speculation_script
 from test_vllm_engine import STARTUP_S, build as build_zoo_engine
 
+pytestmark = [pytest.mark.vllm, pytest.mark.helm]
+
 HARNESS = Path(__file__).resolve().parent / "vllm_harness.py"
 KINDS = ("griffin", "eagle", "eagle2", "hass", "eagle3")
 WIDE_KINDS = ("griffin", "eagle3")  # the plugin's class and vLLM's own, at every layout

@@ -30,6 +30,8 @@ from specdec_kit.runtime.trees import parse_tree_spec
 from conftest import chi_square_pvalue, hf_greedy
 from server_helpers import free_port
 
+pytestmark = pytest.mark.vllm
+
 REPO = Path(__file__).resolve().parents[1]
 CHAIN = 3  # vLLM's num_speculative_tokens; the kit drafts the same top-1 chain (static:chain-3)
 NEW_TOKENS = 64
