@@ -2,7 +2,8 @@
 
 Samples of similar length share a batch of at most ``tokens_per_batch`` tokens (right-padded: a real position never
 attends to a pad, which comes after it), and the batches come in a fixed shuffled order, so a resumed run sees the
-same batches. Each batch carries the draft's input features (the final hidden state for EAGLE/HASS/GRIFFIN, the
+same batches. The samples stay in host memory; a batch is built there and handed over on ``device`` (the trainer's),
+where the target's logits are computed. Each batch carries the draft's input features (the final hidden state for EAGLE/HASS/GRIFFIN, the
 three tapped layers side by side for EAGLE-3), the target's logits over the head's vocabulary (the target's LM-head
 rows of that vocabulary applied to the final state: exactly the target's logits there), and masks: ``valid`` (not
 padding) and ``counted`` (the position's next token is part of the answer, so its prediction counts in the loss).
@@ -30,8 +31,11 @@ class BatchMasks:
 
 class DistilledData:
     def __init__(self, path: Path, hidden_indices: list[int], lm_rows: torch.Tensor | None = None, tokens_per_batch: int = 4096,
-                 seed: int = 0, variants: tuple[str, ...] | None = None, select: Callable[[dict], bool] | None = None):
-        """``select``: which samples (by their index entry: prompt_id, variant, ...) to take, e.g. a held-out split."""
+                 seed: int = 0, variants: tuple[str, ...] | None = None, select: Callable[[dict], bool] | None = None,
+                 answer_tokens: int | None = None):
+        """``select``: which samples (by their index entry: prompt_id, variant, ...) to take, e.g. a held-out split;
+        ``answer_tokens``: only the first shards (in file order), as many as hold that many answer tokens (a part of
+        the data, for a learning curve)."""
         index_file = path / INDEX
         if not index_file.is_file():
             raise FileNotFoundError(f"{index_file}: missing; generate the data with python -m specdec_kit.train.distill")
@@ -40,12 +44,12 @@ class DistilledData:
         missing = [i for i in hidden_indices if i not in stored]
         if missing:
             raise ValueError(f"{index_file}: hidden states {missing} were not stored (stored: {stored})")
-        self.index, self.lm_rows = index, lm_rows
+        self.index, self.lm_rows, self.device = index, lm_rows, torch.device("cpu")
         columns = [stored.index(i) for i in hidden_indices]
         final = len(stored) - 1  # the final, normed state is stored last
         inputs_are_final = columns == [final]
         tokens, feats, finals, tops, starts, lengths = [], [], [], [], [], []
-        for shard in sorted(index["shards"], key=lambda s: s["file"]):
+        for shard in first_shards(index["shards"], answer_tokens):
             keep = [n for n, s in enumerate(shard["samples"])
                     if (variants is None or s["variant"] in variants) and (select is None or select(s))]
             with safe_open(str(path / shard["file"]), "pt") as f:
@@ -66,6 +70,13 @@ class DistilledData:
                              + (" in the selection (e.g. a held-out split too small for this data)" if select else ""))
         self.tokens, self.features, self.finals, self.tops, self.starts = tokens, feats, finals, tops, starts
         self.batches = self._plan(lengths, tokens_per_batch, seed)
+
+    def to(self, device: torch.device | str) -> "DistilledData":
+        """Hand batches over on ``device`` (the LM-head rows go with them)."""
+        self.device = torch.device(device)
+        if self.lm_rows is not None:
+            self.lm_rows = self.lm_rows.to(self.device)
+        return self
 
     @staticmethod
     def _plan(lengths: list[int], budget: int, seed: int) -> list[list[int]]:
@@ -109,5 +120,21 @@ class DistilledData:
             tokens[r, :n], feats[r, :n], finals[r, :n] = self.tokens[i], self.features[i].float(), self.finals[i].float()
             top[r, :n], valid[r, :n] = self.tops[i], True
             counted[r, max(self.starts[i] - 1, 0):n] = True  # position t's next token t+1 is an answer token
-        logits = finals @ self.lm_rows.float().T
+        tokens, feats, finals, top, valid, counted = (t.to(self.device, non_blocking=True)
+                                                      for t in (tokens, feats, finals, top, valid, counted))
+        logits = finals @ self.lm_rows.to(self.device).float().T
         return tokens, feats, logits, BatchMasks(valid, counted, top)
+
+
+def first_shards(shards: list[dict], answer_tokens: int | None) -> list[dict]:
+    """The shards in file order; with ``answer_tokens``, only as many as hold that many answer tokens."""
+    ordered = sorted(shards, key=lambda s: s["file"])
+    if answer_tokens is None:
+        return ordered
+    taken, total = [], 0
+    for shard in ordered:
+        if total >= answer_tokens:
+            break
+        taken.append(shard)
+        total += sum(s["answer_tokens"] for s in shard["samples"])
+    return taken

@@ -24,6 +24,7 @@ import torch
 from tqdm import tqdm
 
 from specdec_kit.runtime.attention import apply_rope
+from specdec_kit.runtime.device import resolve_device
 from specdec_kit.runtime.drafts.eagle3 import Eagle3Draft, default_feature_layers
 from specdec_kit.runtime.drafts.loading import save_draft
 from specdec_kit.runtime.synthetic import draft_config
@@ -165,11 +166,13 @@ def eagle3_losses(draft: Eagle3Draft, spec: Eagle3Spec, taps, tokens, logits,
 
 def train_eagle3(target: TargetModel, data: torch.Tensor | DistilledData, spec: Eagle3Spec, out_dir: Path,
                  base_model: str = "", progress: bool = True, save_dtype: torch.dtype | None = None,
-                 embedding_from_target: bool = False, heldout: DistilledData | None = None) -> dict:
+                 embedding_from_target: bool = False, heldout: DistilledData | None = None,
+                 device: str | torch.device | None = None) -> dict:
     """Train an EAGLE-3 head on ``data``: [N, seq_len] token blocks (features streamed from the target), or
     self-distilled data holding the tapped layers. Writes the official layout (``d2t``/``t2d`` included, in
     ``save_dtype``, default the target's; without the embedding with ``embedding_from_target``) and a resumable
-    state."""
+    state. ``device``: where the draft trains (default: CUDA when present; the target stays where it was loaded)."""
+    device = resolve_device(device)
     distilled = isinstance(data, DistilledData)
     if not distilled and not isinstance(data, torch.Tensor):
         raise ValueError("eagle3 trains on streamed features (the target's tapped layers and its logits come from "
@@ -182,13 +185,17 @@ def train_eagle3(target: TargetModel, data: torch.Tensor | DistilledData, spec: 
     print(f"eagle3: draft vocabulary {size} of {target.vocab_size} tokens covers {coverage:.1%} of the training "
           "tokens", file=sys.stderr)
     draft = new_eagle3(target, spec, d2t, t2d).float()
+    rows = target.lm_head.weight.data.float()[draft.target_ids(torch.arange(size))]
+    draft.to(device)
     if distilled:  # the target's logits over the draft vocabulary: its LM-head rows of those ids
-        data.lm_rows = target.lm_head.weight.data.float()[draft.target_ids(torch.arange(size))]
+        data.lm_rows = rows
+        data.to(device)
     state_path = out_dir / "training_state.pt"
     params, opt, start, history = optimizer_and_state(draft, spec, state_path)
     tracker = None
     if heldout is not None and spec.eval_every:  # held-out acceptance, the best head by it kept
-        heldout.lm_rows = target.lm_head.weight.data.float()[draft.target_ids(torch.arange(size))]
+        heldout.lm_rows = rows
+        heldout.to(device)
         tracker = HeldOutTracker(lambda m: eagle3_acceptance(m, heldout, spec.eval_depth), spec.eval_every)
         tracker.restore(saved_extra(state_path))
     bar = tqdm(range(start, spec.steps), desc="eagle3", initial=start, total=spec.steps, disable=not progress,
@@ -200,6 +207,7 @@ def train_eagle3(target: TargetModel, data: torch.Tensor | DistilledData, spec: 
         else:
             tokens, masks = data[spec.batch_rows(step, data.shape[0])], None
             taps, logits = tapped_outputs(target, tokens, draft.feature_layers)
+            tokens, taps, logits = tokens.to(device), taps.to(device), logits.to(device)
         for group in opt.param_groups:
             group["lr"] = spec.lr * min(1.0, (step + 1) / spec.warmup)
         loss, results = eagle3_losses(draft, spec, taps, tokens, logits, masks)
@@ -219,7 +227,7 @@ def train_eagle3(target: TargetModel, data: torch.Tensor | DistilledData, spec: 
             save_state(draft, opt, step + 1, history, state_path, tracker.state() if tracker else None)
     if tracker is not None:
         tracker.keep_best(draft)
-    save_draft(draft.to(save_dtype or target.dtype), out_dir, "eagle3", base_model=base_model,
+    save_draft(draft.cpu().to(save_dtype or target.dtype), out_dir, "eagle3", base_model=base_model,
                embedding_from_target=embedding_from_target)
     (out_dir / "training_spec.json").write_text(json.dumps(dict(asdict(spec), method="eagle3"), indent=2))
     return {"steps": spec.steps, "minutes": round((time.time() - t0) / 60, 2), "draft_vocab": size,

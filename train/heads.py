@@ -3,7 +3,8 @@
 Features are streamed (each step runs the frozen target over a batch of corpus blocks and trains on
 its post-norm last-layer features and logits) or read from a cache (``features.py``).
 Every trainer writes its checkpoint in the official layout of its method plus a resumable
-``training_state.pt``. Multi-pass methods sum the pass losses before one backward: the gradient is
+``training_state.pt``. The head trains on CUDA when present (the frozen target stays where it was loaded; its
+LM-head rows and each batch go to the head's device). Multi-pass methods sum the pass losses before one backward: the gradient is
 the same as the reference's backward after every pass.
 """
 
@@ -18,7 +19,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from specdec_kit.runtime.device import resolve_dtype
+from specdec_kit.runtime.device import resolve_device, resolve_dtype
 from specdec_kit.runtime.drafts.eagle import EagleDraft
 from specdec_kit.runtime.drafts.griffin import GriffinDraft
 from specdec_kit.runtime.drafts.loading import save_draft
@@ -107,7 +108,7 @@ def feature_step(draft, lm_head, spec: HeadSpec, tokens, feats, logits, gen: tor
     true_next = tokens[:, 2:]
     seq = inputs.shape[1]
     if masks is None:
-        valid = torch.ones(tokens.shape[0], seq, dtype=torch.bool)
+        valid = torch.ones(tokens.shape[0], seq, dtype=torch.bool, device=tokens.device)
         token_mask = torch.cat([torch.ones_like(true_next, dtype=torch.bool), torch.zeros_like(valid[:, :1])], dim=1)
     else:  # both positions real, and position i + 1's next token an answer token the head can propose
         valid = masks.valid[:, :-1] & masks.valid[:, 1:]
@@ -119,7 +120,7 @@ def feature_step(draft, lm_head, spec: HeadSpec, tokens, feats, logits, gen: tor
     if to_head is not None:  # GRIFFIN's predictable check compares in the head's vocabulary (-1: never predictable)
         true_next = to_head[true_next]
     runner = PassRunner(draft, tokens[:, 1:], valid)
-    noise = (torch.rand(inputs.shape, generator=gen) - 0.5) * spec.noise
+    noise = ((torch.rand(inputs.shape, generator=gen) - 0.5) * spec.noise).to(inputs.device)  # host RNG: any device
     pass_in = inputs + noise
     chain = torch.ones_like(valid)
     total, stats = 0.0, []
@@ -135,13 +136,23 @@ def feature_step(draft, lm_head, spec: HeadSpec, tokens, feats, logits, gen: tor
     return total, stats
 
 
+def on_device(batch: tuple, device: torch.device) -> tuple:
+    """A trainer's batch (tokens, features, logits, masks or None) on ``device``."""
+    tokens, feats, logits, masks = batch
+    if masks is not None:
+        masks = BatchMasks(*(m.to(device) for m in (masks.valid, masks.counted, masks.top)))
+    return tokens.to(device), feats.to(device), logits.to(device), masks
+
+
 def train_head(target: TargetModel, data, spec: HeadSpec, out_dir: Path, base_model: str = "",
                progress: bool = True, save_dtype: torch.dtype | None = None, embedding_from_target: bool = False,
-               heldout: DistilledData | None = None) -> dict:
+               heldout: DistilledData | None = None, device: str | torch.device | None = None) -> dict:
     """Train one head; ``data`` is [N, seq_len] token blocks (features streamed from the target), a
     ``CachedFeatures`` or a ``DistilledData``. Writes the official layout (in ``save_dtype``, default the target's;
     without the embedding with ``embedding_from_target``) and a resumable training state to ``out_dir``. With
-    ``heldout`` data and ``spec.eval_every``, the held-out acceptance is logged and the best head by it is saved."""
+    ``heldout`` data and ``spec.eval_every``, the held-out acceptance is logged and the best head by it is saved.
+    ``device``: where the head trains (default: CUDA when present)."""
+    device = resolve_device(device)
     source = StreamedFeatures(target, data) if isinstance(data, torch.Tensor) else data
     out_dir.mkdir(parents=True, exist_ok=True)
     vocab, coverage = None, None
@@ -154,16 +165,21 @@ def train_head(target: TargetModel, data, spec: HeadSpec, out_dir: Path, base_mo
         print(f"{spec.method}: draft vocabulary {spec.draft_vocab} of {target.vocab_size} tokens covers {coverage:.1%} "
               "of the training tokens", file=sys.stderr)
     head = new_head(spec.method, target, spec, vocab).float()
+    lm_head, to_head = head_vocab(head, target) if spec.method != "medusa" else (target.lm_head.float(), None)
+    head.to(device)
     state_path = out_dir / "training_state.pt"
     params, opt, start, history = optimizer_and_state(head, spec, state_path)
-    lm_head, to_head = head_vocab(head, target) if spec.method != "medusa" else (target.lm_head.float(), None)
+    lm_head = lm_head.to(device)
+    to_head = None if to_head is None else to_head.to(device)
     for p in lm_head.parameters():
         p.requires_grad_(False)
     if isinstance(source, DistilledData):
         source.lm_rows = lm_head.weight.data
+        source.to(device)
     tracker = None
     if heldout is not None and spec.eval_every and spec.method != "medusa":
         heldout.lm_rows = lm_head.weight.data
+        heldout.to(device)
         tracker = HeldOutTracker(lambda m: feature_draft_acceptance(m, spec.method, lm_head, to_head, heldout,
                                                                     spec.eval_depth), spec.eval_every)
         tracker.restore(saved_extra(state_path))
@@ -172,7 +188,7 @@ def train_head(target: TargetModel, data, spec: HeadSpec, out_dir: Path, base_mo
                file=sys.stderr)
     t0 = time.time()
     for step in bar:
-        tokens, feats, logits, masks = source.batch_for(step, spec)
+        tokens, feats, logits, masks = on_device(source.batch_for(step, spec), device)
         for group in opt.param_groups:
             group["lr"] = spec.lr * min(1.0, (step + 1) / spec.warmup)
         if spec.method == "medusa":
@@ -200,7 +216,7 @@ def train_head(target: TargetModel, data, spec: HeadSpec, out_dir: Path, base_mo
             save_state(head, opt, step + 1, history, state_path, tracker.state() if tracker else None)
     if tracker is not None:
         tracker.keep_best(head)
-    save_draft(head.to(save_dtype or target.dtype), out_dir, spec.method, base_model=base_model,
+    save_draft(head.cpu().to(save_dtype or target.dtype), out_dir, spec.method, base_model=base_model,
                embedding_from_target=embedding_from_target)
     (out_dir / "training_spec.json").write_text(json.dumps(asdict(spec), indent=2))
     return {"steps": spec.steps, "minutes": round((time.time() - t0) / 60, 2), "last": history[-1] if history else None,

@@ -33,8 +33,8 @@ def optimizer_and_state(module: torch.nn.Module, schedule: Schedule, state_path)
     params = [p for p in module.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=schedule.lr, betas=(0.9, 0.95), weight_decay=0.0)
     start, history = 0, []
-    if state_path.is_file():
-        state = torch.load(state_path, weights_only=True)
+    if state_path.is_file():  # loaded to the host: a state saved on a GPU resumes anywhere
+        state = torch.load(state_path, weights_only=True, map_location="cpu")
         module.load_state_dict(state["head"])
         opt.load_state_dict(state["optimizer"])
         start, history = state["step"], state["history"]
@@ -49,4 +49,4 @@ def save_state(module: torch.nn.Module, opt: torch.optim.Optimizer, step: int, h
 
 
 def saved_extra(state_path) -> dict | None:
-    return torch.load(state_path, weights_only=True).get("extra") if state_path.is_file() else None
+    return torch.load(state_path, weights_only=True, map_location="cpu").get("extra") if state_path.is_file() else None
