@@ -165,6 +165,62 @@ def test_heads_trained_on_distilled_data_decode_losslessly(chat_target, distille
             build_engine(dataclasses.replace(inputs, backend="sglang", file_hashes={}), tmp_path / "sglang")
 
 
+def test_the_learning_curve_trains_on_growing_parts_of_the_data_and_measures_the_same_held_out_prompts(
+        chat_target, distilled, tmp_path):
+    """The recipe's learning curve: a head trained on the first shards holding N answer tokens, for each N, every
+    one measured on the held-out prompts of all the data; the full head is the last point; a finished point is
+    read back, not trained again."""
+    from specdec_kit.train.recipe import main
+
+    out, _ = distilled
+    heads = tmp_path / "heads"
+    settings = {"epochs": 2, "lr": 3e-3, "warmup": 1, "draft_vocab": 64, "tokens_per_batch": 128, "eval_every": 2,
+                "heldout_percent": 50}
+    index = json.loads((out / INDEX).read_text())
+    first = sorted(index["shards"], key=lambda s: s["file"])[0]
+    first_tokens = sum(s["answer_tokens"] for s in first["samples"])
+    recipe = {"name": "tiny", "target": str(chat_target), "prompts": "unused.jsonl", "out": str(heads),
+              "save_dtype": "float32", "heads": {"griffin": settings},
+              "learning_curve": {"heads": ["griffin"], "answer_tokens": [1, first_tokens + 1]}}
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(recipe))
+    assert main([str(path), "--data", str(out), "--stages", "heads,curve"]) == 0
+    points = json.loads((heads / "learning_curve.json").read_text())
+    sizes = [p["answer_tokens"] for p in points]
+    assert [p["head"] for p in points] == ["griffin"] * 3
+    assert sizes[0] == first_tokens < sizes[1] <= sizes[2] == index["answer_tokens"]
+    assert points[0]["steps"] < points[1]["steps"] <= points[2]["steps"]
+    for point in points:
+        best = point["heldout_best"]
+        assert len(best["acceptance"]) == 3 and best["tau"] == pytest.approx(1 + sum(best["acceptance"]), abs=1e-3)
+    assert (heads / "learning_curve.png").stat().st_size > 0
+    saved = heads / "curve" / "griffin-1" / "curve_point.json"
+    before = saved.stat().st_mtime_ns
+    assert main([str(path), "--data", str(out), "--stages", "curve"]) == 0
+    assert saved.stat().st_mtime_ns == before and json.loads((heads / "learning_curve.json").read_text()) == points
+
+
+def _add_entries(path: str, who: str) -> None:
+    from pathlib import Path
+
+    from specdec_kit.train.recipe import update_log
+
+    for n in range(10):
+        update_log(Path(path), "tiny", lambda log: log["heads"].update({f"{who}{n}": n}))
+
+
+def test_heads_trained_by_processes_at_once_each_keep_their_entry_in_the_log(tmp_path):
+    import multiprocessing
+
+    path = tmp_path / "training_log.json"
+    workers = [multiprocessing.Process(target=_add_entries, args=(str(path), who)) for who in "ab"]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert sorted(json.loads(path.read_text())["heads"]) == sorted(f"{w}{n}" for w in "ab" for n in range(10))
+
+
 def test_the_recipe_goes_on_training_a_head_when_asked_more_epochs(chat_target, prompts_file, distilled, tmp_path,
                                                                    capsys):
     """More epochs in the recipe continue the saved head from its state (its loss history goes on) over the data
@@ -259,10 +315,10 @@ def test_heldout_acceptance_counts_chains_and_the_best_head_is_kept(chat_target,
     acceptance = draft_acceptance if kind == "griffin" else measure(everything)
     assert acceptance[0] == pytest.approx(sum(a * n for a, n in firsts) / sum(n for _, n in firsts), abs=0.02)
     assert acceptance[0] >= acceptance[1] >= acceptance[2]
-    measured = [(r["step"] + 1, r["heldout"]["tau"]) for r in torch.load(
+    measured = [(r["step"] + 1, r["heldout"]["tau"], r["heldout"]["acceptance"]) for r in torch.load(
         tmp_path / "training_state.pt", weights_only=True)["history"] if "heldout" in r]
-    assert [s for s, _ in measured] == [4, 8, 12]
-    best_step, best_tau = max(measured, key=lambda m: (m[1], -m[0]))
-    assert result["heldout_best"] == {"step": best_step, "tau": best_tau}
+    assert [s for s, _, _ in measured] == [4, 8, 12]
+    best_step, best_tau, best_acceptance = max(measured, key=lambda m: (m[1], -m[0]))
+    assert result["heldout_best"] == {"step": best_step, "tau": best_tau, "acceptance": best_acceptance}
     heldout.lm_rows = everything.lm_rows
     assert 1 + sum(measure(heldout)) == pytest.approx(best_tau, abs=1e-3)

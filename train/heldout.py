@@ -93,6 +93,7 @@ class HeldOutTracker:
     every: int
     best_tau: float = 0.0
     best_step: int = -1
+    best_acceptance: list = field(default_factory=list)
     best_weights: dict = field(default_factory=dict)
 
     def due(self, step: int, last: int) -> bool:
@@ -104,19 +105,22 @@ class HeldOutTracker:
         module.train()
         tau = 1.0 + sum(acceptance)
         if tau > self.best_tau:
-            self.best_tau, self.best_step = tau, step + 1
+            self.best_tau, self.best_step, self.best_acceptance = tau, step + 1, [round(a, 4) for a in acceptance]
             self.best_weights = copy.deepcopy(module.state_dict())
         return {"acceptance": [round(a, 4) for a in acceptance], "tau": round(tau, 4)}
 
     def state(self) -> dict:
-        return {"best_tau": self.best_tau, "best_step": self.best_step, "best_weights": self.best_weights}
+        return {"best_tau": self.best_tau, "best_step": self.best_step, "best_acceptance": self.best_acceptance,
+                "best_weights": self.best_weights}
 
     def restore(self, state: dict | None) -> None:
         if state:
             self.best_tau, self.best_step, self.best_weights = state["best_tau"], state["best_step"], state["best_weights"]
+            self.best_acceptance = state.get("best_acceptance", [])
 
     def summary(self) -> dict:
-        return {"heldout_best": {"step": self.best_step, "tau": round(self.best_tau, 4)}}
+        return {"heldout_best": {"step": self.best_step, "tau": round(self.best_tau, 4),
+                                 "acceptance": self.best_acceptance}}
 
     def keep_best(self, module: torch.nn.Module) -> None:
         """Load the best measured weights into ``module`` (the one to save)."""

@@ -3,6 +3,11 @@ command from a recipe file: the target (a named one, obtained from its package),
 own answers to the recipe's prompts, with its features, ``train/distill.py``) and one head per entry of the recipe,
 trained on that data (GRIFFIN, EAGLE, HASS with ``train/heads.py``; EAGLE-3 with ``train/eagle3.py``).
 
+A recipe's ``learning_curve`` section ({"heads": [...], "answer_tokens": [N, ...], other head settings}) trains
+those heads again on the first shards holding N answer tokens each (``<out>/curve/<head>-<N>``), measured on the same
+held-out prompts as the full heads, and writes ``learning_curve.json`` and ``learning_curve.png``: how a head's
+held-out acceptance grows with data.
+
 Every stage resumes: the data generation skips the shards it has, each head continues from its
 ``training_state.pt``, and a finished head is left alone unless the recipe now asks more steps of it (more epochs:
 it goes on from its state); ``--force`` retrains it from the start. The output holds the heads
@@ -17,6 +22,7 @@ import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import Callable
 
 RECIPES = Path(__file__).resolve().parent / "recipes"
 
@@ -27,21 +33,23 @@ def data_dir(recipe: dict, given: Path | None) -> Path:
     return given or cache_root() / "data" / recipe["name"]
 
 
-def run_distill(recipe: dict, recipe_dir: Path, data: Path) -> dict:
+def run_distill(recipe: dict, recipe_dir: Path, data: Path, backend: dict | None = None) -> dict:
     """The training data: regenerated from a prompt pool when the recipe has a ``regenerate`` section (pool, answers
     turn by turn, then teacher-forced features: ``data/pool``, ``data/answers``, ``data/features``), else distilled
     from the recipe's prompt file with features written while generating."""
     from specdec_kit.runtime.pretrained import resolve_target
 
     if "regenerate" in recipe:
-        return run_regenerate(recipe, data, resolve_target(recipe["target"]))
+        return run_regenerate(recipe, data, resolve_target(recipe["target"]), backend or {})
     from specdec_kit.train.distill import DistillSpec, distill
 
     return distill(resolve_target(recipe["target"]), recipe_dir / recipe["prompts"], data,
                    DistillSpec.from_dict(recipe["distill"]), limit=recipe.get("limit"))
 
 
-def run_regenerate(recipe: dict, data: Path, target: Path) -> dict:
+def run_regenerate(recipe: dict, data: Path, target: Path, backend: dict) -> dict:
+    """``backend``: fields of ``BackendSpec`` over the recipe's (how answers are generated is not part of the data's
+    identity: greedy float32 answers are the same from each)."""
     from specdec_kit.bench.prompts import DEFAULT_SPEC_BENCH
     from specdec_kit.train.prompt_pool import MANIFEST_FILE, PoolSpec, build_pool, write_pool
     from specdec_kit.train.regenerate import BackendSpec, RegenSpec, regenerate
@@ -57,7 +65,7 @@ def run_regenerate(recipe: dict, data: Path, target: Path) -> dict:
     goals = section.get("answer_tokens")
     for goal in goals if isinstance(goals, list) else [goals]:
         answers = regenerate(target, data / "pool", data / "answers", RegenSpec(**section.get("answers", {})),
-                             BackendSpec(**section.get("backend", {})), goal)
+                             BackendSpec(**{**section.get("backend", {}), **backend}), goal)
         index = teacher_features(target, data / "answers", data / "features",
                                  FeatureSpec(**section.get("features", {})))
     return {**index, "pool": json.loads(manifest.read_text()), "answers_regenerated": answers["answer_tokens"]}
@@ -80,11 +88,12 @@ def data_fingerprint(data: Path) -> str:
 
 
 def run_head(name: str, settings: dict, recipe: dict, data: Path, out: Path, force: bool,
-             trained_on: str | None = None) -> dict | None:
+             trained_on: str | None = None, answer_tokens: int | None = None) -> dict | None:
     """Train one head, or go on training it when the recipe now asks more steps than it has (from its
     ``training_state.pt``); None when it is already trained as far as the recipe asks. A head goes on only over
     the data it was trained on (``trained_on``, a fingerprint): other data means another draft vocabulary and
-    another batch plan, which its state does not fit."""
+    another batch plan, which its state does not fit. ``answer_tokens``: train on the first shards holding that many
+    (the held-out prompts are measured over all the data either way)."""
     import torch
 
     from specdec_kit.runtime.device import resolve_dtype
@@ -132,7 +141,7 @@ def run_head(name: str, settings: dict, recipe: dict, data: Path, out: Path, for
         for_training, for_evaluation = split() if percent is None else split(percent)
         heldout = DistilledData(data, layers, tokens_per_batch=budget, variants=variants, select=for_evaluation)
     source = DistilledData(data, layers, tokens_per_batch=budget, seed=spec.seed, variants=variants,
-                           select=for_training)
+                           select=for_training, answer_tokens=answer_tokens)
     spec.steps = round(epochs * len(source)) if epochs else spec.steps
     if done >= spec.steps and not force:
         print(f"{name}: already trained in {folder} ({done} steps; --force retrains)", file=sys.stderr)
@@ -143,6 +152,73 @@ def run_head(name: str, settings: dict, recipe: dict, data: Path, out: Path, for
     print(f"{name}: {len(source)} batches of distilled data, {start}{spec.steps} steps", file=sys.stderr)
     return train(target, source, spec, folder, base_model=base, save_dtype=save_dtype, embedding_from_target=shared,
                  heldout=heldout)
+
+
+def run_learning_curve(recipe: dict, data: Path, out: Path, force: bool) -> list[dict]:
+    """Each head of the recipe's ``learning_curve`` trained on the first shards holding each of its answer-token
+    counts; returns one point a run (head, answer tokens in the shards trained on, steps, best held-out tau and
+    acceptance). A finished point is read back from its folder's ``curve_point.json``."""
+    from specdec_kit.train.distill import INDEX
+    from specdec_kit.train.distilled import first_shards
+
+    section = dict(recipe["learning_curve"])
+    heads, sizes = section.pop("heads"), section.pop("answer_tokens")
+    shards = json.loads((data / INDEX).read_text())["shards"]
+    points = []
+    for name in heads:
+        for size in sizes:
+            folder = out / "curve" / f"{name}-{size}"
+            saved = folder / "curve_point.json"
+            result = run_head(folder.name, {**recipe["heads"][name], **section, "method": name}, recipe, data,
+                              folder.parent, force, trained_on=data_fingerprint(data), answer_tokens=size)
+            if result is not None:
+                held = result.get("heldout_best", {})
+                point = {"head": name, "answer_tokens": sum(x["answer_tokens"] for shard in first_shards(shards, size)
+                                                            for x in shard["samples"]),
+                         "steps": result["steps"], "heldout_best": held}
+                saved.write_text(json.dumps(point, indent=1))
+            if saved.is_file():
+                points.append(json.loads(saved.read_text()))
+    return points
+
+
+def update_log(path: Path, recipe_name: str, change: Callable[[dict], None]) -> dict:
+    """The training log as it is now with ``change`` applied, written back under a lock: heads of one recipe trained
+    by separate processes at once (one a head, on a GPU machine) each add their own entry."""
+    import fcntl
+
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        text = f.read()
+        log = json.loads(text) if text.strip() else {"recipe": recipe_name, "heads": {}}
+        change(log)
+        f.seek(0)
+        f.truncate()
+        f.write(json.dumps(log, indent=1))
+    return log
+
+
+def plot_learning_curve(points: list[dict], path: Path) -> None:
+    """Held-out tau (and first-draft acceptance) against the answer tokens a head was trained on, one line a head."""
+    from specdec_kit.plots import pyplot
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for n, name in enumerate(dict.fromkeys(p["head"] for p in points)):
+        mine = sorted((p for p in points if p["head"] == name and p.get("heldout_best")), key=lambda p: p["answer_tokens"])
+        tokens = [p["answer_tokens"] for p in mine]
+        ax.plot(tokens, [p["heldout_best"]["tau"] for p in mine], marker="o", color=f"C{n}", label=f"{name}: tau")
+        ax.plot(tokens, [1 + p["heldout_best"]["acceptance"][0] for p in mine], marker=".", linestyle="--",
+                color=f"C{n}", label=f"{name}: 1 + first-draft acceptance")
+    ax.set_xscale("log")
+    ax.set_xlabel("answer tokens trained on")
+    ax.set_ylabel("held-out tau (chain of 3, greedy)")
+    ax.legend(fontsize=8)
+    ax.set_title("learning curve: held-out acceptance against data")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def plot_curves(log: dict, path: Path) -> None:
@@ -191,7 +267,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("recipe", type=Path, help="recipe file, or the name of one in train/recipes (e.g. smollm2)")
     p.add_argument("--out", type=Path, help="where the heads go (default: the recipe's out)")
     p.add_argument("--data", type=Path, help="distilled data directory (default: $SPECDEC_CACHE/data/<name>)")
-    p.add_argument("--stages", default="distill,heads", help="distill, heads, or both (default)")
+    p.add_argument("--stages", default="distill,heads,curve",
+                   help="distill, heads, curve (the recipe's learning curve, where it has one), comma-separated "
+                        "(default: all)")
+    p.add_argument("--backend", help="how answers are regenerated, in place of the recipe's: kit, engine, vllm or "
+                                     "transformers (e.g. on a GPU machine without vLLM)")
+    p.add_argument("--batch", type=int, help="rows per batch of the kit, engine and transformers backends")
+    p.add_argument("--group", type=int, help="chunks of the pool answered together (bigger batches on a GPU)")
     p.add_argument("--heads", help="only these heads, comma-separated (default: every head of the recipe)")
     p.add_argument("--force", action="store_true", help="retrain heads from the start (their saved state discarded)")
     args = p.parse_args(argv)
@@ -209,18 +291,20 @@ def main(argv: list[str] | None = None) -> int:
     features = data / "features" if "regenerate" in recipe else data  # what the heads train on
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / "training_log.json"
-    log = json.loads(log_path.read_text()) if log_path.is_file() else {"recipe": recipe["name"], "heads": {}}
+    log = update_log(log_path, recipe["name"], lambda log: None)
     stages = set(args.stages.split(","))
     try:
         if "distill" in stages:
-            index = run_distill(recipe, path.parent, data)
-            log["data"] = {"fingerprint": index["fingerprint"], "tokens": index["tokens"],
-                           "answer_tokens": index["answer_tokens"], "samples": sum(len(s["samples"]) for s in index["shards"]),
-                           "skipped_prompts": len(index["skipped"]), "spec": index["spec"],
-                           "prompts_sha256": index["prompts_sha256"]}
+            backend = {k: v for k, v in (("name", args.backend), ("batch", args.batch), ("group", args.group))
+                       if v is not None}
+            index = run_distill(recipe, path.parent, data, backend)
+            summary = {"fingerprint": index["fingerprint"], "tokens": index["tokens"],
+                       "answer_tokens": index["answer_tokens"], "samples": sum(len(s["samples"]) for s in index["shards"]),
+                       "skipped_prompts": len(index["skipped"]), "spec": index["spec"],
+                       "prompts_sha256": index["prompts_sha256"]}
             if "pool" in index:
-                log["data"]["pool"] = {k: index["pool"][k] for k in ("fingerprint", "conversations", "user_turns", "mix")}
-            log_path.write_text(json.dumps(log, indent=1))
+                summary["pool"] = {k: index["pool"][k] for k in ("fingerprint", "conversations", "user_turns", "mix")}
+            log = update_log(log_path, recipe["name"], lambda log: log.update(data=summary))
         if "heads" in stages:
             wanted = args.heads.split(",") if args.heads else list(recipe["heads"])
             for name in wanted:
@@ -233,11 +317,26 @@ def main(argv: list[str] | None = None) -> int:
                 import torch
 
                 result["minutes"] = round(before + result["minutes"], 2)  # a continued head's minutes add up
-                log["heads"][name] = {"settings": recipe["heads"][name], "data_fingerprint": data_fingerprint(features),
-                                      **{k: v for k, v in result.items() if k != "last"}}
-                log.setdefault("histories", {})[name] = torch.load(state, weights_only=True)["history"]
-                log_path.write_text(json.dumps(log, indent=1))
+                entry = {"settings": recipe["heads"][name], "data_fingerprint": data_fingerprint(features),
+                         **{k: v for k, v in result.items() if k != "last"}}
+                history = torch.load(state, weights_only=True, map_location="cpu")["history"]
+
+                def add_head(log: dict, name=name, entry=entry, history=history) -> None:
+                    log["heads"][name] = entry
+                    log.setdefault("histories", {})[name] = history
+
+                log = update_log(log_path, recipe["name"], add_head)
                 plot_curves(log, out / "training_curves.png")
+        if "curve" in stages and "learning_curve" in recipe:
+            points = run_learning_curve(recipe, features, out, args.force)
+            log = update_log(log_path, recipe["name"], lambda log: None)  # heads trained meanwhile elsewhere
+            everything = json.loads((features / "index.json").read_text())["answer_tokens"]
+            for name, head in log["heads"].items():  # the full heads are the curve's last points
+                if "heldout_best" in head and name in recipe["learning_curve"]["heads"]:
+                    points.append({"head": name, "answer_tokens": everything, "steps": head["steps"],
+                                   "heldout_best": head["heldout_best"]})
+            (out / "learning_curve.json").write_text(json.dumps(points, indent=1))
+            plot_learning_curve(points, out / "learning_curve.png")
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
