@@ -155,3 +155,15 @@ def test_vllm_gives_the_same_answers_as_the_kit(smollm2, regenerated, vllm_pytho
     kit = json.loads((regenerated / "answers" / ANSWERS_INDEX).read_text())
     assert [s["sha256"] for s in index["shards"]] == [s["sha256"] for s in kit["shards"]]
     assert {s["backend"] for s in index["shards"]} == {"vllm"}
+
+
+@pytest.mark.slow
+def test_transformers_generate_gives_the_same_answers_as_the_kit(smollm2, regenerated, tmp_path):
+    """Hugging Face's batched generate (left-padded rows; what a GPU machine without vLLM uses), with both chunks of
+    the pool answered together, writes the kit's greedy answers shard for shard."""
+    index = regenerate(smollm2, regenerated / "pool", tmp_path, SPEC, BackendSpec("transformers", batch=4, group=2),
+                       progress=False)
+    kit = json.loads((regenerated / "answers" / ANSWERS_INDEX).read_text())
+    assert [s["file"] for s in index["shards"]] == [s["file"] for s in kit["shards"]]
+    assert [s["sha256"] for s in index["shards"]] == [s["sha256"] for s in kit["shards"]]
+    assert {s["backend"] for s in index["shards"]} == {"transformers"}

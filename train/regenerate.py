@@ -4,12 +4,14 @@ before, through the chat template the target serves with. Only token ids are wri
 come after, from one teacher-forced pass over the finished samples (``train/teacher_features.py``), which is
 cheaper than carrying hidden states through generation.
 
-Three ways to generate, greedy by default (the same answers from each, float32):
+Four ways to generate, greedy by default (the same answers from each, float32):
 
 - ``kit``: the kit's own batched runtime (``SpeculativeGenerator`` without a draft) on the PyTorch target, in batches;
 - ``engine``: the same on an ONNX Runtime engine of the target (what the kit's server runs);
 - ``vllm``: vLLM's offline engine (``vllm.LLM``, continuous batching with prefix caching) in a worker process
-  started with vLLM's interpreter (``SPECDEC_VLLM_PYTHON``, else ``.venv-vllm`` as the vLLM tier's set-up makes it).
+  started with vLLM's interpreter (``SPECDEC_VLLM_PYTHON``, else ``.venv-vllm`` as the vLLM tier's set-up makes it);
+- ``transformers``: Hugging Face's batched ``generate`` (left-padded rows of similar length), on CUDA when present:
+  the way for a GPU machine that has PyTorch and transformers but no vLLM.
 
 Resumable: the pool is cut into fixed chunks of conversations, one shard file a chunk (``answers-NNNNN.jsonl``,
 written whole and atomically), listed in ``answers.json`` with the pool's fingerprint and the settings; a rerun
@@ -51,11 +53,12 @@ class RegenSpec:
 class BackendSpec:
     """How answers are generated (not part of the data's identity: greedy float32 answers are the same from each)."""
 
-    name: str = "vllm"  # kit, engine or vllm
-    batch: int = 32  # kit and engine: rows per batch (vLLM batches by itself)
+    name: str = "vllm"  # kit, engine, vllm or transformers
+    batch: int = 32  # kit, engine and transformers: rows per batch (vLLM batches by itself)
     dtype: str = "float32"  # vllm: the engine's dtype
     engine: Path | None = None  # engine: the ONNX Runtime engine folder
     eager: bool = False  # vllm: skip torch.compile (starts in seconds instead of minutes, decodes slower)
+    group: int = 1  # chunks answered together (bigger batches on a GPU); each is still its own shard
 
 
 class KitAnswers:
@@ -92,6 +95,61 @@ class KitAnswers:
 
     def close(self) -> None:
         pass
+
+
+class TransformersAnswers:
+    """Hugging Face's ``generate`` over left-padded batches of similar length, float32 (TF32 off, so a GPU's answers
+    are the float32 model's), on CUDA when present."""
+
+    def __init__(self, target_path: Path, eos: set[int], batch: int = 32, device: str | None = None):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from specdec_kit.runtime.device import resolve_device
+
+        if not eos:
+            raise ValueError(f"{target_path}: no eos_token_id in generation_config.json or config.json: answers would "
+                             "never end")
+        self.device = resolve_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        self.model = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).to(self.device).eval()
+        self.eos, self.batch = sorted(eos), batch
+
+    def answer(self, prompts: list[list[int]], max_tokens: list[int], temperature: float,
+               seed: int) -> list[tuple[list[int], str]]:
+        import torch
+        from transformers import GenerationConfig
+
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        answers: dict[int, tuple[list[int], str]] = {}
+        pad = self.eos[0]
+        sampling = dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=0) if temperature > 0 else {}
+        for b in range(0, len(order), self.batch):
+            rows = order[b:b + self.batch]
+            width = max(len(prompts[i]) for i in rows)
+            ids = torch.tensor([[pad] * (width - len(prompts[i])) + prompts[i] for i in rows], device=self.device)
+            mask = torch.tensor([[0] * (width - len(prompts[i])) + [1] * len(prompts[i]) for i in rows],
+                                device=self.device)
+            torch.manual_seed(seed + rows[0])  # sampled answers: one seeded stream per batch
+            config = GenerationConfig(max_new_tokens=max(max_tokens[i] for i in rows), eos_token_id=self.eos,
+                                      pad_token_id=pad, **sampling)
+            with torch.inference_mode():
+                out = self.model.generate(ids, attention_mask=mask, generation_config=config)
+            for r, i in enumerate(rows):
+                answers[i] = cut_at_eos(out[r, width:].tolist()[:max_tokens[i]], set(self.eos))
+        return [answers[i] for i in range(len(prompts))]
+
+    def close(self) -> None:
+        pass
+
+
+def cut_at_eos(tokens: list[int], eos: set[int]) -> tuple[list[int], str]:
+    """A generated row up to and with its first end-of-turn token ("stop"), else whole ("length")."""
+    for n, token in enumerate(tokens):
+        if token in eos:
+            return tokens[:n + 1], "stop"
+    return tokens, "length"
 
 
 def worker_python() -> str:
@@ -240,27 +298,30 @@ def regenerate(target_path: Path, pool_dir: Path, out: Path, spec: RegenSpec, ho
     backend = None
     bar = tqdm(total=answer_tokens, initial=written, desc=f"regenerate ({how.name})", unit="tok",
                disable=not progress, file=sys.stderr)
+    pending = [(c, convs) for c, convs in enumerate(chunks) if f"answers-{c:05d}.jsonl" not in done]
     try:
-        for c, convs in enumerate(chunks):
-            name = f"answers-{c:05d}.jsonl"
-            if name in done:
-                continue
+        for g in range(0, len(pending), max(how.group, 1)):
+            if answer_tokens is not None and written >= answer_tokens:
+                break
+            group = pending[g:g + max(how.group, 1)]
             if backend is None:
                 backend, eos = open_backend(how, target_path, out)
             t0 = time.time()
-            samples = answer_conversations(convs, tokenizer, backend, spec, eos)
-            entry = write_answers(samples, out / name)
-            entry["seconds"] = round(time.time() - t0, 1)
-            entry["backend"], entry["dtype"] = how.name, how.dtype if how.name == "vllm" else "float32"
-            index["shards"].append(entry)
-            written += entry["answer_tokens"]
-            index["answer_tokens"] = written
-            index["samples"] = sum(s["samples"] for s in index["shards"])
-            index_path.write_text(json.dumps(index, indent=1))
-            bar.update(entry["answer_tokens"])
-            bar.set_postfix(tok_s=f"{entry['answer_tokens'] / entry['seconds']:.0f}", shard=c)
-            if answer_tokens is not None and written >= answer_tokens:
-                break
+            # answered together, written chunk by chunk: a chunk's samples and their order are the same as alone
+            samples = answer_conversations([x for _, convs in group for x in convs], tokenizer, backend, spec, eos)
+            seconds = (time.time() - t0) / len(group)
+            for c, convs in group:
+                ids = {x.id for x in convs}
+                entry = write_answers([s for s in samples if s["conversation"] in ids], out / f"answers-{c:05d}.jsonl")
+                entry["seconds"] = round(seconds, 1)
+                entry["backend"], entry["dtype"] = how.name, how.dtype if how.name == "vllm" else "float32"
+                index["shards"].append(entry)
+                written += entry["answer_tokens"]
+                index["answer_tokens"] = written
+                index["samples"] = sum(s["samples"] for s in index["shards"])
+                index_path.write_text(json.dumps(index, indent=1))
+                bar.update(entry["answer_tokens"])
+                bar.set_postfix(tok_s=f"{entry['answer_tokens'] / max(seconds, 1e-3):.0f}", shard=c)
     finally:
         bar.close()
         if backend is not None:
@@ -285,10 +346,13 @@ def open_backend(how: BackendSpec, target_path: Path, out: Path):
             raise ValueError("the engine backend needs --engine DIR (an ONNX Runtime engine of the target)")
         backend = KitAnswers(target_path, how.batch, how.engine if how.name == "engine" else None)
         return backend, backend.eos
+    if how.name == "transformers":
+        eos = eos_ids(target_path)
+        return TransformersAnswers(target_path, eos, how.batch), eos
     if how.name == "vllm":
         eos = eos_ids(target_path)
         return VllmAnswers(target_path, sorted(eos), out / "vllm-worker.log", how.dtype, how.eager), eos
-    raise ValueError(f"unknown backend {how.name!r}: expected kit, engine or vllm")
+    raise ValueError(f"unknown backend {how.name!r}: expected kit, engine, vllm or transformers")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -297,14 +361,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", default="smollm2", help="checkpoint directory, or a named target (smollm2)")
     p.add_argument("--pool", type=Path, help="prompt pool folder (default: $SPECDEC_CACHE/data/prompt-pool)")
     p.add_argument("--out", type=Path, required=True, help="answers folder (resumed when it exists)")
-    p.add_argument("--backend", choices=("kit", "engine", "vllm"), default="vllm",
+    p.add_argument("--backend", choices=("kit", "engine", "vllm", "transformers"), default="vllm",
                    help="kit: the kit's runtime on the PyTorch target; engine: on an ONNX Runtime engine (--engine); "
-                        "vllm: vLLM's offline engine in its own interpreter")
+                        "vllm: vLLM's offline engine in its own interpreter; transformers: Hugging Face's batched "
+                        "generate (CUDA when present)")
     p.add_argument("--engine", type=Path, help="engine backend: the engine folder (export/build_engine.py)")
     p.add_argument("--answer-tokens", type=int, help="stop once this many answer tokens are written")
-    p.add_argument("--batch", type=int, default=32, help="kit backend: rows per batch (vLLM batches by itself)")
+    p.add_argument("--batch", type=int, default=32,
+                   help="kit, engine and transformers backends: rows per batch (vLLM batches by itself)")
     p.add_argument("--dtype", default="float32", help="vllm backend: the engine's dtype")
     p.add_argument("--enforce-eager", action="store_true", help="vllm backend: no torch.compile (quick start)")
+    p.add_argument("--group", type=int, default=1,
+                   help="chunks of the pool answered together (bigger batches, e.g. on a GPU); one shard each still")
     p.add_argument("--spec", type=Path, help="JSON with RegenSpec fields")
     args = p.parse_args(argv)
     from specdec_kit.runtime.loader import set_threads
@@ -315,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = RegenSpec(**json.loads(args.spec.read_text())) if args.spec else RegenSpec()
     return run_stage(lambda: regenerate(resolve_target(args.target), args.pool or cache_root() / "data" / "prompt-pool",
                                         args.out, spec, BackendSpec(args.backend, args.batch, args.dtype, args.engine,
-                                                                    args.enforce_eager), args.answer_tokens),
+                                                                    args.enforce_eager, args.group), args.answer_tokens),
                      ("samples", "answer_tokens", "pool_fingerprint"))
 
 
