@@ -3,7 +3,7 @@ ONNX Runtime engines, batch 1: plain decoding against each of the kit's heads (G
 Spec-Bench and MT-Bench (chat) prompts held out of the heads' training, sent through the target's chat template, at
 T=0 and T=0.7. Methods alternate prompt by prompt; medians over prompts and repeats.
 
-The tree is chosen first, from measured costs: on calibration prompts (the heads' own training prompts, never the
+The tree is chosen first, from measured costs: on calibration prompts (the kit's own recipe prompts, never the
 benchmark's), each head decodes greedily with each candidate tree; the tree with the most tokens/s is kept, and the
 candidates' table (acceptance length, verification and draft time per cycle, tokens/s, the analytical bound
 tau x t_plain / (t_verify + t_draft)) is written beside the results (tree_search.md/.json).
@@ -129,7 +129,7 @@ def run(args) -> int:
     tokenizer = first.tokenizer
     plain = SpeculativeGenerator(first.target, NoDrafter())
     recipe = json.loads((RECIPES / f"{args.target}.json").read_text())
-    training = read_prompts(RECIPES / recipe["prompts"])[:args.calibration_prompts]  # seen in training: not benchmarked
+    training = read_prompts(RECIPES / recipe["prompts"])[:args.calibration_prompts]  # the kit's prompts, never the benchmark's
     calibration = [chat_ids(tokenizer, [{"role": "user", "content": p.text}]) for p in training]
     candidates = [DynamicTreeConfig(*map(int, spec.split(":"))) for spec in args.trees.split(",")]
     print(f"choosing the tree from measured costs ({len(candidates)} candidates)", file=sys.stderr)
