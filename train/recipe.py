@@ -169,13 +169,14 @@ def run_learning_curve(recipe: dict, data: Path, out: Path, force: bool) -> list
         for size in sizes:
             folder = out / "curve" / f"{name}-{size}"
             saved = folder / "curve_point.json"
-            result = run_head(folder.name, {**recipe["heads"][name], **section, "method": name}, recipe, data,
-                              folder.parent, force, trained_on=data_fingerprint(data), answer_tokens=size)
+            settings = {**recipe["heads"][name], **section}
+            result = run_head(folder.name, {**settings, "method": name}, recipe, data, folder.parent, force,
+                              trained_on=data_fingerprint(data), answer_tokens=size)
             if result is not None:
                 held = result.get("heldout_best", {})
                 point = {"head": name, "answer_tokens": sum(x["answer_tokens"] for shard in first_shards(shards, size)
                                                             for x in shard["samples"]),
-                         "steps": result["steps"], "heldout_best": held}
+                         "epochs": settings.get("epochs"), "steps": result["steps"], "heldout_best": held}
                 saved.write_text(json.dumps(point, indent=1))
             if saved.is_file():
                 points.append(json.loads(saved.read_text()))
@@ -200,17 +201,20 @@ def update_log(path: Path, recipe_name: str, change: Callable[[dict], None]) -> 
 
 
 def plot_learning_curve(points: list[dict], path: Path) -> None:
-    """Held-out tau (and first-draft acceptance) against the answer tokens a head was trained on, one line a head."""
+    """Held-out tau (and first-draft acceptance) against the answer tokens a head was trained on, one line a head and
+    number of epochs."""
     from specdec_kit.plots import pyplot
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
-    for n, name in enumerate(dict.fromkeys(p["head"] for p in points)):
-        mine = sorted((p for p in points if p["head"] == name and p.get("heldout_best")), key=lambda p: p["answer_tokens"])
+    for n, (name, epochs) in enumerate(dict.fromkeys((p["head"], p.get("epochs")) for p in points)):
+        mine = sorted((p for p in points if (p["head"], p.get("epochs")) == (name, epochs) and p.get("heldout_best")),
+                      key=lambda p: p["answer_tokens"])
         tokens = [p["answer_tokens"] for p in mine]
-        ax.plot(tokens, [p["heldout_best"]["tau"] for p in mine], marker="o", color=f"C{n}", label=f"{name}: tau")
+        label = f"{name}, {epochs} epochs" if epochs else name
+        ax.plot(tokens, [p["heldout_best"]["tau"] for p in mine], marker="o", color=f"C{n}", label=f"{label}: tau")
         ax.plot(tokens, [1 + p["heldout_best"]["acceptance"][0] for p in mine], marker=".", linestyle="--",
-                color=f"C{n}", label=f"{name}: 1 + first-draft acceptance")
+                color=f"C{n}", label=f"{label}: 1 + first-draft acceptance")
     ax.set_xscale("log")
     ax.set_xlabel("answer tokens trained on")
     ax.set_ylabel("held-out tau (chain of 3, greedy)")
@@ -333,8 +337,8 @@ def main(argv: list[str] | None = None) -> int:
             everything = json.loads((features / "index.json").read_text())["answer_tokens"]
             for name, head in log["heads"].items():  # the full heads are the curve's last points
                 if "heldout_best" in head and name in recipe["learning_curve"]["heads"]:
-                    points.append({"head": name, "answer_tokens": everything, "steps": head["steps"],
-                                   "heldout_best": head["heldout_best"]})
+                    points.append({"head": name, "answer_tokens": everything, "epochs": head["settings"].get("epochs"),
+                                   "steps": head["steps"], "heldout_best": head["heldout_best"]})
             (out / "learning_curve.json").write_text(json.dumps(points, indent=1))
             plot_learning_curve(points, out / "learning_curve.png")
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
