@@ -40,5 +40,9 @@ def test_the_gpu_check_says_what_it_would_run_without_a_gpu(tmp_path):
     proc = subprocess.run([shutil.which("bash"), str(script), str(tmp_path / "gpu")], capture_output=True, text=True, env=env,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert "no CUDA GPU" in proc.stdout and "specdec-verify-cost --shape llama3-8b" in proc.stdout
+    assert "no CUDA GPU" in proc.stdout and "specdec_kit.bench.verify_cost --shape llama3-8b" in proc.stdout
     assert "cuda_check.py --device cuda" in proc.stdout and not (tmp_path / "gpu").exists()
+    assert "bash scripts/setup.sh" in proc.stdout and ".venv/bin/python -m pytest" in proc.stdout
+    given = subprocess.run([shutil.which("bash"), str(script), str(tmp_path / "gpu")], capture_output=True, text=True,
+                           env={**env, "PYTHON": "python3 -P"}, timeout=60)  # a machine's own interpreter: no set-up
+    assert given.returncode == 0 and "setup.sh" not in given.stdout and "python3 -P -m pytest" in given.stdout
