@@ -29,13 +29,12 @@ def parse_args(argv):
 
 
 def engine_prompts(engine, n: int) -> list[list[int]]:
+    from specdec_kit.bench.chat_target import chat_ids
     from specdec_kit.bench.prompts import chat_messages, humaneval
 
     tokenizer = engine.tokenizer
     if getattr(tokenizer, "chat_template", None):
-        ids = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True)
-               for m in chat_messages("chat", n)]
-        return [list(i["input_ids"] if hasattr(i, "keys") else i) for i in ids]
+        return [chat_ids(tokenizer, m) for m in chat_messages("chat", n)]
     return [tokenizer(text)["input_ids"] for text in humaneval(n)]
 
 

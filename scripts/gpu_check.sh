@@ -29,7 +29,8 @@ fi
 [ -n "${PYTHON:-}" ] || bash scripts/setup.sh
 if ! "${PY[@]}" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "gpu_check: nvidia-smi sees a GPU but ${PY[*]}'s torch has no CUDA ($("${PY[@]}" -c 'import torch; print(torch.__version__)')):" >&2
-    echo "  install a CUDA build of torch 2.13.0 into .venv (pip install torch==2.13.0 from PyPI is one) and run again" >&2
+    echo "  install a CUDA build of torch 2.13.0 there (pip install torch==2.13.0 from PyPI is one), or name another" \
+         "interpreter in PYTHON, and run again" >&2
     exit 1
 fi
 mkdir -p "$out"

@@ -3,8 +3,8 @@
 Samples of similar length share a batch of at most ``tokens_per_batch`` tokens (right-padded: a real position never
 attends to a pad, which comes after it), and the batches come in a fixed shuffled order, so a resumed run sees the
 same batches. The samples stay in host memory; a batch is built there and handed over on ``device`` (the trainer's),
-where the target's logits are computed. Each batch carries the draft's input features (the final hidden state for EAGLE/HASS/GRIFFIN, the
-three tapped layers side by side for EAGLE-3), the target's logits over the head's vocabulary (the target's LM-head
+where the target's logits are computed. Each batch carries the draft's input features (the final hidden state for
+EAGLE/HASS/GRIFFIN, the three tapped layers side by side for EAGLE-3), the target's logits over the head's vocabulary (the target's LM-head
 rows of that vocabulary applied to the final state: exactly the target's logits there), and masks: ``valid`` (not
 padding) and ``counted`` (the position's next token is part of the answer, so its prediction counts in the loss).
 """
@@ -72,7 +72,7 @@ class DistilledData:
         self.batches = self._plan(lengths, tokens_per_batch, seed)
 
     def to(self, device: torch.device | str) -> "DistilledData":
-        """Hand batches over on ``device`` (the LM-head rows go with them)."""
+        """Hand batches over on ``device`` (the LM-head rows go with them: set them first)."""
         self.device = torch.device(device)
         if self.lm_rows is not None:
             self.lm_rows = self.lm_rows.to(self.device)
@@ -122,7 +122,7 @@ class DistilledData:
             counted[r, max(self.starts[i] - 1, 0):n] = True  # position t's next token t+1 is an answer token
         tokens, feats, finals, top, valid, counted = (t.to(self.device, non_blocking=True)
                                                       for t in (tokens, feats, finals, top, valid, counted))
-        logits = finals @ self.lm_rows.to(self.device).float().T
+        logits = finals @ self.lm_rows.float().T  # the rows are on the device since ``to``
         return tokens, feats, logits, BatchMasks(valid, counted, top)
 
 

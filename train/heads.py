@@ -4,8 +4,8 @@ Features are streamed (each step runs the frozen target over a batch of corpus b
 its post-norm last-layer features and logits) or read from a cache (``features.py``).
 Every trainer writes its checkpoint in the official layout of its method plus a resumable
 ``training_state.pt``. The head trains on CUDA when present (the frozen target stays where it was loaded; its
-LM-head rows and each batch go to the head's device). Multi-pass methods sum the pass losses before one backward: the gradient is
-the same as the reference's backward after every pass.
+LM-head rows and each batch go to the head's device). Multi-pass methods sum the pass losses before one backward:
+the gradient is the same as the reference's backward after every pass.
 """
 
 from __future__ import annotations

@@ -104,10 +104,11 @@ class HeldOutTracker:
         acceptance = self.measure(module)
         module.train()
         tau = 1.0 + sum(acceptance)
+        rounded = [round(a, 4) for a in acceptance]
         if tau > self.best_tau:
-            self.best_tau, self.best_step, self.best_acceptance = tau, step + 1, [round(a, 4) for a in acceptance]
+            self.best_tau, self.best_step, self.best_acceptance = tau, step + 1, rounded
             self.best_weights = copy.deepcopy(module.state_dict())
-        return {"acceptance": [round(a, 4) for a in acceptance], "tau": round(tau, 4)}
+        return {"acceptance": rounded, "tau": round(tau, 4)}
 
     def state(self) -> dict:
         return {"best_tau": self.best_tau, "best_step": self.best_step, "best_acceptance": self.best_acceptance,

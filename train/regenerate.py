@@ -123,7 +123,7 @@ class TransformersAnswers:
 
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         answers: dict[int, tuple[list[int], str]] = {}
-        pad = self.eos[0]
+        pad, stops = self.eos[0], set(self.eos)
         sampling = dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=0) if temperature > 0 else {}
         for b in range(0, len(order), self.batch):
             rows = order[b:b + self.batch]
@@ -137,7 +137,7 @@ class TransformersAnswers:
             with torch.inference_mode():
                 out = self.model.generate(ids, attention_mask=mask, generation_config=config)
             for r, i in enumerate(rows):
-                answers[i] = cut_at_eos(out[r, width:].tolist()[:max_tokens[i]], set(self.eos))
+                answers[i] = cut_at_eos(out[r, width:].tolist()[:max_tokens[i]], stops)
         return [answers[i] for i in range(len(prompts))]
 
     def close(self) -> None:
