@@ -1,0 +1,77 @@
+"""README.md's results table, from the benchmarks' result files (never typed by hand): GRIFFIN and EAGLE-3 against
+plain decoding at T=0, on SmolLM2 (``bench/results/smollm2``) and on the demo zoo (``bench/results/eagle3_rows``),
+written between the markers in README.md.
+
+    python scripts/readme_results.py            # rewrite the table in README.md
+    python scripts/readme_results.py --check    # exit 1 when the table is stale (the tests run this)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+START, END = "<!-- results-table:start -->", "<!-- results-table:end -->"
+# (label, result file, the prompt sets to show, in order)
+SOURCES = (
+    ("SmolLM2-135M-Instruct", "bench/results/smollm2/results.json", ("chat", "humaneval", "spec_bench")),
+    ("demo zoo (9M)", "bench/results/eagle3_rows/results.json", ("heldout", "humaneval", "spec_bench")),
+)
+METHODS = ("griffin", "eagle3")
+PROMPT_SETS = {"chat": "MT-Bench (chat)", "humaneval": "HumanEval", "spec_bench": "Spec-Bench", "heldout": "held-out"}
+
+
+def method_cells(rows: dict[str, dict], method: str) -> list[str]:
+    row = rows.get(method)
+    if row is None:
+        return ["-", "-"]
+    return [f"{row['acceptance_length']:.2f}", f"{row['speedup']:.2f}x"]
+
+
+def table() -> str:
+    lines = ["| target | prompts | plain tokens/s | GRIFFIN tau | GRIFFIN speed | EAGLE-3 tau | EAGLE-3 speed |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for label, path, prompt_sets in SOURCES:
+        results = json.loads((REPO / path).read_text())
+        for prompt_set in prompt_sets:
+            rows = {r["method"]: r for r in results["rows"]
+                    if r["prompt_set"] == prompt_set and r["temperature"] == 0}
+            if "plain" not in rows:
+                raise SystemExit(f"{path}: no plain row for prompt set {prompt_set!r} at T=0")
+            cells = [label, PROMPT_SETS[prompt_set], f"{rows['plain']['tokens_per_s']:.1f}"]
+            for method in METHODS:
+                cells += method_cells(rows, method)
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def rendered(readme: str) -> str:
+    """``readme`` with the table between the markers replaced by the current one."""
+    if START not in readme or END not in readme:
+        raise SystemExit(f"{README}: the markers {START} and {END} are missing")
+    head, rest = readme.split(START, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{START}\n{table()}\n{END}{tail}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 when README.md's table is stale")
+    args = parser.parse_args(argv)
+    current = README.read_text()
+    fresh = rendered(current)
+    if args.check:
+        if fresh != current:
+            print("README.md's results table is stale: run python scripts/readme_results.py", file=sys.stderr)
+            return 1
+        return 0
+    README.write_text(fresh)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
