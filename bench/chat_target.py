@@ -108,7 +108,7 @@ def tree_table(search: dict) -> list[str]:
 
 
 def run(args) -> int:
-    from specdec_kit.bench.prompts import chat_messages
+    from specdec_kit.data.prompts import chat_messages
     from specdec_kit.bench.report import write_all
     from specdec_kit.bench.speedup import machine, measure, summarize
     from specdec_kit.runtime.drafting import NoDrafter

@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from specdec_kit.bench import prompts as prompt_sets
+from specdec_kit.data import prompts as prompt_sets
+from specdec_kit.train.corpus import heldout_prompts
 from specdec_kit.bench.report import write_text_and_plot
 from specdec_kit.plots import legend_below, pyplot, save_figure
 from specdec_kit.edge.activations import weights_digest
@@ -27,7 +28,7 @@ from specdec_kit.edge.netns import NetnsLink
 from specdec_kit.runtime.loader import load_tokenizer
 from specdec_kit.runtime.trees import DynamicTreeConfig
 from specdec_kit.paths import default_zoo
-from specdec_kit.bench.client_server_cli import METHODS, main  # noqa: F401  (main: the command line lives there)
+from specdec_kit.bench.methods import EDGE_METHODS as METHODS
 
 SERVER_PORT = 7433
 
@@ -254,7 +255,7 @@ def run(args) -> int:
     network = ("network namespace + veth with tbf rate limit + link relay (delay/jitter/loss)" if use_netns
                else f"loopback + link relay (delay/jitter/loss/rate){'' if ok else f'; no namespaces: {why}'}")
     tokenizer = load_tokenizer(args.zoo / "target")
-    texts = prompt_sets.humaneval(args.prompts) if args.prompt_set == "humaneval" else prompt_sets.heldout(args.prompts)
+    texts = prompt_sets.humaneval(args.prompts) if args.prompt_set == "humaneval" else heldout_prompts(args.prompts)
     prompts = [tokenizer(t)["input_ids"][-512:] for t in texts]
     tree = DynamicTreeConfig(args.total_tokens, args.depth, args.top_k)
     heads = sorted({METHODS[m][1] for m in names if METHODS[m][0] == "moa"})
@@ -284,5 +285,7 @@ def run(args) -> int:
     return 0
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # the command line lives in the light module, which runs this one
+    from specdec_kit.bench.client_server_cli import main
+
     raise SystemExit(main())

@@ -20,11 +20,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from specdec_kit.bench.methods import EDGE_METHODS
 from specdec_kit.edge.link import PROFILES
 
 # method -> (draft kind, zoo folder or None)
-METHODS = {"plain": ("none", None), "eagle2": ("eagle2", "eagle"), "griffin": ("griffin", "griffin"),
-           "moa": ("moa", "moa"), "moa_tli0": ("moa", "moa_tli0")}
+METHODS = EDGE_METHODS
 
 
 def parse_args(argv):

@@ -182,7 +182,7 @@ def table(rows: list[dict]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from specdec_kit.bench.prompts import humaneval
+    from specdec_kit.data.prompts import humaneval
     from specdec_kit.runtime.drafting import NoDrafter
     from specdec_kit.runtime.engine import open_engine
     from specdec_kit.runtime.generate import SpeculativeGenerator

@@ -30,7 +30,7 @@ def parse_args(argv):
 
 def engine_prompts(engine, n: int) -> list[list[int]]:
     from specdec_kit.bench.chat_target import chat_ids
-    from specdec_kit.bench.prompts import chat_messages, humaneval
+    from specdec_kit.data.prompts import chat_messages, humaneval
 
     tokenizer = engine.tokenizer
     if getattr(tokenizer, "chat_template", None):

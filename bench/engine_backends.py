@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from specdec_kit.bench.prompts import humaneval
+from specdec_kit.data.prompts import humaneval
 from specdec_kit.bench.report import write_text_and_plot
 from specdec_kit.plots import pyplot, save_figure
 

@@ -138,7 +138,7 @@ def start_vllm(label: str, engine: Path, python: str, speculative: bool, max_mod
         cmd = [sys.executable, "-m", "specdec_kit.serving", "--engine", str(engine), "--port", str(port),
                "--served-model-name", SERVED_NAME, "--max-model-len", str(max_model_len), "--", *extra]
     else:
-        from specdec_kit.export.vllm_export import SERVER_MODULE
+        from specdec_kit.export.servers.vllm import SERVER_MODULE
         from specdec_kit.runtime.manifest import read_manifest
 
         env["PYTHONPATH"] = str(engine / "vllm" / "plugin")  # where SERVER_MODULE lives (no draft is configured)

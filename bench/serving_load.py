@@ -16,7 +16,7 @@ import platform
 import sys
 from pathlib import Path
 
-from specdec_kit.bench.prompts import humaneval
+from specdec_kit.data.prompts import humaneval
 from specdec_kit.bench.report import write_text_and_plot
 from specdec_kit.bench.servers import SERVED_NAME, start_kit
 from specdec_kit.bench.streams import run_level

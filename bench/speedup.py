@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from specdec_kit.bench import prompts as prompt_sets
+from specdec_kit.data import prompts as prompt_sets
+from specdec_kit.train.corpus import heldout_prompts
 from specdec_kit.bench.report import write_all
 from specdec_kit.runtime.drafting import NoDrafter
 from specdec_kit.runtime.generate import RequestStats, SpeculativeGenerator
@@ -20,7 +21,7 @@ from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig
 from specdec_kit.paths import default_zoo
-from specdec_kit.bench.speedup_cli import METHODS, main  # noqa: F401  (main: the command line lives there)
+from specdec_kit.bench.methods import SPEEDUP_METHODS as METHODS
 
 def median(values):
     return statistics.median(values) if values else 0.0
@@ -79,7 +80,7 @@ def run(args) -> int:
     for name in args.prompt_sets.split(","):
         texts = {"humaneval": lambda: prompt_sets.humaneval(args.prompts),
                  "spec_bench": lambda: prompt_sets.spec_bench(args.spec_bench, args.prompts),
-                 "heldout": lambda: prompt_sets.heldout(args.prompts)}[name]()
+                 "heldout": lambda: heldout_prompts(args.prompts)}[name]()
         sets[name] = [tokenizer(t)["input_ids"][-512:] for t in texts]
     temps = [float(t) for t in args.temperatures.split(",")]
     names = list(generators) + peers
@@ -152,5 +153,7 @@ def summarize(results: dict, names: list[str]) -> list[dict]:
     return rows
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # the command line lives in the light module, which runs this one
+    from specdec_kit.bench.speedup_cli import main
+
     sys.exit(main())

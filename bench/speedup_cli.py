@@ -16,18 +16,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from specdec_kit.bench import prompts as prompt_sets
+from specdec_kit.bench.methods import SPEEDUP_METHODS
+from specdec_kit.data import prompts as prompt_sets
 
 # method name -> (draft kind, zoo folder); trees: dynamic (--total-tokens/--depth/--top-k), Medusa --medusa-tree
-METHODS = {
-    "eagle2": ("eagle2", "eagle"),
-    "hass": ("hass", "hass"),
-    "griffin": ("griffin", "griffin"),
-    "eagle3": ("eagle3", "eagle3"),
-    "medusa": ("medusa", "medusa"),
-    "moa": ("moa", "moa"),  # Mixture of Attentions, TLI = 1
-    "moa_tli0": ("moa", "moa_tli0"),
-}
+METHODS = SPEEDUP_METHODS
 PEERS = ("hf_generate", "hf_assisted", "hf_prompt_lookup")
 
 

@@ -279,7 +279,7 @@ def main(argv=None) -> int:
         return 2
     from transformers import AutoTokenizer
 
-    from specdec_kit.bench.prompts import humaneval
+    from specdec_kit.data.prompts import humaneval
     from specdec_kit.bench.report import write_text_and_plot
     from specdec_kit.paths import default_zoo
 

@@ -167,7 +167,7 @@ def make_edge_drafter(kind: str, target_path, draft_path, tree, dtype=None, devi
     layers for a Mixture-of-Attentions head, else the LM head alone)."""
     from specdec_kit.edge.tail import load_target_tail
     from specdec_kit.runtime.device import resolve_device
-    from specdec_kit.runtime.drafts.loading import load_draft
+    from specdec_kit.runtime.drafts.checkpoint import load_draft
     from specdec_kit.runtime.registry import draft_kind
     from transformers import AutoConfig
 

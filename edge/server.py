@@ -28,7 +28,6 @@ from specdec_kit.runtime.generate import DecodeBatch, SpeculativeGenerator
 from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import buffers_from_parents
-from specdec_kit.edge.server_cli import main  # noqa: F401  (main: the command line lives there)
 
 log = logging.getLogger("specdec.edge.server")
 
@@ -215,7 +214,7 @@ class EdgeServer(socketserver.ThreadingTCPServer):
 
 def load_sources(target: TargetModel, heads: list[str]) -> dict[str, ActivationSource]:
     """``NAME=PATH`` per Mixture-of-Attentions head whose LSA this server runs."""
-    from specdec_kit.runtime.drafts.loading import load_draft
+    from specdec_kit.runtime.drafts.checkpoint import load_draft
 
     sources: dict[str, ActivationSource] = {}
     shape = (target.num_layers, 2 * target.num_kv_heads * target.head_dim)
@@ -253,5 +252,7 @@ def run(args) -> int:
     return 0
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # the command line lives in the light module, which runs this one
+    from specdec_kit.edge.server_cli import main
+
     raise SystemExit(main())

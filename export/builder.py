@@ -224,7 +224,7 @@ def _build_locked(inputs: BuildInputs, output: Path, digest: str, force: bool, d
             step("writing the target and draft checkpoints (safetensors)")
             extra = {"artifacts": _save_checkpoints(staging, target, inputs.draft, module)}
         else:
-            from specdec_kit.export.server_exports import build_server_export
+            from specdec_kit.export.servers import build_server_export
 
             extra = build_server_export(staging, inputs, target, module, tree, step)
         step("writing manifest.json")

@@ -12,10 +12,8 @@ from pathlib import Path
 
 # Only light modules at the top: --help answers before torch loads (the build imports it in main).
 from specdec_kit.runtime.manifest import BACKENDS, DTYPE_NAMES
+from specdec_kit.runtime.presets import DEMO_TREE
 from specdec_kit.runtime.registry import draft_kinds
-
-# The CPU demo's dynamic tree (as in specdec-generate --zoo): verifying 60 nodes costs a CPU far more than one token.
-CPU_DEMO_TREE = {"total_tokens": 12, "depth": 5, "top_k": 2}
 CPU_MEDUSA_TREE = "static:mc_sim_7b_63:24"
 
 
@@ -99,7 +97,7 @@ def resolve_tree_dict(draft: str, backend: str, demo: bool, spec: str | None = N
 
     if spec is None and backend == "sglang":
         spec = "dynamic"  # SGLang drafts EAGLE-style dynamic trees only
-    cpu_tree = cpu_tree or (CPU_DEMO_TREE if demo else None)
+    cpu_tree = cpu_tree or (dict(DEMO_TREE) if demo else None)
     embedded = backend in ("onnxruntime", "torch")
     if cpu_tree and spec is None and embedded and draft == "medusa":
         spec = CPU_MEDUSA_TREE

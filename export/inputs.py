@@ -17,9 +17,8 @@ from tqdm.auto import tqdm
 
 from specdec_kit import __version__
 from specdec_kit.runtime.manifest import ONNX_GRAPH_INTERFACE, sha256_file
+from specdec_kit.runtime.registry import zoo_heads
 
-ZOO_HEADS = {"griffin": "griffin", "eagle": "eagle", "eagle2": "eagle", "hass": "hass", "eagle3": "eagle3", "medusa": "medusa",
-             "moa": "moa"}
 
 
 class BuildError(ValueError):
@@ -77,7 +76,7 @@ def resolve_paths(draft: str, target: Path | None, draft_path: Path | None, toke
         if not (zoo / "target" / "config.json").is_file():
             raise BuildError(f"{zoo}: no demo zoo; pass --target DIR --draft-path DIR "
                              "(or build the zoo: python -m specdec_kit.train.zoo --out zoo)")
-        target, draft_path = zoo / "target", zoo / ZOO_HEADS[draft]
+        target, draft_path = zoo / "target", zoo / zoo_heads()[draft][1]
     elif target is None or draft_path is None:
         raise BuildError("--target and --draft-path go together (give both, or neither for the demo zoo)")
     for name, path in (("--target", target), ("--draft-path", draft_path)):

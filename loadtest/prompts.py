@@ -13,9 +13,9 @@ PROMPTS_ENV = "SPECDEC_PROMPTS"
 
 def default_prompt_file() -> Path:
     """``$SPECDEC_PROMPTS`` when set, else the Spec-Bench questions the kit ships."""
-    from specdec_kit.paths import bundled_data
+    from specdec_kit.data.prompts import DEFAULT_SPEC_BENCH
 
-    return Path(os.environ[PROMPTS_ENV]) if os.environ.get(PROMPTS_ENV) else bundled_data("spec_bench", "question.jsonl")
+    return Path(os.environ[PROMPTS_ENV]) if os.environ.get(PROMPTS_ENV) else DEFAULT_SPEC_BENCH
 
 
 @lru_cache(maxsize=8)

@@ -15,7 +15,7 @@ import torch
 
 from specdec_kit.runtime.device import now
 from specdec_kit.runtime.draft_context import DraftContext
-from specdec_kit.runtime.drafting import Drafter, DraftTree, NoDrafter
+from specdec_kit.runtime.drafting import Drafter, DraftTree, NoDrafter, Tree
 from specdec_kit.runtime.kv_cache import KVCache
 from specdec_kit.runtime.prefix_cache import PrefixBlock, PrefixCache, joined
 from specdec_kit.runtime.sampling import SamplingParams, request_seed, sampled_tokens
@@ -194,6 +194,15 @@ class SpeculativeGenerator:
         self.decode = decode
         self.target_forward_s = 0.0  # cumulative time inside target forwards (overhead accounting)
         self._plain = NoDrafter()
+
+    def cache_prefixes(self, mib: float) -> None:
+        """Keep prompts' KV blocks (up to ``mib``) so a later prompt with the same start skips their prefill; sized
+        for the target view this generator runs (EAGLE-3's reads tapped layers)."""
+        self.prefix_cache = PrefixCache.within(self.target, mib)
+
+    def set_tree(self, tree: Tree) -> None:
+        """The tree the next cycles draft (the drafter checks it is one it can draft)."""
+        self.drafter.set_tree(tree)
 
     # -- helpers ------------------------------------------------------------------------------
     @staticmethod

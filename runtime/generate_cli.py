@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from specdec_kit.paths import default_zoo
-from specdec_kit.runtime.cli import CHAT_PROMPTS, DEMO_PROMPTS, DEMO_TREE, MEDUSA_DEMO_TREE, ZOO_DEFAULT, ZOO_PROMPTS
+from specdec_kit.runtime.presets import CHAT_PROMPTS, DEMO_PROMPTS, DEMO_TREE, MEDUSA_DEMO_TREE, ZOO_DEFAULT, ZOO_PROMPTS
 from specdec_kit.runtime.drafts.loading import DraftLoadError
 from specdec_kit.runtime.engine import open_engine
 from specdec_kit.runtime.generate import GenerationResult, RequestStats, SpeculativeGenerator
@@ -131,10 +131,9 @@ def execute(args) -> int:
                 root = default_zoo() if args.zoo is ZOO_DEFAULT else args.zoo
                 if not (root / "target" / "config.json").is_file():
                     raise ValueError(f"{root}: no demo zoo here (build it with: python -m specdec_kit.train.zoo --out {root})")
-                from specdec_kit.export.inputs import ZOO_HEADS
+                from specdec_kit.runtime.registry import zoo_heads
 
-                paths = {"target": root / "target", "moa_tli0": root / "moa_tli0",
-                         **{kind: root / folder for kind, folder in ZOO_HEADS.items()}}
+                paths = {"target": root / "target", **{name: root / folder for name, (_, folder) in zoo_heads().items()}}
                 print(f"demo zoo: {root} (a 9M-parameter Llama target trained by the kit on Python's standard library, "
                       "one head per method; its text is code-like but not meaningful: the zoo shows the machinery "
                       "and its numbers, not a useful model)")

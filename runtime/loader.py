@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from specdec_kit.runtime.drafting import Drafter, NoDrafter
-from specdec_kit.runtime.drafts.loading import load_draft
+from specdec_kit.runtime.drafts.checkpoint import load_draft
 from specdec_kit.runtime.registry import draft_kind, draft_kinds
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree, parse_tree_spec

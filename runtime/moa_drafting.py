@@ -91,10 +91,23 @@ class MoAStep(ABC):
     def reset_memory(self, batch: int, capacity: int) -> None:
         self.memory = self.new_cache(batch, capacity)
 
+    def memory_cache(self) -> KVCache:
+        """The cross-attention memory, which ``reset_memory`` makes."""
+        if self.memory is None:
+            raise RuntimeError("the MoA draft's memory was read before reset_memory made it")
+        return self.memory
+
+    def bound_target_cache(self) -> KVCache:
+        """The target's cache, which ``bind_target`` hands over (the TLI layers attend over it)."""
+        if self.target_cache is None:
+            raise RuntimeError("the MoA draft ran target layers before bind_target gave it the target's cache")
+        return self.target_cache
+
     def memory_visible(self, device: torch.device) -> tuple[int, torch.Tensor]:
         """The memory width to read and which of its slots each row has filled ([B, M])."""
-        m_len = max(int(self.memory.lengths.max().item()), 1)
-        return m_len, torch.arange(m_len, device=device)[None, :] < self.memory.lengths[:, None]
+        lengths = self.memory_cache().lengths
+        m_len = max(int(lengths.max().item()), 1)
+        return m_len, torch.arange(m_len, device=device)[None, :] < lengths[:, None]
 
     def __call__(self, tokens, positions, pending_mask, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
         """A tree level: in the target cache its entries sit after the root's, which every node sees."""
@@ -129,14 +142,14 @@ class TorchMoAStep(MoAStep):
 
     def hidden(self, tokens, positions, pending_mask, cache: KVCache) -> torch.Tensor:
         m_len, visible = self.memory_visible(tokens.device)
-        keys, values = self.memory.view(0, m_len)
+        keys, values = self.memory_cache().view(0, m_len)
         return moa_hidden(self.draft, tokens, positions, pending_mask, cache, keys, values, visible)
 
     def logits(self, o_hat: torch.Tensor, target_positions: torch.Tensor, target_pending: torch.Tensor) -> torch.Tensor:
         d, t = self.draft, self.target
         feats = o_hat
         if d.tli:
-            feats = t.run_layers(o_hat.to(t.dtype), target_positions, target_pending, self.target_cache,
+            feats = t.run_layers(o_hat.to(t.dtype), target_positions, target_pending, self.bound_target_cache(),
                                  t.num_layers - d.tli)
         return t.lm_head(feats.to(t.dtype))
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -29,7 +29,7 @@ CACHE_BLOCK = 64  # slots a cache grows by: reading up to this many spare slots 
 NUMPY_TYPES = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_}
 
 
-def providers_for(device: torch.device) -> list[str]:
+def providers_for(device: torch.device) -> list[str | tuple[str, dict[str, int]]]:
     """CUDA execution provider when the device is CUDA (and ONNX Runtime has it), else CPU."""
     import onnxruntime as ort
 
@@ -67,7 +67,7 @@ class OrtGraph:
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.seconds, self.calls = 0.0, 0  # inside the session's runs: what profiles split by graph
 
-    def run(self, inputs: dict[str, torch.Tensor], outputs: dict[str, tuple[Sequence[int], torch.dtype]]) -> dict[str, torch.Tensor]:
+    def run(self, inputs: dict[str, torch.Tensor], outputs: Mapping[str, tuple[Sequence[int], torch.dtype]]) -> dict[str, torch.Tensor]:
         binding = self.session.io_binding()
         dev_type = "cuda" if self.device.type == "cuda" else "cpu"
         dev_id = self.device.index or 0
@@ -195,6 +195,8 @@ class OrtFeatureDraftStep:
 
     @torch.inference_mode()
     def whole_tree(self, features, tokens, positions, pending_mask, cache, root_index):
+        if self.whole is None:
+            raise RuntimeError("this engine has no draft_tree graph for its tree (drafts_whole says so)")
         graph, tree = self.whole
         nodes = (tokens.shape[0], tree.total_tokens)  # a dynamic tree always fills its budget
         feeds = {"input_ids": tokens, "hidden_states": self._step_features(features), "position_ids": positions,
@@ -244,7 +246,7 @@ class OrtMoAStep(MoAStep):
 
     def hidden(self, tokens, positions, pending_mask, cache: KVCache) -> torch.Tensor:
         bsz, q_len = tokens.shape
-        mem = self.memory
+        mem = self.memory_cache()
         m_len, visible = self.memory_visible(tokens.device)
         feeds = {"input_ids": tokens, "position_ids": positions, "memory_keys": mem.keys[0, :, :, :m_len],
                  "memory_values": mem.values[0, :, :, :m_len], "memory_mask": visible}
@@ -260,4 +262,14 @@ class OrtMoAStep(MoAStep):
             return self.graphs["lm_head"].run({"hidden_states": o_hat, "logits_index": index}, logits)["logits"]
         first = self.target_spec["num_hidden_layers"] - self.tli
         feeds = {"hidden_states": o_hat, "position_ids": target_positions, "logits_index": index}
-        return _run_over_cache(self.graphs["target_tail"], self.target_cache, target_pending, feeds, logits, first)["logits"]
+        return _run_over_cache(self.graphs["target_tail"], self.bound_target_cache(), target_pending, feeds, logits, first)["logits"]
+
+
+if TYPE_CHECKING:  # the type checker (basic mode, in the tests) holds each class to its protocol of the contract
+    from specdec_kit.runtime.contract import FeatureStep, MedusaStep, TargetStep, WholeTreeStep
+
+    def _implements_the_contract(target: OrtTarget, draft: OrtFeatureDraftStep, medusa: OrtMedusaHeads) -> None:
+        as_target: TargetStep = target
+        as_feature_step: FeatureStep = draft
+        as_whole_tree_step: WholeTreeStep = draft
+        as_medusa_step: MedusaStep = medusa

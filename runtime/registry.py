@@ -237,6 +237,8 @@ class DraftKind:
     description: str
     default_tree: str = "dynamic"
     refused_backends: dict[str, str] = field(default_factory=dict)  # backend -> why it cannot run this kind
+    zoo_folder: str = ""  # its head in the demo zoo (default: the kind's name)
+    zoo_variants: tuple[str, ...] = ()  # further zoo heads of this kind (folders), e.g. other settings of it
 
     def build(self, config: dict[str, Any], file: Path, target_hidden: int, target_vocab: int,
               target_shape: tuple[int, int] | None = None) -> nn.Module:
@@ -263,6 +265,12 @@ def register(kind: DraftKind) -> DraftKind:
         raise ValueError(f"draft kind {kind.name!r} is already registered")
     _KINDS[kind.name] = kind
     return kind
+
+
+def zoo_heads() -> dict[str, tuple[str, str]]:
+    """The demo zoo's heads: name -> (draft kind, folder under the zoo); each kind's, then its variants."""
+    heads = {name: (name, kind.zoo_folder or name) for name, kind in _KINDS.items()}
+    return heads | {variant: (name, variant) for name, kind in _KINDS.items() for variant in kind.zoo_variants}
 
 
 def draft_kinds() -> tuple[str, ...]:
@@ -292,7 +300,7 @@ def _register_builtin() -> None:
     register(DraftKind("griffin", feature, "build_griffin", "GRIFFIN: TGF + TEH draft, token-alignable training"))
     register(DraftKind("eagle", feature, "build_eagle", "EAGLE-1: feature draft on a static tree",
                        default_tree="static:eagle1_default"))
-    register(DraftKind("eagle2", feature, "build_eagle", "EAGLE-2: EAGLE weights on dynamic trees"))
+    register(DraftKind("eagle2", feature, "build_eagle", "EAGLE-2: EAGLE weights on dynamic trees", zoo_folder="eagle"))
     register(DraftKind("hass", feature, "build_eagle", "HASS: EAGLE layout, harmonized training, dynamic trees"))
     register(DraftKind("eagle3", eagle3, "build_eagle3", "EAGLE-3: three target layers fused, own reduced-vocabulary "
                        "head, training-time test"))
@@ -300,7 +308,7 @@ def _register_builtin() -> None:
                        default_tree="static:mc_sim_7b_63", refused_backends={"vllm": MEDUSA_VLLM, "sglang": MEDUSA_SGLANG}))
     register(DraftKind("moa", moa, "build_moa", "Mixture of Attentions (LSA, SA + CA, TLI)",
                        refused_backends={"tensorrt-llm": MOA_SERVER_ENGINES, "sglang": MOA_SERVER_ENGINES,
-                                         "vllm": MOA_VLLM}))
+                                         "vllm": MOA_VLLM}, zoo_variants=("moa_tli0",)))
 
 
 _register_builtin()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from specdec_kit.export.inputs import ZOO_HEADS
+from specdec_kit.runtime.registry import draft_kinds, zoo_heads
 from specdec_kit.paths import default_zoo
 from specdec_kit.runtime.generate import SpeculativeGenerator
 from specdec_kit.runtime.loader import default_tree, load_tokenizer, make_drafter
@@ -44,9 +44,9 @@ def main() -> int:
         ref.append(out[0, len(prompt):].tolist())
     total, depth, top_k = (int(v) for v in args.tree.split(","))
     rows, ok = [], True
-    for kind in ["none", *ZOO_HEADS]:
+    for kind in ["none", *draft_kinds()]:
         tree = default_tree(kind, DynamicTreeConfig(total, depth, top_k), "static:mc_sim_7b_63:24") if kind != "none" else None
-        drafter = make_drafter(target, kind, zoo / ZOO_HEADS[kind] if kind != "none" else None, tree)
+        drafter = make_drafter(target, kind, zoo / zoo_heads()[kind][1] if kind != "none" else None, tree)
         gen = SpeculativeGenerator(target, drafter, eos_token_ids=[])
         gen.generate(ids[:1], 8)  # warm-up
         start = time.perf_counter()

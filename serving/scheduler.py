@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 
 from specdec_kit.runtime.engine import Engine
 from specdec_kit.runtime.generate import RequestStats, SpeculativeGenerator
-from specdec_kit.runtime.prefix_cache import PrefixCache
 from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.serving.errors import APIError, draining, internal, overloaded, slow_reader
 from specdec_kit.serving.metrics import ServerMetrics
@@ -87,8 +86,8 @@ class Scheduler:
         # a server that never speculates drafts nothing at all (no draft context is kept either)
         drafter = None if policy.never_speculates else engine.drafter
         self.gen = SpeculativeGenerator(engine.target, drafter, decode=lambda ids: tok.decode(ids, skip_special_tokens=True))
-        if prefix_cache_mib > 0:  # sized for the target view the generator runs (EAGLE-3's reads tapped layers)
-            self.gen.prefix_cache = PrefixCache.within(self.gen.target, prefix_cache_mib)
+        if prefix_cache_mib > 0:
+            self.gen.cache_prefixes(prefix_cache_mib)
         self.metrics, self.policy = metrics, policy
         self.max_num_seqs, self.max_queue, self.max_unread_tokens = max_num_seqs, max_queue, max_unread_tokens
         self.kv_budget = max_num_seqs * engine.target.max_context  # tokens the batch may hold at most
@@ -240,7 +239,7 @@ class Scheduler:
             return
         tree = self.policy.choose(batch.size)
         if tree is not None:
-            self.gen.drafter.set_tree(tree)
+            self.gen.set_tree(tree)
         self.metrics.labels(self.metrics.tree_tokens).set(tree_nodes(tree))
         t0 = time.perf_counter()
         outcome = self.gen.cycle(batch, speculate=tree is not None)

@@ -35,13 +35,6 @@ def default_zoo() -> Path:
                      f"set {ZOO_ENV}=DIR or pass --zoo DIR (build one with: python -m specdec_kit.train.zoo --out DIR)")
 
 
-def bundled_data(*parts: str) -> Path:
-    """A data file the kit ships as package data (``bench/data/...``), wherever the package is installed."""
-    import specdec_kit.bench
-
-    return Path(specdec_kit.bench.__file__).resolve().parent.joinpath("data", *parts)
-
-
 VLLM_PYTHON_ENV = "SPECDEC_VLLM_PYTHON"
 
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from specdec_kit.runtime.drafts import DraftLoadError, EagleDraft, MedusaHeads, load_draft
+from specdec_kit.runtime.drafts import DraftLoadError, EagleDraft, MedusaHeads
+from specdec_kit.runtime.drafts.checkpoint import load_draft
 from specdec_kit.runtime.drafts.loading import save_draft
 from specdec_kit.runtime.synthetic import draft_config, random_eagle, random_griffin, random_medusa, tiny_target
 

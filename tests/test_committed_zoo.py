@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec_kit.runtime.drafts.loading import load_draft
+from specdec_kit.runtime.drafts.checkpoint import load_draft
 from specdec_kit.runtime.generate import SpeculativeGenerator
 from specdec_kit.runtime.loader import make_drafter, resolve_tree
 from specdec_kit.runtime.target import TargetModel
@@ -52,10 +52,10 @@ def test_zoo_heads_load_and_decode_losslessly():
 
 @pytest.mark.slow
 def test_the_benchmark_reports_eagle3_beside_griffin(tmp_path):
-    from specdec_kit.bench import speedup
+    from specdec_kit.bench import speedup_cli
 
     out = tmp_path / "bench"
-    assert speedup.main(["--zoo", str(ZOO), "--out", str(out), "--smoke", "--methods", "griffin,eagle3",
+    assert speedup_cli.main(["--zoo", str(ZOO), "--out", str(out), "--smoke", "--methods", "griffin,eagle3",
                          "--peers", "none"]) == 0
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert {r["method"] for r in rows} == {"plain", "griffin", "eagle3"}

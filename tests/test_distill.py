@@ -273,7 +273,8 @@ def test_heldout_acceptance_counts_chains_and_the_best_head_is_kept(chat_target,
     measurement (whose acceptance it reproduces); the held-out prompts are never trained on. Depth-1 acceptance is
     the draft's first-step agreement with the target's greedy token, as the trainer's own accuracy counts it through
     another path; deeper chains never accept more."""
-    from specdec_kit.train.heldout import eagle3_acceptance, feature_draft_acceptance, split
+    from specdec_kit.train.eagle3 import eagle3_acceptance
+    from specdec_kit.train.heldout import feature_draft_acceptance, split
 
     for_training, for_evaluation = split(50)  # six prompts: half of them held out
 

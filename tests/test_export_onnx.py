@@ -17,7 +17,7 @@ from specdec_kit.export.inputs import BuildError, BuildInputs
 from specdec_kit.export.onnx_build import target_parity
 from specdec_kit.runtime.drafting import TorchFeatureStep
 from specdec_kit.runtime.registry import drafter_for
-from specdec_kit.runtime.drafts.loading import load_draft
+from specdec_kit.runtime.drafts.checkpoint import load_draft
 from specdec_kit.runtime.engine import open_engine
 from specdec_kit.runtime.loader import load_draft_for
 from specdec_kit.runtime.generate import SpeculativeGenerator

@@ -17,7 +17,8 @@ from specdec_kit.export.weight_maps import (
     WeightMapError, check_coverage, fuse, fused_draft_parameters, fused_draft_weight_map, unfuse,
 )
 from specdec_kit.runtime.demo import CHARS
-from specdec_kit.runtime.drafts.loading import load_draft, strict_load
+from specdec_kit.runtime.drafts.loading import strict_load
+from specdec_kit.runtime.drafts.checkpoint import load_draft
 from specdec_kit.runtime.manifest import read_manifest
 from specdec_kit.runtime.trees import DynamicTreeConfig, parse_tree_spec, tree_to_dict
 

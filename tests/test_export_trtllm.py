@@ -15,7 +15,7 @@ from specdec_kit.export import trtllm_export as trt
 from specdec_kit.export.builder import build_engine
 from specdec_kit.export.inputs import BuildError, BuildInputs
 from specdec_kit.runtime.choices import EAGLE1_DEFAULT, MC_SIM_7B_63
-from specdec_kit.runtime.drafts.loading import load_draft
+from specdec_kit.runtime.drafts.checkpoint import load_draft
 from specdec_kit.runtime.manifest import read_manifest
 from specdec_kit.runtime.synthetic import tiny_hf_model
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree, parse_tree_spec, tree_to_dict

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from specdec_kit.export.builder import build_engine
 from specdec_kit.export.inputs import BuildError, BuildInputs
-from specdec_kit.export.vllm_export import PLUGIN, PLUGIN_SOURCE, chain_length
+from specdec_kit.export.servers.vllm import PLUGIN, PLUGIN_SOURCE, chain_length
 from specdec_kit.export.weight_maps import fused_draft_weight_map
 from specdec_kit.paths import default_zoo
 from specdec_kit.runtime.manifest import read_manifest

@@ -45,7 +45,7 @@ def _eagle3_trained_for(hf_model) -> Path:
 def trained_eagle3(target: TargetModel):
     """EAGLE-3 has no hand-built oracle: a small head trained by the kit's own trainer (training-time test, a draft
     vocabulary of 60 of the 80 tokens), written in the official layout and loaded back."""
-    from specdec_kit.runtime.drafts.loading import load_draft
+    from specdec_kit.runtime.drafts.checkpoint import load_draft
 
     return load_draft(_eagle3_trained_for(target.hf_model), "eagle3", target.hidden_size, target.vocab_size,
                       dtype=target.dtype, target_shape=(target.num_layers, 2 * target.num_kv_heads * target.head_dim))

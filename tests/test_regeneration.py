@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec_kit.bench.prompts import DEFAULT_SPEC_BENCH
+from specdec_kit.data.prompts import DEFAULT_SPEC_BENCH
 from specdec_kit.runtime.loader import load_tokenizer
 from specdec_kit.runtime.pretrained import resolve_target
 from specdec_kit.runtime.target import TargetModel

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec_kit.bench.prompts import DEFAULT_SPEC_BENCH, held_out_ids
+from specdec_kit.data.prompts import DEFAULT_SPEC_BENCH, held_out_ids
 from specdec_kit.runtime.generate import SpeculativeGenerator
 from specdec_kit.runtime.loader import load_tokenizer, make_drafter
 from specdec_kit.runtime.pretrained import NAMED_TARGETS, named_head, resolve_target

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specdec_kit.runtime.drafting import TorchFeatureStep, FeatureTreeDrafter, MedusaDrafter, NoDrafter
-from specdec_kit.runtime.drafts.loading import load_draft
+from specdec_kit.runtime.drafts.checkpoint import load_draft
 from specdec_kit.runtime.generate import SpeculativeGenerator
 from specdec_kit.runtime.synthetic import tiny_target
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree

@@ -19,7 +19,7 @@ from transformers import AutoConfig
 
 from specdec_kit.export.builder import build_engine
 from specdec_kit.export.inputs import BuildError, BuildInputs
-from specdec_kit.runtime.drafts.loading import load_draft
+from specdec_kit.runtime.drafts.checkpoint import load_draft
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig, parse_tree_spec, tree_to_dict
 import trtllm_standin

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from specdec_kit.bench import speedup
-from specdec_kit.runtime.drafts.loading import load_draft
+from specdec_kit.bench import speedup_cli
+from specdec_kit.runtime.drafts.checkpoint import load_draft
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.train import zoo
 
@@ -42,7 +42,7 @@ def test_zoo_builds_every_model(tiny_zoo):
 
 def test_benchmark_smoke(tiny_zoo, tmp_path):
     out = tmp_path / "bench"
-    assert speedup.main(["--zoo", str(tiny_zoo), "--out", str(out), "--smoke"]) == 0
+    assert speedup_cli.main(["--zoo", str(tiny_zoo), "--out", str(out), "--smoke"]) == 0
     for name in ("results.md", "results.csv", "results.json", "acceptance_per_depth.png", "speedup.png"):
         assert (out / name).stat().st_size > 0
     rows = json.loads((out / "results.json").read_text())["rows"]

@@ -75,3 +75,9 @@ def describe(corpus: Corpus) -> str:
     return (f"corpus {corpus.fingerprint()} (Python {sys.version.split()[0]} stdlib + pydoc topics): "
             f"{len(corpus.train)} train files / {chars[0] / 1e6:.1f}M chars, "
             f"{len(corpus.heldout)} held-out files / {chars[1] / 1e6:.1f}M chars")
+
+
+def heldout_prompts(n: int, chars: int = 600) -> list[str]:
+    """The opening of held-out stdlib files (never seen in training)."""
+    docs = [d for d in load_corpus().heldout if not d.name.startswith("pydoc:") and len(d.text) > chars]
+    return [d.text[:chars] for d in docs[:n]]

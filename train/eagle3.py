@@ -30,7 +30,7 @@ from specdec_kit.runtime.drafts.loading import save_draft
 from specdec_kit.runtime.synthetic import draft_config
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.train.distilled import BatchMasks, DistilledData
-from specdec_kit.train.heldout import HeldOutTracker, eagle3_acceptance
+from specdec_kit.train.heldout import HeldOutTracker
 from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state, saved_extra
 
 
@@ -162,6 +162,25 @@ def eagle3_losses(draft: Eagle3Draft, spec: Eagle3Spec, taps, tokens, logits,
     ttt = TrainingTimeTest(draft, taps, tokens, logits, masks)
     results = [ttt.step(j) for j in range(spec.ttt_length)]
     return sum(spec.step_decay ** j * r.loss for j, r in enumerate(results)), results
+
+
+@torch.no_grad()
+def eagle3_acceptance(draft, data: DistilledData, depth: int = 3) -> list[float]:
+    """Chain acceptance per depth of an EAGLE-3 head (its training-time test, step j drafting x_{t+j+2})."""
+    hits, starts = [0] * depth, 0
+    for b in range(len(data)):
+        tokens, taps, logits, masks = data.batch(b)
+        ttt = TrainingTimeTest(draft, taps, tokens, logits, masks)
+        # position t drafts x_{t+2}, the target's choice after x_{t+1}: a chain starts where that one is known
+        alive = shift_left(masks.valid & masks.counted & (masks.top >= 0), 1)
+        starts += int(alive.sum())
+        for j in range(depth):
+            ttt.step(j)
+            guess = draft.target_ids(draft.logits(ttt.hidden).argmax(-1))
+            hit = alive & (guess == shift_left(masks.top, j + 1))
+            hits[j] += int(hit.sum())
+            alive = hit
+    return [h / max(starts, 1) for h in hits]
 
 
 def train_eagle3(target: TargetModel, data: torch.Tensor | DistilledData, spec: Eagle3Spec, out_dir: Path,

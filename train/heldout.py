@@ -64,27 +64,6 @@ def feature_draft_acceptance(draft, method: str, lm_head, to_head: torch.Tensor 
     return [h / max(starts, 1) for h in hits]
 
 
-@torch.no_grad()
-def eagle3_acceptance(draft, data: DistilledData, depth: int = 3) -> list[float]:
-    """Chain acceptance per depth of an EAGLE-3 head (its training-time test, step j drafting x_{t+j+2})."""
-    from specdec_kit.train.eagle3 import TrainingTimeTest, shift_left
-
-    hits, starts = [0] * depth, 0
-    for b in range(len(data)):
-        tokens, taps, logits, masks = data.batch(b)
-        ttt = TrainingTimeTest(draft, taps, tokens, logits, masks)
-        # position t drafts x_{t+2}, the target's choice after x_{t+1}: a chain starts where that one is known
-        alive = shift_left(masks.valid & masks.counted & (masks.top >= 0), 1)
-        starts += int(alive.sum())
-        for j in range(depth):
-            ttt.step(j)
-            guess = draft.target_ids(draft.logits(ttt.hidden).argmax(-1))
-            hit = alive & (guess == shift_left(masks.top, j + 1))
-            hits[j] += int(hit.sum())
-            alive = hit
-    return [h / max(starts, 1) for h in hits]
-
-
 @dataclass
 class HeldOutTracker:
     """Measures a head every ``every`` steps, logs it beside the loss and keeps the best weights by tau."""

@@ -30,6 +30,9 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+# the kit's own prompts: the ``recipe`` source above
+RECIPE_PROMPTS = Path(__file__).resolve().parent / "recipes" / "smollm2_prompts.jsonl"
+
 POOL_FILE = "pool.jsonl"
 MANIFEST_FILE = "pool.json"
 
@@ -110,7 +113,7 @@ def recipe_conversations(prompts: Path, spec_bench: Path) -> list[Conversation]:
 
 def held_out_texts(spec_bench: Path) -> list[str]:
     """Normalised text of every prompt the benchmark measures on."""
-    from specdec_kit.bench.prompts import HELD_OUT, held_out_rows, humaneval
+    from specdec_kit.data.prompts import HELD_OUT, held_out_rows, humaneval
 
     texts = [t for chat in (True, False) for row in held_out_rows(spec_bench, chat) for t in row["turns"]]
     texts += humaneval(HELD_OUT["humaneval"])
@@ -219,13 +222,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-turns", type=int, default=PoolSpec.max_turns, help="user turns kept per conversation")
     p.add_argument("--seed", type=int, default=0, help="shuffle seed")
     args = p.parse_args(argv)
-    from specdec_kit.bench.prompts import DEFAULT_SPEC_BENCH
+    from specdec_kit.data.prompts import DEFAULT_SPEC_BENCH
     from specdec_kit.runtime.pretrained import cache_root
-    from specdec_kit.train.recipe import RECIPES
 
     spec = PoolSpec(max_turns=args.max_turns, seed=args.seed, sources=args.sources.split(","))
     try:
-        pool, manifest = build_pool(spec, RECIPES / "smollm2_prompts.jsonl", DEFAULT_SPEC_BENCH)
+        pool, manifest = build_pool(spec, RECIPE_PROMPTS, DEFAULT_SPEC_BENCH)
     except (ValueError, ImportError) as exc:
         print(f"error: {exc} (the sources' packages come with the kit's data extra: pip install -e '.[data]')", file=sys.stderr)
         return 2

@@ -141,7 +141,7 @@ def man_prompts(directory: Path = MAN_DIR) -> list[Prompt]:
 
 def build_prompts(spec_bench: Path) -> list[Prompt]:
     """Every source's prompts, the benchmark's held out, in a fixed order."""
-    from specdec_kit.bench.prompts import held_out_ids
+    from specdec_kit.data.prompts import held_out_ids
 
     held_out = held_out_ids(spec_bench)
     return (spec_bench_prompts(spec_bench, held_out) + humaneval_prompts(held_out) + topic_prompts() + api_prompts()

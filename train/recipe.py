@@ -50,8 +50,8 @@ def run_distill(recipe: dict, recipe_dir: Path, data: Path, backend: dict | None
 def run_regenerate(recipe: dict, data: Path, target: Path, backend: dict) -> dict:
     """``backend``: fields of ``BackendSpec`` over the recipe's (how answers are generated is not part of the data's
     identity: greedy float32 answers are the same from each)."""
-    from specdec_kit.bench.prompts import DEFAULT_SPEC_BENCH
-    from specdec_kit.train.prompt_pool import MANIFEST_FILE, PoolSpec, build_pool, write_pool
+    from specdec_kit.data.prompts import DEFAULT_SPEC_BENCH
+    from specdec_kit.train.prompt_pool import MANIFEST_FILE, RECIPE_PROMPTS, PoolSpec, build_pool, write_pool
     from specdec_kit.train.regenerate import BackendSpec, RegenSpec, regenerate
     from specdec_kit.train.teacher_features import FeatureSpec, teacher_features
 
@@ -59,7 +59,7 @@ def run_regenerate(recipe: dict, data: Path, target: Path, backend: dict) -> dic
     pool_spec = PoolSpec(**section.get("pool", {}))
     manifest = data / "pool" / MANIFEST_FILE
     if not manifest.is_file() or json.loads(manifest.read_text())["spec"] != asdict(pool_spec):
-        write_pool(*build_pool(pool_spec, RECIPES / "smollm2_prompts.jsonl", DEFAULT_SPEC_BENCH), data / "pool")
+        write_pool(*build_pool(pool_spec, RECIPE_PROMPTS, DEFAULT_SPEC_BENCH), data / "pool")
     # answer_tokens: one goal, or milestones: the features follow each, so a part of the data can be trained on
     # (and a learning curve drawn) while the rest is generated
     goals = section.get("answer_tokens")

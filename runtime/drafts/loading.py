@@ -15,9 +15,10 @@ Layouts (as the reference implementations write them):
   ``medusa_lm_head.safetensors`` whose keys lack the ``medusa_head.`` prefix (the legacy layout), or a
   ``model.safetensors`` / ``pytorch_model.bin`` holding ``medusa_head.*`` keys beside base weights.
 
-The single key map per format lives in ``_key_map``; everything else is a strict ``load_state_dict``
+The single key map per format lives in ``official_key_map``; everything else is a strict ``load_state_dict``
 preceded by checks that name the file, the key and the expected and found values. Which builder and which
-weight files a kind uses is the drafter registry's (``runtime/registry.py``).
+weight files a kind uses is the drafter registry's (``runtime/registry.py``); ``checkpoint.py`` loads a checkpoint
+of a registered kind.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def read_weights(file: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def _find_file(path: Path, names: tuple[str, ...]) -> Path:
+def find_weight_file(path: Path, names: tuple[str, ...]) -> Path:
     for name in names:
         if (path / name).is_file():
             return path / name
@@ -100,7 +101,7 @@ def llama_config(config: dict[str, Any], file: Path) -> LlamaConfig:
     return LlamaConfig(**fields)
 
 
-def _key_map(module: nn.Module, file: Path, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def official_key_map(module: nn.Module, file: Path, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The one documented renaming per layout: Medusa's legacy files lack the ``medusa_head.`` prefix,
     and a full Medusa model file also carries base-model weights, which the draft does not own; an EAGLE-3 file
     whose draft vocabulary is the target's may lack the (identity) vocabulary maps."""
@@ -235,53 +236,6 @@ def check_vocab_maps(module: FeatureDraft, file: Path) -> None:
     if not torch.equal(marked, module.t2d):
         raise DraftLoadError(f"{file}: t2d marks {int(module.t2d.sum())} target ids, d2t maps to "
                              f"{int(marked.sum())} distinct ones; expected the same set")
-
-
-def build_draft(kind: str, config: dict[str, Any], file: Path, target_hidden: int, target_vocab: int,
-                target_shape: tuple[int, int] | None = None) -> nn.Module:
-    """An uninitialised draft module of ``kind`` shaped by ``config`` (validated against the target;
-    ``target_shape`` = (layers, 2 x kv_heads x head_dim) for drafts that read the target's KV cache)."""
-    from specdec_kit.runtime.registry import draft_kind
-
-    try:
-        spec = draft_kind(kind)
-    except ValueError as exc:
-        raise DraftLoadError(str(exc)) from None
-    return spec.build(config, file, target_hidden, target_vocab, target_shape)
-
-
-def load_draft(
-    path: str | Path,
-    kind: str,
-    target_hidden: int,
-    target_vocab: int,
-    dtype: torch.dtype = torch.float32,
-    device: torch.device | str = "cpu",
-    target_shape: tuple[int, int] | None = None,
-    embedding: torch.Tensor | None = None,
-) -> nn.Module:
-    """Load an official-layout draft checkpoint strictly; refuse one that does not fit the target. ``embedding``:
-    the target's token embedding, for a head that takes it from the target (``embedding_from_target``)."""
-    from specdec_kit.runtime.registry import draft_kind
-
-    path = Path(path)
-    if not path.is_dir():
-        raise DraftLoadError(f"{path}: draft checkpoint directory does not exist")
-    config_file, config = path / "config.json", read_config(path)
-    module = build_draft(kind, config, config_file, target_hidden, target_vocab, target_shape)
-    file = _find_file(path, draft_kind(kind).family.weight_files)
-    state = _key_map(module, file, read_weights(file))
-    if config.get("embedding_from_target"):
-        if embedding is None:
-            raise DraftLoadError(f"{config_file}: embedding_from_target is set, so the draft takes the target's "
-                                 "embedding; load it against its target (load_draft_for)")
-        if "embed_tokens.weight" in state:
-            raise DraftLoadError(f"{file}: holds embed_tokens.weight, but {config_file} says embedding_from_target")
-        state = dict(state, **{"embed_tokens.weight": embedding.detach().to("cpu", module.embed_tokens.weight.dtype)})
-    strict_load(module, state, file)
-    if getattr(module, "d2t", None) is not None:
-        check_vocab_maps(module, file)
-    return module.to(device=device, dtype=dtype).eval()
 
 
 def draft_config_dict(module: nn.Module, kind: str, base_model: str = "") -> dict[str, Any]:

@@ -21,17 +21,24 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
-from specdec_kit import __version__
 from specdec_kit.export.inputs import BuildError, BuildInputs
-from specdec_kit.export.server_exports import (
-    checked_weight_map, draft_biases, draft_state, save_safetensors, serve_script, write_target,
+from specdec_kit.export.servers.common import (
+    PLUGINS,
+    checked_weight_map,
+    draft_biases,
+    draft_state,
+    save_safetensors,
+    serve_script,
+    write_target,
 )
 from specdec_kit.runtime.drafts.loading import draft_config_dict
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
 
+from specdec_kit import __version__
+
 PLUGIN = "specdec_vllm"
-PLUGIN_SOURCE = Path(__file__).resolve().parent / "plugins" / "vllm" / PLUGIN
+PLUGIN_SOURCE = PLUGINS / "vllm" / PLUGIN
 ARCHITECTURE = {"griffin": "EagleSpecdecGriffinForCausalLM", "eagle": "EagleSpecdecLlamaForCausalLM",
                 "eagle2": "EagleSpecdecLlamaForCausalLM", "hass": "EagleSpecdecLlamaForCausalLM",
                 "eagle3": "Eagle3LlamaForCausalLM"}

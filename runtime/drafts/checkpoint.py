@@ -1,0 +1,65 @@
+"""Loading a draft checkpoint of a registered kind: the registry says which module to build and which weight files to
+read, ``loading.py`` builds and loads it strictly. (Kept apart from ``loading.py``, which the registry's builders
+live in, so the registry sits above the draft modules and below this.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from specdec_kit.runtime.drafts.loading import (
+    DraftLoadError,
+    check_vocab_maps,
+    find_weight_file,
+    official_key_map,
+    read_config,
+    read_weights,
+    strict_load,
+)
+from specdec_kit.runtime.registry import draft_kind
+
+
+def build_draft(kind: str, config: dict[str, Any], file: Path, target_hidden: int, target_vocab: int,
+                target_shape: tuple[int, int] | None = None) -> nn.Module:
+    """An uninitialised draft module of ``kind`` shaped by ``config`` (validated against the target;
+    ``target_shape`` = (layers, 2 x kv_heads x head_dim) for drafts that read the target's KV cache)."""
+    try:
+        spec = draft_kind(kind)
+    except ValueError as exc:
+        raise DraftLoadError(str(exc)) from None
+    return spec.build(config, file, target_hidden, target_vocab, target_shape)
+
+
+def load_draft(
+    path: str | Path,
+    kind: str,
+    target_hidden: int,
+    target_vocab: int,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    target_shape: tuple[int, int] | None = None,
+    embedding: torch.Tensor | None = None,
+) -> nn.Module:
+    """Load an official-layout draft checkpoint strictly; refuse one that does not fit the target. ``embedding``:
+    the target's token embedding, for a head that takes it from the target (``embedding_from_target``)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise DraftLoadError(f"{path}: draft checkpoint directory does not exist")
+    config_file, config = path / "config.json", read_config(path)
+    module = build_draft(kind, config, config_file, target_hidden, target_vocab, target_shape)
+    file = find_weight_file(path, draft_kind(kind).family.weight_files)
+    state = official_key_map(module, file, read_weights(file))
+    if config.get("embedding_from_target"):
+        if embedding is None:
+            raise DraftLoadError(f"{config_file}: embedding_from_target is set, so the draft takes the target's "
+                                 "embedding; load it against its target (load_draft_for)")
+        if "embed_tokens.weight" in state:
+            raise DraftLoadError(f"{file}: holds embed_tokens.weight, but {config_file} says embedding_from_target")
+        state = dict(state, **{"embed_tokens.weight": embedding.detach().to("cpu", module.embed_tokens.weight.dtype)})
+    strict_load(module, state, file)
+    if getattr(module, "d2t", None) is not None:
+        check_vocab_maps(module, file)
+    return module.to(device=device, dtype=dtype).eval()

@@ -1,0 +1,146 @@
+"""The package's layers: every import points down (or within its own package), and no two modules import each other,
+directly or around a loop. Imports inside functions count (a lazy import is still a dependency); imports only for
+type checkers (``if TYPE_CHECKING:``) and a script's own entry block (``if __name__ == "__main__":``) do not.
+
+    data, the package root   prompt sets, paths, plots
+    runtime                  the contract, registry, drafts, trees, verification, the loop, the ONNX Runtime backend
+    train, export, serving,  each on the runtime alone: none of them imports another
+    edge, loadtest
+    bench                    measures all of the above
+"""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LAYERS = (
+    {"specdec_kit", "specdec_kit.data"},
+    {"specdec_kit.runtime"},
+    {"specdec_kit.train", "specdec_kit.export", "specdec_kit.serving", "specdec_kit.edge", "specdec_kit.loadtest"},
+    {"specdec_kit.bench"},
+)
+# shipped into other engines' processes (vLLM, SGLang, TensorRT-LLM), where they import those engines, not the layers
+EXCLUDED = ("specdec_kit.export.plugins",)
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the package, by dotted name, from pyproject.toml's package-dir mapping."""
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = {}
+    for package, folder in config["package-dir"].items():
+        for path in (REPO / folder).rglob("*.py"):
+            parts = path.relative_to(REPO / folder).with_suffix("").parts
+            name = ".".join((package, *parts)).removesuffix(".__init__")
+            if not name.startswith(EXCLUDED) and (package != "specdec_kit" or len(parts) == 1 or parts[0] == "data"):
+                found.setdefault(name, path)
+    return found
+
+
+def counted_nodes(tree: ast.AST):
+    """The tree's nodes, leaving out ``if TYPE_CHECKING:`` and ``if __name__ == "__main__":`` bodies."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If):
+            test = ast.unparse(node.test)
+            if test in ("TYPE_CHECKING", "typing.TYPE_CHECKING") or test.replace("'", '"') == '__name__ == "__main__"':
+                yield from (n for child in node.orelse for n in [child, *counted_nodes(child)])
+                continue
+        yield node
+        yield from counted_nodes(node)
+
+
+def imports(path: Path, known: set[str]) -> set[str]:
+    """The package's modules ``path`` imports."""
+    found = set()
+    for node in counted_nodes(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = {f"{node.module}.{a.name}" for a in node.names}
+            found |= {n for n in names if n in known} or {node.module}
+            found |= {node.module} if any(n not in known for n in names) else set()
+    return {n for n in found if n in known}
+
+
+def layer_of(module: str) -> tuple[int, str]:
+    for index, packages in enumerate(LAYERS):
+        owner = max((p for p in packages if module == p or module.startswith(p + ".")), key=len, default=None)
+        if owner is not None and (owner != "specdec_kit" or module.count(".") <= 1):
+            return index, owner
+    raise AssertionError(f"{module}: in no layer")
+
+
+def graph() -> dict[str, set[str]]:
+    found = modules()
+    return {name: imports(path, set(found)) - {name} for name, path in found.items()}
+
+
+def test_every_import_points_down() -> None:
+    wrong = []
+    for module, targets in graph().items():
+        (level, owner) = layer_of(module)
+        for target in targets:
+            target_level, target_owner = layer_of(target)
+            if target_level > level or (target_level == level and target_owner != owner):
+                wrong.append(f"{module} -> {target}")
+    assert not wrong, "imports against the layers:\n" + "\n".join(sorted(wrong))
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in edges:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_cycles() -> None:
+    loops = cycles(graph())
+    assert not loops, "modules importing each other:\n" + "\n".join(" <-> ".join(c) for c in loops)
+
+
+def test_the_checks_catch_what_they_look_for() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+    assert layer_of("specdec_kit.bench.speedup") > layer_of("specdec_kit.runtime.trees")
+    assert layer_of("specdec_kit.paths")[0] == 0 and layer_of("specdec_kit.data.prompts")[0] == 0
+    source = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import x\nif __name__ == '__main__':\n"
+                       "    import y\ndef f():\n    import z\n")
+    imported = {a.name for n in counted_nodes(source) if isinstance(n, ast.Import) for a in n.names}
+    assert imported == {"z"}
