@@ -20,8 +20,9 @@ DEFAULT_TREES = "4:3:1,6:3:2,8:3:2,8:4:2,10:4:2,12:4:3,12:5:2,16:5:3"  # total_t
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="specdec-bench-chat", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="specdec-bench-chat", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--target", default="smollm2", help="a named target (its heads come with the kit)")
     p.add_argument("--methods", default="griffin,eagle3", help="heads to compare with plain decoding")
     p.add_argument("--sets", default="humaneval,spec_bench,chat", help="prompt sets (held out of training)")
@@ -32,8 +33,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--trees", default=DEFAULT_TREES, help="candidate dynamic trees, total_tokens:depth:top_k")
     p.add_argument("--calibration-prompts", type=int, default=4)
     p.add_argument("--calibration-tokens", type=int, default=64)
-    p.add_argument("--backend", default="onnxruntime", choices=["onnxruntime", "torch"],
-                   help="the engines' backend (torch: PyTorch eager, no graph export)")
+    p.add_argument(
+        "--backend",
+        default="onnxruntime",
+        choices=["onnxruntime", "torch"],
+        help="the engines' backend (torch: PyTorch eager, no graph export)",
+    )
     p.add_argument("--engines", type=Path, default=Path("engines"), help="where the engines are built (or reused)")
     p.add_argument("--out", type=Path, default=Path("bench/results/smollm2"))
     p.add_argument("--smoke", action="store_true", help="tiny sizes, for the tests")
@@ -50,12 +55,20 @@ def build_engines(args, methods: list[str]) -> dict[str, Path]:
     paths = {}
     for method in methods:
         target, draft, tokenizer, _ = resolve_paths(method, Path(args.target), None, None)
-        inputs = BuildInputs(draft=method, target=target, draft_path=draft, tokenizer=tokenizer, backend=args.backend,
-                             dtype="float32", tree=tree_to_dict(DynamicTreeConfig(**NAMED_TARGETS[args.target].cpu_tree(method))))
+        inputs = BuildInputs(
+            draft=method,
+            target=target,
+            draft_path=draft,
+            tokenizer=tokenizer,
+            backend=args.backend,
+            dtype="float32",
+            tree=tree_to_dict(DynamicTreeConfig(**NAMED_TARGETS[args.target].cpu_tree(method))),
+        )
         out = args.engines / f"{args.target}-{method}-{args.backend}"
         print(f"{method}: engine {out}", file=sys.stderr)
-        paths[method] = build_engine(inputs, out, step=lambda msg: print(f"  {msg}", file=sys.stderr),
-                                     replace_other=True).path
+        paths[method] = build_engine(
+            inputs, out, step=lambda msg: print(f"  {msg}", file=sys.stderr), replace_other=True
+        ).path
     return paths
 
 
@@ -83,11 +96,22 @@ def search_trees(engines: dict, plain, calibration: list[list[int]], candidates:
         for tree in candidates:
             tps, stats = timed(SpeculativeGenerator(engine.target, engine.drafter_for(tree)))
             verify, draft = stats.verify_s / stats.cycles, stats.draft_s / stats.cycles
-            rows.append({"tree": [tree.total_tokens, tree.depth, tree.top_k], "tau": stats.acceptance_length,
-                         "verify_ms": 1000 * verify, "draft_ms": 1000 * draft, "tokens_per_s": tps,
-                         "speedup": tps / plain_tps, "bound": stats.acceptance_length * t_plain / (verify + draft)})
-            print(f"  {method} tree {rows[-1]['tree']}: tau {rows[-1]['tau']:.2f}, {tps:.1f} tok/s "
-                  f"({rows[-1]['speedup']:.2f}x plain)", file=sys.stderr)
+            rows.append(
+                {
+                    "tree": [tree.total_tokens, tree.depth, tree.top_k],
+                    "tau": stats.acceptance_length,
+                    "verify_ms": 1000 * verify,
+                    "draft_ms": 1000 * draft,
+                    "tokens_per_s": tps,
+                    "speedup": tps / plain_tps,
+                    "bound": stats.acceptance_length * t_plain / (verify + draft),
+                }
+            )
+            print(
+                f"  {method} tree {rows[-1]['tree']}: tau {rows[-1]['tau']:.2f}, {tps:.1f} tok/s "
+                f"({rows[-1]['speedup']:.2f}x plain)",
+                file=sys.stderr,
+            )
         best = max(rows, key=lambda r: (r["tokens_per_s"], -r["tree"][0]))
         out["methods"][method] = {"candidates": rows, "best": best["tree"]}
     out["t_plain_ms"] = 1000 * t_plain
@@ -95,22 +119,27 @@ def search_trees(engines: dict, plain, calibration: list[list[int]], candidates:
 
 
 def tree_table(search: dict) -> list[str]:
-    lines = [f"Plain decoding on the calibration prompts: {search['plain_tokens_per_s']:.1f} tokens/s "
-             f"({search['t_plain_ms']:.1f} ms per token)", "",
-             "| method | tree (total, depth, top-k) | tau | verify ms/cycle | draft ms/cycle | tokens/s | speedup | bound |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"Plain decoding on the calibration prompts: {search['plain_tokens_per_s']:.1f} tokens/s "
+        f"({search['t_plain_ms']:.1f} ms per token)",
+        "",
+        "| method | tree (total, depth, top-k) | tau | verify ms/cycle | draft ms/cycle | tokens/s | speedup | bound |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for method, found in search["methods"].items():
         for r in found["candidates"]:
             mark = " **(chosen)**" if r["tree"] == found["best"] else ""
-            lines.append(f"| {method} | {tuple(r['tree'])}{mark} | {r['tau']:.2f} | {r['verify_ms']:.1f} | "
-                         f"{r['draft_ms']:.1f} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}x | {r['bound']:.2f}x |")
+            lines.append(
+                f"| {method} | {tuple(r['tree'])}{mark} | {r['tau']:.2f} | {r['verify_ms']:.1f} | "
+                f"{r['draft_ms']:.1f} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}x | {r['bound']:.2f}x |"
+            )
     return lines
 
 
 def run(args) -> int:
-    from specdec_kit.data.prompts import chat_messages
     from specdec_kit.bench.report import write_all
     from specdec_kit.bench.speedup import machine, measure, summarize
+    from specdec_kit.data.prompts import chat_messages
     from specdec_kit.runtime.drafting import NoDrafter
     from specdec_kit.runtime.engine import open_engine
     from specdec_kit.runtime.generate import SpeculativeGenerator
@@ -129,7 +158,9 @@ def run(args) -> int:
     tokenizer = first.tokenizer
     plain = SpeculativeGenerator(first.target, NoDrafter())
     recipe = json.loads((RECIPES / f"{args.target}.json").read_text())
-    training = read_prompts(RECIPES / recipe["prompts"])[:args.calibration_prompts]  # the kit's prompts, never the benchmark's
+    training = read_prompts(RECIPES / recipe["prompts"])[
+        : args.calibration_prompts
+    ]  # the kit's prompts, never the benchmark's
     calibration = [chat_ids(tokenizer, [{"role": "user", "content": p.text}]) for p in training]
     candidates = [DynamicTreeConfig(*map(int, spec.split(":"))) for spec in args.trees.split(",")]
     print(f"choosing the tree from measured costs ({len(candidates)} candidates)", file=sys.stderr)
@@ -145,9 +176,15 @@ def run(args) -> int:
     temps = [float(t) for t in args.temperatures.split(",")]
     results = measure(generators, sets, temps, args.repeats, args.max_new_tokens)
     rows = summarize(results, list(generators))
-    meta = {"target": args.target, "backend": args.backend, "batch": 1, "prompts_per_set": args.prompts,
-            "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
-            "trees": {m: search["methods"][m]["best"] for m in methods}}
+    meta = {
+        "target": args.target,
+        "backend": args.backend,
+        "batch": 1,
+        "prompts_per_set": args.prompts,
+        "max_new_tokens": args.max_new_tokens,
+        "repeats": args.repeats,
+        "trees": {m: search["methods"][m]["best"] for m in methods},
+    }
     write_all(rows, args.out, machine(), meta)
     print("\n".join(tree_table(search)))
     print((args.out / "results.md").read_text())

@@ -16,19 +16,19 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from specdec_kit.data import prompts as prompt_sets
-from specdec_kit.train.corpus import heldout_prompts
+from specdec_kit.bench.methods import EDGE_METHODS as METHODS
 from specdec_kit.bench.report import write_text_and_plot
-from specdec_kit.plots import legend_below, pyplot, save_figure
+from specdec_kit.data import prompts as prompt_sets
 from specdec_kit.edge.activations import weights_digest
 from specdec_kit.edge.client import EdgeClient
 from specdec_kit.edge.drafting import make_edge_drafter
 from specdec_kit.edge.link import PROFILES
 from specdec_kit.edge.netns import NetnsLink
+from specdec_kit.paths import default_zoo
+from specdec_kit.plots import legend_below, pyplot, save_figure
 from specdec_kit.runtime.loader import load_tokenizer
 from specdec_kit.runtime.trees import DynamicTreeConfig
-from specdec_kit.paths import default_zoo
-from specdec_kit.bench.methods import EDGE_METHODS as METHODS
+from specdec_kit.train.corpus import heldout_prompts
 
 SERVER_PORT = 7433
 
@@ -69,16 +69,36 @@ class ShapedPath:
             self.ns = NetnsLink("specdec-bench", rate_mbit=prof.rate_mbit).__enter__()
             prefix, host = self.ns.exec_prefix, self.ns.server_ip
         port = SERVER_PORT if self.use_netns else _free_port()
-        cmd = prefix + [sys.executable, "-m", "specdec_kit.edge.server", "--target", str(self.args.zoo / "target"),
-                        "--host", host, "--port", str(port), "--threads", "1"]
+        cmd = prefix + [
+            sys.executable,
+            "-m",
+            "specdec_kit.edge.server",
+            "--target",
+            str(self.args.zoo / "target"),
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--threads",
+            "1",
+        ]
         for h in self.heads:
             cmd += ["--moa-head", f"{h}={self.args.zoo / h}"]
         server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.procs.append(server)
         _wait_port(host, port, server)
         self.port = _free_port()
-        link = [sys.executable, "-m", "specdec_kit.edge.link", "--listen", f"127.0.0.1:{self.port}",
-                "--upstream", f"{host}:{port}", "--profile", self.profile] + (["--no-rate"] if self.use_netns else [])
+        link = [
+            sys.executable,
+            "-m",
+            "specdec_kit.edge.link",
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--upstream",
+            f"{host}:{port}",
+            "--profile",
+            self.profile,
+        ] + (["--no-rate"] if self.use_netns else [])
         self.link = subprocess.Popen(link, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.procs.append(self.link)
         _wait_port("127.0.0.1", self.port, self.link)
@@ -110,14 +130,23 @@ def make_clients(args, names: list[str], port: int, tree) -> dict[str, EdgeClien
         kind, folder = METHODS[name]
         path = args.zoo / folder if folder else None
         drafter = make_edge_drafter(kind, args.zoo / "target", path, tree, source=folder if kind == "moa" else None)
-        clients[name] = EdgeClient("127.0.0.1", port, drafter, act_dtype=args.act_dtype, call_timeout=0.5,
-                                   retry_interval=0.2, reconnect_timeout=10.0,
-                                   draft_digest=weights_digest(path) if kind == "moa" else None)
+        clients[name] = EdgeClient(
+            "127.0.0.1",
+            port,
+            drafter,
+            act_dtype=args.act_dtype,
+            call_timeout=0.5,
+            retry_interval=0.2,
+            reconnect_timeout=10.0,
+            draft_digest=weights_digest(path) if kind == "moa" else None,
+        )
     return clients
 
 
 def speed_rows(args, path: ShapedPath, clients: dict[str, EdgeClient], prompts: list[list[int]], bar) -> list[dict]:
-    agg = {m: dict(tokens=0, wall=0.0, calls=0, up=0, down=0, wire=0, cycles=0, accepted=0, prompt_down=0) for m in clients}
+    agg = {
+        m: dict(tokens=0, wall=0.0, calls=0, up=0, down=0, wire=0, cycles=0, accepted=0, prompt_down=0) for m in clients
+    }
     for m, c in clients.items():  # warm-up: connection, first-call costs
         c.generate(prompts[0], 8)
     for rep in range(args.repeats):
@@ -139,18 +168,30 @@ def speed_rows(args, path: ShapedPath, clients: dict[str, EdgeClient], prompts: 
     rows = []
     for m, a in agg.items():
         n = max(a["tokens"], 1)
-        rows.append(dict(profile=path.profile, method=m, tokens=a["tokens"], tokens_per_s=a["tokens"] / a["wall"],
-                         acceptance_length=(a["accepted"] + a["cycles"]) / max(a["cycles"], 1),
-                         calls_per_token=a["calls"] / n, bytes_up_per_token=a["up"] / n,
-                         bytes_down_per_token=a["down"] / n, decode_bytes_down_per_token=(a["down"] - a["prompt_down"]) / n,
-                         prompt_bytes_down_per_request=a["prompt_down"] / max(len(prompts) * args.repeats, 1), wire_bytes_per_token=a["wire"] / n if path.ns else None))
+        rows.append(
+            dict(
+                profile=path.profile,
+                method=m,
+                tokens=a["tokens"],
+                tokens_per_s=a["tokens"] / a["wall"],
+                acceptance_length=(a["accepted"] + a["cycles"]) / max(a["cycles"], 1),
+                calls_per_token=a["calls"] / n,
+                bytes_up_per_token=a["up"] / n,
+                bytes_down_per_token=a["down"] / n,
+                decode_bytes_down_per_token=(a["down"] - a["prompt_down"]) / n,
+                prompt_bytes_down_per_request=a["prompt_down"] / max(len(prompts) * args.repeats, 1),
+                wire_bytes_per_token=a["wire"] / n if path.ns else None,
+            )
+        )
     base = next((r["tokens_per_s"] for r in rows if r["method"] == "plain"), None)
     for r in rows:
         r["speedup_vs_plain"] = r["tokens_per_s"] / base if base else None
     return rows
 
 
-def outage_rows(args, path: ShapedPath, clients: dict[str, EdgeClient], prompts: list[list[int]], reference, bar) -> list[dict]:
+def outage_rows(
+    args, path: ShapedPath, clients: dict[str, EdgeClient], prompts: list[list[int]], reference, bar
+) -> list[dict]:
     rows = []
     for m, c in clients.items():
         tot = dict(offline=0, confirmed=0, retracted=0, identical=0, during=0)
@@ -183,35 +224,55 @@ def outage_rows(args, path: ShapedPath, clients: dict[str, EdgeClient], prompts:
             tot["during"] += state["during"]
             tot["identical"] += int(r.tokens == reference[i] and r.verified == len(r.tokens))
             bar.update(1)
-        rows.append(dict(profile=path.profile, method=m, prompts=len(prompts), offline_tokens=tot["offline"],
-                         confirmed=tot["confirmed"], retracted=tot["retracted"],
-                         confirmed_share=tot["confirmed"] / tot["offline"] if tot["offline"] else None,
-                         identical_to_plain=tot["identical"]))
+        rows.append(
+            dict(
+                profile=path.profile,
+                method=m,
+                prompts=len(prompts),
+                offline_tokens=tot["offline"],
+                confirmed=tot["confirmed"],
+                retracted=tot["retracted"],
+                confirmed_share=tot["confirmed"] / tot["offline"] if tot["offline"] else None,
+                identical_to_plain=tot["identical"],
+            )
+        )
     return rows
 
 
 def markdown(speed: list[dict], outage: list[dict], meta: dict) -> list[str]:
-    lines = [f"# Client-server drafting ({meta['network']})", "",
-             f"Zoo target on {meta['machine']}; {meta['prompts']} {meta['prompt_set']} prompts x {meta['max_new_tokens']} "
-             f"tokens, greedy, tree {meta['tree']}, activations {meta['act_dtype']}. Bytes are protocol frames ("
-             "with headers; \"down\" includes the prompt's activations, \"decode down\" leaves them out); wire bytes are what the "
-             "veth carried both ways, TCP/IP headers and ACKs included.", "",
-             "| profile | method | tokens/s | vs plain | tau | server calls/token | bytes up/token | bytes down/token | decode bytes down/token | prompt bytes down/request | wire bytes/token |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Client-server drafting ({meta['network']})",
+        "",
+        f"Zoo target on {meta['machine']}; {meta['prompts']} {meta['prompt_set']} prompts x {meta['max_new_tokens']} "
+        f"tokens, greedy, tree {meta['tree']}, activations {meta['act_dtype']}. Bytes are protocol frames ("
+        'with headers; "down" includes the prompt\'s activations, "decode down" leaves them out); wire bytes are what the '
+        "veth carried both ways, TCP/IP headers and ACKs included.",
+        "",
+        "| profile | method | tokens/s | vs plain | tau | server calls/token | bytes up/token | bytes down/token | decode bytes down/token | prompt bytes down/request | wire bytes/token |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in speed:
         wire = f"{r['wire_bytes_per_token']:.0f}" if r["wire_bytes_per_token"] is not None else "-"
         vs = f"{r['speedup_vs_plain']:.2f}x" if r["speedup_vs_plain"] else "-"
-        lines.append(f"| {r['profile']} | {r['method']} | {r['tokens_per_s']:.1f} | {vs} | {r['acceptance_length']:.2f} | "
-                     f"{r['calls_per_token']:.3f} | {r['bytes_up_per_token']:.0f} | {r['bytes_down_per_token']:.0f} | "
-                     f"{r['decode_bytes_down_per_token']:.0f} | {r['prompt_bytes_down_per_request']:.0f} | {wire} |")
+        lines.append(
+            f"| {r['profile']} | {r['method']} | {r['tokens_per_s']:.1f} | {vs} | {r['acceptance_length']:.2f} | "
+            f"{r['calls_per_token']:.3f} | {r['bytes_up_per_token']:.0f} | {r['bytes_down_per_token']:.0f} | "
+            f"{r['decode_bytes_down_per_token']:.0f} | {r['prompt_bytes_down_per_request']:.0f} | {wire} |"
+        )
     if outage:
-        lines += ["", f"## Outage: link cut silently after {meta['outage_after']} verified tokens for {meta['outage_s']} s", "",
-                  "| profile | method | offline tokens | confirmed on return | retracted | confirmed share | final text = plain decoding |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"## Outage: link cut silently after {meta['outage_after']} verified tokens for {meta['outage_s']} s",
+            "",
+            "| profile | method | offline tokens | confirmed on return | retracted | confirmed share | final text = plain decoding |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for r in outage:
             share = f"{r['confirmed_share']:.0%}" if r["confirmed_share"] is not None else "-"
-            lines.append(f"| {r['profile']} | {r['method']} | {r['offline_tokens']} | {r['confirmed']} | {r['retracted']} | "
-                         f"{share} | {r['identical_to_plain']}/{r['prompts']} |")
+            lines.append(
+                f"| {r['profile']} | {r['method']} | {r['offline_tokens']} | {r['confirmed']} | {r['retracted']} | "
+                f"{share} | {r['identical_to_plain']}/{r['prompts']} |"
+            )
     return lines
 
 
@@ -252,8 +313,11 @@ def run(args) -> int:
     use_netns = args.network == "netns" or (args.network == "auto" and ok)
     if use_netns and not ok:
         raise SystemExit(f"--network netns: {why}")
-    network = ("network namespace + veth with tbf rate limit + link relay (delay/jitter/loss)" if use_netns
-               else f"loopback + link relay (delay/jitter/loss/rate){'' if ok else f'; no namespaces: {why}'}")
+    network = (
+        "network namespace + veth with tbf rate limit + link relay (delay/jitter/loss)"
+        if use_netns
+        else f"loopback + link relay (delay/jitter/loss/rate){'' if ok else f'; no namespaces: {why}'}"
+    )
     tokenizer = load_tokenizer(args.zoo / "target")
     texts = prompt_sets.humaneval(args.prompts) if args.prompt_set == "humaneval" else heldout_prompts(args.prompts)
     prompts = [tokenizer(t)["input_ids"][-512:] for t in texts]
@@ -261,7 +325,9 @@ def run(args) -> int:
     heads = sorted({METHODS[m][1] for m in names if METHODS[m][0] == "moa"})
     profiles = [p for p in args.profiles.split(",") if p]
     offline_methods = [m for m in names if m != "plain"]
-    total = len(profiles) * (len(prompts) * len(names) * args.repeats) + (len(prompts) * len(offline_methods) if args.outage_after else 0)
+    total = len(profiles) * (len(prompts) * len(names) * args.repeats) + (
+        len(prompts) * len(offline_methods) if args.outage_after else 0
+    )
     bar = tqdm(total=total, desc="client-server", file=sys.stderr)
     speed, outage = [], []
     reference = None
@@ -274,11 +340,18 @@ def run(args) -> int:
                 reference = [plain.generate(ids, args.max_new_tokens).tokens for ids in prompts]
                 outage += outage_rows(args, path, {m: clients[m] for m in offline_methods}, prompts, reference, bar)
     bar.close()
-    meta = dict(network=network, machine=f"{os.cpu_count()} CPU cores (client and server share them)",
-                prompts=len(prompts), prompt_set=args.prompt_set, max_new_tokens=args.max_new_tokens,
-                tree=f"dynamic {args.total_tokens}/{args.depth}/{args.top_k}", act_dtype=args.act_dtype,
-                outage_after=args.outage_after, outage_s=args.outage_s,
-                profiles={p: PROFILES[p].describe() for p in profiles})
+    meta = dict(
+        network=network,
+        machine=f"{os.cpu_count()} CPU cores (client and server share them)",
+        prompts=len(prompts),
+        prompt_set=args.prompt_set,
+        max_new_tokens=args.max_new_tokens,
+        tree=f"dynamic {args.total_tokens}/{args.depth}/{args.top_k}",
+        act_dtype=args.act_dtype,
+        outage_after=args.outage_after,
+        outage_s=args.outage_s,
+        profiles={p: PROFILES[p].describe() for p in profiles},
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "client_server.json").write_text(json.dumps({"meta": meta, "speed": speed, "outage": outage}, indent=2))
     write_text_and_plot(args.out, "client_server", markdown(speed, outage, meta), lambda p: plot(speed, p))

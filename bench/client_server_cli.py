@@ -28,8 +28,9 @@ METHODS = EDGE_METHODS
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="specdec-bench-edge", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="specdec-bench-edge", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--zoo", type=Path, default=None, help="the demo zoo (default: $SPECDEC_ZOO, else ./zoo)")
     p.add_argument("--out", type=Path, default=Path("bench_results"))
     p.add_argument("--methods", default="plain,eagle2,moa,moa_tli0", help=f"comma list from {list(METHODS)}")
@@ -43,7 +44,9 @@ def parse_args(argv):
     p.add_argument("--depth", type=int, default=5)
     p.add_argument("--top-k", type=int, default=2)
     p.add_argument("--act-dtype", default="float16")
-    p.add_argument("--outage-after", type=int, default=24, help="verified tokens before the link is cut (0: no outage run)")
+    p.add_argument(
+        "--outage-after", type=int, default=24, help="verified tokens before the link is cut (0: no outage run)"
+    )
     p.add_argument("--outage-s", type=float, default=1.5, help="seconds the link stays cut")
     p.add_argument("--smoke", action="store_true", help="2 prompts x 16 tokens, 5G only (a quick check)")
     return p.parse_args(argv)

@@ -43,10 +43,14 @@ SESSION_RUN = "run_with_iobinding"  # ONNX Runtime's call: its time is the graph
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="specdec-profile-cycle", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--engine", type=Path, help="engine directory (default: the demo zoo's GRIFFIN ONNX Runtime engine, "
-                   "built under --engines if missing)")
+    p = argparse.ArgumentParser(
+        prog="specdec-profile-cycle", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--engine",
+        type=Path,
+        help="engine directory (default: the demo zoo's GRIFFIN ONNX Runtime engine, built under --engines if missing)",
+    )
     p.add_argument("--engines", type=Path, default=Path("engines"))
     p.add_argument("--batches", default="1,4,16", help="batch sizes")
     p.add_argument("--new-tokens", type=int, default=64)
@@ -118,7 +122,7 @@ def graphs_of(engine) -> dict[str, object]:
     def walk(obj, depth: int = 0) -> None:
         if depth > 3 or obj is None:
             return
-        for value in (vars(obj).values() if hasattr(obj, "__dict__") else []):
+        for value in vars(obj).values() if hasattr(obj, "__dict__") else []:
             items = value.values() if isinstance(value, dict) else [value]
             for item in items:
                 if isinstance(item, OrtGraph):
@@ -155,11 +159,16 @@ def profile_batch(gen, graphs: dict, prompts: list[list[int]], new_tokens: int) 
     tokens = sum(len(r.tokens) for r in results)
     by_stage = attribute(stats)
     split_graph_compute(by_stage, graphs, before)
-    return {"batch": len(prompts), "cycles": cycles, "tokens": tokens, "wall_s": wall,
-            "tokens_per_s_profiled": tokens / wall,
-            "acceptance_length": sum(r.stats.acceptance_length for r in results) / len(results),
-            "ms_per_cycle": {k: 1000 * v / cycles for k, v in sorted(by_stage.items(), key=lambda kv: -kv[1]) if v > 0},
-            "total_ms_per_cycle": 1000 * sum(by_stage.values()) / cycles}
+    return {
+        "batch": len(prompts),
+        "cycles": cycles,
+        "tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s_profiled": tokens / wall,
+        "acceptance_length": sum(r.stats.acceptance_length for r in results) / len(results),
+        "ms_per_cycle": {k: 1000 * v / cycles for k, v in sorted(by_stage.items(), key=lambda kv: -kv[1]) if v > 0},
+        "total_ms_per_cycle": 1000 * sum(by_stage.values()) / cycles,
+    }
 
 
 def table(rows: list[dict]) -> list[str]:
@@ -175,8 +184,11 @@ def table(rows: list[dict]) -> list[str]:
             cells.append(f"{ms:.2f} ({ms / r['total_ms_per_cycle']:.0%})")
         lines.append(f"| {s} | " + " | ".join(cells) + " |")
     lines.append("| **total (profiled)** | " + " | ".join(f"**{r['total_ms_per_cycle']:.2f}**" for r in rows) + " |")
-    lines.append("| tau / tokens per s (profiled) | " + " | ".join(
-        f"{r['acceptance_length']:.2f} / {r['tokens_per_s_profiled']:.0f}" for r in rows) + " |")
+    lines.append(
+        "| tau / tokens per s (profiled) | "
+        + " | ".join(f"{r['acceptance_length']:.2f} / {r['tokens_per_s_profiled']:.0f}" for r in rows)
+        + " |"
+    )
     return lines
 
 
@@ -198,8 +210,12 @@ def main(argv: list[str] | None = None) -> int:
     for b in batches:
         print(f"profiling batch {b} ...", file=sys.stderr)
         rows.append(profile_batch(gen, graphs_of(engine), prompts[:b], args.new_tokens))
-    lines = [f"Engine {engine.path.name}, {'plain' if args.plain else 'speculative'} decoding, {args.new_tokens} new "
-             "tokens per row, rows in lockstep, cProfile (its overhead inflates Python-side stages)", "", *table(rows)]
+    lines = [
+        f"Engine {engine.path.name}, {'plain' if args.plain else 'speculative'} decoding, {args.new_tokens} new "
+        "tokens per row, rows in lockstep, cProfile (its overhead inflates Python-side stages)",
+        "",
+        *table(rows),
+    ]
     args.out.mkdir(parents=True, exist_ok=True)
     stem = "plain" if args.plain else "speculative"
     (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")

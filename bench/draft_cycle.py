@@ -18,13 +18,15 @@ from pathlib import Path
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m specdec_kit.bench.draft_cycle", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m specdec_kit.bench.draft_cycle",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("engines", type=Path, nargs="+", help="ONNX Runtime engine directories built with a dynamic tree")
     p.add_argument("--prompts", type=int, default=8, help="held-out prompts per engine")
     p.add_argument("--new-tokens", type=int, default=96)
-    p.add_argument("--out", type=Path, default=Path("bench/results/draft_cycle"),
-                   help="writes OUT.json and OUT.md")
+    p.add_argument("--out", type=Path, default=Path("bench/results/draft_cycle"), help="writes OUT.json and OUT.md")
     return p.parse_args(argv)
 
 
@@ -47,8 +49,10 @@ def measure(path: Path, prompts: int, new_tokens: int) -> dict:
     step = engine.drafter.step
     whole = getattr(step, "whole", None)
     if whole is None:
-        raise SystemExit(f"{path}: this engine has no draft_tree graph (built with a static tree, or by an older kit); "
-                         "rebuild it with a dynamic tree")
+        raise SystemExit(
+            f"{path}: this engine has no draft_tree graph (built with a static tree, or by an older kit); "
+            "rebuild it with a dynamic tree"
+        )
     ids = engine_prompts(engine, prompts)
     gen = engine.generator()
     gen.generate(ids[:1], 4)  # sessions warm
@@ -66,24 +70,37 @@ def measure(path: Path, prompts: int, new_tokens: int) -> dict:
     rows = {}
     for mode, stats in runs.items():
         total = RequestStats.combined(stats)
-        rows[mode] = {"draft_ms_per_cycle": statistics.median(1000 * s.draft_s / s.cycles for s in stats),
-                      "verify_ms_per_cycle": statistics.median(1000 * s.verify_s / s.cycles for s in stats),
-                      "tokens_per_s": statistics.median(s.tokens_per_s for s in stats),
-                      "tau": total.acceptance_length}
-    return {"engine": str(path), "draft": engine.manifest["draft"]["kind"], "tree": engine.manifest["tree"],
-            "target_layers": engine.manifest["target"]["num_hidden_layers"], "prompts": len(ids),
-            "new_tokens": new_tokens, "identical": identical, "modes": rows}
+        rows[mode] = {
+            "draft_ms_per_cycle": statistics.median(1000 * s.draft_s / s.cycles for s in stats),
+            "verify_ms_per_cycle": statistics.median(1000 * s.verify_s / s.cycles for s in stats),
+            "tokens_per_s": statistics.median(s.tokens_per_s for s in stats),
+            "tau": total.acceptance_length,
+        }
+    return {
+        "engine": str(path),
+        "draft": engine.manifest["draft"]["kind"],
+        "tree": engine.manifest["tree"],
+        "target_layers": engine.manifest["target"]["num_hidden_layers"],
+        "prompts": len(ids),
+        "new_tokens": new_tokens,
+        "identical": identical,
+        "modes": rows,
+    }
 
 
 def table(results: list[dict]) -> list[str]:
-    lines = ["| engine | tree (total, depth, top-k) | drafting | draft ms/cycle | verify ms/cycle | tau | tokens/s |",
-             "|---|---|---|---:|---:|---:|---:|"]
+    lines = [
+        "| engine | tree (total, depth, top-k) | drafting | draft ms/cycle | verify ms/cycle | tau | tokens/s |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
     for r in results:
         t = r["tree"]
         for mode, m in r["modes"].items():
-            lines.append(f"| {Path(r['engine']).name} ({r['draft']}) | ({t['total_tokens']}, {t['depth']}, "
-                         f"{t['top_k']}) | {mode} | {m['draft_ms_per_cycle']:.1f} | {m['verify_ms_per_cycle']:.1f} | "
-                         f"{m['tau']:.2f} | {m['tokens_per_s']:.1f} |")
+            lines.append(
+                f"| {Path(r['engine']).name} ({r['draft']}) | ({t['total_tokens']}, {t['depth']}, "
+                f"{t['top_k']}) | {mode} | {m['draft_ms_per_cycle']:.1f} | {m['verify_ms_per_cycle']:.1f} | "
+                f"{m['tau']:.2f} | {m['tokens_per_s']:.1f} |"
+            )
     return lines
 
 
@@ -93,8 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.engines:
         print(f"{path}: {args.prompts} prompts x {args.new_tokens} tokens, both ways ...", file=sys.stderr)
         results.append(measure(path, args.prompts, args.new_tokens))
-    lines = ["Batch 1, medians over prompts, both ways interleaved in one run "
-             "(`python -m specdec_kit.bench.draft_cycle`).", "", *table(results), ""]
+    lines = [
+        "Batch 1, medians over prompts, both ways interleaved in one run (`python -m specdec_kit.bench.draft_cycle`).",
+        "",
+        *table(results),
+        "",
+    ]
     lines += [f"- {Path(r['engine']).name}: outputs identical both ways: {r['identical']}" for r in results]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")

@@ -17,16 +17,17 @@ import sys
 import time
 from pathlib import Path
 
-from specdec_kit.data.prompts import humaneval
 from specdec_kit.bench.report import write_text_and_plot
+from specdec_kit.data.prompts import humaneval
 from specdec_kit.plots import pyplot, save_figure
 
 RESULTS = Path("bench/results")  # relative to where it runs (the repository root in the README)
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="specdec-bench-engines", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="specdec-bench-engines", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--draft", default="griffin", choices=["griffin", "eagle", "eagle2", "hass", "medusa"])
     p.add_argument("--engines", type=Path, default=Path("engines"), help="where the engines are built or reused")
     p.add_argument("--prompts", type=int, default=8, help="HumanEval prompts")
@@ -42,8 +43,16 @@ def engine_for(kind: str, backend: str, root: Path) -> Path:
     from specdec_kit.export.inputs import BuildInputs, resolve_paths
 
     target, draft_path, tokenizer, demo = resolve_paths(kind, None, None, None)
-    inputs = BuildInputs(draft=kind, target=target, draft_path=draft_path, tokenizer=tokenizer, backend=backend,
-                         dtype="float32", tree=resolve_tree_dict(kind, backend, demo), demo=demo)
+    inputs = BuildInputs(
+        draft=kind,
+        target=target,
+        draft_path=draft_path,
+        tokenizer=tokenizer,
+        backend=backend,
+        dtype="float32",
+        tree=resolve_tree_dict(kind, backend, demo),
+        demo=demo,
+    )
     return build_engine(inputs, root / f"{kind}-{backend}", device="cpu", replace_other=True).path
 
 
@@ -64,16 +73,20 @@ def plot(rows: list[dict], path: Path) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
+    from tqdm import tqdm
+
     from specdec_kit.runtime.engine import open_engine
     from specdec_kit.runtime.loader import set_threads
-    from tqdm import tqdm
 
     set_threads()
     engines = {b: open_engine(engine_for(args.draft, b, args.engines), device="cpu") for b in ("onnxruntime", "torch")}
     tok = engines["torch"].tokenizer
     prompts = [tok(p)["input_ids"] for p in humaneval(args.prompts)]
-    combos = {(b, mode): engines[b].generator(speculative=(mode == "speculative"))
-              for b in ("torch", "onnxruntime") for mode in ("plain", "speculative")}
+    combos = {
+        (b, mode): engines[b].generator(speculative=(mode == "speculative"))
+        for b in ("torch", "onnxruntime")
+        for mode in ("plain", "speculative")
+    }
     for gen in combos.values():
         gen.generate(prompts[:1], 8)  # warm-up: first calls allocate and (ONNX Runtime) plan memory
     times = {c: [] for c in combos}
@@ -96,27 +109,56 @@ def main(argv=None) -> int:
             times[combo].append(produced / elapsed)
             tokens[combo] = produced
     identical = all(len({tuple(v) for v in per.values()}) == 1 for per in outputs.values())
-    rows = [{"backend": b, "mode": m, "tokens_per_s": round(statistics.median(times[(b, m)]), 1),
-             "tau": round(accepted[(b, m)][0] / max(accepted[(b, m)][1], 1), 2), "tokens": tokens[(b, m)]}
-            for (b, m) in combos]
+    rows = [
+        {
+            "backend": b,
+            "mode": m,
+            "tokens_per_s": round(statistics.median(times[(b, m)]), 1),
+            "tau": round(accepted[(b, m)][0] / max(accepted[(b, m)][1], 1), 2),
+            "tokens": tokens[(b, m)],
+        }
+        for (b, m) in combos
+    ]
     get = {(r["backend"], r["mode"]): r["tokens_per_s"] for r in rows}
     ratios = {
         "onnxruntime_over_torch_plain": round(get[("onnxruntime", "plain")] / get[("torch", "plain")], 2),
-        "onnxruntime_over_torch_speculative": round(get[("onnxruntime", "speculative")] / get[("torch", "speculative")], 2),
+        "onnxruntime_over_torch_speculative": round(
+            get[("onnxruntime", "speculative")] / get[("torch", "speculative")], 2
+        ),
         "speculative_over_plain_torch": round(get[("torch", "speculative")] / get[("torch", "plain")], 2),
-        "speculative_over_plain_onnxruntime": round(get[("onnxruntime", "speculative")] / get[("onnxruntime", "plain")], 2),
-        "onnxruntime_speculative_over_torch_plain": round(get[("onnxruntime", "speculative")] / get[("torch", "plain")], 2),
+        "speculative_over_plain_onnxruntime": round(
+            get[("onnxruntime", "speculative")] / get[("onnxruntime", "plain")], 2
+        ),
+        "onnxruntime_speculative_over_torch_plain": round(
+            get[("onnxruntime", "speculative")] / get[("torch", "plain")], 2
+        ),
     }
     machine = f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
-    result = {"draft": args.draft, "prompts": args.prompts, "new_tokens": args.new_tokens, "repeats": args.repeats,
-              "machine": machine, "rows": rows, "ratios": ratios, "greedy_outputs_identical": identical}
+    result = {
+        "draft": args.draft,
+        "prompts": args.prompts,
+        "new_tokens": args.new_tokens,
+        "repeats": args.repeats,
+        "machine": machine,
+        "rows": rows,
+        "ratios": ratios,
+        "greedy_outputs_identical": identical,
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "engine_backends.json").write_text(json.dumps(result, indent=2) + "\n")
-    lines = [f"Demo zoo, {args.draft}, {args.prompts} HumanEval prompts x {args.new_tokens} tokens, batch 1, "
-             f"median of {args.repeats} interleaved repeats ({machine})", "",
-             "| backend | mode | tokens/s | tau |", "|---|---|---:|---:|"]
+    lines = [
+        f"Demo zoo, {args.draft}, {args.prompts} HumanEval prompts x {args.new_tokens} tokens, batch 1, "
+        f"median of {args.repeats} interleaved repeats ({machine})",
+        "",
+        "| backend | mode | tokens/s | tau |",
+        "|---|---|---:|---:|",
+    ]
     lines += [f"| {r['backend']} | {r['mode']} | {r['tokens_per_s']} | {r['tau']} |" for r in rows]
-    lines += ["", *[f"- {k}: {v}x" for k, v in ratios.items()], f"- greedy outputs identical across all four: {identical}"]
+    lines += [
+        "",
+        *[f"- {k}: {v}x" for k, v in ratios.items()],
+        f"- greedy outputs identical across all four: {identical}",
+    ]
     write_text_and_plot(args.out, "engine_backends", lines, lambda path: plot(rows, path))
     return 0 if identical else 1
 

@@ -6,20 +6,34 @@ import csv
 import json
 from pathlib import Path
 
-COLUMNS = ["prompt_set", "temperature", "method", "requests", "acceptance_length", "tokens_per_s",
-           "speedup", "bound", "acceptance_per_depth"]
+COLUMNS = [
+    "prompt_set",
+    "temperature",
+    "method",
+    "requests",
+    "acceptance_length",
+    "tokens_per_s",
+    "speedup",
+    "bound",
+    "acceptance_per_depth",
+]
 
 
 def markdown(rows: list[dict], machine: str) -> str:
-    lines = [f"Machine: {machine}", "",
-             "| prompts | T | method | tau | tokens/s | speedup | bound | acceptance per depth |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Machine: {machine}",
+        "",
+        "| prompts | T | method | tau | tokens/s | speedup | bound | acceptance per depth |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         depth = " ".join(f"{a:.2f}" for a in r["acceptance_per_depth"]) or "-"
         tau = f"{r['acceptance_length']:.2f}" if r["acceptance_length"] else "-"
         bound = f"{r['bound']:.2f}x" if r.get("bound") else "-"
-        lines.append(f"| {r['prompt_set']} | {r['temperature']:g} | {r['method']} | {tau} | {r['tokens_per_s']:.1f} | "
-                     f"{r['speedup']:.2f}x | {bound} | {depth} |")
+        lines.append(
+            f"| {r['prompt_set']} | {r['temperature']:g} | {r['method']} | {tau} | {r['tokens_per_s']:.1f} | "
+            f"{r['speedup']:.2f}x | {bound} | {depth} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -31,8 +45,9 @@ def write_all(rows: list[dict], out: Path, machine: str, meta: dict) -> None:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
         for r in rows:
-            w.writerow({k: (" ".join(f"{a:.4f}" for a in r[k]) if k == "acceptance_per_depth" else r.get(k))
-                        for k in COLUMNS})
+            w.writerow(
+                {k: (" ".join(f"{a:.4f}" for a in r[k]) if k == "acceptance_per_depth" else r.get(k)) for k in COLUMNS}
+            )
     plot(rows, out)
 
 
@@ -54,7 +69,12 @@ def plot(rows: list[dict], out: Path) -> None:
         for r in rows:
             if (r["prompt_set"], r["temperature"]) == (ps, t) and r["acceptance_per_depth"]:
                 depth = r["acceptance_per_depth"]
-                ax.plot(range(1, len(depth) + 1), depth, marker="o", label=f"{r['method']} (tau {r['acceptance_length']:.2f})")
+                ax.plot(
+                    range(1, len(depth) + 1),
+                    depth,
+                    marker="o",
+                    label=f"{r['method']} (tau {r['acceptance_length']:.2f})",
+                )
         ax.set_title(f"{ps}, T={t:g}")
         ax.set_xlabel("tree depth")
         ax.set_ylabel("cycles accepting this depth")
@@ -71,8 +91,16 @@ def plot(rows: list[dict], out: Path) -> None:
         ax.bar(names, [r["speedup"] for r in sel], color="tab:blue", label="measured (median)")
         with_bound = [(r["method"], r["bound"]) for r in sel if r.get("bound")]
         if with_bound:
-            ax.scatter([m for m, _ in with_bound], [b for _, b in with_bound], color="tab:red", marker="_", s=400,
-                       linewidths=2, label="analytical bound", zorder=3)
+            ax.scatter(
+                [m for m, _ in with_bound],
+                [b for _, b in with_bound],
+                color="tab:red",
+                marker="_",
+                s=400,
+                linewidths=2,
+                label="analytical bound",
+                zorder=3,
+            )
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_title(f"{ps}, T={t:g}")
         ax.set_ylabel("speedup over plain decoding")

@@ -33,19 +33,28 @@ def parse_args(argv):
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
+    from tqdm import tqdm
+
     from specdec_kit.runtime.generate import SpeculativeGenerator
     from specdec_kit.runtime.loader import set_threads
     from specdec_kit.runtime.synthetic import tiny_hf_model
     from specdec_kit.runtime.target import TargetModel
-    from tqdm import tqdm
 
     if args.smoke:
         args.hidden, args.layers, args.intermediate, args.vocab = 64, 2, 128, 200
         args.new_tokens, args.prompts, args.repeats = 16, 2, 2
     set_threads()
-    hf = tiny_hf_model(hidden_size=args.hidden, layers=args.layers, heads=max(1, args.hidden // 64),
-                       kv_heads=max(1, args.hidden // 128), intermediate=args.intermediate, vocab=args.vocab,
-                       logit_scale=10.0, seed=0, max_positions=4096)
+    hf = tiny_hf_model(
+        hidden_size=args.hidden,
+        layers=args.layers,
+        heads=max(1, args.hidden // 64),
+        kv_heads=max(1, args.hidden // 128),
+        intermediate=args.intermediate,
+        vocab=args.vocab,
+        logit_scale=10.0,
+        seed=0,
+        max_positions=4096,
+    )
     params = sum(p.numel() for p in hf.parameters())
     target = TargetModel(hf)
     gen = torch.Generator().manual_seed(0)
@@ -56,9 +65,15 @@ def main(argv=None) -> int:
         outs, t0 = [], time.perf_counter()
         for p in prompts:
             ids = torch.tensor([p])
-            out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new_tokens,
-                              min_new_tokens=args.new_tokens, do_sample=False, pad_token_id=0)
-            outs.append(out[0, len(p):].tolist())
+            out = hf.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=args.new_tokens,
+                min_new_tokens=args.new_tokens,
+                do_sample=False,
+                pad_token_id=0,
+            )
+            outs.append(out[0, len(p) :].tolist())
         return time.perf_counter() - t0, outs
 
     def run_runtime() -> tuple[float, list[list[int]], float]:
@@ -102,17 +117,23 @@ def main(argv=None) -> int:
         "share_outside_forwards": round(1.0 - statistics.median(inside), 4),
         "greedy_outputs_identical": same,
     }
-    print(f"target: {params / 1e6:.1f}M parameters ({args.layers} layers x {args.hidden}, vocab {args.vocab}), "
-          f"{tokens} tokens per run, {args.repeats} interleaved repeats, {result['threads']} threads, {result['device']}")
+    print(
+        f"target: {params / 1e6:.1f}M parameters ({args.layers} layers x {args.hidden}, vocab {args.vocab}), "
+        f"{tokens} tokens per run, {args.repeats} interleaved repeats, {result['threads']} threads, {result['device']}"
+    )
     print("| decoder | tokens/s (median) |\n|---|---|")
     print(f"| transformers generate (greedy) | {hf_tps:.1f} |")
     print(f"| specdec runtime, plain decoding | {rt_tps:.1f} |")
-    print(f"runtime / transformers: {result['runtime_over_transformers']:.3f}x (median of per-repeat ratios "
-          f"{pair_ratio:.3f}x); weights streamed per token at {result['runtime_weight_bandwidth_gb_s']} GB/s "
-          "(batch-1 decoding is bound by memory bandwidth)")
-    print(f""
-          f"share of runtime step time outside model forwards: {100 * result['share_outside_forwards']:.1f}%; "
-          f"outputs identical: {same}")
+    print(
+        f"runtime / transformers: {result['runtime_over_transformers']:.3f}x (median of per-repeat ratios "
+        f"{pair_ratio:.3f}x); weights streamed per token at {result['runtime_weight_bandwidth_gb_s']} GB/s "
+        "(batch-1 decoding is bound by memory bandwidth)"
+    )
+    print(
+        f""
+        f"share of runtime step time outside model forwards: {100 * result['share_outside_forwards']:.1f}%; "
+        f"outputs identical: {same}"
+    )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 0 if same else 1

@@ -67,6 +67,7 @@ def metric_sums(url: str, prefix: str) -> dict[str, float]:
 def acceptance_length(before: dict[str, float], after: dict[str, float], prefix: str) -> float | None:
     """1 + accepted / drafts between two ``metric_sums`` readings (the kit and vLLM name the counters alike,
     under their own prefix); None when nothing was drafted."""
+
     def delta(name: str) -> float:
         key = f"{prefix}spec_decode_num_{name}_total"
         return after.get(key, 0.0) - before.get(key, 0.0)
@@ -87,8 +88,15 @@ class ServerProcess:
     def wait_ready(self, route: str, seconds: float) -> None:
         """Wait for ``route`` to answer 200; stop the server and raise (with its log's tail) if it dies or is late."""
         try:
-            wait_until_ready(self.url + route, seconds, lambda: self.proc.poll() is not None and
-                             f"server exited ({self.proc.returncode}):\n{self.log.read_text()[-3000:]}", interval=1)
+            wait_until_ready(
+                self.url + route,
+                seconds,
+                lambda: (
+                    self.proc.poll() is not None
+                    and f"server exited ({self.proc.returncode}):\n{self.log.read_text()[-3000:]}"
+                ),
+                interval=1,
+            )
         except RuntimeError as exc:
             self.stop()
             raise RuntimeError(f"{self.label}: {exc}\n(log {self.log})") from None
@@ -117,32 +125,84 @@ def _spawn(label: str, cmd: list[str], env: dict[str, str], log: Path, port: int
     return ServerProcess(label, f"http://127.0.0.1:{port}", proc, log)
 
 
-def start_kit(label: str, engine: Path, speculation: str, max_num_seqs: int, log: Path,
-              extra: list[str] = ()) -> ServerProcess:
+def start_kit(
+    label: str, engine: Path, speculation: str, max_num_seqs: int, log: Path, extra: list[str] = ()
+) -> ServerProcess:
     """``specdec-serve`` over an embedded (ONNX Runtime or PyTorch) engine (``extra``: more of its options);
     returns before it is ready."""
     port = free_port()
-    cmd = [sys.executable, "-m", "specdec_kit.serving", "--engine", str(engine), "--port", str(port),
-           "--served-model-name", SERVED_NAME, "--speculation", speculation, "--max-num-seqs", str(max_num_seqs),
-           "--log-level", "warning", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "specdec_kit.serving",
+        "--engine",
+        str(engine),
+        "--port",
+        str(port),
+        "--served-model-name",
+        SERVED_NAME,
+        "--speculation",
+        speculation,
+        "--max-num-seqs",
+        str(max_num_seqs),
+        "--log-level",
+        "warning",
+        *extra,
+    ]
     return _spawn(label, cmd, dict(os.environ), log, port)
 
 
-def start_vllm(label: str, engine: Path, python: str, speculative: bool, max_model_len: int, kv_cache_gib: int,
-               log: Path, extra: list[str], extra_env: dict[str, str] | None = None) -> ServerProcess:
+def start_vllm(
+    label: str,
+    engine: Path,
+    python: str,
+    speculative: bool,
+    max_model_len: int,
+    kv_cache_gib: int,
+    log: Path,
+    extra: list[str],
+    extra_env: dict[str, str] | None = None,
+) -> ServerProcess:
     """vLLM's OpenAI server on a ``--backend vllm`` engine: with the engine's draft through ``specdec-serve`` (the
     user's path, the engine's ``vllm/serve.sh``), or plain on the engine's target with the same settings."""
     port = free_port()
     env = dict(os.environ, SPECDEC_VLLM_PYTHON=python, VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib), **(extra_env or {}))
     if speculative:
-        cmd = [sys.executable, "-m", "specdec_kit.serving", "--engine", str(engine), "--port", str(port),
-               "--served-model-name", SERVED_NAME, "--max-model-len", str(max_model_len), "--", *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "specdec_kit.serving",
+            "--engine",
+            str(engine),
+            "--port",
+            str(port),
+            "--served-model-name",
+            SERVED_NAME,
+            "--max-model-len",
+            str(max_model_len),
+            "--",
+            *extra,
+        ]
     else:
         from specdec_kit.export.servers.vllm import SERVER_MODULE
         from specdec_kit.runtime.manifest import read_manifest
 
         env["PYTHONPATH"] = str(engine / "vllm" / "plugin")  # where SERVER_MODULE lives (no draft is configured)
-        cmd = [python, "-m", SERVER_MODULE, str(engine / "target"),
-               "--dtype", read_manifest(engine)["dtype"], "--served-model-name", SERVED_NAME,
-               "--max-model-len", str(max_model_len), "--host", "127.0.0.1", "--port", str(port), *extra]
+        cmd = [
+            python,
+            "-m",
+            SERVER_MODULE,
+            str(engine / "target"),
+            "--dtype",
+            read_manifest(engine)["dtype"],
+            "--served-model-name",
+            SERVED_NAME,
+            "--max-model-len",
+            str(max_model_len),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            *extra,
+        ]
     return _spawn(label, cmd, env, log, port)

@@ -16,30 +16,34 @@ import platform
 import sys
 from pathlib import Path
 
-from specdec_kit.data.prompts import humaneval
 from specdec_kit.bench.report import write_text_and_plot
 from specdec_kit.bench.servers import SERVED_NAME, start_kit
 from specdec_kit.bench.streams import run_level
+from specdec_kit.data.prompts import humaneval
 from specdec_kit.plots import concurrency_axis, legend_below, pyplot, save_figure
 
 RESULTS = Path("bench/results")  # relative to where it runs (the repository root in the README)
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="specdec-bench-serving", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--engine", type=Path, help="engine directory (default: build or reuse the demo zoo's GRIFFIN ONNX engine)")
+    p = argparse.ArgumentParser(
+        prog="specdec-bench-serving", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--engine", type=Path, help="engine directory (default: build or reuse the demo zoo's GRIFFIN ONNX engine)"
+    )
     p.add_argument("--concurrency", default="1,4,16")
     p.add_argument("--requests", type=int, default=48, help="requests per concurrency level (at least one per client)")
     p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--speculation", default="cost", help="the speculative server's policy (default: the server's, cost)")
+    p.add_argument(
+        "--speculation", default="cost", help="the speculative server's policy (default: the server's, cost)"
+    )
     p.add_argument("--out", type=Path, default=RESULTS)
     return p.parse_args(argv)
 
 
 def server_tau(url: str) -> float | None:
     import httpx
-
     from prometheus_client.parser import text_string_to_metric_families
 
     for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
@@ -52,8 +56,11 @@ def plot(rows: list[dict], path: Path, policy: str) -> None:
     plt = pyplot()
 
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
-    panels = (("throughput_tok_s", "throughput (tokens/s)"), ("ttft_p50_ms", "time to first token p50 (ms)"),
-              ("itl_p50_ms", "inter-token latency p50 (ms)"))
+    panels = (
+        ("throughput_tok_s", "throughput (tokens/s)"),
+        ("ttft_p50_ms", "time to first token p50 (ms)"),
+        ("itl_p50_ms", "inter-token latency p50 (ms)"),
+    )
     for mode, marker in (("speculative", "o"), ("plain", "s")):
         sel = [r for r in rows if r["mode"] == mode]
         label = f"speculative ({policy})" if mode == "speculative" else "plain"
@@ -87,30 +94,49 @@ def main(argv=None) -> int:
                 row.pop("texts")
                 row["mode"] = mode
                 rows.append(row)
-                print(f"{mode:>11} x{clients:<3} {row['throughput_tok_s']:8.1f} tok/s  TTFT p50 {row['ttft_p50_ms']:7.1f} "
-                      f"p99 {row['ttft_p99_ms']:7.1f} ms  ITL p50 {row['itl_p50_ms']:6.2f} p99 {row['itl_p99_ms']:6.2f} ms",
-                      flush=True)
+                print(
+                    f"{mode:>11} x{clients:<3} {row['throughput_tok_s']:8.1f} tok/s  TTFT p50 {row['ttft_p50_ms']:7.1f} "
+                    f"p99 {row['ttft_p99_ms']:7.1f} ms  ITL p50 {row['itl_p50_ms']:6.2f} p99 {row['itl_p99_ms']:6.2f} ms",
+                    flush=True,
+                )
             tau = server_tau(url)
             for row in rows:
                 if row["mode"] == mode:
                     row["server_accept_length"] = tau
         finally:
             server.stop()
-    ratio = {c: round(next(r["throughput_tok_s"] for r in rows if r["mode"] == "speculative" and r["concurrency"] == c)
-                      / next(r["throughput_tok_s"] for r in rows if r["mode"] == "plain" and r["concurrency"] == c), 2)
-             for c in levels}
+    ratio = {
+        c: round(
+            next(r["throughput_tok_s"] for r in rows if r["mode"] == "speculative" and r["concurrency"] == c)
+            / next(r["throughput_tok_s"] for r in rows if r["mode"] == "plain" and r["concurrency"] == c),
+            2,
+        )
+        for c in levels
+    }
     machine = f"{platform.machine()}, CPU"
-    result = {"engine": str(engine), "speculation": args.speculation, "max_tokens": args.max_tokens,
-              "requests_per_level": args.requests, "machine": machine, "rows": rows,
-              "speculative_over_plain_throughput": ratio}
+    result = {
+        "engine": str(engine),
+        "speculation": args.speculation,
+        "max_tokens": args.max_tokens,
+        "requests_per_level": args.requests,
+        "machine": machine,
+        "rows": rows,
+        "speculative_over_plain_throughput": ratio,
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "serving_load.json").write_text(json.dumps(result, indent=2) + "\n")
-    lines = [f"Server load: {args.requests} streaming chat requests per level, {args.max_tokens} tokens each, T=0, "
-             f"speculative with --speculation {args.speculation} ({machine})", "",
-             "| mode | streams | tokens/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | tau |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['mode']} | {r['concurrency']} | {r['throughput_tok_s']} | {r['ttft_p50_ms']} | {r['ttft_p99_ms']} | "
-              f"{r['itl_p50_ms']} | {r['itl_p99_ms']} | {r.get('server_accept_length')} |" for r in rows]
+    lines = [
+        f"Server load: {args.requests} streaming chat requests per level, {args.max_tokens} tokens each, T=0, "
+        f"speculative with --speculation {args.speculation} ({machine})",
+        "",
+        "| mode | streams | tokens/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | tau |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {r['mode']} | {r['concurrency']} | {r['throughput_tok_s']} | {r['ttft_p50_ms']} | {r['ttft_p99_ms']} | "
+        f"{r['itl_p50_ms']} | {r['itl_p99_ms']} | {r.get('server_accept_length')} |"
+        for r in rows
+    ]
     lines += ["", "speculative / plain throughput: " + ", ".join(f"{c} streams {v}x" for c, v in ratio.items())]
     write_text_and_plot(args.out, "serving_load", lines, lambda path: plot(rows, path, args.speculation))
     return 0

@@ -11,17 +11,18 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from specdec_kit.data import prompts as prompt_sets
-from specdec_kit.train.corpus import heldout_prompts
+from specdec_kit.bench.methods import SPEEDUP_METHODS as METHODS
 from specdec_kit.bench.report import write_all
+from specdec_kit.data import prompts as prompt_sets
+from specdec_kit.paths import default_zoo
 from specdec_kit.runtime.drafting import NoDrafter
 from specdec_kit.runtime.generate import RequestStats, SpeculativeGenerator
 from specdec_kit.runtime.loader import default_tree, load_tokenizer, make_drafter, set_threads
 from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig
-from specdec_kit.paths import default_zoo
-from specdec_kit.bench.methods import SPEEDUP_METHODS as METHODS
+from specdec_kit.train.corpus import heldout_prompts
+
 
 def median(values):
     return statistics.median(values) if values else 0.0
@@ -42,8 +43,12 @@ class HFPeers:
         import time
 
         x = torch.tensor([ids], device=self.hf.device)
-        kwargs = dict(attention_mask=torch.ones_like(x), max_new_tokens=max_new, do_sample=not params.greedy,
-                      pad_token_id=self.hf.generation_config.pad_token_id or 0)
+        kwargs = dict(
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=max_new,
+            do_sample=not params.greedy,
+            pad_token_id=self.hf.generation_config.pad_token_id or 0,
+        )
         if not params.greedy:
             kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or None)
             torch.manual_seed(params.seed or 0)
@@ -78,28 +83,43 @@ def run(args) -> int:
     hf = HFPeers(target, args.zoo) if peers else None
     sets = {}
     for name in args.prompt_sets.split(","):
-        texts = {"humaneval": lambda: prompt_sets.humaneval(args.prompts),
-                 "spec_bench": lambda: prompt_sets.spec_bench(args.spec_bench, args.prompts),
-                 "heldout": lambda: heldout_prompts(args.prompts)}[name]()
+        texts = {
+            "humaneval": lambda: prompt_sets.humaneval(args.prompts),
+            "spec_bench": lambda: prompt_sets.spec_bench(args.spec_bench, args.prompts),
+            "heldout": lambda: heldout_prompts(args.prompts),
+        }[name]()
         sets[name] = [tokenizer(t)["input_ids"][-512:] for t in texts]
     temps = [float(t) for t in args.temperatures.split(",")]
     names = list(generators) + peers
     results = measure(generators, sets, temps, args.repeats, args.max_new_tokens, hf, peers)
     rows = summarize(results, names)
-    meta = {"prompts_per_set": args.prompts, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
-            "tree": {"total_tokens": args.total_tokens, "depth": args.depth, "top_k": args.top_k}}
+    meta = {
+        "prompts_per_set": args.prompts,
+        "max_new_tokens": args.max_new_tokens,
+        "repeats": args.repeats,
+        "tree": {"total_tokens": args.total_tokens, "depth": args.depth, "top_k": args.top_k},
+    }
     write_all(rows, args.out, machine(), meta)
     print((args.out / "results.md").read_text())
     return 0
 
 
 def machine() -> str:
-    return (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
-            f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU only'}, torch {torch.__version__}")
+    return (
+        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+        f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU only'}, torch {torch.__version__}"
+    )
 
 
-def measure(generators: dict[str, SpeculativeGenerator], sets: dict[str, list[list[int]]], temps: list[float],
-            repeats: int, max_new_tokens: int, hf: HFPeers | None = None, peers: list[str] = ()) -> dict:
+def measure(
+    generators: dict[str, SpeculativeGenerator],
+    sets: dict[str, list[list[int]]],
+    temps: list[float],
+    repeats: int,
+    max_new_tokens: int,
+    hf: HFPeers | None = None,
+    peers: list[str] = (),
+) -> dict:
     """Every prompt of every set, one at a time (batch 1), by every method, at every temperature, ``repeats``
     times; methods interleaved per prompt in a rotating order, each warmed once first so none pays first-call costs.
     Returns {(set, T, method): {(prompt index, repeat): measurements}}; a prompt's seed is the same for every method."""
@@ -118,12 +138,16 @@ def measure(generators: dict[str, SpeculativeGenerator], sets: dict[str, list[li
             for rep in range(repeats):
                 for i, ids in enumerate(prompt_ids):
                     params = SamplingParams(temperature=temp, seed=1000 * rep + i)
-                    order = names[i % len(names):] + names[: i % len(names)]  # rotate: interleaved
+                    order = names[i % len(names) :] + names[: i % len(names)]  # rotate: interleaved
                     for method in order:
                         if method in generators:
                             st = generators[method].generate([ids], max_new_tokens, params)[0].stats
-                            run = {"tps": st.tokens_per_s, "tokens": st.generated_tokens, "total_s": st.total_s,
-                                   "stats": st}
+                            run = {
+                                "tps": st.tokens_per_s,
+                                "tokens": st.generated_tokens,
+                                "total_s": st.total_s,
+                                "stats": st,
+                            }
                         else:
                             n, secs = hf.run(method, ids, max_new_tokens, params)
                             run = {"tps": n / secs, "tokens": n, "total_s": secs}
@@ -135,20 +159,31 @@ def measure(generators: dict[str, SpeculativeGenerator], sets: dict[str, list[li
 
 def summarize(results: dict, names: list[str]) -> list[dict]:
     rows = []
-    for (set_name, temp, method), runs in sorted(results.items(), key=lambda kv: (kv[0][0], kv[0][1], names.index(kv[0][2]))):
+    for (set_name, temp, method), runs in sorted(
+        results.items(), key=lambda kv: (kv[0][0], kv[0][1], names.index(kv[0][2]))
+    ):
         plain = results[(set_name, temp, "plain")]
         ratios = [r["tps"] / plain[k]["tps"] for k, r in runs.items() if k in plain]
-        row = {"prompt_set": set_name, "temperature": temp, "method": method, "requests": len(runs),
-               "tokens_per_s": median([r["tps"] for r in runs.values()]), "speedup": median(ratios),
-               "acceptance_length": None, "bound": None, "acceptance_per_depth": []}
+        row = {
+            "prompt_set": set_name,
+            "temperature": temp,
+            "method": method,
+            "requests": len(runs),
+            "tokens_per_s": median([r["tps"] for r in runs.values()]),
+            "speedup": median(ratios),
+            "acceptance_length": None,
+            "bound": None,
+            "acceptance_per_depth": [],
+        }
         if "stats" in next(iter(runs.values())) and method != "plain":
             pooled = RequestStats.combined([r["stats"] for r in runs.values()])
             tau = pooled.acceptance_length
             depth = [a / pooled.cycles for a in pooled.accepted_per_depth] if pooled.cycles else []
             t_plain = median([r["total_s"] / r["tokens"] for r in plain.values()])
             t_cycle = (pooled.draft_s + pooled.verify_s) / pooled.cycles if pooled.cycles else 0.0
-            row.update(acceptance_length=tau, acceptance_per_depth=depth,
-                       bound=tau * t_plain / t_cycle if t_cycle else None)
+            row.update(
+                acceptance_length=tau, acceptance_per_depth=depth, bound=tau * t_plain / t_cycle if t_cycle else None
+            )
         rows.append(row)
     return rows
 

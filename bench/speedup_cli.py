@@ -25,8 +25,11 @@ PEERS = ("hf_generate", "hf_assisted", "hf_prompt_lookup")
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m specdec_kit.bench.speedup", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m specdec_kit.bench.speedup",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--zoo", type=Path, default=None, help="the demo zoo (default: $SPECDEC_ZOO, else ./zoo)")
     p.add_argument("--out", type=Path, default=Path("bench_results"))
     p.add_argument("--prompt-sets", default="humaneval,spec_bench,heldout")
@@ -40,8 +43,11 @@ def parse_args(argv):
     p.add_argument("--total-tokens", type=int, default=12)
     p.add_argument("--depth", type=int, default=5)
     p.add_argument("--top-k", type=int, default=2)
-    p.add_argument("--medusa-tree", default="static:mc_sim_7b_63:24",
-                   help="Medusa's static tree (default: the first 24 choices of mc_sim_7b_63, sized for a CPU)")
+    p.add_argument(
+        "--medusa-tree",
+        default="static:mc_sim_7b_63:24",
+        help="Medusa's static tree (default: the first 24 choices of mc_sim_7b_63, sized for a CPU)",
+    )
     p.add_argument("--smoke", action="store_true", help="2 prompts, 12 tokens, 1 repeat: checks that it runs")
     return p.parse_args(argv)
 

@@ -23,8 +23,14 @@ Prompt = str | list[int]  # text: a chat request; token ids: a completions reque
 def stream_request(client: httpx.Client, url: str, model: str, prompt: Prompt, max_tokens: int) -> dict:
     """One streamed greedy request (``ignore_eos``, so every server generates ``max_tokens``) on ``client``'s
     connection."""
-    body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    body = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
     if isinstance(prompt, str):
         route, body["messages"] = "/v1/chat/completions", [{"role": "user", "content": prompt}]
     else:
@@ -38,8 +44,15 @@ def stream_request(client: httpx.Client, url: str, model: str, prompt: Prompt, m
         for line in resp.iter_lines():
             meter.feed(line, time.perf_counter())
     rec = meter.finish(time.perf_counter())
-    return {"ok": rec.ok, "error": rec.error, "ttft": rec.ttft, "itl": rec.itl, "tokens": rec.output_tokens,
-            "e2e": rec.e2e, "text": meter.text}
+    return {
+        "ok": rec.ok,
+        "error": rec.error,
+        "ttft": rec.ttft,
+        "itl": rec.itl,
+        "tokens": rec.output_tokens,
+        "e2e": rec.e2e,
+        "text": meter.text,
+    }
 
 
 def ms(seconds: float | None, digits: int) -> float | None:
@@ -81,10 +94,17 @@ def run_level(url: str, model: str, prompts: list[Prompt], clients: int, total: 
     ok = [r for r in results if r["ok"]]
     itl = [g for r in ok for g in r["itl"]]
     ttft = [r["ttft"] for r in ok]
-    return {"concurrency": clients, "requests": len(results), "failed": len(results) - len(ok),
-            "errors": sorted({r["error"] for r in results if not r["ok"]})[:3],
-            "tokens": sum(r["tokens"] for r in ok), "wall_s": round(wall, 3),
-            "throughput_tok_s": round(sum(r["tokens"] for r in ok) / wall, 1),
-            "ttft_p50_ms": ms(percentile(ttft, 0.5), 1), "ttft_p99_ms": ms(percentile(ttft, 0.99), 1),
-            "itl_p50_ms": ms(percentile(itl, 0.5), 2), "itl_p99_ms": ms(percentile(itl, 0.99), 2),
-            "texts": {r["prompt_index"]: r["text"] for r in ok}}
+    return {
+        "concurrency": clients,
+        "requests": len(results),
+        "failed": len(results) - len(ok),
+        "errors": sorted({r["error"] for r in results if not r["ok"]})[:3],
+        "tokens": sum(r["tokens"] for r in ok),
+        "wall_s": round(wall, 3),
+        "throughput_tok_s": round(sum(r["tokens"] for r in ok) / wall, 1),
+        "ttft_p50_ms": ms(percentile(ttft, 0.5), 1),
+        "ttft_p99_ms": ms(percentile(ttft, 0.99), 1),
+        "itl_p50_ms": ms(percentile(itl, 0.5), 2),
+        "itl_p99_ms": ms(percentile(itl, 0.99), 2),
+        "texts": {r["prompt_index"]: r["text"] for r in ok},
+    }

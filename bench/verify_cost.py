@@ -19,14 +19,41 @@ from pathlib import Path
 
 # Shapes of real models (layers, width, heads, FFN, vocabulary); "tiny" is for tests.
 SHAPES: dict[str, dict] = {
-    "llama3-8b": dict(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
-                      intermediate_size=14336, vocab_size=128256, rope_theta=500000.0),
-    "llama3-1b": dict(num_hidden_layers=16, hidden_size=2048, num_attention_heads=32, num_key_value_heads=8,
-                      intermediate_size=8192, vocab_size=128256, rope_theta=500000.0),
-    "smollm2-135m": dict(num_hidden_layers=30, hidden_size=576, num_attention_heads=9, num_key_value_heads=3,
-                         intermediate_size=1536, vocab_size=49152, rope_theta=100000.0),
-    "tiny": dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=128, vocab_size=256),
+    "llama3-8b": dict(
+        num_hidden_layers=32,
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=14336,
+        vocab_size=128256,
+        rope_theta=500000.0,
+    ),
+    "llama3-1b": dict(
+        num_hidden_layers=16,
+        hidden_size=2048,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=8192,
+        vocab_size=128256,
+        rope_theta=500000.0,
+    ),
+    "smollm2-135m": dict(
+        num_hidden_layers=30,
+        hidden_size=576,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        intermediate_size=1536,
+        vocab_size=49152,
+        rope_theta=100000.0,
+    ),
+    "tiny": dict(
+        num_hidden_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=256,
+    ),
 }
 
 
@@ -46,11 +73,14 @@ def parse_tokens(spec: str) -> list[int]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="specdec-verify-cost", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="specdec-verify-cost", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--shape", default="llama3-8b", choices=sorted(SHAPES), help="the model shape (random weights)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
-    p.add_argument("--dtype", default="auto", help="auto (bfloat16 on CUDA, float32 on CPU), float16, bfloat16, float32")
+    p.add_argument(
+        "--dtype", default="auto", help="auto (bfloat16 on CUDA, float32 on CPU), float16, bfloat16, float32"
+    )
     p.add_argument("--context", type=int, default=512, help="tokens already in the KV cache")
     p.add_argument("--tokens", default="1-64", help="new-token counts N to time, e.g. 1-64 or 1,4,16")
     p.add_argument("--batch", default="1", help="batch sizes, comma-separated (each row checks N tokens)")
@@ -85,8 +115,12 @@ def time_curve(model, context: int, tokens: list[int], batch: int, repeats: int,
         prefix = torch.randint(vocab, (batch, context), generator=gen).to(device)
         model(input_ids=prefix, past_key_values=cache, use_cache=True)
         for _ in range(3):  # allocator and kernel choice settle before anything is timed
-            model(input_ids=prefix[:, -1:], position_ids=torch.full((batch, 1), context, device=device),
-                  past_key_values=cache, use_cache=True)
+            model(
+                input_ids=prefix[:, -1:],
+                position_ids=torch.full((batch, 1), context, device=device),
+                past_key_values=cache,
+                use_cache=True,
+            )
             cache.crop(-1)
         rows = []
         for n in tokens:
@@ -102,9 +136,18 @@ def time_curve(model, context: int, tokens: list[int], batch: int, repeats: int,
                     samples.append((time.perf_counter() - start) * 1000)
                 cache.crop(-n)  # back to the context
                 if cache.get_seq_length() != context:
-                    raise RuntimeError(f"the KV cache holds {cache.get_seq_length()} tokens after a step, not {context}")
-            rows.append({"batch": batch, "tokens": n, "ms": statistics.median(samples),
-                         "ms_min": min(samples), "ms_max": max(samples)})
+                    raise RuntimeError(
+                        f"the KV cache holds {cache.get_seq_length()} tokens after a step, not {context}"
+                    )
+            rows.append(
+                {
+                    "batch": batch,
+                    "tokens": n,
+                    "ms": statistics.median(samples),
+                    "ms_min": min(samples),
+                    "ms_max": max(samples),
+                }
+            )
             progress.update(1)
     base = rows[0]["ms"]
     for row in rows:
@@ -118,9 +161,13 @@ def write_results(result: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "verify_cost.json").write_text(json.dumps(result, indent=1))
     first = result["tokens"][0]
-    lines = [f"# Verification cost: {result['shape']} (random weights), {result['device_name']}, {result['dtype']}, "
-             f"context {result['context']}", "",
-             f"| batch | N new tokens | ms (median) | t(N) / t({first}) |", "|---:|---:|---:|---:|"]
+    lines = [
+        f"# Verification cost: {result['shape']} (random weights), {result['device_name']}, {result['dtype']}, "
+        f"context {result['context']}",
+        "",
+        f"| batch | N new tokens | ms (median) | t(N) / t({first}) |",
+        "|---:|---:|---:|---:|",
+    ]
     lines += [f"| {r['batch']} | {r['tokens']} | {r['ms']:.2f} | {r['ratio_to_first']:.2f} |" for r in result["points"]]
     (out / "verify_cost.md").write_text("\n".join(lines) + "\n")
     plt = pyplot()
@@ -156,9 +203,19 @@ def run(args: argparse.Namespace) -> int:
         for batch in batches:
             points += time_curve(model, args.context, tokens, batch, args.repeats, progress)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
-    result = {"shape": args.shape, "parameters": params, "device": str(device), "device_name": name,
-              "dtype": str(dtype).removeprefix("torch."), "torch": torch.__version__, "context": args.context,
-              "repeats": args.repeats, "tokens": tokens, "batches": batches, "points": points}
+    result = {
+        "shape": args.shape,
+        "parameters": params,
+        "device": str(device),
+        "device_name": name,
+        "dtype": str(dtype).removeprefix("torch."),
+        "torch": torch.__version__,
+        "context": args.context,
+        "repeats": args.repeats,
+        "tokens": tokens,
+        "batches": batches,
+        "points": points,
+    }
     write_results(result, args.out)
     print((args.out / "verify_cost.md").read_text())
     print(f"wrote {args.out}/verify_cost.json, .md, .png", file=sys.stderr)

@@ -50,26 +50,42 @@ METRIC_PREFIX = {"kit": "specdec:", "vllm": "vllm:"}
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="specdec-bench-vllm", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="specdec-bench-vllm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--drafts", default="eagle2,griffin", help="draft methods, comma-separated (each served by both)")
-    p.add_argument("--kit-policies", default="adaptive,cost",
-                   help="the kit's speculation policies, comma-separated (a speculative kit server for each)")
+    p.add_argument(
+        "--kit-policies",
+        default="adaptive,cost",
+        help="the kit's speculation policies, comma-separated (a speculative kit server for each)",
+    )
     p.add_argument("--concurrency", default="1,4,16", help="concurrent streams per level, comma-separated")
     p.add_argument("--repeats", type=int, default=5, help="rounds over every level and server")
     p.add_argument("--prompts", type=int, default=8, help="HumanEval prompts")
-    p.add_argument("--requests-per-stream", type=int, default=4,
-                   help="a level sends max(prompts, this x streams) requests")
+    p.add_argument(
+        "--requests-per-stream", type=int, default=4, help="a level sends max(prompts, this x streams) requests"
+    )
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--engines", type=Path, default=Path("engines"), help="where the engines are built or reused")
-    p.add_argument("--vllm-python", default=os.environ.get("SPECDEC_VLLM_PYTHON") or str(REPO / ".venv-vllm/bin/python"),
-                   help="vLLM's interpreter (default: $SPECDEC_VLLM_PYTHON, else .venv-vllm from scripts/setup_vllm.sh)")
+    p.add_argument(
+        "--vllm-python",
+        default=os.environ.get("SPECDEC_VLLM_PYTHON") or str(REPO / ".venv-vllm/bin/python"),
+        help="vLLM's interpreter (default: $SPECDEC_VLLM_PYTHON, else .venv-vllm from scripts/setup_vllm.sh)",
+    )
     p.add_argument("--vllm-kv-cache-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE for each vLLM server")
     p.add_argument("--max-model-len", type=int, default=1024, help="vLLM's context limit")
-    p.add_argument("--vllm-arg", action="append", default=[],
-                   help="an extra option for every vLLM server (repeat; e.g. --vllm-arg=--enforce-eager)")
-    p.add_argument("--kit-arg", action="append", default=[],
-                   help="an extra option for every kit server (repeat; e.g. --kit-arg=--no-enable-prefix-caching)")
+    p.add_argument(
+        "--vllm-arg",
+        action="append",
+        default=[],
+        help="an extra option for every vLLM server (repeat; e.g. --vllm-arg=--enforce-eager)",
+    )
+    p.add_argument(
+        "--kit-arg",
+        action="append",
+        default=[],
+        help="an extra option for every kit server (repeat; e.g. --kit-arg=--no-enable-prefix-caching)",
+    )
     p.add_argument("--out", type=Path, default=RESULTS, help="writes vllm_side_by_side.{json,md,png} and logs/ here")
     return p.parse_args(argv)
 
@@ -81,11 +97,20 @@ def server_specs(drafts: list[str], root: Path, policies: list[str]) -> list[dic
 
     kit = {d: engine_for(d, "onnxruntime", root) for d in drafts}
     vllm = {d: engine_for(d, "vllm", root) for d in drafts}
-    specs = [{"server": "kit", "mode": "plain", "engine": kit[drafts[0]], "speculation": "off"},
-             {"server": "vllm", "mode": "plain", "engine": vllm[drafts[0]], "speculation": "off"}]
+    specs = [
+        {"server": "kit", "mode": "plain", "engine": kit[drafts[0]], "speculation": "off"},
+        {"server": "vllm", "mode": "plain", "engine": vllm[drafts[0]], "speculation": "off"},
+    ]
     for d in drafts:
-        specs += [{"server": "kit", "mode": d if policy == "adaptive" else f"{d}+{policy}", "engine": kit[d],
-                   "speculation": policy} for policy in policies]
+        specs += [
+            {
+                "server": "kit",
+                "mode": d if policy == "adaptive" else f"{d}+{policy}",
+                "engine": kit[d],
+                "speculation": policy,
+            }
+            for policy in policies
+        ]
         specs.append({"server": "vllm", "mode": d, "engine": vllm[d], "speculation": "on"})
     return specs
 
@@ -99,8 +124,16 @@ def start(spec: dict, args, max_streams: int):
         server = start_kit(label, spec["engine"], spec["speculation"], max_streams, log, args.kit_arg)
         server.wait_ready("/health/ready", STARTUP_S)
     else:
-        server = start_vllm(label, spec["engine"], args.vllm_python, spec["speculation"] != "off", args.max_model_len,
-                            args.vllm_kv_cache_gib, log, args.vllm_arg)
+        server = start_vllm(
+            label,
+            spec["engine"],
+            args.vllm_python,
+            spec["speculation"] != "off",
+            args.max_model_len,
+            args.vllm_kv_cache_gib,
+            log,
+            args.vllm_arg,
+        )
         server.wait_ready("/health", STARTUP_S)
     return server
 
@@ -126,12 +159,20 @@ def measure(servers: dict, prompts, levels: list[int], args) -> list[dict]:
                 before = server.counters(METRIC_PREFIX[kind])
                 row = run_level(server.url, SERVED_NAME, prompts, clients, total, args.max_tokens)
                 tau = acceptance_length(before, server.counters(METRIC_PREFIX[kind]), METRIC_PREFIX[kind])
-                row.update(server=kind, mode=mode, repeat=repeat, quiet_wait_s=waited,
-                           acceptance_length=None if tau is None else round(tau, 3))
+                row.update(
+                    server=kind,
+                    mode=mode,
+                    repeat=repeat,
+                    quiet_wait_s=waited,
+                    acceptance_length=None if tau is None else round(tau, 3),
+                )
                 rows.append(row)
-                print(f"  round {repeat + 1}/{args.repeats}  {label:>13} x{clients:<3} {row['throughput_tok_s']:7.1f} tok/s  "
-                      f"TTFT p50 {row['ttft_p50_ms']} ms  ITL p50 {row['itl_p50_ms']} ms  tau {row['acceptance_length']}"
-                      + (f"  FAILED {row['failed']}: {row['errors']}" if row["failed"] else ""), flush=True)
+                print(
+                    f"  round {repeat + 1}/{args.repeats}  {label:>13} x{clients:<3} {row['throughput_tok_s']:7.1f} tok/s  "
+                    f"TTFT p50 {row['ttft_p50_ms']} ms  ITL p50 {row['itl_p50_ms']} ms  tau {row['acceptance_length']}"
+                    + (f"  FAILED {row['failed']}: {row['errors']}" if row["failed"] else ""),
+                    flush=True,
+                )
     return rows
 
 
@@ -143,20 +184,31 @@ def summarize(rows: list[dict]) -> list[dict]:
             for i, text in r["texts"].items():
                 reference.setdefault(i, text)
     out = []
-    keys = sorted({(r["server"], r["mode"], r["concurrency"]) for r in rows},
-                  key=lambda k: (k[0], k[1] != "plain", k[1], k[2]))
+    keys = sorted(
+        {(r["server"], r["mode"], r["concurrency"]) for r in rows}, key=lambda k: (k[0], k[1] != "plain", k[1], k[2])
+    )
     for server, mode, clients in keys:
         sel = [r for r in rows if (r["server"], r["mode"], r["concurrency"]) == (server, mode, clients)]
         tps = [r["throughput_tok_s"] for r in sel]
         taus = [r["acceptance_length"] for r in sel if r["acceptance_length"] is not None]
         texts = {i: t for r in sel for i, t in r["texts"].items()}
-        out.append({"server": server, "mode": mode, "streams": clients, "repeats": len(sel),
-                    "tokens_per_s": round(statistics.median(tps), 1), "tokens_per_s_min": min(tps),
-                    "tokens_per_s_max": max(tps), "ttft_p50_ms": median_of(sel, "ttft_p50_ms"),
-                    "itl_p50_ms": median_of(sel, "itl_p50_ms"), "itl_p99_ms": median_of(sel, "itl_p99_ms"),
-                    "acceptance_length": round(statistics.median(taus), 2) if taus else None,
-                    "failed": sum(r["failed"] for r in sel),
-                    "same_text_as_kit_plain": f"{sum(texts[i] == reference.get(i) for i in texts)}/{len(texts)}"})
+        out.append(
+            {
+                "server": server,
+                "mode": mode,
+                "streams": clients,
+                "repeats": len(sel),
+                "tokens_per_s": round(statistics.median(tps), 1),
+                "tokens_per_s_min": min(tps),
+                "tokens_per_s_max": max(tps),
+                "ttft_p50_ms": median_of(sel, "ttft_p50_ms"),
+                "itl_p50_ms": median_of(sel, "itl_p50_ms"),
+                "itl_p99_ms": median_of(sel, "itl_p99_ms"),
+                "acceptance_length": round(statistics.median(taus), 2) if taus else None,
+                "failed": sum(r["failed"] for r in sel),
+                "same_text_as_kit_plain": f"{sum(texts[i] == reference.get(i) for i in texts)}/{len(texts)}",
+            }
+        )
     for row in out:
         ratios = paired_ratios(rows, (row["server"], row["mode"]), (row["server"], "plain"), row["streams"])
         row["over_own_plain"] = round(statistics.median(ratios), 2)
@@ -169,9 +221,13 @@ def summarize(rows: list[dict]) -> list[dict]:
 def paired_ratios(rows: list[dict], server_mode: tuple[str, str], base: tuple[str, str], streams: int) -> list[float]:
     """Per round, the tokens/s of ``server_mode`` over ``base``'s at the same level: both measured within minutes of
     each other, so the machine's drift between rounds (wider on a shared VM than the gap being measured) cancels."""
+
     def by_round(key: tuple[str, str]) -> dict[int, float]:
-        return {r["repeat"]: r["throughput_tok_s"] for r in rows
-                if (r["server"], r["mode"], r["concurrency"]) == (*key, streams)}
+        return {
+            r["repeat"]: r["throughput_tok_s"]
+            for r in rows
+            if (r["server"], r["mode"], r["concurrency"]) == (*key, streams)
+        }
 
     mine, theirs = by_round(server_mode), by_round(base)
     return [mine[k] / theirs[k] for k in sorted(mine) if k in theirs and theirs[k] > 0]
@@ -180,6 +236,7 @@ def paired_ratios(rows: list[dict], server_mode: tuple[str, str], base: tuple[st
 def goals(summary: list[dict], rows: list[dict]) -> list[dict]:
     """The goals this benchmark exists for, each against the medians of the per-round ratios (reported, never
     asserted); beside them, whether each speculative kit server kept up with plain decoding at every level."""
+
     def find(server: str, mode: str, streams: int) -> dict | None:
         return next((r for r in summary if (r["server"], r["mode"], r["streams"]) == (server, mode, streams)), None)
 
@@ -189,24 +246,36 @@ def goals(summary: list[dict], rows: list[dict]) -> list[dict]:
     over_vllm = paired_ratios(rows, ("kit", "plain"), ("vllm", "plain"), high)
     if over_vllm:
         ratio = statistics.median(over_vllm)
-        out.append({"goal": f"kit plain >= vLLM plain at {high} streams", "measured": f"{ratio:.2f}x", "met": ratio >= 1.0})
+        out.append(
+            {"goal": f"kit plain >= vLLM plain at {high} streams", "measured": f"{ratio:.2f}x", "met": ratio >= 1.0}
+        )
     for mode in sorted({r["mode"] for r in summary if r["server"] == "kit" and r["mode"].split("+")[0] == "griffin"}):
         for streams, bound in ((low, 1.7), (high, 1.2)):
             row = find("kit", mode, streams)
             if row:
-                out.append({"goal": f"kit {mode} >= {bound}x kit plain at {streams} stream{'s' if streams > 1 else ''}",
-                            "measured": f"{row['over_own_plain']:.2f}x", "met": row["over_own_plain"] >= bound})
+                out.append(
+                    {
+                        "goal": f"kit {mode} >= {bound}x kit plain at {streams} stream{'s' if streams > 1 else ''}",
+                        "measured": f"{row['over_own_plain']:.2f}x",
+                        "met": row["over_own_plain"] >= bound,
+                    }
+                )
     for mode in sorted({r["mode"] for r in summary if r["server"] == "kit" and r["mode"] != "plain"}):
         per_level = [r for r in summary if (r["server"], r["mode"]) == ("kit", mode)]
-        out.append({"goal": f"kit {mode} >= kit plain at every level",
-                    "measured": " / ".join(f"{r['over_own_plain']:.2f}x" for r in per_level),
-                    "met": all(r["over_own_plain"] >= 1.0 for r in per_level)})
+        out.append(
+            {
+                "goal": f"kit {mode} >= kit plain at every level",
+                "measured": " / ".join(f"{r['over_own_plain']:.2f}x" for r in per_level),
+                "met": all(r["over_own_plain"] >= 1.0 for r in per_level),
+            }
+        )
     return out
 
 
 def goal_lines(found: list[dict]) -> list[str]:
     return ["| goal | measured | met |", "|---|---:|---|"] + [
-        f"| {g['goal']} | {g['measured']} | {'yes' if g['met'] else 'no'} |" for g in found]
+        f"| {g['goal']} | {g['measured']} | {'yes' if g['met'] else 'no'} |" for g in found
+    ]
 
 
 def median_of(rows: list[dict], key: str) -> float | None:
@@ -215,14 +284,18 @@ def median_of(rows: list[dict], key: str) -> float | None:
 
 
 def table(summary: list[dict]) -> list[str]:
-    lines = ["| server | mode | streams | tokens/s (median, min-max) | x own plain (min-max) | x kit | TTFT p50 ms "
-             "| ITL p50 ms | ITL p99 ms | acceptance length | text = kit plain |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| server | mode | streams | tokens/s (median, min-max) | x own plain (min-max) | x kit | TTFT p50 ms "
+        "| ITL p50 ms | ITL p99 ms | acceptance length | text = kit plain |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in summary:
-        lines.append(f"| {r['server']} | {r['mode']} | {r['streams']} | {r['tokens_per_s']} ({r['tokens_per_s_min']}-"
-                     f"{r['tokens_per_s_max']}) | {r['over_own_plain']} ({r['over_own_plain_min']}-"
-                     f"{r['over_own_plain_max']}) | {r['over_kit_same_mode']} | {r['ttft_p50_ms']} | "
-                     f"{r['itl_p50_ms']} | {r['itl_p99_ms']} | {r['acceptance_length'] or '-'} | {r['same_text_as_kit_plain']} |")
+        lines.append(
+            f"| {r['server']} | {r['mode']} | {r['streams']} | {r['tokens_per_s']} ({r['tokens_per_s_min']}-"
+            f"{r['tokens_per_s_max']}) | {r['over_own_plain']} ({r['over_own_plain_min']}-"
+            f"{r['over_own_plain_max']}) | {r['over_kit_same_mode']} | {r['ttft_p50_ms']} | "
+            f"{r['itl_p50_ms']} | {r['itl_p99_ms']} | {r['acceptance_length'] or '-'} | {r['same_text_as_kit_plain']} |"
+        )
     return lines
 
 
@@ -231,8 +304,11 @@ def plot(summary: list[dict], path: Path) -> None:
 
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-    panels = (("tokens_per_s", "throughput (tokens/s, median)"), ("ttft_p50_ms", "time to first token p50 (ms)"),
-              ("itl_p50_ms", "inter-token latency p50 (ms)"))
+    panels = (
+        ("tokens_per_s", "throughput (tokens/s, median)"),
+        ("ttft_p50_ms", "time to first token p50 (ms)"),
+        ("itl_p50_ms", "inter-token latency p50 (ms)"),
+    )
     modes = list(dict.fromkeys(r["mode"] for r in summary))
     colors = dict(zip(modes, ("#7f7f7f", "#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860")))
     for server, style in (("kit", "-"), ("vllm", "--")):
@@ -241,8 +317,14 @@ def plot(summary: list[dict], path: Path) -> None:
             if not sel:  # a mode only the kit serves (a second policy): no empty series in the legend
                 continue
             for ax, (key, _) in zip(axes, panels):
-                ax.plot([r["streams"] for r in sel], [r[key] for r in sel], style, marker="o" if server == "kit" else "s",
-                        color=colors[mode], label=f"{server} {mode}")
+                ax.plot(
+                    [r["streams"] for r in sel],
+                    [r[key] for r in sel],
+                    style,
+                    marker="o" if server == "kit" else "s",
+                    color=colors[mode],
+                    label=f"{server} {mode}",
+                )
     levels = sorted({r["streams"] for r in summary})
     for ax, (_, title) in zip(axes, panels):
         concurrency_axis(ax, levels)
@@ -255,32 +337,49 @@ def plot(summary: list[dict], path: Path) -> None:
 def settings(args, specs: list[dict]) -> dict:
     import onnxruntime
 
-    return {"machine": f"{platform.machine()}, {os.cpu_count()} CPU cores", "onnxruntime": onnxruntime.__version__,
-            "kit_threads": "ONNX Runtime intra-op threads: its default, one per physical core",
-            "vllm_threads": "VLLM_CPU_OMP_THREADS_BIND=" + os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
-                            + " (auto: one compute thread per core but the last, which runs its API server and scheduler)",
-            "vllm_args": args.vllm_arg or ["(none: vLLM's default compiled path)"],
-            "kit_args": args.kit_arg or ["(none)"],
-            "prefix_caching": "each server's default (on in both) unless the arguments above turn it off",
-            "vllm_chain": {s["mode"]: json.loads((s["engine"] / "manifest.json").read_text())["vllm"]["speculative_config"]
-                           ["num_speculative_tokens"] for s in specs if s["server"] == "vllm" and s["speculation"] != "off"},
-            "kit_trees": {s["mode"]: json.loads((s["engine"] / "manifest.json").read_text())["tree"]
-                          for s in specs if s["server"] == "kit" and s["speculation"] != "off"},
-            "kit_policies": {s["mode"]: s["speculation"] for s in specs if s["server"] == "kit"},
-            "max_tokens": args.max_tokens, "prompts": args.prompts, "repeats": args.repeats,
-            "requests_per_stream": args.requests_per_stream}
+    return {
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores",
+        "onnxruntime": onnxruntime.__version__,
+        "kit_threads": "ONNX Runtime intra-op threads: its default, one per physical core",
+        "vllm_threads": "VLLM_CPU_OMP_THREADS_BIND="
+        + os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
+        + " (auto: one compute thread per core but the last, which runs its API server and scheduler)",
+        "vllm_args": args.vllm_arg or ["(none: vLLM's default compiled path)"],
+        "kit_args": args.kit_arg or ["(none)"],
+        "prefix_caching": "each server's default (on in both) unless the arguments above turn it off",
+        "vllm_chain": {
+            s["mode"]: json.loads((s["engine"] / "manifest.json").read_text())["vllm"]["speculative_config"][
+                "num_speculative_tokens"
+            ]
+            for s in specs
+            if s["server"] == "vllm" and s["speculation"] != "off"
+        },
+        "kit_trees": {
+            s["mode"]: json.loads((s["engine"] / "manifest.json").read_text())["tree"]
+            for s in specs
+            if s["server"] == "kit" and s["speculation"] != "off"
+        },
+        "kit_policies": {s["mode"]: s["speculation"] for s in specs if s["server"] == "kit"},
+        "max_tokens": args.max_tokens,
+        "prompts": args.prompts,
+        "repeats": args.repeats,
+        "requests_per_stream": args.requests_per_stream,
+    }
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     if not Path(args.vllm_python).exists():
-        print(f"error: vLLM's interpreter {args.vllm_python} not found: run `bash scripts/setup_vllm.sh` or give "
-              "--vllm-python", file=sys.stderr)
+        print(
+            f"error: vLLM's interpreter {args.vllm_python} not found: run `bash scripts/setup_vllm.sh` or give "
+            "--vllm-python",
+            file=sys.stderr,
+        )
         return 2
     from transformers import AutoTokenizer
 
-    from specdec_kit.data.prompts import humaneval
     from specdec_kit.bench.report import write_text_and_plot
+    from specdec_kit.data.prompts import humaneval
     from specdec_kit.paths import default_zoo
 
     drafts = [d.strip() for d in args.drafts.split(",") if d.strip()]
@@ -307,12 +406,24 @@ def main(argv=None) -> int:
     found = goals(summary, rows)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "vllm_side_by_side.json").write_text(
-        json.dumps({"settings": meta, "summary": summary, "goals": found, "rows": rows}, indent=2, default=str) + "\n")
-    lines = [f"The kit's server and vLLM-CPU, demo zoo target, {args.prompts} HumanEval prompts as token ids, "
-             f"{args.max_tokens} tokens each, T=0, {args.repeats} interleaved rounds ({meta['machine']})", "",
-             f"- kit: {meta['kit_threads']}; trees " + ", ".join(f"{m} {t}" for m, t in meta["kit_trees"].items()),
-             f"- vLLM: {meta['vllm_threads']}; chains " + ", ".join(f"{m} K={k}" for m, k in meta["vllm_chain"].items())
-             + "; options " + " ".join(meta["vllm_args"]), ""] + table(summary) + [""] + goal_lines(found)
+        json.dumps({"settings": meta, "summary": summary, "goals": found, "rows": rows}, indent=2, default=str) + "\n"
+    )
+    lines = (
+        [
+            f"The kit's server and vLLM-CPU, demo zoo target, {args.prompts} HumanEval prompts as token ids, "
+            f"{args.max_tokens} tokens each, T=0, {args.repeats} interleaved rounds ({meta['machine']})",
+            "",
+            f"- kit: {meta['kit_threads']}; trees " + ", ".join(f"{m} {t}" for m, t in meta["kit_trees"].items()),
+            f"- vLLM: {meta['vllm_threads']}; chains "
+            + ", ".join(f"{m} K={k}" for m, k in meta["vllm_chain"].items())
+            + "; options "
+            + " ".join(meta["vllm_args"]),
+            "",
+        ]
+        + table(summary)
+        + [""]
+        + goal_lines(found)
+    )
     write_text_and_plot(args.out, "vllm_side_by_side", lines, lambda path: plot(summary, path))
     return 0
 

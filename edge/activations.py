@@ -68,8 +68,12 @@ class MoASource(ActivationSource):
 
     def describe(self) -> dict:
         d = self.draft
-        return {"kind": self.kind, "tli": d.tli, "weights_sha256": self.digest,
-                "widths": [d.config.hidden_size] + ([d.tli * d.target_kv_dim] if d.tli else [])}
+        return {
+            "kind": self.kind,
+            "tli": d.tli,
+            "weights_sha256": self.digest,
+            "widths": [d.config.hidden_size] + ([d.tli * d.target_kv_dim] if d.tli else []),
+        }
 
     @torch.inference_mode()
     def __call__(self, features, cache, count):
@@ -78,5 +82,5 @@ class MoASource(ActivationSource):
         w = self.draft.embed_tokens.weight
         out = [self.draft.lsa_memory(kv.to(w.dtype))[0]]
         if self.draft.tli:  # the last TLI layers of the same gather
-            out.append(kv[0, :, -self.draft.tli:].reshape(count, -1))
+            out.append(kv[0, :, -self.draft.tli :].reshape(count, -1))
         return out

@@ -24,12 +24,19 @@ ACT_DTYPE_NAMES = ("float16", "bfloat16", "float32", "int8")
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="specdec-edge-generate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="specdec-edge-generate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Example: specdec-edge-generate --server 127.0.0.1:7433 --target zoo/target --draft moa "
-               "--draft-path zoo/moa --prompt 'def fib(n):'")
+        "--draft-path zoo/moa --prompt 'def fib(n):'",
+    )
     p.add_argument("--server", default="127.0.0.1:7433", help="HOST:PORT of specdec-edge-server (or of a link relay)")
-    p.add_argument("--target", type=Path, required=True,
-                   help="target checkpoint on the client (only its last TLI layers and LM head are loaded) with tokenizer")
+    p.add_argument(
+        "--target",
+        type=Path,
+        required=True,
+        help="target checkpoint on the client (only its last TLI layers and LM head are loaded) with tokenizer",
+    )
     p.add_argument("--draft", choices=KINDS, default="moa")
     p.add_argument("--draft-path", type=Path, help="the draft head's checkpoint directory")
     p.add_argument("--source", help="the server's activation source for a MoA head (default: 'moa')")
@@ -47,7 +54,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--call-timeout", type=float, default=5.0, help="seconds without an answer before going offline")
     p.add_argument("--retry-interval", type=float, default=0.5, help="seconds between reconnection attempts")
     p.add_argument("--max-offline-tokens", type=int, default=256, help="unverified tokens to draft before waiting")
-    p.add_argument("--reconnect-timeout", type=float, default=30.0, help="seconds to wait for the server once nothing else can be done")
+    p.add_argument(
+        "--reconnect-timeout",
+        type=float,
+        default=30.0,
+        help="seconds to wait for the server once nothing else can be done",
+    )
     p.add_argument("--json", action="store_true")
     return p.parse_args(argv)
 
@@ -55,6 +67,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
+
     from specdec_kit.edge.activations import weights_digest
     from specdec_kit.edge.client import EdgeClient, Offline
     from specdec_kit.edge.drafting import make_edge_drafter
@@ -77,10 +90,17 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    client = EdgeClient(host, int(port), drafter, call_timeout=args.call_timeout, retry_interval=args.retry_interval,
-                        max_offline_tokens=args.max_offline_tokens, reconnect_timeout=args.reconnect_timeout,
-                        act_dtype=args.act_dtype,
-                        draft_digest=weights_digest(args.draft_path) if args.draft == "moa" else None)
+    client = EdgeClient(
+        host,
+        int(port),
+        drafter,
+        call_timeout=args.call_timeout,
+        retry_interval=args.retry_interval,
+        max_offline_tokens=args.max_offline_tokens,
+        reconnect_timeout=args.reconnect_timeout,
+        act_dtype=args.act_dtype,
+        draft_digest=weights_digest(args.draft_path) if args.draft == "moa" else None,
+    )
     tty = sys.stdout.isatty()
     for prompt in args.prompt:
         try:
@@ -88,16 +108,28 @@ def main(argv: list[str] | None = None) -> int:
         except (Offline, ValueError, RuntimeError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
-        verified = tokenizer.decode(result.tokens[:result.verified])
+        verified = tokenizer.decode(result.tokens[: result.verified])
         unverified = tokenizer.decode(result.unverified_tokens) if result.unverified_tokens else ""
         st = result.stats
-        stats = {"tokens": st.generated, "verified": result.verified, "tokens_per_s": round(st.tokens_per_s, 2),
-                 "acceptance_length": round(st.acceptance_length, 3), "server_calls": st.calls,
-                 "calls_per_token": round(st.per_token(st.calls), 3), "bytes_up": st.bytes_up, "bytes_down": st.bytes_down,
-                 "outages": st.outages, "offline_tokens": st.offline_tokens, "confirmed": st.confirmed,
-                 "retracted": st.retracted, "finish_reason": result.finish_reason}
+        stats = {
+            "tokens": st.generated,
+            "verified": result.verified,
+            "tokens_per_s": round(st.tokens_per_s, 2),
+            "acceptance_length": round(st.acceptance_length, 3),
+            "server_calls": st.calls,
+            "calls_per_token": round(st.per_token(st.calls), 3),
+            "bytes_up": st.bytes_up,
+            "bytes_down": st.bytes_down,
+            "outages": st.outages,
+            "offline_tokens": st.offline_tokens,
+            "confirmed": st.confirmed,
+            "retracted": st.retracted,
+            "finish_reason": result.finish_reason,
+        }
         if args.json:
-            print(json.dumps({"prompt": prompt, "verified_text": verified, "unverified_text": unverified, "stats": stats}))
+            print(
+                json.dumps({"prompt": prompt, "verified_text": verified, "unverified_text": unverified, "stats": stats})
+            )
             continue
         mark = ("\x1b[2m", "\x1b[0m") if tty else ("[unverified]", "[/unverified]")
         print(prompt + verified + (f"{mark[0]}{unverified}{mark[1]}" if unverified else ""))

@@ -67,7 +67,7 @@ class EdgeResult:
 
     @property
     def unverified_tokens(self) -> list[int]:
-        return self.tokens[self.verified:]
+        return self.tokens[self.verified :]
 
 
 class _Connection:
@@ -121,9 +121,20 @@ class _Connection:
 
 
 class EdgeClient:
-    def __init__(self, host: str, port: int, drafter: EdgeDrafter, *, call_timeout: float = 5.0,
-                 connect_timeout: float = 2.0, retry_interval: float = 0.5, max_offline_tokens: int = 256,
-                 reconnect_timeout: float = 30.0, act_dtype: str = "float16", draft_digest: str | None = None):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        drafter: EdgeDrafter,
+        *,
+        call_timeout: float = 5.0,
+        connect_timeout: float = 2.0,
+        retry_interval: float = 0.5,
+        max_offline_tokens: int = 256,
+        reconnect_timeout: float = 30.0,
+        act_dtype: str = "float16",
+        draft_digest: str | None = None,
+    ):
         self.host, self.port, self.drafter = host, port, drafter
         self.call_timeout, self.connect_timeout = call_timeout, connect_timeout
         self.retry_interval, self.max_offline_tokens = retry_interval, max_offline_tokens
@@ -142,11 +153,15 @@ class EdgeClient:
             raise ValueError(f"{where}: no activation source {src!r}; it serves {sorted(sources)}")
         expected = getattr(self.drafter, "tli", None)
         if expected is not None and sources[src].get("tli") != expected:
-            raise ValueError(f"{where}: source {src!r} sends K/V for TLI = {sources[src].get('tli')}, this draft has TLI = {expected}")
+            raise ValueError(
+                f"{where}: source {src!r} sends K/V for TLI = {sources[src].get('tli')}, this draft has TLI = {expected}"
+            )
         digest = sources[src].get("weights_sha256")
         if self.draft_digest and digest and digest != self.draft_digest:
-            raise ValueError(f"{where}: source {src!r} runs the LSA of a different head (weights sha256 {digest[:12]}..., "
-                             f"this client's {self.draft_digest[:12]}...)")
+            raise ValueError(
+                f"{where}: source {src!r} runs the LSA of a different head (weights sha256 {digest[:12]}..., "
+                f"this client's {self.draft_digest[:12]}...)"
+            )
 
     def _connect(self, stats: EdgeStats) -> None:
         conn = _Connection(self.host, self.port, self.connect_timeout, self.call_timeout, stats)
@@ -176,8 +191,14 @@ class EdgeClient:
             raise
 
     # -- generation ----------------------------------------------------------------------------
-    def generate(self, prompt: list[int], max_new_tokens: int = 64, sampling: SamplingParams = SamplingParams(),
-                 on_event: EventSink | None = None, ignore_eos: bool = False) -> EdgeResult:
+    def generate(
+        self,
+        prompt: list[int],
+        max_new_tokens: int = 64,
+        sampling: SamplingParams = SamplingParams(),
+        on_event: EventSink | None = None,
+        ignore_eos: bool = False,
+    ) -> EdgeResult:
         run = _Run(self, list(prompt), max_new_tokens, sampling, on_event or (lambda kind, toks: None), ignore_eos)
         return run.execute()
 
@@ -216,7 +237,9 @@ class _Run:
 
     def _offline_done(self) -> bool:
         total = self.verified + self.unverified
-        return len(total) >= self.max_new or (not self.ignore_eos and bool(self.unverified) and self.unverified[-1] in self.eos)
+        return len(total) >= self.max_new or (
+            not self.ignore_eos and bool(self.unverified) and self.unverified[-1] in self.eos
+        )
 
     # -- server calls --------------------------------------------------------------------------
     def _base(self) -> int:
@@ -226,8 +249,17 @@ class _Run:
     def _open(self, resume: bool) -> None:
         tokens = self.prompt + self.verified if resume else self.prompt
         s = self.sampling
-        msg = P.Open(self.c.drafter.source, tokens, self.max_new, s.temperature, s.top_k, s.top_p, s.seed, resume,
-                     self.c.act_dtype)
+        msg = P.Open(
+            self.c.drafter.source,
+            tokens,
+            self.max_new,
+            s.temperature,
+            s.top_k,
+            s.top_p,
+            s.seed,
+            resume,
+            self.c.act_dtype,
+        )
         before = self.stats.bytes_down
         opened: P.Opened = self.c._call(P.OPEN, msg.encode(), self.stats)
         self.stats.prompt_bytes_down += self.stats.bytes_down - before
@@ -313,7 +345,9 @@ class _Run:
         try:
             self._open(resume=False)
         except Offline as exc:
-            raise Offline(f"cannot start: the server is unreachable ({exc}); a draft needs the prompt's activations") from exc
+            raise Offline(
+                f"cannot start: the server is unreachable ({exc}); a draft needs the prompt's activations"
+            ) from exc
         offline_since: float | None = None
         last_probe = 0.0
         while self.finish is None:
@@ -327,8 +361,11 @@ class _Run:
                         self.resync_mark = self.c.drafter.mark()
                 continue
             now = time.perf_counter()
-            can_draft = self.c.drafter.can_draft_offline and not self._offline_done() and \
-                len(self.unverified) < self.c.max_offline_tokens
+            can_draft = (
+                self.c.drafter.can_draft_offline
+                and not self._offline_done()
+                and len(self.unverified) < self.c.max_offline_tokens
+            )
             if can_draft:
                 tok = self.c.drafter.offline_next()
                 self.unverified.append(tok)

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from specdec_kit.runtime.drafting import DraftTree, Drafter, NoDrafter
 from specdec_kit.runtime.draft_context import DraftContext
+from specdec_kit.runtime.drafting import Drafter, DraftTree, NoDrafter
 from specdec_kit.runtime.kv_cache import KVCache
 from specdec_kit.runtime.moa_drafting import MoATreeDrafter, TorchMoAStep
 
@@ -156,29 +156,36 @@ class EdgeMoA(EdgeDrafter):
         """The tail layers' K/V at the root's position (written by the step) stay in the tail cache as the best
         available guess of the target's; the CA memory stays at the last verified position."""
         token = super().offline_next()
-        self.tail_cache.commit(torch.zeros(1, 1, dtype=torch.long, device=self.device),
-                               torch.ones(1, dtype=torch.long, device=self.device))
+        self.tail_cache.commit(
+            torch.zeros(1, 1, dtype=torch.long, device=self.device), torch.ones(1, dtype=torch.long, device=self.device)
+        )
         return token
 
 
-def make_edge_drafter(kind: str, target_path, draft_path, tree, dtype=None, device=None,
-                      source: str | None = None) -> EdgeDrafter:
+def make_edge_drafter(
+    kind: str, target_path, draft_path, tree, dtype=None, device=None, source: str | None = None
+) -> EdgeDrafter:
     """The client's drafter from checkpoints on the client: the draft head plus the target's tail (its last TLI
     layers for a Mixture-of-Attentions head, else the LM head alone)."""
+    from transformers import AutoConfig
+
     from specdec_kit.edge.tail import load_target_tail
     from specdec_kit.runtime.device import resolve_device
     from specdec_kit.runtime.drafts.checkpoint import load_draft
     from specdec_kit.runtime.registry import draft_kind
-    from transformers import AutoConfig
 
     if kind == "none":
         return EdgePlain(resolve_device(device))
     family = draft_kind(kind).family
     config = AutoConfig.from_pretrained(target_path)
-    kv_dim = 2 * (getattr(config, "num_key_value_heads", None) or config.num_attention_heads) * (
-        getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
-    module = load_draft(Path(draft_path), kind, config.hidden_size, config.vocab_size,
-                        target_shape=(config.num_hidden_layers, kv_dim))
+    kv_dim = (
+        2
+        * (getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+        * (getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+    )
+    module = load_draft(
+        Path(draft_path), kind, config.hidden_size, config.vocab_size, target_shape=(config.num_hidden_layers, kv_dim)
+    )
     tail = load_target_tail(target_path, int(getattr(module, "tli", 0)), dtype=dtype, device=device)
     drafter = family.client_drafter(module.to(device=tail.device, dtype=tail.dtype), tail, tree)
     if isinstance(drafter, MoATreeDrafter):

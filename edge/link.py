@@ -60,8 +60,10 @@ class LinkProfile:
     def describe(self) -> str:
         u, d = self.up, self.down
         rate = f"{u.rate_mbit:g} Mbit/s" if u.rate_mbit else "unlimited"
-        return (f"{self.name}: up {u.delay_ms:g} +/- {u.jitter_ms:g} ms, loss {u.loss:.1%}; down {d.delay_ms:g} ms; "
-                f"rate {rate}")
+        return (
+            f"{self.name}: up {u.delay_ms:g} +/- {u.jitter_ms:g} ms, loss {u.loss:.1%}; down {d.delay_ms:g} ms; "
+            f"rate {rate}"
+        )
 
 
 BASE_ONE_WAY_MS = 4.5  # the paper's ~9 ms ping between the two cities
@@ -94,8 +96,9 @@ class _Pipe:
 class LinkEmulator:
     """Relay ``listen`` -> ``upstream`` through ``profile``; runs its own event loop in a thread."""
 
-    def __init__(self, upstream: tuple[str, int], profile: LinkProfile, listen: tuple[str, int] = ("127.0.0.1", 0),
-                 seed: int = 0):
+    def __init__(
+        self, upstream: tuple[str, int], profile: LinkProfile, listen: tuple[str, int] = ("127.0.0.1", 0), seed: int = 0
+    ):
         self.upstream, self.profile, self.listen = upstream, profile, listen
         self.rng = random.Random(seed)
         self.state = "up"  # "up" | "reset" | "blackhole"
@@ -180,9 +183,11 @@ class LinkEmulator:
             c_writer.transport.abort()
             return
         self.writers.update((c_writer, s_writer))
-        await asyncio.gather(self._pump(c_reader, s_writer, _Pipe(self.profile.up, self.rng)),
-                             self._pump(s_reader, c_writer, _Pipe(self.profile.down, self.rng)),
-                             return_exceptions=True)
+        await asyncio.gather(
+            self._pump(c_reader, s_writer, _Pipe(self.profile.up, self.rng)),
+            self._pump(s_reader, c_writer, _Pipe(self.profile.down, self.rng)),
+            return_exceptions=True,
+        )
         for w in (c_writer, s_writer):
             self.writers.discard(w)
             w.transport.abort()
@@ -212,7 +217,7 @@ class LinkEmulator:
                     continue
                 now = time.monotonic()
                 for i in range(0, len(data), SEGMENT):
-                    seg = data[i:i + SEGMENT]
+                    seg = data[i : i + SEGMENT]
                     queue.put_nowait((pipe.schedule(now, len(seg)), seg))
         finally:
             queue.put_nowait((0.0, None))
@@ -228,9 +233,11 @@ def _addr(text: str) -> tuple[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="specdec-edge-link",
-                                description="Relay a TCP port through a shaped link (delay, jitter, loss, rate); "
-                                            "SIGUSR1 cuts the link (blackhole), SIGUSR2 restores it.")
+    p = argparse.ArgumentParser(
+        prog="specdec-edge-link",
+        description="Relay a TCP port through a shaped link (delay, jitter, loss, rate); "
+        "SIGUSR1 cuts the link (blackhole), SIGUSR2 restores it.",
+    )
     p.add_argument("--listen", type=_addr, default=("127.0.0.1", 7434), help="HOST:PORT the client connects to")
     p.add_argument("--upstream", type=_addr, required=True, help="HOST:PORT of the edge server")
     p.add_argument("--profile", choices=sorted(PROFILES), default="4g")
@@ -244,7 +251,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGUSR1, lambda *_: link.cut("blackhole"))
     signal.signal(signal.SIGUSR2, lambda *_: link.restore())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    print(f"specdec-edge-link {args.listen[0]}:{port} -> {args.upstream[0]}:{args.upstream[1]} ({profile.describe()})", flush=True)
+    print(
+        f"specdec-edge-link {args.listen[0]}:{port} -> {args.upstream[0]}:{args.upstream[1]} ({profile.describe()})",
+        flush=True,
+    )
     try:
         while not stop.wait(0.5):
             pass

@@ -39,8 +39,21 @@ class NetnsLink:
         if not self.rate_mbit:
             return
         burst = max(16_000, int(self.rate_mbit * 1e6 / 8 / 100))  # >= 10 ms of traffic
-        cmd = ["tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{self.rate_mbit:g}mbit",
-               "burst", str(burst), "latency", "200ms"]
+        cmd = [
+            "tc",
+            "qdisc",
+            "replace",
+            "dev",
+            dev,
+            "root",
+            "tbf",
+            "rate",
+            f"{self.rate_mbit:g}mbit",
+            "burst",
+            str(burst),
+            "latency",
+            "200ms",
+        ]
         _ip(*(self.exec_prefix + cmd if inside else cmd))
 
     def __enter__(self) -> "NetnsLink":
@@ -51,14 +64,19 @@ class NetnsLink:
             _ip("ip", "link", "set", self.server_dev, "netns", self.name)
             _ip("ip", "addr", "add", f"{self.client_ip}/24", "dev", self.client_dev)
             _ip("ip", "link", "set", self.client_dev, "up")
-            for cmd in (["ip", "addr", "add", f"{self.server_ip}/24", "dev", self.server_dev],
-                        ["ip", "link", "set", self.server_dev, "up"], ["ip", "link", "set", "lo", "up"]):
+            for cmd in (
+                ["ip", "addr", "add", f"{self.server_ip}/24", "dev", self.server_dev],
+                ["ip", "link", "set", self.server_dev, "up"],
+                ["ip", "link", "set", "lo", "up"],
+            ):
                 _ip(*self.exec_prefix, *cmd)
             self._shape(self.client_dev, inside=False)
             self._shape(self.server_dev, inside=True)
         except subprocess.CalledProcessError as exc:
             self.close()
-            raise RuntimeError(f"setting up namespace {self.name!r} failed: {' '.join(exc.cmd)}: {exc.stderr.strip()}") from exc
+            raise RuntimeError(
+                f"setting up namespace {self.name!r} failed: {' '.join(exc.cmd)}: {exc.stderr.strip()}"
+            ) from exc
         return self
 
     def wire_bytes(self) -> tuple[int, int]:

@@ -26,8 +26,15 @@ VERSION = 1
 MAX_FRAME = 64 << 20  # a frame larger than this is refused before it is read
 
 HELLO, OPEN, OPENED, VERIFY, VERIFIED, CLOSE, ERROR = 1, 2, 3, 4, 5, 6, 7
-MESSAGE_NAMES = {HELLO: "HELLO", OPEN: "OPEN", OPENED: "OPENED", VERIFY: "VERIFY", VERIFIED: "VERIFIED",
-                 CLOSE: "CLOSE", ERROR: "ERROR"}
+MESSAGE_NAMES = {
+    HELLO: "HELLO",
+    OPEN: "OPEN",
+    OPENED: "OPENED",
+    VERIFY: "VERIFY",
+    VERIFIED: "VERIFIED",
+    CLOSE: "CLOSE",
+    ERROR: "ERROR",
+}
 
 ACT_DTYPES = {"float16": 1, "bfloat16": 2, "float32": 3, "int8": 4}
 _ACT_NAMES = {v: k for k, v in ACT_DTYPES.items()}
@@ -61,9 +68,11 @@ class Reader:
 
     def take(self, n: int, field_name: str) -> memoryview:
         if self.pos + n > len(self.data):
-            raise ProtocolError(f"{self.what}: truncated at field {field_name!r} (needs {n} bytes at offset "
-                                f"{self.pos}, frame has {len(self.data)})")
-        out = self.data[self.pos:self.pos + n]
+            raise ProtocolError(
+                f"{self.what}: truncated at field {field_name!r} (needs {n} bytes at offset "
+                f"{self.pos}, frame has {len(self.data)})"
+            )
+        out = self.data[self.pos : self.pos + n]
         self.pos += n
         return out
 
@@ -127,7 +136,9 @@ def pack_activation(x: torch.Tensor, dtype: str) -> bytes:
 def read_activation(r: Reader, name: str) -> torch.Tensor:
     code, rows, cols = r.unpack("BII", name)
     if code not in _ACT_NAMES:
-        raise ProtocolError(f"{r.what}: activation {name!r} has dtype code {code}, expected one of {sorted(_ACT_NAMES)}")
+        raise ProtocolError(
+            f"{r.what}: activation {name!r} has dtype code {code}, expected one of {sorted(_ACT_NAMES)}"
+        )
     dtype, n = _ACT_NAMES[code], rows * cols
     if dtype == "float16":
         arr = np.frombuffer(r.take(2 * n, name), dtype="<f2").astype(np.float32)
@@ -197,9 +208,20 @@ class Open:
 
     def encode(self) -> bytes:
         flags = int(self.resume) | (2 if self.seed is not None else 0)
-        return (pack_str(self.source) + struct.pack("<BBIfIfq", flags, ACT_DTYPES[self.act_dtype], self.max_new_tokens,
-                                                    self.temperature, self.top_k, self.top_p, self.seed or 0)
-                + pack_tokens(self.tokens))
+        return (
+            pack_str(self.source)
+            + struct.pack(
+                "<BBIfIfq",
+                flags,
+                ACT_DTYPES[self.act_dtype],
+                self.max_new_tokens,
+                self.temperature,
+                self.top_k,
+                self.top_p,
+                self.seed or 0,
+            )
+            + pack_tokens(self.tokens)
+        )
 
     @classmethod
     def decode(cls, body: bytes) -> "Open":
@@ -210,8 +232,9 @@ class Open:
             raise ProtocolError(f"OPEN: activation dtype code {act}, expected one of {sorted(_ACT_NAMES)}")
         tokens = read_tokens(r, "tokens")
         r.end()
-        return cls(source, tokens, max_new, temp, top_k, top_p, seed if flags & 2 else None, bool(flags & 1),
-                   _ACT_NAMES[act])
+        return cls(
+            source, tokens, max_new, temp, top_k, top_p, seed if flags & 2 else None, bool(flags & 1), _ACT_NAMES[act]
+        )
 
 
 @dataclass
@@ -223,7 +246,8 @@ class Opened:
     def encode(self, act_dtype: str) -> bytes:
         tok = NO_TOKEN if self.first_token is None else self.first_token
         return struct.pack("<QIB", self.session, tok, len(self.activations)) + b"".join(
-            pack_activation(a, act_dtype) for a in self.activations)
+            pack_activation(a, act_dtype) for a in self.activations
+        )
 
     @classmethod
     def decode(cls, body: bytes) -> "Opened":
@@ -248,8 +272,11 @@ class Verify:
     def encode(self) -> bytes:
         if len(self.tokens) != len(self.parents):
             raise ProtocolError(f"VERIFY: {len(self.tokens)} tokens but {len(self.parents)} parents")
-        return (struct.pack("<QI", self.session, self.base) + pack_tokens(self.tokens)
-                + pack_small([p + 1 for p in self.parents]))
+        return (
+            struct.pack("<QI", self.session, self.base)
+            + pack_tokens(self.tokens)
+            + pack_small([p + 1 for p in self.parents])
+        )
 
     @classmethod
     def decode(cls, body: bytes) -> "Verify":
@@ -271,9 +298,12 @@ class Verified:
     activations: list[torch.Tensor] = field(default_factory=list)
 
     def encode(self, act_dtype: str) -> bytes:
-        return (struct.pack("<H", len(self.accepted)) + pack_small(self.accepted)
-                + struct.pack("<IB", self.next_token, len(self.activations))
-                + b"".join(pack_activation(a, act_dtype) for a in self.activations))
+        return (
+            struct.pack("<H", len(self.accepted))
+            + pack_small(self.accepted)
+            + struct.pack("<IB", self.next_token, len(self.activations))
+            + b"".join(pack_activation(a, act_dtype) for a in self.activations)
+        )
 
     @classmethod
     def decode(cls, body: bytes) -> "Verified":
@@ -318,8 +348,15 @@ class Error:
         return cls(code, msg)
 
 
-DECODERS = {HELLO: Hello.decode, OPEN: Open.decode, OPENED: Opened.decode, VERIFY: Verify.decode,
-            VERIFIED: Verified.decode, CLOSE: Close.decode, ERROR: Error.decode}
+DECODERS = {
+    HELLO: Hello.decode,
+    OPEN: Open.decode,
+    OPENED: Opened.decode,
+    VERIFY: Verify.decode,
+    VERIFIED: Verified.decode,
+    CLOSE: Close.decode,
+    ERROR: Error.decode,
+}
 
 
 # -- framing --------------------------------------------------------------------------------------

@@ -45,8 +45,14 @@ class Session:
 class EdgeVerifier:
     """OPEN / VERIFY / CLOSE on a target; transport-free so tests and the network layer share it."""
 
-    def __init__(self, target: TargetModel, sources: dict[str, ActivationSource] | None = None,
-                 max_tree_nodes: int = 1024, session_ttl: float = 600.0, max_sessions: int = 64):
+    def __init__(
+        self,
+        target: TargetModel,
+        sources: dict[str, ActivationSource] | None = None,
+        max_tree_nodes: int = 1024,
+        session_ttl: float = 600.0,
+        max_sessions: int = 64,
+    ):
         self.target = target
         self.gen = SpeculativeGenerator(target, NoDrafter())  # the client drafts; the server prefills and verifies
         self.sources = {"none": ActivationSource(), "features": FeatureSource(target.hidden_size), **(sources or {})}
@@ -57,11 +63,18 @@ class EdgeVerifier:
 
     def hello(self) -> P.Hello:
         t = self.target
-        return P.Hello(P.VERSION, {
-            "vocab_size": t.vocab_size, "eos_token_ids": t.eos_token_ids(), "num_layers": t.num_layers,
-            "hidden_size": t.hidden_size, "max_context": t.max_context, "max_tree_nodes": self.max_tree_nodes,
-            "sources": {name: s.describe() for name, s in self.sources.items()},
-        })
+        return P.Hello(
+            P.VERSION,
+            {
+                "vocab_size": t.vocab_size,
+                "eos_token_ids": t.eos_token_ids(),
+                "num_layers": t.num_layers,
+                "hidden_size": t.hidden_size,
+                "max_context": t.max_context,
+                "max_tree_nodes": self.max_tree_nodes,
+                "sources": {name: s.describe() for name, s in self.sources.items()},
+            },
+        )
 
     def _expire(self) -> None:
         now = time.monotonic()
@@ -71,19 +84,26 @@ class EdgeVerifier:
     def _check_tokens(self, tokens: list[int], what: str) -> None:
         bad = [t for t in tokens if t >= self.target.vocab_size]
         if bad:
-            raise P.Refused(P.E_BAD_REQUEST, f"{what}: token id {bad[0]} is outside the vocabulary of {self.target.vocab_size}")
+            raise P.Refused(
+                P.E_BAD_REQUEST, f"{what}: token id {bad[0]} is outside the vocabulary of {self.target.vocab_size}"
+            )
 
     @torch.inference_mode()
     def open(self, msg: P.Open) -> P.Opened:
         self._expire()
         if msg.source not in self.sources:
-            raise P.Refused(P.E_BAD_REQUEST, f"OPEN: activation source {msg.source!r} is not served here; "
-                                             f"expected one of {sorted(self.sources)}")
+            raise P.Refused(
+                P.E_BAD_REQUEST,
+                f"OPEN: activation source {msg.source!r} is not served here; expected one of {sorted(self.sources)}",
+            )
         if len(self.sessions) >= self.max_sessions:
             raise P.Refused(P.E_TOO_LARGE, f"OPEN: {self.max_sessions} sessions are open; close one or retry later")
         need = 2 if msg.resume else 1
         if len(msg.tokens) < need:
-            raise P.Refused(P.E_BAD_REQUEST, f"OPEN: {len(msg.tokens)} tokens; {'a resume needs the prompt and the root' if msg.resume else 'the prompt is empty'}")
+            raise P.Refused(
+                P.E_BAD_REQUEST,
+                f"OPEN: {len(msg.tokens)} tokens; {'a resume needs the prompt and the root' if msg.resume else 'the prompt is empty'}",
+            )
         self._check_tokens(msg.tokens, "OPEN")
         try:
             params = SamplingParams(msg.temperature, msg.top_k, msg.top_p, msg.seed)
@@ -92,10 +112,18 @@ class EdgeVerifier:
         prefix = msg.tokens[:-1] if msg.resume else msg.tokens
         t = self.target
         if len(prefix) + msg.max_new_tokens + 1 > t.max_context:
-            raise P.Refused(P.E_TOO_LARGE, f"OPEN: {len(prefix)} tokens + {msg.max_new_tokens} new exceed the target's context of {t.max_context}")
+            raise P.Refused(
+                P.E_TOO_LARGE,
+                f"OPEN: {len(prefix)} tokens + {msg.max_new_tokens} new exceed the target's context of {t.max_context}",
+            )
         # a resumed session's root was chosen before the server lost it: it is the prefill's first token
-        batch = self.gen.prefill([prefix], [msg.max_new_tokens + 1], [params], ignore_eos=[True],
-                                 first_tokens=[msg.tokens[-1] if msg.resume else None])
+        batch = self.gen.prefill(
+            [prefix],
+            [msg.max_new_tokens + 1],
+            [params],
+            ignore_eos=[True],
+            first_tokens=[msg.tokens[-1] if msg.resume else None],
+        )
         root = batch.rows[0].tokens[0]
         sid = self._next_id
         self._next_id += 1
@@ -107,7 +135,9 @@ class EdgeVerifier:
     def _session(self, sid: int, what: str) -> Session:
         s = self.sessions.get(sid)
         if s is None:
-            raise P.Refused(P.E_UNKNOWN_SESSION, f"{what}: unknown session {sid} (expired, closed or from before a restart)")
+            raise P.Refused(
+                P.E_UNKNOWN_SESSION, f"{what}: unknown session {sid} (expired, closed or from before a restart)"
+            )
         s.last_used = time.monotonic()
         return s
 
@@ -122,12 +152,16 @@ class EdgeVerifier:
         if msg.base < length and msg.base >= 1 and s.history[msg.base] == msg.tokens[0]:
             # an earlier answer was lost on the way: forget what the client never saw
             s.batch.cache.truncate(msg.base)
-            del s.history[msg.base:]
+            del s.history[msg.base :]
             s.root = msg.tokens[0]
         elif msg.base != length:
-            raise P.Refused(P.E_BAD_REQUEST, f"VERIFY: base position {msg.base}, but the session has {length} committed tokens")
+            raise P.Refused(
+                P.E_BAD_REQUEST, f"VERIFY: base position {msg.base}, but the session has {length} committed tokens"
+            )
         if msg.tokens[0] != s.root:
-            raise P.Refused(P.E_BAD_REQUEST, f"VERIFY: the root token is {msg.tokens[0]}, expected the last verified token {s.root}")
+            raise P.Refused(
+                P.E_BAD_REQUEST, f"VERIFY: the root token is {msg.tokens[0]}, expected the last verified token {s.root}"
+            )
         try:
             buffers = buffers_from_parents(msg.parents)
         except ValueError as exc:
@@ -137,8 +171,13 @@ class EdgeVerifier:
             raise P.Refused(P.E_TOO_LARGE, f"VERIFY: the sequence would pass the target's context of {t.max_context}")
         dev = t.device
         tokens = torch.tensor([msg.tokens], dtype=torch.long, device=dev)
-        tree = DraftTree(tokens, buffers.parents.to(dev)[None], torch.ones_like(tokens, dtype=torch.bool),
-                         buffers.tree_mask.to(dev)[None], buffers.position_offsets.to(dev)[None])
+        tree = DraftTree(
+            tokens,
+            buffers.parents.to(dev)[None],
+            torch.ones_like(tokens, dtype=torch.bool),
+            buffers.tree_mask.to(dev)[None],
+            buffers.position_offsets.to(dev)[None],
+        )
         result = self.gen.verify_tree(s.batch, tree)
         count = int(result.counts[0])
         path = result.path[0, :count]
@@ -224,8 +263,15 @@ def load_sources(target: TargetModel, heads: list[str]) -> dict[str, ActivationS
             raise ValueError(f"--moa-head {spec!r}: expected NAME=PATH (e.g. moa=zoo/moa)")
         if name in ("none", "features"):
             raise ValueError(f"--moa-head {spec!r}: the name {name!r} is reserved")
-        draft = load_draft(Path(path), "moa", target.hidden_size, target.vocab_size, dtype=target.dtype,
-                           device=target.device, target_shape=shape)
+        draft = load_draft(
+            Path(path),
+            "moa",
+            target.hidden_size,
+            target.vocab_size,
+            dtype=target.dtype,
+            device=target.device,
+            target_shape=shape,
+        )
         sources[name] = MoASource(draft, weights_digest(path))
     return sources
 
@@ -242,7 +288,10 @@ def run(args) -> int:
         return 2
     verifier = EdgeVerifier(target, sources, max_tree_nodes=args.max_tree_nodes, session_ttl=args.session_ttl)
     server = EdgeServer(verifier, args.host, args.port)
-    print(f"specdec-edge-server listening on {args.host}:{server.port} (sources: {', '.join(verifier.sources)})", flush=True)
+    print(
+        f"specdec-edge-server listening on {args.host}:{server.port} (sources: {', '.join(verifier.sources)})",
+        flush=True,
+    )
     try:
         server.serve_forever()
     except KeyboardInterrupt:

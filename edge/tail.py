@@ -39,7 +39,7 @@ def _safetensors_files(path: Path) -> dict[str, Path]:
 def tail_source_name(name: str, first_layer: int) -> str | None:
     """Tail parameter name -> the full checkpoint's name (None: not stored, e.g. the unused embedding)."""
     if name.startswith("model.layers."):
-        rest = name[len("model.layers."):]
+        rest = name[len("model.layers.") :]
         index, _, suffix = rest.partition(".")
         return f"model.layers.{int(index) + first_layer}.{suffix}"
     if name == "model.embed_tokens.weight":
@@ -47,8 +47,9 @@ def tail_source_name(name: str, first_layer: int) -> str | None:
     return name
 
 
-def load_target_tail(path: str | Path, num_layers: int, dtype: str | torch.dtype | None = None,
-                     device: str | torch.device | None = None) -> TargetModel:
+def load_target_tail(
+    path: str | Path, num_layers: int, dtype: str | torch.dtype | None = None, device: str | torch.device | None = None
+) -> TargetModel:
     """A ``TargetModel`` of the checkpoint's last ``num_layers`` layers (0 for the LM head alone)."""
     from safetensors import safe_open
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -59,12 +60,16 @@ def load_target_tail(path: str | Path, num_layers: int, dtype: str | torch.dtype
     config = AutoConfig.from_pretrained(path)
     archs = getattr(config, "architectures", None) or []
     if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
-        raise TargetLoadError(f"{path / 'config.json'}: key 'architectures' is {archs}; expected one of {list(SUPPORTED_ARCHITECTURES)}")
+        raise TargetLoadError(
+            f"{path / 'config.json'}: key 'architectures' is {archs}; expected one of {list(SUPPORTED_ARCHITECTURES)}"
+        )
     total = config.num_hidden_layers
     if not 0 <= num_layers <= total:
         raise TargetLoadError(f"{path}: a tail of {num_layers} layers, but the target has {total}")
     if getattr(config, "tie_word_embeddings", False):
-        raise TargetLoadError(f"{path / 'config.json'}: tie_word_embeddings is true; a client tail needs its own lm_head")
+        raise TargetLoadError(
+            f"{path / 'config.json'}: tie_word_embeddings is true; a client tail needs its own lm_head"
+        )
     config.num_hidden_layers = num_layers
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)

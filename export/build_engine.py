@@ -13,8 +13,10 @@ sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != _here]
 try:
     from specdec_kit.export.cli import main
 except ModuleNotFoundError as exc:  # the kit is not installed in this interpreter
-    sys.exit(f"error: {exc.name} is missing from {sys.executable}; set up the kit first (bash scripts/setup.sh, "
-             "then .venv/bin/python export/build_engine.py ...) or pip install -e . into this environment")
+    sys.exit(
+        f"error: {exc.name} is missing from {sys.executable}; set up the kit first (bash scripts/setup.sh, "
+        "then .venv/bin/python export/build_engine.py ...) or pip install -e . into this environment"
+    )
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -28,13 +28,18 @@ from specdec_kit.export.engine_rules import check_engine_rules
 from specdec_kit.export.inputs import BuildError, BuildInputs, hash_tree
 from specdec_kit.export.trtllm_pytorch import check_legacy_release
 from specdec_kit.runtime.device import DTYPES
-from specdec_kit.runtime.drafts.loading import save_draft
 from specdec_kit.runtime.drafts.eagle3 import Eagle3Draft
+from specdec_kit.runtime.drafts.loading import save_draft
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
 from specdec_kit.runtime.drafts.moa import MoADraft
 from specdec_kit.runtime.loader import load_draft_for, load_tokenizer
 from specdec_kit.runtime.manifest import (
-    MANIFEST_NAME, SCHEMA_VERSION, EngineError, file_entries, read_manifest, write_manifest,
+    MANIFEST_NAME,
+    SCHEMA_VERSION,
+    EngineError,
+    file_entries,
+    read_manifest,
+    write_manifest,
 )
 from specdec_kit.runtime.registry import draft_kind
 from specdec_kit.runtime.target import TargetModel
@@ -54,27 +59,52 @@ class BuildResult:
 def target_spec(target: TargetModel) -> dict[str, Any]:
     cfg = target.config
     return {
-        "architecture": target.architecture, "num_hidden_layers": target.num_layers, "hidden_size": target.hidden_size,
-        "num_attention_heads": target.num_heads, "num_key_value_heads": target.num_kv_heads, "head_dim": target.head_dim,
-        "intermediate_size": cfg.intermediate_size, "vocab_size": target.vocab_size, "max_context": target.max_context,
-        "rms_norm_eps": cfg.rms_norm_eps, "eos_token_ids": target.eos_token_ids(),
+        "architecture": target.architecture,
+        "num_hidden_layers": target.num_layers,
+        "hidden_size": target.hidden_size,
+        "num_attention_heads": target.num_heads,
+        "num_key_value_heads": target.num_kv_heads,
+        "head_dim": target.head_dim,
+        "intermediate_size": cfg.intermediate_size,
+        "vocab_size": target.vocab_size,
+        "max_context": target.max_context,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "eos_token_ids": target.eos_token_ids(),
         **({"feature_layers": list(target.feature_layers)} if target.feature_layers else {}),
     }
 
 
 def draft_spec(kind: str, module) -> dict[str, Any]:
     if isinstance(module, MedusaHeads):
-        return {"kind": kind, "medusa_num_heads": module.num_heads, "medusa_num_layers": module.num_layers,
-                "hidden_size": module.hidden_size, "vocab_size": module.vocab_size}
+        return {
+            "kind": kind,
+            "medusa_num_heads": module.num_heads,
+            "medusa_num_layers": module.num_layers,
+            "hidden_size": module.hidden_size,
+            "vocab_size": module.vocab_size,
+        }
     layers, heads, dim = module.attention_shape
     cfg = module.config
-    extra = {"moa_tli": module.tli, "target_num_layers": module.target_num_layers} if isinstance(module, MoADraft) else {}
+    extra = (
+        {"moa_tli": module.tli, "target_num_layers": module.target_num_layers} if isinstance(module, MoADraft) else {}
+    )
     if isinstance(module, Eagle3Draft):
-        extra = {"draft_vocab_size": module.draft_vocab_size, "feature_layers": list(module.feature_layers),
-                 "target_hidden_size": module.target_hidden_size}
-    return {**extra, "kind": kind, "num_hidden_layers": layers, "num_key_value_heads": heads, "head_dim": dim,
-            "num_attention_heads": cfg.num_attention_heads, "hidden_size": cfg.hidden_size,
-            "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size}
+        extra = {
+            "draft_vocab_size": module.draft_vocab_size,
+            "feature_layers": list(module.feature_layers),
+            "target_hidden_size": module.target_hidden_size,
+        }
+    return {
+        **extra,
+        "kind": kind,
+        "num_hidden_layers": layers,
+        "num_key_value_heads": heads,
+        "head_dim": dim,
+        "num_attention_heads": cfg.num_attention_heads,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "vocab_size": cfg.vocab_size,
+    }
 
 
 def check_parallel(inputs: BuildInputs) -> None:
@@ -84,8 +114,10 @@ def check_parallel(inputs: BuildInputs) -> None:
     if tp < 1 or pp < 1:
         raise BuildError(f"--tp and --pp must be >= 1, found tp={tp}, pp={pp}")
     if inputs.backend in ("onnxruntime", "torch") and tp * pp != 1:
-        raise BuildError(f"--tp/--pp apply to the tensorrt-llm, sglang and vllm backends; the {inputs.backend} "
-                         f"backend runs on one device (found tp={tp}, pp={pp})")
+        raise BuildError(
+            f"--tp/--pp apply to the tensorrt-llm, sglang and vllm backends; the {inputs.backend} "
+            f"backend runs on one device (found tp={tp}, pp={pp})"
+        )
     config_file = inputs.target / "config.json"
     try:
         config = json.loads(config_file.read_text())
@@ -93,7 +125,9 @@ def check_parallel(inputs: BuildInputs) -> None:
         kv = int(config.get("num_key_value_heads") or heads)
         layers = int(config["num_hidden_layers"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise BuildError(f"{config_file}: cannot read the target's head and layer counts ({type(exc).__name__}: {exc})") from None
+        raise BuildError(
+            f"{config_file}: cannot read the target's head and layer counts ({type(exc).__name__}: {exc})"
+        ) from None
     if heads % tp:
         raise BuildError(f"{config_file}: num_attention_heads = {heads} is not divisible by --tp {tp}")
     if kv % tp and tp % kv:  # fewer KV heads than ranks is fine when each is replicated evenly
@@ -150,8 +184,14 @@ def _save_checkpoints(staging: Path, target: TargetModel, kind: str, module) -> 
     return {"target": "target", "draft": "draft"}
 
 
-def build_engine(inputs: BuildInputs, output: Path, force: bool = False, device: str | torch.device = "cpu",
-                 step: Callable[[str], None] = lambda msg: None, replace_other: bool = False) -> BuildResult:
+def build_engine(
+    inputs: BuildInputs,
+    output: Path,
+    force: bool = False,
+    device: str | torch.device = "cpu",
+    step: Callable[[str], None] = lambda msg: None,
+    replace_other: bool = False,
+) -> BuildResult:
     """Build the engine of ``inputs`` at ``output``, or reuse the one there built from the same inputs. An engine
     there from other inputs is an error unless ``replace_other`` (a tool's own engine directory, e.g. a
     benchmark's, rebuilt after a head or the kit changed); ``force`` rebuilds even an identical one."""
@@ -187,8 +227,16 @@ def output_lock(output: Path, step: Callable[[str], None]) -> Iterator[None]:
         yield
 
 
-def _build_locked(inputs: BuildInputs, output: Path, digest: str, force: bool, device: str | torch.device,
-                  step: Callable[[str], None], start: float, replace_other: bool = False) -> BuildResult:
+def _build_locked(
+    inputs: BuildInputs,
+    output: Path,
+    digest: str,
+    force: bool,
+    device: str | torch.device,
+    step: Callable[[str], None],
+    start: float,
+    replace_other: bool = False,
+) -> BuildResult:
     if output.exists() and not force:
         found = _existing(output, digest)
         if found is not None:
@@ -196,8 +244,10 @@ def _build_locked(inputs: BuildInputs, output: Path, digest: str, force: bool, d
         if replace_other:
             step(f"{output} holds an engine built from other inputs: rebuilding it")
         elif any(output.iterdir()):
-            raise BuildError(f"--output {output}: exists and is not an engine built from these inputs; "
-                             "pass --force to replace it or choose another --output")
+            raise BuildError(
+                f"--output {output}: exists and is not an engine built from these inputs; "
+                "pass --force to replace it or choose another --output"
+            )
     dtype = DTYPES[inputs.dtype]
     step(f"loading target {inputs.target}")
     target = TargetModel.from_pretrained(inputs.target, dtype=dtype, device=device)
@@ -207,8 +257,10 @@ def _build_locked(inputs: BuildInputs, output: Path, digest: str, force: bool, d
     tree = tree_from_dict(inputs.tree)
     tokenizer = load_tokenizer(inputs.tokenizer)
     if len(tokenizer) > target.vocab_size:
-        raise BuildError(f"{inputs.tokenizer}: tokenizer has {len(tokenizer)} tokens, more than the target's "
-                         f"vocab_size {target.vocab_size}; it is not this target's tokenizer")
+        raise BuildError(
+            f"{inputs.tokenizer}: tokenizer has {len(tokenizer)} tokens, more than the target's "
+            f"vocab_size {target.vocab_size}; it is not this target's tokenizer"
+        )
     manifest_target, manifest_draft = target_spec(target), draft_spec(inputs.draft, module)
     staging = _staging_dir(output)
     try:
@@ -218,8 +270,18 @@ def _build_locked(inputs: BuildInputs, output: Path, digest: str, force: bool, d
             from specdec_kit.export.onnx_build import build_onnx
 
             prompts = [tokenizer(p)["input_ids"] for p in PARITY_PROMPTS]
-            extra = build_onnx(staging, target, inputs.draft, module, tree, manifest_target, manifest_draft, prompts,
-                               step, draft_tree=inputs.draft_tree)
+            extra = build_onnx(
+                staging,
+                target,
+                inputs.draft,
+                module,
+                tree,
+                manifest_target,
+                manifest_draft,
+                prompts,
+                step,
+                draft_tree=inputs.draft_tree,
+            )
         elif inputs.backend == "torch":
             step("writing the target and draft checkpoints (safetensors)")
             extra = {"artifacts": _save_checkpoints(staging, target, inputs.draft, module)}
@@ -235,20 +297,35 @@ def _build_locked(inputs: BuildInputs, output: Path, digest: str, force: bool, d
             "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "backend": inputs.backend,
             "dtype": inputs.dtype,
-            "inputs": {"sha256": digest, "target": str(inputs.target), "draft": str(inputs.draft_path),
-                       "tokenizer": str(inputs.tokenizer), "demo_zoo": inputs.demo, "options": inputs.options(),
-                       "files": inputs.file_hashes},
+            "inputs": {
+                "sha256": digest,
+                "target": str(inputs.target),
+                "draft": str(inputs.draft_path),
+                "tokenizer": str(inputs.tokenizer),
+                "demo_zoo": inputs.demo,
+                "options": inputs.options(),
+                "files": inputs.file_hashes,
+            },
             "target": manifest_target,
             "draft": manifest_draft,
             "tree": inputs.tree,
-            "tokenizer": {"path": "tokenizer", "class": type(tokenizer).__name__, "size": len(tokenizer),
-                          "chat_template": bool(getattr(tokenizer, "chat_template", None))},
+            "tokenizer": {
+                "path": "tokenizer",
+                "class": type(tokenizer).__name__,
+                "size": len(tokenizer),
+                "chat_template": bool(getattr(tokenizer, "chat_template", None)),
+            },
             "parallel": {"tp": inputs.tp, "pp": inputs.pp},
             "artifacts": extra.pop("artifacts"),
             **extra,
-            "build": {"command": [Path(sys.argv[0]).name, *sys.argv[1:]], "host": platform.node(),
-                      "python": platform.python_version(), "torch": torch.__version__,
-                      "device": str(target.device), "seconds": round(time.perf_counter() - start, 1)},
+            "build": {
+                "command": [Path(sys.argv[0]).name, *sys.argv[1:]],
+                "host": platform.node(),
+                "python": platform.python_version(),
+                "torch": torch.__version__,
+                "device": str(target.device),
+                "seconds": round(time.perf_counter() - start, 1),
+            },
             "files": file_entries(staging, files),
         }
         write_manifest(staging, manifest)

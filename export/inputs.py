@@ -20,7 +20,6 @@ from specdec_kit.runtime.manifest import ONNX_GRAPH_INTERFACE, sha256_file
 from specdec_kit.runtime.registry import zoo_heads
 
 
-
 class BuildError(ValueError):
     """Bad input to the builder; the message names the option or file, what was expected and found."""
 
@@ -42,11 +41,21 @@ class BuildInputs:
     file_hashes: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def options(self) -> dict[str, Any]:
-        return {"draft": self.draft, "backend": self.backend, "dtype": self.dtype, "tree": self.tree,
-                "tp": self.tp, "pp": self.pp, "kit_version": __version__,
-                **({"trtllm_legacy_engine": self.trtllm_legacy_engine} if self.trtllm_legacy_engine else {}),
-                **({"graph_interface": ONNX_GRAPH_INTERFACE, "draft_tree": self.draft_tree}
-                   if self.backend == "onnxruntime" else {})}
+        return {
+            "draft": self.draft,
+            "backend": self.backend,
+            "dtype": self.dtype,
+            "tree": self.tree,
+            "tp": self.tp,
+            "pp": self.pp,
+            "kit_version": __version__,
+            **({"trtllm_legacy_engine": self.trtllm_legacy_engine} if self.trtllm_legacy_engine else {}),
+            **(
+                {"graph_interface": ONNX_GRAPH_INTERFACE, "draft_tree": self.draft_tree}
+                if self.backend == "onnxruntime"
+                else {}
+            ),
+        }
 
     def digest(self) -> str:
         """SHA-256 over the options and every input file's content hash."""
@@ -54,7 +63,9 @@ class BuildInputs:
         return hashlib.sha256(payload.encode()).hexdigest()
 
 
-def resolve_paths(draft: str, target: Path | None, draft_path: Path | None, tokenizer: Path | None) -> tuple[Path, Path, Path, bool]:
+def resolve_paths(
+    draft: str, target: Path | None, draft_path: Path | None, tokenizer: Path | None
+) -> tuple[Path, Path, Path, bool]:
     """The user's paths, or the demo zoo's target and the head of this method when none are given; a named target
     (``--target smollm2``) is obtained and converted on first use, its head the kit's own unless one is given."""
     from specdec_kit.runtime.pretrained import is_named, named_head, resolve_target
@@ -74,8 +85,10 @@ def resolve_paths(draft: str, target: Path | None, draft_path: Path | None, toke
         except ValueError as exc:
             raise BuildError(f"{exc}; or pass --target DIR --draft-path DIR") from None
         if not (zoo / "target" / "config.json").is_file():
-            raise BuildError(f"{zoo}: no demo zoo; pass --target DIR --draft-path DIR "
-                             "(or build the zoo: python -m specdec_kit.train.zoo --out zoo)")
+            raise BuildError(
+                f"{zoo}: no demo zoo; pass --target DIR --draft-path DIR "
+                "(or build the zoo: python -m specdec_kit.train.zoo --out zoo)"
+            )
         target, draft_path = zoo / "target", zoo / zoo_heads()[draft][1]
     elif target is None or draft_path is None:
         raise BuildError("--target and --draft-path go together (give both, or neither for the demo zoo)")

@@ -64,7 +64,9 @@ def optimize_graph(raw: Path, optimized: Path, providers: list) -> None:
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     options.optimized_model_filepath = str(optimized)
-    options.add_session_config_entry("session.optimized_model_external_initializers_file_name", optimized.name + ".data")
+    options.add_session_config_entry(
+        "session.optimized_model_external_initializers_file_name", optimized.name + ".data"
+    )
     options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     options.log_severity_level = 3
     ort.InferenceSession(str(raw), options, providers=providers)
@@ -110,17 +112,27 @@ def target_parity(target: TargetModel, ort_target, vocab: int, seed: int = 0) ->
     return worst
 
 
-def greedy_identity(target: TargetModel, torch_drafter, ort_target, ort_drafter, prompts: list[list[int]],
-                    max_new_tokens: int = 24) -> bool:
+def greedy_identity(
+    target: TargetModel, torch_drafter, ort_target, ort_drafter, prompts: list[list[int]], max_new_tokens: int = 24
+) -> bool:
     """Greedy generation through the ONNX graphs equals the PyTorch backend's, token for token."""
     ref = SpeculativeGenerator(target, torch_drafter).generate(prompts, max_new_tokens)
     got = SpeculativeGenerator(ort_target, ort_drafter).generate(prompts, max_new_tokens)
     return all(a.tokens == b.tokens for a, b in zip(ref, got))
 
 
-def build_onnx(staging: Path, target: TargetModel, draft_kind_name: str, draft_module, tree, manifest_target: dict,
-               manifest_draft: dict, prompts: list[list[int]], step: Callable[[str], None],
-               draft_tree: bool = True) -> dict[str, Any]:
+def build_onnx(
+    staging: Path,
+    target: TargetModel,
+    draft_kind_name: str,
+    draft_module,
+    tree,
+    manifest_target: dict,
+    manifest_draft: dict,
+    prompts: list[list[int]],
+    step: Callable[[str], None],
+    draft_tree: bool = True,
+) -> dict[str, Any]:
     """Write graphs/ under ``staging``; return the manifest's ``artifacts`` and ``onnx`` sections. ``draft_tree``:
     add the draft's whole cycle as one graph where the kind and tree allow it (its export takes longer than the
     step's: the tree search is unrolled)."""
@@ -149,7 +161,10 @@ def build_onnx(staging: Path, target: TargetModel, draft_kind_name: str, draft_m
         raw, opt = graphs / f"{role}.onnx", graphs / f"{role}.optimized.onnx"
         check_graph(raw)
         optimize_graph(raw, opt, providers)
-        artifacts[role], artifacts[f"{role}_optimized"] = raw.relative_to(staging).as_posix(), opt.relative_to(staging).as_posix()
+        artifacts[role], artifacts[f"{role}_optimized"] = (
+            raw.relative_to(staging).as_posix(),
+            opt.relative_to(staging).as_posix(),
+        )
 
     step("checking ONNX Runtime against PyTorch (logits, features, greedy generation)")
     dtype = target.dtype
@@ -158,13 +173,16 @@ def build_onnx(staging: Path, target: TargetModel, draft_kind_name: str, draft_m
     torch_drafter = family.torch_drafter(draft_module, target, tree)
     whole_tree = {"whole_tree": tree_to_dict(tree)} if whole is not None else {}
     manifest = {"target": manifest_target, "draft": manifest_draft, "onnx": whole_tree}
-    ort_drafter = family.ort_drafter(lambda role: OrtGraph(graphs / f"{role}.optimized.onnx", device), manifest,
-                                     ort_target, tree)
+    ort_drafter = family.ort_drafter(
+        lambda role: OrtGraph(graphs / f"{role}.optimized.onnx", device), manifest, ort_target, tree
+    )
     bound = PARITY_ATOL.get(dtype, 5e-2)
     if max(parity["logits_relative"], parity["features_relative"]) > bound:
-        raise BuildError(f"ONNX graph drifts from PyTorch: max |logits diff| {parity['logits']:.2e} "
-                         f"({parity['logits_relative']:.2e} of their largest magnitude), |features diff| "
-                         f"{parity['features']:.2e} ({parity['features_relative']:.2e}), bound {bound:.0e} relative")
+        raise BuildError(
+            f"ONNX graph drifts from PyTorch: max |logits diff| {parity['logits']:.2e} "
+            f"({parity['logits_relative']:.2e} of their largest magnitude), |features diff| "
+            f"{parity['features']:.2e} ({parity['features_relative']:.2e}), bound {bound:.0e} relative"
+        )
     identical = greedy_identity(target, torch_drafter, ort_target, ort_drafter, prompts)
     if not identical:
         raise BuildError("greedy generation through the ONNX graphs differs from the PyTorch backend")

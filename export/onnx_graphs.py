@@ -24,8 +24,14 @@ def export_plan(plan: GraphPlan, graphs: Path) -> Path:
     spec = plan.spec
     path = graphs / f"{spec.name}.onnx"
     program = torch.onnx.export(
-        plan.module.eval(), plan.args, dynamo=True, input_names=list(spec.inputs), output_names=list(spec.outputs),
-        dynamic_shapes=argument_shapes(plan), opset_version=OPSET, optimize=True,
+        plan.module.eval(),
+        plan.args,
+        dynamo=True,
+        input_names=list(spec.inputs),
+        output_names=list(spec.outputs),
+        dynamic_shapes=argument_shapes(plan),
+        opset_version=OPSET,
+        optimize=True,
         verbose=False,
     )
     program.save(str(path), external_data=True)

@@ -45,7 +45,11 @@ def dup_kv(w: torch.Tensor, kv_heads: int, head_dim: int, tp: int) -> torch.Tens
     if tp % kv_heads:
         raise TrtllmExportError(f"num_key_value_heads = {kv_heads} does not divide --tp {tp}")
     rep = tp // kv_heads
-    return w.reshape(kv_heads, head_dim, *w.shape[1:]).repeat_interleave(rep, dim=0).reshape(kv_heads * rep * head_dim, *w.shape[1:])
+    return (
+        w.reshape(kv_heads, head_dim, *w.shape[1:])
+        .repeat_interleave(rep, dim=0)
+        .reshape(kv_heads * rep * head_dim, *w.shape[1:])
+    )
 
 
 def pad_vocab(w: torch.Tensor, tp: int) -> torch.Tensor:
@@ -59,14 +63,31 @@ def _qkv(q, k, v, kv_heads: int, head_dim: int, tp: int, rank: int) -> torch.Ten
     return torch.cat([split(q, tp, rank), split(k, tp, rank), split(v, tp, rank)])
 
 
-def convert_decoder_layer(hf: dict[str, torch.Tensor], src: str, dst: str, kv_heads: int, head_dim: int,
-                          tp: int, rank: int) -> dict[str, torch.Tensor]:
+def convert_decoder_layer(
+    hf: dict[str, torch.Tensor], src: str, dst: str, kv_heads: int, head_dim: int, tp: int, rank: int
+) -> dict[str, torch.Tensor]:
     """One Llama decoder layer: HF names under ``src`` to TensorRT-LLM names under ``dst``."""
-    out = {dst + "attention.qkv.weight": _qkv(hf[src + "self_attn.q_proj.weight"], hf[src + "self_attn.k_proj.weight"],
-                                              hf[src + "self_attn.v_proj.weight"], kv_heads, head_dim, tp, rank)}
+    out = {
+        dst + "attention.qkv.weight": _qkv(
+            hf[src + "self_attn.q_proj.weight"],
+            hf[src + "self_attn.k_proj.weight"],
+            hf[src + "self_attn.v_proj.weight"],
+            kv_heads,
+            head_dim,
+            tp,
+            rank,
+        )
+    }
     if src + "self_attn.q_proj.bias" in hf:
-        out[dst + "attention.qkv.bias"] = _qkv(hf[src + "self_attn.q_proj.bias"], hf[src + "self_attn.k_proj.bias"],
-                                               hf[src + "self_attn.v_proj.bias"], kv_heads, head_dim, tp, rank)
+        out[dst + "attention.qkv.bias"] = _qkv(
+            hf[src + "self_attn.q_proj.bias"],
+            hf[src + "self_attn.k_proj.bias"],
+            hf[src + "self_attn.v_proj.bias"],
+            kv_heads,
+            head_dim,
+            tp,
+            rank,
+        )
     out[dst + "attention.dense.weight"] = split(hf[src + "self_attn.o_proj.weight"], tp, rank, dim=1)
     out[dst + "mlp.fc.weight"] = split(hf[src + "mlp.gate_proj.weight"], tp, rank)  # TensorRT-LLM's fc is gate_proj
     out[dst + "mlp.gate.weight"] = split(hf[src + "mlp.up_proj.weight"], tp, rank)  # and its gate is up_proj
@@ -77,15 +98,26 @@ def convert_decoder_layer(hf: dict[str, torch.Tensor], src: str, dst: str, kv_he
     return out
 
 
-def convert_target(hf: dict[str, torch.Tensor], cfg: dict[str, Any], tp: int, pp: int, rank: int) -> dict[str, torch.Tensor]:
+def convert_target(
+    hf: dict[str, torch.Tensor], cfg: dict[str, Any], tp: int, pp: int, rank: int
+) -> dict[str, torch.Tensor]:
     """The base Llama model's shard for ``rank`` (= pp_rank * tp + tp_rank)."""
     tp_rank, pp_rank = rank % tp, rank // tp
     layers = cfg["num_hidden_layers"]
     per_stage = layers // pp
     out = {}
     for local, layer in enumerate(range(pp_rank * per_stage, (pp_rank + 1) * per_stage)):
-        out.update(convert_decoder_layer(hf, f"model.layers.{layer}.", f"transformer.layers.{local}.",
-                                         cfg["num_key_value_heads"], cfg["head_dim"], tp, tp_rank))
+        out.update(
+            convert_decoder_layer(
+                hf,
+                f"model.layers.{layer}.",
+                f"transformer.layers.{local}.",
+                cfg["num_key_value_heads"],
+                cfg["head_dim"],
+                tp,
+                tp_rank,
+            )
+        )
     if pp_rank == 0:
         out["transformer.vocab_embedding.weight"] = hf["model.embed_tokens.weight"]
     if pp_rank == pp - 1:
@@ -95,22 +127,39 @@ def convert_target(hf: dict[str, torch.Tensor], cfg: dict[str, Any], tp: int, pp
     return out
 
 
-def convert_eagle(draft: dict[str, torch.Tensor], hf_target: dict[str, torch.Tensor], draft_cfg: dict[str, Any],
-                  num_eagle_layers: int, tp: int, rank: int) -> dict[str, torch.Tensor]:
+def convert_eagle(
+    draft: dict[str, torch.Tensor],
+    hf_target: dict[str, torch.Tensor],
+    draft_cfg: dict[str, Any],
+    num_eagle_layers: int,
+    tp: int,
+    rank: int,
+) -> dict[str, torch.Tensor]:
     """EAGLE/HASS draft weights, one copy per EagleNet (TensorRT-LLM runs ``num_eagle_layers`` of them)."""
     net: dict[str, torch.Tensor] = {"drafter.fc.weight": split(draft["fc.weight"], tp, rank)}
     if "fc.bias" in draft:
         net["drafter.fc.bias"] = split(draft["fc.bias"], tp, rank)
     net["drafter.vocab_embedding.weight"] = draft["embed_tokens.weight"]
     for i in range(draft_cfg["num_hidden_layers"]):
-        net.update(convert_decoder_layer(draft, f"layers.{i}.", f"drafter.layers.{i}.",
-                                         draft_cfg["num_key_value_heads"], draft_cfg["head_dim"], tp, rank))
+        net.update(
+            convert_decoder_layer(
+                draft,
+                f"layers.{i}.",
+                f"drafter.layers.{i}.",
+                draft_cfg["num_key_value_heads"],
+                draft_cfg["head_dim"],
+                tp,
+                rank,
+            )
+        )
     head = hf_target.get("lm_head.weight", hf_target["model.embed_tokens.weight"])
     net["lm_head.weight"] = split(pad_vocab(head, tp), tp, rank)
     return {f"eagle_nets.{i}.{k}": v.clone() for i in range(num_eagle_layers) for k, v in net.items()}
 
 
-def convert_medusa(heads: dict[str, torch.Tensor], num_heads: int, num_layers: int, tp: int, rank: int) -> dict[str, torch.Tensor]:
+def convert_medusa(
+    heads: dict[str, torch.Tensor], num_heads: int, num_layers: int, tp: int, rank: int
+) -> dict[str, torch.Tensor]:
     """Medusa heads from the kit's ``medusa_head.{h}.{l}`` keys (the official layout)."""
     out = {}
     for h in range(num_heads):
@@ -118,7 +167,9 @@ def convert_medusa(heads: dict[str, torch.Tensor], num_heads: int, num_layers: i
             src, dst = f"medusa_head.{h}.{layer}.linear.", f"medusa_heads.{h}.medusa_layers.{layer}.linear."
             out[dst + "weight"] = split(heads[src + "weight"], tp, rank)
             out[dst + "bias"] = split(heads[src + "bias"], tp, rank)
-        out[f"medusa_heads.{h}.lm_head.weight"] = split(pad_vocab(heads[f"medusa_head.{h}.{num_layers}.weight"], tp), tp, rank)
+        out[f"medusa_heads.{h}.lm_head.weight"] = split(
+            pad_vocab(heads[f"medusa_head.{h}.{num_layers}.weight"], tp), tp, rank
+        )
     return out
 
 
@@ -139,11 +190,21 @@ def tree_settings(tree: StaticTree | DynamicTreeConfig) -> dict[str, Any]:
     """``max_draft_len``, ``num_eagle_layers``, ``max_non_leaves_per_layer`` and the tree itself."""
     if isinstance(tree, StaticTree):
         choices = [list(c) for c in tree.choices]
-        return {"max_draft_len": len(choices), "num_eagle_layers": max(len(c) for c in choices),
-                "max_non_leaves_per_layer": max(non_leaves_per_level(choices)), "choices": choices, "dynamic": None}
+        return {
+            "max_draft_len": len(choices),
+            "num_eagle_layers": max(len(c) for c in choices),
+            "max_non_leaves_per_layer": max(non_leaves_per_level(choices)),
+            "choices": choices,
+            "dynamic": None,
+        }
     levels = tree.depth + 1
-    return {"max_draft_len": tree.total_tokens - 1, "num_eagle_layers": levels, "max_non_leaves_per_layer": tree.top_k,
-            "choices": None, "dynamic": {"use_dynamic_tree": True, "dynamic_tree_max_topK": tree.top_k}}
+    return {
+        "max_draft_len": tree.total_tokens - 1,
+        "num_eagle_layers": levels,
+        "max_non_leaves_per_layer": tree.top_k,
+        "choices": None,
+        "dynamic": {"use_dynamic_tree": True, "dynamic_tree_max_topK": tree.top_k},
+    }
 
 
 def check_tree(settings: dict[str, Any]) -> None:
@@ -158,48 +219,79 @@ def check_tree(settings: dict[str, Any]) -> None:
             raise TrtllmExportError(f"deepest choice path has depth {max(depths)}, num_eagle_layers = {layers}")
         counts = non_leaves_per_level(settings["choices"])
         if max(counts) > max_nl:
-            raise TrtllmExportError(f"{max(counts)} non-leaf nodes at depth {counts.index(max(counts))}, "
-                                    f"more than max_non_leaves_per_layer = {max_nl}")
+            raise TrtllmExportError(
+                f"{max(counts)} non-leaf nodes at depth {counts.index(max(counts))}, "
+                f"more than max_non_leaves_per_layer = {max_nl}"
+            )
     else:
         k = settings["dynamic"]["dynamic_tree_max_topK"]
         bound = k + k * k * (layers - 1)
         if n > bound:
-            raise TrtllmExportError(f"max_draft_len = {n} exceeds the {bound} nodes EAGLE-2 produces with top-k {k} "
-                                    f"over {layers} layers")
+            raise TrtllmExportError(
+                f"max_draft_len = {n} exceeds the {bound} nodes EAGLE-2 produces with top-k {k} over {layers} layers"
+            )
 
 
 # -- configs ----------------------------------------------------------------------------------
 def llama_fields(cfg: dict[str, Any], dtype: str, tp: int, pp: int) -> dict[str, Any]:
     return {
-        "dtype": dtype, "logits_dtype": "float32",
-        "num_hidden_layers": cfg["num_hidden_layers"], "num_attention_heads": cfg["num_attention_heads"],
-        "hidden_size": cfg["hidden_size"], "intermediate_size": cfg["intermediate_size"],
-        "num_key_value_heads": cfg["num_key_value_heads"], "head_size": cfg["head_dim"],
-        "vocab_size": cfg["vocab_size"], "position_embedding_type": "rope_gpt_neox",
-        "max_position_embeddings": cfg["max_position_embeddings"], "hidden_act": cfg.get("hidden_act", "silu"),
-        "rotary_base": cfg.get("rope_theta", 10000.0), "rotary_scaling": cfg.get("rope_scaling"),
+        "dtype": dtype,
+        "logits_dtype": "float32",
+        "num_hidden_layers": cfg["num_hidden_layers"],
+        "num_attention_heads": cfg["num_attention_heads"],
+        "hidden_size": cfg["hidden_size"],
+        "intermediate_size": cfg["intermediate_size"],
+        "num_key_value_heads": cfg["num_key_value_heads"],
+        "head_size": cfg["head_dim"],
+        "vocab_size": cfg["vocab_size"],
+        "position_embedding_type": "rope_gpt_neox",
+        "max_position_embeddings": cfg["max_position_embeddings"],
+        "hidden_act": cfg.get("hidden_act", "silu"),
+        "rotary_base": cfg.get("rope_theta", 10000.0),
+        "rotary_scaling": cfg.get("rope_scaling"),
         "norm_epsilon": cfg["rms_norm_eps"],
         "quantization": {"quant_algo": None, "kv_cache_quant_algo": None},
         "mapping": {"world_size": tp * pp, "tp_size": tp, "pp_size": pp},
-        "use_parallel_embedding": False, "embedding_sharding_dim": 0, "share_embedding_table": False,
+        "use_parallel_embedding": False,
+        "embedding_sharding_dim": 0,
+        "share_embedding_table": False,
     }
 
 
-def checkpoint_config(kind: str, target_cfg: dict, draft_cfg: dict, settings: dict, dtype: str, tp: int, pp: int) -> dict:
+def checkpoint_config(
+    kind: str, target_cfg: dict, draft_cfg: dict, settings: dict, dtype: str, tp: int, pp: int
+) -> dict:
     config = llama_fields(target_cfg, dtype, tp, pp)
     if kind == "medusa":
-        config.update(architecture="MedusaForCausalLM", num_medusa_heads=draft_cfg["medusa_num_heads"],
-                      num_medusa_layers=draft_cfg["medusa_num_layers"], medusa_hidden_act="silu",
-                      max_draft_len=settings["max_draft_len"])
+        config.update(
+            architecture="MedusaForCausalLM",
+            num_medusa_heads=draft_cfg["medusa_num_heads"],
+            num_medusa_layers=draft_cfg["medusa_num_layers"],
+            medusa_hidden_act="silu",
+            max_draft_len=settings["max_draft_len"],
+        )
         return config
-    eagle_net = llama_fields({**draft_cfg, "vocab_size": target_cfg["vocab_size"],
-                              "max_position_embeddings": target_cfg["max_position_embeddings"],
-                              "rms_norm_eps": target_cfg["rms_norm_eps"], "rope_theta": target_cfg.get("rope_theta", 10000.0),
-                              "rope_scaling": target_cfg.get("rope_scaling")}, dtype, tp, 1)
+    eagle_net = llama_fields(
+        {
+            **draft_cfg,
+            "vocab_size": target_cfg["vocab_size"],
+            "max_position_embeddings": target_cfg["max_position_embeddings"],
+            "rms_norm_eps": target_cfg["rms_norm_eps"],
+            "rope_theta": target_cfg.get("rope_theta", 10000.0),
+            "rope_scaling": target_cfg.get("rope_scaling"),
+        },
+        dtype,
+        tp,
+        1,
+    )
     eagle_net["architecture"] = "LlamaForCausalLM"
-    config.update(architecture="EagleForCausalLM", max_draft_len=settings["max_draft_len"],
-                  num_eagle_layers=settings["num_eagle_layers"],
-                  max_non_leaves_per_layer=settings["max_non_leaves_per_layer"], eagle_net_config=eagle_net)
+    config.update(
+        architecture="EagleForCausalLM",
+        max_draft_len=settings["max_draft_len"],
+        num_eagle_layers=settings["num_eagle_layers"],
+        max_non_leaves_per_layer=settings["max_non_leaves_per_layer"],
+        eagle_net_config=eagle_net,
+    )
     return config
 
 

@@ -25,15 +25,21 @@ from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
 PLUGIN_DIR = Path(__file__).resolve().parent / "plugins" / "trtllm"
 DRAFTER_PACKAGE = "specdec_trtllm"
 # The kit's draft architectures the drafter package builds, by kit kind.
-DRAFTER_ARCHITECTURES = {"griffin": "SpecdecGriffinLlama", "eagle": "SpecdecEagleLlama", "eagle2": "SpecdecEagleLlama",
-                         "hass": "SpecdecEagleLlama"}
+DRAFTER_ARCHITECTURES = {
+    "griffin": "SpecdecGriffinLlama",
+    "eagle": "SpecdecEagleLlama",
+    "eagle2": "SpecdecEagleLlama",
+    "hass": "SpecdecEagleLlama",
+}
 LEGACY_KINDS = ("eagle", "eagle2", "hass", "medusa")
 # What serving needs to see the engine: iteration statistics (queue depth, KV-cache use, draft and accepted tokens,
 # acceptance length) and trtllm-serve's Prometheus endpoint (/prometheus/metrics), which it mounts only with
 # return_perf_metrics; the chart's probes, autoscaling, endpoint picker and `helm test` read them.
 METRICS_OPTIONS = {"enable_iter_perf_stats": True, "return_perf_metrics": True}
-REMOVAL = ("TensorRT-LLM removed trtllm-build and its TensorRT engine backend after release 1.2 (PRs #15763, #15767; "
-           "migration guide docs/source/legacy/tensorrt-backend-removal.md)")
+REMOVAL = (
+    "TensorRT-LLM removed trtllm-build and its TensorRT engine backend after release 1.2 (PRs #15763, #15767; "
+    "migration guide docs/source/legacy/tensorrt-backend-removal.md)"
+)
 
 
 def check_legacy_release(release: str | None, draft: str, backend: str) -> None:
@@ -46,25 +52,39 @@ def check_legacy_release(release: str | None, draft: str, backend: str) -> None:
     if not match:
         raise BuildError(f"--trtllm-legacy-engine {release!r}: expected a TensorRT-LLM release such as 1.2.1")
     if (int(match.group(1)), int(match.group(2))) > (1, 2):
-        raise BuildError(f"--trtllm-legacy-engine {release}: {REMOVAL}, so {release} cannot run a legacy engine; "
-                         "drop the option to write the PyTorch-backend export that release runs")
+        raise BuildError(
+            f"--trtllm-legacy-engine {release}: {REMOVAL}, so {release} cannot run a legacy engine; "
+            "drop the option to write the PyTorch-backend export that release runs"
+        )
     if draft not in LEGACY_KINDS:
-        raise BuildError(f"--trtllm-legacy-engine {release}: the legacy engine route builds {', '.join(LEGACY_KINDS)}; "
-                         f"--draft {draft} runs on the PyTorch backend (drop the option)")
+        raise BuildError(
+            f"--trtllm-legacy-engine {release}: the legacy engine route builds {', '.join(LEGACY_KINDS)}; "
+            f"--draft {draft} runs on the PyTorch backend (drop the option)"
+        )
 
 
 def speculative_config(tree: StaticTree | DynamicTreeConfig, layers_to_capture: list[int]) -> dict[str, Any]:
     """``speculative_config`` for the one-model EAGLE3 worker: a dynamic tree, a chain, or a static tree."""
-    spec: dict[str, Any] = {"decoding_type": "Eagle3", "speculative_model": "trtllm/draft",
-                            "eagle3_layers_to_capture": sorted(layers_to_capture)}
+    spec: dict[str, Any] = {
+        "decoding_type": "Eagle3",
+        "speculative_model": "trtllm/draft",
+        "eagle3_layers_to_capture": sorted(layers_to_capture),
+    }
     if isinstance(tree, DynamicTreeConfig):
         levels, total = tree.depth + 1, tree.total_tokens - 1
         if not levels <= total <= tree.top_k * levels:  # TensorRT-LLM's EagleDecodingConfig check
-            raise BuildError(f"tree dynamic:{tree.total_tokens}:{tree.depth}:{tree.top_k}: TensorRT-LLM needs "
-                             f"max_draft_len ({levels}) <= max_total_draft_tokens ({total}) <= dynamic_tree_max_topK "
-                             f"* max_draft_len ({tree.top_k * levels}); choose --total-tokens within that")
-        return {**spec, "max_draft_len": levels, "max_total_draft_tokens": total, "use_dynamic_tree": True,
-                "dynamic_tree_max_topK": tree.top_k}
+            raise BuildError(
+                f"tree dynamic:{tree.total_tokens}:{tree.depth}:{tree.top_k}: TensorRT-LLM needs "
+                f"max_draft_len ({levels}) <= max_total_draft_tokens ({total}) <= dynamic_tree_max_topK "
+                f"* max_draft_len ({tree.top_k * levels}); choose --total-tokens within that"
+            )
+        return {
+            **spec,
+            "max_draft_len": levels,
+            "max_total_draft_tokens": total,
+            "use_dynamic_tree": True,
+            "dynamic_tree_max_topK": tree.top_k,
+        }
     choices = [list(c) for c in tree.choices]
     depth = max(len(c) for c in choices)
     if len(choices) == depth:  # a chain: the linear path
@@ -72,22 +92,34 @@ def speculative_config(tree: StaticTree | DynamicTreeConfig, layers_to_capture: 
     return {**spec, "max_draft_len": depth, "eagle_choices": choices}
 
 
-def write_draft_dir(draft_dir: Path, kind: str, module: nn.Module, dtype_name: str,
-                    state_writer: Callable[[Path], None]) -> None:
+def write_draft_dir(
+    draft_dir: Path, kind: str, module: nn.Module, dtype_name: str, state_writer: Callable[[Path], None]
+) -> None:
     """The draft as TensorRT-LLM's ``ModelConfig.from_pretrained`` and the drafter read it."""
     cfg = draft_config_dict(module, kind)
     if kind != "eagle3":
         if cfg.get("qkv_bias"):
-            raise BuildError("this draft has q/k/v biases; TensorRT-LLM's LlamaAttention (which the kit's drafter "
-                             "uses) ties them to an o_proj bias the draft lacks (attention_bias)")
+            raise BuildError(
+                "this draft has q/k/v biases; TensorRT-LLM's LlamaAttention (which the kit's drafter "
+                "uses) ties them to an o_proj bias the draft lacks (attention_bias)"
+            )
         cfg.update(architectures=[DRAFTER_ARCHITECTURES[kind]], draft_vocab_size=cfg["vocab_size"])
     cfg["torch_dtype"] = dtype_name
     write_json(draft_dir / "config.json", cfg)
     state_writer(draft_dir / "model.safetensors")
 
 
-def pytorch_route(staging: Path, kind: str, module: nn.Module, tree: StaticTree | DynamicTreeConfig, tp: int, pp: int,
-                  dtype_name: str, layers_to_capture: list[int], state_writer: Callable[[Path], None]) -> dict[str, Any]:
+def pytorch_route(
+    staging: Path,
+    kind: str,
+    module: nn.Module,
+    tree: StaticTree | DynamicTreeConfig,
+    tp: int,
+    pp: int,
+    dtype_name: str,
+    layers_to_capture: list[int],
+    state_writer: Callable[[Path], None],
+) -> dict[str, Any]:
     """Draft directory, drafter package (kit kinds) and the serve command; returns what ``build_trtllm`` records."""
     write_draft_dir(staging / "trtllm" / "draft", kind, module, dtype_name, state_writer)
     spec = speculative_config(tree, layers_to_capture)
@@ -96,14 +128,24 @@ def pytorch_route(staging: Path, kind: str, module: nn.Module, tree: StaticTree 
     serve = ["trtllm-serve", "${SPECDEC_MODEL_DIR:-target}", "--backend", "pytorch", "--config", "trtllm/serve.yaml"]
     artifacts = {"trtllm_draft": "trtllm/draft/model.safetensors"}
     if kind != "eagle3":
-        shutil.copytree(PLUGIN_DIR / DRAFTER_PACKAGE, staging / "trtllm" / DRAFTER_PACKAGE,
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(
+            PLUGIN_DIR / DRAFTER_PACKAGE,
+            staging / "trtllm" / DRAFTER_PACKAGE,
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
         serve += ["--custom_module_dirs", f"trtllm/{DRAFTER_PACKAGE}"]
         artifacts["trtllm_drafter_package"] = f"trtllm/{DRAFTER_PACKAGE}/drafter.py"
     serve += ["--tp_size", str(tp), "--pp_size", str(pp), "--host", "0.0.0.0", "--port", "${PORT:-8000}"]
     notes = []
     if "eagle_choices" in spec:
-        notes.append("eagle_choices (a static tree) is deprecated in TensorRT-LLM and slated for removal in 1.4; "
-                     "a dynamic tree or a chain keeps working")
-    return {"build": None, "serve_config": {"speculative_config": spec, **METRICS_OPTIONS}, "serve": serve, "artifacts": artifacts,
-            "notes": notes}
+        notes.append(
+            "eagle_choices (a static tree) is deprecated in TensorRT-LLM and slated for removal in 1.4; "
+            "a dynamic tree or a chain keeps working"
+        )
+    return {
+        "build": None,
+        "serve_config": {"speculative_config": spec, **METRICS_OPTIONS},
+        "serve": serve,
+        "artifacts": artifacts,
+        "notes": notes,
+    }

@@ -21,8 +21,13 @@ Shard = str | int | None
 WeightMap = dict[str, tuple[str, Shard]]
 
 # The fused layouts SGLang and TensorRT-LLM's PyTorch backend build their layers with.
-STACKED = (("q_proj", "qkv_proj", "q"), ("k_proj", "qkv_proj", "k"), ("v_proj", "qkv_proj", "v"),
-           ("gate_proj", "gate_up_proj", 0), ("up_proj", "gate_up_proj", 1))
+STACKED = (
+    ("q_proj", "qkv_proj", "q"),
+    ("k_proj", "qkv_proj", "k"),
+    ("v_proj", "qkv_proj", "v"),
+    ("gate_proj", "gate_up_proj", 0),
+    ("up_proj", "gate_up_proj", 1),
+)
 SHARD_ORDER = {"qkv_proj": ("q", "k", "v"), "gate_up_proj": (0, 1)}
 
 
@@ -57,15 +62,26 @@ def fused_draft_parameters(kind: str, num_layers: int, fc_bias: bool, qkv_bias: 
     params = {"model.embed_tokens.weight"}
     for i in range(num_layers):
         p = f"model.layers.{i}."
-        params |= {p + "self_attn.qkv_proj.weight", p + "self_attn.o_proj.weight", p + "mlp.gate_up_proj.weight",
-                   p + "mlp.down_proj.weight", p + "post_attention_layernorm.weight"}
+        params |= {
+            p + "self_attn.qkv_proj.weight",
+            p + "self_attn.o_proj.weight",
+            p + "mlp.gate_up_proj.weight",
+            p + "mlp.down_proj.weight",
+            p + "post_attention_layernorm.weight",
+        }
         if qkv_bias:
             params.add(p + "self_attn.qkv_proj.bias")
         if i > 0:
             params.add(p + "input_layernorm.weight")
     if kind == "griffin":
-        params |= {"model.fc.fc.weight", "model.fc.fc.bias", "model.fc.mlp.input_layernorm.weight",
-                   "model.fc.mlp.up_proj.weight", "model.fc.mlp.down_proj.weight", "model.fc.post_attention_layernorm.weight"}
+        params |= {
+            "model.fc.fc.weight",
+            "model.fc.fc.bias",
+            "model.fc.mlp.input_layernorm.weight",
+            "model.fc.mlp.up_proj.weight",
+            "model.fc.mlp.down_proj.weight",
+            "model.fc.post_attention_layernorm.weight",
+        }
     else:
         params.add("model.fc.weight")
         if fc_bias:
@@ -78,7 +94,9 @@ def check_coverage(weight_map: WeightMap, checkpoint_keys: Iterable[str], parame
     keys = set(checkpoint_keys)
     unmapped = sorted(keys - set(weight_map))
     if unmapped:
-        raise WeightMapError(f"{what}: checkpoint key {unmapped[0]!r} is not in the weight map ({len(unmapped)} unmapped)")
+        raise WeightMapError(
+            f"{what}: checkpoint key {unmapped[0]!r} is not in the weight map ({len(unmapped)} unmapped)"
+        )
     filled: dict[str, set] = {}
     for key in keys:
         param, shard = weight_map[key]
@@ -107,7 +125,9 @@ def fuse(state: dict[str, torch.Tensor], weight_map: WeightMap) -> dict[str, tor
     return out
 
 
-def unfuse(params: dict[str, torch.Tensor], weight_map: WeightMap, qkv_sizes: tuple[int, int, int]) -> dict[str, torch.Tensor]:
+def unfuse(
+    params: dict[str, torch.Tensor], weight_map: WeightMap, qkv_sizes: tuple[int, int, int]
+) -> dict[str, torch.Tensor]:
     """Inverse of ``fuse`` (TP = 1): split fused parameters back into the checkpoint's keys.
     ``qkv_sizes``: rows of q, k and v (heads x head_dim, kv_heads x head_dim twice); gate/up halve."""
     by_param: dict[str, dict[Shard, str]] = {}
@@ -120,9 +140,13 @@ def unfuse(params: dict[str, torch.Tensor], weight_map: WeightMap, qkv_sizes: tu
             out[keys[None]] = tensor
             continue
         order = SHARD_ORDER[param.rsplit(".", 2)[-2]]
-        sizes = dict(zip(order, qkv_sizes)) if order == ("q", "k", "v") else {0: tensor.shape[0] // 2, 1: tensor.shape[0] // 2}
+        sizes = (
+            dict(zip(order, qkv_sizes))
+            if order == ("q", "k", "v")
+            else {0: tensor.shape[0] // 2, 1: tensor.shape[0] // 2}
+        )
         start = 0
         for shard in order:
-            out[keys[shard]] = tensor[start:start + sizes[shard]]
+            out[keys[shard]] = tensor[start : start + sizes[shard]]
             start += sizes[shard]
     return out

@@ -35,33 +35,64 @@ COLLECTOR = RunCollector()
 @events.init_command_line_parser.add_listener
 def add_options(parser) -> None:
     group = parser  # Locust's own parser: options reach --headless runs, the web UI and locust.conf alike
-    group.add_argument("--prompts", default=str(default_prompt_file()), include_in_web_ui=True,
-                       help="Spec-Bench / MT-Bench jsonl (first turn of each question)")
-    group.add_argument("--model", default="", include_in_web_ui=True, help="model id (default: the first of /v1/models)")
+    group.add_argument(
+        "--prompts",
+        default=str(default_prompt_file()),
+        include_in_web_ui=True,
+        help="Spec-Bench / MT-Bench jsonl (first turn of each question)",
+    )
+    group.add_argument(
+        "--model", default="", include_in_web_ui=True, help="model id (default: the first of /v1/models)"
+    )
     group.add_argument("--endpoint", choices=["chat", "completions"], default="chat", include_in_web_ui=True)
     group.add_argument("--no-stream", action="store_true", default=False, help="whole responses instead of SSE")
     group.add_argument("--max-tokens", type=int, default=128, include_in_web_ui=True, help="mean of the distribution")
-    group.add_argument("--max-tokens-distribution", choices=["constant", "uniform", "normal", "exponential"],
-                       default="constant", include_in_web_ui=True)
+    group.add_argument(
+        "--max-tokens-distribution",
+        choices=["constant", "uniform", "normal", "exponential"],
+        default="constant",
+        include_in_web_ui=True,
+    )
     group.add_argument("--max-tokens-min", type=int, default=1)
     group.add_argument("--max-tokens-max", type=int, default=4096)
     group.add_argument("--temperature", type=float, default=0.0, include_in_web_ui=True)
-    group.add_argument("--no-ignore-eos", action="store_true", default=False,
-                       help="let the model stop early (by default ignore_eos asks for exactly max_tokens)")
-    group.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY") or os.environ.get("SPECDEC_API_KEY", ""),
-                       help="sent as 'Authorization: Bearer KEY' (default: $OPENAI_API_KEY or $SPECDEC_API_KEY)")
+    group.add_argument(
+        "--no-ignore-eos",
+        action="store_true",
+        default=False,
+        help="let the model stop early (by default ignore_eos asks for exactly max_tokens)",
+    )
+    group.add_argument(
+        "--api-key",
+        default=os.environ.get("OPENAI_API_KEY") or os.environ.get("SPECDEC_API_KEY", ""),
+        help="sent as 'Authorization: Bearer KEY' (default: $OPENAI_API_KEY or $SPECDEC_API_KEY)",
+    )
     group.add_argument("--ttft-slo-ms", type=float, default=None, include_in_web_ui=True, help="goodput target")
     group.add_argument("--tpot-slo-ms", type=float, default=None, include_in_web_ui=True, help="goodput target")
-    group.add_argument("--llm-report", default="",
-                       help="prefix of the CSV/JSON report (default: <--csv prefix>_llm, else locust_llm)")
-    group.add_argument("--no-continuous-usage", action="store_true", default=False,
-                       help="do not ask for stream_options.continuous_usage_stats (for servers that refuse it); "
-                            "tokens per chunk are then estimated from the final usage")
-    group.add_argument("--max-prompt-chars", type=int, default=0,
-                       help="skip prompts longer than this many characters (0 = keep all), e.g. for short-context models")
+    group.add_argument(
+        "--llm-report", default="", help="prefix of the CSV/JSON report (default: <--csv prefix>_llm, else locust_llm)"
+    )
+    group.add_argument(
+        "--no-continuous-usage",
+        action="store_true",
+        default=False,
+        help="do not ask for stream_options.continuous_usage_stats (for servers that refuse it); "
+        "tokens per chunk are then estimated from the final usage",
+    )
+    group.add_argument(
+        "--max-prompt-chars",
+        type=int,
+        default=0,
+        help="skip prompts longer than this many characters (0 = keep all), e.g. for short-context models",
+    )
     group.add_argument("--prompt-seed", type=int, default=0)
-    group.add_argument("--show-replies", type=int, default=2, include_in_web_ui=True,
-                       help="print this many prompts and replies with the report (every one is in _requests.csv)")
+    group.add_argument(
+        "--show-replies",
+        type=int,
+        default=2,
+        include_in_web_ui=True,
+        help="print this many prompts and replies with the report (every one is in _requests.csv)",
+    )
 
 
 class ChatUser(HttpUser):
@@ -86,8 +117,12 @@ class ChatUser(HttpUser):
 
     def _body(self, prompt: str, max_tokens: int) -> dict:
         opts = self.opts
-        body = {"model": self.model, "max_tokens": max_tokens, "temperature": opts.temperature,
-                "stream": not opts.no_stream}
+        body = {
+            "model": self.model,
+            "max_tokens": max_tokens,
+            "temperature": opts.temperature,
+            "stream": not opts.no_stream,
+        }
         if opts.endpoint == "chat":
             body["messages"] = [{"role": "user", "content": prompt}]
         else:
@@ -102,24 +137,34 @@ class ChatUser(HttpUser):
 
     def _metric(self, name: str, ms: float | None) -> None:
         if ms is not None:
-            self.environment.events.request.fire(request_type="METRIC", name=name, response_time=ms,
-                                                 response_length=0, exception=None, context={})
+            self.environment.events.request.fire(
+                request_type="METRIC", name=name, response_time=ms, response_length=0, exception=None, context={}
+            )
 
     @task
     def completion(self) -> None:
         opts = self.opts
         path = "/v1/chat/completions" if opts.endpoint == "chat" else "/v1/completions"
-        max_tokens = draw_max_tokens(self.rng, opts.max_tokens_distribution, opts.max_tokens,
-                                     opts.max_tokens_min, opts.max_tokens_max)
+        max_tokens = draw_max_tokens(
+            self.rng, opts.max_tokens_distribution, opts.max_tokens, opts.max_tokens_min, opts.max_tokens_max
+        )
         prompt = self.rng.choice(self.prompts)
         body = self._body(prompt, max_tokens)
         start = time.perf_counter()
         COLLECTOR.mark_start(time.time())
-        with self.client.post(path, json=body, headers=self.headers, stream=not opts.no_stream, catch_response=True,
-                              name=path + (" (stream)" if not opts.no_stream else "")) as resp:
+        with self.client.post(
+            path,
+            json=body,
+            headers=self.headers,
+            stream=not opts.no_stream,
+            catch_response=True,
+            name=path + (" (stream)" if not opts.no_stream else ""),
+        ) as resp:
             if resp.status_code != 200:
                 resp.failure(f"HTTP {resp.status_code}: {resp.text[:300]}")
-                COLLECTOR.add(StreamRecord(error=f"HTTP {resp.status_code}", requested_tokens=max_tokens, prompt=prompt))
+                COLLECTOR.add(
+                    StreamRecord(error=f"HTTP {resp.status_code}", requested_tokens=max_tokens, prompt=prompt)
+                )
                 return
             if opts.no_stream:
                 record = self._whole(resp, start, max_tokens)
@@ -143,8 +188,7 @@ class ChatUser(HttpUser):
 
     def _whole(self, resp, start: float, max_tokens: int) -> StreamRecord:
         end = time.perf_counter()
-        rec = StreamRecord(requested_tokens=max_tokens, e2e=end - start,
-                           ttft=end - start, token_count_source="usage")
+        rec = StreamRecord(requested_tokens=max_tokens, e2e=end - start, ttft=end - start, token_count_source="usage")
         try:
             data = resp.json()
         except json.JSONDecodeError:
@@ -184,5 +228,10 @@ def report(environment, **kwargs) -> None:
     if isinstance(environment.runner, WorkerRunner):
         return  # the master reports for everyone
     opts = environment.parsed_options
-    COLLECTOR.report(opts.llm_report or None, getattr(opts, "csv_prefix", None), opts.ttft_slo_ms, opts.tpot_slo_ms,
-                     opts.show_replies)
+    COLLECTOR.report(
+        opts.llm_report or None,
+        getattr(opts, "csv_prefix", None),
+        opts.ttft_slo_ms,
+        opts.tpot_slo_ms,
+        opts.show_replies,
+    )

@@ -148,8 +148,10 @@ class StreamMeter:
         if rec.error is None and not self.done:
             rec.error = "stream ended without data: [DONE]"
         if rec.error is None and rec.output_tokens < rec.requested_tokens and rec.finish_reason != "stop":
-            rec.error = (f"{rec.output_tokens} tokens of the {rec.requested_tokens} asked for, finish_reason "
-                         f"{rec.finish_reason!r} does not explain it")
+            rec.error = (
+                f"{rec.output_tokens} tokens of the {rec.requested_tokens} asked for, finish_reason "
+                f"{rec.finish_reason!r} does not explain it"
+            )
         rec.ok = rec.error is None
         return rec
 
@@ -163,13 +165,18 @@ def percentile(values: list[float], q: float) -> float | None:
     return values[lo] + (values[hi] - values[lo]) * (k - lo)
 
 
-def summarize(records: Iterable[StreamRecord], wall_s: float, ttft_slo_ms: float | None = None,
-              tpot_slo_ms: float | None = None) -> dict:
+def summarize(
+    records: Iterable[StreamRecord], wall_s: float, ttft_slo_ms: float | None = None, tpot_slo_ms: float | None = None
+) -> dict:
     """Percentiles (ms), throughput, goodput under the TTFT/TPOT targets."""
     records = list(records)
     ok = [r for r in records if r.ok]
-    out: dict = {"requests": len(records), "succeeded": len(ok), "failed": len(records) - len(ok),
-                 "wall_s": round(wall_s, 3)}
+    out: dict = {
+        "requests": len(records),
+        "succeeded": len(ok),
+        "failed": len(records) - len(ok),
+        "wall_s": round(wall_s, 3),
+    }
     series = {
         "ttft_ms": [1000 * r.ttft for r in ok if r.ttft is not None],
         "itl_ms": [1000 * g for r in ok for g in r.itl],
@@ -187,11 +194,19 @@ def summarize(records: Iterable[StreamRecord], wall_s: float, ttft_slo_ms: float
     out["requests_per_s"] = _round(len(ok) / wall_s) if wall_s else None
     taus = [r.acceptance_length for r in ok if r.acceptance_length]
     out["acceptance_length_mean"] = _round(sum(taus) / len(taus)) if taus else None
-    good = [r for r in ok if (ttft_slo_ms is None or (r.ttft is not None and 1000 * r.ttft <= ttft_slo_ms))
-            and (tpot_slo_ms is None or r.tpot is None or 1000 * r.tpot <= tpot_slo_ms)]
-    out["goodput"] = {"ttft_slo_ms": ttft_slo_ms, "tpot_slo_ms": tpot_slo_ms, "good_requests": len(good),
-                      "fraction": _round(len(good) / len(records)) if records else None,
-                      "requests_per_s": _round(len(good) / wall_s) if wall_s else None}
+    good = [
+        r
+        for r in ok
+        if (ttft_slo_ms is None or (r.ttft is not None and 1000 * r.ttft <= ttft_slo_ms))
+        and (tpot_slo_ms is None or r.tpot is None or 1000 * r.tpot <= tpot_slo_ms)
+    ]
+    out["goodput"] = {
+        "ttft_slo_ms": ttft_slo_ms,
+        "tpot_slo_ms": tpot_slo_ms,
+        "good_requests": len(good),
+        "fraction": _round(len(good) / len(records)) if records else None,
+        "requests_per_s": _round(len(good) / wall_s) if wall_s else None,
+    }
     out["token_count_sources"] = sorted({r.token_count_source for r in ok})
     return out
 

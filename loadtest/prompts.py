@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 from functools import lru_cache
 from pathlib import Path
-
-import os
 
 PROMPTS_ENV = "SPECDEC_PROMPTS"
 

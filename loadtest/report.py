@@ -65,8 +65,14 @@ class RunCollector:
                     self.started = row["started"]
                 self.ended = time.time()
 
-    def report(self, prefix: str | None, csv_prefix: str | None, ttft_slo_ms: float | None,
-               tpot_slo_ms: float | None, show_replies: int = 0) -> dict:
+    def report(
+        self,
+        prefix: str | None,
+        csv_prefix: str | None,
+        ttft_slo_ms: float | None,
+        tpot_slo_ms: float | None,
+        show_replies: int = 0,
+    ) -> dict:
         with self.lock:
             records = list(self.records)
         if not records:  # quit before any request (the web UI closed without a test, say): nothing to report
@@ -99,16 +105,20 @@ def format_summary(s: dict, base: Path) -> str:
     def fmt(x):
         return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.1f}"
 
-    lines = [f"LLM load report ({s['model'] or 'model ?'}): {s['requests']} requests, {s['failed']} failed, "
-             f"{s['throughput_tokens_per_s']} output tokens/s, {s['requests_per_s']} requests/s over {s['wall_s']} s",
-             f"{'':>14} {'p50':>9} {'p90':>9} {'p99':>9} {'mean':>9}"]
+    lines = [
+        f"LLM load report ({s['model'] or 'model ?'}): {s['requests']} requests, {s['failed']} failed, "
+        f"{s['throughput_tokens_per_s']} output tokens/s, {s['requests_per_s']} requests/s over {s['wall_s']} s",
+        f"{'':>14} {'p50':>9} {'p90':>9} {'p99':>9} {'mean':>9}",
+    ]
     for name in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "output_tokens", "tokens_per_s"):
         st = s[name]
         lines.append(f"{name:>14} {fmt(st['p50']):>9} {fmt(st['p90']):>9} {fmt(st['p99']):>9} {fmt(st['mean']):>9}")
     g = s["goodput"]
     if g["ttft_slo_ms"] is not None or g["tpot_slo_ms"] is not None:
-        lines.append(f"goodput (TTFT <= {g['ttft_slo_ms']} ms, TPOT <= {g['tpot_slo_ms']} ms): {g['good_requests']} requests "
-                     f"({g['fraction']}), {g['requests_per_s']} requests/s")
+        lines.append(
+            f"goodput (TTFT <= {g['ttft_slo_ms']} ms, TPOT <= {g['tpot_slo_ms']} ms): {g['good_requests']} requests "
+            f"({g['fraction']}), {g['requests_per_s']} requests/s"
+        )
     if s["acceptance_length_mean"] is not None:
         lines.append(f"acceptance length (server-reported, mean over requests): {s['acceptance_length_mean']}")
     lines.append(f"token counts from: {', '.join(s['token_count_sources']) or '-'}")
@@ -118,9 +128,10 @@ def format_summary(s: dict, base: Path) -> str:
 
 def format_replies(records: list[StreamRecord], count: int, width: int = 300) -> str:
     """The first ``count`` successful requests' prompts and replies, shortened: a glance at what the server said."""
+
     def short(text: str) -> str:
         text = " ".join(text.split())
-        return text if len(text) <= width else text[:width - 3] + "..."
+        return text if len(text) <= width else text[: width - 3] + "..."
 
     shown = [r for r in records if r.ok][:count]
     lines = [f"replies ({len(shown)} of {len(records)}; all in _requests.csv):"]

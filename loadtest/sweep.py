@@ -21,8 +21,9 @@ CHAT = Path(__file__).resolve().parent / "chat.py"
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="specdec-loadtest-sweep", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="specdec-loadtest-sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--host", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--users", default="1,2,4,8", help="comma-separated user counts")
     p.add_argument("--duration", default="30s", help="each run's -t")
@@ -33,12 +34,32 @@ def parse_args(argv):
 
 def run_one(host: str, users: int, duration: str, out: Path, extra: list[str]) -> dict:
     prefix = out / f"u{users}"
-    cmd = [sys.executable, "-m", "locust", "-f", str(CHAT), "--headless", "-u", str(users), "-r", str(users),
-           "-t", duration, "--host", host, "--csv", str(prefix), "--only-summary", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        str(CHAT),
+        "--headless",
+        "-u",
+        str(users),
+        "-r",
+        str(users),
+        "-t",
+        duration,
+        "--host",
+        host,
+        "--csv",
+        str(prefix),
+        "--only-summary",
+        *extra,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     summary_file = Path(f"{prefix}_llm_summary.json")
     if not summary_file.is_file():
-        raise RuntimeError(f"locust run with {users} users wrote no summary:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+        raise RuntimeError(
+            f"locust run with {users} users wrote no summary:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+        )
     summary = json.loads(summary_file.read_text())
     summary["users"] = users
     summary["locust_exit_code"] = proc.returncode
@@ -56,8 +77,13 @@ def plot(rows: list[dict], path: Path) -> None:
         for q, style in (("p50", "o-"), ("p99", "s--")):
             ax.plot(tput, [r[metric][q] for r in done], style, label=q)
         for r in done:
-            ax.annotate(f"{r['users']}u", (r["throughput_tokens_per_s"], r[metric]["p50"]), textcoords="offset points",
-                        xytext=(4, 4), fontsize=8)
+            ax.annotate(
+                f"{r['users']}u",
+                (r["throughput_tokens_per_s"], r[metric]["p50"]),
+                textcoords="offset points",
+                xytext=(4, 4),
+                fontsize=8,
+            )
         ax.set_ylim(bottom=0)
         ax.set_xlabel("throughput (output tokens/s)")
         ax.set_ylabel("ms")
@@ -74,16 +100,41 @@ def main(argv=None) -> int:
     for users in (int(u) for u in args.users.split(",")):
         row = run_one(args.host, users, args.duration, args.out, extra)
         rows.append(row)
-        print(f"{users:>4} users: {row['throughput_tokens_per_s']} tok/s, TTFT p50 {row['ttft_ms']['p50']} ms, "
-              f"ITL p50 {row['itl_ms']['p50']} ms, {row['failed']} failed", flush=True)
+        print(
+            f"{users:>4} users: {row['throughput_tokens_per_s']} tok/s, TTFT p50 {row['ttft_ms']['p50']} ms, "
+            f"ITL p50 {row['itl_ms']['p50']} ms, {row['failed']} failed",
+            flush=True,
+        )
     (args.out / "sweep.json").write_text(json.dumps(rows, indent=2) + "\n")
     with open(args.out / "sweep.csv", "w", newline="") as fh:
         writer = csv.writer(fh)
-        writer.writerow(["users", "requests", "failed", "tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms",
-                         "itl_p99_ms", "goodput_fraction"])
+        writer.writerow(
+            [
+                "users",
+                "requests",
+                "failed",
+                "tokens_per_s",
+                "ttft_p50_ms",
+                "ttft_p99_ms",
+                "itl_p50_ms",
+                "itl_p99_ms",
+                "goodput_fraction",
+            ]
+        )
         for r in rows:
-            writer.writerow([r["users"], r["requests"], r["failed"], r["throughput_tokens_per_s"], r["ttft_ms"]["p50"],
-                             r["ttft_ms"]["p99"], r["itl_ms"]["p50"], r["itl_ms"]["p99"], r["goodput"]["fraction"]])
+            writer.writerow(
+                [
+                    r["users"],
+                    r["requests"],
+                    r["failed"],
+                    r["throughput_tokens_per_s"],
+                    r["ttft_ms"]["p50"],
+                    r["ttft_ms"]["p99"],
+                    r["itl_ms"]["p50"],
+                    r["itl_ms"]["p99"],
+                    r["goodput"]["fraction"],
+                ]
+            )
     try:
         plot(rows, args.out / "sweep.png")
     except ImportError:

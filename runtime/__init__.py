@@ -5,8 +5,13 @@ names) import without torch and command-line ``--help`` answers at once."""
 
 from importlib import import_module
 
-_EXPORTS = {"SamplingParams": "sampling", "GenerationResult": "generate", "RequestStats": "generate",
-            "SpeculativeGenerator": "generate", "TargetModel": "target"}
+_EXPORTS = {
+    "SamplingParams": "sampling",
+    "GenerationResult": "generate",
+    "RequestStats": "generate",
+    "SpeculativeGenerator": "generate",
+    "TargetModel": "target",
+}
 
 __all__ = sorted(_EXPORTS)
 

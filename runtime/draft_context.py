@@ -30,8 +30,10 @@ class DraftContext:
     def of(cls, feats: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> "DraftContext":
         """A context over these tensors (taken as they are, not copied)."""
         if feats.shape[:2] != tokens.shape or tokens.shape[0] != counts.shape[0]:
-            raise ValueError(f"draft context: features {tuple(feats.shape)}, tokens {tuple(tokens.shape)} and "
-                             f"counts {tuple(counts.shape)} disagree on rows or width")
+            raise ValueError(
+                f"draft context: features {tuple(feats.shape)}, tokens {tuple(tokens.shape)} and "
+                f"counts {tuple(counts.shape)} disagree on rows or width"
+            )
         width = int(counts.max().item()) if counts.numel() else 0
         if width > tokens.shape[1]:
             raise ValueError(f"draft context: a row counts {width} pairs but the tensors hold {tokens.shape[1]}")
@@ -81,8 +83,7 @@ class DraftContext:
     def extend_rows(self, other: "DraftContext") -> "DraftContext":
         """These rows followed by ``other``'s."""
         width = max(self.width, other.width)
-        feats = torch.cat([_widened(self.feats, width),
-                           _widened(other.feats.to(self.feats_buffer.dtype), width)])
+        feats = torch.cat([_widened(self.feats, width), _widened(other.feats.to(self.feats_buffer.dtype), width)])
         tokens = torch.cat([_widened(self.tokens, width), _widened(other.tokens, width)])
         return DraftContext(feats, tokens, torch.cat([self.counts, other.counts]), width)
 

@@ -33,8 +33,9 @@ class DraftTree:
     depth: torch.Tensor  # [B, N] long
 
     @classmethod
-    def from_parents(cls, tokens: torch.Tensor, parents: torch.Tensor,
-                     valid: torch.Tensor | None = None) -> "DraftTree":
+    def from_parents(
+        cls, tokens: torch.Tensor, parents: torch.Tensor, valid: torch.Tensor | None = None
+    ) -> "DraftTree":
         """``valid`` None: every node is real (no padding)."""
         valid = torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid
         mask, depth = ancestor_masks(parents, valid)
@@ -97,8 +98,10 @@ class Drafter:
         if self.feature_layers is None or getattr(target, "feature_layers", None) == self.feature_layers:
             return target
         if not hasattr(target, "tapped"):
-            raise ValueError(f"this drafter reads the hidden states entering target layers {list(self.feature_layers)}; "
-                             f"the target returns {getattr(target, 'feature_layers', None) or 'its last layer'}")
+            raise ValueError(
+                f"this drafter reads the hidden states entering target layers {list(self.feature_layers)}; "
+                f"the target returns {getattr(target, 'feature_layers', None) or 'its last layer'}"
+            )
         return target.tapped(self.feature_layers)
 
     def reset(self, batch: int, capacity: int) -> None:
@@ -113,8 +116,14 @@ class Drafter:
     def add_rows(self, count: int, capacity: int) -> None:
         """Make room for ``count`` sequences joining the batch (their context arrives with the next draft)."""
 
-    def join(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor, capacity: int,
-             prefix: Sequence[Sequence[PrefixBlock]] | None = None) -> bool:
+    def join(
+        self,
+        features: torch.Tensor,
+        tokens: torch.Tensor,
+        counts: torch.Tensor,
+        capacity: int,
+        prefix: Sequence[Sequence[PrefixBlock]] | None = None,
+    ) -> bool:
         """Make room for rows joining the batch with this pending context ([n, W, d], [n, W], [n]). True: this
         drafter read all but each row's last pair now, on the joining rows alone, and the caller keeps only the
         last pairs pending; False (the default): it reads all of them with the next draft. ``prefix``: each row's
@@ -223,8 +232,11 @@ class FeatureTreeDrafter(Drafter):
 
     def set_tree(self, tree: Tree) -> None:
         self.tree = tree
-        nodes, depth = ((tree.buffers.num_nodes, tree.buffers.max_depth) if isinstance(tree, StaticTree)
-                        else (tree.total_tokens, tree.depth + 1))
+        nodes, depth = (
+            (tree.buffers.num_nodes, tree.buffers.max_depth)
+            if isinstance(tree, StaticTree)
+            else (tree.total_tokens, tree.depth + 1)
+        )
         self.max_nodes, self.max_depth = max(self.max_nodes, nodes), max(self.max_depth, depth)
 
     def owned_caches(self) -> list[KVCache]:
@@ -242,8 +254,14 @@ class FeatureTreeDrafter(Drafter):
         self.cache = KVCache.with_rows(self.cache, self.step.new_cache(count, capacity))
         self.skipped = torch.cat([self.skipped, self.skipped.new_zeros(count)])
 
-    def join(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor, capacity: int,
-             prefix: Sequence[Sequence[PrefixBlock]] | None = None) -> bool:
+    def join(
+        self,
+        features: torch.Tensor,
+        tokens: torch.Tensor,
+        counts: torch.Tensor,
+        capacity: int,
+        prefix: Sequence[Sequence[PrefixBlock]] | None = None,
+    ) -> bool:
         """Read the joining rows' prompts now, on those rows alone, into a cache of their own that then joins the
         batch's. Read in the next draft instead, every row of the batch would be padded to the longest prompt (at
         16 rows, a draft call 16 times the width it needs), and the bounded catch-up would split its pairs over
@@ -260,8 +278,11 @@ class FeatureTreeDrafter(Drafter):
             rest = ahead - loaded
             width = int(rest.max())
             at = (loaded[:, None] + torch.arange(width, device=counts.device)[None, :]).clamp(max=tokens.shape[1] - 1)
-            self.context_step(torch.gather(features, 1, at[..., None].expand(-1, -1, features.shape[-1])),
-                              torch.gather(tokens, 1, at), rest)
+            self.context_step(
+                torch.gather(features, 1, at[..., None].expand(-1, -1, features.shape[-1])),
+                torch.gather(tokens, 1, at),
+                rest,
+            )
             if prefix is not None:
                 self._keep_prefix_pairs(prefix, ahead)
             joining = self.cache, self.skipped
@@ -404,8 +425,9 @@ class FeatureTreeDrafter(Drafter):
 LevelStep = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
-def dynamic_tree_search(roots: torch.Tensor, root_logp: torch.Tensor, root_reg: torch.Tensor, cfg: DynamicTreeConfig,
-                        step: LevelStep) -> tuple[torch.Tensor, torch.Tensor]:
+def dynamic_tree_search(
+    roots: torch.Tensor, root_logp: torch.Tensor, root_reg: torch.Tensor, cfg: DynamicTreeConfig, step: LevelStep
+) -> tuple[torch.Tensor, torch.Tensor]:
     """EAGLE-2's dynamic tree: ``cfg.top_k`` beams grown ``cfg.depth`` levels by cumulative log-probability, then the
     best ``cfg.total_tokens - 1`` candidates kept -> (node tokens [B, N], node parents [B, N]; node 0 is the root).
 

@@ -54,12 +54,21 @@ class Engine:
 
 def _expect(manifest: dict, path: Path, key: str, found: Any, expected: Any) -> None:
     if expected is not None and found != expected:
-        raise EngineError(f"{path / 'manifest.json'}: {key} is {found!r}, expected {expected!r}; "
-                          "this engine was built for something else (rebuild it or pick another)")
+        raise EngineError(
+            f"{path / 'manifest.json'}: {key} is {found!r}, expected {expected!r}; "
+            "this engine was built for something else (rebuild it or pick another)"
+        )
 
 
-TARGET_KEYS = ("architecture", "num_hidden_layers", "num_key_value_heads", "head_dim", "hidden_size", "vocab_size",
-               "max_context")
+TARGET_KEYS = (
+    "architecture",
+    "num_hidden_layers",
+    "num_key_value_heads",
+    "head_dim",
+    "hidden_size",
+    "vocab_size",
+    "max_context",
+)
 
 
 def _require(manifest: dict, root: Path, section: str, keys) -> None:
@@ -90,9 +99,11 @@ def _ort_components(root: Path, manifest: dict, device: torch.device, tree):
     onnx_info = manifest.get("onnx", {})
     interface = onnx_info.get("graph_interface", 1)
     if interface != ONNX_GRAPH_INTERFACE:
-        raise EngineError(f"{root}: its ONNX graphs have interface {interface} and this kit runs interface "
-                          f"{ONNX_GRAPH_INTERFACE} (each layer's cache buffer bound in place); rebuild the engine with "
-                          f"{rebuild_command(manifest)}")
+        raise EngineError(
+            f"{root}: its ONNX graphs have interface {interface} and this kit runs interface "
+            f"{ONNX_GRAPH_INTERFACE} (each layer's cache buffer bound in place); rebuild the engine with "
+            f"{rebuild_command(manifest)}"
+        )
     provider = providers_for(device)[0]
     provider = provider[0] if isinstance(provider, tuple) else provider
     use_optimized = provider in onnx_info.get("optimized_for", [])
@@ -127,8 +138,10 @@ def open_engine(
     if backend not in EMBEDDED_BACKENDS:
         commands = manifest.get("serve", {}).get("commands", {})
         serve = commands.get("serve", "the engine's serve.sh")
-        raise EngineError(f"{root}: a {backend} engine runs in {backend}'s own server, not the embedded runtime; "
-                          f"serve it with: {serve}")
+        raise EngineError(
+            f"{root}: a {backend} engine runs in {backend}'s own server, not the embedded runtime; "
+            f"serve it with: {serve}"
+        )
     dev = resolve_device(device)
     try:
         kind = draft_kind(manifest["draft"]["kind"])
@@ -150,5 +163,12 @@ def open_engine(
         module = load_draft_for(target, manifest["draft"]["kind"], root / arts["draft"])
         drafter_for = functools.partial(kind.family.torch_drafter, module, target)
     tokenizer = load_tokenizer(root / manifest["tokenizer"]["path"])
-    return Engine(path=root, manifest=manifest, target=target, drafter=drafter_for(tree), tokenizer=tokenizer,
-                  tree=tree, drafter_for=drafter_for)
+    return Engine(
+        path=root,
+        manifest=manifest,
+        target=target,
+        drafter=drafter_for(tree),
+        tokenizer=tokenizer,
+        tree=tree,
+        drafter_for=drafter_for,
+    )

@@ -13,13 +13,13 @@ from typing import Callable, Sequence
 
 import torch
 
+from specdec_kit.runtime.contract import TargetOutput, TargetStep
 from specdec_kit.runtime.device import now
 from specdec_kit.runtime.draft_context import DraftContext
 from specdec_kit.runtime.drafting import Drafter, DraftTree, NoDrafter, Tree
 from specdec_kit.runtime.kv_cache import KVCache
 from specdec_kit.runtime.prefix_cache import PrefixBlock, PrefixCache, joined
 from specdec_kit.runtime.sampling import SamplingParams, request_seed, sampled_tokens
-from specdec_kit.runtime.contract import TargetOutput, TargetStep
 from specdec_kit.runtime.verify import verify_batch
 
 logger = logging.getLogger(__name__)
@@ -27,8 +27,9 @@ logger = logging.getLogger(__name__)
 STOP_EDGE_CHARS = 8  # characters a decoding window's first tokens may render differently from the whole text
 
 
-def stop_may_end_in_tail(decode: Callable[[list[int]], str], tokens: list[int], appended: int,
-                         stops: Sequence[str]) -> bool:
+def stop_may_end_in_tail(
+    decode: Callable[[list[int]], str], tokens: list[int], appended: int, stops: Sequence[str]
+) -> bool:
     """Whether a stop string may have appeared with the last ``appended`` tokens, decoding only the tail: the text
     before held none, so a new one ends in those tokens and starts at most the longest stop string's length
     earlier. The window reaches back until its earlier tokens give that many characters plus a margin for what a
@@ -38,7 +39,7 @@ def stop_may_end_in_tail(decode: Callable[[list[int]], str], tokens: list[int], 
     earlier = need  # tokens before the new ones inside the window: about a character each
     while True:
         start = max(0, len(tokens) - appended - earlier)
-        if start == 0 or len(decode(tokens[start:len(tokens) - appended])) >= need:
+        if start == 0 or len(decode(tokens[start : len(tokens) - appended])) >= need:
             tail = decode(tokens[start:])
             return any(s and s in tail for s in stops)
         earlier *= 2
@@ -85,8 +86,19 @@ class RequestStats:
         """Counts and times summed over requests (so ``acceptance_length`` is their pooled tau)."""
         out = cls()
         for st in stats:
-            for name in ("prompt_tokens", "cached_tokens", "generated_tokens", "cycles", "spec_cycles", "draft_tokens",
-                         "accepted_tokens", "prefill_s", "draft_s", "verify_s", "total_s"):
+            for name in (
+                "prompt_tokens",
+                "cached_tokens",
+                "generated_tokens",
+                "cycles",
+                "spec_cycles",
+                "draft_tokens",
+                "accepted_tokens",
+                "prefill_s",
+                "draft_s",
+                "verify_s",
+                "total_s",
+            ):
                 setattr(out, name, getattr(out, name) + getattr(st, name))
             width = max(len(out.accepted_per_depth), len(st.accepted_per_depth))
             mine = out.accepted_per_depth + [0] * (width - len(out.accepted_per_depth))
@@ -257,10 +269,16 @@ class SpeculativeGenerator:
 
     # -- the stages of continuous batching ----------------------------------------------------
     @torch.inference_mode()
-    def prefill(self, prompts: Sequence[Sequence[int]], budgets: Sequence[int], params: Sequence[SamplingParams],
-                stops: Sequence[Sequence[str]] | None = None, tags: Sequence[object] | None = None,
-                ignore_eos: Sequence[bool] | None = None,
-                first_tokens: Sequence[int | None] | None = None) -> DecodeBatch:
+    def prefill(
+        self,
+        prompts: Sequence[Sequence[int]],
+        budgets: Sequence[int],
+        params: Sequence[SamplingParams],
+        stops: Sequence[Sequence[str]] | None = None,
+        tags: Sequence[object] | None = None,
+        ignore_eos: Sequence[bool] | None = None,
+        first_tokens: Sequence[int | None] | None = None,
+    ) -> DecodeBatch:
         """Run new prompts through the target on a cache of their own and pick each first token; the
         result is a batch of its own, ready to run or to ``admit`` into a running one. ``stops`` and
         ``tags`` (the caller's handles) are per prompt; a row's ``first_tokens`` entry, when given, is its
@@ -271,9 +289,17 @@ class SpeculativeGenerator:
             raise ValueError("stop strings need a decode function (a tokenizer)")
         self.validate(prompts, budgets)
         target, dev = self.target, self.target.device
-        rows = [_Row(p, request_seed(p), m, tuple(st), ignore_eos=bool(ignore_eos and ignore_eos[i]),
-                     tag=(tags[i] if tags else None))
-                for i, (p, m, st) in enumerate(zip(params, budgets, stops))]
+        rows = [
+            _Row(
+                p,
+                request_seed(p),
+                m,
+                tuple(st),
+                ignore_eos=bool(ignore_eos and ignore_eos[i]),
+                tag=(tags[i] if tags else None),
+            )
+            for i, (p, m, st) in enumerate(zip(params, budgets, stops))
+        ]
         lens = [len(p) for p in prompts]
         start = now(dev)
         chains = [self.prefix_cache.match(p) for p in prompts] if self.prefix_cache else [[] for _ in prompts]
@@ -287,8 +313,10 @@ class SpeculativeGenerator:
         cache = target.new_cache(bsz, max(lens) + max(budgets) + self.drafter.max_nodes + 2)
         out, feats = self._prompt_forward(whole, counts, chains, cached, cache)
         if self.prefix_cache is not None:
-            chains = [self.prefix_cache.store(p, cache.keys[:, b], cache.values[:, b], feats[b])
-                      for b, p in enumerate(prompts)]
+            chains = [
+                self.prefix_cache.store(p, cache.keys[:, b], cache.values[:, b], feats[b])
+                for b, p in enumerate(prompts)
+            ]
         first = out.logits[:, 0].argmax(dim=-1)
         for b, row in enumerate(rows):
             if first_tokens is not None and first_tokens[b] is not None:
@@ -306,11 +334,18 @@ class SpeculativeGenerator:
             row.start = start
             row.stats.prefill_s = prefill_s
             self._emit_guarded(row, [first_list[b]])
-        return DecodeBatch(rows, cache, DraftContext.of(feats, ctx_tokens, counts),
-                           chains if self.prefix_cache is not None else None)
+        return DecodeBatch(
+            rows, cache, DraftContext.of(feats, ctx_tokens, counts), chains if self.prefix_cache is not None else None
+        )
 
-    def _prompt_forward(self, whole: torch.Tensor, counts: torch.Tensor, chains: list[list[PrefixBlock]],
-                        cached: list[int], cache: KVCache) -> tuple[TargetOutput, torch.Tensor]:
+    def _prompt_forward(
+        self,
+        whole: torch.Tensor,
+        counts: torch.Tensor,
+        chains: list[list[PrefixBlock]],
+        cached: list[int],
+        cache: KVCache,
+    ) -> tuple[TargetOutput, torch.Tensor]:
         """The target over each prompt (``whole`` [B, W], ``counts`` long) after its ``cached`` tokens (its
         ``chains`` of blocks), on ``cache``; returns the forward's output (logits at each prompt's last token) and
         every prompt position's features."""
@@ -325,8 +360,9 @@ class SpeculativeGenerator:
         ahead = (done[:, None] + ar[None, :]).clamp(max=whole.shape[1] - 1)  # padding past a prompt stays in range
         tokens = torch.gather(whole, 1, ahead)
         t0 = now(dev)
-        out = self.target(tokens, ahead, (ar[None, :] <= ar[:, None]).expand(bsz, width, width), cache,
-                          logits_at=(fresh - 1)[:, None])
+        out = self.target(
+            tokens, ahead, (ar[None, :] <= ar[:, None]).expand(bsz, width, width), cache, logits_at=(fresh - 1)[:, None]
+        )
         self.target_forward_s += now(dev) - t0
         cache.commit(ar.expand(bsz, width), fresh)
         if not bool(done.any()):
@@ -387,13 +423,25 @@ class SpeculativeGenerator:
         out = self.target(tree.tokens, cache.lengths[:, None] + tree.depth, tree.tree_mask, cache)
         self.target_forward_s += now(dev) - t0
         verdict = verify_batch(
-            tree.tokens, tree.parents, tree.valid, tree.depth, tree.tree_mask, out.logits,
-            [row.params for row in batch.rows], [row.seed for row in batch.rows], self._next_indices(batch),
+            tree.tokens,
+            tree.parents,
+            tree.valid,
+            tree.depth,
+            tree.tree_mask,
+            out.logits,
+            [row.params for row in batch.rows],
+            [row.seed for row in batch.rows],
+            self._next_indices(batch),
         )
         cache.commit(verdict.path, verdict.counts)
         feat_idx = verdict.path[..., None].expand(-1, -1, out.features.shape[-1])
-        return TreeResult(verdict.path, verdict.counts, verdict.next_tokens, torch.gather(tree.tokens, 1, verdict.path),
-                          torch.gather(out.features, 1, feat_idx))
+        return TreeResult(
+            verdict.path,
+            verdict.counts,
+            verdict.next_tokens,
+            torch.gather(tree.tokens, 1, verdict.path),
+            torch.gather(out.features, 1, feat_idx),
+        )
 
     @staticmethod
     def _next_indices(batch: DecodeBatch) -> list[int]:
@@ -433,8 +481,16 @@ class SpeculativeGenerator:
         else:
             batch.context = batch.context.append(result.features, new_tokens, result.counts)
 
-    def _account(self, rows: list[_Row], tree: DraftTree, result: TreeResult, drafted: bool, draft_s: float,
-                 verify_s: float, end: float) -> CycleOutcome:
+    def _account(
+        self,
+        rows: list[_Row],
+        tree: DraftTree,
+        result: TreeResult,
+        drafted: bool,
+        draft_s: float,
+        verify_s: float,
+        end: float,
+    ) -> CycleOutcome:
         """Hand each row its accepted tokens and the target's next one; keep its statistics and the cycle's."""
         n_valid = tree.valid.sum(dim=1).tolist()
         path_list, count_list = result.path_tokens.tolist(), result.counts.tolist()
@@ -489,5 +545,7 @@ class SpeculativeGenerator:
         results = []
         for row in rows:
             text = row.text if row.text is not None else (self.decode(row.tokens) if self.decode else None)
-            results.append(GenerationResult(tokens=row.tokens, finish_reason=row.finish or "length", stats=row.stats, text=text))
+            results.append(
+                GenerationResult(tokens=row.tokens, finish_reason=row.finish or "length", stats=row.stats, text=text)
+            )
         return results

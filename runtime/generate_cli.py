@@ -10,12 +10,19 @@ from pathlib import Path
 import torch
 
 from specdec_kit.paths import default_zoo
-from specdec_kit.runtime.presets import CHAT_PROMPTS, DEMO_PROMPTS, DEMO_TREE, MEDUSA_DEMO_TREE, ZOO_DEFAULT, ZOO_PROMPTS
 from specdec_kit.runtime.drafts.loading import DraftLoadError
 from specdec_kit.runtime.engine import open_engine
 from specdec_kit.runtime.generate import GenerationResult, RequestStats, SpeculativeGenerator
 from specdec_kit.runtime.loader import default_tree, load_tokenizer, make_drafter, resolve_tree, set_threads
 from specdec_kit.runtime.manifest import EngineError
+from specdec_kit.runtime.presets import (
+    CHAT_PROMPTS,
+    DEMO_PROMPTS,
+    DEMO_TREE,
+    MEDUSA_DEMO_TREE,
+    ZOO_DEFAULT,
+    ZOO_PROMPTS,
+)
 from specdec_kit.runtime.pretrained import NAMED_TARGETS, is_named, named_head, resolve_target
 from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.runtime.target import TargetLoadError, TargetModel
@@ -44,9 +51,11 @@ def tree_label(tree) -> str:
 
 
 def print_run(summary: dict, results: list[GenerationResult], prompts: list[str], show_text: bool) -> None:
-    print(f"\n== {summary['method']}: {summary['tokens']} tokens in {summary['seconds']:.3f}s "
-          f"({summary['tokens_per_s']:.1f} tok/s), acceptance length tau={summary['acceptance_length']:.2f}, "
-          f"accepted per depth {summary['accepted_per_depth']}")
+    print(
+        f"\n== {summary['method']}: {summary['tokens']} tokens in {summary['seconds']:.3f}s "
+        f"({summary['tokens_per_s']:.1f} tok/s), acceptance length tau={summary['acceptance_length']:.2f}, "
+        f"accepted per depth {summary['accepted_per_depth']}"
+    )
     if show_text:
         for prompt, res in zip(prompts, results):
             print(f"  [{res.finish_reason}] {prompt!r} -> {res.text!r}")
@@ -58,8 +67,9 @@ def prompt_ids(tokenizer, prompt: str, chat: str) -> list[int]:
     if chat == "on" or (chat == "auto" and getattr(tokenizer, "chat_template", None)):
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("--chat on: this tokenizer has no chat template")
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                            tokenize=True)
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+        )
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
     return tokenizer(prompt, add_special_tokens=True)["input_ids"]
 
@@ -67,15 +77,26 @@ def prompt_ids(tokenizer, prompt: str, chat: str) -> list[int]:
 Plain = tuple[dict, list[GenerationResult]]  # plain decoding's summary and results, to compare other runs with
 
 
-def generate_all(gen: SpeculativeGenerator, ids: list[list[int]], args, params: SamplingParams) -> list[GenerationResult]:
+def generate_all(
+    gen: SpeculativeGenerator, ids: list[list[int]], args, params: SamplingParams
+) -> list[GenerationResult]:
     """The prompts as one batch, or (``--one-by-one``) each alone, in turn."""
     if args.one_by_one:
         return [gen.generate([one], args.max_new_tokens, params)[0] for one in ids]
     return gen.generate(ids, args.max_new_tokens, params)
 
 
-def run(target, tokenizer, kind: str, drafter, tree, args, prompts: list[str], compare_plain: bool,
-        plain: Plain | None = None) -> tuple[list[dict], Plain | None]:
+def run(
+    target,
+    tokenizer,
+    kind: str,
+    drafter,
+    tree,
+    args,
+    prompts: list[str],
+    compare_plain: bool,
+    plain: Plain | None = None,
+) -> tuple[list[dict], Plain | None]:
     """Generate with ``drafter``; with ``compare_plain`` also plain decoding through the same loop (or compare with
     ``plain``, measured already), checking greedy identity and reporting the speedup. Returns the summaries and the
     plain decoding compared with."""
@@ -130,13 +151,20 @@ def execute(args) -> int:
             if args.zoo:
                 root = default_zoo() if args.zoo is ZOO_DEFAULT else args.zoo
                 if not (root / "target" / "config.json").is_file():
-                    raise ValueError(f"{root}: no demo zoo here (build it with: python -m specdec_kit.train.zoo --out {root})")
+                    raise ValueError(
+                        f"{root}: no demo zoo here (build it with: python -m specdec_kit.train.zoo --out {root})"
+                    )
                 from specdec_kit.runtime.registry import zoo_heads
 
-                paths = {"target": root / "target", **{name: root / folder for name, (_, folder) in zoo_heads().items()}}
-                print(f"demo zoo: {root} (a 9M-parameter Llama target trained by the kit on Python's standard library, "
-                      "one head per method; its text is code-like but not meaningful: the zoo shows the machinery "
-                      "and its numbers, not a useful model)")
+                paths = {
+                    "target": root / "target",
+                    **{name: root / folder for name, (_, folder) in zoo_heads().items()},
+                }
+                print(
+                    f"demo zoo: {root} (a 9M-parameter Llama target trained by the kit on Python's standard library, "
+                    "one head per method; its text is code-like but not meaningful: the zoo shows the machinery "
+                    "and its numbers, not a useful model)"
+                )
                 prompts = args.prompt or ZOO_PROMPTS
             else:
                 from specdec_kit.runtime.demo import write_demo
@@ -145,9 +173,11 @@ def execute(args) -> int:
                 paths = write_demo(root)
                 print(f"synthetic checkpoints (random target, constructed drafts) written to {root}")
                 prompts = args.prompt or DEMO_PROMPTS
-            dynamic = DynamicTreeConfig(total_tokens=args.total_tokens or DEMO_TREE["total_tokens"],
-                                        depth=DEMO_TREE["depth"] if args.depth is None else args.depth,
-                                        top_k=args.top_k or DEMO_TREE["top_k"])
+            dynamic = DynamicTreeConfig(
+                total_tokens=args.total_tokens or DEMO_TREE["total_tokens"],
+                depth=DEMO_TREE["depth"] if args.depth is None else args.depth,
+                top_k=args.top_k or DEMO_TREE["top_k"],
+            )
             target = TargetModel.from_pretrained(paths["target"], args.dtype, args.device)
             tokenizer = load_tokenizer(paths["target"])
             summaries, plain = [], None
@@ -155,21 +185,44 @@ def execute(args) -> int:
                 if label not in paths or not paths[label].is_dir():
                     continue
                 kind = "moa" if label.startswith("moa") else label  # two Mixture-of-Attentions heads: TLI 1 and 0
-                tree = (resolve_tree(kind, args.tree, args.total_tokens, args.depth, args.top_k) if args.tree
-                        else default_tree(kind, dynamic, MEDUSA_DEMO_TREE))
+                tree = (
+                    resolve_tree(kind, args.tree, args.total_tokens, args.depth, args.top_k)
+                    if args.tree
+                    else default_tree(kind, dynamic, MEDUSA_DEMO_TREE)
+                )
                 # plain decoding is measured once, with the first method; every method is compared with it
-                rows, plain = run(target, tokenizer, label, make_drafter(target, kind, paths[label], tree), tree, args,
-                                  prompts, compare_plain=True, plain=plain)
+                rows, plain = run(
+                    target,
+                    tokenizer,
+                    label,
+                    make_drafter(target, kind, paths[label], tree),
+                    tree,
+                    args,
+                    prompts,
+                    compare_plain=True,
+                    plain=plain,
+                )
                 summaries += rows
         elif args.engine:
             summaries, plain = [], None
             for path in args.engine:  # several engines of one target: plain decoding is measured once, with the first
                 engine = open_engine(path, device=args.device)
                 target, tokenizer = engine.target, engine.tokenizer
-                print(f"engine: {path} ({engine.backend} backend, {engine.draft_kind} draft, {engine.manifest['dtype']})")
+                print(
+                    f"engine: {path} ({engine.backend} backend, {engine.draft_kind} draft, {engine.manifest['dtype']})"
+                )
                 default = CHAT_PROMPTS[:1] if getattr(tokenizer, "chat_template", None) else ZOO_PROMPTS[:1]
-                rows, plain = run(target, tokenizer, engine.draft_kind, engine.drafter, engine.tree, args,
-                                  args.prompt or default, args.compare_plain, plain)
+                rows, plain = run(
+                    target,
+                    tokenizer,
+                    engine.draft_kind,
+                    engine.drafter,
+                    engine.tree,
+                    args,
+                    args.prompt or default,
+                    args.compare_plain,
+                    plain,
+                )
                 summaries += rows
         else:
             if args.target is None:
@@ -185,13 +238,16 @@ def execute(args) -> int:
             tree = resolve_tree(args.draft, args.tree, args.total_tokens, args.depth, args.top_k, cpu_tree)
             drafter = make_drafter(target, args.draft, draft_path, tree)
             default = CHAT_PROMPTS[:1] if getattr(tokenizer, "chat_template", None) else DEMO_PROMPTS[:1]
-            summaries = run(target, tokenizer, args.draft, drafter, tree, args, args.prompt or default,
-                            args.compare_plain)[0]
+            summaries = run(
+                target, tokenizer, args.draft, drafter, tree, args, args.prompt or default, args.compare_plain
+            )[0]
     except (DraftLoadError, TargetLoadError, EngineError, ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print_summary(summaries)
-    print(f"\ndevice {target.device}, dtype {str(target.dtype).removeprefix('torch.')}, threads {torch.get_num_threads()}")
+    print(
+        f"\ndevice {target.device}, dtype {str(target.dtype).removeprefix('torch.')}, threads {torch.get_num_threads()}"
+    )
     if args.json:
         args.json.write_text(json.dumps(summaries, indent=2))
     return 0

@@ -74,7 +74,7 @@ class GraphWindow:
         bsz, heads, q_len, dim = queries.shape
         kv_heads, slots = keys.shape[1], past_keys.shape[2]
         group = heads // kv_heads  # query heads g * j .. g * j + g - 1 share key head j
-        grouped = queries.reshape(bsz, kv_heads, group * q_len, dim) * dim ** -0.5
+        grouped = queries.reshape(bsz, kv_heads, group * q_len, dim) * dim**-0.5
         visible = self.mask[:, :, None]  # [B, 1, 1, Q, C + Q]: one mask for every head of a group
         floor = torch.finfo(queries.dtype).min
 
@@ -101,14 +101,16 @@ def segment_attention(queries: torch.Tensor, segments: Sequence[Segment]) -> tor
     bsz, heads, q_len, dim = queries.shape
     kv_heads = segments[0][0].shape[1]
     group = heads // kv_heads  # query heads g * j .. g * j + g - 1 share key head j
-    grouped = queries.reshape(bsz, kv_heads, group * q_len, dim) * dim ** -0.5
+    grouped = queries.reshape(bsz, kv_heads, group * q_len, dim) * dim**-0.5
     floor = torch.finfo(queries.dtype).min
-    scores = [(grouped @ keys.transpose(-1, -2)).view(bsz, kv_heads, group, q_len, -1).masked_fill(~seen, floor)
-              for keys, _, seen in segments]
+    scores = [
+        (grouped @ keys.transpose(-1, -2)).view(bsz, kv_heads, group, q_len, -1).masked_fill(~seen, floor)
+        for keys, _, seen in segments
+    ]
     weights = torch.cat(scores, dim=-1).softmax(dim=-1).view(bsz, kv_heads, group * q_len, -1)
     out, start = None, 0
     for keys, values, _ in segments:
-        part = weights[..., start:start + keys.shape[2]] @ values
+        part = weights[..., start : start + keys.shape[2]] @ values
         out = part if out is None else out + part
         start += keys.shape[2]
     return out.view(bsz, heads, q_len, dim)
@@ -139,8 +141,10 @@ class TreeLevelWindow:
         past_keys, past_values = c.context.past_keys[i], c.context.past_values[i]
         seen = c.root_visible[:, None, None, None, :]
         slots, own = past_keys.shape[2], keys.shape[2]
-        segments = [(past_keys, past_values, seen[..., :slots]),
-                    (c.context.new_keys[i], c.context.new_values[i], seen[..., slots:])]
+        segments = [
+            (past_keys, past_values, seen[..., :slots]),
+            (c.context.new_keys[i], c.context.new_values[i], seen[..., slots:]),
+        ]
         if i in c.level_keys:
             segments.append((c.level_keys[i], c.level_values[i], self.mask[..., :-own]))
             c.level_keys[i] = torch.cat([c.level_keys[i], keys], dim=2)
@@ -213,8 +217,9 @@ class DraftTreeGraph(nn.Module):
             p, r = self.draft.cached_step(feats, toks, (first_level + level).expand_as(toks), visible, levels)
             return self.logp(p), r
 
-        tokens, parents = dynamic_tree_search(torch.gather(input_ids, 1, at)[:, 0], self.logp(root_pred), root_reg,
-                                              self.tree, step)
+        tokens, parents = dynamic_tree_search(
+            torch.gather(input_ids, 1, at)[:, 0], self.logp(root_pred), root_reg, self.tree, step
+        )
         return tokens, parents, present_keys, present_values
 
 
@@ -261,8 +266,9 @@ class MoAStepGraph(nn.Module):
 
     def forward(self, input_ids, position_ids, attention_mask, memory_keys, memory_values, memory_mask, *past):
         cache = GraphCache.of(past)
-        o_hat = moa_hidden(self.draft, input_ids, position_ids, attention_mask, cache, memory_keys, memory_values,
-                           memory_mask)
+        o_hat = moa_hidden(
+            self.draft, input_ids, position_ids, attention_mask, cache, memory_keys, memory_values, memory_mask
+        )
         present_keys, present_values = cache.present()
         return o_hat, present_keys, present_values
 
@@ -288,7 +294,9 @@ class LMHeadGraph(nn.Module):
         self.lm_head = lm_head
 
     def forward(self, hidden_states, logits_index):
-        return self.lm_head(torch.gather(hidden_states, 1, logits_index[..., None].expand(-1, -1, hidden_states.shape[-1])))
+        return self.lm_head(
+            torch.gather(hidden_states, 1, logits_index[..., None].expand(-1, -1, hidden_states.shape[-1]))
+        )
 
 
 @dataclass
@@ -327,8 +335,11 @@ MOA_STEP_SPEC = GraphSpec(
     ("input_ids", "position_ids", "attention_mask", "memory_keys", "memory_values", "memory_mask"),
     ("o_hat", "present_keys", "present_values"),
 )
-TAIL_SPEC = GraphSpec("target_tail", ("hidden_states", "position_ids", "attention_mask", "logits_index"),
-                      ("logits", "present_keys", "present_values"))
+TAIL_SPEC = GraphSpec(
+    "target_tail",
+    ("hidden_states", "position_ids", "attention_mask", "logits_index"),
+    ("logits", "present_keys", "present_values"),
+)
 LM_HEAD_SPEC = GraphSpec("lm_head", ("hidden_states", "logits_index"), ("logits",))
 
 
@@ -338,7 +349,9 @@ def _cached_example(num_layers: int, kv_heads: int, head_dim: int, dtype: torch.
     pos = torch.arange(past, past + q, device=device).expand(batch, q).contiguous()
     mask = torch.ones(batch, q, past + q, dtype=torch.bool, device=device)
     index = torch.arange(q, device=device).expand(batch, q).contiguous()
-    buffers = tuple(torch.zeros(batch, kv_heads, past, head_dim, dtype=dtype, device=device) for _ in range(2 * num_layers))
+    buffers = tuple(
+        torch.zeros(batch, kv_heads, past, head_dim, dtype=dtype, device=device) for _ in range(2 * num_layers)
+    )
     return (ids, pos, mask, index), buffers
 
 
@@ -386,8 +399,14 @@ def feature_draft_plans(draft: FeatureDraft, head: nn.Module) -> list[GraphPlan]
     weight = draft.embed_tokens.weight
     (ids, pos, mask, index), buffers = _cached_example(layers, heads, dim, weight.dtype, weight.device)
     feats = torch.zeros(ids.shape[0], ids.shape[1], draft.config.hidden_size, dtype=weight.dtype, device=weight.device)
-    return [GraphPlan(DRAFT_SPEC.with_layers(layers), FeatureDraftStepGraph(draft, head),
-                      (ids, feats, pos, mask, index, *buffers), _cache_dims(layers))]
+    return [
+        GraphPlan(
+            DRAFT_SPEC.with_layers(layers),
+            FeatureDraftStepGraph(draft, head),
+            (ids, feats, pos, mask, index, *buffers),
+            _cache_dims(layers),
+        )
+    ]
 
 
 def draft_tree_plan(draft: FeatureDraft, head: nn.Module, tree: DynamicTreeConfig) -> GraphPlan:
@@ -400,8 +419,12 @@ def draft_tree_plan(draft: FeatureDraft, head: nn.Module, tree: DynamicTreeConfi
     dims = _cache_dims(layers)
     dims["root_index"] = {0: dims["input_ids"][0]}
     del dims["logits_index"]
-    return GraphPlan(DRAFT_TREE_SPEC.with_layers(layers), DraftTreeGraph(draft, head, tree),
-                     (ids, feats, pos, mask, root, *buffers), dims)
+    return GraphPlan(
+        DRAFT_TREE_SPEC.with_layers(layers),
+        DraftTreeGraph(draft, head, tree),
+        (ids, feats, pos, mask, root, *buffers),
+        dims,
+    )
 
 
 def fuse_plan(draft: Eagle3Draft) -> GraphPlan:
@@ -426,24 +449,43 @@ def moa_plans(draft: MoADraft, target: TargetModel) -> list[GraphPlan]:
     batch, width, memory = _big("batch"), _big("width"), _big("memory_len")
     kv = torch.zeros(bsz, q, target.num_layers, draft.target_kv_dim, dtype=dtype, device=dev)
     pos = torch.arange(q, device=dev).expand(bsz, q).contiguous()
-    plans = [GraphPlan(MOA_MEMORY_SPEC, MoAMemoryGraph(draft), (kv, pos),
-                       {"target_kv": {0: batch, 1: width}, "position_ids": {0: batch, 1: width}})]
+    plans = [
+        GraphPlan(
+            MOA_MEMORY_SPEC,
+            MoAMemoryGraph(draft),
+            (kv, pos),
+            {"target_kv": {0: batch, 1: width}, "position_ids": {0: batch, 1: width}},
+        )
+    ]
     _, heads, dim = draft.attention_shape
     (ids, pos, mask, index), buffers = _cached_example(1, heads, dim, dtype, dev, bsz, q, past)
     mk = torch.zeros(bsz, heads, mem, dim, dtype=dtype, device=dev)
     mmask = torch.ones(bsz, mem, dtype=torch.bool, device=dev)
     dims = _cache_dims(1)
-    dims.update(memory_keys={0: dims["input_ids"][0], 2: memory}, memory_values={0: dims["input_ids"][0], 2: memory},
-                memory_mask={0: dims["input_ids"][0], 1: memory})
-    plans.append(GraphPlan(MOA_STEP_SPEC.with_layers(1), MoAStepGraph(draft),
-                           (ids, pos, mask, mk, mk.clone(), mmask, *buffers), dims))
+    dims.update(
+        memory_keys={0: dims["input_ids"][0], 2: memory},
+        memory_values={0: dims["input_ids"][0], 2: memory},
+        memory_mask={0: dims["input_ids"][0], 1: memory},
+    )
+    plans.append(
+        GraphPlan(
+            MOA_STEP_SPEC.with_layers(1), MoAStepGraph(draft), (ids, pos, mask, mk, mk.clone(), mmask, *buffers), dims
+        )
+    )
     hidden = torch.zeros(bsz, q, target.hidden_size, dtype=dtype, device=dev)
     if draft.tli == 0:
         dims = {"hidden_states": {0: batch, 1: width}, "logits_index": {0: batch, 1: _big("selected")}}
         plans.append(GraphPlan(LM_HEAD_SPEC, LMHeadGraph(target.lm_head), (hidden, index), dims))
     else:
-        (_, pos, mask, index), buffers = _cached_example(draft.tli, target.num_kv_heads, target.head_dim, dtype, dev,
-                                                         bsz, q, past)
-        plans.append(GraphPlan(TAIL_SPEC.with_layers(draft.tli), TargetTailGraph(target, draft.tli),
-                               (hidden, pos, mask, index, *buffers), _cache_dims(draft.tli)))
+        (_, pos, mask, index), buffers = _cached_example(
+            draft.tli, target.num_kv_heads, target.head_dim, dtype, dev, bsz, q, past
+        )
+        plans.append(
+            GraphPlan(
+                TAIL_SPEC.with_layers(draft.tli),
+                TargetTailGraph(target, draft.tli),
+                (hidden, pos, mask, index, *buffers),
+                _cache_dims(draft.tli),
+            )
+        )
     return plans

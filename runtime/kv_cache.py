@@ -87,9 +87,7 @@ class KVCache:
         if num_pending == 0:
             return visible
         in_pending = (rel >= 0) & (rel < num_pending)
-        gathered = torch.gather(
-            pending_mask, 2, rel.clamp(0, num_pending - 1)[:, None, :].expand(bsz, q_len, k_len)
-        )
+        gathered = torch.gather(pending_mask, 2, rel.clamp(0, num_pending - 1)[:, None, :].expand(bsz, q_len, k_len))
         return visible | (in_pending[:, None, :] & gathered)
 
     def attention_mask(self, pending_mask: torch.Tensor, k_len: int) -> torch.Tensor | None:
@@ -141,8 +139,8 @@ class KVCache:
         """Scatter new keys/values [n, B, H, Q, D] of layers ``first_layer`` .. + n into ``slots`` [B, Q] at once."""
         n = k_new.shape[0]
         idx = slots[None, :, None, :, None].expand(n, -1, k_new.shape[2], -1, k_new.shape[4])
-        self.keys[first_layer:first_layer + n].scatter_(3, idx, k_new)
-        self.values[first_layer:first_layer + n].scatter_(3, idx, v_new)
+        self.keys[first_layer : first_layer + n].scatter_(3, idx, k_new)
+        self.values[first_layer : first_layer + n].scatter_(3, idx, v_new)
 
     def view(self, layer: int, k_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.keys[layer, :, :, :k_len], self.values[layer, :, :, :k_len]
@@ -186,8 +184,8 @@ class KVCache:
             values = torch.cat([values, values.new_zeros(shape)], dim=3)
         rows, added = self.batch, other.batch
         key_store, value_store = self._stores_with_room(added)
-        key_store[:, rows:rows + added] = keys
-        value_store[:, rows:rows + added] = values
+        key_store[:, rows : rows + added] = keys
+        value_store[:, rows : rows + added] = values
         self._use_rows(key_store, value_store, rows + added)
         self.lengths = torch.cat([self.lengths, other.lengths])
 
@@ -282,5 +280,6 @@ class CacheWindow:
     def attend(self, layer: int, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         self.cache.write(layer, keys, values, self.slots)
         past_keys, past_values = self.cache.view(layer, self.k_len)
-        return F.scaled_dot_product_attention(queries, past_keys, past_values, attn_mask=self.mask,
-                                              enable_gqa=queries.shape[1] != keys.shape[1])
+        return F.scaled_dot_product_attention(
+            queries, past_keys, past_values, attn_mask=self.mask, enable_gqa=queries.shape[1] != keys.shape[1]
+        )

@@ -17,8 +17,14 @@ def _default_tree_spec(kind: str) -> str:
     return "dynamic" if kind == "none" else draft_kind(kind).default_tree
 
 
-def resolve_tree(kind: str, spec: str | None, total_tokens: int | None, depth: int | None, top_k: int | None,
-                 sized: dict | None = None):
+def resolve_tree(
+    kind: str,
+    spec: str | None,
+    total_tokens: int | None,
+    depth: int | None,
+    top_k: int | None,
+    sized: dict | None = None,
+):
     """The tree a draft kind uses: its registered default (EAGLE-1 and Medusa static, the others dynamic)
     unless ``spec`` names one; the dynamic-tree options apply to dynamic trees only, and ``sized`` (a CPU-sized
     tree: total_tokens, depth, top_k) fills the ones left open."""
@@ -26,11 +32,14 @@ def resolve_tree(kind: str, spec: str | None, total_tokens: int | None, depth: i
     if isinstance(tree, DynamicTreeConfig):
         base = DynamicTreeConfig(**sized) if sized else tree
         tree = DynamicTreeConfig(
-            total_tokens=total_tokens or base.total_tokens, depth=base.depth if depth is None else depth,
+            total_tokens=total_tokens or base.total_tokens,
+            depth=base.depth if depth is None else depth,
             top_k=top_k or base.top_k,
         )
     elif any(v is not None for v in (total_tokens, depth, top_k)):
-        raise ValueError(f"--total-tokens/--depth/--top-k apply to dynamic trees only; the {kind} tree is {spec or 'static'}")
+        raise ValueError(
+            f"--total-tokens/--depth/--top-k apply to dynamic trees only; the {kind} tree is {spec or 'static'}"
+        )
     return tree
 
 
@@ -46,8 +55,16 @@ def default_tree(kind: str, dynamic: DynamicTreeConfig, medusa_spec: str) -> Sta
 def load_draft_for(target: TargetModel, kind: str, draft_path: str | Path):
     """A draft checkpoint of ``kind`` loaded strictly against ``target`` (on its device, in its dtype)."""
     shape = (target.num_layers, 2 * target.num_kv_heads * target.head_dim)
-    return load_draft(draft_path, kind, target.hidden_size, target.vocab_size, dtype=target.dtype,
-                      device=target.device, target_shape=shape, embedding=target.embed_tokens.weight)
+    return load_draft(
+        draft_path,
+        kind,
+        target.hidden_size,
+        target.vocab_size,
+        dtype=target.dtype,
+        device=target.device,
+        target_shape=shape,
+        embedding=target.embed_tokens.weight,
+    )
 
 
 def make_drafter(target: TargetModel, kind: str, draft_path: str | Path | None, tree) -> Drafter:

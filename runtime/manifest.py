@@ -18,10 +18,29 @@ ONNX_GRAPH_INTERFACE = 2  # the ONNX engines' graph I/O: 2 = one key and one val
 MANIFEST_NAME = "manifest.json"
 BACKENDS = ("onnxruntime", "torch", "tensorrt-llm", "sglang", "vllm")
 # dtype names the kit accepts, by torch dtype name (``runtime/device.py`` maps them to torch dtypes)
-DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
-               "bfloat16": "bfloat16", "bf16": "bfloat16", "float64": "float64"}
-REQUIRED_KEYS = ("schema_version", "kit_version", "backend", "dtype", "inputs", "target", "draft", "tree",
-                 "tokenizer", "parallel", "artifacts", "files")
+DTYPE_NAMES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "float16": "float16",
+    "fp16": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float64": "float64",
+}
+REQUIRED_KEYS = (
+    "schema_version",
+    "kit_version",
+    "backend",
+    "dtype",
+    "inputs",
+    "target",
+    "draft",
+    "tree",
+    "tokenizer",
+    "parallel",
+    "artifacts",
+    "files",
+)
 
 
 class EngineError(ValueError):
@@ -48,7 +67,9 @@ def _load_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
-        raise EngineError(f"{path}: missing; not an engine directory (build one with python export/build_engine.py)") from None
+        raise EngineError(
+            f"{path}: missing; not an engine directory (build one with python export/build_engine.py)"
+        ) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise EngineError(f"{path}: unreadable or not JSON ({exc})") from exc
     if not isinstance(data, dict):
@@ -64,12 +85,16 @@ def verify_files(root: Path, files: dict[str, dict[str, Any]], checksums: bool =
             raise EngineError(f"{path}: listed in {MANIFEST_NAME} but missing; the engine is incomplete (rebuild it)")
         size = path.stat().st_size
         if size != entry.get("bytes"):
-            raise EngineError(f"{path}: size {size} bytes, expected {entry.get('bytes')}; the engine is corrupted or incomplete")
+            raise EngineError(
+                f"{path}: size {size} bytes, expected {entry.get('bytes')}; the engine is corrupted or incomplete"
+            )
         if checksums:
             digest = sha256_file(path)
             if digest != entry.get("sha256"):
-                raise EngineError(f"{path}: SHA-256 {digest[:16]}..., expected {str(entry.get('sha256'))[:16]}...; "
-                                  "the file was modified or corrupted (rebuild the engine)")
+                raise EngineError(
+                    f"{path}: SHA-256 {digest[:16]}..., expected {str(entry.get('sha256'))[:16]}...; "
+                    "the file was modified or corrupted (rebuild the engine)"
+                )
 
 
 def read_manifest(root: str | Path, checksums: bool = True) -> dict[str, Any]:
@@ -81,8 +106,10 @@ def read_manifest(root: str | Path, checksums: bool = True) -> dict[str, Any]:
     manifest = _load_json(path)
     version = manifest.get("schema_version")
     if not isinstance(version, int) or version > SCHEMA_VERSION or version < 1:
-        raise EngineError(f"{path}: schema_version {version!r} is not supported; expected 1..{SCHEMA_VERSION} "
-                          "(an engine from a newer kit? rebuild it with this one)")
+        raise EngineError(
+            f"{path}: schema_version {version!r} is not supported; expected 1..{SCHEMA_VERSION} "
+            "(an engine from a newer kit? rebuild it with this one)"
+        )
     for key in REQUIRED_KEYS:
         if key not in manifest:
             raise EngineError(f"{path}: key {key!r} is missing")

@@ -26,8 +26,9 @@ from specdec_kit.runtime.kv_cache import KVCache
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
 
 
-def moa_hidden(draft: MoADraft, tokens, positions, sa_pending: torch.Tensor, cache: LayerCache, mem_keys, mem_values,
-               mem_visible) -> torch.Tensor:
+def moa_hidden(
+    draft: MoADraft, tokens, positions, sa_pending: torch.Tensor, cache: LayerCache, mem_keys, mem_values, mem_visible
+) -> torch.Tensor:
     """The draft body: SA over the tokens (``cache`` holds the earlier ones, ``sa_pending`` [B, Q, P] as in
     ``runtime/contract.py``), then CA to the memory keys/values [B, H, M, D] where ``mem_visible`` [B, M]; the
     runtime and the ONNX export share it."""
@@ -76,8 +77,9 @@ class MoAStep(ABC):
         """LSA over [B, W, L, kv_dim] target K/V at ``positions`` [B, W] -> CA memory keys/values [B, H, W, D]."""
 
     @abstractmethod
-    def hidden(self, tokens: torch.Tensor, positions: torch.Tensor, pending_mask: torch.Tensor,
-               cache: KVCache) -> torch.Tensor:
+    def hidden(
+        self, tokens: torch.Tensor, positions: torch.Tensor, pending_mask: torch.Tensor, cache: KVCache
+    ) -> torch.Tensor:
         """SA over the token stream (cache + pending), then CA over all verified memory -> o_hat [B, Q, d]."""
 
     @abstractmethod
@@ -149,8 +151,9 @@ class TorchMoAStep(MoAStep):
         d, t = self.draft, self.target
         feats = o_hat
         if d.tli:
-            feats = t.run_layers(o_hat.to(t.dtype), target_positions, target_pending, self.bound_target_cache(),
-                                 t.num_layers - d.tli)
+            feats = t.run_layers(
+                o_hat.to(t.dtype), target_positions, target_pending, self.bound_target_cache(), t.num_layers - d.tli
+            )
         return t.lm_head(feats.to(t.dtype))
 
 

@@ -67,7 +67,9 @@ class OrtGraph:
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.seconds, self.calls = 0.0, 0  # inside the session's runs: what profiles split by graph
 
-    def run(self, inputs: dict[str, torch.Tensor], outputs: Mapping[str, tuple[Sequence[int], torch.dtype]]) -> dict[str, torch.Tensor]:
+    def run(
+        self, inputs: dict[str, torch.Tensor], outputs: Mapping[str, tuple[Sequence[int], torch.dtype]]
+    ) -> dict[str, torch.Tensor]:
         binding = self.session.io_binding()
         dev_type = "cuda" if self.device.type == "cuda" else "cpu"
         dev_id = self.device.index or 0
@@ -89,41 +91,64 @@ class OrtGraph:
         return result
 
 
-def new_block_cache(layers: int, batch: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
-                    device: torch.device) -> KVCache:
+def new_block_cache(
+    layers: int, batch: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
+) -> KVCache:
     """A cache for graphs that read it in place: one block to start, grown by blocks as the rows need."""
     return KVCache.allocate(layers, batch, kv_heads, head_dim, CACHE_BLOCK, dtype, device, block=CACHE_BLOCK)
 
 
-def _run_over_cache(graph: OrtGraph, cache: KVCache, pending_mask: torch.Tensor, feeds: dict[str, torch.Tensor],
-                    outputs: dict, first_layer: int = 0) -> dict[str, torch.Tensor]:
+def _run_over_cache(
+    graph: OrtGraph,
+    cache: KVCache,
+    pending_mask: torch.Tensor,
+    feeds: dict[str, torch.Tensor],
+    outputs: dict,
+    first_layer: int = 0,
+) -> dict[str, torch.Tensor]:
     """Run a buffer-in/present-out graph over ``cache`` (its layers from ``first_layer`` on): add the mask over
     the buffers + new keys and each layer's buffer to ``feeds``, then write the present keys/values into the new
     tokens' pending slots (``pending_mask`` [B, Q, offset + Q] as for ``KVCache.attention_mask``)."""
     q_len = pending_mask.shape[1]
     offset = pending_mask.shape[2] - q_len
     if offset == 0 and not bool(cache.lengths.any()):  # a prefill: no slot is visible yet, so the buffers go in
-        cache.ensure_capacity(q_len)                    # empty rather than as slots to mask out
+        cache.ensure_capacity(q_len)  # empty rather than as slots to mask out
         mask, width = pending_mask, 0
     else:
         mask, width = cache.buffer_and_new_mask(pending_mask), cache.capacity
     layers, bsz, heads, _, dim = cache.keys[first_layer:].shape
-    buffers = ([cache.keys[first_layer + i, :, :, :width] for i in range(layers)]
-               + [cache.values[first_layer + i, :, :, :width] for i in range(layers)])
+    buffers = [cache.keys[first_layer + i, :, :, :width] for i in range(layers)] + [
+        cache.values[first_layer + i, :, :, :width] for i in range(layers)
+    ]
     present = ((layers, bsz, heads, q_len, dim), cache.keys.dtype)
-    out = graph.run(dict(feeds, attention_mask=mask, **dict(zip(past_names(layers), buffers))),
-                    dict(outputs, present_keys=present, present_values=present))
+    out = graph.run(
+        dict(feeds, attention_mask=mask, **dict(zip(past_names(layers), buffers))),
+        dict(outputs, present_keys=present, present_values=present),
+    )
     cache.write_all(out["present_keys"], out["present_values"], cache.slots(q_len, offset), first_layer)
     return out
 
 
-def _cached_call(graph: OrtGraph, cache: KVCache, pending_mask: torch.Tensor, feeds: dict[str, torch.Tensor],
-                 logits_at: torch.Tensor, hidden: int, vocab: int, feature_name: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _cached_call(
+    graph: OrtGraph,
+    cache: KVCache,
+    pending_mask: torch.Tensor,
+    feeds: dict[str, torch.Tensor],
+    logits_at: torch.Tensor,
+    hidden: int,
+    vocab: int,
+    feature_name: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A target or feature-draft step: logits at ``logits_at`` and the features of every new token."""
     bsz, q_len = feeds["input_ids"].shape
     dtype = cache.keys.dtype
-    out = _run_over_cache(graph, cache, pending_mask, dict(feeds, logits_index=logits_at),
-                          {"logits": ((bsz, logits_at.shape[1], vocab), dtype), feature_name: ((bsz, q_len, hidden), dtype)})
+    out = _run_over_cache(
+        graph,
+        cache,
+        pending_mask,
+        dict(feeds, logits_index=logits_at),
+        {"logits": ((bsz, logits_at.shape[1], vocab), dtype), feature_name: ((bsz, q_len, hidden), dtype)},
+    )
     return out["logits"], out[feature_name]
 
 
@@ -154,8 +179,16 @@ class OrtTarget:
     def __call__(self, tokens, positions, pending_mask, cache: KVCache, logits_at=None) -> TargetOutput:
         bsz, q_len = tokens.shape
         index = _all_positions(bsz, q_len, tokens.device) if logits_at is None else logits_at
-        logits, features = _cached_call(self.graph, cache, pending_mask, {"input_ids": tokens, "position_ids": positions},
-                                        index, self.feature_size, self.vocab_size, "features")
+        logits, features = _cached_call(
+            self.graph,
+            cache,
+            pending_mask,
+            {"input_ids": tokens, "position_ids": positions},
+            index,
+            self.feature_size,
+            self.vocab_size,
+            "features",
+        )
         return TargetOutput(logits=logits, features=features)
 
 
@@ -165,10 +198,20 @@ class OrtFeatureDraftStep:
     engine built with a dynamic tree adds ``whole``: its ``draft_tree`` graph and that tree, which drafts the cycle
     in one call (``WholeTreeStep``)."""
 
-    def __init__(self, graph: OrtGraph, spec: dict, dtype: torch.dtype, fuse: OrtGraph | None = None,
-                 whole: tuple[OrtGraph, DynamicTreeConfig] | None = None):
+    def __init__(
+        self,
+        graph: OrtGraph,
+        spec: dict,
+        dtype: torch.dtype,
+        fuse: OrtGraph | None = None,
+        whole: tuple[OrtGraph, DynamicTreeConfig] | None = None,
+    ):
         self.graph, self.spec, self.dtype, self.fuse, self.whole = graph, spec, dtype, fuse, whole
-        self.layers, self.heads, self.head_dim = spec["num_hidden_layers"], spec["num_key_value_heads"], spec["head_dim"]
+        self.layers, self.heads, self.head_dim = (
+            spec["num_hidden_layers"],
+            spec["num_key_value_heads"],
+            spec["head_dim"],
+        )
         self.hidden_size, self.vocab_size = spec["hidden_size"], spec["vocab_size"]
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
@@ -187,8 +230,9 @@ class OrtFeatureDraftStep:
         bsz, q_len = tokens.shape
         index = _all_positions(bsz, q_len, tokens.device) if logits_at is None else logits_at
         feeds = {"input_ids": tokens, "hidden_states": self._step_features(features), "position_ids": positions}
-        return _cached_call(self.graph, cache, pending_mask, feeds, index, self.hidden_size, self.vocab_size,
-                            "hidden_states_out")
+        return _cached_call(
+            self.graph, cache, pending_mask, feeds, index, self.hidden_size, self.vocab_size, "hidden_states_out"
+        )
 
     def drafts_whole(self, tree: object) -> bool:
         return self.whole is not None and tree == self.whole[1]
@@ -199,10 +243,19 @@ class OrtFeatureDraftStep:
             raise RuntimeError("this engine has no draft_tree graph for its tree (drafts_whole says so)")
         graph, tree = self.whole
         nodes = (tokens.shape[0], tree.total_tokens)  # a dynamic tree always fills its budget
-        feeds = {"input_ids": tokens, "hidden_states": self._step_features(features), "position_ids": positions,
-                 "root_index": root_index}
-        out = _run_over_cache(graph, cache, pending_mask, feeds,
-                              {"tree_tokens": (nodes, torch.int64), "tree_parents": (nodes, torch.int64)})
+        feeds = {
+            "input_ids": tokens,
+            "hidden_states": self._step_features(features),
+            "position_ids": positions,
+            "root_index": root_index,
+        }
+        out = _run_over_cache(
+            graph,
+            cache,
+            pending_mask,
+            feeds,
+            {"tree_tokens": (nodes, torch.int64), "tree_parents": (nodes, torch.int64)},
+        )
         return out["tree_tokens"], out["tree_parents"]
 
 
@@ -234,24 +287,37 @@ class OrtMoAStep(MoAStep):
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         s = self.spec
-        return new_block_cache(1, batch, s["num_key_value_heads"], s["head_dim"], self._dtype,
-                               self.graphs["moa_step"].device)
+        return new_block_cache(
+            1, batch, s["num_key_value_heads"], s["head_dim"], self._dtype, self.graphs["moa_step"].device
+        )
 
     def memory_update(self, kv: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         s = self.spec
         shape = (kv.shape[0], s["num_key_value_heads"], kv.shape[1], s["head_dim"])
-        out = self.graphs["moa_memory"].run({"target_kv": kv.to(self._dtype), "position_ids": positions},
-                                            {"memory_keys": (shape, self._dtype), "memory_values": (shape, self._dtype)})
+        out = self.graphs["moa_memory"].run(
+            {"target_kv": kv.to(self._dtype), "position_ids": positions},
+            {"memory_keys": (shape, self._dtype), "memory_values": (shape, self._dtype)},
+        )
         return out["memory_keys"], out["memory_values"]
 
     def hidden(self, tokens, positions, pending_mask, cache: KVCache) -> torch.Tensor:
         bsz, q_len = tokens.shape
         mem = self.memory_cache()
         m_len, visible = self.memory_visible(tokens.device)
-        feeds = {"input_ids": tokens, "position_ids": positions, "memory_keys": mem.keys[0, :, :, :m_len],
-                 "memory_values": mem.values[0, :, :, :m_len], "memory_mask": visible}
-        out = _run_over_cache(self.graphs["moa_step"], cache, pending_mask, feeds,
-                              {"o_hat": ((bsz, q_len, self.spec["hidden_size"]), self._dtype)})
+        feeds = {
+            "input_ids": tokens,
+            "position_ids": positions,
+            "memory_keys": mem.keys[0, :, :, :m_len],
+            "memory_values": mem.values[0, :, :, :m_len],
+            "memory_mask": visible,
+        }
+        out = _run_over_cache(
+            self.graphs["moa_step"],
+            cache,
+            pending_mask,
+            feeds,
+            {"o_hat": ((bsz, q_len, self.spec["hidden_size"]), self._dtype)},
+        )
         return out["o_hat"]
 
     def logits(self, o_hat, target_positions, target_pending) -> torch.Tensor:
@@ -262,14 +328,15 @@ class OrtMoAStep(MoAStep):
             return self.graphs["lm_head"].run({"hidden_states": o_hat, "logits_index": index}, logits)["logits"]
         first = self.target_spec["num_hidden_layers"] - self.tli
         feeds = {"hidden_states": o_hat, "position_ids": target_positions, "logits_index": index}
-        return _run_over_cache(self.graphs["target_tail"], self.bound_target_cache(), target_pending, feeds, logits, first)["logits"]
+        return _run_over_cache(
+            self.graphs["target_tail"], self.bound_target_cache(), target_pending, feeds, logits, first
+        )["logits"]
 
 
 if TYPE_CHECKING:  # the type checker (basic mode, in the tests) holds each class to its protocol of the contract
     from specdec_kit.runtime.contract import FeatureStep, MedusaStep, TargetStep, WholeTreeStep
 
-    def _implements_the_contract(target: OrtTarget, draft: OrtFeatureDraftStep, medusa: OrtMedusaHeads) -> None:
-        as_target: TargetStep = target
-        as_feature_step: FeatureStep = draft
-        as_whole_tree_step: WholeTreeStep = draft
-        as_medusa_step: MedusaStep = medusa
+    def _implements_the_contract(
+        target: OrtTarget, draft: OrtFeatureDraftStep, medusa: OrtMedusaHeads
+    ) -> tuple[TargetStep, FeatureStep, WholeTreeStep, MedusaStep]:
+        return target, draft, draft, medusa

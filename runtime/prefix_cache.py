@@ -51,8 +51,10 @@ class PrefixCache:
 
     def __init__(self, block_size: int = 16, max_tokens: int = 16384):
         if block_size < 1 or max_tokens < block_size:
-            raise ValueError(f"prefix cache: block_size {block_size} and max_tokens {max_tokens}: expected "
-                             "block_size >= 1 and max_tokens >= block_size")
+            raise ValueError(
+                f"prefix cache: block_size {block_size} and max_tokens {max_tokens}: expected "
+                "block_size >= 1 and max_tokens >= block_size"
+            )
         self.block_size, self.max_tokens = block_size, max_tokens
         self._index: dict[tuple[int, tuple[int, ...]], PrefixBlock] = {}  # (parent ident, tokens) -> block
         self._by_ident: OrderedDict[int, tuple[int, tuple[int, ...]]] = OrderedDict()  # least recently used first
@@ -64,12 +66,14 @@ class PrefixCache:
     def within(cls, target: TargetStep, mib: float, block_size: int = 16) -> "PrefixCache":
         """A cache holding at most ``mib`` MiB of ``target``'s keys, values and features (a feature draft's reading
         of the blocks comes on top: its one or few layers against the target's many)."""
-        per_token = (2 * target.num_layers * target.num_kv_heads * target.head_dim + target.feature_size)
+        per_token = 2 * target.num_layers * target.num_kv_heads * target.head_dim + target.feature_size
         per_token *= torch.empty((), dtype=target.dtype).element_size()
         tokens = int(mib * 2**20) // per_token
         if tokens < block_size:
-            raise ValueError(f"prefix cache of {mib} MiB holds {tokens} tokens of this target ({per_token} bytes "
-                             f"each): expected at least one block of {block_size}")
+            raise ValueError(
+                f"prefix cache of {mib} MiB holds {tokens} tokens of this target ({per_token} bytes "
+                f"each): expected at least one block of {block_size}"
+            )
         return cls(block_size, tokens)
 
     @property
@@ -78,7 +82,7 @@ class PrefixCache:
 
     def _blocks_of(self, prompt: Sequence[int], count: int) -> list[tuple[int, ...]]:
         size = self.block_size
-        return [tuple(prompt[i * size:(i + 1) * size]) for i in range(count)]
+        return [tuple(prompt[i * size : (i + 1) * size]) for i in range(count)]
 
     def _chain(self, prompt: Sequence[int], most: int) -> list[PrefixBlock]:
         """The cached blocks that start ``prompt``, at most ``most`` of them."""
@@ -104,8 +108,9 @@ class PrefixCache:
         self.hit_tokens += len(chain) * self.block_size
         return chain
 
-    def store(self, prompt: Sequence[int], keys: torch.Tensor, values: torch.Tensor,
-              features: torch.Tensor) -> list[PrefixBlock]:
+    def store(
+        self, prompt: Sequence[int], keys: torch.Tensor, values: torch.Tensor, features: torch.Tensor
+    ) -> list[PrefixBlock]:
         """Keep the whole blocks of ``prompt`` not kept yet; ``keys``/``values`` [layers, kv_heads, >= n, head_dim]
         and ``features`` [>= n, F] are the target's for its n tokens (slices of a batch's cache are copied).
         Returns the prompt's kept blocks, first to last (a draft adds its own keys and values to them)."""
@@ -113,10 +118,11 @@ class PrefixCache:
         chain = self._chain(prompt, count)
         parent = chain[-1].ident if chain else 0
         size = self.block_size
-        for i, tokens in enumerate(self._blocks_of(prompt, count)[len(chain):], start=len(chain)):
+        for i, tokens in enumerate(self._blocks_of(prompt, count)[len(chain) :], start=len(chain)):
             span = slice(i * size, (i + 1) * size)
-            block = PrefixBlock(next(self._idents), parent, keys[:, :, span].clone(), values[:, :, span].clone(),
-                                features[span].clone())
+            block = PrefixBlock(
+                next(self._idents), parent, keys[:, :, span].clone(), values[:, :, span].clone(), features[span].clone()
+            )
             key = (parent, tokens)
             self._index[key] = block
             self._by_ident[block.ident] = key
@@ -132,8 +138,14 @@ class PrefixCache:
         """Drop least recently used leaf blocks until the cache fits (never one of ``keep``, the chain just stored)."""
         kept = {block.ident for block in keep}
         while self.cached_tokens > self.max_tokens:
-            victim = next((ident for ident, key in self._by_ident.items()
-                           if ident not in kept and self._index[key].children == 0), None)
+            victim = next(
+                (
+                    ident
+                    for ident, key in self._by_ident.items()
+                    if ident not in kept and self._index[key].children == 0
+                ),
+                None,
+            )
             if victim is None:
                 return
             block = self._index.pop(self._by_ident.pop(victim))

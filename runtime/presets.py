@@ -9,9 +9,11 @@ from pathlib import Path
 DEMO_TREE = dict(total_tokens=12, depth=5, top_k=2)
 
 DEMO_PROMPTS = ["The quick brown fox", "def main():\n", "Speculative decoding", "Hello, world!"]
-CHAT_PROMPTS = ["Write a Python function that checks whether a string is a palindrome.",
-                "What is the capital of France? Name two famous places there.",
-                "Explain what a hash table is, with a short example."]
+CHAT_PROMPTS = [
+    "Write a Python function that checks whether a string is a palindrome.",
+    "What is the capital of France? Name two famous places there.",
+    "Explain what a hash table is, with a short example.",
+]
 ZOO_PROMPTS = [
     'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
     "class Stack:\n    def __init__(self):\n",

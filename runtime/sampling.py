@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import torch
 
-
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 _MASK64 = (1 << 64) - 1
 

@@ -44,9 +44,17 @@ def tiny_hf_model(
 ):
     config_cls, model_cls = FAMILIES[family]
     config = config_cls(
-        hidden_size=hidden_size, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-        intermediate_size=intermediate, vocab_size=vocab, max_position_embeddings=max_positions,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None, tie_word_embeddings=False,
+        hidden_size=hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=intermediate,
+        vocab_size=vocab,
+        max_position_embeddings=max_positions,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+        tie_word_embeddings=False,
     )
     if family == "mistral":
         config.sliding_window = None
@@ -72,10 +80,17 @@ def tiny_target(**kwargs) -> TargetModel:
 def draft_config(target: TargetModel, intermediate: int | None = None) -> LlamaConfig:
     cfg = target.config
     return LlamaConfig(
-        hidden_size=cfg.hidden_size, intermediate_size=intermediate or cfg.intermediate_size,
-        num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
-        num_hidden_layers=1, vocab_size=cfg.vocab_size, max_position_embeddings=cfg.max_position_embeddings,
-        rms_norm_eps=cfg.rms_norm_eps, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=intermediate or cfg.intermediate_size,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads,
+        num_hidden_layers=1,
+        vocab_size=cfg.vocab_size,
+        max_position_embeddings=cfg.max_position_embeddings,
+        rms_norm_eps=cfg.rms_norm_eps,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
     )
 
 
@@ -97,8 +112,11 @@ def random_griffin(target: TargetModel, seed: int = 2) -> GriffinDraft:
 def with_draft_vocab(draft: FeatureDraft, size: int, seed: int = 7) -> FeatureDraft:
     """The same EAGLE/GRIFFIN draft proposing only ``size`` random target tokens (its reduced draft vocabulary)."""
     config = draft.config
-    reduced = type(draft)(config, draft_vocab_size=size, **({"fc_bias": draft.fc.bias is not None}
-                                                           if isinstance(draft, EagleDraft) else {}))
+    reduced = type(draft)(
+        config,
+        draft_vocab_size=size,
+        **({"fc_bias": draft.fc.bias is not None} if isinstance(draft, EagleDraft) else {}),
+    )
     reduced = reduced.to(draft.embed_tokens.weight.dtype)
     reduced.load_state_dict(draft.state_dict(), strict=False)  # every weight; the vocabulary maps come next
     used = torch.randperm(config.vocab_size, generator=torch.Generator().manual_seed(seed))[:size].sort().values
@@ -113,8 +131,9 @@ def eagle3_layers(target: TargetModel) -> tuple[int, ...]:
     return default_feature_layers(target.num_layers) if target.num_layers >= 7 else tuple(range(target.num_layers))
 
 
-def random_eagle3(target: TargetModel, seed: int = 5, draft_vocab: int | None = None,
-                  layers: tuple[int, ...] | None = None) -> Eagle3Draft:
+def random_eagle3(
+    target: TargetModel, seed: int = 5, draft_vocab: int | None = None, layers: tuple[int, ...] | None = None
+) -> Eagle3Draft:
     """A random EAGLE-3 draft over a random draft vocabulary (two thirds of the target's by default)."""
     torch.manual_seed(seed)
     size = draft_vocab or max(1, 2 * target.vocab_size // 3)

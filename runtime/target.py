@@ -58,8 +58,10 @@ class TargetModel(nn.Module):
         so one target serves drafts of every kind side by side."""
         layers = tuple(int(i) for i in layers)
         if list(layers) != sorted(set(layers)) or not all(0 <= i < self.num_layers for i in layers):
-            raise ValueError(f"feature layers {list(layers)}: expected distinct ascending layer ids in "
-                             f"0..{self.num_layers - 1} of this {self.num_layers}-layer target")
+            raise ValueError(
+                f"feature layers {list(layers)}: expected distinct ascending layer ids in "
+                f"0..{self.num_layers - 1} of this {self.num_layers}-layer target"
+            )
         if layers == self.feature_layers:
             return self
         view = TargetModel(self.hf_model)
@@ -140,21 +142,34 @@ class TargetModel(nn.Module):
         """
         return self.cached_step(tokens, positions, pending_mask, cache, logits_at)
 
-    def cached_step(self, tokens: torch.Tensor, positions: torch.Tensor, pending_mask: torch.Tensor, cache: LayerCache,
-                    logits_at: torch.Tensor | None = None) -> TargetOutput:
+    def cached_step(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        pending_mask: torch.Tensor,
+        cache: LayerCache,
+        logits_at: torch.Tensor | None = None,
+    ) -> TargetOutput:
         """``forward`` without ``inference_mode``, over any ``LayerCache``: what the ONNX export traces."""
         inner = self.hf_model.model
         hidden = inner.embed_tokens(tokens)
         taps: list[torch.Tensor] | None = [] if self.feature_layers else None
         last = self.run_layers(hidden, positions, pending_mask, cache, 0, taps)
-        selected = last if logits_at is None else torch.gather(
-            last, 1, logits_at[..., None].expand(-1, -1, last.shape[-1])
+        selected = (
+            last if logits_at is None else torch.gather(last, 1, logits_at[..., None].expand(-1, -1, last.shape[-1]))
         )
         features = last if taps is None else torch.cat(taps, dim=-1)
         return TargetOutput(logits=self.hf_model.lm_head(selected), features=features)
 
-    def run_layers(self, hidden: torch.Tensor, positions: torch.Tensor, pending_mask: torch.Tensor, cache: LayerCache,
-                   first_layer: int, taps: list[torch.Tensor] | None = None) -> torch.Tensor:
+    def run_layers(
+        self,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        pending_mask: torch.Tensor,
+        cache: LayerCache,
+        first_layer: int,
+        taps: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """Decoder layers ``first_layer`` .. L-1 and the final norm on ``hidden`` [B, Q, d]; ``pending_mask``
         [B, Q, P] as in ``runtime/contract.py``. The whole forward runs all layers; a Mixture-of-Attentions
         draft with TLI = N runs the last N over the same cache (its entries stay pending, never committed).
@@ -169,7 +184,15 @@ class TargetModel(nn.Module):
             residual = hidden
             hidden = layer.input_layernorm(hidden)
             hidden = cached_attention(
-                layer.self_attn, hidden, cos, sin, window, i, self.num_heads, self.num_kv_heads, self.head_dim,
+                layer.self_attn,
+                hidden,
+                cos,
+                sin,
+                window,
+                i,
+                self.num_heads,
+                self.num_kv_heads,
+                self.head_dim,
             )
             hidden = residual + hidden
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))

@@ -161,15 +161,21 @@ def parse_tree_spec(spec: str) -> StaticTree | DynamicTreeConfig:
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc})") from exc
     if not isinstance(choices, list) or not all(isinstance(c, list) for c in choices):
-        raise ValueError(f"{path}: expected a JSON list of choice paths like [[0], [0, 1]], found {type(choices).__name__}")
+        raise ValueError(
+            f"{path}: expected a JSON list of choice paths like [[0], [0, 1]], found {type(choices).__name__}"
+        )
     return StaticTree.from_choices(choices)
 
 
 def tree_to_dict(tree: StaticTree | DynamicTreeConfig) -> dict:
     """The tree as an engine manifest records it (static trees by their full choice list)."""
     if isinstance(tree, StaticTree):
-        return {"type": "static", "choices": [list(p) for p in tree.choices],
-                "num_nodes": tree.buffers.num_nodes, "max_depth": tree.buffers.max_depth}
+        return {
+            "type": "static",
+            "choices": [list(p) for p in tree.choices],
+            "num_nodes": tree.buffers.num_nodes,
+            "max_depth": tree.buffers.max_depth,
+        }
     return {"type": "dynamic", "total_tokens": tree.total_tokens, "depth": tree.depth, "top_k": tree.top_k}
 
 
@@ -178,5 +184,7 @@ def tree_from_dict(data: dict) -> StaticTree | DynamicTreeConfig:
     if kind == "static":
         return StaticTree.from_choices(data["choices"])
     if kind == "dynamic":
-        return DynamicTreeConfig(total_tokens=int(data["total_tokens"]), depth=int(data["depth"]), top_k=int(data["top_k"]))
+        return DynamicTreeConfig(
+            total_tokens=int(data["total_tokens"]), depth=int(data["depth"]), top_k=int(data["top_k"])
+        )
     raise ValueError(f"tree type {kind!r}: expected 'static' or 'dynamic'")

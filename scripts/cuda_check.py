@@ -13,15 +13,19 @@ from pathlib import Path
 
 import torch
 
-from specdec_kit.runtime.registry import draft_kinds, zoo_heads
 from specdec_kit.paths import default_zoo
 from specdec_kit.runtime.generate import SpeculativeGenerator
 from specdec_kit.runtime.loader import default_tree, load_tokenizer, make_drafter
+from specdec_kit.runtime.registry import draft_kinds, zoo_heads
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig
 
-PROMPTS = ["def fibonacci(n):\n", "class Stack:\n    def __init__(self):\n", "import os\nimport sys\n\n\ndef main(argv=None):\n",
-           "    def __repr__(self):\n        return"]
+PROMPTS = [
+    "def fibonacci(n):\n",
+    "class Stack:\n    def __init__(self):\n",
+    "import os\nimport sys\n\n\ndef main(argv=None):\n",
+    "    def __repr__(self):\n        return",
+]
 
 
 def main() -> int:
@@ -39,13 +43,23 @@ def main() -> int:
     ref = []
     for prompt in ids:
         x = torch.tensor([prompt], device=target.device)
-        out = target.hf_model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=args.max_new_tokens,
-                                       min_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=0)
-        ref.append(out[0, len(prompt):].tolist())
+        out = target.hf_model.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=args.max_new_tokens,
+            min_new_tokens=args.max_new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
+        ref.append(out[0, len(prompt) :].tolist())
     total, depth, top_k = (int(v) for v in args.tree.split(","))
     rows, ok = [], True
     for kind in ["none", *draft_kinds()]:
-        tree = default_tree(kind, DynamicTreeConfig(total, depth, top_k), "static:mc_sim_7b_63:24") if kind != "none" else None
+        tree = (
+            default_tree(kind, DynamicTreeConfig(total, depth, top_k), "static:mc_sim_7b_63:24")
+            if kind != "none"
+            else None
+        )
         drafter = make_drafter(target, kind, zoo / zoo_heads()[kind][1] if kind != "none" else None, tree)
         gen = SpeculativeGenerator(target, drafter, eos_token_ids=[])
         gen.generate(ids[:1], 8)  # warm-up
@@ -55,17 +69,36 @@ def main() -> int:
         same = all(g.tokens == r for g, r in zip(got, ref))
         ok &= same
         tau = sum(g.stats.accepted_tokens + g.stats.cycles for g in got) / sum(g.stats.cycles for g in got)
-        rows.append({"method": kind if kind != "none" else "plain", "identical_to_transformers": same,
-                     "tau": round(tau, 2), "tokens_per_s": round(len(ids) * args.max_new_tokens / seconds, 1)})
+        rows.append(
+            {
+                "method": kind if kind != "none" else "plain",
+                "identical_to_transformers": same,
+                "tau": round(tau, 2),
+                "tokens_per_s": round(len(ids) * args.max_new_tokens / seconds, 1),
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
     name = torch.cuda.get_device_name() if target.device.type == "cuda" else "cpu"
-    print(f"device {target.device} ({name}), {args.dtype}, torch {torch.__version__}: "
-          f"{'all identical' if ok else 'MISMATCH'}")
+    print(
+        f"device {target.device} ({name}), {args.dtype}, torch {torch.__version__}: "
+        f"{'all identical' if ok else 'MISMATCH'}"
+    )
     if args.json:
-        args.json.write_text(json.dumps({"device": str(target.device), "device_name": name, "dtype": args.dtype,
-                                         "torch": torch.__version__, "tree": args.tree,
-                                         "max_new_tokens": args.max_new_tokens, "all_identical": ok, "rows": rows},
-                                        indent=1))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "device": str(target.device),
+                    "device_name": name,
+                    "dtype": args.dtype,
+                    "torch": torch.__version__,
+                    "tree": args.tree,
+                    "max_new_tokens": args.max_new_tokens,
+                    "all_identical": ok,
+                    "rows": rows,
+                },
+                indent=1,
+            )
+        )
     return 0 if ok else 1
 
 

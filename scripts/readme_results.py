@@ -33,13 +33,14 @@ def method_cells(rows: dict[str, dict], method: str) -> list[str]:
 
 
 def table() -> str:
-    lines = ["| target | prompts | plain tokens/s | GRIFFIN tau | GRIFFIN speed | EAGLE-3 tau | EAGLE-3 speed |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| target | prompts | plain tokens/s | GRIFFIN tau | GRIFFIN speed | EAGLE-3 tau | EAGLE-3 speed |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for label, path, prompt_sets in SOURCES:
         results = json.loads((REPO / path).read_text())
         for prompt_set in prompt_sets:
-            rows = {r["method"]: r for r in results["rows"]
-                    if r["prompt_set"] == prompt_set and r["temperature"] == 0}
+            rows = {r["method"]: r for r in results["rows"] if r["prompt_set"] == prompt_set and r["temperature"] == 0}
             if "plain" not in rows:
                 raise SystemExit(f"{path}: no plain row for prompt set {prompt_set!r} at T=0")
             cells = [label, PROMPT_SETS[prompt_set], f"{rows['plain']['tokens_per_s']:.1f}"]

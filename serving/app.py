@@ -121,8 +121,15 @@ async def request_events(scheduler: Scheduler, req: ServerRequest) -> AsyncItera
 
 async def warm_up(state: ServerState) -> None:
     """A real generation through the scheduler before readiness turns true."""
-    req = ServerRequest(state.tokenizer("Hello")["input_ids"] or [0], 2, SamplingParams(), [], False,
-                        asyncio.get_running_loop(), request_id="warm-up")
+    req = ServerRequest(
+        state.tokenizer("Hello")["input_ids"] or [0],
+        2,
+        SamplingParams(),
+        [],
+        False,
+        asyncio.get_running_loop(),
+        request_id="warm-up",
+    )
     async for _ in request_events(state.scheduler, req):
         pass
 
@@ -143,9 +150,13 @@ async def ready(request: Request):
     return {"status": "ready", "model": state.config.model_name}
 
 
-@router.get("/metrics", response_class=Response,
-            responses={200: {"description": "Prometheus text format",
-                             "content": {"text/plain": {"schema": {"type": "string"}}}}})
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={
+        200: {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}
+    },
+)
 async def prometheus(request: Request):
     return Response(generate_latest(_state(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -156,10 +167,17 @@ async def server_info(request: Request):
     state = _state(request)
     authorize(state, request)
     m, c = state.engine.manifest, state.config
-    return {"model": c.model_name, "engine": str(state.engine.path), "backend": m["backend"],
-            "draft": m["draft"]["kind"], "tree": m["tree"], "max_num_seqs": c.max_num_seqs,
-            "max_queue": c.max_queue, "speculation": state.scheduler.policy.describe(),
-            "running": state.scheduler.busy()}
+    return {
+        "model": c.model_name,
+        "engine": str(state.engine.path),
+        "backend": m["backend"],
+        "draft": m["draft"]["kind"],
+        "tree": m["tree"],
+        "max_num_seqs": c.max_num_seqs,
+        "max_queue": c.max_queue,
+        "speculation": state.scheduler.policy.describe(),
+        "running": state.scheduler.busy(),
+    }
 
 
 @router.get("/v1/models", responses=AUTH_RESPONSES)
@@ -167,11 +185,19 @@ async def models(request: Request):
     state = _state(request)
     authorize(state, request)
     m = state.engine.manifest
-    return {"object": "list", "data": [{
-        "id": state.config.model_name, "object": "model", "created": int(state.engine.path.stat().st_mtime),
-        "owned_by": "specdec", "max_model_len": state.max_context,
-        "speculative": {"draft": m["draft"]["kind"], "backend": m["backend"], "tree": m["tree"]},
-    }]}
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": state.config.model_name,
+                "object": "model",
+                "created": int(state.engine.path.stat().st_mtime),
+                "owned_by": "specdec",
+                "max_model_len": state.max_context,
+                "speculative": {"draft": m["draft"]["kind"], "backend": m["backend"], "tree": m["tree"]},
+            }
+        ],
+    }
 
 
 @dataclass
@@ -233,8 +259,15 @@ async def generate(request: Request, kind: str):
     prepared = await asyncio.to_thread(prepare, state, kind, raw)
     body = prepared.body
     rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
-    req = ServerRequest(prepared.prompt_ids, prepared.max_tokens, sampling(body), prepared.stops, body.ignore_eos,
-                        asyncio.get_running_loop(), request_id=rid)
+    req = ServerRequest(
+        prepared.prompt_ids,
+        prepared.max_tokens,
+        sampling(body),
+        prepared.stops,
+        body.ignore_eos,
+        asyncio.get_running_loop(),
+        request_id=rid,
+    )
     reply = Reply(kind, rid, int(time.time()), state.config.model_name, len(prepared.prompt_ids))
     events = request_events(state.scheduler, req)
     headers = {"X-Request-Id": rid}
@@ -244,10 +277,14 @@ async def generate(request: Request, kind: str):
             if first is None:
                 return Response(status_code=499)  # nobody is listening
             options = body.stream_options
-            stream = EventStream(reply, bool(options and options.include_usage),
-                                 bool(options and options.continuous_usage_stats))
-            return StreamingResponse(stream.frames(first, events, state.tokenizer, prepared.stops),
-                                     media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"})
+            stream = EventStream(
+                reply, bool(options and options.include_usage), bool(options and options.continuous_usage_stats)
+            )
+            return StreamingResponse(
+                stream.frames(first, events, state.tokenizer, prepared.stops),
+                media_type="text/event-stream",
+                headers={**headers, "Cache-Control": "no-cache"},
+            )
         outcome = await unless_disconnected(request, collect(events))
     except BaseException:
         await events.aclose()
@@ -297,7 +334,9 @@ def create_app(engine: Engine, config: ServerConfig, scheduler: Scheduler, metri
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException):
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        response = error_response(errors.APIError(exc.status_code, str(exc.detail), "invalid_request_error", None, code))
+        response = error_response(
+            errors.APIError(exc.status_code, str(exc.detail), "invalid_request_error", None, code)
+        )
         response.headers.update(exc.headers or {})  # 405 carries Allow
         return response
 
@@ -305,8 +344,9 @@ def create_app(engine: Engine, config: ServerConfig, scheduler: Scheduler, metri
     async def unexpected(request: Request, exc: Exception):
         logger.error("%s %s failed: %s: %s", request.method, request.url.path, type(exc).__name__, exc, exc_info=exc)
         metrics.labels(metrics.errors, type="internal_error").inc()
-        return error_response(errors.APIError(500, f"internal error: {type(exc).__name__}", "server_error", None,
-                                              "internal_error"))
+        return error_response(
+            errors.APIError(500, f"internal error: {type(exc).__name__}", "server_error", None, "internal_error")
+        )
 
     app.include_router(router)
     install_schemas(app, config.model_name, bearer_auth=bool(config.api_key))

@@ -23,47 +23,84 @@ CONTEXT_FLAG = {"sglang": "--context-length", "vllm": "--max-model-len"}
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="specdec-serve", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="example: specdec-serve --engine engines/smollm2-griffin-onnxruntime --port 8000")
+    p = argparse.ArgumentParser(
+        prog="specdec-serve",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example: specdec-serve --engine engines/smollm2-griffin-onnxruntime --port 8000",
+    )
     p.add_argument("--engine", type=Path, required=True, help="engine directory (export/build_engine.py)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--backend", choices=["embedded", "sglang", "tensorrt-llm", "vllm"],
-                   help="default: the engine's (embedded for onnxruntime/torch engines)")
+    p.add_argument(
+        "--backend",
+        choices=["embedded", "sglang", "tensorrt-llm", "vllm"],
+        help="default: the engine's (embedded for onnxruntime/torch engines)",
+    )
     p.add_argument("--served-model-name", help="the model id clients send (default: the engine directory's name)")
     p.add_argument("--max-num-seqs", type=int, default=16, help="largest running batch")
     p.add_argument("--max-queue", type=int, default=256, help="waiting requests beyond this get 429")
-    p.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on /v1 (default: $SPECDEC_API_KEY)")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("SPECDEC_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on /v1 (default: $SPECDEC_API_KEY)",
+    )
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
-    p.add_argument("--speculation", default="cost",
-                   help="'cost' (the default: per batch size the tree, among the engine's and smaller ones, or plain "
-                        "decoding with the most tokens/s, from each one's measured cycles or, where it has not run, "
-                        "the measured target cost curve, draft cost and acceptance), 'adaptive' (a fixed schedule: the "
-                        "tree shrinks with load; per bucket, plain decoding where it is faster), 'off' (plain "
-                        "decoding), 'fixed' (the engine's tree at every batch size), or a schedule like "
-                        "2:1,4:0.5,16:0.25,inf:0 (batch size: fraction of the engine's tree)")
-    p.add_argument("--drain-timeout", type=float, default=30.0,
-                   help="on SIGTERM: seconds to finish running and queued requests while new ones get 503 (then exit 0)")
-    p.add_argument("--max-model-len", type=int,
-                   help="context limit per request (prompt + completion tokens), at most the engine's (default: the "
-                        "engine's)")
-    p.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
-                   help="larger request bodies get 413 before they are read (default: 2 MiB)")
-    p.add_argument("--max-unread-tokens", type=int, default=2048,
-                   help="a stream whose client leaves more generated tokens than this unread is stopped "
-                        "with a slow_reader error (bounds the memory one client can hold)")
-    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
-                   help="reuse the keys and values of prompt blocks (16 tokens) an earlier request computed, so a "
-                        "prompt that starts like an earlier one (a shared system prompt, a chat's earlier turns) "
-                        "computes only what is new (default: on, as in vLLM)")
-    p.add_argument("--prefix-cache-mib", type=float, default=512.0,
-                   help="memory for the prefix cache; the least recently used blocks go first (default: 512)")
+    p.add_argument(
+        "--speculation",
+        default="cost",
+        help="'cost' (the default: per batch size the tree, among the engine's and smaller ones, or plain "
+        "decoding with the most tokens/s, from each one's measured cycles or, where it has not run, "
+        "the measured target cost curve, draft cost and acceptance), 'adaptive' (a fixed schedule: the "
+        "tree shrinks with load; per bucket, plain decoding where it is faster), 'off' (plain "
+        "decoding), 'fixed' (the engine's tree at every batch size), or a schedule like "
+        "2:1,4:0.5,16:0.25,inf:0 (batch size: fraction of the engine's tree)",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM: seconds to finish running and queued requests while new ones get 503 (then exit 0)",
+    )
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        help="context limit per request (prompt + completion tokens), at most the engine's (default: the engine's)",
+    )
+    p.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_BYTES,
+        help="larger request bodies get 413 before they are read (default: 2 MiB)",
+    )
+    p.add_argument(
+        "--max-unread-tokens",
+        type=int,
+        default=2048,
+        help="a stream whose client leaves more generated tokens than this unread is stopped "
+        "with a slow_reader error (bounds the memory one client can hold)",
+    )
+    p.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="reuse the keys and values of prompt blocks (16 tokens) an earlier request computed, so a "
+        "prompt that starts like an earlier one (a shared system prompt, a chat's earlier turns) "
+        "computes only what is new (default: on, as in vLLM)",
+    )
+    p.add_argument(
+        "--prefix-cache-mib",
+        type=float,
+        default=512.0,
+        help="memory for the prefix cache; the least recently used blocks go first (default: 512)",
+    )
     p.add_argument("--no-checksums", action="store_true", help="check file sizes only when opening the engine")
     p.add_argument("--log-level", default="info")
-    p.add_argument("server_args", nargs=argparse.REMAINDER,
-                   help="after --: passed to the SGLang / trtllm-serve / vLLM server (e.g. -- --nnodes 2 --node-rank 0)")
+    p.add_argument(
+        "server_args",
+        nargs=argparse.REMAINDER,
+        help="after --: passed to the SGLang / trtllm-serve / vLLM server (e.g. -- --nnodes 2 --node-rank 0)",
+    )
     return p.parse_args(argv)
 
 
@@ -84,15 +121,18 @@ def trtllm_model_link(engine: Path, name: str) -> Path:
     """trtllm-serve has no option for the served model name: it names the model after its directory. A link named
     ``name`` to the engine's target (in a fresh temporary directory) makes it serve that name."""
     if not name or "/" in name or name in (".", ".."):
-        raise ValueError(f"--served-model-name {name!r}: trtllm-serve names its model after the model directory, so "
-                         "the name must be a single path component (no '/')")
+        raise ValueError(
+            f"--served-model-name {name!r}: trtllm-serve names its model after the model directory, so "
+            "the name must be a single path component (no '/')"
+        )
     link = Path(tempfile.mkdtemp(prefix="specdec-served-")) / name
     link.symlink_to((engine / "target").resolve(), target_is_directory=True)
     return link
 
 
-def launch_external(engine: Path, backend: str, flags: list[str], extra: list[str], port: int,
-                    env_extra: dict[str, str] | None = None) -> int:
+def launch_external(
+    engine: Path, backend: str, flags: list[str], extra: list[str], port: int, env_extra: dict[str, str] | None = None
+) -> int:
     """Replace this process with the engine's own server (SGLang, trtllm-serve or vLLM)."""
     script = engine / SERVER_SCRIPTS[backend]
     if not script.is_file():
@@ -124,8 +164,10 @@ def vllm_interpreter() -> str | None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.server_args and args.server_args != ["--"] and (args.backend or "") == "embedded":
-        print("error: arguments after -- go to an SGLang, TensorRT-LLM or vLLM server, not the embedded one",
-              file=sys.stderr)
+        print(
+            "error: arguments after -- go to an SGLang, TensorRT-LLM or vLLM server, not the embedded one",
+            file=sys.stderr,
+        )
         return 2
     try:
         manifest = read_manifest(args.engine, checksums=not args.no_checksums)
@@ -135,13 +177,18 @@ def main(argv=None) -> int:
     backend = args.backend or ("embedded" if manifest["backend"] in ("onnxruntime", "torch") else manifest["backend"])
     if backend != "embedded":
         if manifest["backend"] != backend:
-            print(f"error: {args.engine} is a {manifest['backend']} engine; --backend {backend} needs an engine built "
-                  f"with --backend {backend}", file=sys.stderr)
+            print(
+                f"error: {args.engine} is a {manifest['backend']} engine; --backend {backend} needs an engine built "
+                f"with --backend {backend}",
+                file=sys.stderr,
+            )
             return 2
         if backend == "tensorrt-llm" and args.api_key:
-            print("error: an API key (--api-key or $SPECDEC_API_KEY) was given, but trtllm-serve takes none and would "
-                  "serve without checking it; put an authenticating gateway in front of it, or unset the key",
-                  file=sys.stderr)
+            print(
+                "error: an API key (--api-key or $SPECDEC_API_KEY) was given, but trtllm-serve takes none and would "
+                "serve without checking it; put an authenticating gateway in front of it, or unset the key",
+                file=sys.stderr,
+            )
             return 2
         name = args.served_model_name or args.engine.resolve().name
         env_extra = {}
@@ -164,9 +211,9 @@ def main(argv=None) -> int:
     from specdec_kit.runtime.engine import open_engine
     from specdec_kit.runtime.loader import set_threads
     from specdec_kit.serving.app import ServerConfig, create_app
+    from specdec_kit.serving.cost_policy import CostPolicy, candidate_trees
     from specdec_kit.serving.lifecycle import DrainingServer, listening_socket
     from specdec_kit.serving.metrics import ServerMetrics
-    from specdec_kit.serving.cost_policy import CostPolicy, candidate_trees
     from specdec_kit.serving.policy import SpeculationPolicy, default_schedule, parse_schedule
     from specdec_kit.serving.scheduler import Scheduler
 
@@ -175,8 +222,10 @@ def main(argv=None) -> int:
     try:
         engine = open_engine(args.engine, device=args.device, checksums=False)  # read_manifest checked them
         if args.max_model_len is not None and not 2 <= args.max_model_len <= engine.target.max_context:
-            raise ValueError(f"--max-model-len {args.max_model_len}: expected 2 to {engine.target.max_context} "
-                             "(the engine's context)")
+            raise ValueError(
+                f"--max-model-len {args.max_model_len}: expected 2 to {engine.target.max_context} "
+                "(the engine's context)"
+            )
         mode = args.speculation
         if mode == "adaptive":
             policy = SpeculationPolicy(default_schedule(engine.tree))
@@ -192,21 +241,40 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     name = args.served_model_name or args.engine.resolve().name
-    config = ServerConfig(model_name=name, api_key=args.api_key, max_num_seqs=args.max_num_seqs,
-                          max_queue=args.max_queue, drain_timeout=args.drain_timeout,
-                          max_request_bytes=args.max_request_bytes, max_model_len=args.max_model_len)
+    config = ServerConfig(
+        model_name=name,
+        api_key=args.api_key,
+        max_num_seqs=args.max_num_seqs,
+        max_queue=args.max_queue,
+        drain_timeout=args.drain_timeout,
+        max_request_bytes=args.max_request_bytes,
+        max_model_len=args.max_model_len,
+    )
     metrics = ServerMetrics(name)
     try:
-        scheduler = Scheduler(engine, metrics, policy, args.max_num_seqs, args.max_queue, args.max_unread_tokens,
-                              args.prefix_cache_mib if args.enable_prefix_caching else 0.0)
+        scheduler = Scheduler(
+            engine,
+            metrics,
+            policy,
+            args.max_num_seqs,
+            args.max_queue,
+            args.max_unread_tokens,
+            args.prefix_cache_mib if args.enable_prefix_caching else 0.0,
+        )
     except ValueError as exc:
         print(f"error: --prefix-cache-mib: {exc}", file=sys.stderr)
         return 2
     app = create_app(engine, config, scheduler, metrics)
-    print(f"serving {name} ({engine.backend} engine, {engine.draft_kind} draft, speculation {mode}) on "
-          f"http://{args.host}:{args.port}/v1", flush=True)
-    server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                           timeout_graceful_shutdown=10), scheduler, args.drain_timeout)
+    print(
+        f"serving {name} ({engine.backend} engine, {engine.draft_kind} draft, speculation {mode}) on "
+        f"http://{args.host}:{args.port}/v1",
+        flush=True,
+    )
+    server = DrainingServer(
+        uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=10),
+        scheduler,
+        args.drain_timeout,
+    )
     server.run(sockets=[listening_socket(args.host, args.port)])
     return 0
 

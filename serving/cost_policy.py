@@ -112,8 +112,7 @@ def holds(big: Tree, small: Tree) -> bool:
     dynamic tree with as many beams, as deep, and as many nodes picks its nodes from a superset of the other's
     candidates by the same scores. (A chain is not held by a wider tree, which may spend its nodes on siblings.)"""
     if isinstance(big, DynamicTreeConfig) and isinstance(small, DynamicTreeConfig):
-        return (big.top_k == small.top_k and big.depth >= small.depth
-                and big.total_tokens >= small.total_tokens)
+        return big.top_k == small.top_k and big.depth >= small.depth and big.total_tokens >= small.total_tokens
     if isinstance(big, StaticTree) and isinstance(small, StaticTree):
         return {tuple(c) for c in small.choices} <= {tuple(c) for c in big.choices}
     return False
@@ -171,11 +170,14 @@ class CostPolicy:
     def trusted(self) -> tuple[dict[int, Ema], dict[int, dict[int, Ema]]]:
         """The verify and (per candidate) draft cost points measured ``warmup`` times or more (taken once per
         decision)."""
-        return ({t: e for t, e in self.verify.items() if e.n >= self.warmup},
-                {k: {b: e for b, e in by_batch.items() if e.n >= self.warmup} for k, by_batch in self.draft.items()})
+        return (
+            {t: e for t, e in self.verify.items() if e.n >= self.warmup},
+            {k: {b: e for b, e in by_batch.items() if e.n >= self.warmup} for k, by_batch in self.draft.items()},
+        )
 
-    def predicted_rate(self, k: int, batch: int,
-                       points: tuple[dict[int, Ema], dict[int, dict[int, Ema]]] | None = None) -> float | None:
+    def predicted_rate(
+        self, k: int, batch: int, points: tuple[dict[int, Ema], dict[int, dict[int, Ema]]] | None = None
+    ) -> float | None:
         """Tokens/s the candidate would give at this batch size; None where a quantity is not measured enough."""
         shared, draft_points = points or self.trusted()
         reading = interpolate(self.reading, batch) or 0.0
@@ -223,8 +225,11 @@ class CostPolicy:
         own = self.accepted.get(k)
         if own is None or own.n < self.acceptance_warmup:
             return None
-        held = [e.value for c, e in self.accepted.items()  # trees only: plain decoding accepts nothing
-                if c != k and e.n >= self.acceptance_warmup and holds(self.trees[k - 1], self.trees[c - 1])]
+        held = [
+            e.value
+            for c, e in self.accepted.items()  # trees only: plain decoding accepts nothing
+            if c != k and e.n >= self.acceptance_warmup and holds(self.trees[k - 1], self.trees[c - 1])
+        ]
         return max([own.value, *held])
 
     def measured_at(self, k: int, batch: int) -> bool:
@@ -242,12 +247,20 @@ class CostPolicy:
         k = next((c for c, rate in enumerate(rates) if rate is None), None)
         if k is None and n > self.settle:  # those predicted close to the best, not the ones far behind
             best = max(rates)
-            k = next((c for c in range(len(rates))  # plain decoding always: speculation answers to it
-                      if (c == 0 or rates[c] >= self.contender * best) and not self.measured_at(c, batch_size)), None)
+            k = next(
+                (
+                    c
+                    for c in range(len(rates))  # plain decoding always: speculation answers to it
+                    if (c == 0 or rates[c] >= self.contender * best) and not self.measured_at(c, batch_size)
+                ),
+                None,
+            )
         if k is None:
             leader = self.leader.get(batch_size)
-            ranked = sorted(range(len(rates)), key=lambda c: -(rates[c] * (self.margin if c == 0 else 1.0)
-                                                               * (self.hold if c == leader else 1.0)))
+            ranked = sorted(
+                range(len(rates)),
+                key=lambda c: -(rates[c] * (self.margin if c == 0 else 1.0) * (self.hold if c == leader else 1.0)),
+            )
             k = ranked[0]
             if leader != k:  # a new leader: the others are worth probing often again
                 self.leader[batch_size], self.probe_gap[batch_size] = k, self.probe_every
@@ -273,8 +286,9 @@ class CostPolicy:
         tokens = outcome.rows * self.nodes(k)
         self.verify.setdefault(tokens, Ema()).add(outcome.verify_s, self.smoothing)
         self.verify_at.setdefault(outcome.rows, {}).setdefault(tokens, Ema()).add(outcome.verify_s, self.smoothing)
-        self.overhead.setdefault(outcome.rows, Ema()).add(max(0.0, seconds - outcome.draft_s - outcome.verify_s),
-                                                          self.smoothing)
+        self.overhead.setdefault(outcome.rows, Ema()).add(
+            max(0.0, seconds - outcome.draft_s - outcome.verify_s), self.smoothing
+        )
         now = self.cycles.get(outcome.rows, 0)  # this batch size's clock
         if not (k and outcome.caught_up):  # a catch-up over unread context is not a step's cost
             self.cycle_at.setdefault(k, {}).setdefault(outcome.rows, Ema()).add(seconds, self.smoothing, now)
@@ -286,8 +300,9 @@ class CostPolicy:
                 if step is not None:
                     extra = max(0.0, outcome.draft_s - step)
                     self.reading.setdefault(outcome.rows, Ema()).add(extra, self.reading_smoothing)
-            self.accepted.setdefault(k, Ema()).add(outcome.accepted_tokens / outcome.rows, self.acceptance_smoothing,
-                                                   self.clock, self.acceptance_most)
+            self.accepted.setdefault(k, Ema()).add(
+                outcome.accepted_tokens / outcome.rows, self.acceptance_smoothing, self.clock, self.acceptance_most
+            )
             self._credit_shorter_chains(k, outcome)
         self._previous = k
 
@@ -305,14 +320,20 @@ class CostPolicy:
         for c, tree in enumerate(self.trees, start=1):
             length = chain_length(tree)
             if c != k and length is not None and length < longest:
-                self.accepted.setdefault(c, Ema()).add(sum(reached[:length]) / outcome.rows,
-                                                       self.acceptance_smoothing, self.clock, self.acceptance_most)
+                self.accepted.setdefault(c, Ema()).add(
+                    sum(reached[:length]) / outcome.rows, self.acceptance_smoothing, self.clock, self.acceptance_most
+                )
 
     def describe(self) -> list[dict]:
         """Per candidate: its tree size and acceptance, and its predicted tokens/s at the batch sizes seen."""
         out = []
         for k in range(len(self.trees) + 1):
             acc = self.accepted.get(k)
-            out.append({"tree_tokens": self.nodes(k), "accepted_per_row": acc.value if acc and acc.n else None,
-                        "predicted_tokens_per_s": {b: self.predicted_rate(k, b) for b in sorted(self.cycles)}})
+            out.append(
+                {
+                    "tree_tokens": self.nodes(k),
+                    "accepted_per_row": acc.value if acc and acc.n else None,
+                    "predicted_tokens_per_s": {b: self.predicted_rate(k, b) for b in sorted(self.cycles)},
+                }
+            )
         return out

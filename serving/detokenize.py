@@ -43,7 +43,7 @@ class IncrementalText:
             text = self.tokenizer.decode(tokens, skip_special_tokens=True)
             return text, len(text.rstrip("\ufffd"))
         if len(tokens) > self.fed:
-            piece = self.stream.step(self.backend, list(tokens[self.fed:]))
+            piece = self.stream.step(self.backend, list(tokens[self.fed :]))
             self.fed = len(tokens)
             if piece:
                 self.decoded += piece
@@ -57,5 +57,5 @@ class IncrementalText:
             end -= self._holdback(text[:end])
         if end <= self.sent:
             return ""
-        piece, self.sent = text[self.sent:end], end
+        piece, self.sent = text[self.sent : end], end
         return piece

@@ -75,5 +75,8 @@ def _encodable(text: str, where: str) -> None:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         bad = text[exc.start]
-        raise errors.invalid(f"{where}: the text contains U+{ord(bad):04X} at character {exc.start}, a lone surrogate "
-                             "that is not valid Unicode; send UTF-8 text", where) from None
+        raise errors.invalid(
+            f"{where}: the text contains U+{ord(bad):04X} at character {exc.start}, a lone surrogate "
+            "that is not valid Unicode; send UTF-8 text",
+            where,
+        ) from None

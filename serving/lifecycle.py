@@ -60,8 +60,11 @@ class DrainingServer(uvicorn.Server):
         if self.drain_requested and self.drain_deadline is None:
             self.drain_deadline = time.monotonic() + self.drain_timeout
             self.scheduler.begin_drain()
-            logger.info("SIGTERM: draining (new requests get 503; up to %.0f s for %d running or queued)",
-                        self.drain_timeout, self.scheduler.busy())
+            logger.info(
+                "SIGTERM: draining (new requests get 503; up to %.0f s for %d running or queued)",
+                self.drain_timeout,
+                self.scheduler.busy(),
+            )
         if self.drain_deadline is not None and not self.should_exit:
             busy = self.scheduler.busy()
             if busy and time.monotonic() >= self.drain_deadline:

@@ -10,8 +10,28 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-                   10.0, 20.0, 40.0, 80.0)
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0)
 
 
@@ -21,38 +41,71 @@ class ServerMetrics:
         r, label = self.registry, ["model_name"]
         self.running = Gauge("specdec:num_requests_running", "Requests in the running batch", label, registry=r)
         self.waiting = Gauge("specdec:num_requests_waiting", "Requests waiting in the queue", label, registry=r)
-        self.kv_usage = Gauge("specdec:kv_cache_usage_perc",
-                              "KV-cache use, 0-1: tokens held by the running batch over max-num-seqs x the engine's "
-                              "context (vLLM's kv_cache_usage_perc; the endpoint picker reads it)", label, registry=r)
-        self.ttft = Histogram("specdec:time_to_first_token_seconds", "Time to first token", label,
-                              buckets=LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("specdec:inter_token_latency_seconds", "Inter-token latency, per token", label,
-                             buckets=LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram("specdec:e2e_request_latency_seconds", "End-to-end request latency", label,
-                             buckets=E2E_BUCKETS, registry=r)
-        self.queue_time = Histogram("specdec:request_queue_time_seconds", "Time spent waiting in the queue", label,
-                                    buckets=E2E_BUCKETS, registry=r)
+        self.kv_usage = Gauge(
+            "specdec:kv_cache_usage_perc",
+            "KV-cache use, 0-1: tokens held by the running batch over max-num-seqs x the engine's "
+            "context (vLLM's kv_cache_usage_perc; the endpoint picker reads it)",
+            label,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "specdec:time_to_first_token_seconds", "Time to first token", label, buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.itl = Histogram(
+            "specdec:inter_token_latency_seconds",
+            "Inter-token latency, per token",
+            label,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "specdec:e2e_request_latency_seconds", "End-to-end request latency", label, buckets=E2E_BUCKETS, registry=r
+        )
+        self.queue_time = Histogram(
+            "specdec:request_queue_time_seconds",
+            "Time spent waiting in the queue",
+            label,
+            buckets=E2E_BUCKETS,
+            registry=r,
+        )
         self.prompt_tokens = Counter("specdec:prompt_tokens", "Prompt tokens processed", label, registry=r)
-        self.prefix_queries = Counter("specdec:prefix_cache_queries",
-                                      "Prompt tokens looked up in the prefix cache (vLLM's prefix_cache_queries)",
-                                      label, registry=r)
-        self.prefix_hits = Counter("specdec:prefix_cache_hits",
-                                   "Prompt tokens whose keys and values came from the prefix cache", label, registry=r)
+        self.prefix_queries = Counter(
+            "specdec:prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache (vLLM's prefix_cache_queries)",
+            label,
+            registry=r,
+        )
+        self.prefix_hits = Counter(
+            "specdec:prefix_cache_hits",
+            "Prompt tokens whose keys and values came from the prefix cache",
+            label,
+            registry=r,
+        )
         self.generation_tokens = Counter("specdec:generation_tokens", "Tokens generated", label, registry=r)
         self.success = Counter("specdec:request_success", "Finished requests", label + ["finished_reason"], registry=r)
         self.errors = Counter("specdec:request_errors", "Failed requests by error type", label + ["type"], registry=r)
-        self.drafts = Counter("specdec:spec_decode_num_drafts", "Speculative cycles (one per request per cycle)",
-                              label, registry=r)
-        self.draft_tokens = Counter("specdec:spec_decode_num_draft_tokens", "Draft tokens sent to verification",
-                                    label, registry=r)
+        self.drafts = Counter(
+            "specdec:spec_decode_num_drafts", "Speculative cycles (one per request per cycle)", label, registry=r
+        )
+        self.draft_tokens = Counter(
+            "specdec:spec_decode_num_draft_tokens", "Draft tokens sent to verification", label, registry=r
+        )
         self.accepted = Counter("specdec:spec_decode_num_accepted_tokens", "Draft tokens accepted", label, registry=r)
-        self.accepted_per_pos = Counter("specdec:spec_decode_num_accepted_tokens_per_pos",
-                                        "Draft tokens accepted at each tree depth", label + ["position"], registry=r)
-        self.accept_length = Gauge("specdec:spec_accept_length",
-                                   "Mean acceptance length (accepted drafts + bonus token per speculative cycle)",
-                                   label, registry=r)
-        self.tree_tokens = Gauge("specdec:spec_tree_tokens", "Tree size of the last cycle (1 = speculation off)",
-                                 label, registry=r)
+        self.accepted_per_pos = Counter(
+            "specdec:spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted at each tree depth",
+            label + ["position"],
+            registry=r,
+        )
+        self.accept_length = Gauge(
+            "specdec:spec_accept_length",
+            "Mean acceptance length (accepted drafts + bonus token per speculative cycle)",
+            label,
+            registry=r,
+        )
+        self.tree_tokens = Gauge(
+            "specdec:spec_tree_tokens", "Tree size of the last cycle (1 = speculation off)", label, registry=r
+        )
         self.model = model
         self._acc_total = 0
         self._drafts_total = 0

@@ -15,7 +15,12 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from specdec_kit.serving.protocol import IGNORED_METADATA, UNSUPPORTED_DEFAULTS, ChatCompletionRequest, CompletionRequest
+from specdec_kit.serving.protocol import (
+    IGNORED_METADATA,
+    UNSUPPORTED_DEFAULTS,
+    ChatCompletionRequest,
+    CompletionRequest,
+)
 
 REF = "#/components/schemas/{model}"
 
@@ -124,8 +129,12 @@ class CompletionChunk(BaseModel):
 def sse_event_schema(chunk: type[BaseModel]) -> dict[str, Any]:
     """One server-sent event: its ``data`` is a JSON chunk, an in-band error, or the final ``[DONE]``."""
     payload = {"anyOf": [{"$ref": REF.format(model=chunk.__name__)}, {"$ref": REF.format(model="ErrorResponse")}]}
-    data = {"anyOf": [{"const": "[DONE]"},
-                      {"type": "string", "contentMediaType": "application/json", "contentSchema": payload}]}
+    data = {
+        "anyOf": [
+            {"const": "[DONE]"},
+            {"type": "string", "contentMediaType": "application/json", "contentSchema": payload},
+        ]
+    }
     return {"type": "object", "properties": {"event": {"type": "string"}, "data": data}, "required": ["data"]}
 
 
@@ -145,9 +154,15 @@ AUTH_RESPONSES = {401: ERROR_RESPONSES[401]}
 def completion_route_docs(request_model: type[BaseModel], kind: str) -> dict[str, Any]:
     """``responses`` and ``openapi_extra`` for one completion route."""
     whole, chunk = (ChatCompletion, ChatCompletionChunk) if kind == "chat" else (Completion, CompletionChunk)
-    ok = {"model": whole, "description": "the completion, or with ``stream`` server-sent events ending in [DONE]",
-          "content": {"text/event-stream": {"schema": sse_event_schema(chunk)}}}
-    body = {"required": True, "content": {"application/json": {"schema": {"$ref": REF.format(model=request_model.__name__)}}}}
+    ok = {
+        "model": whole,
+        "description": "the completion, or with ``stream`` server-sent events ending in [DONE]",
+        "content": {"text/event-stream": {"schema": sse_event_schema(chunk)}},
+    }
+    body = {
+        "required": True,
+        "content": {"application/json": {"schema": {"$ref": REF.format(model=request_model.__name__)}}},
+    }
     return {"responses": {200: ok, **ERROR_RESPONSES}, "openapi_extra": {"requestBody": body}}
 
 

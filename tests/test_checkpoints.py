@@ -15,11 +15,21 @@ from specdec_kit.runtime.drafts.loading import save_draft
 from specdec_kit.runtime.synthetic import draft_config, random_eagle, random_griffin, random_medusa, tiny_target
 
 GRIFFIN_KEYS = {  # the official GRIFFIN layout: 15 tensors for one layer
-    "embed_tokens.weight", "fc.fc.weight", "fc.fc.bias", "fc.post_attention_layernorm.weight",
-    "fc.mlp.input_layernorm.weight", "fc.mlp.up_proj.weight", "fc.mlp.down_proj.weight",
-    "layers.0.self_attn.q_proj.weight", "layers.0.self_attn.k_proj.weight", "layers.0.self_attn.v_proj.weight",
-    "layers.0.self_attn.o_proj.weight", "layers.0.mlp.gate_proj.weight", "layers.0.mlp.up_proj.weight",
-    "layers.0.mlp.down_proj.weight", "layers.0.post_attention_layernorm.weight",
+    "embed_tokens.weight",
+    "fc.fc.weight",
+    "fc.fc.bias",
+    "fc.post_attention_layernorm.weight",
+    "fc.mlp.input_layernorm.weight",
+    "fc.mlp.up_proj.weight",
+    "fc.mlp.down_proj.weight",
+    "layers.0.self_attn.q_proj.weight",
+    "layers.0.self_attn.k_proj.weight",
+    "layers.0.self_attn.v_proj.weight",
+    "layers.0.self_attn.o_proj.weight",
+    "layers.0.mlp.gate_proj.weight",
+    "layers.0.mlp.up_proj.weight",
+    "layers.0.mlp.down_proj.weight",
+    "layers.0.post_attention_layernorm.weight",
 }
 
 
@@ -61,10 +71,18 @@ def test_eagle_keys_follow_the_reference(target):
     assert {"layers.1.input_layernorm.weight", "layers.0.self_attn.q_proj.bias", "fc.bias"} <= keys2
 
 
-@pytest.mark.parametrize("kind,safetensors", [
-    ("griffin", False), ("griffin", True), ("eagle", False), ("eagle2", True), ("hass", False),
-    ("medusa", False), ("medusa", True),
-])
+@pytest.mark.parametrize(
+    "kind,safetensors",
+    [
+        ("griffin", False),
+        ("griffin", True),
+        ("eagle", False),
+        ("eagle2", True),
+        ("hass", False),
+        ("medusa", False),
+        ("medusa", True),
+    ],
+)
 def test_official_layouts_round_trip(tmp_path, target, kind, safetensors):
     if kind == "griffin":
         draft = random_griffin(target)
@@ -74,7 +92,8 @@ def test_official_layouts_round_trip(tmp_path, target, kind, safetensors):
         draft = random_eagle(target)
     file = save_draft(draft, tmp_path, kind, safetensors=safetensors)
     expected_name = {("medusa", False): "medusa_lm_head.pt", ("medusa", True): "medusa_lm_head.safetensors"}.get(
-        (kind, safetensors), "model.safetensors" if safetensors else "pytorch_model.bin")
+        (kind, safetensors), "model.safetensors" if safetensors else "pytorch_model.bin"
+    )
     assert file.name == expected_name
     if kind == "medusa":  # legacy layout: keys without the medusa_head. prefix
         state = torch.load(file, weights_only=True) if not safetensors else None
@@ -99,8 +118,9 @@ def test_medusa_full_model_layout(tmp_path, target):
     state = {k: v.contiguous() for k, v in heads.state_dict().items()}
     state["model.embed_tokens.weight"] = torch.zeros(50, 32)
     save_file(state, str(tmp_path / "model.safetensors"))
-    (tmp_path / "config.json").write_text(json.dumps({"medusa_num_heads": 2, "medusa_num_layers": 1,
-                                                      "hidden_size": 32, "vocab_size": 50}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"medusa_num_heads": 2, "medusa_num_layers": 1, "hidden_size": 32, "vocab_size": 50})
+    )
     assert outputs_equal(heads, load_draft(tmp_path, "medusa", 32, 50), target)
 
 
@@ -147,8 +167,13 @@ def test_wrong_shape(tmp_path, target):
     state = torch.load(tmp_path / "pytorch_model.bin", weights_only=True)
     state["layers.0.mlp.down_proj.weight"] = torch.zeros(32, 48)  # an EAGLE-shaped down_proj in a GRIFFIN file
     torch.save(state, tmp_path / "pytorch_model.bin")
-    expect_error(["pytorch_model.bin", "'layers.0.mlp.down_proj.weight'", "[32, 48]", "expected [64, 48]"],
-                 tmp_path, "griffin", 32, 50)
+    expect_error(
+        ["pytorch_model.bin", "'layers.0.mlp.down_proj.weight'", "[32, 48]", "expected [64, 48]"],
+        tmp_path,
+        "griffin",
+        32,
+        50,
+    )
 
 
 def test_eagle_checkpoint_loaded_as_griffin(tmp_path, target):

@@ -17,8 +17,17 @@ from specdec_kit.runtime.target import TargetModel
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("ckpt")
-    hf = tiny_hf_model(hidden_size=64, layers=3, heads=4, kv_heads=2, intermediate=128, vocab=75, context_mix=0.1,
-                       logit_scale=20.0, seed=2)
+    hf = tiny_hf_model(
+        hidden_size=64,
+        layers=3,
+        heads=4,
+        kv_heads=2,
+        intermediate=128,
+        vocab=75,
+        context_mix=0.1,
+        logit_scale=20.0,
+        seed=2,
+    )
     hf.save_pretrained(root / "target")
     write_char_tokenizer(root / "target")
     save_draft(oracle_griffin(TargetModel(hf)), root / "griffin", "griffin")
@@ -27,10 +36,31 @@ def checkpoints(tmp_path_factory):
 
 def test_generate_compare_plain(checkpoints, tmp_path, capsys):
     out = tmp_path / "stats.json"
-    rc = cli.main(["--target", str(checkpoints / "target"), "--draft", "griffin", "--draft-path",
-                   str(checkpoints / "griffin"), "--prompt", "Hello there", "--prompt", "abc",
-                   "--total-tokens", "12", "--depth", "3", "--top-k", "3",
-                   "--max-new-tokens", "24", "--compare-plain", "--json", str(out)])
+    rc = cli.main(
+        [
+            "--target",
+            str(checkpoints / "target"),
+            "--draft",
+            "griffin",
+            "--draft-path",
+            str(checkpoints / "griffin"),
+            "--prompt",
+            "Hello there",
+            "--prompt",
+            "abc",
+            "--total-tokens",
+            "12",
+            "--depth",
+            "3",
+            "--top-k",
+            "3",
+            "--max-new-tokens",
+            "24",
+            "--compare-plain",
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     stats = json.loads(out.read_text())
     assert stats[0]["identical_to_plain"] is True and stats[0]["tokens"] == 48
@@ -42,7 +72,9 @@ def test_generate_compare_plain(checkpoints, tmp_path, capsys):
 def test_generate_refuses_mismatched_draft(checkpoints, tmp_path, capsys):
     hf = tiny_hf_model(hidden_size=32, layers=1, heads=2, kv_heads=1, intermediate=64, vocab=75)
     save_draft(oracle_griffin(TargetModel(hf)), tmp_path / "small", "griffin")
-    rc = cli.main(["--target", str(checkpoints / "target"), "--draft", "griffin", "--draft-path", str(tmp_path / "small")])
+    rc = cli.main(
+        ["--target", str(checkpoints / "target"), "--draft", "griffin", "--draft-path", str(tmp_path / "small")]
+    )
     assert rc == 2
     err = capsys.readouterr().err
     assert "config.json" in err and "hidden_size" in err and "expected 64, found 32" in err

@@ -37,15 +37,31 @@ def test_zoo_heads_load_and_decode_losslessly():
     hf = target.hf_model
     prompt = [int(t) for t in torch.randint(0, target.vocab_size, (12,), generator=torch.Generator().manual_seed(0))]
     ids = torch.tensor([prompt])
-    ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, min_new_tokens=40,
-                      do_sample=False, pad_token_id=0)[0, 12:].tolist()
-    for kind, folder, tree in (("griffin", "griffin", "dynamic"), ("eagle3", "eagle3", "dynamic"), ("hass", "hass", "dynamic"),
-                               ("eagle2", "eagle", "dynamic"), ("medusa", "medusa", "static:mc_sim_7b_63:24"),
-                               ("moa", "moa", "dynamic"), ("moa", "moa_tli0", "dynamic")):
-        load_draft(ZOO / folder, kind, target.hidden_size, target.vocab_size,
-                   target_shape=(target.num_layers, 2 * target.num_kv_heads * target.head_dim))
-        drafter = make_drafter(target, kind, ZOO / folder, resolve_tree(kind, tree, None, None, None) if tree != "dynamic"
-                               else resolve_tree(kind, tree, 16, 3, 4))
+    ref = hf.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, min_new_tokens=40, do_sample=False, pad_token_id=0
+    )[0, 12:].tolist()
+    for kind, folder, tree in (
+        ("griffin", "griffin", "dynamic"),
+        ("eagle3", "eagle3", "dynamic"),
+        ("hass", "hass", "dynamic"),
+        ("eagle2", "eagle", "dynamic"),
+        ("medusa", "medusa", "static:mc_sim_7b_63:24"),
+        ("moa", "moa", "dynamic"),
+        ("moa", "moa_tli0", "dynamic"),
+    ):
+        load_draft(
+            ZOO / folder,
+            kind,
+            target.hidden_size,
+            target.vocab_size,
+            target_shape=(target.num_layers, 2 * target.num_kv_heads * target.head_dim),
+        )
+        drafter = make_drafter(
+            target,
+            kind,
+            ZOO / folder,
+            resolve_tree(kind, tree, None, None, None) if tree != "dynamic" else resolve_tree(kind, tree, 16, 3, 4),
+        )
         out = SpeculativeGenerator(target, drafter, eos_token_ids=[]).generate([prompt], 40)[0]
         assert out.tokens == ref, kind
 
@@ -55,13 +71,18 @@ def test_the_benchmark_reports_eagle3_beside_griffin(tmp_path):
     from specdec_kit.bench import speedup_cli
 
     out = tmp_path / "bench"
-    assert speedup_cli.main(["--zoo", str(ZOO), "--out", str(out), "--smoke", "--methods", "griffin,eagle3",
-                         "--peers", "none"]) == 0
+    assert (
+        speedup_cli.main(
+            ["--zoo", str(ZOO), "--out", str(out), "--smoke", "--methods", "griffin,eagle3", "--peers", "none"]
+        )
+        == 0
+    )
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert {r["method"] for r in rows} == {"plain", "griffin", "eagle3"}
     eagle3 = [r for r in rows if r["method"] == "eagle3"]
     assert {(r["prompt_set"], r["temperature"]) for r in eagle3} == {
-        (s, t) for s in ("humaneval", "spec_bench", "heldout") for t in (0.0, 1.0)}
+        (s, t) for s in ("humaneval", "spec_bench", "heldout") for t in (0.0, 1.0)
+    }
     for r in eagle3:
         assert r["acceptance_length"] >= 1.0 and r["bound"] > 0 and r["speedup"] > 0
     greedy = [r for r in eagle3 if r["temperature"] == 0.0]
@@ -74,8 +95,9 @@ def test_every_zoo_method_reports_identity_and_speedup_against_plain(tmp_path, c
     from specdec_kit.runtime import cli
 
     out = tmp_path / "zoo.json"
-    assert cli.main(["--zoo", str(ZOO), "--prompt", "def parse(text):", "--max-new-tokens", "12", "--json",
-                     str(out)]) == 0
+    assert (
+        cli.main(["--zoo", str(ZOO), "--prompt", "def parse(text):", "--max-new-tokens", "12", "--json", str(out)]) == 0
+    )
     rows = json.loads(out.read_text())
     methods = [r for r in rows if r["method"] != "plain decoding"]
     assert len(methods) == 8 and [r["method"] for r in rows].count("plain decoding") == 1

@@ -4,19 +4,20 @@ leave it, and cycles that skip speculation all keep greedy output identical to t
 from __future__ import annotations
 
 import torch
+from conftest import NEW_TOKENS
 
-from specdec_kit.runtime.drafting import TorchFeatureStep, FeatureTreeDrafter
 from specdec_kit.runtime.draft_context import DraftContext
+from specdec_kit.runtime.drafting import FeatureTreeDrafter, TorchFeatureStep
 from specdec_kit.runtime.generate import SpeculativeGenerator
 from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.runtime.synthetic import oracle_griffin
 from specdec_kit.runtime.trees import DynamicTreeConfig
 
-from conftest import NEW_TOKENS
-
 
 def generator(case) -> SpeculativeGenerator:
-    drafter = FeatureTreeDrafter(TorchFeatureStep(oracle_griffin(case.target), case.target.lm_head), DynamicTreeConfig(16, 3, 4))
+    drafter = FeatureTreeDrafter(
+        TorchFeatureStep(oracle_griffin(case.target), case.target.lm_head), DynamicTreeConfig(16, 3, 4)
+    )
     return SpeculativeGenerator(case.target, drafter, eos_token_ids=[])
 
 
@@ -76,8 +77,9 @@ def test_joining_rows_stay_lossless_with_every_admission_pattern(predictable_cas
     """Rows joining one or several at a time, while others speculate or run plain, give the target's output."""
     case = predictable_case
     prompts = case.prompts[:6]
-    rows = run_with_arrivals(generator(case), prompts, {0: [0], 1: [1, 2], 4: [3], 5: [4, 5]},
-                             speculate=lambda c: c % 5 != 3)
+    rows = run_with_arrivals(
+        generator(case), prompts, {0: [0], 1: [1, 2], 4: [3], 5: [4, 5]}, speculate=lambda c: c % 5 != 3
+    )
     assert [r.tokens for r in rows] == case.references[:6]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import hf_greedy
 
 from specdec_kit.runtime import registry
 from specdec_kit.runtime.contract import FeatureStep, LayerCache, MedusaStep, TargetStep, TokenStep
@@ -17,8 +18,6 @@ from specdec_kit.runtime.loader import make_drafter
 from specdec_kit.runtime.moa_drafting import TorchMoAStep
 from specdec_kit.runtime.synthetic import oracle_eagle, random_medusa, random_moa, tiny_target
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
-
-from conftest import hf_greedy
 
 
 @torch.inference_mode()
@@ -122,7 +121,9 @@ def test_every_kind_is_registered_with_its_family():
     assert registry.draft_kinds() == ("griffin", "eagle", "eagle2", "hass", "eagle3", "medusa", "moa")
     assert registry.draft_kind("medusa").family.name == "medusa"
     assert registry.draft_kind("eagle3").family.name == "eagle3"
-    assert registry.draft_kind("moa").refusal("sglang").startswith("--draft moa builds for --backend onnxruntime or torch")
+    assert (
+        registry.draft_kind("moa").refusal("sglang").startswith("--draft moa builds for --backend onnxruntime or torch")
+    )
     assert registry.draft_kind("griffin").refusal("sglang") is None
     # Medusa and EAGLE-3: no client drafter (EAGLE-3 reads three layers of the server's forward)
     assert registry.client_draft_kinds() == ("griffin", "eagle", "eagle2", "hass", "moa")
@@ -134,8 +135,15 @@ def test_one_registration_makes_a_new_kind_load_and_decode(tmp_path, monkeypatch
     """A new kind is one ``register`` call: the loader, the tree defaults and the drafter all follow it."""
     target = tiny_target(hidden_size=32, layers=2, heads=2, kv_heads=1, intermediate=64, vocab=40, seed=5)
     monkeypatch.setattr(registry, "_KINDS", dict(registry._KINDS))
-    registry.register(registry.DraftKind("eagle-chain", registry.FeatureFamily(), "build_eagle",
-                                         "EAGLE weights on a chain", default_tree="static:chain-3"))
+    registry.register(
+        registry.DraftKind(
+            "eagle-chain",
+            registry.FeatureFamily(),
+            "build_eagle",
+            "EAGLE weights on a chain",
+            default_tree="static:chain-3",
+        )
+    )
     save_draft(oracle_eagle(target), tmp_path / "head", "eagle2")
     from specdec_kit.runtime.loader import resolve_tree
 
@@ -164,8 +172,9 @@ def test_trees_are_set_through_the_declared_method():
 
 def test_a_cycle_reports_its_outcome_as_the_rows_statistics_do():
     target = tiny_target(hidden_size=32, layers=2, heads=2, kv_heads=1, intermediate=64, vocab=40, seed=9)
-    gen = SpeculativeGenerator(target, registry.drafter_for("eagle2", oracle_eagle(target), target,
-                                                            DynamicTreeConfig(8, 3, 2)))
+    gen = SpeculativeGenerator(
+        target, registry.drafter_for("eagle2", oracle_eagle(target), target, DynamicTreeConfig(8, 3, 2))
+    )
     from specdec_kit.runtime.sampling import SamplingParams
 
     batch = gen.admit(None, gen.prefill([[1, 2, 3], [4, 5]], [30, 30], [SamplingParams()] * 2))

@@ -44,9 +44,16 @@ def rate(batch: int, nodes: int) -> float:
     return batch * (1 + ACCEPTED[nodes]) / (verify_seconds(batch * nodes, batch) + draft_seconds(batch, nodes))
 
 
-def drive(policy: CostPolicy, batch: int, cycles: int, overhead: float = 0.0, prefill_every: int = 0,
-          unlucky: int = 0, draft_cost: Callable[[int, int], float] = draft_seconds,
-          per_token: float = 0.0) -> list[int]:
+def drive(
+    policy: CostPolicy,
+    batch: int,
+    cycles: int,
+    overhead: float = 0.0,
+    prefill_every: int = 0,
+    unlucky: int = 0,
+    draft_cost: Callable[[int, int], float] = draft_seconds,
+    per_token: float = 0.0,
+) -> list[int]:
     """Run the policy against the modelled machine at one batch size; the tree sizes it chose (1 = plain). Each cycle
     also costs ``overhead`` outside draft and target. The first speculative cycle after plain ones also runs the draft
     over the context they skipped (a tenth of a step per position: one call over more tokens), and every
@@ -69,8 +76,17 @@ def drive(policy: CostPolicy, batch: int, cycles: int, overhead: float = 0.0, pr
         if nodes == max(ACCEPTED):
             largest += 1
             accepted *= largest > unlucky
-        outcome = CycleOutcome(tree is not None, batch, batch + accepted, (nodes - 1) * batch, accepted, [],
-                               draft, verify_seconds(batch * nodes, batch), caught_up)
+        outcome = CycleOutcome(
+            tree is not None,
+            batch,
+            batch + accepted,
+            (nodes - 1) * batch,
+            accepted,
+            [],
+            draft,
+            verify_seconds(batch * nodes, batch),
+            caught_up,
+        )
         policy.observe(outcome, outcome.draft_s + outcome.verify_s + overhead + per_token * outcome.emitted)
         chosen.append(nodes)
     return chosen
@@ -179,8 +195,10 @@ def test_the_overhead_of_a_cycle_counts_against_candidates_that_need_more_cycles
     yields more tokens per cycle worth it where plain decoding would win without it."""
     overhead, batch = 0.02, 16
     assert max([1, 2, 4, 8, 16], key=lambda n: rate(batch, n)) == 1  # without the overhead, plain at batch 16
-    with_overhead = {n: batch * (1 + ACCEPTED.get(n, 0.0))
-                     / (batch / rate(batch, n) * (1 + ACCEPTED.get(n, 0.0)) + overhead) for n in (1, 2, 4, 8, 16)}
+    with_overhead = {
+        n: batch * (1 + ACCEPTED.get(n, 0.0)) / (batch / rate(batch, n) * (1 + ACCEPTED.get(n, 0.0)) + overhead)
+        for n in (1, 2, 4, 8, 16)
+    }
     assert max(with_overhead, key=with_overhead.get) == 2
     policy = cost_policy(warmup=3, probe_every=25)
     assert drive(policy, batch, 150, overhead=overhead)[-100:].count(2) >= 95

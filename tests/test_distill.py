@@ -10,6 +10,7 @@ import json
 
 import pytest
 import torch
+from conftest import SMALL_DEMO, hf_greedy
 
 from specdec_kit.export.builder import build_engine
 from specdec_kit.export.inputs import BuildError, BuildInputs
@@ -24,11 +25,14 @@ from specdec_kit.train.distill import INDEX, DistillSpec, Variant, chat_ids, dis
 from specdec_kit.train.distilled import DistilledData
 from specdec_kit.train.prompt_sources import Prompt, read_prompts, write_prompts
 
-from conftest import SMALL_DEMO, hf_greedy
-
 TEMPLATE = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}> {% endif %}"
-SPEC = dict(max_new_tokens=12, batch=3, chunk=4, hidden_indices=[1, 2, 3, 4],
-            variants=[Variant("greedy"), Variant("t1", 1.0, 0.9)])
+SPEC = dict(
+    max_new_tokens=12,
+    batch=3,
+    chunk=4,
+    hidden_indices=[1, 2, 3, 4],
+    variants=[Variant("greedy"), Variant("t1", 1.0, 0.9)],
+)
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +85,8 @@ def test_answers_features_and_next_tokens_are_the_targets_own(chat_target, promp
             ref = target.hf_model(tokens[None], output_hidden_states=True)
         expected = torch.stack([ref.hidden_states[i][0] for i in SPEC["hidden_indices"]], dim=1)
         assert torch.allclose(feats.float(), expected, atol=2e-2, rtol=1e-2)  # float16 storage
-        assert top[:start - 1].eq(-1).all()
-        assert top[start - 1:].tolist() == ref.logits[0, start - 1:].argmax(-1).tolist()
+        assert top[: start - 1].eq(-1).all()
+        assert top[start - 1 :].tolist() == ref.logits[0, start - 1 :].argmax(-1).tolist()
     assert seen == {"greedy": 6, "t1": 6} and index["tokens"] == sum(len(t) for _, t, _, _ in samples(out))
 
 
@@ -99,12 +103,15 @@ def test_a_run_is_reproducible_resumes_and_refuses_other_settings(chat_target, p
     assert resumed["fingerprint"] == index["fingerprint"]
     assert all((tmp_path / "again" / f).stat().st_mtime_ns == m for f, m in kept.items())
     with pytest.raises(ValueError, match="written with another spec"):
-        distill(chat_target, prompts_file, tmp_path / "again", DistillSpec(**{**SPEC, "max_new_tokens": 5}),
-                progress=False)
+        distill(
+            chat_target, prompts_file, tmp_path / "again", DistillSpec(**{**SPEC, "max_new_tokens": 5}), progress=False
+        )
     # fewer prompts: the shards of the chunks whose prompts stay the same are kept, the others dropped
     fewer = distill(chat_target, prompts_file, tmp_path / "again", DistillSpec(**SPEC), limit=4, progress=False)
     assert sorted(s["file"] for s in fewer["shards"]) == ["greedy-0000.safetensors", "t1-0000.safetensors"]
-    assert all((tmp_path / "again" / f).stat().st_mtime_ns == m for f, m in kept.items() if f.endswith("-0000.safetensors"))
+    assert all(
+        (tmp_path / "again" / f).stat().st_mtime_ns == m for f, m in kept.items() if f.endswith("-0000.safetensors")
+    )
 
 
 def test_batches_mark_padding_and_the_answers(chat_target, distilled):
@@ -133,14 +140,26 @@ def test_heads_trained_on_distilled_data_decode_losslessly(chat_target, distille
         from specdec_kit.train.eagle3 import Eagle3Spec, train_eagle3
 
         spec = Eagle3Spec(steps=8, lr=3e-3, warmup=1, draft_vocab=vocab, ttt_length=3, feature_layers=[1, 2, 3])
-        train_eagle3(target, DistilledData(out, [1, 2, 3], tokens_per_batch=128), spec, tmp_path, progress=False,
-                     embedding_from_target=True)
+        train_eagle3(
+            target,
+            DistilledData(out, [1, 2, 3], tokens_per_batch=128),
+            spec,
+            tmp_path,
+            progress=False,
+            embedding_from_target=True,
+        )
     else:
         from specdec_kit.train.heads import HeadSpec, train_head
 
         spec = HeadSpec.defaults("griffin", steps=8, lr=3e-3, warmup=1, draft_vocab=vocab)
-        train_head(target, DistilledData(out, [4], tokens_per_batch=128), spec, tmp_path, progress=False,
-                   embedding_from_target=True)
+        train_head(
+            target,
+            DistilledData(out, [4], tokens_per_batch=128),
+            spec,
+            tmp_path,
+            progress=False,
+            embedding_from_target=True,
+        )
     config = json.loads((tmp_path / "config.json").read_text())
     state = torch.load(tmp_path / "pytorch_model.bin", weights_only=True)
     assert config["draft_vocab_size"] == vocab and config["embedding_from_target"] is True
@@ -153,11 +172,20 @@ def test_heads_trained_on_distilled_data_decode_losslessly(chat_target, distille
     prompts = [[5, 9, 11], [3, 3, 8, 1, 2]]
     plain = [r.tokens for r in SpeculativeGenerator(target, None).generate(prompts, 24)]
     tree = DynamicTreeConfig(8, 3, 2)
-    assert [r.tokens for r in SpeculativeGenerator(target, make_drafter(target, kind, tmp_path, tree)).generate(
-        prompts, 24)] == plain
+    assert [
+        r.tokens for r in SpeculativeGenerator(target, make_drafter(target, kind, tmp_path, tree)).generate(prompts, 24)
+    ] == plain
     # the ONNX Runtime engine folds the head in (the LM-head rows of the draft vocabulary, or EAGLE-3's own)
-    inputs = BuildInputs(draft=kind, target=chat_target, draft_path=tmp_path, tokenizer=chat_target,
-                         backend="onnxruntime", dtype="float32", tree=tree_to_dict(tree), draft_tree=False)
+    inputs = BuildInputs(
+        draft=kind,
+        target=chat_target,
+        draft_path=tmp_path,
+        tokenizer=chat_target,
+        backend="onnxruntime",
+        dtype="float32",
+        tree=tree_to_dict(tree),
+        draft_tree=False,
+    )
     engine = open_engine(build_engine(inputs, tmp_path / "engine").path)
     assert [r.tokens for r in SpeculativeGenerator(engine.target, engine.drafter).generate(prompts, 24)] == plain
     if kind == "griffin":  # the servers' drafters score the whole vocabulary: they refuse the head, saying so
@@ -166,7 +194,8 @@ def test_heads_trained_on_distilled_data_decode_losslessly(chat_target, distille
 
 
 def test_the_learning_curve_trains_on_growing_parts_of_the_data_and_measures_the_same_held_out_prompts(
-        chat_target, distilled, tmp_path):
+    chat_target, distilled, tmp_path
+):
     """The recipe's learning curve: a head trained on the first shards holding N answer tokens, for each N, every
     one measured on the held-out prompts of all the data; the full head is the last point; a finished point is
     read back, not trained again."""
@@ -174,14 +203,27 @@ def test_the_learning_curve_trains_on_growing_parts_of_the_data_and_measures_the
 
     out, _ = distilled
     heads = tmp_path / "heads"
-    settings = {"epochs": 2, "lr": 3e-3, "warmup": 1, "draft_vocab": 64, "tokens_per_batch": 128, "eval_every": 2,
-                "heldout_percent": 50}
+    settings = {
+        "epochs": 2,
+        "lr": 3e-3,
+        "warmup": 1,
+        "draft_vocab": 64,
+        "tokens_per_batch": 128,
+        "eval_every": 2,
+        "heldout_percent": 50,
+    }
     index = json.loads((out / INDEX).read_text())
     first = sorted(index["shards"], key=lambda s: s["file"])[0]
     first_tokens = sum(s["answer_tokens"] for s in first["samples"])
-    recipe = {"name": "tiny", "target": str(chat_target), "prompts": "unused.jsonl", "out": str(heads),
-              "save_dtype": "float32", "heads": {"griffin": settings},
-              "learning_curve": {"heads": ["griffin"], "answer_tokens": [1, first_tokens + 1]}}
+    recipe = {
+        "name": "tiny",
+        "target": str(chat_target),
+        "prompts": "unused.jsonl",
+        "out": str(heads),
+        "save_dtype": "float32",
+        "heads": {"griffin": settings},
+        "learning_curve": {"heads": ["griffin"], "answer_tokens": [1, first_tokens + 1]},
+    }
     path = tmp_path / "tiny.json"
     path.write_text(json.dumps(recipe))
     assert main([str(path), "--data", str(out), "--stages", "heads,curve"]) == 0
@@ -221,17 +263,23 @@ def test_heads_trained_by_processes_at_once_each_keep_their_entry_in_the_log(tmp
     assert sorted(json.loads(path.read_text())["heads"]) == sorted(f"{w}{n}" for w in "ab" for n in range(10))
 
 
-def test_the_recipe_goes_on_training_a_head_when_asked_more_epochs(chat_target, prompts_file, distilled, tmp_path,
-                                                                   capsys):
+def test_the_recipe_goes_on_training_a_head_when_asked_more_epochs(
+    chat_target, prompts_file, distilled, tmp_path, capsys
+):
     """More epochs in the recipe continue the saved head from its state (its loss history goes on) over the data
     it was trained on, never over other data; an unchanged recipe leaves it alone; --force starts it again."""
     from specdec_kit.train.recipe import main
 
     out, _ = distilled
     heads = tmp_path / "heads"
-    recipe = {"name": "tiny", "target": str(chat_target), "prompts": "unused.jsonl", "out": str(heads),
-              "save_dtype": "float32", "heads": {"griffin": {"epochs": 1, "lr": 3e-3, "warmup": 1, "draft_vocab": 64,
-                                                              "tokens_per_batch": 128}}}
+    recipe = {
+        "name": "tiny",
+        "target": str(chat_target),
+        "prompts": "unused.jsonl",
+        "out": str(heads),
+        "save_dtype": "float32",
+        "heads": {"griffin": {"epochs": 1, "lr": 3e-3, "warmup": 1, "draft_vocab": 64, "tokens_per_batch": 128}},
+    }
     path = tmp_path / "tiny.json"
 
     def run(epochs: int, *extra: str) -> list[int]:
@@ -288,14 +336,23 @@ def test_heldout_acceptance_counts_chains_and_the_best_head_is_kept(chat_target,
     if kind == "eagle3":
         from specdec_kit.train.eagle3 import Eagle3Spec, eagle3_losses, train_eagle3
 
-        spec = Eagle3Spec(steps=12, lr=3e-3, warmup=1, ttt_length=3, feature_layers=layers, eval_every=4,
-                          draft_vocab=target.vocab_size)  # every target token countable, as the step accuracy needs
+        spec = Eagle3Spec(
+            steps=12,
+            lr=3e-3,
+            warmup=1,
+            ttt_length=3,
+            feature_layers=layers,
+            eval_every=4,
+            draft_vocab=target.vocab_size,
+        )  # every target token countable, as the step accuracy needs
         result = train_eagle3(target, source, spec, tmp_path, progress=False, heldout=heldout)
         draft = load_draft_for(target, kind, tmp_path).float()
         everything.lm_rows = target.lm_head.weight.data.float()[draft.target_ids(torch.arange(draft.draft_vocab_size))]
         measure = lambda data: eagle3_acceptance(draft, data)  # noqa: E731
-        firsts = [eagle3_losses(draft, spec, taps, tokens, logits, masks)[1][0]
-                  for tokens, taps, logits, masks in map(everything.batch, range(len(everything)))]
+        firsts = [
+            eagle3_losses(draft, spec, taps, tokens, logits, masks)[1][0]
+            for tokens, taps, logits, masks in map(everything.batch, range(len(everything)))
+        ]
         firsts = [(r.accuracy, r.positions) for r in firsts]
     else:
         from specdec_kit.train.heads import HeadSpec, feature_step, train_head
@@ -308,16 +365,21 @@ def test_heldout_acceptance_counts_chains_and_the_best_head_is_kept(chat_target,
         draft = load_draft_for(target, kind, tmp_path).float()
         measure = lambda data, d=None: feature_draft_acceptance(d or draft, "griffin", lm_head, None, data)  # noqa: E731
         gen = torch.Generator().manual_seed(0)
-        firsts = [feature_step(oracle, lm_head, spec, tokens, feats, logits, gen, masks)[1][0]
-                  for tokens, feats, logits, masks in map(everything.batch, range(len(everything)))]
+        firsts = [
+            feature_step(oracle, lm_head, spec, tokens, feats, logits, gen, masks)[1][0]
+            for tokens, feats, logits, masks in map(everything.batch, range(len(everything)))
+        ]
         firsts = [(accuracy, positions) for accuracy, _, positions, _ in firsts]
         draft_acceptance = measure(everything, oracle)  # the demo's constructed GRIFFIN predicts this target well
         assert draft_acceptance[0] > 0.5
     acceptance = draft_acceptance if kind == "griffin" else measure(everything)
     assert acceptance[0] == pytest.approx(sum(a * n for a, n in firsts) / sum(n for _, n in firsts), abs=0.02)
     assert acceptance[0] >= acceptance[1] >= acceptance[2]
-    measured = [(r["step"] + 1, r["heldout"]["tau"], r["heldout"]["acceptance"]) for r in torch.load(
-        tmp_path / "training_state.pt", weights_only=True)["history"] if "heldout" in r]
+    measured = [
+        (r["step"] + 1, r["heldout"]["tau"], r["heldout"]["acceptance"])
+        for r in torch.load(tmp_path / "training_state.pt", weights_only=True)["history"]
+        if "heldout" in r
+    ]
     assert [s for s, _, _ in measured] == [4, 8, 12]
     best_step, best_tau, best_acceptance = max(measured, key=lambda m: (m[1], -m[0]))
     assert result["heldout_best"] == {"step": best_step, "tau": best_tau, "acceptance": best_acceptance}

@@ -37,8 +37,14 @@ def nav_pages(nav: list) -> set[str]:
 
 def test_the_site_builds_strictly(tmp_path: Path) -> None:
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                          cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     benchmarks = (tmp_path / "site" / "benchmarks" / "index.html").read_text()
     assert benchmarks.count("<table>") >= 8, "the benchmark tables were not included"
@@ -55,8 +61,12 @@ def test_every_page_is_in_the_navigation() -> None:
 def test_the_readme_is_short_and_its_results_table_current() -> None:
     lines = (REPO / "README.md").read_text().splitlines()
     assert len(lines) <= 200, f"README.md has {len(lines)} lines: move detail into docs/"
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "readme_results.py"), "--check"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "readme_results.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -65,8 +75,10 @@ def test_every_result_table_is_included_not_copied() -> None:
     included = {m for text in pages.values() for m in SNIPPET.findall(text)}
     for path in sorted(RESULTS.rglob("*.md")):
         name = path.relative_to(REPO).as_posix()
-        assert name in included, f"{name} is shown on no documentation page (include it with --8<-- \"{name}\")"
-        copied = {page.relative_to(REPO).as_posix(): table_rows(text) & table_rows(path.read_text())
-                  for page, text in pages.items()}
+        assert name in included, f'{name} is shown on no documentation page (include it with --8<-- "{name}")'
+        copied = {
+            page.relative_to(REPO).as_posix(): table_rows(text) & table_rows(path.read_text())
+            for page, text in pages.items()
+        }
         copied = {page: rows for page, rows in copied.items() if rows}
         assert not copied, f"rows of {name} copied by hand into {sorted(copied)}: include the file instead"

@@ -14,29 +14,39 @@ import math
 
 import pytest
 import torch
-from torch import nn
-
-import yaml
+from conftest import SMALL_DEMO
 from safetensors.torch import load_file
+from test_trtllm_interface import check_against_llm_args
+from torch import nn
 
 from specdec_kit.export.builder import build_engine
 from specdec_kit.export.inputs import BuildError, BuildInputs
 from specdec_kit.runtime.demo import write_demo
+from specdec_kit.runtime.drafts.checkpoint import load_draft
 from specdec_kit.runtime.drafts.eagle3 import DraftVocabHead, default_feature_layers
 from specdec_kit.runtime.drafts.loading import DraftLoadError, save_draft
-from specdec_kit.runtime.drafts.checkpoint import load_draft
 from specdec_kit.runtime.synthetic import random_eagle3, tiny_target
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig, tree_to_dict
 from specdec_kit.train.eagle3 import TrainingTimeTest, draft_vocabulary, tapped_outputs
 
-from conftest import SMALL_DEMO
-from test_trtllm_interface import check_against_llm_args
-
-CONFIG = {"architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "hidden_size": 48, "intermediate_size": 96,
-          "max_position_embeddings": 256, "model_type": "llama", "num_attention_heads": 4, "num_key_value_heads": 2,
-          "num_hidden_layers": 1, "pad_token_id": 0, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
-          "torch_dtype": "float32", "vocab_size": 120, "draft_vocab_size": 40}
+CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_act": "silu",
+    "hidden_size": 48,
+    "intermediate_size": 96,
+    "max_position_embeddings": 256,
+    "model_type": "llama",
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 1,
+    "pad_token_id": 0,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+    "vocab_size": 120,
+    "draft_vocab_size": 40,
+}
 TARGET_HIDDEN = 32
 TARGET_SHAPE = (8, 64)  # an 8-layer target: feature layers (2, 4, 5)
 
@@ -148,12 +158,15 @@ def reference_checkpoint(path, config=CONFIG, target_hidden=TARGET_HIDDEN, seed=
         for name, p in ref.named_parameters():
             if name.endswith("norm.weight"):
                 p.uniform_(0.5, 1.5)  # norms away from 1, so a swapped norm shows
-        used = torch.randperm(config["vocab_size"])[:config["draft_vocab_size"]].sort().values
+        used = torch.randperm(config["vocab_size"])[: config["draft_vocab_size"]].sort().values
         ref.d2t.copy_(used - torch.arange(len(used)))
         ref.t2d[used] = True
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(dict(config, **({"target_hidden_size": target_hidden}
-                                                                   if target_hidden != config["hidden_size"] else {}))))
+    (path / "config.json").write_text(
+        json.dumps(
+            dict(config, **({"target_hidden_size": target_hidden} if target_hidden != config["hidden_size"] else {}))
+        )
+    )
     torch.save(ref.state_dict(), path / "pytorch_model.bin")
     return ref.eval()
 
@@ -179,8 +192,9 @@ def test_official_checkpoint_loads_and_matches_the_reference_forward(tmp_path):
     cache.commit(pos, torch.full((b,), n))
     next_ids = ref_logits[:, -1].argmax(-1)
     ref_next, _ = ref(ref_out[:, -1:], (next_ids + ref.d2t[next_ids])[:, None], pos[:, -1:] + 1, past)
-    got, _ = draft.step(out[:, -1:], draft.target_ids(next_ids)[:, None], pos[:, -1:] + 1,
-                        torch.ones(b, 1, 1, dtype=torch.bool), cache)
+    got, _ = draft.step(
+        out[:, -1:], draft.target_ids(next_ids)[:, None], pos[:, -1:] + 1, torch.ones(b, 1, 1, dtype=torch.bool), cache
+    )
     assert (got - ref_next).abs().max() < 1e-5
     assert torch.equal(draft.target_ids(torch.arange(40)), torch.nonzero(ref.t2d).flatten())
 
@@ -194,13 +208,19 @@ def test_draft_vocabulary_equal_to_the_target_needs_no_maps(tmp_path):
     assert torch.equal(draft.target_ids(torch.arange(120)), torch.arange(120))
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda s: s.pop("midlayer.hidden_norm.weight"), "key 'midlayer.hidden_norm.weight' is missing"),
-    (lambda s: s.update({"layers.0.input_layernorm.weight": torch.ones(48)}), "unexpected key 'layers.0.input"),
-    (lambda s: s.update({"fc.weight": torch.zeros(48, 64)}), "key 'fc.weight' has shape [48, 64], expected [48, 96]"),
-    (lambda s: s["d2t"].add_(1000), "d2t maps draft ids outside the target vocabulary"),
-    (lambda s: s["t2d"].logical_not_(), "t2d marks 80 target ids, d2t maps to 40 distinct ones"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda s: s.pop("midlayer.hidden_norm.weight"), "key 'midlayer.hidden_norm.weight' is missing"),
+        (lambda s: s.update({"layers.0.input_layernorm.weight": torch.ones(48)}), "unexpected key 'layers.0.input"),
+        (
+            lambda s: s.update({"fc.weight": torch.zeros(48, 64)}),
+            "key 'fc.weight' has shape [48, 64], expected [48, 96]",
+        ),
+        (lambda s: s["d2t"].add_(1000), "d2t maps draft ids outside the target vocabulary"),
+        (lambda s: s["t2d"].logical_not_(), "t2d marks 80 target ids, d2t maps to 40 distinct ones"),
+    ],
+)
 def test_a_checkpoint_that_is_not_eagle3_is_refused_naming_the_problem(tmp_path, change, message):
     reference_checkpoint(tmp_path / "e3")
     file = tmp_path / "e3" / "pytorch_model.bin"
@@ -241,6 +261,7 @@ def test_feature_layers_come_from_the_config_or_the_reference_defaults(tmp_path)
 
 # -- in the runtime: the target's taps, training-time test against decoding ---------------------------------------
 
+
 def tiny_case_target(layers: int = 3):
     return tiny_target(hidden_size=32, layers=layers, heads=4, kv_heads=2, intermediate=64, vocab=50, seed=3)
 
@@ -279,13 +300,18 @@ def test_training_time_test_step_j_is_what_the_jth_draft_step_computes_when_deco
         cache = draft.new_cache(2, 32)
         pos = torch.arange(t + 1).expand(2, -1)
         causal = torch.ones(t + 1, t + 1, dtype=torch.bool).tril().expand(2, -1, -1)
-        out, _ = draft.step(taps[:, :t + 1], tokens[:, 1:t + 2], pos, causal, cache)
+        out, _ = draft.step(taps[:, : t + 1], tokens[:, 1 : t + 2], pos, causal, cache)
         cache.commit(pos, torch.full((2,), t + 1))
         assert (out[:, t] - hiddens[0][:, t]).abs().max() < 1e-5
-        hidden = out[:, t:t + 1]
+        hidden = out[:, t : t + 1]
         for j in range(1, 4):
-            hidden, _ = draft.step(hidden, tokens[:, t + j + 1:t + j + 2], torch.full((2, 1), t + j),
-                                   torch.ones(2, 1, 1, dtype=torch.bool), cache)
+            hidden, _ = draft.step(
+                hidden,
+                tokens[:, t + j + 1 : t + j + 2],
+                torch.full((2, 1), t + j),
+                torch.ones(2, 1, 1, dtype=torch.bool),
+                cache,
+            )
             cache.commit(torch.zeros(2, 1, dtype=torch.long), torch.ones(2, dtype=torch.long))
             assert (hidden[:, 0] - hiddens[j][:, t]).abs().max() < 1e-5, f"step {j}, position {t}"
 
@@ -310,9 +336,17 @@ def test_proposals_never_leave_the_draft_vocabulary():
 
 # -- engine exports: vLLM, SGLang, TensorRT-LLM ---------------------------------------------------------------------
 
+
 def export(backend: str, draft_dir, checkpoints, out, tree=DynamicTreeConfig(12, 3, 3)):
-    inputs = BuildInputs(draft="eagle3", target=checkpoints["target"], draft_path=draft_dir,
-                         tokenizer=checkpoints["target"], backend=backend, dtype="float32", tree=tree_to_dict(tree))
+    inputs = BuildInputs(
+        draft="eagle3",
+        target=checkpoints["target"],
+        draft_path=draft_dir,
+        tokenizer=checkpoints["target"],
+        backend=backend,
+        dtype="float32",
+        tree=tree_to_dict(tree),
+    )
     return build_engine(inputs, out).path
 
 

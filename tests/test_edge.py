@@ -41,8 +41,11 @@ def edge_setup(predictable_case, tmp_path_factory):
     root = tmp_path_factory.mktemp("edge")
     case = predictable_case
     case.hf.save_pretrained(root / "target")
-    drafts = {"moa": random_moa(case.target, tli=1), "moa_tli0": random_moa(case.target, tli=0, seed=5),
-              "moa_oracle": oracle_moa(case.target)}
+    drafts = {
+        "moa": random_moa(case.target, tli=1),
+        "moa_tli0": random_moa(case.target, tli=0, seed=5),
+        "moa_oracle": oracle_moa(case.target),
+    }
     for name, draft in drafts.items():
         save_draft(draft, root / name, "moa", safetensors=True)
     save_draft(oracle_eagle(case.target), root / "eagle", "eagle2")
@@ -98,8 +101,17 @@ def test_sampling_over_the_network_draws_the_target_distribution(tmp_path):
     from specdec_kit.runtime.synthetic import tiny_hf_model
     from specdec_kit.runtime.target import TargetModel
 
-    hf = tiny_hf_model(hidden_size=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=VOCAB, context_mix=0.6,
-                       logit_scale=6.0, seed=21)
+    hf = tiny_hf_model(
+        hidden_size=32,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        intermediate=64,
+        vocab=VOCAB,
+        context_mix=0.6,
+        logit_scale=6.0,
+        seed=21,
+    )
     target = TargetModel(hf)
     hf.save_pretrained(tmp_path / "target")
     save_draft(random_moa(target, tli=1), tmp_path / "moa", "moa", safetensors=True)
@@ -180,22 +192,29 @@ def test_outage_keeps_generating_unverified_then_verifies_it(edge_setup, link, n
         elif kind == "unverified":
             pending += toks
         elif kind == "confirmed":
-            shown += pending[:len(toks)]
-            pending = pending[len(toks):]
+            shown += pending[: len(toks)]
+            pending = pending[len(toks) :]
         else:
-            pending = pending[:-toks[0]] if toks[0] else pending
+            pending = pending[: -toks[0]] if toks[0] else pending
     assert shown == result.tokens and not pending
 
 
 def test_server_gone_for_good_leaves_the_tail_marked_unverified(edge_setup, link):
     case = edge_setup["case"]
     prompt, ref = case.prompts[1], case.references[1][:NEW]
-    client = client_for(edge_setup, "moa_oracle", port=link.port, call_timeout=0.3, retry_interval=0.05,
-                        reconnect_timeout=0.5, max_offline_tokens=12)
+    client = client_for(
+        edge_setup,
+        "moa_oracle",
+        port=link.port,
+        call_timeout=0.3,
+        retry_interval=0.05,
+        reconnect_timeout=0.5,
+        max_offline_tokens=12,
+    )
     result = client.generate(prompt, NEW, on_event=Outage(link, after=5, offline=None))
     assert 5 <= result.verified < NEW and len(result.unverified_tokens) == 12
-    assert result.tokens[:result.verified] == ref[:result.verified]
-    assert result.tokens == ref[:len(result.tokens)]  # the oracle's offline text is right, but still marked
+    assert result.tokens[: result.verified] == ref[: result.verified]
+    assert result.tokens == ref[: len(result.tokens)]  # the oracle's offline text is right, but still marked
 
 
 def test_server_that_lost_the_session_is_resumed(edge_setup, link):
@@ -314,10 +333,27 @@ def test_real_network_path_with_kernel_rate_limit(edge_setup):
         pytest.skip(why)
     case, root = edge_setup["case"], edge_setup["root"]
     with NetnsLink("specdec-test", rate_mbit=20) as ns:
-        server = subprocess.Popen(ns.exec_prefix + [sys.executable, "-m", "specdec_kit.edge.server", "--target",
-                                                    str(root / "target"), "--moa-head", f"moa={root / 'moa'}",
-                                                    "--host", ns.server_ip, "--port", "7433", "--threads", "1"],
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        server = subprocess.Popen(
+            ns.exec_prefix
+            + [
+                sys.executable,
+                "-m",
+                "specdec_kit.edge.server",
+                "--target",
+                str(root / "target"),
+                "--moa-head",
+                f"moa={root / 'moa'}",
+                "--host",
+                ns.server_ip,
+                "--port",
+                "7433",
+                "--threads",
+                "1",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         try:
             lines = [server.stdout.readline() for _ in range(1)]
             while "listening" not in lines[-1] and lines[-1] and len(lines) < 50:  # past loading progress bars
@@ -346,12 +382,45 @@ def test_generate_cli_prints_verified_text(demo_checkpoints):
     server = EdgeServer(EdgeVerifier(target))
     server.start_background()
     try:
-        out = subprocess.run([sys.executable, "-m", "specdec_kit.edge.cli", "--server", f"127.0.0.1:{server.port}",
-                              "--target", str(demo_checkpoints["target"]), "--draft", "griffin", "--draft-path",
-                              str(demo_checkpoints["griffin"]), "--prompt", "Hello, world", "--max-new-tokens", "24",
-                              "--json"], capture_output=True, text=True, timeout=120)
-        bad = subprocess.run([sys.executable, "-m", "specdec_kit.edge.cli", "--server", "nohost", "--target",
-                              str(demo_checkpoints["target"]), "--prompt", "x"], capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "specdec_kit.edge.cli",
+                "--server",
+                f"127.0.0.1:{server.port}",
+                "--target",
+                str(demo_checkpoints["target"]),
+                "--draft",
+                "griffin",
+                "--draft-path",
+                str(demo_checkpoints["griffin"]),
+                "--prompt",
+                "Hello, world",
+                "--max-new-tokens",
+                "24",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        bad = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "specdec_kit.edge.cli",
+                "--server",
+                "nohost",
+                "--target",
+                str(demo_checkpoints["target"]),
+                "--prompt",
+                "x",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     finally:
         server.shutdown()
         server.server_close()

@@ -11,30 +11,41 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import hf_greedy, left_in
 
 from specdec_kit.export.builder import build_engine
 from specdec_kit.export.inputs import BuildError, BuildInputs
 from specdec_kit.export.onnx_build import target_parity
 from specdec_kit.runtime.drafting import TorchFeatureStep
-from specdec_kit.runtime.registry import drafter_for
 from specdec_kit.runtime.drafts.checkpoint import load_draft
 from specdec_kit.runtime.engine import open_engine
-from specdec_kit.runtime.loader import load_draft_for
 from specdec_kit.runtime.generate import SpeculativeGenerator
+from specdec_kit.runtime.loader import load_draft_for
 from specdec_kit.runtime.manifest import EngineError, read_manifest
+from specdec_kit.runtime.registry import drafter_for
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig, parse_tree_spec, tree_to_dict
 
-from conftest import hf_greedy, left_in
-
 REPO = Path(__file__).resolve().parents[1]
-TREES = {"griffin": tree_to_dict(DynamicTreeConfig(12, 3, 3)), "eagle2": tree_to_dict(DynamicTreeConfig(10, 2, 3)),
-         "eagle3": tree_to_dict(DynamicTreeConfig(10, 3, 3)), "medusa": tree_to_dict(parse_tree_spec("static:mc_sim_7b_63:16"))}
+TREES = {
+    "griffin": tree_to_dict(DynamicTreeConfig(12, 3, 3)),
+    "eagle2": tree_to_dict(DynamicTreeConfig(10, 2, 3)),
+    "eagle3": tree_to_dict(DynamicTreeConfig(10, 3, 3)),
+    "medusa": tree_to_dict(parse_tree_spec("static:mc_sim_7b_63:16")),
+}
 
 
 def inputs_for(paths: dict, kind: str, backend: str = "onnxruntime", **kw) -> BuildInputs:
-    return BuildInputs(draft=kind, target=paths["target"], draft_path=paths[kind], tokenizer=paths["target"],
-                       backend=backend, dtype="float32", tree=kw.pop("tree", TREES.get(kind, TREES["griffin"])), **kw)
+    return BuildInputs(
+        draft=kind,
+        target=paths["target"],
+        draft_path=paths[kind],
+        tokenizer=paths["target"],
+        backend=backend,
+        dtype="float32",
+        tree=kw.pop("tree", TREES.get(kind, TREES["griffin"])),
+        **kw,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +89,10 @@ def torch_target(demo_checkpoints) -> TargetModel:
 
 def prompts(vocab: int, count: int = 6) -> list[list[int]]:
     gen = torch.Generator().manual_seed(5)
-    return [torch.randint(0, vocab, (int(n),), generator=gen).tolist() for n in torch.randint(2, 15, (count,), generator=gen)]
+    return [
+        torch.randint(0, vocab, (int(n),), generator=gen).tolist()
+        for n in torch.randint(2, 15, (count,), generator=gen)
+    ]
 
 
 def test_manifest_records_the_build(engines):
@@ -124,7 +138,9 @@ def test_draft_graph_matches_pytorch_with_pending_tree_slots(engines, demo_check
     ar = torch.arange(5)
     causal = (ar[None, :] <= ar[:, None]).expand(2, 5, 5)
     caches = [s.new_cache(2, 16) for s in steps]
-    first = [s(feats, toks, ar.expand(2, 5), causal, c, logits_at=torch.tensor([[4], [2]])) for s, c in zip(steps, caches)]
+    first = [
+        s(feats, toks, ar.expand(2, 5), causal, c, logits_at=torch.tensor([[4], [2]])) for s, c in zip(steps, caches)
+    ]
     for c in caches:
         c.commit(ar.expand(2, 5), torch.tensor([5, 3]))
     level_feats, level_toks = torch.randn(2, 2, d, generator=gen), torch.randint(0, v, (2, 2), generator=gen)
@@ -156,7 +172,9 @@ def test_a_dynamic_tree_engine_drafts_each_cycle_in_one_call(engines, kind="grif
     assert sum(r.stats.accepted_tokens for r in whole) > 0
 
 
-@pytest.mark.parametrize("kind", ["griffin", *(pytest.param(k, marks=pytest.mark.slow) for k in ("eagle2", "eagle3", "medusa"))])
+@pytest.mark.parametrize(
+    "kind", ["griffin", *(pytest.param(k, marks=pytest.mark.slow) for k in ("eagle2", "eagle3", "medusa"))]
+)
 def test_greedy_through_onnx_equals_pytorch_and_transformers(engines, checkpoints, torch_target, kind):
     engine = open_engine(engines[kind], device="cpu")
     # a feature draft's dynamic tree is drafted in one call where its engine has the one-call graph (EAGLE-3's here)
@@ -177,8 +195,9 @@ def test_greedy_through_onnx_equals_pytorch_and_transformers(engines, checkpoint
 def test_torch_backend_engine_generates_the_same(engines):
     ort_engine, torch_engine = open_engine(engines["griffin"]), open_engine(engines["griffin-torch"])
     batch = prompts(ort_engine.target.vocab_size, 3)
-    assert [r.tokens for r in ort_engine.generator().generate(batch, 24)] == \
-        [r.tokens for r in torch_engine.generator().generate(batch, 24)]
+    assert [r.tokens for r in ort_engine.generator().generate(batch, 24)] == [
+        r.tokens for r in torch_engine.generator().generate(batch, 24)
+    ]
 
 
 def copy_engine(src: Path, dst: Path) -> Path:
@@ -209,8 +228,11 @@ def test_corrupted_incomplete_or_mismatched_engines_are_refused(engines, tmp_pat
     manifest = json.loads((eng / "manifest.json").read_text())
     older = {**manifest, "onnx": {k: v for k, v in manifest["onnx"].items() if k != "graph_interface"}}
     (eng / "manifest.json").write_text(json.dumps(older))  # built before the per-layer buffers: graphs of interface 1
-    with pytest.raises(EngineError, match=r"interface 1 and this kit runs interface 2 .*rebuild the engine with "
-                                          r"python export/build_engine.py .*--force"):
+    with pytest.raises(
+        EngineError,
+        match=r"interface 1 and this kit runs interface 2 .*rebuild the engine with "
+        r"python export/build_engine.py .*--force",
+    ):
         open_engine(eng)
     (eng / "manifest.json").write_text(json.dumps({**manifest, "schema_version": 99}))
     with pytest.raises(EngineError, match="schema_version 99"):
@@ -227,14 +249,29 @@ def test_corrupted_incomplete_or_mismatched_engines_are_refused(engines, tmp_pat
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "export" / "build_engine.py"), *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, str(REPO / "export" / "build_engine.py"), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.slow
 def test_cli_builds_reuses_and_force_rebuilds(demo_checkpoints, tmp_path):
-    args = ["--draft", "eagle", "--target", str(demo_checkpoints["target"]), "--draft-path",
-            str(demo_checkpoints["eagle"]), "--backend", "torch", "--output", str(tmp_path / "eng")]
+    args = [
+        "--draft",
+        "eagle",
+        "--target",
+        str(demo_checkpoints["target"]),
+        "--draft-path",
+        str(demo_checkpoints["eagle"]),
+        "--backend",
+        "torch",
+        "--output",
+        str(tmp_path / "eng"),
+    ]
     first = run_cli(*args, cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     assert "built torch engine: eagle draft" in first.stdout and "specdec-generate --engine" in first.stdout
@@ -273,37 +310,106 @@ def test_bad_input_fails_cleanly_and_writes_nothing(demo_checkpoints, tmp_path):
     shutil.copytree(demo_checkpoints["griffin"], misfit)
     cfg = json.loads((misfit / "config.json").read_text())
     (misfit / "config.json").write_text(json.dumps({**cfg, "hidden_size": cfg["hidden_size"] * 2}))
-    res = run_cli("--draft", "griffin", "--target", str(demo_checkpoints["target"]), "--draft-path", str(misfit),
-                  "--output", str(out), cwd=tmp_path)
+    res = run_cli(
+        "--draft",
+        "griffin",
+        "--target",
+        str(demo_checkpoints["target"]),
+        "--draft-path",
+        str(misfit),
+        "--output",
+        str(out),
+        cwd=tmp_path,
+    )
     assert res.returncode == 2 and "hidden_size does not fit the target: expected 64, found 128" in res.stderr
     # a missing weights file
     (misfit / "config.json").write_text(json.dumps(cfg))
     (misfit / "pytorch_model.bin").unlink()
-    res = run_cli("--draft", "griffin", "--target", str(demo_checkpoints["target"]), "--draft-path", str(misfit),
-                  "--output", str(out), cwd=tmp_path)
+    res = run_cli(
+        "--draft",
+        "griffin",
+        "--target",
+        str(demo_checkpoints["target"]),
+        "--draft-path",
+        str(misfit),
+        "--output",
+        str(out),
+        cwd=tmp_path,
+    )
     assert res.returncode == 2 and "no weights file" in res.stderr
     # an output whose parent is a file
     blocker = tmp_path / "file"
     blocker.write_text("")
-    res = run_cli("--draft", "griffin", "--target", str(demo_checkpoints["target"]), "--draft-path",
-                  str(demo_checkpoints["griffin"]), "--backend", "torch", "--output", str(blocker / "eng"), cwd=tmp_path)
+    res = run_cli(
+        "--draft",
+        "griffin",
+        "--target",
+        str(demo_checkpoints["target"]),
+        "--draft-path",
+        str(demo_checkpoints["griffin"]),
+        "--backend",
+        "torch",
+        "--output",
+        str(blocker / "eng"),
+        cwd=tmp_path,
+    )
     assert res.returncode == 2 and "cannot write in" in res.stderr
     # tensor parallelism that does not divide the heads (4 query heads, 2 KV heads)
-    res = run_cli("--draft", "hass", "--target", str(demo_checkpoints["target"]), "--draft-path",
-                  str(demo_checkpoints["hass"]), "--backend", "tensorrt-llm", "--tp", "3", "--output", str(out), cwd=tmp_path)
+    res = run_cli(
+        "--draft",
+        "hass",
+        "--target",
+        str(demo_checkpoints["target"]),
+        "--draft-path",
+        str(demo_checkpoints["hass"]),
+        "--backend",
+        "tensorrt-llm",
+        "--tp",
+        "3",
+        "--output",
+        str(out),
+        cwd=tmp_path,
+    )
     assert res.returncode == 2 and "num_attention_heads = 4 is not divisible by --tp 3" in res.stderr
     # the same into a directory that holds something else: the --tp problem is what gets reported
     occupied = tmp_path / "occupied"
     occupied.mkdir()
     (occupied / "notes.txt").write_text("mine")
-    res = run_cli("--draft", "hass", "--target", str(demo_checkpoints["target"]), "--draft-path",
-                  str(demo_checkpoints["hass"]), "--backend", "tensorrt-llm", "--tp", "3", "--output", str(occupied),
-                  cwd=tmp_path)
+    res = run_cli(
+        "--draft",
+        "hass",
+        "--target",
+        str(demo_checkpoints["target"]),
+        "--draft-path",
+        str(demo_checkpoints["hass"]),
+        "--backend",
+        "tensorrt-llm",
+        "--tp",
+        "3",
+        "--output",
+        str(occupied),
+        cwd=tmp_path,
+    )
     assert res.returncode == 2 and "not divisible by --tp 3" in res.stderr and "Traceback" not in res.stderr
     # --output naming a file
-    res = run_cli("--draft", "griffin", "--target", str(demo_checkpoints["target"]), "--draft-path",
-                  str(demo_checkpoints["griffin"]), "--backend", "torch", "--output", str(blocker), cwd=tmp_path)
-    assert res.returncode == 2 and "is a file, expected an engine directory" in res.stderr and "Traceback" not in res.stderr
+    res = run_cli(
+        "--draft",
+        "griffin",
+        "--target",
+        str(demo_checkpoints["target"]),
+        "--draft-path",
+        str(demo_checkpoints["griffin"]),
+        "--backend",
+        "torch",
+        "--output",
+        str(blocker),
+        cwd=tmp_path,
+    )
+    assert (
+        res.returncode == 2
+        and "is a file, expected an engine directory" in res.stderr
+        and "Traceback" not in res.stderr
+    )
     assert (occupied / "notes.txt").read_text() == "mine" and blocker.read_text() == ""
     assert left_in(tmp_path) == ["file", "misfit", "occupied"]  # nothing half-written
 
@@ -328,8 +434,11 @@ def test_concurrent_builds_of_one_engine_build_it_once(demo_checkpoints, tmp_pat
     results, steps = {}, []
 
     def run(name: str) -> None:
-        results[name] = build_engine(inputs_for(demo_checkpoints, "griffin", "torch"), tmp_path / "eng",
-                                     step=lambda msg: steps.append((name, msg)))
+        results[name] = build_engine(
+            inputs_for(demo_checkpoints, "griffin", "torch"),
+            tmp_path / "eng",
+            step=lambda msg: steps.append((name, msg)),
+        )
 
     first = threading.Thread(target=run, args=("first",))
     first.start()

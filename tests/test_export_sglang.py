@@ -10,26 +10,37 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_sglang_commands import sglang_verdicts
 
 from specdec_kit.export.builder import build_engine
 from specdec_kit.export.inputs import BuildError, BuildInputs
 from specdec_kit.export.weight_maps import (
-    WeightMapError, check_coverage, fuse, fused_draft_parameters, fused_draft_weight_map, unfuse,
+    WeightMapError,
+    check_coverage,
+    fuse,
+    fused_draft_parameters,
+    fused_draft_weight_map,
+    unfuse,
 )
 from specdec_kit.runtime.demo import CHARS
-from specdec_kit.runtime.drafts.loading import strict_load
 from specdec_kit.runtime.drafts.checkpoint import load_draft
+from specdec_kit.runtime.drafts.loading import strict_load
 from specdec_kit.runtime.manifest import read_manifest
 from specdec_kit.runtime.trees import DynamicTreeConfig, parse_tree_spec, tree_to_dict
-
-from test_sglang_commands import sglang_verdicts
 
 VOCAB = len(CHARS) + 1  # the demo checkpoints' character tokenizer
 
 
 def build(paths, kind, tmp, tree=DynamicTreeConfig(20, 3, 4)):
-    inputs = BuildInputs(draft=kind, target=paths["target"], draft_path=paths[kind], tokenizer=paths["target"],
-                         backend="sglang", dtype="float32", tree=tree_to_dict(tree))
+    inputs = BuildInputs(
+        draft=kind,
+        target=paths["target"],
+        draft_path=paths[kind],
+        tokenizer=paths["target"],
+        backend="sglang",
+        dtype="float32",
+        tree=tree_to_dict(tree),
+    )
     return build_engine(inputs, tmp / f"{kind}-sglang")
 
 
@@ -70,8 +81,13 @@ def test_exported_griffin_weights_rebuild_the_kit_graph(demo_checkpoints, tmp_pa
     outs = [m.step(feats, toks, ar.expand(2, 4), mask, m.new_cache(2, 8)) for m in (original, rebuilt)]
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
     serve = (result.path / "sglang" / "serve.sh").read_text()
-    for flag in ("--speculative-algorithm EAGLE", "--speculative-num-steps 4", "--speculative-eagle-topk 4",
-                 "--speculative-num-draft-tokens 20", "SGLANG_EXTERNAL_MODEL_PACKAGE=specdec_griffin_sglang"):
+    for flag in (
+        "--speculative-algorithm EAGLE",
+        "--speculative-num-steps 4",
+        "--speculative-eagle-topk 4",
+        "--speculative-num-draft-tokens 20",
+        "SGLANG_EXTERNAL_MODEL_PACKAGE=specdec_griffin_sglang",
+    ):
         assert flag in serve
     assert (result.path / "sglang" / "plugin" / "specdec_griffin_sglang" / "griffin_llama.py").is_file()
     assert read_manifest(result.path)["sglang"]["weight_map_checked"] is True
@@ -94,7 +110,18 @@ def test_sglang_refuses_what_it_cannot_run(demo_checkpoints, tmp_path):
 @pytest.mark.sglang
 def test_plugin_registers_under_real_sglang(demo_checkpoints, tmp_path):
     result = build(demo_checkpoints, "griffin", tmp_path)
-    verdict, = sglang_verdicts([{"resolve": ["GriffinLlamaForCausalLM"], "package": "specdec_griffin_sglang",
-                                 "pythonpath": [str(result.path / "sglang" / "plugin"), str(Path(__file__).resolve().parents[1])]}])
-    assert verdict == {"ok": True, "module": "specdec_griffin_sglang.griffin_llama", "class": "GriffinLlamaForCausalLM",
-                       "architecture": "GriffinLlamaForCausalLM"}, verdict
+    (verdict,) = sglang_verdicts(
+        [
+            {
+                "resolve": ["GriffinLlamaForCausalLM"],
+                "package": "specdec_griffin_sglang",
+                "pythonpath": [str(result.path / "sglang" / "plugin"), str(Path(__file__).resolve().parents[1])],
+            }
+        ]
+    )
+    assert verdict == {
+        "ok": True,
+        "module": "specdec_griffin_sglang.griffin_llama",
+        "class": "GriffinLlamaForCausalLM",
+        "architecture": "GriffinLlamaForCausalLM",
+    }, verdict

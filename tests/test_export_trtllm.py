@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 import yaml
+from conftest import left_in
 from safetensors.torch import load_file
 
 from specdec_kit.export import trtllm_export as trt
@@ -20,13 +21,20 @@ from specdec_kit.runtime.manifest import read_manifest
 from specdec_kit.runtime.synthetic import tiny_hf_model
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree, parse_tree_spec, tree_to_dict
 
-from conftest import left_in
-
 
 def build(paths, kind, tree, tmp, tp=1, pp=1):
-    inputs = BuildInputs(draft=kind, target=paths["target"], draft_path=paths[kind], tokenizer=paths["target"],
-                         backend="tensorrt-llm", dtype="float32", tree=tree_to_dict(tree), tp=tp, pp=pp,
-                         trtllm_legacy_engine="1.2.1")
+    inputs = BuildInputs(
+        draft=kind,
+        target=paths["target"],
+        draft_path=paths[kind],
+        tokenizer=paths["target"],
+        backend="tensorrt-llm",
+        dtype="float32",
+        tree=tree_to_dict(tree),
+        tp=tp,
+        pp=pp,
+        trtllm_legacy_engine="1.2.1",
+    )
     return build_engine(inputs, tmp / f"{kind}-tp{tp}-pp{pp}")
 
 
@@ -34,8 +42,8 @@ def reassemble_qkv(shards: list[torch.Tensor], q_rows: int, kv_rows: int, tp: in
     q, k, v = [], [], []
     for s in shards:
         q.append(s[: q_rows // tp])
-        k.append(s[q_rows // tp: q_rows // tp + kv_rows])
-        v.append(s[q_rows // tp + kv_rows:])
+        k.append(s[q_rows // tp : q_rows // tp + kv_rows])
+        v.append(s[q_rows // tp + kv_rows :])
     return torch.cat(q), torch.cat(k), torch.cat(v)
 
 
@@ -51,16 +59,22 @@ def test_target_shards_reassemble_to_the_original_weights(tp):
         q, k, v = reassemble_qkv([s[p + "attention.qkv.weight"] for s in shards], 64, kv_rows_per_rank, tp)
         assert torch.equal(q, state[h + "self_attn.q_proj.weight"])
         if tp <= 2:
-            assert torch.equal(k, state[h + "self_attn.k_proj.weight"]) and torch.equal(v, state[h + "self_attn.v_proj.weight"])
+            assert torch.equal(k, state[h + "self_attn.k_proj.weight"]) and torch.equal(
+                v, state[h + "self_attn.v_proj.weight"]
+            )
         else:  # each KV head serves tp / kv_heads ranks
             dup = trt.dup_kv(state[h + "self_attn.k_proj.weight"], 2, 16, tp)
             assert torch.equal(k, dup)
             assert torch.equal(dup[16:32], state[h + "self_attn.k_proj.weight"][:16])  # head 0 repeated
-        assert torch.equal(torch.cat([s[p + "attention.dense.weight"] for s in shards], 1), state[h + "self_attn.o_proj.weight"])
+        assert torch.equal(
+            torch.cat([s[p + "attention.dense.weight"] for s in shards], 1), state[h + "self_attn.o_proj.weight"]
+        )
         assert torch.equal(torch.cat([s[p + "mlp.fc.weight"] for s in shards]), state[h + "mlp.gate_proj.weight"])
         assert torch.equal(torch.cat([s[p + "mlp.gate.weight"] for s in shards]), state[h + "mlp.up_proj.weight"])
         assert torch.equal(torch.cat([s[p + "mlp.proj.weight"] for s in shards], 1), state[h + "mlp.down_proj.weight"])
-        assert all(torch.equal(s[p + "post_layernorm.weight"], state[h + "post_attention_layernorm.weight"]) for s in shards)
+        assert all(
+            torch.equal(s[p + "post_layernorm.weight"], state[h + "post_attention_layernorm.weight"]) for s in shards
+        )
     head = torch.cat([s["lm_head.weight"] for s in shards])
     assert head.shape[0] % tp == 0 and torch.equal(head[:101], state["lm_head.weight"])
     assert not head[101:].any()  # vocabulary padded to a multiple of TP with zero rows
@@ -73,7 +87,9 @@ def test_pipeline_parallel_splits_layers_and_places_embedding_and_head(demo_chec
     first, last = load_file(str(ckpt / "rank0.safetensors")), load_file(str(ckpt / "rank1.safetensors"))
     assert "transformer.vocab_embedding.weight" in first and "lm_head.weight" not in first
     assert "lm_head.weight" in last and "transformer.ln_f.weight" in last and "medusa_heads.0.lm_head.weight" in last
-    assert {k for k in first if k.startswith("transformer.layers.")} == {k for k in last if k.startswith("transformer.layers.")}
+    assert {k for k in first if k.startswith("transformer.layers.")} == {
+        k for k in last if k.startswith("transformer.layers.")
+    }
     assert json.loads((ckpt / "config.json").read_text())["mapping"] == {"world_size": 2, "tp_size": 1, "pp_size": 2}
 
 
@@ -82,7 +98,10 @@ def test_eagle_checkpoint_names_shapes_and_config(demo_checkpoints, tmp_path):
     result = build(demo_checkpoints, "eagle", tree, tmp_path, tp=2)
     ckpt = result.path / "trtllm" / "checkpoint"
     config = json.loads((ckpt / "config.json").read_text())
-    assert config["architecture"] == "EagleForCausalLM" and config["eagle_net_config"]["architecture"] == "LlamaForCausalLM"
+    assert (
+        config["architecture"] == "EagleForCausalLM"
+        and config["eagle_net_config"]["architecture"] == "LlamaForCausalLM"
+    )
     assert config["num_eagle_layers"] == max(len(c) for c in EAGLE1_DEFAULT)
     assert config["max_draft_len"] == len(EAGLE1_DEFAULT)
     assert config["max_non_leaves_per_layer"] == max(trt.non_leaves_per_level(EAGLE1_DEFAULT))
@@ -94,7 +113,9 @@ def test_eagle_checkpoint_names_shapes_and_config(demo_checkpoints, tmp_path):
         p = f"eagle_nets.{i}."
         assert torch.equal(torch.cat([r[p + "drafter.fc.weight"] for r in ranks]), draft["fc.weight"])
         assert torch.equal(torch.cat([r[p + "drafter.fc.bias"] for r in ranks]), draft["fc.bias"])
-        assert torch.equal(torch.cat([r[p + "drafter.layers.0.mlp.fc.weight"] for r in ranks]), draft["layers.0.mlp.gate_proj.weight"])
+        assert torch.equal(
+            torch.cat([r[p + "drafter.layers.0.mlp.fc.weight"] for r in ranks]), draft["layers.0.mlp.gate_proj.weight"]
+        )
         net = config["eagle_net_config"]
         qkv_rows = (net["num_attention_heads"] + 2 * net["num_key_value_heads"]) * net["head_size"] // 2
         assert ranks[0][p + "drafter.layers.0.attention.qkv.weight"].shape == (qkv_rows, 64)
@@ -104,7 +125,10 @@ def test_eagle_checkpoint_names_shapes_and_config(demo_checkpoints, tmp_path):
     assert serve["speculative_config"]["decoding_type"] == "Eagle"
     assert serve["speculative_config"]["eagle_choices"] == [list(c) for c in tree.choices]
     build_sh = (result.path / "trtllm" / "build.sh").read_text()
-    assert "trtllm-build --checkpoint_dir trtllm/checkpoint" in build_sh and "--speculative_decoding_mode eagle" in build_sh
+    assert (
+        "trtllm-build --checkpoint_dir trtllm/checkpoint" in build_sh
+        and "--speculative_decoding_mode eagle" in build_sh
+    )
     m = read_manifest(result.path)
     assert m["tensorrt_llm"]["engine_built"] is False  # no TensorRT-LLM on this machine: commands only
 

@@ -27,14 +27,26 @@ from specdec_vllm.weights import parameter_for  # noqa: E402
 
 
 def build(paths, kind, tmp: Path, tree=DynamicTreeConfig(12, 3, 3), draft_path=None):
-    inputs = BuildInputs(draft=kind, target=paths["target"], draft_path=draft_path or paths[kind],
-                         tokenizer=paths["target"], backend="vllm", dtype="float32", tree=tree_to_dict(tree))
+    inputs = BuildInputs(
+        draft=kind,
+        target=paths["target"],
+        draft_path=draft_path or paths[kind],
+        tokenizer=paths["target"],
+        backend="vllm",
+        dtype="float32",
+        tree=tree_to_dict(tree),
+    )
     return build_engine(inputs, tmp / f"{kind}-vllm")
 
 
-@pytest.mark.parametrize("kind,architecture", [("griffin", "EagleSpecdecGriffinForCausalLM"),
-                                               ("eagle2", "EagleSpecdecLlamaForCausalLM"),
-                                               ("hass", "EagleSpecdecLlamaForCausalLM")])
+@pytest.mark.parametrize(
+    "kind,architecture",
+    [
+        ("griffin", "EagleSpecdecGriffinForCausalLM"),
+        ("eagle2", "EagleSpecdecLlamaForCausalLM"),
+        ("hass", "EagleSpecdecLlamaForCausalLM"),
+    ],
+)
 def test_engine_layout_and_chain(demo_checkpoints, tmp_path, kind, architecture):
     result = build(demo_checkpoints, kind, tmp_path)
     engine = result.path
@@ -109,7 +121,9 @@ def test_the_expand_mend_spreads_each_request_value_over_its_tokens(dtype):
 
 def test_the_mends_are_applied_only_where_the_defects_show():
     def writes_a_converted_copy(output, values, cu, replace_from, replace_to):  # the defect: output never written
-        cpu_sampling_fixes.expand_to_tokens(output.to(torch.int64), values.to(torch.int64), cu, replace_from, replace_to)
+        cpu_sampling_fixes.expand_to_tokens(
+            output.to(torch.int64), values.to(torch.int64), cu, replace_from, replace_to
+        )
 
     assert cpu_sampling_fixes.expand_is_broken(writes_a_converted_copy)
     assert not cpu_sampling_fixes.expand_is_broken(cpu_sampling_fixes.expand_to_tokens)

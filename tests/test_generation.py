@@ -6,7 +6,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from specdec_kit.paths import default_zoo
-from specdec_kit.runtime.drafting import TorchFeatureStep, FeatureTreeDrafter, NoDrafter
+from specdec_kit.runtime.drafting import FeatureTreeDrafter, NoDrafter, TorchFeatureStep
 from specdec_kit.runtime.generate import STOP_EDGE_CHARS, RequestStats, SpeculativeGenerator, stop_may_end_in_tail
 from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.runtime.synthetic import oracle_griffin, random_griffin, tiny_target
@@ -17,8 +17,18 @@ from specdec_kit.serving.policy import fewest_steps
 
 @pytest.fixture(scope="module")
 def target():
-    return tiny_target(hidden_size=64, layers=2, heads=4, kv_heads=2, intermediate=128, vocab=60, context_mix=0.3,
-                       logit_scale=20.0, seed=4, max_positions=128)
+    return tiny_target(
+        hidden_size=64,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        intermediate=128,
+        vocab=60,
+        context_mix=0.3,
+        logit_scale=20.0,
+        seed=4,
+        max_positions=128,
+    )
 
 
 def griffin(target):
@@ -46,7 +56,8 @@ def test_stop_strings(target):
     stop = plain.text[10:12]
     cut = plain.text.find(stop)
     res = SpeculativeGenerator(target, griffin(target), eos_token_ids=[], decode=decode).generate(
-        [[1, 2, 3]], 30, stop_strings=[stop])[0]
+        [[1, 2, 3]], 30, stop_strings=[stop]
+    )[0]
     assert res.text == plain.text[:cut] and res.finish_reason == "stop"
     assert decode(res.tokens).find(stop) == cut  # tokens end right after the stop string appears
 
@@ -60,7 +71,8 @@ def test_stop_strings_late_in_a_long_output_decode_only_a_tail(target):
 
     def generate(stops: list[str]):
         return SpeculativeGenerator(target, griffin(target), eos_token_ids=[], decode=decode).generate(
-            [[1, 2, 3]], 110, stop_strings=stops)[0]
+            [[1, 2, 3]], 110, stop_strings=stops
+        )[0]
 
     plain = SpeculativeGenerator(target, NoDrafter(), eos_token_ids=[], decode=decode).generate([[1, 2, 3]], 110)[0]
     lengths.clear()
@@ -97,7 +109,9 @@ def test_the_tail_check_misses_no_stop_string_across_multibyte_characters():
 
 def drafted_paths(target, draft, tree) -> list[list[tuple[int, ...]]]:
     """The token paths (root first) of the first tree ``tree`` drafts for three prompts, per row, sorted."""
-    gen = SpeculativeGenerator(target, FeatureTreeDrafter(TorchFeatureStep(draft, target.lm_head), tree), eos_token_ids=[])
+    gen = SpeculativeGenerator(
+        target, FeatureTreeDrafter(TorchFeatureStep(draft, target.lm_head), tree), eos_token_ids=[]
+    )
     prompts = [[1, 2, 3], [4, 5], [7, 8, 9, 10]]
     batch = gen.admit(None, gen.prefill(prompts, [20] * 3, [SamplingParams()] * 3))
     drafted = gen.drafter.draft(batch.ctx_feats, batch.ctx_tokens, batch.ctx_counts)
@@ -114,8 +128,12 @@ def test_a_dynamic_tree_with_fewest_steps_drafts_the_same_tree(target):
     step."""
     draft = random_griffin(target)  # an imperfect draft: its trees branch
     # a single beam drafts a chain as deep as the nodes allow: a step fewer would cut it
-    for full in (DynamicTreeConfig(4, 4, 3), DynamicTreeConfig(6, 5, 2), DynamicTreeConfig(3, 5, 2),
-                 DynamicTreeConfig(4, 4, 1)):
+    for full in (
+        DynamicTreeConfig(4, 4, 3),
+        DynamicTreeConfig(6, 5, 2),
+        DynamicTreeConfig(3, 5, 2),
+        DynamicTreeConfig(4, 4, 1),
+    ):
         small = fewest_steps(full)
         assert small.depth < full.depth and small.total_tokens == full.total_tokens
         assert drafted_paths(target, draft, small) == drafted_paths(target, draft, full)
@@ -140,7 +158,8 @@ def test_statistics_are_consistent(target):
     assert pooled.cycles == sum(r.stats.cycles for r in res)
     assert pooled.accepted_per_depth == [a + b for a, b in zip(*(r.stats.accepted_per_depth for r in res))]
     assert pooled.acceptance_length == pytest.approx(
-        sum(r.stats.accepted_tokens + r.stats.cycles for r in res) / sum(r.stats.cycles for r in res))
+        sum(r.stats.accepted_tokens + r.stats.cycles for r in res) / sum(r.stats.cycles for r in res)
+    )
 
 
 def test_mixed_parameters_in_one_batch(target):

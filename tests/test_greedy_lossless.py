@@ -12,19 +12,27 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import NEW_TOKENS, TargetCase, hf_greedy, make_prompts
 
 from specdec_kit.runtime.choices import EAGLE1_DEFAULT, MC_SIM_7B_63
 from specdec_kit.runtime.drafting import NoDrafter
 from specdec_kit.runtime.generate import SpeculativeGenerator
 from specdec_kit.runtime.registry import drafter_for
 from specdec_kit.runtime.synthetic import (
-    eagle3_layers, fitted_medusa, oracle_eagle, oracle_griffin, oracle_moa, random_eagle, random_eagle3, random_griffin,
-    random_medusa, random_moa, with_draft_vocab,
+    eagle3_layers,
+    fitted_medusa,
+    oracle_eagle,
+    oracle_griffin,
+    oracle_moa,
+    random_eagle,
+    random_eagle3,
+    random_griffin,
+    random_medusa,
+    random_moa,
+    with_draft_vocab,
 )
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
-
-from conftest import NEW_TOKENS, TargetCase, hf_greedy, make_prompts
 
 DYNAMIC = DynamicTreeConfig(total_tokens=24, depth=4, top_k=4)
 
@@ -35,8 +43,16 @@ def _eagle3_trained_for(hf_model) -> Path:
 
     target = TargetModel(hf_model)
     data = torch.randint(0, target.vocab_size, (64, 64), generator=torch.Generator().manual_seed(0))
-    spec = Eagle3Spec(steps=100, batch=8, seq_len=64, lr=3e-3, warmup=10, draft_vocab=60, ttt_length=4,
-                      feature_layers=list(eagle3_layers(target)))
+    spec = Eagle3Spec(
+        steps=100,
+        batch=8,
+        seq_len=64,
+        lr=3e-3,
+        warmup=10,
+        draft_vocab=60,
+        ttt_length=4,
+        feature_layers=list(eagle3_layers(target)),
+    )
     folder = Path(tempfile.mkdtemp(prefix="eagle3-"))
     train_eagle3(target, data, spec, folder, progress=False)
     return folder
@@ -47,8 +63,14 @@ def trained_eagle3(target: TargetModel):
     vocabulary of 60 of the 80 tokens), written in the official layout and loaded back."""
     from specdec_kit.runtime.drafts.checkpoint import load_draft
 
-    return load_draft(_eagle3_trained_for(target.hf_model), "eagle3", target.hidden_size, target.vocab_size,
-                      dtype=target.dtype, target_shape=(target.num_layers, 2 * target.num_kv_heads * target.head_dim))
+    return load_draft(
+        _eagle3_trained_for(target.hf_model),
+        "eagle3",
+        target.hidden_size,
+        target.vocab_size,
+        dtype=target.dtype,
+        target_shape=(target.num_layers, 2 * target.num_kv_heads * target.head_dim),
+    )
 
 
 # test case -> (registered draft kind, module builders (good, random), tree)
@@ -58,12 +80,21 @@ CASES = {
     "griffin": ("griffin", (oracle_griffin, random_griffin), DYNAMIC),
     "griffin-static": ("griffin", (oracle_griffin, random_griffin), StaticTree.from_choices(EAGLE1_DEFAULT)),
     # a reduced draft vocabulary (the target's LM-head rows of 3/4 of its tokens): proposals only from those
-    "griffin-vocab": ("griffin", (lambda t: with_draft_vocab(oracle_griffin(t), 3 * t.vocab_size // 4),
-                                  lambda t: with_draft_vocab(random_griffin(t), 3 * t.vocab_size // 4)), DYNAMIC),
+    "griffin-vocab": (
+        "griffin",
+        (
+            lambda t: with_draft_vocab(oracle_griffin(t), 3 * t.vocab_size // 4),
+            lambda t: with_draft_vocab(random_griffin(t), 3 * t.vocab_size // 4),
+        ),
+        DYNAMIC,
+    ),
     "eagle3": ("eagle3", (trained_eagle3, random_eagle3), DYNAMIC),
     "eagle3-static": ("eagle3", (trained_eagle3, random_eagle3), StaticTree.from_choices(EAGLE1_DEFAULT)),
-    "medusa": ("medusa", (lambda t: fitted_medusa(t, heads=4), lambda t: random_medusa(t, heads=4)),
-               StaticTree.from_choices(MC_SIM_7B_63)),
+    "medusa": (
+        "medusa",
+        (lambda t: fitted_medusa(t, heads=4), lambda t: random_medusa(t, heads=4)),
+        StaticTree.from_choices(MC_SIM_7B_63),
+    ),
     # Mixture of Attentions: oracle with TLI = L, or random with TLI = 1 (dynamic tree) / TLI = 0 (static)
     "moa": ("moa", (oracle_moa, lambda t: random_moa(t, tli=1)), DYNAMIC),
     "moa-static": ("moa", (oracle_moa, lambda t: random_moa(t, tli=0)), StaticTree.from_choices(EAGLE1_DEFAULT)),
@@ -85,7 +116,7 @@ def run_batches(case: TargetCase, drafter, batch: int):
     prompts = case.prompts[:SINGLE_PROMPTS] if batch == 1 else case.prompts
     results = []
     for start in range(0, len(prompts), batch):
-        results += gen.generate(prompts[start:start + batch], NEW_TOKENS)
+        results += gen.generate(prompts[start : start + batch], NEW_TOKENS)
     return results
 
 
@@ -105,8 +136,11 @@ def test_good_drafts_identical(predictable_case, kind, batch):
     assert tau > floor, f"a good {kind} draft should be accepted often; tau={tau:.2f}"
 
 
-@pytest.mark.parametrize("kind, batch", [(kind, 4) for kind in KINDS] + [
-    (kind, 1) if kind in FAST_SINGLE else pytest.param(kind, 1, marks=pytest.mark.slow) for kind in KINDS])
+@pytest.mark.parametrize(
+    "kind, batch",
+    [(kind, 4) for kind in KINDS]
+    + [(kind, 1) if kind in FAST_SINGLE else pytest.param(kind, 1, marks=pytest.mark.slow) for kind in KINDS],
+)
 def test_random_drafts_identical(random_case, kind, batch):
     results = run_batches(random_case, build_drafter(kind, "random", random_case.target), batch)
     for res, ref in zip(results, random_case.references):
@@ -129,8 +163,19 @@ def test_batch_mixes_lengths(predictable_case):
 @pytest.mark.parametrize("family", ["qwen2", "mistral"])
 def test_other_families_identical(family):
     """Qwen2 (q/k/v biases) and Mistral targets through the same adapter, plain and speculative."""
-    case = TargetCase(family, family=family, hidden_size=64, layers=2, heads=4, kv_heads=2, intermediate=128,
-                      vocab=96, context_mix=0.3, logit_scale=20.0, seed=5)
+    case = TargetCase(
+        family,
+        family=family,
+        hidden_size=64,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        intermediate=128,
+        vocab=96,
+        context_mix=0.3,
+        logit_scale=20.0,
+        seed=5,
+    )
     prompts = make_prompts(96, count=6, seed=3)
     refs = [hf_greedy(case.hf, p, 32) for p in prompts]
     for drafter in (NoDrafter(), build_drafter("griffin", "good", case.target)):
@@ -140,8 +185,19 @@ def test_other_families_identical(family):
 
 def test_float64_long_generation_identical():
     """A longer run in float64 (no rounding near-ties at all): 200 tokens, batch of 3."""
-    case = TargetCase("f64", hidden_size=64, layers=3, heads=4, kv_heads=4, intermediate=128, vocab=128,
-                      context_mix=0.5, logit_scale=10.0, seed=9, dtype=torch.float64)
+    case = TargetCase(
+        "f64",
+        hidden_size=64,
+        layers=3,
+        heads=4,
+        kv_heads=4,
+        intermediate=128,
+        vocab=128,
+        context_mix=0.5,
+        logit_scale=10.0,
+        seed=9,
+        dtype=torch.float64,
+    )
     prompts = make_prompts(128, count=3, seed=8)
     refs = [hf_greedy(case.hf, p, 200) for p in prompts]
     out = SpeculativeGenerator(case.target, build_drafter("griffin", "random", case.target)).generate(prompts, 200)

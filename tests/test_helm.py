@@ -18,7 +18,6 @@ import jsonschema
 import kubernetes_validate as kv
 import pytest
 import yaml
-
 from helm_cli import CHART, CHART_APIS, HelmChart, HelmRefused
 
 pytestmark = pytest.mark.helm
@@ -58,8 +57,12 @@ def server(spec: dict) -> dict:
 
 def render_layout(chart: HelmChart, backend: str, kind: str, tp: int, pp: int) -> list[dict] | str:
     """A GPU backend's build-from-PVC layout: the rendered objects, or the chart's refusal."""
-    values = {"backend": backend, "engine": {"source": "build", "draft": kind}, "model": {"pvc": {"claimName": "m"}},
-              "parallelism": {"tensor": tp, "pipeline": pp}}
+    values = {
+        "backend": backend,
+        "engine": {"source": "build", "draft": kind},
+        "model": {"pvc": {"claimName": "m"}},
+        "parallelism": {"tensor": tp, "pipeline": pp},
+    }
     try:
         return chart.render(values)
     except HelmRefused as exc:
@@ -75,8 +78,13 @@ def speculation_script(docs: list[dict]) -> str:
 def check_speculation(script: str, url: str, speculating: bool, timeout: float = 120) -> None:
     """Run the speculation check against the server at ``url``: it passes on a speculating server, fails on a plain
     one."""
-    proc = subprocess.run([sys.executable, "-c", script.replace("http://specdec:8000", url)], capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "API_KEY": ""})
+    proc = subprocess.run(
+        [sys.executable, "-c", script.replace("http://specdec:8000", url)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "API_KEY": ""},
+    )
     if speculating:
         assert proc.returncode == 0 and "acceptance length:" in proc.stdout, proc.stdout + proc.stderr
     else:
@@ -94,12 +102,17 @@ def test_lint_is_clean(chart):
         assert "[WARNING]" not in proc.stdout and "[ERROR]" not in proc.stdout, proc.stdout
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"autoscaling": {"enabled": True, "mode": "prometheus-adapter", "minReplicas": 5, "maxReplicas": 2}},
-     "minReplicas 5 exceeds maxReplicas 2"),
-    ({**SGLANG_BUILD, "parallelism": {"tensor": 8, "pipeline": 2}}, "PP + speculative decoding"),
-    ({**SGLANG_BUILD, "parallelism": {"tensor": 3}}, "do not divide the 8 GPUs of a node"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        (
+            {"autoscaling": {"enabled": True, "mode": "prometheus-adapter", "minReplicas": 5, "maxReplicas": 2}},
+            "minReplicas 5 exceeds maxReplicas 2",
+        ),
+        ({**SGLANG_BUILD, "parallelism": {"tensor": 8, "pipeline": 2}}, "PP + speculative decoding"),
+        ({**SGLANG_BUILD, "parallelism": {"tensor": 3}}, "do not divide the 8 GPUs of a node"),
+    ],
+)
 def test_lint_refuses_what_install_refuses(chart, values, message):
     """`helm lint` renders with the chart's `fail` switched off; the chart's refusals reach it all the same."""
     with pytest.raises(HelmRefused, match=re.escape(message)):
@@ -129,8 +142,12 @@ def test_every_manifest_validates(chart, path):
             if kind == "LeaderWorkerSet":  # its pod templates are core Pods: check them with Kubernetes' schema
                 for part in ("leaderTemplate", "workerTemplate"):
                     tmpl = doc["spec"]["leaderWorkerTemplate"][part]
-                    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x", **tmpl.get("metadata", {})},
-                           "spec": tmpl["spec"]}
+                    pod = {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "metadata": {"name": "x", **tmpl.get("metadata", {})},
+                        "spec": tmpl["spec"],
+                    }
                     kv.validate(pod, K8S_VERSION, strict=True)
             continue
         try:
@@ -147,7 +164,9 @@ def test_rendered_output_matches_golden(chart, path):
         golden.parent.mkdir(parents=True, exist_ok=True)
         golden.write_text(text)
     assert golden.is_file(), f"{golden} missing: run with SPECDEC_UPDATE_GOLDEN=1 and review the diff"
-    assert text == golden.read_text(), f"{path.name}: rendering changed; if intended, regenerate with SPECDEC_UPDATE_GOLDEN=1"
+    assert text == golden.read_text(), (
+        f"{path.name}: rendering changed; if intended, regenerate with SPECDEC_UPDATE_GOLDEN=1"
+    )
 
 
 def test_defaults_are_the_cpu_demo(chart):
@@ -174,7 +193,9 @@ def test_gpu_essentials(chart, path):
         c = server(spec)
         assert spec["securityContext"]["runAsNonRoot"] and c["securityContext"]["readOnlyRootFilesystem"]
         assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
-        assert c["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep" and spec["terminationGracePeriodSeconds"] >= 30
+        assert (
+            c["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep" and spec["terminationGracePeriodSeconds"] >= 30
+        )
         if role != "worker":
             assert c["startupProbe"]["failureThreshold"] * c["startupProbe"]["periodSeconds"] >= 600
             assert c["livenessProbe"]["httpGet"]["path"] == "/health"
@@ -213,7 +234,10 @@ def test_feature_switches(chart):
     titles = {p["title"] for p in dashboard["panels"]}
     assert {"Time to first token", "Inter-token latency (per token)", "Throughput", "Acceptance length"} <= titles
     env = server(docs["Deployment"]["spec"]["template"]["spec"])["env"]
-    assert {"name": "SPECDEC_API_KEY", "valueFrom": {"secretKeyRef": {"name": "specdec-api-key", "key": "api-key"}}} in env
+    assert {
+        "name": "SPECDEC_API_KEY",
+        "valueFrom": {"secretKeyRef": {"name": "specdec-api-key", "key": "api-key"}},
+    } in env
     assert docs["PersistentVolumeClaim"]["spec"]["accessModes"] == ["ReadWriteMany"]  # the Job writes, replicas read
     assert docs["PersistentVolumeClaim"]["spec"]["storageClassName"] == "standard-rwx"
     multi = chart.render(example(CHART / "ci" / "values-multinode-tp16.yaml"))
@@ -231,10 +255,13 @@ def test_feature_switches(chart):
     spread = leader["topologySpreadConstraints"][0]
     assert spread["topologyKey"] == "kubernetes.io/hostname" and spread["labelSelector"]["matchLabels"]
     pdb = next(d for d in multi if d["kind"] == "PodDisruptionBudget")  # leaders and workers of every group
-    assert pdb["spec"]["selector"]["matchExpressions"] == [{"key": "specdec.io/role", "operator": "In",
-                                                           "values": ["leader", "worker"]}]
+    assert pdb["spec"]["selector"]["matchExpressions"] == [
+        {"key": "specdec.io/role", "operator": "In", "values": ["leader", "worker"]}
+    ]
     trt = {d["kind"]: d for d in chart.render(example(CHART / "ci" / "values-trtllm-tp4.yaml"))}
-    assert trt["HorizontalPodAutoscaler"]["spec"]["metrics"][0]["pods"]["metric"]["name"] == "trtllm_num_requests_waiting"
+    assert (
+        trt["HorizontalPodAutoscaler"]["spec"]["metrics"][0]["pods"]["metric"]["name"] == "trtllm_num_requests_waiting"
+    )
     assert trt["PodMonitor"]["spec"]["podMetricsEndpoints"][0]["path"] == "/prometheus/metrics"
     fetch = named(trt["Job"]["spec"]["template"]["spec"]["initContainers"], "fetch-models")
     assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}} in fetch["env"]
@@ -247,16 +274,26 @@ def test_vllm_backend(chart):
     [(_, spec)] = pods_of(docs)
     c = server(spec)
     assert c["image"] == "specdec:0.1.0-vllm" and "--served-model-name=llama-3.1-8b-eagle3" in c["args"]
-    assert c["args"][c["args"].index("--") + 1:] == ["--max-model-len", "8192", "--gpu-memory-utilization", "0.9"]
+    assert c["args"][c["args"].index("--") + 1 :] == ["--max-model-len", "8192", "--gpu-memory-utilization", "0.9"]
     assert c["readinessProbe"]["httpGet"]["path"] == "/health"
     route = kinds["HTTPRoute"]["spec"]["rules"][0]["backendRefs"]
     assert route == [{"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "specdec"}]
-    epp = yaml.safe_load(next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "specdec-epp")
-                         ["data"]["epp.yaml"])
-    assert next(p for p in epp["plugins"] if p["type"] == "core-metrics-extractor")["parameters"]["defaultEngine"] == "vllm"
+    epp = yaml.safe_load(
+        next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "specdec-epp")["data"]["epp.yaml"]
+    )
+    assert (
+        next(p for p in epp["plugins"] if p["type"] == "core-metrics-extractor")["parameters"]["defaultEngine"]
+        == "vllm"
+    )
     # a vLLM replica over two nodes: the leader serves, the workers run headless
-    multi = chart.render({**example(CHART / "ci" / "values-vllm-a100.yaml"), "parallelism": {"tensor": 16, "pipeline": 1},
-                          "inferencePool": {"enabled": False}, "httpRoute": {"enabled": False}})
+    multi = chart.render(
+        {
+            **example(CHART / "ci" / "values-vllm-a100.yaml"),
+            "parallelism": {"tensor": 16, "pipeline": 1},
+            "inferencePool": {"enabled": False},
+            "httpRoute": {"enabled": False},
+        }
+    )
     roles = {role: server(spec)["args"] for role, spec in pods_of(multi)}
     for role, args in roles.items():
         assert {"--nnodes=2", "--node-rank=$(LWS_WORKER_INDEX)", "--master-addr=$(LWS_LEADER_ADDRESS)"} <= set(args)
@@ -268,54 +305,85 @@ def test_engine_cache_key_changes_with_every_build_input_and_nothing_else(chart)
         spec = next(spec for _, spec in pods_of(chart.render(values)))
         return next(a for a in server(spec)["args"] if a.startswith("--engine="))
 
-    base = {"backend": "sglang", "engine": {"source": "build"}, "model": {"pvc": {"claimName": "m", "target": "llama-a"}}}
+    base = {
+        "backend": "sglang",
+        "engine": {"source": "build"},
+        "model": {"pvc": {"claimName": "m", "target": "llama-a"}},
+    }
     same = engine_path(base)
     assert engine_path(base) == same and same.startswith("--engine=/engine-cache/griffin-sglang-tp1-pp1-")
-    changed = [{"model": {"pvc": {"claimName": "m", "target": "llama-b"}}}, {"engine": {"source": "build", "depth": 4}},
-               {"engine": {"source": "build", "dtype": "bfloat16"}},
-               {"engine": {"source": "build", "buildArgs": ["--device=cuda"]}},
-               {"model": {"source": "huggingface", "huggingface": {"target": "org/a", "draft": "org/b"}}}]
+    changed = [
+        {"model": {"pvc": {"claimName": "m", "target": "llama-b"}}},
+        {"engine": {"source": "build", "depth": 4}},
+        {"engine": {"source": "build", "dtype": "bfloat16"}},
+        {"engine": {"source": "build", "buildArgs": ["--device=cuda"]}},
+        {"model": {"source": "huggingface", "huggingface": {"target": "org/a", "draft": "org/b"}}},
+    ]
     paths = {engine_path({**base, **c}) for c in changed}
     assert same not in paths and len(paths) == len(changed)
-    unchanged = [{"model": {"pvc": {"claimName": "m", "target": "llama-a"}, "cache": {"size": "1Ti"}}},
-                 {"engine": {"source": "build", "cache": {"storageClassName": "fast"}}},
-                 {"engine": {"source": "build", "build": {"backoffLimit": 5}}}]
+    unchanged = [
+        {"model": {"pvc": {"claimName": "m", "target": "llama-a"}, "cache": {"size": "1Ti"}}},
+        {"engine": {"source": "build", "cache": {"storageClassName": "fast"}}},
+        {"engine": {"source": "build", "build": {"backoffLimit": 5}}},
+    ]
     assert {engine_path({**base, **c}) for c in unchanged} == {same}
 
 
 def test_build_job_name_follows_its_pod_template(chart):
     """A Job's template is immutable: changed build settings get a new Job, unchanged ones keep it."""
+
     def job_name(values: dict) -> str:
         return build_job(chart.render(values))["metadata"]["name"]
 
     base = job_name(SGLANG_BUILD)
     assert base.startswith("specdec-build-") and job_name(SGLANG_BUILD) == base
-    assert job_name({**SGLANG_BUILD, "engine": {"source": "build", "build": {"resources": {"requests": {"cpu": "2"}}}}}) != base
+    assert (
+        job_name({**SGLANG_BUILD, "engine": {"source": "build", "build": {"resources": {"requests": {"cpu": "2"}}}}})
+        != base
+    )
     assert job_name({**SGLANG_BUILD, "replicaCount": 3}) == base
 
 
 def test_build_job_and_waiting_pods_run_the_kits_builder(chart, demo_checkpoints, tmp_path):
     """The Job's build script and the pods' wait script, as rendered, run here against the kit's real builder: a
     failed build leaves its last lines for the waiting pods, and a build that succeeds lets them start."""
-    docs = chart.render({"engine": {"source": "build", "draft": "griffin", "tree": "static:chain-3", "dtype": "float32"},
-                         "model": {"pvc": {"claimName": "m"}}})
+    docs = chart.render(
+        {
+            "engine": {"source": "build", "draft": "griffin", "tree": "static:chain-3", "dtype": "float32"},
+            "model": {"pvc": {"claimName": "m"}},
+        }
+    )
     builder = named(build_job(docs)["spec"]["template"]["spec"]["containers"], "build-engine")
     waiter = named(pods_of(docs)[0][1]["initContainers"], "wait-for-engine")
     engine = tmp_path / "cache" / "engine"
     engine.parent.mkdir()  # the engine cache's mount
-    local = {"/models/target": str(demo_checkpoints["target"]), "/models/draft": str(demo_checkpoints["griffin"]),
-             named(builder["env"], "ENGINE")["value"]: str(engine)}
+    local = {
+        "/models/target": str(demo_checkpoints["target"]),
+        "/models/draft": str(demo_checkpoints["griffin"]),
+        named(builder["env"], "ENGINE")["value"]: str(engine),
+    }
 
     def localize(args: list[str]) -> list[str]:
         return [next((a.replace(k, v) for k, v in local.items() if k in a), a) for a in args]
 
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "ENGINE": str(engine),
-           "JOB": named(waiter["env"], "JOB")["value"], "HOME": str(tmp_path)}
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "ENGINE": str(engine),
+        "JOB": named(waiter["env"], "JOB")["value"],
+        "HOME": str(tmp_path),
+    }
     wait = waiter["command"]
     broken = localize(builder["args"])
-    broken[[i for i, a in enumerate(broken) if a.startswith("--draft-path=")][0]] = f"--draft-path={tmp_path / 'missing'}"
-    run = lambda args: subprocess.run([*builder["command"], *args], env=env, capture_output=True, text=True,
-                                      timeout=600, cwd=tmp_path)
+    broken[[i for i, a in enumerate(broken) if a.startswith("--draft-path=")][0]] = (
+        f"--draft-path={tmp_path / 'missing'}"
+    )
+
+    def run(args):
+        return subprocess.run(
+            [*builder["command"], *args], env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path
+        )
+
     failed = run(broken)
     assert failed.returncode != 0 and "missing" in Path(f"{engine}.failed").read_text()
     waited = subprocess.run(wait, env=env, capture_output=True, text=True, timeout=60)
@@ -328,56 +396,90 @@ def test_build_job_and_waiting_pods_run_the_kits_builder(chart, demo_checkpoints
 
 
 def test_network_policy_admits_what_the_enabled_features_need(chart):
-    values = {"networkPolicy": {"enabled": True}, "ingress": {"enabled": True, "hosts": [{"host": "llm.example.com"}]},
-              "httpRoute": {"enabled": True, "parentRefs": [{"name": "gw", "namespace": "gateway-system"}]},
-              "monitoring": {"podMonitor": {"enabled": True}}}
+    values = {
+        "networkPolicy": {"enabled": True},
+        "ingress": {"enabled": True, "hosts": [{"host": "llm.example.com"}]},
+        "httpRoute": {"enabled": True, "parentRefs": [{"name": "gw", "namespace": "gateway-system"}]},
+        "monitoring": {"podMonitor": {"enabled": True}},
+    }
     policy = next(d for d in chart.render(values) if d["kind"] == "NetworkPolicy")
-    peers = [p.get("namespaceSelector", {}).get("matchLabels", {}).get("kubernetes.io/metadata.name")
-             for p in policy["spec"]["ingress"][0]["from"]]
+    peers = [
+        p.get("namespaceSelector", {}).get("matchLabels", {}).get("kubernetes.io/metadata.name")
+        for p in policy["spec"]["ingress"][0]["from"]
+    ]
     assert peers == [None, "ingress-nginx", "gateway-system", "monitoring"]  # None: the release's own namespace
     plain = next(d for d in chart.render({"networkPolicy": {"enabled": True}}) if d["kind"] == "NetworkPolicy")
     assert plain["spec"]["ingress"][0]["from"] == [{"podSelector": {}}]
 
 
-@pytest.mark.parametrize("values, message", [
-    ({**SGLANG_BUILD, "parallelism": {"tensor": 0}}, "tensor"),
-    ({**SGLANG_BUILD, "parallelism": {"tensor": 1.5}}, "tensor"),
-    ({"parallelism": {"tensor": 2}}, "/parallelism/tensor': value must be 1"),  # embedded runs on one device
-    ({**SGLANG_BUILD, "parallelism": {"tensor": 4, "pipeline": 3}}, "do not fit nodes of gpu.perNode=8"),
-    ({**SGLANG_BUILD, "backend": "tensorrt-llm", "parallelism": {"tensor": 8, "pipeline": 2}}, "multi-node TensorRT-LLM"),
-    ({"backend": "sglang"}, "engine.source=demo"),
-    ({"backend": "sglang", "engine": {"source": "build"}}, "model.pvc.claimName"),
-    ({"backend": "sglang", "engine": {"source": "build"}, "model": {"source": "huggingface"}}, "model.huggingface.target"),
-    ({**SGLANG_BUILD, "parallelism": {"tensor": 3}}, "do not divide the 8 GPUs of a node"),
-    ({"backend": "sglang", "engine": {"source": "prebuilt", "path": "/engines/x"}}, "needs engine.cache.existingClaim"),
-    ({"backend": "sglang", "engine": {"source": "prebuilt", "path": "/engines/x", "cache": {"existingClaim": "e"}}},
-     "mounted at /engine-cache"),
-    ({"autoscaling": {"enabled": True, "mode": "prometheus-adapter", "minReplicas": 5, "maxReplicas": 2}},
-     "minReplicas 5 exceeds maxReplicas 2"),
-    ({"autoscaling": {"enabled": True, "mode": "keda"}}, "set monitoring.serviceMonitor.enabled=true"),
-    ({**SGLANG_BUILD, "backend": "tensorrt-llm", "apiKey": {"existingSecret": "k"}}, "trtllm-serve takes no API key"),
-    ({**SGLANG_BUILD, "backend": "tensorrt-llm", "server": {"servedModelName": "meta-llama/Llama-3-8B"}},
-     "cannot hold a '/'"),
-    ({"replicas": 3}, "replicas"),
-    ({"router": {"enabled": True}}, "router.enabled"),
-    ({**SGLANG_BUILD, "router": {"enabled": True}, "inferencePool": {"enabled": True}}, "choose one"),
-    ({"gpu": {"perNode": 0}}, "perNode"),
-    ({"model": {"scratch": {"size": "1Gi"}}}, "scratch"),  # the model cache replaced it
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({**SGLANG_BUILD, "parallelism": {"tensor": 0}}, "tensor"),
+        ({**SGLANG_BUILD, "parallelism": {"tensor": 1.5}}, "tensor"),
+        ({"parallelism": {"tensor": 2}}, "/parallelism/tensor': value must be 1"),  # embedded runs on one device
+        ({**SGLANG_BUILD, "parallelism": {"tensor": 4, "pipeline": 3}}, "do not fit nodes of gpu.perNode=8"),
+        (
+            {**SGLANG_BUILD, "backend": "tensorrt-llm", "parallelism": {"tensor": 8, "pipeline": 2}},
+            "multi-node TensorRT-LLM",
+        ),
+        ({"backend": "sglang"}, "engine.source=demo"),
+        ({"backend": "sglang", "engine": {"source": "build"}}, "model.pvc.claimName"),
+        (
+            {"backend": "sglang", "engine": {"source": "build"}, "model": {"source": "huggingface"}},
+            "model.huggingface.target",
+        ),
+        ({**SGLANG_BUILD, "parallelism": {"tensor": 3}}, "do not divide the 8 GPUs of a node"),
+        (
+            {"backend": "sglang", "engine": {"source": "prebuilt", "path": "/engines/x"}},
+            "needs engine.cache.existingClaim",
+        ),
+        (
+            {
+                "backend": "sglang",
+                "engine": {"source": "prebuilt", "path": "/engines/x", "cache": {"existingClaim": "e"}},
+            },
+            "mounted at /engine-cache",
+        ),
+        (
+            {"autoscaling": {"enabled": True, "mode": "prometheus-adapter", "minReplicas": 5, "maxReplicas": 2}},
+            "minReplicas 5 exceeds maxReplicas 2",
+        ),
+        ({"autoscaling": {"enabled": True, "mode": "keda"}}, "set monitoring.serviceMonitor.enabled=true"),
+        (
+            {**SGLANG_BUILD, "backend": "tensorrt-llm", "apiKey": {"existingSecret": "k"}},
+            "trtllm-serve takes no API key",
+        ),
+        (
+            {**SGLANG_BUILD, "backend": "tensorrt-llm", "server": {"servedModelName": "meta-llama/Llama-3-8B"}},
+            "cannot hold a '/'",
+        ),
+        ({"replicas": 3}, "replicas"),
+        ({"router": {"enabled": True}}, "router.enabled"),
+        ({**SGLANG_BUILD, "router": {"enabled": True}, "inferencePool": {"enabled": True}}, "choose one"),
+        ({"gpu": {"perNode": 0}}, "perNode"),
+        ({"model": {"scratch": {"size": "1Gi"}}}, "scratch"),  # the model cache replaced it
+    ],
+)
 def test_values_that_must_be_refused_are_refused(chart, values, message):
     with pytest.raises(HelmRefused, match=message):
         chart.render(values)
 
 
-@pytest.mark.parametrize("values, api", [
-    ({**SGLANG_BUILD, "parallelism": {"tensor": 16}}, "leaderworkerset.x-k8s.io/v1"),
-    ({"autoscaling": {"enabled": True, "mode": "keda"}, "monitoring": {"serviceMonitor": {"enabled": True}}},
-     "keda.sh/v1alpha1"),
-    ({"autoscaling": {"enabled": True, "mode": "prometheus-adapter"}}, "custom.metrics.k8s.io/v1beta1"),
-    ({"monitoring": {"podMonitor": {"enabled": True}}}, "monitoring.coreos.com/v1"),
-    ({"httpRoute": {"enabled": True, "parentRefs": [{"name": "gw"}]}}, "gateway.networking.k8s.io/v1"),
-    ({"inferencePool": {"enabled": True}}, "inference.networking.k8s.io/v1"),
-])
+@pytest.mark.parametrize(
+    "values, api",
+    [
+        ({**SGLANG_BUILD, "parallelism": {"tensor": 16}}, "leaderworkerset.x-k8s.io/v1"),
+        (
+            {"autoscaling": {"enabled": True, "mode": "keda"}, "monitoring": {"serviceMonitor": {"enabled": True}}},
+            "keda.sh/v1alpha1",
+        ),
+        ({"autoscaling": {"enabled": True, "mode": "prometheus-adapter"}}, "custom.metrics.k8s.io/v1beta1"),
+        ({"monitoring": {"podMonitor": {"enabled": True}}}, "monitoring.coreos.com/v1"),
+        ({"httpRoute": {"enabled": True, "parentRefs": [{"name": "gw"}]}}, "gateway.networking.k8s.io/v1"),
+        ({"inferencePool": {"enabled": True}}, "inference.networking.k8s.io/v1"),
+    ],
+)
 def test_custom_resources_need_their_api_in_the_cluster(chart, values, api):
     others = [a for a in CHART_APIS if a != api]
     with pytest.raises(HelmRefused, match=f"the cluster serves no {api} API") as refused:
@@ -393,8 +495,11 @@ def test_inference_pool_and_its_endpoint_picker(chart, demo_engine):
     from the kit's own server exist there (checked against the real server)."""
     from server_helpers import Server
 
-    values = {"inferencePool": {"enabled": True}, "replicaCount": 2,
-              "httpRoute": {"enabled": True, "parentRefs": [{"name": "gw", "namespace": "gateway-system"}]}}
+    values = {
+        "inferencePool": {"enabled": True},
+        "replicaCount": 2,
+        "httpRoute": {"enabled": True, "parentRefs": [{"name": "gw", "namespace": "gateway-system"}]},
+    }
     docs = chart.render(values)
     pool = next(d for d in docs if d["kind"] == "InferencePool")
     jsonschema.validate(pool, CRD_SCHEMAS["InferencePool"])
@@ -402,8 +507,12 @@ def test_inference_pool_and_its_endpoint_picker(chart, demo_engine):
     deployment = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "specdec")
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert pool["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
-    assert pool["spec"]["targetPorts"] == [{"number": server(deployment["spec"]["template"]["spec"])["ports"][0]["containerPort"]}]
-    service = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == pool["spec"]["endpointPickerRef"]["name"])
+    assert pool["spec"]["targetPorts"] == [
+        {"number": server(deployment["spec"]["template"]["spec"])["ports"][0]["containerPort"]}
+    ]
+    service = next(
+        d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == pool["spec"]["endpointPickerRef"]["name"]
+    )
     assert service["spec"]["ports"][0]["port"] == pool["spec"]["endpointPickerRef"]["port"]["number"]
     picker = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "specdec-epp")
     assert service["spec"]["selector"].items() <= picker["spec"]["template"]["metadata"]["labels"].items()
@@ -423,8 +532,11 @@ def test_inference_pool_and_its_endpoint_picker(chart, demo_engine):
     srv = Server(demo_engine)
     try:
         srv.client().chat.completions.create(model="demo", messages=[{"role": "user", "content": "hi"}], max_tokens=8)
-        names = {line.split("{")[0].split(" ")[0] for line in httpx.get(srv.url + "/metrics").text.splitlines()
-                 if line and not line.startswith("#")}
+        names = {
+            line.split("{")[0].split(" ")[0]
+            for line in httpx.get(srv.url + "/metrics").text.splitlines()
+            if line and not line.startswith("#")
+        }
         metrics = srv.metrics()
     finally:
         srv.stop()
@@ -455,8 +567,10 @@ def speculation_check(chart: HelmChart, values: dict) -> dict:
 
 
 def test_every_backend_has_a_speculation_check(chart):
-    checks = {backend: speculation_check(chart, {**SGLANG_BUILD, "backend": backend})
-              for backend in ("sglang", "vllm", "tensorrt-llm")}
+    checks = {
+        backend: speculation_check(chart, {**SGLANG_BUILD, "backend": backend})
+        for backend in ("sglang", "vllm", "tensorrt-llm")
+    }
     assert checks["sglang"] == {"info": "/server_info", "metrics": "/metrics", "gauge": "sglang:spec_accept_length"}
     assert checks["tensorrt-llm"]["metrics"] == "/prometheus/metrics"  # mounted by the export's return_perf_metrics
     assert checks["tensorrt-llm"]["gauge"] == "trtllm_spec_decode_acceptance_length"
@@ -495,16 +609,28 @@ def test_build_script_refuses_without_a_docker_engine(tmp_path):
 
 
 def test_values_files_pass_yamllint():
-    proc = subprocess.run([sys.executable, "-m", "yamllint", "-d", "{extends: relaxed, rules: {line-length: {max: 130}}}",
-                           str(CHART / "values.yaml"), str(CHART / "Chart.yaml"), *map(str, EXAMPLES)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "yamllint",
+            "-d",
+            "{extends: relaxed, rules: {line-length: {max: 130}}}",
+            str(CHART / "values.yaml"),
+            str(CHART / "Chart.yaml"),
+            *map(str, EXAMPLES),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout
 
 
 def test_the_chart_readme_lists_every_value():
     """helm/README.md's values table is the one generated from the schema (and every value has a description)."""
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "helm_values_table.py"), "--check"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "helm_values_table.py"), "--check"], capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr
     schema = json.loads((CHART / "values.schema.json").read_text())
     undescribed = [k for k, v in schema["properties"].items() if "description" not in v]

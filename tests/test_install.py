@@ -14,7 +14,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from server_helpers import free_port
 
 pytestmark = pytest.mark.slow
@@ -25,25 +24,69 @@ REPO = Path(__file__).resolve().parents[1]
 def test_wheel_install_builds_and_serves_the_demo_engine(tmp_path):
     wheels, site, work = tmp_path / "wheels", tmp_path / "site", tmp_path / "work"
     work.mkdir()
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels),
-                    str(REPO)], check=True, capture_output=True, cwd=tmp_path)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
-                    *map(str, wheels.glob("*.whl"))], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(REPO)],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(site),
+            *map(str, wheels.glob("*.whl")),
+        ],
+        check=True,
+        capture_output=True,
+    )
     # the installed copy comes first on the path; the dependencies come from this interpreter
     env = dict(os.environ, PYTHONPATH=str(site), SPECDEC_ZOO=str(REPO / "zoo"))
-    where = subprocess.run([sys.executable, "-c", "import specdec_kit; print(specdec_kit.__file__)"], env=env, cwd=work,
-                           capture_output=True, text=True, check=True).stdout.strip()
+    where = subprocess.run(
+        [sys.executable, "-c", "import specdec_kit; print(specdec_kit.__file__)"],
+        env=env,
+        cwd=work,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert where.startswith(str(site)), where
     engine = work / "engines" / "griffin-onnxruntime"
-    build = subprocess.run([sys.executable, "-m", "specdec_kit.export.cli", "--draft", "griffin", "--output", str(engine)],
-                           env=env, cwd=work, capture_output=True, text=True, timeout=900)
+    build = subprocess.run(
+        [sys.executable, "-m", "specdec_kit.export.cli", "--draft", "griffin", "--output", str(engine)],
+        env=env,
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert build.returncode == 0, build.stderr[-3000:]
     manifest = json.loads((engine / "manifest.json").read_text())
     assert manifest["inputs"]["demo_zoo"] and manifest["draft"]["kind"] == "griffin"
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "specdec_kit.serving", "--engine", str(engine), "--port", str(port),
-                               "--log-level", "warning"], env=env, cwd=work, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "specdec_kit.serving",
+            "--engine",
+            str(engine),
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+        cwd=work,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.time() + 180

@@ -12,8 +12,9 @@ type checkers (``if TYPE_CHECKING:``) and a script's own entry block (``if __nam
 from __future__ import annotations
 
 import ast
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 LAYERS = (
@@ -140,7 +141,9 @@ def test_the_checks_catch_what_they_look_for() -> None:
     assert cycles({"a": {"b"}, "b": set()}) == []
     assert layer_of("specdec_kit.bench.speedup") > layer_of("specdec_kit.runtime.trees")
     assert layer_of("specdec_kit.paths")[0] == 0 and layer_of("specdec_kit.data.prompts")[0] == 0
-    source = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import x\nif __name__ == '__main__':\n"
-                       "    import y\ndef f():\n    import z\n")
+    source = ast.parse(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import x\nif __name__ == '__main__':\n"
+        "    import y\ndef f():\n    import z\n"
+    )
     imported = {a.name for n in counted_nodes(source) if isinstance(n, ast.Import) for a in n.names}
     assert imported == {"z"}

@@ -7,18 +7,17 @@ import json
 
 import pytest
 import torch
+from conftest import NEW_TOKENS
 
 from specdec_kit.runtime.choices import EAGLE1_DEFAULT
-from specdec_kit.runtime.drafts.loading import DraftLoadError, save_draft
 from specdec_kit.runtime.drafts.checkpoint import load_draft
+from specdec_kit.runtime.drafts.loading import DraftLoadError, save_draft
 from specdec_kit.runtime.generate import SpeculativeGenerator
 from specdec_kit.runtime.loader import make_drafter
 from specdec_kit.runtime.moa_drafting import MoATreeDrafter, TorchMoAStep
 from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.runtime.synthetic import oracle_moa, random_moa
 from specdec_kit.runtime.trees import StaticTree
-
-from conftest import NEW_TOKENS
 
 
 def test_tli_equal_to_depth_of_target_drafts_the_target_itself(random_case):
@@ -41,7 +40,9 @@ def test_checkpoint_round_trip_and_mismatches(random_case, tmp_path):
     draft = random_moa(target, tli=1)
     save_draft(draft, tmp_path / "moa", "moa", safetensors=True)
     cfg = json.loads((tmp_path / "moa" / "config.json").read_text())
-    assert cfg["moa_tli"] == 1 and cfg["target_num_layers"] == target.num_layers and cfg["architectures"] == ["MoADraft"]
+    assert (
+        cfg["moa_tli"] == 1 and cfg["target_num_layers"] == target.num_layers and cfg["architectures"] == ["MoADraft"]
+    )
     drafter = make_drafter(target, "moa", tmp_path / "moa", StaticTree.from_choices(EAGLE1_DEFAULT))
     loaded = drafter.step.draft
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), draft.state_dict().values()))
@@ -55,8 +56,11 @@ def test_checkpoint_round_trip_and_mismatches(random_case, tmp_path):
 
 def test_requests_joining_mid_flight_with_moa(predictable_case):
     case = predictable_case
-    gen = SpeculativeGenerator(case.target, MoATreeDrafter(TorchMoAStep(oracle_moa(case.target), case.target),
-                                                           StaticTree.from_choices(EAGLE1_DEFAULT)), eos_token_ids=[])
+    gen = SpeculativeGenerator(
+        case.target,
+        MoATreeDrafter(TorchMoAStep(oracle_moa(case.target), case.target), StaticTree.from_choices(EAGLE1_DEFAULT)),
+        eos_token_ids=[],
+    )
     greedy = SamplingParams()
     batch = gen.admit(None, gen.prefill(case.prompts[:2], [NEW_TOKENS] * 2, [greedy] * 2, tags=[0, 1]))
     rows = {row.tag: row for row in batch.rows}
@@ -108,8 +112,14 @@ def test_engine_export_with_a_stated_reason_for_server_backends(predictable_case
 
     write_char_tokenizer(tmp_path / "target")
     save_draft(random_moa(case.target, tli=1), tmp_path / "moa", "moa", safetensors=True)
-    inputs = dict(draft="moa", target=tmp_path / "target", draft_path=tmp_path / "moa", tokenizer=tmp_path / "target",
-                  dtype="float32", tree=tree_to_dict(DynamicTreeConfig(12, 3, 3)))
+    inputs = dict(
+        draft="moa",
+        target=tmp_path / "target",
+        draft_path=tmp_path / "moa",
+        tokenizer=tmp_path / "target",
+        dtype="float32",
+        tree=tree_to_dict(DynamicTreeConfig(12, 3, 3)),
+    )
     engine = open_engine(build_engine(BuildInputs(backend="torch", **inputs), tmp_path / "engine").path)
     assert engine.draft_kind == "moa" and engine.manifest["draft"]["moa_tli"] == 1
     res = engine.generator().generate(case.prompts[:2], 24)
@@ -137,13 +147,21 @@ def test_onnx_engine_drafts_exactly_what_pytorch_drafts(predictable_case, tmp_pa
     draft = oracle_moa(case.target) if which == "oracle-tli-L" else random_moa(case.target, tli=0)
     save_draft(draft, tmp_path / "moa", "moa", safetensors=True)
     tree = StaticTree.from_choices(EAGLE1_DEFAULT)
-    inputs = BuildInputs(draft="moa", target=tmp_path / "target", draft_path=tmp_path / "moa", tokenizer=tmp_path / "target",
-                         backend="onnxruntime", dtype="float32", tree=tree_to_dict(tree))
+    inputs = BuildInputs(
+        draft="moa",
+        target=tmp_path / "target",
+        draft_path=tmp_path / "moa",
+        tokenizer=tmp_path / "target",
+        backend="onnxruntime",
+        dtype="float32",
+        tree=tree_to_dict(tree),
+    )
     engine = open_engine(build_engine(inputs, tmp_path / "engine").path)
     assert {"moa_memory", "moa_step"} <= set(engine.manifest["artifacts"])
     got = engine.generator().generate(case.prompts[:4], 32)
-    ref = SpeculativeGenerator(case.target, MoATreeDrafter(TorchMoAStep(draft, case.target), tree),
-                               eos_token_ids=engine.target.eos_token_ids()).generate(case.prompts[:4], 32)
+    ref = SpeculativeGenerator(
+        case.target, MoATreeDrafter(TorchMoAStep(draft, case.target), tree), eos_token_ids=engine.target.eos_token_ids()
+    ).generate(case.prompts[:4], 32)
     assert [r.tokens for r in got] == [r.tokens for r in ref]
     assert [r.stats.accepted_per_depth for r in got] == [r.stats.accepted_per_depth for r in ref]
     if which == "oracle-tli-L":

@@ -5,9 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from specdec_kit.serving.policy import (SpeculationPolicy, default_schedule, fewest_steps, parse_schedule, shrink,
-                                       tree_nodes)
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
+from specdec_kit.serving.policy import (
+    SpeculationPolicy,
+    default_schedule,
+    fewest_steps,
+    parse_schedule,
+    shrink,
+    tree_nodes,
+)
 
 TREE = DynamicTreeConfig(total_tokens=16, depth=4, top_k=4)
 

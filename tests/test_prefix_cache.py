@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import NEW_TOKENS, hf_greedy
 
 from specdec_kit.runtime.drafting import FeatureTreeDrafter, TorchFeatureStep
 from specdec_kit.runtime.generate import SpeculativeGenerator
@@ -12,8 +13,6 @@ from specdec_kit.runtime.prefix_cache import PrefixCache
 from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.runtime.synthetic import oracle_griffin
 from specdec_kit.runtime.trees import DynamicTreeConfig
-
-from conftest import NEW_TOKENS, hf_greedy
 
 LAYERS, HEADS, DIM, FEATURES = 2, 1, 4, 3
 
@@ -73,8 +72,9 @@ def run_groups(gen: SpeculativeGenerator, prompts, groups):
     """Each group prefilled together and decoded to the end, one group after another; the rows in prompt order."""
     rows = []
     for group in groups:
-        batch = gen.admit(None, gen.prefill([prompts[i] for i in group], [NEW_TOKENS] * len(group),
-                                            [SamplingParams()] * len(group)))
+        batch = gen.admit(
+            None, gen.prefill([prompts[i] for i in group], [NEW_TOKENS] * len(group), [SamplingParams()] * len(group))
+        )
         rows += list(batch.rows)
         while batch.size:
             gen.cycle(batch)
@@ -83,8 +83,9 @@ def run_groups(gen: SpeculativeGenerator, prompts, groups):
 
 
 def oracle_drafter(case) -> FeatureTreeDrafter:
-    return FeatureTreeDrafter(TorchFeatureStep(oracle_griffin(case.target), case.target.lm_head),
-                              DynamicTreeConfig(16, 3, 4))
+    return FeatureTreeDrafter(
+        TorchFeatureStep(oracle_griffin(case.target), case.target.lm_head), DynamicTreeConfig(16, 3, 4)
+    )
 
 
 @pytest.mark.parametrize("speculative", [True, False], ids=["griffin", "plain"])
@@ -92,8 +93,9 @@ def test_generation_over_cached_prefixes_is_the_targets_greedy_output(predictabl
     case = predictable_case
     prompts = shared_prefix_prompts(case)
     cache = PrefixCache(block_size=8, max_tokens=256)
-    gen = SpeculativeGenerator(case.target, oracle_drafter(case) if speculative else None, eos_token_ids=[],
-                               prefix_cache=cache)
+    gen = SpeculativeGenerator(
+        case.target, oracle_drafter(case) if speculative else None, eos_token_ids=[], prefix_cache=cache
+    )
     groups = [[0], [1, 2], [3, 4, 5]]
     rows = run_groups(gen, prompts, groups)
     assert [r.tokens for r in rows] == [hf_greedy(case.hf, p, NEW_TOKENS) for p in prompts]
@@ -118,8 +120,9 @@ def test_an_onnx_runtime_engine_over_cached_prefixes_gives_its_uncached_output(d
     prompts = [preamble + torch.randint(3, vocab, (n,), generator=gen).tolist() for n in (5, 11, 17)]
     for drafter in (engine.drafter, None):
         uncached = run_groups(SpeculativeGenerator(engine.target, drafter, eos_token_ids=[]), prompts, [[0], [1], [2]])
-        cached = SpeculativeGenerator(engine.target, drafter, eos_token_ids=[],
-                                      prefix_cache=PrefixCache.within(engine.target, 16))
+        cached = SpeculativeGenerator(
+            engine.target, drafter, eos_token_ids=[], prefix_cache=PrefixCache.within(engine.target, 16)
+        )
         rows = run_groups(cached, prompts + prompts, [[0], [1, 2], [3], [4, 5]])
         assert [r.tokens for r in rows] == [r.tokens for r in uncached + uncached]
         assert [r.stats.cached_tokens for r in rows] == [0, 32, 32, 32, 48, 48]

@@ -18,11 +18,17 @@ from specdec_kit.runtime.pretrained import resolve_target
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.train.distill import INDEX, read_shard
 from specdec_kit.train.distilled import DistilledData
-from specdec_kit.train.prompt_pool import (Conversation, PoolSpec, build_pool, held_out_texts, normalise, read_pool,
-                                           write_pool)
+from specdec_kit.train.prompt_pool import (
+    Conversation,
+    PoolSpec,
+    build_pool,
+    held_out_texts,
+    normalise,
+    read_pool,
+    write_pool,
+)
 from specdec_kit.train.recipe import RECIPES
-from specdec_kit.train.regenerate import (ANSWERS_INDEX, BackendSpec, RegenSpec, read_answers, regenerate,
-                                          template_ids)
+from specdec_kit.train.regenerate import ANSWERS_INDEX, BackendSpec, RegenSpec, read_answers, regenerate, template_ids
 from specdec_kit.train.teacher_features import FeatureSpec, teacher_features
 
 SPEC = RegenSpec(max_prompt_tokens=200, max_new_tokens=24, max_turns=2, chunk=2)
@@ -74,8 +80,14 @@ def test_answers_are_the_targets_greedy_answers_asked_turn_by_turn(smollm2, rege
     by_turn = {(s["conversation"], s["turn"]): s for s in samples}
     for s in samples:
         ids = torch.tensor([s["prompt"]])
-        answer = target.hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=SPEC.max_new_tokens,
-                                          do_sample=False, eos_token_id=eos, pad_token_id=eos[0])[0, ids.shape[1]:]
+        answer = target.hf_model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=SPEC.max_new_tokens,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=eos[0],
+        )[0, ids.shape[1] :]
         assert s["answer"] == answer.tolist()
         assert (s["finish"] == "stop") == (s["answer"][-1] in eos)
         history = []
@@ -101,8 +113,11 @@ def test_features_are_the_targets_hidden_states_and_next_tokens(smollm2, regener
     index = teacher_features(smollm2, regenerated / "answers", regenerated / "data", spec, progress=False)
     assert index["answer_tokens"] == json.loads((regenerated / "answers" / ANSWERS_INDEX).read_text())["answer_tokens"]
     target = TargetModel.from_pretrained(smollm2, dtype="float32")
-    samples = {(s["conversation"], f"turn{s['turn']}"): s
-               for shard in sorted((regenerated / "answers").glob("answers-*.jsonl")) for s in read_answers(shard)}
+    samples = {
+        (s["conversation"], f"turn{s['turn']}"): s
+        for shard in sorted((regenerated / "answers").glob("answers-*.jsonl"))
+        for s in read_answers(shard)
+    }
     checked = 0
     for shard in index["shards"]:
         data = read_shard(regenerated / "data" / shard["file"])
@@ -118,8 +133,8 @@ def test_features_are_the_targets_hidden_states_and_next_tokens(smollm2, regener
             expected = torch.stack([ref.hidden_states[i][0, first:] for i in spec.hidden_indices], dim=1)
             assert torch.allclose(data["features"][a:b].float(), expected, atol=3e-2, rtol=1e-2)  # float16 storage
             top = data["top"][a:b].tolist()
-            assert top[:start - 1] == [-1] * (start - 1)
-            assert top[start - 1:] == s["answer"]  # greedy answers: the target's argmax at every answer position
+            assert top[: start - 1] == [-1] * (start - 1)
+            assert top[start - 1 :] == s["answer"]  # greedy answers: the target's argmax at every answer position
             checked += 1
     assert checked == sum(len(sh["samples"]) for sh in index["shards"]) >= 4
     reader = DistilledData(regenerated / "data", [27], target.lm_head.weight.data, tokens_per_batch=512)
@@ -130,21 +145,25 @@ def test_features_are_the_targets_hidden_states_and_next_tokens(smollm2, regener
 def test_both_stages_resume_and_refuse_other_settings(smollm2, regenerated):
     answers, data = regenerated / "answers", regenerated / "data"
     if not (data / INDEX).is_file():
-        teacher_features(smollm2, answers, data, FeatureSpec(context_tokens=16, hidden_indices=[3, 15, 27, 30]),
-                         progress=False)
+        teacher_features(
+            smollm2, answers, data, FeatureSpec(context_tokens=16, hidden_indices=[3, 15, 27, 30]), progress=False
+        )
     stamps = {p.name: p.stat().st_mtime_ns for p in [*answers.glob("answers-*"), *data.glob("*.safetensors")]}
     before = json.loads((answers / ANSWERS_INDEX).read_text())
     assert regenerate(smollm2, regenerated / "pool", answers, SPEC, BackendSpec("kit"), progress=False) == before
-    again = teacher_features(smollm2, answers, data, FeatureSpec(context_tokens=16, hidden_indices=[3, 15, 27, 30]),
-                             progress=False)
+    again = teacher_features(
+        smollm2, answers, data, FeatureSpec(context_tokens=16, hidden_indices=[3, 15, 27, 30]), progress=False
+    )
     assert again["fingerprint"] == json.loads((data / INDEX).read_text())["fingerprint"]
     assert stamps == {p.name: p.stat().st_mtime_ns for p in [*answers.glob("answers-*"), *data.glob("*.safetensors")]}
     with pytest.raises(ValueError, match="written with another spec"):
-        regenerate(smollm2, regenerated / "pool", answers, RegenSpec(max_new_tokens=8), BackendSpec("kit"),
-                   progress=False)
+        regenerate(
+            smollm2, regenerated / "pool", answers, RegenSpec(max_new_tokens=8), BackendSpec("kit"), progress=False
+        )
     with pytest.raises(ValueError, match="written with another spec"):
-        teacher_features(smollm2, answers, data, FeatureSpec(context_tokens=8, hidden_indices=[3, 15, 27, 30]),
-                         progress=False)
+        teacher_features(
+            smollm2, answers, data, FeatureSpec(context_tokens=8, hidden_indices=[3, 15, 27, 30]), progress=False
+        )
 
 
 def test_vllm_gives_the_same_answers_as_the_kit(smollm2, regenerated, vllm_python, monkeypatch, tmp_path):
@@ -161,8 +180,9 @@ def test_vllm_gives_the_same_answers_as_the_kit(smollm2, regenerated, vllm_pytho
 def test_transformers_generate_gives_the_same_answers_as_the_kit(smollm2, regenerated, tmp_path):
     """Hugging Face's batched generate (left-padded rows; what a GPU machine without vLLM uses), with both chunks of
     the pool answered together, writes the kit's greedy answers shard for shard."""
-    index = regenerate(smollm2, regenerated / "pool", tmp_path, SPEC, BackendSpec("transformers", batch=4, group=2),
-                       progress=False)
+    index = regenerate(
+        smollm2, regenerated / "pool", tmp_path, SPEC, BackendSpec("transformers", batch=4, group=2), progress=False
+    )
     kit = json.loads((regenerated / "answers" / ANSWERS_INDEX).read_text())
     assert [s["file"] for s in index["shards"]] == [s["file"] for s in kit["shards"]]
     assert [s["sha256"] for s in index["shards"]] == [s["sha256"] for s in kit["shards"]]

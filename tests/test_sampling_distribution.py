@@ -13,20 +13,26 @@ import itertools
 
 import pytest
 import torch
+from conftest import chi_square_pvalue
 
 from specdec_kit.runtime.choices import EAGLE1_DEFAULT, chain
-from specdec_kit.runtime.drafting import TorchFeatureStep, FeatureTreeDrafter, MedusaDrafter, NoDrafter
+from specdec_kit.runtime.drafting import FeatureTreeDrafter, MedusaDrafter, NoDrafter, TorchFeatureStep
 from specdec_kit.runtime.generate import SpeculativeGenerator
-from specdec_kit.runtime.sampling import SamplingParams, target_probs
 from specdec_kit.runtime.moa_drafting import MoATreeDrafter, TorchMoAStep
 from specdec_kit.runtime.registry import drafter_for as registry_drafter_for
+from specdec_kit.runtime.sampling import SamplingParams, target_probs
 from specdec_kit.runtime.synthetic import (
-    fitted_medusa, oracle_griffin, oracle_moa, random_eagle, random_eagle3, random_moa, tiny_hf_model, with_draft_vocab,
+    fitted_medusa,
+    oracle_griffin,
+    oracle_moa,
+    random_eagle,
+    random_eagle3,
+    random_moa,
+    tiny_hf_model,
+    with_draft_vocab,
 )
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
-
-from conftest import chi_square_pvalue
 
 VOCAB = 6
 SAMPLES = 3000
@@ -36,8 +42,19 @@ ALPHA = 1e-3
 
 @pytest.fixture(scope="module")
 def small_target() -> TargetModel:
-    return TargetModel(tiny_hf_model(hidden_size=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=VOCAB,
-                                     context_mix=0.6, logit_scale=6.0, seed=21))
+    return TargetModel(
+        tiny_hf_model(
+            hidden_size=32,
+            layers=2,
+            heads=4,
+            kv_heads=2,
+            intermediate=64,
+            vocab=VOCAB,
+            context_mix=0.6,
+            logit_scale=6.0,
+            seed=21,
+        )
+    )
 
 
 @torch.no_grad()
@@ -62,21 +79,34 @@ def drafter_for(name: str, target: TargetModel):
     if name == "plain":
         return NoDrafter()
     if name == "eagle-random-dynamic":
-        return FeatureTreeDrafter(TorchFeatureStep(random_eagle(target), target.lm_head), DynamicTreeConfig(total_tokens=10, depth=3, top_k=3))
+        return FeatureTreeDrafter(
+            TorchFeatureStep(random_eagle(target), target.lm_head), DynamicTreeConfig(total_tokens=10, depth=3, top_k=3)
+        )
     if name == "griffin-oracle-static":
-        return FeatureTreeDrafter(TorchFeatureStep(oracle_griffin(target), target.lm_head), StaticTree.from_choices(EAGLE1_DEFAULT))
+        return FeatureTreeDrafter(
+            TorchFeatureStep(oracle_griffin(target), target.lm_head), StaticTree.from_choices(EAGLE1_DEFAULT)
+        )
     if name == "griffin-oracle-chain1":  # one draft token: full acceptance then a bonus token at x3
-        return FeatureTreeDrafter(TorchFeatureStep(oracle_griffin(target), target.lm_head), StaticTree.from_choices(chain(1)))
+        return FeatureTreeDrafter(
+            TorchFeatureStep(oracle_griffin(target), target.lm_head), StaticTree.from_choices(chain(1))
+        )
     if name == "moa-oracle-static":  # TLI = L: proposals are the target's own top tokens
         return MoATreeDrafter(TorchMoAStep(oracle_moa(target), target), StaticTree.from_choices(EAGLE1_DEFAULT))
     if name == "moa-random-tli1-dynamic":
-        return MoATreeDrafter(TorchMoAStep(random_moa(target, tli=1), target), DynamicTreeConfig(total_tokens=10, depth=3, top_k=3))
+        return MoATreeDrafter(
+            TorchMoAStep(random_moa(target, tli=1), target), DynamicTreeConfig(total_tokens=10, depth=3, top_k=3)
+        )
     if name == "griffin-oracle-vocab-dynamic":  # a reduced draft vocabulary (4 of the 6 tokens): q = 0 outside it
-        return registry_drafter_for("griffin", with_draft_vocab(oracle_griffin(target), 4), target,
-                                    DynamicTreeConfig(total_tokens=10, depth=3, top_k=3))
+        return registry_drafter_for(
+            "griffin",
+            with_draft_vocab(oracle_griffin(target), 4),
+            target,
+            DynamicTreeConfig(total_tokens=10, depth=3, top_k=3),
+        )
     if name == "eagle3-random-dynamic":  # 4 of the 6 tokens in the draft vocabulary: q = 0 outside it
-        return registry_drafter_for("eagle3", random_eagle3(target, draft_vocab=4), target,
-                                    DynamicTreeConfig(total_tokens=10, depth=3, top_k=3))
+        return registry_drafter_for(
+            "eagle3", random_eagle3(target, draft_vocab=4), target, DynamicTreeConfig(total_tokens=10, depth=3, top_k=3)
+        )
     if name == "medusa-fitted":
         return MedusaDrafter(fitted_medusa(target, heads=5), StaticTree.from_choices(EAGLE1_DEFAULT))
     raise AssertionError(name)
@@ -86,10 +116,20 @@ SETTINGS = {"T=1": dict(temperature=1.0), "T=0.7,top_p=0.9": dict(temperature=0.
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
-@pytest.mark.parametrize("drafter_name", ["eagle-random-dynamic", "griffin-oracle-static", "griffin-oracle-chain1", "medusa-fitted",
-                                          "moa-oracle-static", "moa-random-tli1-dynamic", "eagle3-random-dynamic",
-                                          "griffin-oracle-vocab-dynamic",
-                                          "plain"])
+@pytest.mark.parametrize(
+    "drafter_name",
+    [
+        "eagle-random-dynamic",
+        "griffin-oracle-static",
+        "griffin-oracle-chain1",
+        "medusa-fitted",
+        "moa-oracle-static",
+        "moa-random-tli1-dynamic",
+        "eagle3-random-dynamic",
+        "griffin-oracle-vocab-dynamic",
+        "plain",
+    ],
+)
 def test_sampled_distribution_matches_target(small_target, drafter_name, setting):
     base = SETTINGS[setting]
     params = [SamplingParams(seed=10_000 + i, **base) for i in range(SAMPLES)]
@@ -156,16 +196,26 @@ def run_mixed(gen: SpeculativeGenerator, prompts, budget: int, params) -> list[l
     return [row.tokens for row in rows]
 
 
-@pytest.mark.parametrize("drafter_name", ["eagle-random-dynamic", "griffin-oracle-static", "medusa-fitted",
-                                          "moa-random-tli1-dynamic", "eagle3-random-dynamic"])
+@pytest.mark.parametrize(
+    "drafter_name",
+    [
+        "eagle-random-dynamic",
+        "griffin-oracle-static",
+        "medusa-fitted",
+        "moa-random-tli1-dynamic",
+        "eagle3-random-dynamic",
+    ],
+)
 def test_a_seed_gives_plain_samplings_tokens_whatever_the_tree_and_batch(small_target, drafter_name):
     """Seeded draws are keyed by (seed, token index): the text is plain sampling's for that seed whether the
     tokens came from a tree, from plain cycles, alone or in a batch that rows join mid-flight."""
     count, budget = 24, 10
     params = [SamplingParams(temperature=1.0, top_p=0.95, seed=7 * i - 50) for i in range(count)]
     prompts = [PROMPT + [i % VOCAB] for i in range(count)]
-    plain = [r.tokens for r in SpeculativeGenerator(small_target, NoDrafter(), eos_token_ids=[]).generate(
-        prompts, budget, params)]
+    plain = [
+        r.tokens
+        for r in SpeculativeGenerator(small_target, NoDrafter(), eos_token_ids=[]).generate(prompts, budget, params)
+    ]
     assert len({tuple(t) for t in plain}) > count // 2  # the seeds really draw different texts
     spec_gen = SpeculativeGenerator(small_target, drafter_for(drafter_name, small_target), eos_token_ids=[])
     assert [r.tokens for r in spec_gen.generate(prompts, budget, params)] == plain

@@ -14,10 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from server_helpers import KEY, InProcessServer, Server
 
 from specdec_kit.runtime.generate import SpeculativeGenerator
-
-from server_helpers import KEY, InProcessServer, Server
 
 FAULTY_PROMPT = "this row is doomed"
 
@@ -31,15 +30,21 @@ def server(demo_engine):
 
 def post(url: str, body, raw: bytes | None = None, timeout: float = 120, **headers) -> httpx.Response:
     headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json", **headers}
-    return httpx.post(url, content=raw if raw is not None else json.dumps(body).encode(), headers=headers,
-                      timeout=timeout)
+    return httpx.post(
+        url, content=raw if raw is not None else json.dumps(body).encode(), headers=headers, timeout=timeout
+    )
 
 
 def stream_text(url: str, body: dict) -> tuple[str, dict | None, str]:
     """(text, in-band error or None, request id) of one streamed completion."""
     parts, error = [], None
-    with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True},
-                      headers={"Authorization": f"Bearer {KEY}"}, timeout=120) as resp:
+    with httpx.stream(
+        "POST",
+        url + "/v1/completions",
+        json={**body, "stream": True},
+        headers={"Authorization": f"Bearer {KEY}"},
+        timeout=120,
+    ) as resp:
         assert resp.status_code == 200, resp.read()
         for line in resp.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -54,6 +59,7 @@ def stream_text(url: str, body: dict) -> tuple[str, dict | None, str]:
 
 # -- failure isolation ------------------------------------------------------------------------------------------
 
+
 def test_a_fault_in_one_row_of_a_running_batch_fails_that_request_alone(demo_engine, caplog):
     srv = InProcessServer(demo_engine)
     doomed = srv.engine.tokenizer(FAULTY_PROMPT)["input_ids"]
@@ -67,8 +73,11 @@ def test_a_fault_in_one_row_of_a_running_batch_fails_that_request_alone(demo_eng
     prompts = ["The quick brown fox", FAULTY_PROMPT, "Once upon a time", "def main():"]
     bodies = [{"model": "demo", "prompt": p, "max_tokens": 40, "temperature": 0, "ignore_eos": True} for p in prompts]
     try:
-        alone = {p: post(srv.url + "/v1/completions", b).json()["choices"][0]["text"]
-                 for p, b in zip(prompts, bodies) if p != FAULTY_PROMPT}
+        alone = {
+            p: post(srv.url + "/v1/completions", b).json()["choices"][0]["text"]
+            for p, b in zip(prompts, bodies)
+            if p != FAULTY_PROMPT
+        }
         srv.scheduler.gen._emit = emit_with_fault.__get__(srv.scheduler.gen)
         before = srv.metrics()
         with caplog.at_level(logging.ERROR):
@@ -82,8 +91,11 @@ def test_a_fault_in_one_row_of_a_running_batch_fails_that_request_alone(demo_eng
             else:
                 assert error is None and text == alone[prompt]  # the rest of the batch went on, unchanged
         after = srv.metrics()
-        assert after["specdec:request_errors_total{type=internal_error}"] - before.get(
-            "specdec:request_errors_total{type=internal_error}", 0) == 1
+        assert (
+            after["specdec:request_errors_total{type=internal_error}"]
+            - before.get("specdec:request_errors_total{type=internal_error}", 0)
+            == 1
+        )
         assert srv.scheduler.busy() == 0
     finally:
         srv.stop()
@@ -103,8 +115,15 @@ def test_a_prefill_fault_fails_only_the_request_that_causes_it(demo_engine):
     prompts = ["Hello, world! ", FAULTY_PROMPT, "abc abc abc", "1, 2, 3, 4,"]
     try:
         with ThreadPoolExecutor(4) as pool:
-            responses = list(pool.map(lambda p: post(srv.url + "/v1/completions", {
-                "model": "demo", "prompt": p, "max_tokens": 12, "ignore_eos": True}), prompts))
+            responses = list(
+                pool.map(
+                    lambda p: post(
+                        srv.url + "/v1/completions",
+                        {"model": "demo", "prompt": p, "max_tokens": 12, "ignore_eos": True},
+                    ),
+                    prompts,
+                )
+            )
         for prompt, resp in zip(prompts, responses):
             if prompt == FAULTY_PROMPT:
                 err = resp.json()["error"]
@@ -135,22 +154,30 @@ def test_an_unexpected_exception_is_openai_json_and_counted(demo_engine):
 
 # -- validation at the edge -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("raw, status, param, code", [
-    ('{"model": "demo", "prompt": "x", "seed": 1180591620717411303424}', 400, "seed", None),
-    ('{"model": "demo", "prompt": "x", "seed": -9223372036854775809}', 400, "seed", None),
-    ('{"model": "demo", "prompt": "x", "temperature": NaN}', 400, None, None),
-    ('{"model": "demo", "prompt": "x", "top_p": Infinity}', 400, None, None),
-    ('{"model": "demo", "prompt": "x", "top_k": -1}', 400, "top_k", None),
-    ('{"model": "demo", "prompt": "x", "max_tokens": 1180591620717411303424}', 400, "messages",
-     "context_length_exceeded"),
-    ('{"model": "demo", "prompt": "x\\ud800y"}', 400, "prompt", None),
-    ('{"model": "demo", "prompt": "x", "stop": ["' + "s" * 1025 + '"]}', 400, "stop", None),
-    ('{"model": "demo", "prompt": "x", "\\udfff": 1}', 400, "body", None),
-    ('{"model": "demo", "prompt": "x", "max_tokens": 2.5}', 400, "max_tokens", None),
-    ('{"model": "demo", "prompt": "x", "seed": true}', 400, "seed", None),
-    ('{"model": "demo", "prompt": []}', 400, "prompt", None),
-    ('{"model": "demo", "prompt": [[]]}', 400, "prompt", None),
-])
+
+@pytest.mark.parametrize(
+    "raw, status, param, code",
+    [
+        ('{"model": "demo", "prompt": "x", "seed": 1180591620717411303424}', 400, "seed", None),
+        ('{"model": "demo", "prompt": "x", "seed": -9223372036854775809}', 400, "seed", None),
+        ('{"model": "demo", "prompt": "x", "temperature": NaN}', 400, None, None),
+        ('{"model": "demo", "prompt": "x", "top_p": Infinity}', 400, None, None),
+        ('{"model": "demo", "prompt": "x", "top_k": -1}', 400, "top_k", None),
+        (
+            '{"model": "demo", "prompt": "x", "max_tokens": 1180591620717411303424}',
+            400,
+            "messages",
+            "context_length_exceeded",
+        ),
+        ('{"model": "demo", "prompt": "x\\ud800y"}', 400, "prompt", None),
+        ('{"model": "demo", "prompt": "x", "stop": ["' + "s" * 1025 + '"]}', 400, "stop", None),
+        ('{"model": "demo", "prompt": "x", "\\udfff": 1}', 400, "body", None),
+        ('{"model": "demo", "prompt": "x", "max_tokens": 2.5}', 400, "max_tokens", None),
+        ('{"model": "demo", "prompt": "x", "seed": true}', 400, "seed", None),
+        ('{"model": "demo", "prompt": []}', 400, "prompt", None),
+        ('{"model": "demo", "prompt": [[]]}', 400, "prompt", None),
+    ],
+)
 def test_bad_values_get_a_400_naming_the_parameter(server, raw, status, param, code):
     resp = post(server.url + "/v1/completions", None, raw=raw.encode())
     assert resp.status_code == status, resp.text
@@ -166,16 +193,23 @@ def test_a_lone_surrogate_in_a_chat_message_is_a_400_json_error(server):
 
 
 def test_extreme_but_valid_values_are_served(server):
-    for extra in ({"seed": -(2**63)}, {"seed": 2**63 - 1}, {"top_k": 10**30, "temperature": 1.0}, {"top_p": 1e-9},
-                  {"max_tokens": 3.0, "seed": 7.0, "top_k": 2.0}):  # whole-number floats are integers (JSON Schema)
+    for extra in (
+        {"seed": -(2**63)},
+        {"seed": 2**63 - 1},
+        {"top_k": 10**30, "temperature": 1.0},
+        {"top_p": 1e-9},
+        {"max_tokens": 3.0, "seed": 7.0, "top_k": 2.0},
+    ):  # whole-number floats are integers (JSON Schema)
         resp = post(server.url + "/v1/completions", {"model": "demo", "prompt": "x", "max_tokens": 3, **extra})
         assert resp.status_code == 200, (extra, resp.text)
         assert resp.json()["usage"]["completion_tokens"] <= 3
 
 
 def test_a_bad_request_during_running_streams_leaves_them_untouched(server):
-    bodies = [{"model": "demo", "prompt": p, "max_tokens": 60, "temperature": 0, "ignore_eos": True}
-              for p in ("Once upon a time", "def main():")]
+    bodies = [
+        {"model": "demo", "prompt": p, "max_tokens": 60, "temperature": 0, "ignore_eos": True}
+        for p in ("Once upon a time", "def main():")
+    ]
     expected = [post(server.url + "/v1/completions", b).json()["choices"][0]["text"] for b in bodies]
     with ThreadPoolExecutor(2) as pool:
         streams = [pool.submit(stream_text, server.url, b) for b in bodies]
@@ -194,15 +228,20 @@ def test_request_bodies_over_the_limit_get_413_declared_or_chunked(server):
 
     def chunks():  # no Content-Length: refused as soon as the count passes the limit
         for i in range(0, len(big), 65536):
-            yield big[i:i + 65536]
+            yield big[i : i + 65536]
 
-    resp = httpx.post(server.url + "/v1/completions", content=chunks(), timeout=60,
-                      headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    resp = httpx.post(
+        server.url + "/v1/completions",
+        content=chunks(),
+        timeout=60,
+        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+    )
     assert resp.status_code == 413
     assert post(server.url + "/v1/completions", {"model": "demo", "prompt": "x", "max_tokens": 2}).status_code == 200
 
 
 # -- nothing heavy on the event loop ----------------------------------------------------------------------------
+
 
 def test_health_answers_while_a_multi_megabyte_request_is_processed(server):
     """A 1.9 MB chat body goes through JSON parsing, the chat template and tokenization (seconds of work)
@@ -234,6 +273,7 @@ def test_health_answers_while_a_multi_megabyte_request_is_processed(server):
 
 # -- disconnects and slow readers -------------------------------------------------------------------------------
 
+
 def wait_for(predicate, timeout: float = 60.0) -> bool:
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -246,8 +286,11 @@ def wait_for(predicate, timeout: float = 60.0) -> bool:
 def test_a_non_streaming_client_that_disconnects_frees_its_row(server):
     before = server.metrics()
     with pytest.raises(httpx.ReadTimeout):
-        post(server.url + "/v1/completions", {"model": "demo", "prompt": "Once upon", "max_tokens": 1800,
-                                              "ignore_eos": True}, timeout=0.5)
+        post(
+            server.url + "/v1/completions",
+            {"model": "demo", "prompt": "Once upon", "max_tokens": 1800, "ignore_eos": True},
+            timeout=0.5,
+        )
     assert wait_for(lambda: server.metrics()["specdec:num_requests_running"] == 0)
     generated = server.metrics()["specdec:generation_tokens_total"] - before["specdec:generation_tokens_total"]
     assert generated < 1800  # it stopped when the client left, not at max_tokens
@@ -258,16 +301,20 @@ def test_a_non_streaming_client_that_disconnects_frees_its_row(server):
 def test_a_client_that_stops_reading_is_stopped_at_the_unread_limit(demo_engine):
     srv = Server(demo_engine, "--max-unread-tokens", "32")
     try:
-        request = json.dumps({"model": "demo", "prompt": "slow", "max_tokens": 1900, "ignore_eos": True,
-                              "stream": True}).encode()
+        request = json.dumps(
+            {"model": "demo", "prompt": "slow", "max_tokens": 1900, "ignore_eos": True, "stream": True}
+        ).encode()
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
         sock.connect(("127.0.0.1", srv.port))
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(request), request))
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(request), request)
+        )
         # and now read nothing
-        assert wait_for(lambda: srv.metrics().get("specdec:request_errors_total{type=slow_reader}", 0) == 1), \
+        assert wait_for(lambda: srv.metrics().get("specdec:request_errors_total{type=slow_reader}", 0) == 1), (
             "the server kept generating for a client that reads nothing"
+        )
         assert srv.metrics()["specdec:generation_tokens_total"] < 1900
         assert srv.metrics()["specdec:num_requests_running"] == 0
         sock.close()
@@ -279,6 +326,7 @@ def test_a_client_that_stops_reading_is_stopped_at_the_unread_limit(demo_engine)
 
 # -- drain ------------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_sigterm_drains_with_503_for_new_work_and_exits_0(demo_engine):
     srv = Server(demo_engine, "--drain-timeout", "60")
@@ -286,9 +334,12 @@ def test_sigterm_drains_with_503_for_new_work_and_exits_0(demo_engine):
     started = threading.Event()
 
     def stream():
-        with httpx.stream("POST", srv.url + "/v1/completions", timeout=120,
-                          json={"model": "demo", "prompt": "drain", "max_tokens": 400, "ignore_eos": True,
-                                "stream": True}) as resp:
+        with httpx.stream(
+            "POST",
+            srv.url + "/v1/completions",
+            timeout=120,
+            json={"model": "demo", "prompt": "drain", "max_tokens": 400, "ignore_eos": True, "stream": True},
+        ) as resp:
             for line in resp.iter_lines():
                 if line:
                     lines.append(line)
@@ -304,7 +355,11 @@ def test_sigterm_drains_with_503_for_new_work_and_exits_0(demo_engine):
     live = httpx.get(srv.url + "/health", timeout=30)
     reader.join(timeout=120)
     code = srv.proc.wait(timeout=60)
-    assert new.status_code == 503 and new.json()["error"]["code"] == "shutting_down" and int(new.headers["Retry-After"]) > 0
+    assert (
+        new.status_code == 503
+        and new.json()["error"]["code"] == "shutting_down"
+        and int(new.headers["Retry-After"]) > 0
+    )
     assert ready.status_code == 503 and live.status_code == 200
     assert lines[-1] == "data: [DONE]"
     assert json.loads(lines[-2][6:])["choices"][0]["finish_reason"] == "length"  # it finished, all 400 tokens
@@ -313,9 +368,16 @@ def test_sigterm_drains_with_503_for_new_work_and_exits_0(demo_engine):
 
 # -- reproducible seeds -----------------------------------------------------------------------------------------
 
+
 def test_the_same_seed_gives_the_same_text_whatever_the_load(server):
-    body = {"model": "demo", "prompt": "Once upon a time", "max_tokens": 48, "temperature": 1.0, "seed": 1234,
-            "ignore_eos": True}
+    body = {
+        "model": "demo",
+        "prompt": "Once upon a time",
+        "max_tokens": 48,
+        "temperature": 1.0,
+        "seed": 1234,
+        "ignore_eos": True,
+    }
     sequential = [post(server.url + "/v1/completions", body).json()["choices"][0]["text"] for _ in range(4)]
     assert len(set(sequential)) == 1
     other = post(server.url + "/v1/completions", {**body, "seed": 4321}).json()["choices"][0]["text"]
@@ -329,6 +391,7 @@ def test_the_same_seed_gives_the_same_text_whatever_the_load(server):
 
 
 # -- the served OpenAPI schema ----------------------------------------------------------------------------------
+
 
 def test_openapi_declares_request_bodies_and_error_responses_and_405_carries_allow(server):
     schema = httpx.get(server.url + "/openapi.json").json()
@@ -364,10 +427,35 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(demo_engine,
     srv = Server(demo_engine, "--api-key", KEY, "--max-model-len", "48")
     try:
         proc = subprocess.run(  # as a module of this interpreter: no console script's first line to go stale
-            [sys.executable, "-m", "schemathesis.cli", "run", srv.url + "/openapi.json", "-H", f"Authorization: Bearer {KEY}", "--checks", "all",
-             "--exclude-checks", "positive_data_acceptance", "--max-examples", "30", "--seed", "1", "--workers", "1",
-             "--generation-database", "none", "--request-timeout", "60", "--no-color"],
-            capture_output=True, text=True, timeout=600, cwd=tmp_path)
+            [
+                sys.executable,
+                "-m",
+                "schemathesis.cli",
+                "run",
+                srv.url + "/openapi.json",
+                "-H",
+                f"Authorization: Bearer {KEY}",
+                "--checks",
+                "all",
+                "--exclude-checks",
+                "positive_data_acceptance",
+                "--max-examples",
+                "30",
+                "--seed",
+                "1",
+                "--workers",
+                "1",
+                "--generation-database",
+                "none",
+                "--request-timeout",
+                "60",
+                "--no-color",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=tmp_path,
+        )
         tail = proc.stdout[-3000:] + proc.stderr[-2000:]
         assert proc.returncode == 0, tail
         assert "No issues found" in proc.stdout and " passed" in proc.stdout, tail

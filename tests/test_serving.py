@@ -4,9 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
-
 import json
-import signal
 import subprocess
 import sys
 import threading
@@ -17,6 +15,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from server_helpers import KEY, InProcessServer, Server
 
 from specdec_kit.export.builder import build_engine
 from specdec_kit.export.inputs import BuildInputs
@@ -24,10 +23,16 @@ from specdec_kit.runtime.engine import open_engine
 from specdec_kit.runtime.trees import DynamicTreeConfig, tree_to_dict
 from specdec_kit.serving.app import ensure_chat_template
 
-from server_helpers import KEY, InProcessServer, Server
-
-PROMPTS = ["The quick brown fox", "Hello, world! ", "Speculative decoding is", "def main():", "abc abc abc",
-           "Once upon a time", "1, 2, 3, 4,", "To be or not"]
+PROMPTS = [
+    "The quick brown fox",
+    "Hello, world! ",
+    "Speculative decoding is",
+    "def main():",
+    "abc abc abc",
+    "Once upon a time",
+    "1, 2, 3, 4,",
+    "To be or not",
+]
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +74,14 @@ def test_chat_streaming_equals_non_streaming_and_ends_with_done(server, runtime_
     messages = [{"role": "user", "content": "Write a haiku about trees."}]
     whole = client.chat.completions.create(model="demo", messages=messages, max_tokens=40, temperature=0)
     parts, usage = [], None
-    for chunk in client.chat.completions.create(model="demo", messages=messages, max_tokens=40, temperature=0,
-                                                stream=True, stream_options={"include_usage": True}):
+    for chunk in client.chat.completions.create(
+        model="demo",
+        messages=messages,
+        max_tokens=40,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    ):
         if chunk.choices and chunk.choices[0].delta.content:
             parts.append(chunk.choices[0].delta.content)
         if chunk.usage is not None:
@@ -78,11 +89,16 @@ def test_chat_streaming_equals_non_streaming_and_ends_with_done(server, runtime_
     assert "".join(parts) == whole.choices[0].message.content
     assert usage.completion_tokens == whole.usage.completion_tokens == 40
     ensure_chat_template(runtime_engine.tokenizer)
-    prompt_ids = runtime_engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                              return_dict=False)
+    prompt_ids = runtime_engine.tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     assert whole.choices[0].message.content == runtime_greedy(runtime_engine, list(prompt_ids), 40)
-    with httpx.stream("POST", server.url + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
-                      json={"model": "demo", "prompt": "abc", "max_tokens": 5, "stream": True}) as resp:
+    with httpx.stream(
+        "POST",
+        server.url + "/v1/completions",
+        headers={"Authorization": f"Bearer {KEY}"},
+        json={"model": "demo", "prompt": "abc", "max_tokens": 5, "stream": True},
+    ) as resp:
         lines = [line for line in resp.iter_lines() if line]
     assert lines[-1] == "data: [DONE]" and all(line.startswith("data: ") for line in lines)
     assert json.loads(lines[-2][6:])["choices"][0]["finish_reason"] == "length"
@@ -96,8 +112,11 @@ def test_sixteen_concurrent_streams_match_their_sequential_runs(server):
         return client.completions.create(model="demo", prompt=p, max_tokens=24, temperature=0).choices[0].text
 
     def streamed(p):
-        return "".join(c.choices[0].text for c in client.completions.create(
-            model="demo", prompt=p, max_tokens=24, temperature=0, stream=True) if c.choices)
+        return "".join(
+            c.choices[0].text
+            for c in client.completions.create(model="demo", prompt=p, max_tokens=24, temperature=0, stream=True)
+            if c.choices
+        )
 
     expected = [sequential(p) for p in prompts]
     with ThreadPoolExecutor(16) as pool:
@@ -109,17 +128,23 @@ def test_stop_strings_cut_the_stream(server):
     client = server.client()
     full = client.completions.create(model="demo", prompt="abc abc", max_tokens=30, temperature=0).choices[0].text
     stop = full[10:13]
-    chunks = list(client.completions.create(model="demo", prompt="abc abc", max_tokens=30, temperature=0, stop=[stop],
-                                            stream=True))
+    chunks = list(
+        client.completions.create(
+            model="demo", prompt="abc abc", max_tokens=30, temperature=0, stop=[stop], stream=True
+        )
+    )
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert text == full[: full.index(stop)] and chunks[-1].choices[0].finish_reason == "stop"
 
 
 def test_disconnect_mid_stream_cancels_and_frees_the_row(server):
     before = server.metrics()
-    with httpx.stream("POST", server.url + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
-                      json={"model": "demo", "prompt": "Once upon", "max_tokens": 1500, "stream": True,
-                            "ignore_eos": True}) as resp:
+    with httpx.stream(
+        "POST",
+        server.url + "/v1/completions",
+        headers={"Authorization": f"Bearer {KEY}"},
+        json={"model": "demo", "prompt": "Once upon", "max_tokens": 1500, "stream": True, "ignore_eos": True},
+    ) as resp:
         for i, _ in enumerate(resp.iter_lines()):
             if i > 3:
                 break  # leave after a few chunks
@@ -139,19 +164,22 @@ def post(server, path, body, key=KEY, raw=None):
     return httpx.post(server.url + path, json=body, headers=headers)
 
 
-@pytest.mark.parametrize("body, status, param, code", [
-    ({"model": "demo", "prompt": "x", "temperature": 5}, 400, "temperature", None),
-    ({"model": "demo", "prompt": "x", "top_p": 0}, 400, "top_p", None),
-    ({"model": "demo", "prompt": "x", "max_tokens": 0}, 400, "max_tokens", None),
-    ({"model": "demo", "prompt": "x", "n": 2}, 400, "n", "unsupported_parameter"),
-    ({"model": "demo", "prompt": "x", "logprobs": 3}, 400, "logprobs", "unsupported_parameter"),
-    ({"model": "demo", "prompt": "x", "frobnicate": 1}, 400, "frobnicate", "unrecognized_parameter"),
-    ({"model": "demo", "prompt": ""}, 400, "prompt", None),
-    ({"model": "demo", "prompt": [99999]}, 400, "prompt", None),
-    ({"model": "demo", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", None),
-    ({"model": "other", "prompt": "x"}, 404, "model", "model_not_found"),
-    ({"prompt": "x"}, 400, "model", None),
-])
+@pytest.mark.parametrize(
+    "body, status, param, code",
+    [
+        ({"model": "demo", "prompt": "x", "temperature": 5}, 400, "temperature", None),
+        ({"model": "demo", "prompt": "x", "top_p": 0}, 400, "top_p", None),
+        ({"model": "demo", "prompt": "x", "max_tokens": 0}, 400, "max_tokens", None),
+        ({"model": "demo", "prompt": "x", "n": 2}, 400, "n", "unsupported_parameter"),
+        ({"model": "demo", "prompt": "x", "logprobs": 3}, 400, "logprobs", "unsupported_parameter"),
+        ({"model": "demo", "prompt": "x", "frobnicate": 1}, 400, "frobnicate", "unrecognized_parameter"),
+        ({"model": "demo", "prompt": ""}, 400, "prompt", None),
+        ({"model": "demo", "prompt": [99999]}, 400, "prompt", None),
+        ({"model": "demo", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", None),
+        ({"model": "other", "prompt": "x"}, 404, "model", "model_not_found"),
+        ({"prompt": "x"}, 400, "model", None),
+    ],
+)
 def test_invalid_requests_get_openai_errors(server, body, status, param, code):
     resp = post(server, "/v1/completions", body)
     assert resp.status_code == status
@@ -160,8 +188,15 @@ def test_invalid_requests_get_openai_errors(server, body, status, param, code):
 
 
 def test_chat_specific_refusals(server):
-    resp = post(server, "/v1/chat/completions", {"model": "demo", "messages": [{"role": "user", "content": "x"}],
-                                                  "tools": [{"type": "function", "function": {"name": "f"}}]})
+    resp = post(
+        server,
+        "/v1/chat/completions",
+        {
+            "model": "demo",
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+        },
+    )
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "tools"
     resp = post(server, "/v1/chat/completions", {"model": "demo", "messages": []})
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "messages"
@@ -193,13 +228,21 @@ def test_metrics_parse_and_move(server):
     after = server.metrics()
     assert after["specdec:generation_tokens_total"] - before["specdec:generation_tokens_total"] == 20
     assert after["specdec:request_success_total{finished_reason=length}"] > before.get(
-        "specdec:request_success_total{finished_reason=length}", 0)
+        "specdec:request_success_total{finished_reason=length}", 0
+    )
     assert after["specdec:time_to_first_token_seconds_count"] == before["specdec:time_to_first_token_seconds_count"] + 1
-    assert after["specdec:inter_token_latency_seconds_count"] - before["specdec:inter_token_latency_seconds_count"] == 19
+    assert (
+        after["specdec:inter_token_latency_seconds_count"] - before["specdec:inter_token_latency_seconds_count"] == 19
+    )
     assert after["specdec:e2e_request_latency_seconds_count"] == before["specdec:e2e_request_latency_seconds_count"] + 1
     assert after["specdec:prompt_tokens_total"] > before["specdec:prompt_tokens_total"]
-    for name in ("specdec:num_requests_waiting", "specdec:spec_accept_length", "specdec:spec_decode_num_drafts_total",
-                 "specdec:spec_decode_num_accepted_tokens_total", "specdec:request_errors_total{type=invalid_api_key}"):
+    for name in (
+        "specdec:num_requests_waiting",
+        "specdec:spec_accept_length",
+        "specdec:spec_decode_num_drafts_total",
+        "specdec:spec_decode_num_accepted_tokens_total",
+        "specdec:request_errors_total{type=invalid_api_key}",
+    ):
         assert name in after, name
 
 
@@ -221,8 +264,12 @@ def test_a_repeated_prompt_computes_only_its_uncached_tail(server, runtime_engin
 
 @pytest.mark.slow
 def test_a_prefix_cache_too_small_for_one_block_is_refused_at_start(engine_dir):
-    done = subprocess.run([sys.executable, "-m", "specdec_kit.serving", "--engine", str(engine_dir),
-                           "--prefix-cache-mib", "0.0001"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "specdec_kit.serving", "--engine", str(engine_dir), "--prefix-cache-mib", "0.0001"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and "--prefix-cache-mib" in done.stderr and "at least one block" in done.stderr
 
 
@@ -230,9 +277,13 @@ def test_a_prefix_cache_too_small_for_one_block_is_refused_at_start(engine_dir):
 def test_overload_gets_429_with_retry_after_and_shutdown_drains(engine_dir):
     srv = Server(engine_dir, "--max-num-seqs", "1", "--max-queue", "1", "--drain-timeout", "60")
     try:
+
         def call(i):
-            return httpx.post(srv.url + "/v1/completions", timeout=120,
-                              json={"model": "demo", "prompt": f"load {i}", "max_tokens": 200, "ignore_eos": True})
+            return httpx.post(
+                srv.url + "/v1/completions",
+                timeout=120,
+                json={"model": "demo", "prompt": f"load {i}", "max_tokens": 200, "ignore_eos": True},
+            )
 
         with ThreadPoolExecutor(6) as pool:
             responses = list(pool.map(call, range(6)))
@@ -245,9 +296,12 @@ def test_overload_gets_429_with_retry_after_and_shutdown_drains(engine_dir):
         lines: list[str] = []
 
         def stream():
-            with httpx.stream("POST", srv.url + "/v1/completions", timeout=120,
-                              json={"model": "demo", "prompt": "drain", "max_tokens": 300, "ignore_eos": True,
-                                    "stream": True}) as resp:
+            with httpx.stream(
+                "POST",
+                srv.url + "/v1/completions",
+                timeout=120,
+                json={"model": "demo", "prompt": "drain", "max_tokens": 300, "ignore_eos": True, "stream": True},
+            ) as resp:
                 lines.extend(line for line in resp.iter_lines() if line)
 
         reader = threading.Thread(target=stream)
@@ -264,38 +318,81 @@ def test_overload_gets_429_with_retry_after_and_shutdown_drains(engine_dir):
 def test_server_backends_launch_their_own_server(demo_checkpoints, tmp_path):
     """``--engine`` of an SGLang engine execs the engine's serve.sh; with no SGLang installed here the
     launch gets as far as SGLang's own module, which is as far as a CPU machine can take it."""
-    inputs = BuildInputs(draft="griffin", target=demo_checkpoints["target"], draft_path=demo_checkpoints["griffin"],
-                         tokenizer=demo_checkpoints["target"], backend="sglang", dtype="float32",
-                         tree=tree_to_dict(DynamicTreeConfig(12, 3, 3)))
+    inputs = BuildInputs(
+        draft="griffin",
+        target=demo_checkpoints["target"],
+        draft_path=demo_checkpoints["griffin"],
+        tokenizer=demo_checkpoints["target"],
+        backend="sglang",
+        dtype="float32",
+        tree=tree_to_dict(DynamicTreeConfig(12, 3, 3)),
+    )
     engine = build_engine(inputs, tmp_path / "sglang-engine").path
-    proc = subprocess.run([sys.executable, "-m", "specdec_kit.serving", "--engine", str(engine), "--port", "9"],
-                          capture_output=True, text=True, timeout=120, env={"PATH": str(Path(sys.executable).parent)})
+    proc = subprocess.run(
+        [sys.executable, "-m", "specdec_kit.serving", "--engine", str(engine), "--port", "9"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": str(Path(sys.executable).parent)},
+    )
     out = proc.stdout + proc.stderr
     assert "starting the sglang server" in out and proc.returncode != 0
     assert "No module named sglang" in out or "sglang" in out.split("starting the sglang server")[1]
-    wrong = subprocess.run([sys.executable, "-m", "specdec_kit.serving", "--engine", str(engine), "--backend",
-                            "tensorrt-llm"], capture_output=True, text=True, timeout=60)
+    wrong = subprocess.run(
+        [sys.executable, "-m", "specdec_kit.serving", "--engine", str(engine), "--backend", "tensorrt-llm"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert wrong.returncode == 2 and "is a sglang engine" in wrong.stderr
-    trt = build_engine(dataclasses.replace(inputs, backend="tensorrt-llm", file_hashes={}), tmp_path / "trtllm-engine").path
-    keyed = subprocess.run([sys.executable, "-m", "specdec_kit.serving", "--engine", str(trt), "--api-key", "sk-x"],
-                           capture_output=True, text=True, timeout=60)
+    trt = build_engine(
+        dataclasses.replace(inputs, backend="tensorrt-llm", file_hashes={}), tmp_path / "trtllm-engine"
+    ).path
+    keyed = subprocess.run(
+        [sys.executable, "-m", "specdec_kit.serving", "--engine", str(trt), "--api-key", "sk-x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert keyed.returncode == 2 and "trtllm-serve takes none" in keyed.stderr  # never a server that ignores the key
     # trtllm-serve names its model after the model directory: the served name arrives as the name of a link to the
     # engine's target. A stand-in for trtllm-serve (TensorRT-LLM cannot be installed here) reports what it was given.
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "trtllm-serve").write_text(f"#!{sys.executable}\nimport pathlib, sys\n"
-                                          "model = pathlib.Path(sys.argv[1])\n"
-                                          "print('model name', model.name, 'at', model.resolve(), 'args', *sys.argv[2:])\n")
+    (bin_dir / "trtllm-serve").write_text(
+        f"#!{sys.executable}\nimport pathlib, sys\n"
+        "model = pathlib.Path(sys.argv[1])\n"
+        "print('model name', model.name, 'at', model.resolve(), 'args', *sys.argv[2:])\n"
+    )
     (bin_dir / "trtllm-serve").chmod(0o755)
     env = {"PATH": f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin"}
-    named = subprocess.run([sys.executable, "-m", "specdec_kit.serving", "--engine", str(trt), "--served-model-name",
-                            "llama-3-8b-griffin", "--port", "9123"], capture_output=True, text=True, timeout=60, env=env)
+    named = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specdec_kit.serving",
+            "--engine",
+            str(trt),
+            "--served-model-name",
+            "llama-3-8b-griffin",
+            "--port",
+            "9123",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert named.returncode == 0, named.stdout + named.stderr
     assert f"model name llama-3-8b-griffin at {(trt / 'target').resolve()} args --backend pytorch" in named.stdout
     assert "--port 9123" in named.stdout
-    slashed = subprocess.run([sys.executable, "-m", "specdec_kit.serving", "--engine", str(trt), "--served-model-name",
-                              "meta/llama"], capture_output=True, text=True, timeout=60, env=env)
+    slashed = subprocess.run(
+        [sys.executable, "-m", "specdec_kit.serving", "--engine", str(trt), "--served-model-name", "meta/llama"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert slashed.returncode == 2 and "single path component" in slashed.stderr
 
 
@@ -313,8 +410,11 @@ def test_an_error_after_the_stream_began_is_sent_in_band_and_the_server_recovers
 
     srv.scheduler.gen.cycle = flaky_cycle
     try:
-        with httpx.stream("POST", srv.url + "/v1/completions",
-                          json={"model": "demo", "prompt": "abc", "max_tokens": 50, "stream": True}) as resp:
+        with httpx.stream(
+            "POST",
+            srv.url + "/v1/completions",
+            json={"model": "demo", "prompt": "abc", "max_tokens": 50, "stream": True},
+        ) as resp:
             assert resp.status_code == 200
             lines = [line for line in resp.iter_lines() if line]
         assert lines[-1] == "data: [DONE]"
@@ -322,7 +422,9 @@ def test_an_error_after_the_stream_began_is_sent_in_band_and_the_server_recovers
         assert "injected fault" in error["message"] and error["type"] == "server_error"
         assert resp.headers["X-Request-Id"] in error["message"]
         assert any("choices" in json.loads(x[6:]) for x in lines[:-2])  # tokens had been streamed before it
-        ok = httpx.post(srv.url + "/v1/completions", json={"model": "demo", "prompt": "abc", "max_tokens": 5}, timeout=60)
+        ok = httpx.post(
+            srv.url + "/v1/completions", json={"model": "demo", "prompt": "abc", "max_tokens": 5}, timeout=60
+        )
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 5
     finally:
         srv.stop()

@@ -13,10 +13,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 def link(cache: Path, checkout: Path, *inputs: str) -> str:
     """Run ``link_cached_env CHECKOUT/.env demo INPUTS...`` -> the key it printed."""
-    script = f'source scripts/steps.sh; link_cached_env "$1/.env" demo "${{@:2}}"; echo "$ENV_KEY"'
-    proc = subprocess.run(["bash", "-c", script, "link", str(checkout), *inputs], cwd=REPO, capture_output=True,
-                          text=True, env={"PATH": os.environ["PATH"], "HOME": str(cache.parent),
-                                          "SPECDEC_ENV_CACHE": str(cache)}, check=True)
+    script = 'source scripts/steps.sh; link_cached_env "$1/.env" demo "${@:2}"; echo "$ENV_KEY"'
+    proc = subprocess.run(
+        ["bash", "-c", script, "link", str(checkout), *inputs],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ["PATH"], "HOME": str(cache.parent), "SPECDEC_ENV_CACHE": str(cache)},
+        check=True,
+    )
     return proc.stdout.strip()
 
 

@@ -12,6 +12,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import SMALL_DEMO, sglang_python
+from helm_cli import HelmChart
+from test_helm import build_job, pods_of, render_layout
+from test_helm import server as server_container
 
 from specdec_kit.export.builder import build_engine
 from specdec_kit.export.engine_rules import SGLANG_PP_SPEC
@@ -22,11 +26,6 @@ from specdec_kit.runtime.synthetic import random_eagle3
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig, tree_to_dict
 from specdec_kit.serving.cli import external_flags
-
-from conftest import SMALL_DEMO, sglang_python
-from helm_cli import HelmChart
-from test_helm import build_job, pods_of, render_layout
-from test_helm import server as server_container
 
 pytestmark = [pytest.mark.sglang, pytest.mark.helm]
 
@@ -47,8 +46,17 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
 
 
 def build(paths, kind: str, out: Path, tree: DynamicTreeConfig, tp: int = 1, pp: int = 1):
-    inputs = BuildInputs(draft=kind, target=paths["target"], draft_path=paths[kind], tokenizer=paths["target"],
-                         backend="sglang", dtype="float16", tree=tree_to_dict(tree), tp=tp, pp=pp)
+    inputs = BuildInputs(
+        draft=kind,
+        target=paths["target"],
+        draft_path=paths[kind],
+        tokenizer=paths["target"],
+        backend="sglang",
+        dtype="float16",
+        tree=tree_to_dict(tree),
+        tp=tp,
+        pp=pp,
+    )
     return build_engine(inputs, out / f"{kind}-{tree.total_tokens}-{tree.depth}-{tree.top_k}-tp{tp}-pp{pp}").path
 
 
@@ -60,17 +68,18 @@ def serve_command(engine: Path, extra: list[str] = ()) -> dict:
     env.pop("PYTHONPATH", None)
     exec_line = next(line for line in script.splitlines() if line.startswith("exec "))
     argv = shlex.split(exec_line.replace("${PORT:-30000}", "30000").replace(' "$@"', ""))
-    argv = argv[argv.index("sglang.launch_server") + 1:]
+    argv = argv[argv.index("sglang.launch_server") + 1 :]
     return {"argv": [*argv, *extra], "env": env, "pythonpath": pythonpath, "cwd": str(engine)}
 
 
 def sglang_verdicts(commands: list[dict]) -> list[dict]:
     """SGLang's verdict on each entry (see tests/sglang_harness.py)."""
-    proc = subprocess.run([sglang_python(), str(HARNESS)], input=json.dumps(commands), capture_output=True, text=True,
-                          timeout=900)
-    line = next((l for l in proc.stdout.splitlines() if l.startswith("VERDICTS ")), None)
+    proc = subprocess.run(
+        [sglang_python(), str(HARNESS)], input=json.dumps(commands), capture_output=True, text=True, timeout=900
+    )
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("VERDICTS ")), None)
     assert line is not None, proc.stderr[-3000:]
-    return json.loads(line[len("VERDICTS "):])
+    return json.loads(line[len("VERDICTS ") :])
 
 
 def with_parallelism(argv: list[str], tp: int, pp: int) -> list[str]:
@@ -110,7 +119,7 @@ def chart_sglang_command(checkpoints, layout: dict, tmp_path: Path, tp: int, pp:
     tree = DynamicTreeConfig(int(build_args["total-tokens"]), int(build_args["depth"]), int(build_args["top-k"]))
     engine = build(checkpoints, kind, tmp_path, tree)
     server = layout["server"]
-    head, extra = (server[: server.index("--")], server[server.index("--") + 1:]) if "--" in server else (server, [])
+    head, extra = (server[: server.index("--")], server[server.index("--") + 1 :]) if "--" in server else (server, [])
     options = dict(a[2:].split("=", 1) for a in head if "=" in a)
     extra = [a.replace("$(LWS_WORKER_INDEX)", "0").replace("$(LWS_LEADER_ADDRESS)", "10.0.0.1") for a in extra]
     launcher = external_flags("sglang", options["host"], options["served-model-name"], None, None)
@@ -141,11 +150,17 @@ def test_sglang_refuses_exactly_what_the_builder_and_chart_refuse(checkpoints, c
         where = f"{kind} tp {tp} pp {pp}"
         if verdict["ok"]:
             assert builder is None, f"{where}: SGLang accepts it, the builder refuses: {builder}"
-            assert layout is None or isinstance(layout, dict), f"{where}: SGLang accepts it, the chart refuses: {layout}"
+            assert layout is None or isinstance(layout, dict), (
+                f"{where}: SGLang accepts it, the chart refuses: {layout}"
+            )
         else:
             sglang_reason = verdict["error"].split(": ", 1)[1]
-            assert sglang_reason in SGLANG_PP_SPEC, f"{where}: SGLang refuses with a reason the kit does not give: {verdict}"
+            assert sglang_reason in SGLANG_PP_SPEC, (
+                f"{where}: SGLang refuses with a reason the kit does not give: {verdict}"
+            )
             assert builder is not None and sglang_reason in builder, f"{where}: SGLang refuses, the builder does not"
             if kind in CHART_KINDS:
-                assert isinstance(layout, str) and sglang_reason in layout, f"{where}: SGLang refuses, the chart renders it"
+                assert isinstance(layout, str) and sglang_reason in layout, (
+                    f"{where}: SGLang refuses, the chart renders it"
+                )
     assert sum(not v["ok"] for v in verdicts) == 2 * len(KINDS)  # every pp=2 layout, nothing else

@@ -40,15 +40,26 @@ def target(smollm2) -> TargetModel:
 @pytest.fixture(scope="module")
 def chats(smollm2) -> list[list[int]]:
     tokenizer = load_tokenizer(smollm2)
-    return [list(tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                               tokenize=True, return_dict=True)["input_ids"]) for p in PROMPTS]
+    return [
+        list(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True, return_dict=True
+            )["input_ids"]
+        )
+        for p in PROMPTS
+    ]
 
 
 def test_the_named_target_is_a_plain_llama_checkpoint_with_its_chat_template(smollm2, target):
     config = json.loads((smollm2 / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in config
     assert (target.num_layers, target.hidden_size, target.num_heads, target.num_kv_heads, target.vocab_size) == (
-        30, 576, 9, 3, 49152)
+        30,
+        576,
+        9,
+        3,
+        49152,
+    )
     tokenizer = load_tokenizer(smollm2)
     assert "<|im_start|>" in tokenizer.chat_template and target.eos_token_ids() == [tokenizer.eos_token_id]
     started = time.perf_counter()
@@ -57,7 +68,9 @@ def test_the_named_target_is_a_plain_llama_checkpoint_with_its_chat_template(smo
 
 def test_the_committed_heads_fit_their_budget_and_record_their_training():
     folder = named_head("smollm2", "griffin").parent
-    weights = [p for p in folder.rglob("*") if p.suffix in (".bin", ".safetensors") and p.is_file()]  # state stays local
+    weights = [
+        p for p in folder.rglob("*") if p.suffix in (".bin", ".safetensors") and p.is_file()
+    ]  # state stays local
     assert {p.parent.name for p in weights} == {"griffin", "eagle3"}
     assert sum(p.stat().st_size for p in weights) < 40e6
     log = json.loads((folder / "training_log.json").read_text())
@@ -83,9 +96,27 @@ def test_the_kits_heads_are_lossless_on_smollm2(target, chats, kind):
 @pytest.mark.slow
 def test_generate_with_the_named_target_and_its_head(tmp_path):
     out = tmp_path / "run.json"
-    proc = subprocess.run([sys.executable, "-m", "specdec_kit.runtime.cli", "--target", "smollm2", "--draft", "griffin",
-                           "--prompt", PROMPTS[0], "--max-new-tokens", "16", "--compare-plain", "--json", str(out)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specdec_kit.runtime.cli",
+            "--target",
+            "smollm2",
+            "--draft",
+            "griffin",
+            "--prompt",
+            PROMPTS[0],
+            "--max-new-tokens",
+            "16",
+            "--compare-plain",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "greedy output identical to plain decoding: True" in proc.stdout
     griffin = json.loads(out.read_text())[0]
@@ -98,7 +129,7 @@ def test_the_recipe_prompts_leave_the_benchmark_out():
     prompts = read_prompts(RECIPES / recipe["prompts"])
     ids = [p.id for p in prompts]
     assert len(ids) == len(set(ids)) and not set(ids) & held_out_ids(DEFAULT_SPEC_BENCH)
-    used = prompts[:recipe["limit"]]
+    used = prompts[: recipe["limit"]]
     assert {p.source.split(":")[0] for p in used} == {"spec_bench", "humaneval", "pydoc", "stdlib", "man"}
 
 
@@ -111,10 +142,16 @@ def test_the_chat_benchmark_runs(tmp_path):
     assert main(["--backend", "torch", "--smoke", "--engines", str(tmp_path / "engines"), "--out", str(out)]) == 0
     result = json.loads((out / "results.json").read_text())
     rows = {(r["prompt_set"], r["temperature"], r["method"]) for r in result["rows"]}
-    assert rows == {(s, t, m) for s in ("humaneval", "spec_bench", "chat") for t in (0.0, 0.7)
-                    for m in ("plain", "griffin", "eagle3")}
+    assert rows == {
+        (s, t, m)
+        for s in ("humaneval", "spec_bench", "chat")
+        for t in (0.0, 0.7)
+        for m in ("plain", "griffin", "eagle3")
+    }
     search = json.loads((out / "tree_search.json").read_text())
     assert set(search["methods"]) == {"griffin", "eagle3"} and result["meta"]["trees"]["griffin"] in (
-        [4, 3, 1], [8, 3, 2])
+        [4, 3, 1],
+        [8, 3, 2],
+    )
     assert (out / "speedup.png").stat().st_size > 0 and "(chosen)" in (out / "tree_search.md").read_text()
     assert all(r["acceptance_length"] > 1 for r in result["rows"] if r["method"] != "plain" and r["temperature"] == 0)

@@ -12,7 +12,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from server_helpers import Server
 from tiers import missing_tool
 
@@ -26,17 +25,21 @@ REQUESTS, STREAMS, PROMPT_TOKENS, OUTPUT_TOKENS = 8, 4, 32, 24
 def guidellm() -> Path:
     exe = Path(os.environ.get("SPECDEC_GUIDELLM_VENV", REPO / ".venv-guidellm")) / "bin" / "guidellm"
     if not exe.exists():
-        missing_tool(f"guidellm not found at {exe}: run `bash scripts/setup_guidellm.sh` "
-                     "(scripts/test.sh does it before the tests)")
+        missing_tool(
+            f"guidellm not found at {exe}: run `bash scripts/setup_guidellm.sh` "
+            "(scripts/test.sh does it before the tests)"
+        )
     return exe
 
 
 def served_totals(server: Server) -> dict[str, float]:
     m = server.metrics()
-    return {"requests": m['specdec:time_to_first_token_seconds_count'],
-            "ttft_sum": m['specdec:time_to_first_token_seconds_sum'],
-            "prompt_tokens": m['specdec:prompt_tokens_total'],
-            "output_tokens": m['specdec:generation_tokens_total']}
+    return {
+        "requests": m["specdec:time_to_first_token_seconds_count"],
+        "ttft_sum": m["specdec:time_to_first_token_seconds_sum"],
+        "prompt_tokens": m["specdec:prompt_tokens_total"],
+        "output_tokens": m["specdec:generation_tokens_total"],
+    }
 
 
 def test_guidellm_concurrent_run_agrees_with_metrics(guidellm, demo_engine, tmp_path):
@@ -45,15 +48,29 @@ def test_guidellm_concurrent_run_agrees_with_metrics(guidellm, demo_engine, tmp_
         before = served_totals(server)
         out = tmp_path / "guidellm.json"
         proc = subprocess.run(
-            [str(guidellm), "run",
-             "--backend", f"kind=openai_http,target={server.url},model=demo",
-             "--profile", f"kind=concurrent,streams={STREAMS}",
-             "--constraint", f"kind=max_requests,count={REQUESTS}",
-             "--data", f"kind=synthetic_text,prompt_tokens={PROMPT_TOKENS},output_tokens={OUTPUT_TOKENS}",
-             "--tokenizer", f"kind=huggingface_auto,model={demo_engine / 'tokenizer'}",
-             "--output", f"kind=json,path={out}", "--disable-progress"],
-            capture_output=True, text=True, timeout=600, cwd=tmp_path,
-            env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+            [
+                str(guidellm),
+                "run",
+                "--backend",
+                f"kind=openai_http,target={server.url},model=demo",
+                "--profile",
+                f"kind=concurrent,streams={STREAMS}",
+                "--constraint",
+                f"kind=max_requests,count={REQUESTS}",
+                "--data",
+                f"kind=synthetic_text,prompt_tokens={PROMPT_TOKENS},output_tokens={OUTPUT_TOKENS}",
+                "--tokenizer",
+                f"kind=huggingface_auto,model={demo_engine / 'tokenizer'}",
+                "--output",
+                f"kind=json,path={out}",
+                "--disable-progress",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=tmp_path,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
+        )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         after = served_totals(server)
     finally:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec_kit.runtime.drafting import TorchFeatureStep, FeatureTreeDrafter, MedusaDrafter, NoDrafter
+from specdec_kit.runtime.choices import chain
+from specdec_kit.runtime.drafting import FeatureTreeDrafter, MedusaDrafter, NoDrafter, TorchFeatureStep
 from specdec_kit.runtime.drafts.checkpoint import load_draft
 from specdec_kit.runtime.generate import SpeculativeGenerator
 from specdec_kit.runtime.synthetic import tiny_target
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
-from specdec_kit.runtime.choices import chain
 from specdec_kit.train.corpus import is_heldout, load_corpus
 from specdec_kit.train.draft_forward import alignment_mask
 from specdec_kit.train.heads import HeadSpec, train_head
@@ -21,8 +21,17 @@ from specdec_kit.train.losses import next_alignment_mask, predictable
 
 @pytest.fixture(scope="module")
 def target():
-    return tiny_target(hidden_size=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=40, logit_scale=6.0,
-                       context_mix=0.5, seed=3)
+    return tiny_target(
+        hidden_size=32,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        intermediate=64,
+        vocab=40,
+        logit_scale=6.0,
+        context_mix=0.5,
+        seed=3,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -64,11 +73,17 @@ def test_training_resumes_from_state(tmp_path, target, data):
 
 def test_griffin_masks_by_hand():
     # draft top-3 per position over a 6-token vocabulary; true next tokens below
-    logits = torch.tensor([[[9, 8, 7, 0, 0, 0],    # top3 {0,1,2}; truth 1 -> predictable
-                            [9, 8, 7, 0, 0, 0],    # truth 5 -> NOT predictable
-                            [0, 0, 0, 9, 8, 7],    # top3 {3,4,5}; truth 3 -> predictable
-                            [0, 0, 0, 9, 8, 7],    # truth 4 -> predictable
-                            [9, 8, 7, 0, 0, 0]]]).float()  # truth 2 -> predictable
+    logits = torch.tensor(
+        [
+            [
+                [9, 8, 7, 0, 0, 0],  # top3 {0,1,2}; truth 1 -> predictable
+                [9, 8, 7, 0, 0, 0],  # truth 5 -> NOT predictable
+                [0, 0, 0, 9, 8, 7],  # top3 {3,4,5}; truth 3 -> predictable
+                [0, 0, 0, 9, 8, 7],  # truth 4 -> predictable
+                [9, 8, 7, 0, 0, 0],
+            ]
+        ]
+    ).float()  # truth 2 -> predictable
     truth = torch.tensor([[1, 5, 3, 4, 2]])
     assert predictable(logits, truth, 3).tolist() == [[True, False, True, True, True]]
     chain = torch.ones(1, 5, dtype=torch.bool)
@@ -83,17 +98,15 @@ def test_griffin_masks_by_hand():
 def test_alignment_mask_by_hand():
     m = alignment_mask(4, 2, "cpu").int().tolist()
     # pass 2: target-feature keys up to i-1, then the pass-2 key at i itself
-    assert m == [[0, 0, 0, 0, 1, 0, 0, 0],
-                 [1, 0, 0, 0, 0, 1, 0, 0],
-                 [1, 1, 0, 0, 0, 0, 1, 0],
-                 [1, 1, 1, 0, 0, 0, 0, 1]]
+    assert m == [[0, 0, 0, 0, 1, 0, 0, 0], [1, 0, 0, 0, 0, 1, 0, 0], [1, 1, 0, 0, 0, 0, 1, 0], [1, 1, 1, 0, 0, 0, 0, 1]]
     m3 = alignment_mask(4, 3, "cpu").int().tolist()
     assert m3[3] == [1, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1]  # F_0..F_1, pass-2 at 2, pass-3 at 3
 
 
 def test_lm_trainer_reduces_loss(data):
-    spec = LMSpec(hidden_size=32, layers=1, intermediate=64, heads=2, kv_heads=1, seq_len=32, batch=8, steps=30,
-                  lr=1e-2, warmup=1)
+    spec = LMSpec(
+        hidden_size=32, layers=1, intermediate=64, heads=2, kv_heads=1, seq_len=32, batch=8, steps=30, lr=1e-2, warmup=1
+    )
     model = build_lm(spec, 40, 0)
     losses = train_lm(model, data, spec, desc="lm-test")
     assert sum(losses[-5:]) / 5 < 0.7 * losses[0]
@@ -131,8 +144,24 @@ def test_train_head_cli(tmp_path):
     hf.save_pretrained(tmp_path / "target")
     write_char_tokenizer(tmp_path / "target")
     (tmp_path / "text.txt").write_text("def add(a, b):\n    return a + b\n" * 40)
-    rc = cli.main(["--method", "hass", "--target", str(tmp_path / "target"), "--out", str(tmp_path / "hass"),
-                   "--data", str(tmp_path / "text.txt"), "--steps", "3", "--batch", "2", "--seq-len", "32"])
+    rc = cli.main(
+        [
+            "--method",
+            "hass",
+            "--target",
+            str(tmp_path / "target"),
+            "--out",
+            str(tmp_path / "hass"),
+            "--data",
+            str(tmp_path / "text.txt"),
+            "--steps",
+            "3",
+            "--batch",
+            "2",
+            "--seq-len",
+            "32",
+        ]
+    )
     assert rc == 0
     load_draft(tmp_path / "hass", "hass", 32, 75)
     rc = cli.main(["--method", "hass", "--target", str(tmp_path / "nope"), "--out", str(tmp_path / "x")])

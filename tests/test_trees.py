@@ -35,7 +35,7 @@ def check_buffers(buf, parents):
     seen = set()
     for row in buf.retrieve_indices.tolist():
         path = [x for x in row if x >= 0]
-        assert row[len(path):] == [-1] * (len(row) - len(path))  # -1 padding only at the end
+        assert row[len(path) :] == [-1] * (len(row) - len(path))  # -1 padding only at the end
         assert path[0] == 0 and path[-1] in leaves
         assert all(parents[b] == a for a, b in zip(path, path[1:]))  # root-to-leaf, parent by parent
         seen.add(path[-1])
@@ -84,8 +84,13 @@ def test_static_tree_rejects_missing_prefix():
         raise AssertionError("a choice without its prefix must be refused")
 
 
-@given(total=st.integers(2, 30), depth=st.integers(0, 4), top_k=st.integers(1, 5), seed=st.integers(0, 1000),
-       griffin=st.booleans())
+@given(
+    total=st.integers(2, 30),
+    depth=st.integers(0, 4),
+    top_k=st.integers(1, 5),
+    seed=st.integers(0, 1000),
+    griffin=st.booleans(),
+)
 @settings(max_examples=40, deadline=None)
 def test_dynamic_trees(total, depth, top_k, seed, griffin):
     assume(total - 1 <= top_k + depth * top_k * top_k)  # the tree must fit among the candidates
@@ -96,7 +101,9 @@ def test_dynamic_trees(total, depth, top_k, seed, griffin):
     drafter.reset(batch, 16)
     gen = torch.Generator().manual_seed(seed)
     counts = torch.tensor([4, 1, 3])
-    tree = drafter.draft(torch.randn(batch, 4, 32, generator=gen), torch.randint(0, 40, (batch, 4), generator=gen), counts)
+    tree = drafter.draft(
+        torch.randn(batch, 4, 32, generator=gen), torch.randint(0, 40, (batch, 4), generator=gen), counts
+    )
     assert tree.tokens.shape == (batch, total)
     for b in range(batch):
         parents = tree.parents[b].tolist()
@@ -120,12 +127,24 @@ def test_greedy_verification_by_hand():
     logits = torch.full((1, 4, 10), -5.0)
     for node, best in [(0, 5), (1, 7), (2, 1), (3, 9)]:
         logits[0, node, best] = 5.0
-    v = verify_choices(tokens, parents, torch.ones_like(tokens, dtype=torch.bool), buf.position_offsets[None],
-                      buf.tree_mask[None], logits.argmax(-1))
+    v = verify_choices(
+        tokens,
+        parents,
+        torch.ones_like(tokens, dtype=torch.bool),
+        buf.position_offsets[None],
+        buf.tree_mask[None],
+        logits.argmax(-1),
+    )
     assert v.path.tolist() == [[0, 1, 3]] and v.counts.tolist() == [3] and v.next_tokens.tolist() == [9]
     logits[0, 1, 7] = -9.0  # now node 3's token is not the argmax after node 1
-    v = verify_choices(tokens, parents, torch.ones_like(tokens, dtype=torch.bool), buf.position_offsets[None],
-                      buf.tree_mask[None], logits.argmax(-1))
+    v = verify_choices(
+        tokens,
+        parents,
+        torch.ones_like(tokens, dtype=torch.bool),
+        buf.position_offsets[None],
+        buf.tree_mask[None],
+        logits.argmax(-1),
+    )
     assert v.path.tolist() == [[0, 1]] and v.next_tokens.tolist() == [int(logits[0, 1].argmax())]
 
 

@@ -13,7 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import trtllm_standin
 import yaml
+from conftest import left_in
 from safetensors.torch import load_file
 from transformers import AutoConfig
 
@@ -22,16 +24,23 @@ from specdec_kit.export.inputs import BuildError, BuildInputs
 from specdec_kit.runtime.drafts.checkpoint import load_draft
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig, parse_tree_spec, tree_to_dict
-import trtllm_standin
-from conftest import left_in
 
 SCHEMA = json.loads((Path(__file__).parent / "upstream" / "tensorrt_llm_llm_args.json").read_text())
 
 
 def build(paths, kind, tree, tmp, legacy=None, tp=1, pp=1):
-    inputs = BuildInputs(draft=kind, target=paths["target"], draft_path=paths[kind], tokenizer=paths["target"],
-                         backend="tensorrt-llm", dtype="float32", tree=tree_to_dict(tree), tp=tp, pp=pp,
-                         trtllm_legacy_engine=legacy)
+    inputs = BuildInputs(
+        draft=kind,
+        target=paths["target"],
+        draft_path=paths[kind],
+        tokenizer=paths["target"],
+        backend="tensorrt-llm",
+        dtype="float32",
+        tree=tree_to_dict(tree),
+        tp=tp,
+        pp=pp,
+        trtllm_legacy_engine=legacy,
+    )
     return build_engine(inputs, tmp / f"{kind}-{tree_to_dict(tree)['type']}-{legacy}")
 
 
@@ -70,18 +79,25 @@ def check_against_llm_args(serve_yaml: Path) -> dict:
     assert spec["max_draft_len"] > 0 and spec["speculative_model"]
     if spec.get("use_dynamic_tree"):
         assert "eagle_choices" not in spec and spec["dynamic_tree_max_topK"] > 0
-        assert spec["max_draft_len"] <= spec["max_total_draft_tokens"] <= spec["dynamic_tree_max_topK"] * spec["max_draft_len"]
+        assert (
+            spec["max_draft_len"]
+            <= spec["max_total_draft_tokens"]
+            <= spec["dynamic_tree_max_topK"] * spec["max_draft_len"]
+        )
     if "eagle_choices" in spec:
         assert spec["max_draft_len"] == max(len(c) for c in spec["eagle_choices"])
     return spec
 
 
-@pytest.mark.parametrize("kind,tree", [
-    ("griffin", DynamicTreeConfig(total_tokens=21, depth=4, top_k=4)),
-    ("hass", DynamicTreeConfig(total_tokens=16, depth=3, top_k=4)),
-    ("eagle2", parse_tree_spec("static:chain-4")),
-    ("eagle", parse_tree_spec("static:eagle1_default")),
-])
+@pytest.mark.parametrize(
+    "kind,tree",
+    [
+        ("griffin", DynamicTreeConfig(total_tokens=21, depth=4, top_k=4)),
+        ("hass", DynamicTreeConfig(total_tokens=16, depth=3, top_k=4)),
+        ("eagle2", parse_tree_spec("static:chain-4")),
+        ("eagle", parse_tree_spec("static:eagle1_default")),
+    ],
+)
 def test_pytorch_backend_export_uses_only_current_llm_args(demo_checkpoints, tmp_path, kind, tree):
     result = build(demo_checkpoints, kind, tree, tmp_path)
     trtllm = result.path / "trtllm"
@@ -96,15 +112,19 @@ def test_pytorch_backend_export_uses_only_current_llm_args(demo_checkpoints, tmp
         assert spec["eagle_choices"] == [list(c) for c in tree.choices]
         assert any("deprecated" in note for note in result.manifest["serve"]["notes"])
     serve = (trtllm / "serve.sh").read_text()
-    assert ("trtllm-serve ${SPECDEC_MODEL_DIR:-target} --backend pytorch --config trtllm/serve.yaml "
-            "--custom_module_dirs trtllm/specdec_trtllm") in serve
+    assert (
+        "trtllm-serve ${SPECDEC_MODEL_DIR:-target} --backend pytorch --config trtllm/serve.yaml "
+        "--custom_module_dirs trtllm/specdec_trtllm"
+    ) in serve
     config = yaml.safe_load((trtllm / "serve.yaml").read_text())  # what the chart's probes, metrics and tests read
     assert config["enable_iter_perf_stats"] is True and config["return_perf_metrics"] is True
     assert not (trtllm / "build.sh").exists() and not (trtllm / "checkpoint").exists()
     cfg = json.loads((trtllm / "draft" / "config.json").read_text())
     expected = "SpecdecGriffinLlama" if kind == "griffin" else "SpecdecEagleLlama"
     assert cfg["architectures"] == [expected] and cfg["draft_vocab_size"] == cfg["vocab_size"]
-    assert (trtllm / "specdec_trtllm" / "__init__.py").is_file() and (trtllm / "specdec_trtllm" / "drafter.py").is_file()
+    assert (trtllm / "specdec_trtllm" / "__init__.py").is_file() and (
+        trtllm / "specdec_trtllm" / "drafter.py"
+    ).is_file()
     assert result.manifest["tensorrt_llm"]["route"] == "pytorch"
 
 
@@ -118,7 +138,9 @@ def test_legacy_engine_route_only_for_releases_that_have_it(demo_checkpoints, tm
         build(demo_checkpoints, "griffin", DynamicTreeConfig(16, 3, 4), tmp_path, legacy="1.2.1")
     with pytest.raises(BuildError, match="expected a TensorRT-LLM release"):
         build(demo_checkpoints, "hass", DynamicTreeConfig(16, 3, 4), tmp_path, legacy="latest")
-    with pytest.raises(BuildError, match=r"max_total_draft_tokens \(19\) <= dynamic_tree_max_topK \* max_draft_len \(8\)"):
+    with pytest.raises(
+        BuildError, match=r"max_total_draft_tokens \(19\) <= dynamic_tree_max_topK \* max_draft_len \(8\)"
+    ):
         build(demo_checkpoints, "hass", DynamicTreeConfig(total_tokens=20, depth=1, top_k=4), tmp_path)
     assert left_in(tmp_path) == []
     legacy = build(demo_checkpoints, "medusa", chain, tmp_path, legacy="1.2.1")
@@ -162,8 +184,9 @@ def test_drafter_package_computes_the_kits_draft(demo_checkpoints, tmp_path, sta
     target = TargetModel.from_pretrained(result.path / "target", dtype="float32", device="cpu")
     hf = target.hf_model
     target_config = SimpleNamespace(pretrained_config=hf.config, mapping=SimpleNamespace(tp_size=1))
-    draft_config = SimpleNamespace(pretrained_config=AutoConfig.from_pretrained(trtllm / "draft"),
-                                   mapping=SimpleNamespace(tp_size=1))
+    draft_config = SimpleNamespace(
+        pretrained_config=AutoConfig.from_pretrained(trtllm / "draft"), mapping=SimpleNamespace(tp_size=1)
+    )
     draft_config.pretrained_config.torch_dtype = torch.float32
     drafter = builder(target_config, draft_config, hf.lm_head, hf)
     drafter.load_weights(load_file(str(trtllm / "draft" / "model.safetensors")))
@@ -172,7 +195,9 @@ def test_drafter_package_computes_the_kits_draft(demo_checkpoints, tmp_path, sta
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(3, target.vocab_size, (1, 12), generator=gen)
     captured = {}
-    hook = hf.model.layers[-1].register_forward_hook(lambda m, i, o: captured.update(out=o[0] if isinstance(o, tuple) else o))
+    hook = hf.model.layers[-1].register_forward_hook(
+        lambda m, i, o: captured.update(out=o[0] if isinstance(o, tuple) else o)
+    )
     with torch.no_grad():
         normed = hf(prompt, output_hidden_states=True).hidden_states[-1]  # post-final-norm: the kit's feature
     hook.remove()

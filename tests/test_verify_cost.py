@@ -8,8 +8,27 @@ from specdec_kit.bench.verify_cost import main, parse_tokens
 
 
 def test_the_curve_covers_every_batch_and_token_count(tmp_path):
-    assert main(["--shape", "tiny", "--device", "cpu", "--tokens", "1-3,8", "--batch", "1,2", "--repeats", "2",
-                 "--context", "12", "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "--shape",
+                "tiny",
+                "--device",
+                "cpu",
+                "--tokens",
+                "1-3,8",
+                "--batch",
+                "1,2",
+                "--repeats",
+                "2",
+                "--context",
+                "12",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     result = json.loads((tmp_path / "verify_cost.json").read_text())
     assert [(p["batch"], p["tokens"]) for p in result["points"]] == [(b, n) for b in (1, 2) for n in (1, 2, 3, 8)]
     assert all(p["ms_min"] <= p["ms"] <= p["ms_max"] and p["ms"] > 0 for p in result["points"])
@@ -37,12 +56,18 @@ def test_the_gpu_check_says_what_it_would_run_without_a_gpu(tmp_path):
     for tool in ("date", "dirname"):
         (bin_dir / tool).symlink_to(shutil.which(tool))
     env = {**os.environ, "PATH": str(bin_dir)}
-    proc = subprocess.run([shutil.which("bash"), str(script), str(tmp_path / "gpu")], capture_output=True, text=True, env=env,
-                          timeout=60)
+    proc = subprocess.run(
+        [shutil.which("bash"), str(script), str(tmp_path / "gpu")], capture_output=True, text=True, env=env, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     assert "no CUDA GPU" in proc.stdout and "specdec_kit.bench.verify_cost --shape llama3-8b" in proc.stdout
     assert "cuda_check.py --device cuda" in proc.stdout and not (tmp_path / "gpu").exists()
     assert "bash scripts/setup.sh" in proc.stdout and ".venv/bin/python -m pytest" in proc.stdout
-    given = subprocess.run([shutil.which("bash"), str(script), str(tmp_path / "gpu")], capture_output=True, text=True,
-                           env={**env, "PYTHON": "python3 -P"}, timeout=60)  # a machine's own interpreter: no set-up
+    given = subprocess.run(
+        [shutil.which("bash"), str(script), str(tmp_path / "gpu")],
+        capture_output=True,
+        text=True,
+        env={**env, "PYTHON": "python3 -P"},
+        timeout=60,
+    )  # a machine's own interpreter: no set-up
     assert given.returncode == 0 and "setup.sh" not in given.stdout and "python3 -P -m pytest" in given.stdout

@@ -14,6 +14,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from helm_cli import HelmChart
+from test_helm import build_job, check_speculation, pods_of, render_layout, server, speculation_script
+from test_vllm_engine import STARTUP_S
+from test_vllm_engine import build as build_zoo_engine
 
 from specdec_kit.bench.servers import start_vllm
 from specdec_kit.export.builder import build_engine
@@ -25,10 +29,6 @@ from specdec_kit.runtime.synthetic import random_eagle3
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import parse_tree_spec, tree_to_dict
 from specdec_kit.serving.cli import external_flags
-
-from helm_cli import HelmChart
-from test_helm import build_job, check_speculation, pods_of, render_layout, server, speculation_script
-from test_vllm_engine import STARTUP_S, build as build_zoo_engine
 
 pytestmark = [pytest.mark.vllm, pytest.mark.helm]
 
@@ -50,15 +50,23 @@ def wide_checkpoints(tmp_path_factory) -> dict[str, Path]:
 
 
 def inputs(paths: dict[str, Path], kind: str, pp: int = 1) -> BuildInputs:
-    return BuildInputs(draft=kind, target=paths["target"], draft_path=paths[kind], tokenizer=paths["target"],
-                       backend="vllm", dtype="float32", tree=tree_to_dict(parse_tree_spec("static:chain-3")), pp=pp)
+    return BuildInputs(
+        draft=kind,
+        target=paths["target"],
+        draft_path=paths[kind],
+        tokenizer=paths["target"],
+        backend="vllm",
+        dtype="float32",
+        tree=tree_to_dict(parse_tree_spec("static:chain-3")),
+        pp=pp,
+    )
 
 
 def serve_argv(engine: Path) -> list[str]:
     """What ``vllm/serve.sh`` hands to the kit's vLLM launcher."""
-    line = next(l for l in (engine / "vllm" / "serve.sh").read_text().splitlines() if l.startswith("exec "))
+    line = next(x for x in (engine / "vllm" / "serve.sh").read_text().splitlines() if x.startswith("exec "))
     argv = shlex.split(line.replace("${PORT:-8000}", "8000").replace(' "$@"', ""))
-    return argv[argv.index("specdec_vllm.serve") + 1:]
+    return argv[argv.index("specdec_vllm.serve") + 1 :]
 
 
 def with_parallelism(argv: list[str], tp: int, pp: int) -> list[str]:
@@ -77,30 +85,33 @@ def chart_commands(chart: HelmChart, engine: Path, kind: str, tp: int, pp: int) 
     commands = []
     for role, spec in pods_of(docs):
         args = server(spec)["args"]
-        head, extra = (args[: args.index("--")], args[args.index("--") + 1:]) if "--" in args else (args, [])
+        head, extra = (args[: args.index("--")], args[args.index("--") + 1 :]) if "--" in args else (args, [])
         options = dict(a[2:].split("=", 1) for a in head if "=" in a)
         rank = "1" if role == "worker" else "0"
         extra = [a.replace("$(LWS_WORKER_INDEX)", rank).replace("$(LWS_LEADER_ADDRESS)", "10.0.0.1") for a in extra]
         flags = external_flags("vllm", options["host"], options["served-model-name"], None, None)
-        commands.append((role, with_parallelism(serve_argv(engine), int(build["tp"]), int(build["pp"])) + flags + extra))
+        commands.append(
+            (role, with_parallelism(serve_argv(engine), int(build["tp"]), int(build["pp"])) + flags + extra)
+        )
     return commands
 
 
 def vllm_verdicts(python: str, commands: list[dict], plugin: Path) -> list[dict]:
     """vLLM's verdict on each command; ``plugin``: an engine's ``vllm/plugin``, put on the path as serve.sh does."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1", PYTHONPATH=str(plugin))
-    proc = subprocess.run([python, str(HARNESS)], input=json.dumps(commands), capture_output=True, text=True,
-                          timeout=1200, env=env)
-    line = next((l for l in proc.stdout.splitlines() if l.startswith("VERDICTS ")), None)
+    proc = subprocess.run(
+        [python, str(HARNESS)], input=json.dumps(commands), capture_output=True, text=True, timeout=1200, env=env
+    )
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("VERDICTS ")), None)
     assert line is not None, proc.stderr[-3000:]
-    return json.loads(line[len("VERDICTS "):])
+    return json.loads(line[len("VERDICTS ") :])
 
 
 def test_every_vllm_command_the_chart_leads_to_passes_vllms_checks(vllm_python, chart, wide_checkpoints, tmp_path):
     cases, commands = [], []
     for kind in KINDS:
         engine = build_engine(inputs(wide_checkpoints, kind), tmp_path / kind).path
-        for tp, pp in (LAYOUTS if kind in WIDE_KINDS else LAYOUTS[:1] + LAYOUTS[4:5]):
+        for tp, pp in LAYOUTS if kind in WIDE_KINDS else LAYOUTS[:1] + LAYOUTS[4:5]:
             try:
                 build_engine(inputs(wide_checkpoints, kind, pp), tmp_path / f"{kind}-pp{pp}")
                 builder = None
@@ -132,9 +143,17 @@ def test_vllm_fails_to_start_with_pipeline_parallelism_as_the_kits_rule_says(vll
     """The zoo's GRIFFIN engine on vLLM-CPU at --pipeline-parallel-size 2 (two worker processes, one core each)."""
     engine = build_zoo_engine("griffin", tmp_path / "griffin-vllm")
     log = tmp_path / "vllm-pp2.log"
-    server_process = start_vllm("vllm-pp2", engine, vllm_python, speculative=True, max_model_len=1024, kv_cache_gib=1,
-                                log=log, extra=["--enforce-eager", "--pipeline-parallel-size", "2"],
-                                extra_env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"})
+    server_process = start_vllm(
+        "vllm-pp2",
+        engine,
+        vllm_python,
+        speculative=True,
+        max_model_len=1024,
+        kv_cache_gib=1,
+        log=log,
+        extra=["--enforce-eager", "--pipeline-parallel-size", "2"],
+        extra_env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"},
+    )
     with pytest.raises(RuntimeError, match="server exited"):
         server_process.wait_ready("/health", STARTUP_S)
     text = log.read_text()
@@ -145,13 +164,28 @@ def test_vllm_fails_to_start_with_pipeline_parallelism_as_the_kits_rule_says(vll
 def test_helm_tests_speculation_check_on_vllm(vllm_python, chart, tmp_path):
     """The chart's `helm test` speculation check for backend vllm, run as rendered against vLLM's own server: it
     passes with the kit's GRIFFIN head proposing, and fails on the same engine served without speculation."""
-    script = speculation_script(chart.render({"backend": "vllm", "engine": {"source": "build"},
-                                              "model": {"pvc": {"claimName": "m"}},
-                                              "tests": {"speculationDeadlineSeconds": 30}}))
+    script = speculation_script(
+        chart.render(
+            {
+                "backend": "vllm",
+                "engine": {"source": "build"},
+                "model": {"pvc": {"claimName": "m"}},
+                "tests": {"speculationDeadlineSeconds": 30},
+            }
+        )
+    )
     engine = build_zoo_engine("griffin", tmp_path / "griffin-vllm")
     for speculative in (True, False):
-        srv = start_vllm(f"vllm-{speculative}", engine, vllm_python, speculative=speculative, max_model_len=1024,
-                         kv_cache_gib=1, log=tmp_path / f"vllm-{speculative}.log", extra=["--enforce-eager"])
+        srv = start_vllm(
+            f"vllm-{speculative}",
+            engine,
+            vllm_python,
+            speculative=speculative,
+            max_model_len=1024,
+            kv_cache_gib=1,
+            log=tmp_path / f"vllm-{speculative}.log",
+            extra=["--enforce-eager"],
+        )
         try:
             srv.wait_ready("/health", STARTUP_S)
             check_speculation(script, srv.url, speculative, timeout=300)

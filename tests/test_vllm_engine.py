@@ -18,25 +18,32 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from conftest import chi_square_pvalue, hf_greedy
+from server_helpers import free_port
 
 from specdec_kit.bench.servers import SERVED_NAME, acceptance_length, start_vllm
 from specdec_kit.paths import default_zoo
-from specdec_kit.runtime.loader import load_draft_for
 from specdec_kit.runtime.generate import SpeculativeGenerator
+from specdec_kit.runtime.loader import load_draft_for
 from specdec_kit.runtime.registry import drafter_for
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import parse_tree_spec
-
-from conftest import chi_square_pvalue, hf_greedy
-from server_helpers import free_port
 
 pytestmark = pytest.mark.vllm
 
 REPO = Path(__file__).resolve().parents[1]
 CHAIN = 3  # vLLM's num_speculative_tokens; the kit drafts the same top-1 chain (static:chain-3)
 NEW_TOKENS = 64
-PROMPTS = ["def fibonacci(n):\n", "import os\nimport sys\n\n\ndef main():\n", "class Config:\n    def __init__(self",
-           "for i in range(10):\n", "    return self.", "def test_", "# Copyright", "if __name__ == '__main__':\n"]
+PROMPTS = [
+    "def fibonacci(n):\n",
+    "import os\nimport sys\n\n\ndef main():\n",
+    "class Config:\n    def __init__(self",
+    "for i in range(10):\n",
+    "    return self.",
+    "def test_",
+    "# Copyright",
+    "if __name__ == '__main__':\n",
+]
 ZOO_HEAD = {"eagle2": "eagle", "hass": "hass", "griffin": "griffin", "eagle3": "eagle3"}
 STARTUP_S = 900
 
@@ -61,9 +68,23 @@ def references(zoo_target, prompts) -> list[list[int]]:
 
 def build(kind: str, out: Path) -> Path:
     """The user's command: python export/build_engine.py --draft KIND --backend vllm."""
-    proc = subprocess.run([sys.executable, str(REPO / "export" / "build_engine.py"), "--draft", kind, "--backend",
-                           "vllm", "--tree", f"static:chain-{CHAIN}", "--output", str(out)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "export" / "build_engine.py"),
+            "--draft",
+            kind,
+            "--backend",
+            "vllm",
+            "--tree",
+            f"static:chain-{CHAIN}",
+            "--output",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"num_speculative_tokens={CHAIN}" in proc.stdout + proc.stderr  # the build says how the tree maps
     return out
@@ -73,15 +94,29 @@ class VllmServer:
     """``specdec-serve --engine`` on a vLLM engine: the kit's launcher execs vLLM's own OpenAI server."""
 
     def __init__(self, engine: Path, python: str, trace: Path | None, log: Path):
-        self.server = start_vllm("vllm", engine, python, speculative=True, max_model_len=1024, kv_cache_gib=1,
-                                 log=log, extra=["--enforce-eager"],
-                                 extra_env={"SPECDEC_VLLM_DRAFT_TRACE": str(trace)} if trace else None)
+        self.server = start_vllm(
+            "vllm",
+            engine,
+            python,
+            speculative=True,
+            max_model_len=1024,
+            kv_cache_gib=1,
+            log=log,
+            extra=["--enforce-eager"],
+            extra_env={"SPECDEC_VLLM_DRAFT_TRACE": str(trace)} if trace else None,
+        )
         self.url, self.log = self.server.url, log
         self.server.wait_ready("/health", STARTUP_S)
 
     def complete(self, prompt: list[int]) -> list[int]:
-        body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0.0,
-                "ignore_eos": True, "return_token_ids": True}
+        body = {
+            "model": SERVED_NAME,
+            "prompt": prompt,
+            "max_tokens": NEW_TOKENS,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        }
         resp = httpx.post(self.url + "/v1/completions", json=body, timeout=600)
         assert resp.status_code == 200, resp.text
         return resp.json()["choices"][0]["token_ids"]
@@ -143,7 +178,9 @@ def vllm_rows(trace: Path) -> list[tuple[int, int, torch.Tensor]]:
     rows = []
     for file in sorted(trace.glob("*.pt"), key=lambda p: int(p.stem.split("-")[1])):
         record = torch.load(file)
-        rows += [(int(p), int(t), l) for p, t, l in zip(record["positions"], record["tokens"], record["logits"])]
+        rows += [
+            (int(p), int(t), logit) for p, t, logit in zip(record["positions"], record["tokens"], record["logits"])
+        ]
     return rows
 
 
@@ -175,11 +212,13 @@ def test_the_head_runs_in_vllm_exactly_as_in_the_kit(kind, vllm_python, zoo_targ
     # the draft's logits at every proposal step of the recorded prompt
     # vLLM proposes once more after the last token (the request is finished before that proposal is verified)
     assert len(kit_rows) > NEW_TOKENS // (CHAIN + 1) and 0 <= len(rows) - len(kit_rows) <= CHAIN
-    rows = rows[:len(kit_rows)]
+    rows = rows[: len(kit_rows)]
     assert [(p, t) for p, t, _ in rows] == [(p, t) for p, t, _ in kit_rows]
     worst = max(logit_difference(a, b) for (_, _, a), (_, _, b) in zip(rows, kit_rows))
     assert worst < 1e-4, f"{kind}: draft logits differ from the kit's by {worst:.2e}"
-    assert abs(tau - kit_tau) <= 0.03 * kit_tau, f"{kind}: acceptance length {tau:.3f} in vLLM vs {kit_tau:.3f} in the kit"
+    assert abs(tau - kit_tau) <= 0.03 * kit_tau, (
+        f"{kind}: acceptance length {tau:.3f} in vLLM vs {kit_tau:.3f} in the kit"
+    )
     print(f"{kind}: acceptance length vLLM {tau:.3f}, kit {kit_tau:.3f}; max |draft logit diff| {worst:.1e}")
 
 
@@ -197,8 +236,11 @@ def test_vllm_refuses_a_draft_tensor_the_plugin_has_no_place_for(vllm_python, tm
     # straight to vLLM through the engine's serve.sh (the kit's launcher would refuse the changed file first)
     proc = subprocess.run(
         ["bash", str(engine / "vllm" / "serve.sh"), "--max-model-len", "1024", "--enforce-eager"],
-        stdout=log.open("w"), stderr=subprocess.STDOUT, timeout=STARTUP_S,
-        env=dict(os.environ, SPECDEC_VLLM_PYTHON=vllm_python, VLLM_CPU_KVCACHE_SPACE="1", PORT=str(free_port())))
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        timeout=STARTUP_S,
+        env=dict(os.environ, SPECDEC_VLLM_PYTHON=vllm_python, VLLM_CPU_KVCACHE_SPACE="1", PORT=str(free_port())),
+    )
     out = log.read_text()
     assert proc.returncode != 0
     assert "does not match the architecture" in out and "layers.0.self_attn.o_proj.bias" in out, out[-3000:]
@@ -221,8 +263,11 @@ def exact_first_three(target: TargetModel, prompt: list[int]) -> tuple[dict, dic
 
     p1 = probs([prompt])[0]
     firsts = p1.nonzero().flatten().tolist()
-    joint = {(a, b): p1[a] * row[b] for a, row in zip(firsts, probs([prompt + [a] for a in firsts]))
-             for b in row.nonzero().flatten().tolist()}
+    joint = {
+        (a, b): p1[a] * row[b]
+        for a, row in zip(firsts, probs([prompt + [a] for a in firsts]))
+        for b in row.nonzero().flatten().tolist()
+    }
     third: dict[int, torch.Tensor] = {}
     for (a, b), row in zip(joint, probs([prompt + [a, b] for a, b in joint])):
         for c in row.nonzero().flatten().tolist():
@@ -252,8 +297,16 @@ def test_sampling_through_vllm_draws_from_the_target_distribution(vllm_python, z
     try:
         drawn = []
         for seed in range(0, SAMPLES, PER_REQUEST):
-            body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": 3, "ignore_eos": True, "n": PER_REQUEST,
-                    "seed": seed, "return_token_ids": True, **SAMPLED}
+            body = {
+                "model": SERVED_NAME,
+                "prompt": prompt,
+                "max_tokens": 3,
+                "ignore_eos": True,
+                "n": PER_REQUEST,
+                "seed": seed,
+                "return_token_ids": True,
+                **SAMPLED,
+            }
             resp = httpx.post(server.url + "/v1/completions", json=body, timeout=600)
             assert resp.status_code == 200, resp.text
             drawn += [c["token_ids"] for c in resp.json()["choices"]]
@@ -273,11 +326,18 @@ def test_vllm_cpu_build_has_the_sampling_defects_the_plugin_mends(vllm_python):
     """Without the mends, this vLLM's CPU build leaves expanded temperatures unwritten and fails top-k on a step
     without drafts (both lossy or fatal for sampled speculative decoding); the plugin finds and mends both. When a
     newer vLLM fixes them, this fails: the mends are then no-ops to remove."""
-    code = ("from specdec_vllm import cpu_sampling_fixes as f\n"
-            "from vllm.utils import cpu_triton_utils as c\n"
-            "applied = f.install()\n"
-            "print(applied, f.expand_is_broken(c._expand_kernel_impl))\n")
-    proc = subprocess.run([vllm_python, "-c", code], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, PYTHONPATH=str(REPO / "export" / "plugins" / "vllm")))
+    code = (
+        "from specdec_vllm import cpu_sampling_fixes as f\n"
+        "from vllm.utils import cpu_triton_utils as c\n"
+        "applied = f.install()\n"
+        "print(applied, f.expand_is_broken(c._expand_kernel_impl))\n"
+    )
+    proc = subprocess.run(
+        [vllm_python, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONPATH=str(REPO / "export" / "plugins" / "vllm")),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "['expand_kernel', 'top_k_on_no_draft_rows'] False", proc.stdout

@@ -13,10 +13,32 @@ from specdec_kit.train import zoo
 
 TINY = {
     "tokenizer": {"vocab_size": 300, "train_files": 30},
-    "target": {"hidden_size": 32, "layers": 2, "intermediate": 64, "heads": 2, "kv_heads": 1, "seq_len": 64,
-               "batch": 4, "steps": 8, "lr": 0.001, "warmup": 2, "seed": 0},
-    "draft_lm": {"hidden_size": 32, "layers": 1, "intermediate": 64, "heads": 2, "kv_heads": 1, "seq_len": 64,
-                 "batch": 4, "steps": 4, "lr": 0.001, "warmup": 2, "seed": 1},
+    "target": {
+        "hidden_size": 32,
+        "layers": 2,
+        "intermediate": 64,
+        "heads": 2,
+        "kv_heads": 1,
+        "seq_len": 64,
+        "batch": 4,
+        "steps": 8,
+        "lr": 0.001,
+        "warmup": 2,
+        "seed": 0,
+    },
+    "draft_lm": {
+        "hidden_size": 32,
+        "layers": 1,
+        "intermediate": 64,
+        "heads": 2,
+        "kv_heads": 1,
+        "seq_len": 64,
+        "batch": 4,
+        "steps": 4,
+        "lr": 0.001,
+        "warmup": 2,
+        "seed": 1,
+    },
     "heads": {m: {"steps": 4, "batch": 4, "seq_len": 64, "lr": 0.001} for m in ("eagle", "hass", "griffin", "medusa")},
     "save_dtype": "float16",
 }
@@ -64,7 +86,7 @@ def test_generate_on_zoo(tiny_zoo, capsys):
     for kind in ("griffin", "hass", "eagle2", "eagle", "medusa", "plain decoding"):
         assert f"== {kind}" in printed
     assert "greedy output identical to plain decoding: True" in printed
-    table = printed[printed.index("vs plain"):]  # the closing summary: every method with tau, tokens/s, speedup
+    table = printed[printed.index("vs plain") :]  # the closing summary: every method with tau, tokens/s, speedup
     for kind in ("griffin", "hass", "eagle2", "medusa", "plain decoding"):
         assert kind in table
     assert "x\n" in table

@@ -57,8 +57,17 @@ class WeightsLoadingConfig:
 
 
 class Linear(nn.Linear):
-    def __init__(self, in_features, out_features, bias=True, dtype=None, mapping=None, tensor_parallel_mode=None,
-                 weights_loading_config=None, **kwargs):
+    def __init__(
+        self,
+        in_features,
+        out_features,
+        bias=True,
+        dtype=None,
+        mapping=None,
+        tensor_parallel_mode=None,
+        weights_loading_config=None,
+        **kwargs,
+    ):
         super().__init__(in_features, out_features, bias=bias, dtype=dtype)
         self.weights_loading_config = weights_loading_config or WeightsLoadingConfig()
 
@@ -94,15 +103,20 @@ class LlamaAttention(nn.Module):
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         bias = getattr(config, "attention_bias", False)
-        self.qkv_proj = Linear(config.hidden_size, (self.heads + 2 * self.kv_heads) * self.head_dim, bias=bias,
-                               weights_loading_config=WeightsLoadingConfig(WeightMode.FUSED_QKV_LINEAR))
+        self.qkv_proj = Linear(
+            config.hidden_size,
+            (self.heads + 2 * self.kv_heads) * self.head_dim,
+            bias=bias,
+            weights_loading_config=WeightsLoadingConfig(WeightMode.FUSED_QKV_LINEAR),
+        )
         self.o_proj = Linear(self.heads * self.head_dim, config.hidden_size, bias=bias)
         self.rotary = LlamaRotaryEmbedding(config=config)
 
     def forward(self, position_ids, hidden_states, attn_metadata=None, **kwargs) -> torch.Tensor:
         tokens = hidden_states.shape[0]  # TensorRT-LLM passes the batch's tokens flattened: [tokens, d]
         q, k, v = self.qkv_proj(hidden_states).split(
-            [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1)
+            [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], dim=-1
+        )
         q, k, v = (t.view(1, tokens, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
         cos, sin = self.rotary(v, position_ids.view(1, tokens))
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
@@ -134,8 +148,9 @@ class DecoderModelForCausalLM(nn.Module):
             if isinstance(module, Linear):
                 last = name.rsplit(".", 1)[-1]
                 parts = [name[: -len(last)] + p for p in FUSED.get(last, (last,))]
-                module.load_weights([{k: weights[f"{p}.{k}"] for k in ("weight", "bias") if f"{p}.{k}" in weights}
-                                     for p in parts])
+                module.load_weights(
+                    [{k: weights[f"{p}.{k}"] for k in ("weight", "bias") if f"{p}.{k}" in weights} for p in parts]
+                )
                 continue
             for pname, param in module.named_parameters(recurse=False):
                 param.copy_(weights[f"{name}.{pname}"])  # KeyError names a tensor the checkpoint lacks
@@ -157,15 +172,26 @@ def _build_eagle3_one_model_draft(model_config, draft_config, lm_head, model):
 def install() -> None:
     """Put the stand-in modules in ``sys.modules`` under TensorRT-LLM's names."""
     contents = {
-        "tensorrt_llm": {}, "tensorrt_llm._torch": {}, "tensorrt_llm._torch.models": {},
+        "tensorrt_llm": {},
+        "tensorrt_llm._torch": {},
+        "tensorrt_llm._torch.models": {},
         "tensorrt_llm._torch.models.modeling_llama": {"LlamaAttention": LlamaAttention},
         "tensorrt_llm._torch.models.modeling_utils": {
-            "DecoderModel": DecoderModel, "DecoderModelForCausalLM": DecoderModelForCausalLM,
-            "register_draft_model": register_draft_model},
-        "tensorrt_llm._torch.models.modeling_speculative": {"_build_eagle3_one_model_draft": _build_eagle3_one_model_draft},
-        "tensorrt_llm._torch.modules": {}, "tensorrt_llm._torch.modules.decoder_layer": {"DecoderLayer": DecoderLayer},
-        "tensorrt_llm._torch.modules.linear": {"Linear": Linear, "TensorParallelMode": TensorParallelMode,
-                                               "WeightMode": WeightMode, "WeightsLoadingConfig": WeightsLoadingConfig},
+            "DecoderModel": DecoderModel,
+            "DecoderModelForCausalLM": DecoderModelForCausalLM,
+            "register_draft_model": register_draft_model,
+        },
+        "tensorrt_llm._torch.models.modeling_speculative": {
+            "_build_eagle3_one_model_draft": _build_eagle3_one_model_draft
+        },
+        "tensorrt_llm._torch.modules": {},
+        "tensorrt_llm._torch.modules.decoder_layer": {"DecoderLayer": DecoderLayer},
+        "tensorrt_llm._torch.modules.linear": {
+            "Linear": Linear,
+            "TensorParallelMode": TensorParallelMode,
+            "WeightMode": WeightMode,
+            "WeightsLoadingConfig": WeightsLoadingConfig,
+        },
         "tensorrt_llm._torch.modules.rms_norm": {"RMSNorm": RMSNorm},
         "tensorrt_llm._torch.speculative": {},
         "tensorrt_llm._torch.speculative.interface": {"SpeculativeDecodingMode": SpeculativeDecodingMode},

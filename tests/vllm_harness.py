@@ -18,9 +18,8 @@ import sys
 
 
 def check(argv: list[str], cwd: str) -> dict:
-    from vllm.engine.arg_utils import AsyncEngineArgs
-
     from specdec_vllm.serve import parse_args
+    from vllm.engine.arg_utils import AsyncEngineArgs
 
     saved = os.getcwd()
     os.chdir(cwd)
@@ -29,8 +28,7 @@ def check(argv: list[str], cwd: str) -> dict:
         command.validate(args)
         args.model = args.model_tag or args.model  # what the serve command does first
         config = AsyncEngineArgs.from_cli_args(args).create_engine_config()
-        return {"ok": True, "world_size": config.parallel_config.world_size,
-                "method": config.speculative_config.method}
+        return {"ok": True, "world_size": config.parallel_config.world_size, "method": config.speculative_config.method}
     except BaseException as exc:  # vLLM refuses with ValueErrors, pydantic errors and SystemExit (argparse)
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     finally:

@@ -47,13 +47,22 @@ def read_documents(path: Path) -> list[Document]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="specdec-train-head", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--method", required=True, choices=[*METHODS, "eagle3", "moa"],
-                   help="moa: Mixture of Attentions (LSA, SA, CA, TLI; see --tli)")
+    p = argparse.ArgumentParser(
+        prog="specdec-train-head", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--method",
+        required=True,
+        choices=[*METHODS, "eagle3", "moa"],
+        help="moa: Mixture of Attentions (LSA, SA, CA, TLI; see --tli)",
+    )
     p.add_argument("--tli", type=int, default=0, help="moa: how many of the target's last layers finish a draft")
-    p.add_argument("--target", type=Path, required=True,
-                   help="Hugging Face checkpoint directory of the target, or a named one (smollm2)")
+    p.add_argument(
+        "--target",
+        type=Path,
+        required=True,
+        help="Hugging Face checkpoint directory of the target, or a named one (smollm2)",
+    )
     p.add_argument("--out", type=Path, required=True, help="where the head (official layout) is written")
     p.add_argument("--data", type=Path, help="training text (default: the stdlib corpus)")
     p.add_argument("--steps", type=int, default=500)
@@ -62,12 +71,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--passes", type=int, help="forward passes per batch (default: HASS/GRIFFIN 3, EAGLE 1)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--draft-vocab", type=int, default=0,
-                   help="draft vocabulary size, the training data's most frequent tokens (eagle3: 0 is a quarter of "
-                        "the target's; eagle, hass, griffin: 0 is the target's whole vocabulary)")
-    p.add_argument("--ttt-length", type=int, default=7, help="eagle3: draft steps unrolled per block (training-time test)")
-    p.add_argument("--feature-layers", type=lambda s: [int(i) for i in s.split(",")],
-                   help="eagle3: target layer ids whose entering hidden states are fused, e.g. 2,16,29")
+    p.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=0,
+        help="draft vocabulary size, the training data's most frequent tokens (eagle3: 0 is a quarter of "
+        "the target's; eagle, hass, griffin: 0 is the target's whole vocabulary)",
+    )
+    p.add_argument(
+        "--ttt-length", type=int, default=7, help="eagle3: draft steps unrolled per block (training-time test)"
+    )
+    p.add_argument(
+        "--feature-layers",
+        type=lambda s: [int(i) for i in s.split(",")],
+        help="eagle3: target layer ids whose entering hidden states are fused, e.g. 2,16,29",
+    )
     p.add_argument("--cache-features", type=Path, help="write target features here first, then train from them")
     p.add_argument("--device", default="auto")
     args = p.parse_args(argv)
@@ -98,11 +116,17 @@ def main(argv: list[str] | None = None) -> int:
             from specdec_kit.train.eagle3 import Eagle3Spec
 
             if args.cache_features:
-                raise ValueError("--cache-features: eagle3 reads three target layers and the target's logits, which "
-                                 "it streams (the cache holds the last layer only)")
+                raise ValueError(
+                    "--cache-features: eagle3 reads three target layers and the target's logits, which "
+                    "it streams (the cache holds the last layer only)"
+                )
             overrides.pop("passes", None)
-            spec = Eagle3Spec(draft_vocab=args.draft_vocab, ttt_length=args.ttt_length,
-                              feature_layers=args.feature_layers, **overrides)
+            spec = Eagle3Spec(
+                draft_vocab=args.draft_vocab,
+                ttt_length=args.ttt_length,
+                feature_layers=args.feature_layers,
+                **overrides,
+            )
         else:
             spec = HeadSpec.defaults(args.method, draft_vocab=args.draft_vocab, **overrides)
         need = spec.steps * spec.batch * spec.seq_len

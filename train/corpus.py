@@ -72,9 +72,11 @@ def load_corpus() -> Corpus:
 
 def describe(corpus: Corpus) -> str:
     chars = sum(len(d.text) for d in corpus.train), sum(len(d.text) for d in corpus.heldout)
-    return (f"corpus {corpus.fingerprint()} (Python {sys.version.split()[0]} stdlib + pydoc topics): "
-            f"{len(corpus.train)} train files / {chars[0] / 1e6:.1f}M chars, "
-            f"{len(corpus.heldout)} held-out files / {chars[1] / 1e6:.1f}M chars")
+    return (
+        f"corpus {corpus.fingerprint()} (Python {sys.version.split()[0]} stdlib + pydoc topics): "
+        f"{len(corpus.train)} train files / {chars[0] / 1e6:.1f}M chars, "
+        f"{len(corpus.heldout)} held-out files / {chars[1] / 1e6:.1f}M chars"
+    )
 
 
 def heldout_prompts(n: int, chars: int = 600) -> list[str]:

@@ -78,8 +78,9 @@ def default_hidden_indices(target: TargetModel) -> list[int]:
 
 
 def chat_ids(tokenizer, prompt: Prompt) -> list[int]:
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}], add_generation_prompt=True,
-                                        tokenize=True)
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt.text}], add_generation_prompt=True, tokenize=True
+    )
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
@@ -95,8 +96,14 @@ def choose(logits: torch.Tensor, variant: Variant, gen: torch.Generator) -> torc
 
 
 @torch.inference_mode()
-def answer_batch(target: TargetModel, prompts: list[tuple[Prompt, list[int]]], variant: Variant, spec: DistillSpec,
-                 eos: set[int], gen: torch.Generator) -> list[Sample]:
+def answer_batch(
+    target: TargetModel,
+    prompts: list[tuple[Prompt, list[int]]],
+    variant: Variant,
+    spec: DistillSpec,
+    eos: set[int],
+    gen: torch.Generator,
+) -> list[Sample]:
     """Answer ``prompts`` (with their chat token ids) as one left-padded batch; finished rows leave the batch."""
     model, device, idx = target.hf_model, target.device, spec.hidden_indices
     width = max(len(ids) for _, ids in prompts)
@@ -104,8 +111,14 @@ def answer_batch(target: TargetModel, prompts: list[tuple[Prompt, list[int]]], v
     ids = torch.tensor([[pad] * (width - len(t)) + t for _, t in prompts], device=device)
     mask = torch.tensor([[0] * (width - len(t)) + [1] * len(t) for _, t in prompts], device=device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, output_hidden_states=True,
-                logits_to_keep=1)  # logits at the last prompt position only: the answers start there
+    out = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=positions,
+        use_cache=True,
+        output_hidden_states=True,
+        logits_to_keep=1,
+    )  # logits at the last prompt position only: the answers start there
     cache = out.past_key_values
     feats = torch.stack([out.hidden_states[i] for i in idx], dim=2).half().cpu()  # [B, P, k, d]
     rows = list(range(len(prompts)))
@@ -133,8 +146,14 @@ def answer_batch(target: TargetModel, prompts: list[tuple[Prompt, list[int]]], v
             rows = [rows[j] for j in keep]
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         last = last + 1
-        out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=last[:, None], past_key_values=cache,
-                    use_cache=True, output_hidden_states=True)
+        out = model(
+            input_ids=nxt[:, None],
+            attention_mask=mask,
+            position_ids=last[:, None],
+            past_key_values=cache,
+            use_cache=True,
+            output_hidden_states=True,
+        )
         step_feats = torch.stack([out.hidden_states[i][:, -1] for i in idx], dim=1).half().cpu()  # [b, k, d]
         best = out.logits[:, -1].argmax(-1).tolist()
         for j, r in enumerate(rows):
@@ -143,13 +162,16 @@ def answer_batch(target: TargetModel, prompts: list[tuple[Prompt, list[int]]], v
         nxt = choose(out.logits[:, -1], variant, gen)
     samples = []
     for r, (prompt, prompt_ids) in enumerate(prompts):
-        prompt_feats = feats[r, width - len(prompt_ids):]
+        prompt_feats = feats[r, width - len(prompt_ids) :]
         body = answers[r][:-1]  # the last answer token is never fed, so it has no features
         features = torch.cat([prompt_feats, *([torch.stack(answer_feats[r])] if answer_feats[r] else [])])
         assert features.shape[0] == len(prompt_ids) + len(body)
-        top = [-1] * (len(prompt_ids) - 1) + tops[r][:len(body) + 1]
-        samples.append(Sample(prompt.id, variant.name, prompt_ids + body, len(prompt_ids), features, top, finish[r],
-                              len(answers[r])))
+        top = [-1] * (len(prompt_ids) - 1) + tops[r][: len(body) + 1]
+        samples.append(
+            Sample(
+                prompt.id, variant.name, prompt_ids + body, len(prompt_ids), features, top, finish[r], len(answers[r])
+            )
+        )
     return samples
 
 
@@ -157,27 +179,49 @@ def write_shard(samples: list[Sample], path: Path) -> dict:
     tokens = torch.tensor([t for s in samples for t in s.tokens], dtype=torch.int32)
     offsets = torch.tensor([0] + [len(s.tokens) for s in samples]).cumsum(0)
     tmp = path.with_suffix(".tmp")
-    save_file({"tokens": tokens, "features": torch.cat([s.features for s in samples]).contiguous(), "offsets": offsets,
-               "top": torch.tensor([t for s in samples for t in s.top], dtype=torch.int32),
-               "answer_start": torch.tensor([s.answer_start for s in samples])}, str(tmp))
+    save_file(
+        {
+            "tokens": tokens,
+            "features": torch.cat([s.features for s in samples]).contiguous(),
+            "offsets": offsets,
+            "top": torch.tensor([t for s in samples for t in s.top], dtype=torch.int32),
+            "answer_start": torch.tensor([s.answer_start for s in samples]),
+        },
+        str(tmp),
+    )
     os.replace(tmp, path)
-    return {"file": path.name, "tokens_sha256": hashlib.sha256(tokens.numpy().tobytes()).hexdigest(),
-            "samples": [{"prompt_id": s.prompt_id, "variant": s.variant, "tokens": len(s.tokens),
-                         "answer_start": s.answer_start, "answer_tokens": s.answer_tokens, "finish": s.finish}
-                        for s in samples]}
+    return {
+        "file": path.name,
+        "tokens_sha256": hashlib.sha256(tokens.numpy().tobytes()).hexdigest(),
+        "samples": [
+            {
+                "prompt_id": s.prompt_id,
+                "variant": s.variant,
+                "tokens": len(s.tokens),
+                "answer_start": s.answer_start,
+                "answer_tokens": s.answer_tokens,
+                "finish": s.finish,
+            }
+            for s in samples
+        ],
+    }
 
 
 def fingerprint(index: dict) -> str:
     """One hash of the settings, the prompts and every token written, in shard order."""
-    digest = hashlib.sha256(json.dumps({"spec": index["spec"], "prompts": index["prompts_sha256"],
-                                        "target": index["target"]}, sort_keys=True).encode())
+    digest = hashlib.sha256(
+        json.dumps(
+            {"spec": index["spec"], "prompts": index["prompts_sha256"], "target": index["target"]}, sort_keys=True
+        ).encode()
+    )
     for shard in sorted(index["shards"], key=lambda s: s["file"]):
         digest.update(shard["tokens_sha256"].encode())
     return digest.hexdigest()
 
 
-def distill(target_path: Path, prompts_file: Path, out: Path, spec: DistillSpec, limit: int | None = None,
-            progress: bool = True) -> dict:
+def distill(
+    target_path: Path, prompts_file: Path, out: Path, spec: DistillSpec, limit: int | None = None, progress: bool = True
+) -> dict:
     """Generate (or finish generating) the data set in ``out``; returns its index."""
     from specdec_kit.runtime.loader import load_tokenizer
 
@@ -188,25 +232,35 @@ def distill(target_path: Path, prompts_file: Path, out: Path, spec: DistillSpec,
     out.mkdir(parents=True, exist_ok=True)
     index_path = out / INDEX
     converted = target_path / ".specdec-converted"
-    settings = {"spec": asdict(spec), "prompts_file": str(prompts_file),
-                "prompts_sha256": hashlib.sha256(prompts_file.read_bytes()).hexdigest(), "limit": limit,
-                "target": converted.read_text() if converted.is_file() else str(target_path),
-                "hidden_size": target.hidden_size}
+    settings = {
+        "spec": asdict(spec),
+        "prompts_file": str(prompts_file),
+        "prompts_sha256": hashlib.sha256(prompts_file.read_bytes()).hexdigest(),
+        "limit": limit,
+        "target": converted.read_text() if converted.is_file() else str(target_path),
+        "hidden_size": target.hidden_size,
+    }
     index = json.loads(index_path.read_text()) if index_path.is_file() else {**settings, "shards": [], "skipped": []}
     for key in ("spec", "prompts_sha256", "target"):
         if index[key] != settings[key]:
-            raise ValueError(f"{index_path}: written with another {key} ({index[key]!r}); use another --out, or "
-                             f"remove it to start over")
+            raise ValueError(
+                f"{index_path}: written with another {key} ({index[key]!r}); use another --out, or "
+                f"remove it to start over"
+            )
     index["limit"] = limit  # another limit keeps the shards whose prompts are still the same (a prefix's)
     eos = set(target.eos_token_ids())
     encoded = [(p, chat_ids(tokenizer, p)) for p in prompts]
     fits = [(p, ids) for p, ids in encoded if len(ids) <= spec.max_prompt_tokens]
     index["skipped"] = sorted(p.id for p, ids in encoded if len(ids) > spec.max_prompt_tokens)
-    chunks = [fits[i:i + spec.chunk] for i in range(0, len(fits), spec.chunk)]
-    planned = {f"{v.name}-{c:04d}.safetensors": sorted(p.id for p, _ in chunks[c])
-               for v in spec.variants for c in range(len(chunks))}
-    index["shards"] = [s for s in index["shards"]
-                       if planned.get(s["file"]) == sorted(x["prompt_id"] for x in s["samples"])]
+    chunks = [fits[i : i + spec.chunk] for i in range(0, len(fits), spec.chunk)]
+    planned = {
+        f"{v.name}-{c:04d}.safetensors": sorted(p.id for p, _ in chunks[c])
+        for v in spec.variants
+        for c in range(len(chunks))
+    }
+    index["shards"] = [
+        s for s in index["shards"] if planned.get(s["file"]) == sorted(x["prompt_id"] for x in s["samples"])
+    ]
     done = {s["file"] for s in index["shards"]}
     work = [(v, c) for v in spec.variants for c in range(len(chunks)) if f"{v.name}-{c:04d}.safetensors" not in done]
     total = sum(len(chunks[c]) for _, c in work)
@@ -217,7 +271,7 @@ def distill(target_path: Path, prompts_file: Path, out: Path, spec: DistillSpec,
         gen = torch.Generator().manual_seed(spec.seed * 1_000_003 + c * 17 + spec.variants.index(variant))
         samples = []
         for b in range(0, len(chunk), spec.batch):
-            batch = answer_batch(target, chunk[b:b + spec.batch], variant, spec, eos, gen)
+            batch = answer_batch(target, chunk[b : b + spec.batch], variant, spec, eos, gen)
             samples += batch
             bar.update(len(batch))
             written += sum(s.answer_tokens for s in batch)
@@ -254,8 +308,11 @@ def run_stage(stage: Callable[[], dict], keys: tuple[str, ...] = ("tokens", "ans
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specdec_kit.train.distill", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m specdec_kit.train.distill",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--target", required=True, help="checkpoint directory, or a named target (smollm2)")
     p.add_argument("--prompts", type=Path, required=True, help="jsonl of prompts (id, source, text)")
     p.add_argument("--out", type=Path, required=True, help="data directory (resumed when it exists)")

@@ -30,15 +30,25 @@ class BatchMasks:
 
 
 class DistilledData:
-    def __init__(self, path: Path, hidden_indices: list[int], lm_rows: torch.Tensor | None = None, tokens_per_batch: int = 4096,
-                 seed: int = 0, variants: tuple[str, ...] | None = None, select: Callable[[dict], bool] | None = None,
-                 answer_tokens: int | None = None):
+    def __init__(
+        self,
+        path: Path,
+        hidden_indices: list[int],
+        lm_rows: torch.Tensor | None = None,
+        tokens_per_batch: int = 4096,
+        seed: int = 0,
+        variants: tuple[str, ...] | None = None,
+        select: Callable[[dict], bool] | None = None,
+        answer_tokens: int | None = None,
+    ):
         """``select``: which samples (by their index entry: prompt_id, variant, ...) to take, e.g. a held-out split;
         ``answer_tokens``: only the first shards (in file order), as many as hold that many answer tokens (a part of
         the data, for a learning curve)."""
         index_file = path / INDEX
         if not index_file.is_file():
-            raise FileNotFoundError(f"{index_file}: missing; generate the data with python -m specdec_kit.train.distill")
+            raise FileNotFoundError(
+                f"{index_file}: missing; generate the data with python -m specdec_kit.train.distill"
+            )
         index = json.loads(index_file.read_text())
         stored = index["spec"]["hidden_indices"]
         missing = [i for i in hidden_indices if i not in stored]
@@ -50,8 +60,11 @@ class DistilledData:
         inputs_are_final = columns == [final]
         tokens, feats, finals, tops, starts, lengths = [], [], [], [], [], []
         for shard in first_shards(index["shards"], answer_tokens):
-            keep = [n for n, s in enumerate(shard["samples"])
-                    if (variants is None or s["variant"] in variants) and (select is None or select(s))]
+            keep = [
+                n
+                for n, s in enumerate(shard["samples"])
+                if (variants is None or s["variant"] in variants) and (select is None or select(s))
+            ]
             with safe_open(str(path / shard["file"]), "pt") as f:
                 offsets = f.get_tensor("offsets")
                 all_feats = f.get_tensor("features")
@@ -66,8 +79,11 @@ class DistilledData:
                 starts.append(int(shard_starts[n]))
                 lengths.append(b - a)
         if not tokens:
-            raise ValueError(f"{path}: no samples" + (f" of variants {variants}" if variants else "")
-                             + (" in the selection (e.g. a held-out split too small for this data)" if select else ""))
+            raise ValueError(
+                f"{path}: no samples"
+                + (f" of variants {variants}" if variants else "")
+                + (" in the selection (e.g. a held-out split too small for this data)" if select else "")
+            )
         self.tokens, self.features, self.finals, self.tops, self.starts = tokens, feats, finals, tops, starts
         self.batches = self._plan(lengths, tokens_per_batch, seed)
 
@@ -117,11 +133,16 @@ class DistilledData:
         counted = torch.zeros(bsz, width, dtype=torch.bool)
         for r, i in enumerate(rows):
             n = self.tokens[i].shape[0]
-            tokens[r, :n], feats[r, :n], finals[r, :n] = self.tokens[i], self.features[i].float(), self.finals[i].float()
+            tokens[r, :n], feats[r, :n], finals[r, :n] = (
+                self.tokens[i],
+                self.features[i].float(),
+                self.finals[i].float(),
+            )
             top[r, :n], valid[r, :n] = self.tops[i], True
-            counted[r, max(self.starts[i] - 1, 0):n] = True  # position t's next token t+1 is an answer token
-        tokens, feats, finals, top, valid, counted = (t.to(self.device, non_blocking=True)
-                                                      for t in (tokens, feats, finals, top, valid, counted))
+            counted[r, max(self.starts[i] - 1, 0) : n] = True  # position t's next token t+1 is an answer token
+        tokens, feats, finals, top, valid, counted = (
+            t.to(self.device, non_blocking=True) for t in (tokens, feats, finals, top, valid, counted)
+        )
         logits = finals @ self.lm_rows.float().T  # the rows are on the device since ``to``
         return tokens, feats, logits, BatchMasks(valid, counted, top)
 

@@ -61,8 +61,9 @@ class PassRunner:
         k_all, v_all = torch.cat(keys, dim=2), torch.cat(values, dim=2)
         # every position sees itself (the last block's diagonal), so no row is empty
         mask = alignment_mask(seq, j, h.device)[None, None] & self.valid.repeat(1, j)[:, None, None, :]
-        out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask,
-                                             enable_gqa=attn.num_heads != attn.num_kv_heads)
+        out = F.scaled_dot_product_attention(
+            q, k_all, v_all, attn_mask=mask, enable_gqa=attn.num_heads != attn.num_kv_heads
+        )
         out = attn.o_proj(out.transpose(1, 2).reshape(bsz, seq, -1))
         hidden = h + out
         residual = torch.cat((hidden, hidden), dim=-1) if layer.widened else hidden

@@ -68,7 +68,9 @@ def new_eagle3(target: TargetModel, spec: Eagle3Spec, d2t: torch.Tensor, t2d: to
 
 
 @torch.no_grad()
-def tapped_outputs(target: TargetModel, tokens: torch.Tensor, layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+def tapped_outputs(
+    target: TargetModel, tokens: torch.Tensor, layers: tuple[int, ...]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The hidden states entering ``layers`` side by side [B, T, k x d] and the logits [B, T, V], one forward."""
     out = target.hf_model(tokens.to(target.device), output_hidden_states=True)
     taps = torch.cat([out.hidden_states[i] for i in layers], dim=-1)  # hidden_states[i] enters layer i
@@ -93,8 +95,14 @@ class TrainingTimeTest:
     """The unrolled draft over one batch of blocks (see the module docstring). ``logits`` are the target's over its
     whole vocabulary, or (distilled data, with ``masks``) over the draft vocabulary already."""
 
-    def __init__(self, draft: Eagle3Draft, taps: torch.Tensor, tokens: torch.Tensor, logits: torch.Tensor,
-                 masks: BatchMasks | None = None):
+    def __init__(
+        self,
+        draft: Eagle3Draft,
+        taps: torch.Tensor,
+        tokens: torch.Tensor,
+        logits: torch.Tensor,
+        masks: BatchMasks | None = None,
+    ):
         self.draft = draft
         self.tokens, self.logits = tokens, logits
         self.countable = None
@@ -157,11 +165,12 @@ class TrainingTimeTest:
         return StepResult(loss, float(hits) / max(n, 1), n)
 
 
-def eagle3_losses(draft: Eagle3Draft, spec: Eagle3Spec, taps, tokens, logits,
-                  masks: BatchMasks | None = None) -> tuple[torch.Tensor, list[StepResult]]:
+def eagle3_losses(
+    draft: Eagle3Draft, spec: Eagle3Spec, taps, tokens, logits, masks: BatchMasks | None = None
+) -> tuple[torch.Tensor, list[StepResult]]:
     ttt = TrainingTimeTest(draft, taps, tokens, logits, masks)
     results = [ttt.step(j) for j in range(spec.ttt_length)]
-    return sum(spec.step_decay ** j * r.loss for j, r in enumerate(results)), results
+    return sum(spec.step_decay**j * r.loss for j, r in enumerate(results)), results
 
 
 @torch.no_grad()
@@ -183,10 +192,18 @@ def eagle3_acceptance(draft, data: DistilledData, depth: int = 3) -> list[float]
     return [h / max(starts, 1) for h in hits]
 
 
-def train_eagle3(target: TargetModel, data: torch.Tensor | DistilledData, spec: Eagle3Spec, out_dir: Path,
-                 base_model: str = "", progress: bool = True, save_dtype: torch.dtype | None = None,
-                 embedding_from_target: bool = False, heldout: DistilledData | None = None,
-                 device: str | torch.device | None = None) -> dict:
+def train_eagle3(
+    target: TargetModel,
+    data: torch.Tensor | DistilledData,
+    spec: Eagle3Spec,
+    out_dir: Path,
+    base_model: str = "",
+    progress: bool = True,
+    save_dtype: torch.dtype | None = None,
+    embedding_from_target: bool = False,
+    heldout: DistilledData | None = None,
+    device: str | torch.device | None = None,
+) -> dict:
     """Train an EAGLE-3 head on ``data``: [N, seq_len] token blocks (features streamed from the target), or
     self-distilled data holding the tapped layers. Writes the official layout (``d2t``/``t2d`` included, in
     ``save_dtype``, default the target's; without the embedding with ``embedding_from_target``) and a resumable
@@ -194,15 +211,19 @@ def train_eagle3(target: TargetModel, data: torch.Tensor | DistilledData, spec: 
     device = resolve_device(device)
     distilled = isinstance(data, DistilledData)
     if not distilled and not isinstance(data, torch.Tensor):
-        raise ValueError("eagle3 trains on streamed features (the target's tapped layers and its logits come from "
-                         "one forward per batch) or on distilled data; --cache-features stores the last layer only")
+        raise ValueError(
+            "eagle3 trains on streamed features (the target's tapped layers and its logits come from "
+            "one forward per batch) or on distilled data; --cache-features stores the last layer only"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     size = spec.draft_vocab or max(1, target.vocab_size // 4)
     seen = data.answer_tokens() if distilled else data
     d2t, t2d = draft_vocabulary(seen, target.vocab_size, size)
     coverage = float(t2d[seen].float().mean())
-    print(f"eagle3: draft vocabulary {size} of {target.vocab_size} tokens covers {coverage:.1%} of the training "
-          "tokens", file=sys.stderr)
+    print(
+        f"eagle3: draft vocabulary {size} of {target.vocab_size} tokens covers {coverage:.1%} of the training tokens",
+        file=sys.stderr,
+    )
     draft = new_eagle3(target, spec, d2t, t2d).float()
     rows = target.lm_head.weight.data.float()[draft.target_ids(torch.arange(size))]
     draft.to(device)
@@ -217,8 +238,9 @@ def train_eagle3(target: TargetModel, data: torch.Tensor | DistilledData, spec: 
         heldout.to(device)
         tracker = HeldOutTracker(lambda m: eagle3_acceptance(m, heldout, spec.eval_depth), spec.eval_every)
         tracker.restore(saved_extra(state_path))
-    bar = tqdm(range(start, spec.steps), desc="eagle3", initial=start, total=spec.steps, disable=not progress,
-               file=sys.stderr)
+    bar = tqdm(
+        range(start, spec.steps), desc="eagle3", initial=start, total=spec.steps, disable=not progress, file=sys.stderr
+    )
     t0 = time.time()
     for step in bar:
         if distilled:
@@ -235,20 +257,36 @@ def train_eagle3(target: TargetModel, data: torch.Tensor | DistilledData, spec: 
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 0.5)
         opt.step()
-        record = {"step": step, "loss": float(loss.detach()), "step_accuracy": [r.accuracy for r in results],
-                  "positions": [r.positions for r in results]}
+        record = {
+            "step": step,
+            "loss": float(loss.detach()),
+            "step_accuracy": [r.accuracy for r in results],
+            "positions": [r.positions for r in results],
+        }
         if tracker is not None and tracker.due(step, spec.steps):
             record["heldout"] = tracker.record(draft, step)
         history.append(record)
-        bar.set_postfix(loss=f"{record['loss']:.3f}",
-                        acc=" ".join(f"s{j}:{a:.2f}" for j, a in enumerate(record["step_accuracy"][:4])))
+        bar.set_postfix(
+            loss=f"{record['loss']:.3f}",
+            acc=" ".join(f"s{j}:{a:.2f}" for j, a in enumerate(record["step_accuracy"][:4])),
+        )
         if (step + 1) % 100 == 0 or step + 1 == spec.steps:
             save_state(draft, opt, step + 1, history, state_path, tracker.state() if tracker else None)
     if tracker is not None:
         tracker.keep_best(draft)
-    save_draft(draft.cpu().to(save_dtype or target.dtype), out_dir, "eagle3", base_model=base_model,
-               embedding_from_target=embedding_from_target)
+    save_draft(
+        draft.cpu().to(save_dtype or target.dtype),
+        out_dir,
+        "eagle3",
+        base_model=base_model,
+        embedding_from_target=embedding_from_target,
+    )
     (out_dir / "training_spec.json").write_text(json.dumps(dict(asdict(spec), method="eagle3"), indent=2))
-    return {"steps": spec.steps, "minutes": round((time.time() - t0) / 60, 2), "draft_vocab": size,
-            "draft_vocab_coverage": round(coverage, 4), "last": history[-1] if history else None,
-            **(tracker.summary() if tracker else {})}
+    return {
+        "steps": spec.steps,
+        "minutes": round((time.time() - t0) / 60, 2),
+        "draft_vocab": size,
+        "draft_vocab_coverage": round(coverage, 4),
+        "last": history[-1] if history else None,
+        **(tracker.summary() if tracker else {}),
+    }

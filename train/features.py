@@ -56,12 +56,14 @@ def write_cache(target: TargetModel, data: torch.Tensor, out: Path, shard_blocks
     """Compute and store features for ``data`` [N, T] blocks; prints the size first."""
     n, seq = data.shape
     size = cache_bytes(n, seq, target.hidden_size)
-    print(f"feature cache: {n} blocks x {seq} tokens x d={target.hidden_size} -> {size / 2**20:.1f} MiB in {out}",
-          file=sys.stderr)
+    print(
+        f"feature cache: {n} blocks x {seq} tokens x d={target.hidden_size} -> {size / 2**20:.1f} MiB in {out}",
+        file=sys.stderr,
+    )
     out.mkdir(parents=True, exist_ok=True)
     shards = []
     for start in tqdm(range(0, n, shard_blocks), desc="features", file=sys.stderr):
-        tokens = data[start:start + shard_blocks]
+        tokens = data[start : start + shard_blocks]
         feats, _ = target_outputs(target, tokens)
         name = f"features_{start // shard_blocks:05d}.safetensors"
         save_file({"tokens": tokens.contiguous(), "features": feats.half().contiguous()}, str(out / name))
@@ -79,7 +81,9 @@ class CachedFeatures:
             raise FileNotFoundError(f"{index_file}: missing; write the cache with write_cache first")
         index = json.loads(index_file.read_text())
         if index["hidden_size"] != target.hidden_size:
-            raise ValueError(f"{index_file}: hidden_size {index['hidden_size']} does not fit the target's {target.hidden_size}")
+            raise ValueError(
+                f"{index_file}: hidden_size {index['hidden_size']} does not fit the target's {target.hidden_size}"
+            )
         tokens, feats = [], []
         for shard in index["shards"]:
             data = load_file(str(path / shard["file"]))

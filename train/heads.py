@@ -26,14 +26,13 @@ from specdec_kit.runtime.drafts.loading import save_draft
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
 from specdec_kit.runtime.synthetic import draft_config
 from specdec_kit.runtime.target import TargetModel
-from specdec_kit.train.draft_forward import PassRunner, next_pass_features
 from specdec_kit.train.distilled import BatchMasks, DistilledData
+from specdec_kit.train.draft_forward import PassRunner, next_pass_features
 from specdec_kit.train.features import StreamedFeatures
 from specdec_kit.train.heldout import HeldOutTracker, feature_draft_acceptance
 from specdec_kit.train.losses import LossWeights, medusa_loss, next_alignment_mask, pass_loss
-from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state, saved_extra
-
 from specdec_kit.train.methods import METHODS  # noqa: F401  (the trainers this module implements)
+from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state, saved_extra
 
 
 @dataclass(kw_only=True)
@@ -58,13 +57,16 @@ class HeadSpec(Schedule):
         if method not in base:
             raise ValueError(f"unknown method {method!r}; expected one of {list(METHODS)}")
         if method == "medusa" and overrides.get("draft_vocab"):
-            raise ValueError("medusa heads predict over the target's whole vocabulary; a draft vocabulary applies to "
-                             "eagle, hass, griffin and eagle3")
+            raise ValueError(
+                "medusa heads predict over the target's whole vocabulary; a draft vocabulary applies to "
+                "eagle, hass, griffin and eagle3"
+            )
         return cls(method=method, **{**base[method], **overrides})
 
 
-def new_head(method: str, target: TargetModel, spec: HeadSpec, vocab: tuple[torch.Tensor, torch.Tensor] | None = None
-             ) -> torch.nn.Module:
+def new_head(
+    method: str, target: TargetModel, spec: HeadSpec, vocab: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> torch.nn.Module:
     """A seeded head; ``vocab``: (d2t, t2d) of a reduced draft vocabulary."""
     torch.manual_seed(spec.seed)
     if method == "medusa":
@@ -96,8 +98,17 @@ def head_vocab(draft, target: TargetModel) -> tuple[torch.nn.Linear, torch.Tenso
     return rows, to_head
 
 
-def feature_step(draft, lm_head, spec: HeadSpec, tokens, feats, logits, gen: torch.Generator,
-                 masks: BatchMasks | None = None, to_head: torch.Tensor | None = None):
+def feature_step(
+    draft,
+    lm_head,
+    spec: HeadSpec,
+    tokens,
+    feats,
+    logits,
+    gen: torch.Generator,
+    masks: BatchMasks | None = None,
+    to_head: torch.Tensor | None = None,
+):
     """All passes on one batch: returns the summed loss and per-pass (top1, top3, positions, loss). ``logits`` are the
     target's over the head's vocabulary; ``masks`` (distilled data) mark padding and the positions that count (the
     others count everywhere but the last position); ``to_head`` maps target ids into a reduced vocabulary, where a
@@ -144,9 +155,18 @@ def on_device(batch: tuple, device: torch.device) -> tuple:
     return tokens.to(device), feats.to(device), logits.to(device), masks
 
 
-def train_head(target: TargetModel, data, spec: HeadSpec, out_dir: Path, base_model: str = "",
-               progress: bool = True, save_dtype: torch.dtype | None = None, embedding_from_target: bool = False,
-               heldout: DistilledData | None = None, device: str | torch.device | None = None) -> dict:
+def train_head(
+    target: TargetModel,
+    data,
+    spec: HeadSpec,
+    out_dir: Path,
+    base_model: str = "",
+    progress: bool = True,
+    save_dtype: torch.dtype | None = None,
+    embedding_from_target: bool = False,
+    heldout: DistilledData | None = None,
+    device: str | torch.device | None = None,
+) -> dict:
     """Train one head; ``data`` is [N, seq_len] token blocks (features streamed from the target), a
     ``CachedFeatures`` or a ``DistilledData``. Writes the official layout (in ``save_dtype``, default the target's;
     without the embedding with ``embedding_from_target``) and a resumable training state to ``out_dir``. With
@@ -162,8 +182,11 @@ def train_head(target: TargetModel, data, spec: HeadSpec, out_dir: Path, base_mo
         seen = source.answer_tokens() if isinstance(source, DistilledData) else source.tokens_seen()
         vocab = draft_vocabulary(seen, target.vocab_size, spec.draft_vocab)
         coverage = float(vocab[1][seen].float().mean())
-        print(f"{spec.method}: draft vocabulary {spec.draft_vocab} of {target.vocab_size} tokens covers {coverage:.1%} "
-              "of the training tokens", file=sys.stderr)
+        print(
+            f"{spec.method}: draft vocabulary {spec.draft_vocab} of {target.vocab_size} tokens covers {coverage:.1%} "
+            "of the training tokens",
+            file=sys.stderr,
+        )
     head = new_head(spec.method, target, spec, vocab).float()
     lm_head, to_head = head_vocab(head, target) if spec.method != "medusa" else (target.lm_head.float(), None)
     head.to(device)
@@ -180,12 +203,20 @@ def train_head(target: TargetModel, data, spec: HeadSpec, out_dir: Path, base_mo
     if heldout is not None and spec.eval_every and spec.method != "medusa":
         heldout.lm_rows = lm_head.weight.data
         heldout.to(device)
-        tracker = HeldOutTracker(lambda m: feature_draft_acceptance(m, spec.method, lm_head, to_head, heldout,
-                                                                    spec.eval_depth), spec.eval_every)
+        tracker = HeldOutTracker(
+            lambda m: feature_draft_acceptance(m, spec.method, lm_head, to_head, heldout, spec.eval_depth),
+            spec.eval_every,
+        )
         tracker.restore(saved_extra(state_path))
     gen = torch.Generator().manual_seed(spec.seed + start)
-    bar = tqdm(range(start, spec.steps), desc=spec.method, initial=start, total=spec.steps, disable=not progress,
-               file=sys.stderr)
+    bar = tqdm(
+        range(start, spec.steps),
+        desc=spec.method,
+        initial=start,
+        total=spec.steps,
+        disable=not progress,
+        file=sys.stderr,
+    )
     t0 = time.time()
     for step in bar:
         tokens, feats, logits, masks = on_device(source.batch_for(step, spec), device)
@@ -196,9 +227,14 @@ def train_head(target: TargetModel, data, spec: HeadSpec, out_dir: Path, base_mo
             record = {"step": step, "loss": float(loss.detach()), "head_top1": accs}
         else:
             loss, stats = feature_step(head, lm_head, spec, tokens, feats, logits, gen, masks, to_head)
-            record = {"step": step, "loss": float(loss.detach()), "top1": [s[0] for s in stats],
-                      "top3": [s[1] for s in stats], "positions": [s[2] for s in stats],
-                      "pass_loss": [s[3] for s in stats]}
+            record = {
+                "step": step,
+                "loss": float(loss.detach()),
+                "top1": [s[0] for s in stats],
+                "top3": [s[1] for s in stats],
+                "positions": [s[2] for s in stats],
+                "pass_loss": [s[3] for s in stats],
+            }
         spec.check_finite(loss, spec.method, step)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -208,20 +244,33 @@ def train_head(target: TargetModel, data, spec: HeadSpec, out_dir: Path, base_mo
             record["heldout"] = tracker.record(head, step)
         history.append(record)
         if "top1" in record:
-            bar.set_postfix(loss=f"{record['loss']:.3f}",
-                            acc=" ".join(f"p{i + 1}:{a:.2f}/{b:.2f}" for i, (a, b) in enumerate(zip(record["top1"], record["top3"]))))
+            bar.set_postfix(
+                loss=f"{record['loss']:.3f}",
+                acc=" ".join(
+                    f"p{i + 1}:{a:.2f}/{b:.2f}" for i, (a, b) in enumerate(zip(record["top1"], record["top3"]))
+                ),
+            )
         else:
             bar.set_postfix(loss=f"{record['loss']:.3f}", top1=" ".join(f"{a:.2f}" for a in record["head_top1"]))
         if (step + 1) % 100 == 0 or step + 1 == spec.steps:
             save_state(head, opt, step + 1, history, state_path, tracker.state() if tracker else None)
     if tracker is not None:
         tracker.keep_best(head)
-    save_draft(head.cpu().to(save_dtype or target.dtype), out_dir, spec.method, base_model=base_model,
-               embedding_from_target=embedding_from_target)
+    save_draft(
+        head.cpu().to(save_dtype or target.dtype),
+        out_dir,
+        spec.method,
+        base_model=base_model,
+        embedding_from_target=embedding_from_target,
+    )
     (out_dir / "training_spec.json").write_text(json.dumps(asdict(spec), indent=2))
-    return {"steps": spec.steps, "minutes": round((time.time() - t0) / 60, 2), "last": history[-1] if history else None,
-            **({"draft_vocab": spec.draft_vocab, "draft_vocab_coverage": round(coverage, 4)} if vocab else {}),
-            **(tracker.summary() if tracker else {})}
+    return {
+        "steps": spec.steps,
+        "minutes": round((time.time() - t0) / 60, 2),
+        "last": history[-1] if history else None,
+        **({"draft_vocab": spec.draft_vocab, "draft_vocab_coverage": round(coverage, 4)} if vocab else {}),
+        **(tracker.summary() if tracker else {}),
+    }
 
 
 def build_heads(out: Path, recipe: dict, tokenizer, corpus, log: dict, force: bool = False) -> None:

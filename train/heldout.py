@@ -30,8 +30,10 @@ def is_held_out(prompt_id: str, percent: int = HELD_OUT_PERCENT) -> bool:
 
 def split(percent: int = HELD_OUT_PERCENT) -> tuple[Callable[[dict], bool], Callable[[dict], bool]]:
     """Selectors of a data set's samples (``DistilledData(select=...)``) by prompt id: (for training, held out)."""
-    return (lambda meta: not is_held_out(meta["prompt_id"], percent),
-            lambda meta: is_held_out(meta["prompt_id"], percent))
+    return (
+        lambda meta: not is_held_out(meta["prompt_id"], percent),
+        lambda meta: is_held_out(meta["prompt_id"], percent),
+    )
 
 
 def wanted_ids(top: torch.Tensor, to_head: torch.Tensor | None) -> torch.Tensor:
@@ -42,8 +44,9 @@ def wanted_ids(top: torch.Tensor, to_head: torch.Tensor | None) -> torch.Tensor:
 
 
 @torch.no_grad()
-def feature_draft_acceptance(draft, method: str, lm_head, to_head: torch.Tensor | None, data: DistilledData,
-                             depth: int = 3) -> list[float]:
+def feature_draft_acceptance(
+    draft, method: str, lm_head, to_head: torch.Tensor | None, data: DistilledData, depth: int = 3
+) -> list[float]:
     """Chain acceptance per depth of an EAGLE/HASS/GRIFFIN head over every batch of ``data``."""
     hits, starts = [0] * depth, 0
     for b in range(len(data)):
@@ -90,17 +93,26 @@ class HeldOutTracker:
         return {"acceptance": rounded, "tau": round(tau, 4)}
 
     def state(self) -> dict:
-        return {"best_tau": self.best_tau, "best_step": self.best_step, "best_acceptance": self.best_acceptance,
-                "best_weights": self.best_weights}
+        return {
+            "best_tau": self.best_tau,
+            "best_step": self.best_step,
+            "best_acceptance": self.best_acceptance,
+            "best_weights": self.best_weights,
+        }
 
     def restore(self, state: dict | None) -> None:
         if state:
-            self.best_tau, self.best_step, self.best_weights = state["best_tau"], state["best_step"], state["best_weights"]
+            self.best_tau, self.best_step, self.best_weights = (
+                state["best_tau"],
+                state["best_step"],
+                state["best_weights"],
+            )
             self.best_acceptance = state.get("best_acceptance", [])
 
     def summary(self) -> dict:
-        return {"heldout_best": {"step": self.best_step, "tau": round(self.best_tau, 4),
-                                 "acceptance": self.best_acceptance}}
+        return {
+            "heldout_best": {"step": self.best_step, "tau": round(self.best_tau, 4), "acceptance": self.best_acceptance}
+        }
 
     def keep_best(self, module: torch.nn.Module) -> None:
         """Load the best measured weights into ``module`` (the one to save)."""

@@ -26,12 +26,20 @@ class LMSpec(Schedule):
 def build_lm(spec: LMSpec, vocab_size: int, eos_id: int) -> LlamaForCausalLM:
     torch.manual_seed(spec.seed)
     config = LlamaConfig(
-        hidden_size=spec.hidden_size, num_hidden_layers=spec.layers, intermediate_size=spec.intermediate,
-        num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads, vocab_size=vocab_size,
+        hidden_size=spec.hidden_size,
+        num_hidden_layers=spec.layers,
+        intermediate_size=spec.intermediate,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.kv_heads,
+        vocab_size=vocab_size,
         # no pad_token_id: it would make EOS a zero, frozen padding embedding, and a sequence starting with
         # it would then stay exactly zero through every RMSNorm, whose gradient there (1/sqrt(eps)) overflows
-        max_position_embeddings=2048, bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=None,
-        tie_word_embeddings=False, architectures=["LlamaForCausalLM"],
+        max_position_embeddings=2048,
+        bos_token_id=eos_id,
+        eos_token_id=eos_id,
+        pad_token_id=None,
+        tie_word_embeddings=False,
+        architectures=["LlamaForCausalLM"],
     )
     return LlamaForCausalLM(config)
 
@@ -43,8 +51,9 @@ def lr_at(step: int, spec: LMSpec) -> float:
     return spec.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def train_lm(model: LlamaForCausalLM, data: torch.Tensor, spec: LMSpec, state_path: Path | None = None,
-             desc: str = "lm") -> list[float]:
+def train_lm(
+    model: LlamaForCausalLM, data: torch.Tensor, spec: LMSpec, state_path: Path | None = None, desc: str = "lm"
+) -> list[float]:
     """Next-token training over ``data`` [N, seq_len] blocks; resumes from ``state_path`` if present."""
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.95), weight_decay=0.1)
     start, losses = 0, []
@@ -68,8 +77,10 @@ def train_lm(model: LlamaForCausalLM, data: torch.Tensor, spec: LMSpec, state_pa
         losses.append(float(loss.detach()))
         bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
         if state_path is not None and (step + 1) % 100 == 0:
-            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step + 1,
-                        "losses": losses}, state_path)
+            torch.save(
+                {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step + 1, "losses": losses},
+                state_path,
+            )
     model.eval()
     return losses
 

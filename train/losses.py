@@ -46,7 +46,9 @@ def pass_loss(
     draft_logits = lm_head(prediction)
     logp = torch.log_softmax(draft_logits.float(), dim=-1)
     target_p = torch.softmax(target_logits.float(), dim=-1)
-    per_pos = weights.regression * F.smooth_l1_loss(regression.float(), target_features.float(), reduction="none").mean(-1)
+    per_pos = weights.regression * F.smooth_l1_loss(regression.float(), target_features.float(), reduction="none").mean(
+        -1
+    )
     per_pos = per_pos + weights.prediction * -(target_p * logp).sum(-1)
     if weights.topk > 0:
         top_p, top_i = torch.topk(target_p, weights.topk_k, dim=-1)
@@ -72,8 +74,9 @@ def shift_right(mask: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.zeros_like(mask[:, :1]), mask[:, :-1]], dim=1)
 
 
-def next_alignment_mask(chain: torch.Tensor, draft_logits: torch.Tensor, true_next: torch.Tensor,
-                        k: int = 3) -> torch.Tensor:
+def next_alignment_mask(
+    chain: torch.Tensor, draft_logits: torch.Tensor, true_next: torch.Tensor, k: int = 3
+) -> torch.Tensor:
     """GRIFFIN's mask for the next pass: in pass n+1 position i consumes position i-1's output of
     pass n, so it stays only if that position was predictable and its own chain held; the result is
     the product of the predictable-masks of the preceding positions along the chain."""

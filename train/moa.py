@@ -59,13 +59,14 @@ def block_starts(positions: int, max_k: int, gen: torch.Generator) -> torch.Tens
     starts, p = torch.empty(positions, dtype=torch.long), 1
     while p <= positions:
         k = int(torch.randint(1, max_k + 1, (1,), generator=gen))
-        starts[p - 1: p - 1 + k] = p
+        starts[p - 1 : p - 1 + k] = p
         p += k
     return starts
 
 
-def tail_layers(target: TargetModel, hidden: torch.Tensor, positions: torch.Tensor, keys, values,
-                starts: torch.Tensor, tli: int) -> torch.Tensor:
+def tail_layers(
+    target: TargetModel, hidden: torch.Tensor, positions: torch.Tensor, keys, values, starts: torch.Tensor, tli: int
+) -> torch.Tensor:
     """The target's last ``tli`` layers on predicted activations ``hidden`` [B, Q, d] at target positions
     ``positions`` [Q]: true K/V of positions < start(p), the predicted K/V of positions start(p)..p."""
     inner = target.hf_model.model
@@ -128,15 +129,26 @@ def moa_loss(draft: MoADraft, target: TargetModel, tokens: torch.Tensor, spec: M
 
 def new_moa(target: TargetModel, spec: MoASpec) -> MoADraft:
     torch.manual_seed(spec.seed)
-    draft = MoADraft(draft_config(target), target.num_layers, 2 * target.num_kv_heads * target.head_dim,
-                     tli=spec.tli, lsa_heads=spec.lsa_heads)
+    draft = MoADraft(
+        draft_config(target),
+        target.num_layers,
+        2 * target.num_kv_heads * target.head_dim,
+        tli=spec.tli,
+        lsa_heads=spec.lsa_heads,
+    )
     draft.embed_tokens.weight.data.copy_(target.embed_tokens.weight.data.float())
     draft.embed_tokens.weight.requires_grad_(False)  # the target's embedding, frozen
     return draft
 
 
-def train_moa(target: TargetModel, data: torch.Tensor, spec: MoASpec, out_dir: Path, progress: bool = True,
-              save_dtype: torch.dtype | None = None) -> dict:
+def train_moa(
+    target: TargetModel,
+    data: torch.Tensor,
+    spec: MoASpec,
+    out_dir: Path,
+    progress: bool = True,
+    save_dtype: torch.dtype | None = None,
+) -> dict:
     """Train on [N, seq_len] token blocks (the target runs on each batch); writes the checkpoint layout and
     a resumable training state to ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -147,8 +159,14 @@ def train_moa(target: TargetModel, data: torch.Tensor, spec: MoASpec, out_dir: P
     state_path = out_dir / "training_state.pt"
     params, opt, start, history = optimizer_and_state(draft, spec, state_path)
     gen = torch.Generator().manual_seed(spec.seed + start)
-    bar = tqdm(range(start, spec.steps), desc=f"moa tli={spec.tli}", initial=start, total=spec.steps,
-               disable=not progress, file=sys.stderr)
+    bar = tqdm(
+        range(start, spec.steps),
+        desc=f"moa tli={spec.tli}",
+        initial=start,
+        total=spec.steps,
+        disable=not progress,
+        file=sys.stderr,
+    )
     t0 = time.time()
     for step in bar:
         tokens = data[spec.batch_rows(step, len(data))]

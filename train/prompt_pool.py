@@ -139,8 +139,11 @@ def plain_share(text: str) -> float:
 
 def build_pool(spec: PoolSpec, recipe_prompts: Path, spec_bench: Path) -> tuple[list[Conversation], dict]:
     """The pool and its manifest (counts per source and per reason a turn was dropped)."""
-    loaders = {"sharegpt": sharegpt_conversations, "chitchat": chitchat_conversations,
-               "recipe": lambda: recipe_conversations(recipe_prompts, spec_bench)}
+    loaders = {
+        "sharegpt": sharegpt_conversations,
+        "chitchat": chitchat_conversations,
+        "recipe": lambda: recipe_conversations(recipe_prompts, spec_bench),
+    }
     unknown = sorted(set(spec.sources) - set(loaders))
     if unknown:
         raise ValueError(f"unknown prompt sources {unknown}: expected some of {sorted(loaders)}")
@@ -153,13 +156,20 @@ def build_pool(spec: PoolSpec, recipe_prompts: Path, spec_bench: Path) -> tuple[
         for conv in loaders[source]():
             read[source] += 1
             turns = []
-            for raw in conv.turns[:spec.max_turns]:
+            for raw in conv.turns[: spec.max_turns]:
                 text = clean(raw)
                 norm = normalise(text)
-                reason = ("length" if not spec.min_chars <= len(text) <= spec.max_chars
-                          else "not plain text" if plain_share(text) < spec.min_plain
-                          else "duplicate" if norm in seen
-                          else "held out" if norm in held_out else None)
+                reason = (
+                    "length"
+                    if not spec.min_chars <= len(text) <= spec.max_chars
+                    else "not plain text"
+                    if plain_share(text) < spec.min_plain
+                    else "duplicate"
+                    if norm in seen
+                    else "held out"
+                    if norm in held_out
+                    else None
+                )
                 if reason:
                     dropped[reason] += 1
                     if not turns:
@@ -170,10 +180,20 @@ def build_pool(spec: PoolSpec, recipe_prompts: Path, spec_bench: Path) -> tuple[
             if turns:
                 pool.append(Conversation(conv.id, conv.source, tuple(turns)))
     random.Random(spec.seed).shuffle(pool)
-    manifest = {"spec": asdict(spec), "conversations": len(pool), "user_turns": sum(len(c.turns) for c in pool),
-                "read": dict(read), "dropped_turns": dict(dropped),
-                "mix": {s: {"conversations": sum(_family(c) == s for c in pool),
-                            "user_turns": sum(len(c.turns) for c in pool if _family(c) == s)} for s in spec.sources}}
+    manifest = {
+        "spec": asdict(spec),
+        "conversations": len(pool),
+        "user_turns": sum(len(c.turns) for c in pool),
+        "read": dict(read),
+        "dropped_turns": dict(dropped),
+        "mix": {
+            s: {
+                "conversations": sum(_family(c) == s for c in pool),
+                "user_turns": sum(len(c.turns) for c in pool if _family(c) == s),
+            }
+            for s in spec.sources
+        },
+    }
     return pool, manifest
 
 
@@ -183,8 +203,9 @@ def _family(conv: Conversation) -> str:
 
 
 def pool_lines(pool: list[Conversation]) -> list[str]:
-    return [json.dumps({"id": c.id, "source": c.source, "turns": list(c.turns)}, ensure_ascii=False) + "\n"
-            for c in pool]
+    return [
+        json.dumps({"id": c.id, "source": c.source, "turns": list(c.turns)}, ensure_ascii=False) + "\n" for c in pool
+    ]
 
 
 def write_pool(pool: list[Conversation], manifest: dict, out: Path) -> dict:
@@ -214,10 +235,14 @@ def read_pool(path: Path) -> list[Conversation]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specdec_kit.train.prompt_pool", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, help="folder for pool.jsonl and pool.json (default: "
-                   "$SPECDEC_CACHE/data/prompt-pool)")
+    p = argparse.ArgumentParser(
+        prog="python -m specdec_kit.train.prompt_pool",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--out", type=Path, help="folder for pool.jsonl and pool.json (default: $SPECDEC_CACHE/data/prompt-pool)"
+    )
     p.add_argument("--sources", default="recipe,sharegpt,chitchat", help="comma-separated, in priority order")
     p.add_argument("--max-turns", type=int, default=PoolSpec.max_turns, help="user turns kept per conversation")
     p.add_argument("--seed", type=int, default=0, help="shuffle seed")
@@ -229,7 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         pool, manifest = build_pool(spec, RECIPE_PROMPTS, DEFAULT_SPEC_BENCH)
     except (ValueError, ImportError) as exc:
-        print(f"error: {exc} (the sources' packages come with the kit's data extra: pip install -e '.[data]')", file=sys.stderr)
+        print(
+            f"error: {exc} (the sources' packages come with the kit's data extra: pip install -e '.[data]')",
+            file=sys.stderr,
+        )
         return 2
     manifest = write_pool(pool, manifest, args.out or cache_root() / "data" / "prompt-pool")
     print(json.dumps(manifest, indent=1))

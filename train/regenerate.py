@@ -79,14 +79,15 @@ class KitAnswers:
         self.eos = set(self.generator.eos)
         self.batch = batch
 
-    def answer(self, prompts: list[list[int]], max_tokens: list[int], temperature: float,
-               seed: int) -> list[tuple[list[int], str]]:
+    def answer(
+        self, prompts: list[list[int]], max_tokens: list[int], temperature: float, seed: int
+    ) -> list[tuple[list[int], str]]:
         from specdec_kit.runtime.sampling import SamplingParams
 
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
         answers: dict[int, tuple[list[int], str]] = {}
         for b in range(0, len(order), self.batch):
-            rows = order[b:b + self.batch]
+            rows = order[b : b + self.batch]
             params = [SamplingParams(temperature=temperature, seed=seed + i) for i in rows]
             results = self.generator.generate([prompts[i] for i in rows], [max_tokens[i] for i in rows], params)
             for i, r in zip(rows, results):
@@ -108,16 +109,18 @@ class TransformersAnswers:
         from specdec_kit.runtime.device import resolve_device
 
         if not eos:
-            raise ValueError(f"{target_path}: no eos_token_id in generation_config.json or config.json: answers would "
-                             "never end")
+            raise ValueError(
+                f"{target_path}: no eos_token_id in generation_config.json or config.json: answers would never end"
+            )
         self.device = resolve_device(device)
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
         self.model = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).to(self.device).eval()
         self.eos, self.batch = sorted(eos), batch
 
-    def answer(self, prompts: list[list[int]], max_tokens: list[int], temperature: float,
-               seed: int) -> list[tuple[list[int], str]]:
+    def answer(
+        self, prompts: list[list[int]], max_tokens: list[int], temperature: float, seed: int
+    ) -> list[tuple[list[int], str]]:
         import torch
         from transformers import GenerationConfig
 
@@ -126,18 +129,20 @@ class TransformersAnswers:
         pad, stops = self.eos[0], set(self.eos)
         sampling = dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=0) if temperature > 0 else {}
         for b in range(0, len(order), self.batch):
-            rows = order[b:b + self.batch]
+            rows = order[b : b + self.batch]
             width = max(len(prompts[i]) for i in rows)
             ids = torch.tensor([[pad] * (width - len(prompts[i])) + prompts[i] for i in rows], device=self.device)
-            mask = torch.tensor([[0] * (width - len(prompts[i])) + [1] * len(prompts[i]) for i in rows],
-                                device=self.device)
+            mask = torch.tensor(
+                [[0] * (width - len(prompts[i])) + [1] * len(prompts[i]) for i in rows], device=self.device
+            )
             torch.manual_seed(seed + rows[0])  # sampled answers: one seeded stream per batch
-            config = GenerationConfig(max_new_tokens=max(max_tokens[i] for i in rows), eos_token_id=self.eos,
-                                      pad_token_id=pad, **sampling)
+            config = GenerationConfig(
+                max_new_tokens=max(max_tokens[i] for i in rows), eos_token_id=self.eos, pad_token_id=pad, **sampling
+            )
             with torch.inference_mode():
                 out = self.model.generate(ids, attention_mask=mask, generation_config=config)
             for r, i in enumerate(rows):
-                answers[i] = cut_at_eos(out[r, width:].tolist()[:max_tokens[i]], stops)
+                answers[i] = cut_at_eos(out[r, width:].tolist()[: max_tokens[i]], stops)
         return [answers[i] for i in range(len(prompts))]
 
     def close(self) -> None:
@@ -148,7 +153,7 @@ def cut_at_eos(tokens: list[int], eos: set[int]) -> tuple[list[int], str]:
     """A generated row up to and with its first end-of-turn token ("stop"), else whole ("length")."""
     for n, token in enumerate(tokens):
         if token in eos:
-            return tokens[:n + 1], "stop"
+            return tokens[: n + 1], "stop"
     return tokens, "length"
 
 
@@ -165,21 +170,45 @@ def worker_python() -> str:
 class VllmAnswers:
     """vLLM's offline engine in a worker process (its own interpreter), fed token ids over a pipe."""
 
-    def __init__(self, target_path: Path, eos: list[int], log: Path, dtype: str = "float32", eager: bool = False,
-                 max_model_len: int = 2048, kv_cache_gib: int = 4):
+    def __init__(
+        self,
+        target_path: Path,
+        eos: list[int],
+        log: Path,
+        dtype: str = "float32",
+        eager: bool = False,
+        max_model_len: int = 2048,
+        kv_cache_gib: int = 4,
+    ):
         # vLLM-CPU's automatic binding keeps a core for its engine loop: on a small machine that halves the threads
         # that do the work; offline generation uses every core the process may run on.
         cores = sorted(os.sched_getaffinity(0))
-        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib), HF_HUB_OFFLINE="1",
-                   TOKENIZERS_PARALLELISM="false")
+        env = dict(
+            os.environ, VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false"
+        )
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
         env.setdefault("OMP_NUM_THREADS", str(len(cores)))  # else vLLM drops its torch threads to 1
         self.log = open(log, "w")
-        self.proc = subprocess.Popen([worker_python(), str(WORKER), str(target_path), "--dtype", dtype,
-                                      "--max-model-len", str(max_model_len), "--eos", ",".join(map(str, eos)),
-                                      *(["--enforce-eager"] if eager else [])],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env,
-                                     start_new_session=True)  # its engine processes share its group: one kill ends all
+        self.proc = subprocess.Popen(
+            [
+                worker_python(),
+                str(WORKER),
+                str(target_path),
+                "--dtype",
+                dtype,
+                "--max-model-len",
+                str(max_model_len),
+                "--eos",
+                ",".join(map(str, eos)),
+                *(["--enforce-eager"] if eager else []),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )  # its engine processes share its group: one kill ends all
         try:
             while self._line() != "READY":  # _line raises if the worker stops first
                 pass
@@ -193,15 +222,17 @@ class VllmAnswers:
             raise RuntimeError(f"vLLM's worker stopped (exit {self.proc.poll()}); its log: {self.log.name}")
         return line.strip()
 
-    def answer(self, prompts: list[list[int]], max_tokens: list[int], temperature: float,
-               seed: int) -> list[tuple[list[int], str]]:
-        self.proc.stdin.write(json.dumps({"prompts": prompts, "max_tokens": max_tokens, "temperature": temperature,
-                                          "seed": seed}) + "\n")
+    def answer(
+        self, prompts: list[list[int]], max_tokens: list[int], temperature: float, seed: int
+    ) -> list[tuple[list[int], str]]:
+        self.proc.stdin.write(
+            json.dumps({"prompts": prompts, "max_tokens": max_tokens, "temperature": temperature, "seed": seed}) + "\n"
+        )
         self.proc.stdin.flush()
         line = self._line()
         while not line.startswith("ANSWERS "):
             line = self._line()
-        return [(a["ids"], a["finish"]) for a in json.loads(line[len("ANSWERS "):])]
+        return [(a["ids"], a["finish"]) for a in json.loads(line[len("ANSWERS ") :])]
 
     def close(self) -> None:
         """Ask the worker to finish (end of input), then end its whole process group if it has not."""
@@ -243,12 +274,21 @@ def answer_conversations(convs: list[Conversation], tokenizer, backend, spec: Re
                 histories[i] = messages
         if not asked:
             break
-        answers = backend.answer(prompts, [spec.max_new_tokens] * len(prompts), spec.temperature,
-                                 spec.seed * 1_000_003 + turn)
+        answers = backend.answer(
+            prompts, [spec.max_new_tokens] * len(prompts), spec.temperature, spec.seed * 1_000_003 + turn
+        )
         going = []
         for i, ids, (answer, finish) in zip(asked, prompts, answers):
-            samples.append({"conversation": convs[i].id, "source": convs[i].source, "turn": turn, "prompt": ids,
-                            "answer": answer, "finish": finish})
+            samples.append(
+                {
+                    "conversation": convs[i].id,
+                    "source": convs[i].source,
+                    "turn": turn,
+                    "prompt": ids,
+                    "answer": answer,
+                    "finish": finish,
+                }
+            )
             if finish == "stop":
                 text = tokenizer.decode([t for t in answer if t not in eos], skip_special_tokens=True)
                 histories[i].append({"role": "assistant", "content": text})
@@ -261,9 +301,13 @@ def write_answers(samples: list[dict], path: Path) -> dict:
     text = "".join(json.dumps(s) + "\n" for s in samples)
     tmp.write_text(text)
     os.replace(tmp, path)
-    return {"file": path.name, "sha256": hashlib.sha256(text.encode()).hexdigest(), "samples": len(samples),
-            "answer_tokens": sum(len(s["answer"]) for s in samples),
-            "prompt_tokens": sum(len(s["prompt"]) for s in samples)}
+    return {
+        "file": path.name,
+        "sha256": hashlib.sha256(text.encode()).hexdigest(),
+        "samples": len(samples),
+        "answer_tokens": sum(len(s["answer"]) for s in samples),
+        "prompt_tokens": sum(len(s["prompt"]) for s in samples),
+    }
 
 
 def read_answers(path: Path) -> list[dict]:
@@ -271,8 +315,15 @@ def read_answers(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().split("\n") if line.strip()]
 
 
-def regenerate(target_path: Path, pool_dir: Path, out: Path, spec: RegenSpec, how: BackendSpec,
-               answer_tokens: int | None = None, progress: bool = True) -> dict:
+def regenerate(
+    target_path: Path,
+    pool_dir: Path,
+    out: Path,
+    spec: RegenSpec,
+    how: BackendSpec,
+    answer_tokens: int | None = None,
+    progress: bool = True,
+) -> dict:
     """Write (or go on writing) answer shards into ``out`` until the pool is done or ``answer_tokens`` are written."""
     from specdec_kit.runtime.loader import load_tokenizer
 
@@ -281,29 +332,40 @@ def regenerate(target_path: Path, pool_dir: Path, out: Path, spec: RegenSpec, ho
     out.mkdir(parents=True, exist_ok=True)
     index_path = out / ANSWERS_INDEX
     converted = target_path / ".specdec-converted"
-    settings = {"spec": asdict(spec), "pool_fingerprint": pool_manifest["fingerprint"],
-                "target": converted.read_text() if converted.is_file() else str(target_path)}
+    settings = {
+        "spec": asdict(spec),
+        "pool_fingerprint": pool_manifest["fingerprint"],
+        "target": converted.read_text() if converted.is_file() else str(target_path),
+    }
     index = json.loads(index_path.read_text()) if index_path.is_file() else {**settings, "shards": []}
     for key in settings:
         if index[key] != settings[key]:
-            raise ValueError(f"{index_path}: written with another {key} ({index[key]!r}, now {settings[key]!r}); use "
-                             "another --out, or remove it to start over")
+            raise ValueError(
+                f"{index_path}: written with another {key} ({index[key]!r}, now {settings[key]!r}); use "
+                "another --out, or remove it to start over"
+            )
     tokenizer = load_tokenizer(target_path)
     eos: set[int] | None = None  # the backend's target says
-    chunks = [pool[i:i + spec.chunk] for i in range(0, len(pool), spec.chunk)]
+    chunks = [pool[i : i + spec.chunk] for i in range(0, len(pool), spec.chunk)]
     done = {s["file"] for s in index["shards"]}
     written = sum(s["answer_tokens"] for s in index["shards"])
     if answer_tokens is not None and written >= answer_tokens:
         return index
     backend = None
-    bar = tqdm(total=answer_tokens, initial=written, desc=f"regenerate ({how.name})", unit="tok",
-               disable=not progress, file=sys.stderr)
+    bar = tqdm(
+        total=answer_tokens,
+        initial=written,
+        desc=f"regenerate ({how.name})",
+        unit="tok",
+        disable=not progress,
+        file=sys.stderr,
+    )
     pending = [(c, convs) for c, convs in enumerate(chunks) if f"answers-{c:05d}.jsonl" not in done]
     try:
         for g in range(0, len(pending), max(how.group, 1)):
             if answer_tokens is not None and written >= answer_tokens:
                 break
-            group = pending[g:g + max(how.group, 1)]
+            group = pending[g : g + max(how.group, 1)]
             if backend is None:
                 backend, eos = open_backend(how, target_path, out)
             t0 = time.time()
@@ -356,23 +418,38 @@ def open_backend(how: BackendSpec, target_path: Path, out: Path):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specdec_kit.train.regenerate", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m specdec_kit.train.regenerate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--target", default="smollm2", help="checkpoint directory, or a named target (smollm2)")
     p.add_argument("--pool", type=Path, help="prompt pool folder (default: $SPECDEC_CACHE/data/prompt-pool)")
     p.add_argument("--out", type=Path, required=True, help="answers folder (resumed when it exists)")
-    p.add_argument("--backend", choices=("kit", "engine", "vllm", "transformers"), default="vllm",
-                   help="kit: the kit's runtime on the PyTorch target; engine: on an ONNX Runtime engine (--engine); "
-                        "vllm: vLLM's offline engine in its own interpreter; transformers: Hugging Face's batched "
-                        "generate (CUDA when present)")
+    p.add_argument(
+        "--backend",
+        choices=("kit", "engine", "vllm", "transformers"),
+        default="vllm",
+        help="kit: the kit's runtime on the PyTorch target; engine: on an ONNX Runtime engine (--engine); "
+        "vllm: vLLM's offline engine in its own interpreter; transformers: Hugging Face's batched "
+        "generate (CUDA when present)",
+    )
     p.add_argument("--engine", type=Path, help="engine backend: the engine folder (export/build_engine.py)")
     p.add_argument("--answer-tokens", type=int, help="stop once this many answer tokens are written")
-    p.add_argument("--batch", type=int, default=32,
-                   help="kit, engine and transformers backends: rows per batch (vLLM batches by itself)")
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=32,
+        help="kit, engine and transformers backends: rows per batch (vLLM batches by itself)",
+    )
     p.add_argument("--dtype", default="float32", help="vllm backend: the engine's dtype")
     p.add_argument("--enforce-eager", action="store_true", help="vllm backend: no torch.compile (quick start)")
-    p.add_argument("--group", type=int, default=1,
-                   help="chunks of the pool answered together (bigger batches, e.g. on a GPU); one shard each still")
+    p.add_argument(
+        "--group",
+        type=int,
+        default=1,
+        help="chunks of the pool answered together (bigger batches, e.g. on a GPU); one shard each still",
+    )
     p.add_argument("--spec", type=Path, help="JSON with RegenSpec fields")
     args = p.parse_args(argv)
     from specdec_kit.runtime.loader import set_threads
@@ -381,10 +458,17 @@ def main(argv: list[str] | None = None) -> int:
 
     set_threads()
     spec = RegenSpec(**json.loads(args.spec.read_text())) if args.spec else RegenSpec()
-    return run_stage(lambda: regenerate(resolve_target(args.target), args.pool or cache_root() / "data" / "prompt-pool",
-                                        args.out, spec, BackendSpec(args.backend, args.batch, args.dtype, args.engine,
-                                                                    args.enforce_eager, args.group), args.answer_tokens),
-                     ("samples", "answer_tokens", "pool_fingerprint"))
+    return run_stage(
+        lambda: regenerate(
+            resolve_target(args.target),
+            args.pool or cache_root() / "data" / "prompt-pool",
+            args.out,
+            spec,
+            BackendSpec(args.backend, args.batch, args.dtype, args.engine, args.enforce_eager, args.group),
+            args.answer_tokens,
+        ),
+        ("samples", "answer_tokens", "pool_fingerprint"),
+    )
 
 
 if __name__ == "__main__":

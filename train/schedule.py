@@ -24,10 +24,14 @@ class Schedule:
 
     def check_finite(self, loss: torch.Tensor, what: str, step: int) -> None:
         if not torch.isfinite(loss):
-            raise FloatingPointError(f"{what}: loss is {float(loss)} at step {step}; lower the learning rate ({self.lr})")
+            raise FloatingPointError(
+                f"{what}: loss is {float(loss)} at step {step}; lower the learning rate ({self.lr})"
+            )
 
 
-def optimizer_and_state(module: torch.nn.Module, schedule: Schedule, state_path) -> tuple[list, torch.optim.Optimizer, int, list]:
+def optimizer_and_state(
+    module: torch.nn.Module, schedule: Schedule, state_path
+) -> tuple[list, torch.optim.Optimizer, int, list]:
     """AdamW over ``module``'s trainable parameters, resumed from ``state_path`` when it exists:
     (params, optimizer, first step, history so far)."""
     params = [p for p in module.parameters() if p.requires_grad]
@@ -41,11 +45,20 @@ def optimizer_and_state(module: torch.nn.Module, schedule: Schedule, state_path)
     return params, opt, start, history
 
 
-def save_state(module: torch.nn.Module, opt: torch.optim.Optimizer, step: int, history: list, state_path,
-               extra: dict | None = None) -> None:
+def save_state(
+    module: torch.nn.Module, opt: torch.optim.Optimizer, step: int, history: list, state_path, extra: dict | None = None
+) -> None:
     """``extra``: what else a resumed run needs (the held-out tracker's best weights)."""
-    torch.save({"head": module.state_dict(), "optimizer": opt.state_dict(), "step": step, "history": history,
-                **({"extra": extra} if extra else {})}, state_path)
+    torch.save(
+        {
+            "head": module.state_dict(),
+            "optimizer": opt.state_dict(),
+            "step": step,
+            "history": history,
+            **({"extra": extra} if extra else {}),
+        },
+        state_path,
+    )
 
 
 def saved_extra(state_path) -> dict | None:

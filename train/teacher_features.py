@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from specdec_kit.train.distill import INDEX, Sample, finish_index, fingerprint, run_stage, write_shard
+from specdec_kit.train.distill import INDEX, Sample, fingerprint, finish_index, run_stage, write_shard
 from specdec_kit.train.regenerate import ANSWERS_INDEX, read_answers
 
 
@@ -51,18 +51,26 @@ def features_for(target, samples: list[dict], spec: FeatureSpec) -> list[Sample]
         ids = torch.zeros(len(rows), width, dtype=torch.long)
         mask = torch.zeros(len(rows), width, dtype=torch.long)
         for r, i in enumerate(rows):
-            ids[r, :len(seqs[i])] = torch.tensor(seqs[i])
-            mask[r, :len(seqs[i])] = 1
+            ids[r, : len(seqs[i])] = torch.tensor(seqs[i])
+            mask[r, : len(seqs[i])] = 1
         hidden = base(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True).hidden_states
         for r, i in enumerate(rows):
             sample, n = samples[i], len(seqs[i])
             first = max(len(sample["prompt"]) - spec.context_tokens, 0)
             answer_start = len(sample["prompt"]) - first
             feats = torch.stack([hidden[k][r, first:n] for k in idx], dim=1).half().cpu()
-            final = hidden[-1][r, len(sample["prompt"]) - 1:n]  # from the last prompt position: the answer's tokens
+            final = hidden[-1][r, len(sample["prompt"]) - 1 : n]  # from the last prompt position: the answer's tokens
             top = head(final).argmax(-1).tolist()
-            out[i] = Sample(sample["conversation"], f"turn{sample['turn']}", seqs[i][first:], answer_start, feats,
-                            [-1] * (answer_start - 1) + top, sample["finish"], len(sample["answer"]))
+            out[i] = Sample(
+                sample["conversation"],
+                f"turn{sample['turn']}",
+                seqs[i][first:],
+                answer_start,
+                feats,
+                [-1] * (answer_start - 1) + top,
+                sample["finish"],
+                len(sample["answer"]),
+            )
     return [out[i] for i in range(len(samples))]
 
 
@@ -72,8 +80,10 @@ def teacher_features(target_path: Path, answers: Path, out: Path, spec: FeatureS
     from specdec_kit.train.distill import default_hidden_indices
 
     if not (answers / ANSWERS_INDEX).is_file():
-        raise FileNotFoundError(f"{answers / ANSWERS_INDEX}: no regenerated answers there; write them with python -m "
-                                "specdec_kit.train.regenerate")
+        raise FileNotFoundError(
+            f"{answers / ANSWERS_INDEX}: no regenerated answers there; write them with python -m "
+            "specdec_kit.train.regenerate"
+        )
     answers_index = json.loads((answers / ANSWERS_INDEX).read_text())
     target = TargetModel.from_pretrained(target_path, dtype="float32")
     spec.hidden_indices = spec.hidden_indices or default_hidden_indices(target)
@@ -81,18 +91,26 @@ def teacher_features(target_path: Path, answers: Path, out: Path, spec: FeatureS
     index_path = out / INDEX
     source = {"pool_fingerprint": answers_index["pool_fingerprint"], "regen_spec": answers_index["spec"]}
     identity = {k: v for k, v in asdict(spec).items() if k != "tokens_per_batch"}  # the batching changes no value
-    settings = {"spec": {**identity, "source": "regenerated"}, "target": answers_index["target"],
-                "prompts_sha256": hashlib.sha256(json.dumps(source, sort_keys=True).encode()).hexdigest(),
-                "answers": str(answers), "hidden_size": target.hidden_size, "skipped": []}
+    settings = {
+        "spec": {**identity, "source": "regenerated"},
+        "target": answers_index["target"],
+        "prompts_sha256": hashlib.sha256(json.dumps(source, sort_keys=True).encode()).hexdigest(),
+        "answers": str(answers),
+        "hidden_size": target.hidden_size,
+        "skipped": [],
+    }
     index = json.loads(index_path.read_text()) if index_path.is_file() else {**settings, "shards": []}
     for key in ("spec", "target", "prompts_sha256"):
         if index[key] != settings[key]:
-            raise ValueError(f"{index_path}: written with another {key} ({index[key]!r}); use another --out, or "
-                             "remove it to start over")
+            raise ValueError(
+                f"{index_path}: written with another {key} ({index[key]!r}); use another --out, or "
+                "remove it to start over"
+            )
     have = {s["file"]: s for s in index["shards"]}
     todo = [s for s in answers_index["shards"] if s["file"].replace(".jsonl", ".safetensors") not in have]
-    bar = tqdm(total=sum(s["answer_tokens"] for s in todo), desc="features", unit="tok", disable=not progress,
-               file=sys.stderr)
+    bar = tqdm(
+        total=sum(s["answer_tokens"] for s in todo), desc="features", unit="tok", disable=not progress, file=sys.stderr
+    )
     for shard in todo:
         t0 = time.time()
         samples = features_for(target, read_answers(answers / shard["file"]), spec)
@@ -108,8 +126,11 @@ def teacher_features(target_path: Path, answers: Path, out: Path, spec: FeatureS
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specdec_kit.train.teacher_features", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m specdec_kit.train.teacher_features",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--target", default="smollm2", help="checkpoint directory, or a named target (smollm2)")
     p.add_argument("--answers", type=Path, required=True, help="folder written by specdec_kit.train.regenerate")
     p.add_argument("--out", type=Path, required=True, help="data folder for the trainers (resumed when it exists)")

@@ -33,8 +33,15 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-              seed=0, enable_prefix_caching=True, enforce_eager=args.enforce_eager)
+    llm = LLM(
+        model=args.model,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        seed=0,
+        enable_prefix_caching=True,
+        enforce_eager=args.enforce_eager,
+    )
     eos = [int(x) for x in args.eos.split(",") if x]
     out.write("READY\n")
     out.flush()
@@ -43,14 +50,27 @@ def main() -> None:
             continue
         request = json.loads(line)
         seed = request.get("seed")  # prompt i samples with seed + i, as the kit's backends do
-        params = [SamplingParams(temperature=request.get("temperature", 0.0), top_p=request.get("top_p", 1.0),
-                                 max_tokens=n, stop_token_ids=eos, seed=None if seed is None else seed + i,
-                                 detokenize=False)
-                  for i, n in enumerate(request["max_tokens"])]
-        results = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in request["prompts"]], params,
-                               use_tqdm=False)
-        answers = [{"ids": list(r.outputs[0].token_ids),
-                    "finish": "stop" if r.outputs[0].finish_reason == "stop" else "length"} for r in results]
+        params = [
+            SamplingParams(
+                temperature=request.get("temperature", 0.0),
+                top_p=request.get("top_p", 1.0),
+                max_tokens=n,
+                stop_token_ids=eos,
+                seed=None if seed is None else seed + i,
+                detokenize=False,
+            )
+            for i, n in enumerate(request["max_tokens"])
+        ]
+        results = llm.generate(
+            [TokensPrompt(prompt_token_ids=ids) for ids in request["prompts"]], params, use_tqdm=False
+        )
+        answers = [
+            {
+                "ids": list(r.outputs[0].token_ids),
+                "finish": "stop" if r.outputs[0].finish_reason == "stop" else "length",
+            }
+            for r in results
+        ]
         out.write(MARKER + json.dumps(answers) + "\n")
         out.flush()
 

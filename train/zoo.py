@@ -35,6 +35,7 @@ def train_tokens(tokenizer, corpus, spec: LMSpec) -> torch.Tensor:
 
 def build_lm_stage(name: str, out: Path, recipe: dict, tokenizer, corpus, log: dict) -> None:
     import torch
+
     from specdec_kit.runtime.device import resolve_dtype
     from specdec_kit.train.data import blocks, token_stream
     from specdec_kit.train.lm import LMSpec, build_lm, heldout_loss, train_lm
@@ -42,13 +43,19 @@ def build_lm_stage(name: str, out: Path, recipe: dict, tokenizer, corpus, log: d
     spec = LMSpec(**recipe[name])
     data = train_tokens(tokenizer, corpus, spec)
     model = build_lm(spec, len(tokenizer), tokenizer.eos_token_id)
-    print(f"{name}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
-          f"{data.numel() / 1e6:.2f}M training tokens", file=sys.stderr)
+    print(
+        f"{name}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
+        f"{data.numel() / 1e6:.2f}M training tokens",
+        file=sys.stderr,
+    )
     t0 = time.time()
     losses = train_lm(model, data, spec, state_path=out / f"{name}_training_state.pt", desc=name)
     held = blocks(token_stream(tokenizer, corpus.heldout, max_tokens=64 * spec.seq_len), spec.seq_len, 0)
-    log[name] = {"final_train_loss": sum(losses[-50:]) / len(losses[-50:]), "heldout_loss": heldout_loss(model, held),
-                 "minutes": round((time.time() - t0) / 60, 1)}
+    log[name] = {
+        "final_train_loss": sum(losses[-50:]) / len(losses[-50:]),
+        "heldout_loss": heldout_loss(model, held),
+        "minutes": round((time.time() - t0) / 60, 1),
+    }
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.eos_token_id
     model.to(resolve_dtype(recipe["save_dtype"], torch.device("cpu"))).save_pretrained(out / name)
@@ -60,8 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     from specdec_kit.train.corpus import describe, load_corpus
     from specdec_kit.train.tokenizer import train_bpe
 
-    p = argparse.ArgumentParser(prog="python -m specdec_kit.train.zoo", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m specdec_kit.train.zoo",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--out", type=Path, default=Path("zoo"))
     p.add_argument("--recipe", type=Path, default=RECIPE)
     p.add_argument("--stages", default="tokenizer,target,heads,draft_lm")

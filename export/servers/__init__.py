@@ -22,11 +22,13 @@ from specdec_kit.runtime.target import TargetModel
 
 def build_server_export(staging: Path, inputs: BuildInputs, target: TargetModel, module, tree, step) -> dict[str, Any]:
     if inputs.draft != "eagle3" and getattr(module, "d2t", None) is not None:
-        raise BuildError(f"{inputs.draft_path}: this {inputs.draft} head proposes a reduced vocabulary "
-                         f"({module.draft_vocab_size} of {module.config.vocab_size} tokens, draft_vocab_size in its "
-                         f"config), which the kit's {inputs.backend} drafter does not read: it scores the target's "
-                         "whole vocabulary with the target's LM head; build it with --backend onnxruntime or torch, "
-                         "or train a head without --draft-vocab")
+        raise BuildError(
+            f"{inputs.draft_path}: this {inputs.draft} head proposes a reduced vocabulary "
+            f"({module.draft_vocab_size} of {module.config.vocab_size} tokens, draft_vocab_size in its "
+            f"config), which the kit's {inputs.backend} drafter does not read: it scores the target's "
+            "whole vocabulary with the target's LM head; build it with --backend onnxruntime or torch, "
+            "or train a head without --draft-vocab"
+        )
     if inputs.backend == "vllm":
         return build_vllm(staging, inputs, target, module, tree, step)
     if inputs.backend == "tensorrt-llm":

@@ -27,14 +27,21 @@ from specdec_kit.runtime.trees import DynamicTreeConfig
 SGLANG_PLUGIN = "specdec_griffin_sglang"
 
 
-SGLANG_ARCH = {"griffin": "GriffinLlamaForCausalLM", "eagle": "LlamaForCausalLMEagle",
-               "eagle2": "LlamaForCausalLMEagle", "hass": "LlamaForCausalLMEagle", "eagle3": "LlamaForCausalLMEagle3"}
+SGLANG_ARCH = {
+    "griffin": "GriffinLlamaForCausalLM",
+    "eagle": "LlamaForCausalLMEagle",
+    "eagle2": "LlamaForCausalLMEagle",
+    "hass": "LlamaForCausalLMEagle",
+    "eagle3": "LlamaForCausalLMEagle3",
+}
 
 
 def build_sglang(staging: Path, inputs: BuildInputs, target: TargetModel, module, tree, step) -> dict[str, Any]:
     kind = inputs.draft
     if not isinstance(tree, DynamicTreeConfig):
-        raise BuildError("SGLang drafts EAGLE-style dynamic trees only (steps / top-k / draft tokens); use --tree dynamic")
+        raise BuildError(
+            "SGLang drafts EAGLE-style dynamic trees only (steps / top-k / draft tokens); use --tree dynamic"
+        )
     step("writing the draft in SGLang's layout")
     write_target(staging, target)
     state = draft_state(module, target.dtype)
@@ -43,8 +50,9 @@ def build_sglang(staging: Path, inputs: BuildInputs, target: TargetModel, module
     cfg.update(architectures=[SGLANG_ARCH[kind]], torch_dtype=inputs.dtype)
     weight_map = None
     if kind == "eagle3":  # SGLang's own class reads the official layout; its layer ids name layer outputs
-        cfg["eagle_config"] = dict(cfg["eagle_config"], eagle_aux_hidden_state_layer_ids=captured_layer_outputs(
-            module, "SGLang"))
+        cfg["eagle_config"] = dict(
+            cfg["eagle_config"], eagle_aux_hidden_state_layer_ids=captured_layer_outputs(module, "SGLang")
+        )
     else:
         weight_map = checked_weight_map(module, kind, state, "SGLang")
     trt.write_json(draft_dir / "config.json", cfg)
@@ -53,25 +61,66 @@ def build_sglang(staging: Path, inputs: BuildInputs, target: TargetModel, module
         (draft_dir / "weight_map.json").write_text(json.dumps({k: list(v) for k, v in weight_map.items()}, indent=1))
     env = {}
     if kind == "griffin":
-        shutil.copytree(PLUGINS / "sglang" / SGLANG_PLUGIN, staging / "sglang" / "plugin" / SGLANG_PLUGIN,
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(
+            PLUGINS / "sglang" / SGLANG_PLUGIN,
+            staging / "sglang" / "plugin" / SGLANG_PLUGIN,
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
         env = {"SGLANG_EXTERNAL_MODEL_PACKAGE": SGLANG_PLUGIN, "PYTHONPATH": "sglang/plugin${PYTHONPATH:+:$PYTHONPATH}"}
     algorithm = "EAGLE3" if kind == "eagle3" else "EAGLE"
-    command = ["python", "-m", "sglang.launch_server", "--model-path", "target", "--speculative-algorithm", algorithm,
-               "--speculative-draft-model-path", "sglang/draft", "--speculative-num-steps", str(tree.depth + 1),
-               "--speculative-eagle-topk", str(tree.top_k), "--speculative-num-draft-tokens", str(tree.total_tokens),
-               "--tp-size", str(inputs.tp), "--pp-size", str(inputs.pp), "--dtype", inputs.dtype, "--enable-metrics",
-               "--host", "0.0.0.0", "--port", "${PORT:-30000}"]
+    command = [
+        "python",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "target",
+        "--speculative-algorithm",
+        algorithm,
+        "--speculative-draft-model-path",
+        "sglang/draft",
+        "--speculative-num-steps",
+        str(tree.depth + 1),
+        "--speculative-eagle-topk",
+        str(tree.top_k),
+        "--speculative-num-draft-tokens",
+        str(tree.total_tokens),
+        "--tp-size",
+        str(inputs.tp),
+        "--pp-size",
+        str(inputs.pp),
+        "--dtype",
+        inputs.dtype,
+        "--enable-metrics",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "${PORT:-30000}",
+    ]
     serve = serve_script(staging / "sglang" / "serve.sh", command, env)
-    artifacts = {"target": "target", "sglang_draft": "sglang/draft/model.safetensors", "sglang_serve": "sglang/serve.sh"}
+    artifacts = {
+        "target": "target",
+        "sglang_draft": "sglang/draft/model.safetensors",
+        "sglang_serve": "sglang/serve.sh",
+    }
     if kind == "griffin":
         artifacts["sglang_plugin"] = f"sglang/plugin/{SGLANG_PLUGIN}/griffin_llama.py"
-    return {"artifacts": artifacts,
-            "serve": {"commands": {"serve": serve},
-                      "notes": ["SGLang's server needs a CUDA GPU; run sglang/serve.sh there (the kit must be installed "
-                                "beside SGLang for the GRIFFIN plugin)" if kind == "griffin" else
-                                "SGLang's server needs a CUDA GPU; run sglang/serve.sh there"]},
-            "sglang": {"architecture": SGLANG_ARCH[kind], "speculative_algorithm": algorithm,
-                       "speculative_num_steps": tree.depth + 1,
-                       "speculative_eagle_topk": tree.top_k, "speculative_num_draft_tokens": tree.total_tokens,
-                       "weight_map_checked": weight_map is not None}}
+    return {
+        "artifacts": artifacts,
+        "serve": {
+            "commands": {"serve": serve},
+            "notes": [
+                "SGLang's server needs a CUDA GPU; run sglang/serve.sh there (the kit must be installed "
+                "beside SGLang for the GRIFFIN plugin)"
+                if kind == "griffin"
+                else "SGLang's server needs a CUDA GPU; run sglang/serve.sh there"
+            ],
+        },
+        "sglang": {
+            "architecture": SGLANG_ARCH[kind],
+            "speculative_algorithm": algorithm,
+            "speculative_num_steps": tree.depth + 1,
+            "speculative_eagle_topk": tree.top_k,
+            "speculative_num_draft_tokens": tree.total_tokens,
+            "weight_map_checked": weight_map is not None,
+        },
+    }

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import yaml
+
 from specdec_kit.export import trtllm_export as trt
 from specdec_kit.export import trtllm_pytorch
 from specdec_kit.export.inputs import BuildError, BuildInputs
@@ -26,8 +27,9 @@ from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import StaticTree
 
 
-def _trtllm_checkpoint(staging: Path, inputs: BuildInputs, target: TargetModel, module, settings: dict,
-                       step: Callable[[str], None]) -> dict[str, Any]:
+def _trtllm_checkpoint(
+    staging: Path, inputs: BuildInputs, target: TargetModel, module, settings: dict, step: Callable[[str], None]
+) -> dict[str, Any]:
     """The legacy engine route (TensorRT-LLM <= 1.2): a ``trtllm-build`` checkpoint and the TensorRT backend."""
     tp, pp = inputs.tp, inputs.pp
     kind = inputs.draft
@@ -52,27 +54,63 @@ def _trtllm_checkpoint(staging: Path, inputs: BuildInputs, target: TargetModel, 
         shard = trt.convert_target(hf, tcfg, tp, pp, rank)
         if rank // tp == pp - 1:  # draft weights live with the last pipeline stage's ranks
             if kind == "medusa":
-                shard.update(trt.convert_medusa(draft, dcfg["medusa_num_heads"], dcfg["medusa_num_layers"], tp, rank % tp))
+                shard.update(
+                    trt.convert_medusa(draft, dcfg["medusa_num_heads"], dcfg["medusa_num_layers"], tp, rank % tp)
+                )
             else:
                 shard.update(trt.convert_eagle(draft, hf, dcfg, settings["num_eagle_layers"], tp, rank % tp))
         save_safetensors(shard, ckpt / f"rank{rank}.safetensors")
     mode = "medusa" if kind == "medusa" else "eagle"
-    build = ["trtllm-build", "--checkpoint_dir", "trtllm/checkpoint", "--output_dir", "trtllm/engine",
-             "--gemm_plugin", inputs.dtype, "--use_paged_context_fmha", "enable",
-             "--speculative_decoding_mode", mode, "--max_batch_size", "8",
-             "--max_draft_len", str(settings["max_draft_len"])]
+    build = [
+        "trtllm-build",
+        "--checkpoint_dir",
+        "trtllm/checkpoint",
+        "--output_dir",
+        "trtllm/engine",
+        "--gemm_plugin",
+        inputs.dtype,
+        "--use_paged_context_fmha",
+        "enable",
+        "--speculative_decoding_mode",
+        mode,
+        "--max_batch_size",
+        "8",
+        "--max_draft_len",
+        str(settings["max_draft_len"]),
+    ]
     spec: dict[str, Any] = {"max_draft_len": settings["max_draft_len"]}
     if kind == "medusa":
-        spec.update(decoding_type="Medusa", num_medusa_heads=dcfg["medusa_num_heads"], medusa_choices=settings["choices"])
+        spec.update(
+            decoding_type="Medusa", num_medusa_heads=dcfg["medusa_num_heads"], medusa_choices=settings["choices"]
+        )
     else:
-        spec.update(decoding_type="Eagle", num_eagle_layers=settings["num_eagle_layers"],
-                    max_non_leaves_per_layer=settings["max_non_leaves_per_layer"], greedy_sampling=True)
+        spec.update(
+            decoding_type="Eagle",
+            num_eagle_layers=settings["num_eagle_layers"],
+            max_non_leaves_per_layer=settings["max_non_leaves_per_layer"],
+            greedy_sampling=True,
+        )
         spec.update(settings["dynamic"] or {"eagle_choices": settings["choices"]})
     serve_cfg = {"backend": "tensorrt", "speculative_config": spec}
-    return {"build": build, "serve_config": serve_cfg,
-            "serve": ["trtllm-serve", "trtllm/engine", "--backend", "tensorrt", "--tokenizer", "target",
-                      "--config", "trtllm/serve.yaml", "--host", "0.0.0.0", "--port", "${PORT:-8000}"],
-            "artifacts": {"trtllm_checkpoint": "trtllm/checkpoint", "trtllm_engine_dir": "trtllm/engine"}}
+    return {
+        "build": build,
+        "serve_config": serve_cfg,
+        "serve": [
+            "trtllm-serve",
+            "trtllm/engine",
+            "--backend",
+            "tensorrt",
+            "--tokenizer",
+            "target",
+            "--config",
+            "trtllm/serve.yaml",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "${PORT:-8000}",
+        ],
+        "artifacts": {"trtllm_checkpoint": "trtllm/checkpoint", "trtllm_engine_dir": "trtllm/engine"},
+    }
 
 
 def build_trtllm(staging: Path, inputs: BuildInputs, target: TargetModel, module, tree, step) -> dict[str, Any]:
@@ -81,14 +119,26 @@ def build_trtllm(staging: Path, inputs: BuildInputs, target: TargetModel, module
     legacy = inputs.trtllm_legacy_engine
     if legacy is None:
         step("writing the draft for TensorRT-LLM's PyTorch backend")
-        layers = (captured_layer_outputs(module, "TensorRT-LLM") if inputs.draft == "eagle3"
-                  else [target.num_layers - 1])  # the last layer's output, through the target's norm in the drafter
-        out = trtllm_pytorch.pytorch_route(staging, inputs.draft, module, tree, inputs.tp, inputs.pp,
-                                           inputs.dtype, layers,
-                                           lambda path: save_safetensors(draft_state(module, target.dtype), path))
-        notes = [*out["notes"], "serving needs a GPU machine with TensorRT-LLM; run trtllm/serve.sh there (PyTorch "
-                 "backend, no engine build" + (", the kit installed beside it for the drafter package)"
-                                               if inputs.draft != "eagle3" else ")")]
+        layers = (
+            captured_layer_outputs(module, "TensorRT-LLM") if inputs.draft == "eagle3" else [target.num_layers - 1]
+        )  # the last layer's output, through the target's norm in the drafter
+        out = trtllm_pytorch.pytorch_route(
+            staging,
+            inputs.draft,
+            module,
+            tree,
+            inputs.tp,
+            inputs.pp,
+            inputs.dtype,
+            layers,
+            lambda path: save_safetensors(draft_state(module, target.dtype), path),
+        )
+        notes = [
+            *out["notes"],
+            "serving needs a GPU machine with TensorRT-LLM; run trtllm/serve.sh there (PyTorch "
+            "backend, no engine build"
+            + (", the kit installed beside it for the drafter package)" if inputs.draft != "eagle3" else ")"),
+        ]
     else:
         settings = trt.tree_settings(tree)
         try:
@@ -98,8 +148,10 @@ def build_trtllm(staging: Path, inputs: BuildInputs, target: TargetModel, module
         if inputs.draft == "medusa" and not isinstance(tree, StaticTree):
             raise BuildError("Medusa engines need a static tree (medusa_choices); use --tree static:mc_sim_7b_63")
         out = _trtllm_checkpoint(staging, inputs, target, module, settings, step)
-        notes = [f"legacy TensorRT engine route for TensorRT-LLM {legacy} (<= 1.2): trtllm-build needs a GPU machine "
-                 "with that release; run trtllm/build.sh there, then trtllm/serve.sh"]
+        notes = [
+            f"legacy TensorRT engine route for TensorRT-LLM {legacy} (<= 1.2): trtllm-build needs a GPU machine "
+            "with that release; run trtllm/build.sh there, then trtllm/serve.sh"
+        ]
     (staging / "trtllm" / "serve.yaml").write_text(yaml.safe_dump(out["serve_config"], sort_keys=False))
     commands = {}
     if out["build"]:
@@ -112,8 +164,11 @@ def build_trtllm(staging: Path, inputs: BuildInputs, target: TargetModel, module
         built, notes = True, []
     artifacts = {"target": "target", "trtllm_serve_config": "trtllm/serve.yaml", **out["artifacts"]}
     artifacts = {k: v for k, v in artifacts.items() if k != "trtllm_engine_dir" or built}
-    record = {"route": "pytorch" if legacy is None else f"legacy-engine {legacy}", "engine_built": built,
-              "serve_config": out["serve_config"]}
+    record = {
+        "route": "pytorch" if legacy is None else f"legacy-engine {legacy}",
+        "engine_built": built,
+        "serve_config": out["serve_config"],
+    }
     if legacy is not None:
         record["tree"] = settings
     return {"artifacts": artifacts, "serve": {"commands": commands, "notes": notes}, "tensorrt_llm": record}

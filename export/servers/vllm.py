@@ -21,6 +21,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
+from specdec_kit import __version__
 from specdec_kit.export.inputs import BuildError, BuildInputs
 from specdec_kit.export.servers.common import (
     PLUGINS,
@@ -35,13 +36,15 @@ from specdec_kit.runtime.drafts.loading import draft_config_dict
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
 
-from specdec_kit import __version__
-
 PLUGIN = "specdec_vllm"
 PLUGIN_SOURCE = PLUGINS / "vllm" / PLUGIN
-ARCHITECTURE = {"griffin": "EagleSpecdecGriffinForCausalLM", "eagle": "EagleSpecdecLlamaForCausalLM",
-                "eagle2": "EagleSpecdecLlamaForCausalLM", "hass": "EagleSpecdecLlamaForCausalLM",
-                "eagle3": "Eagle3LlamaForCausalLM"}
+ARCHITECTURE = {
+    "griffin": "EagleSpecdecGriffinForCausalLM",
+    "eagle": "EagleSpecdecLlamaForCausalLM",
+    "eagle2": "EagleSpecdecLlamaForCausalLM",
+    "hass": "EagleSpecdecLlamaForCausalLM",
+    "eagle3": "Eagle3LlamaForCausalLM",
+}
 NATIVE = {"eagle3"}  # kinds vLLM's own classes run from the official layout (the config keeps "LlamaForCausalLM")
 # vLLM's `vllm serve`, through the plugin's module (``specdec_vllm.serve``: the `vllm` command fails on vLLM's CPU build)
 SERVER_MODULE = f"{PLUGIN}.serve"
@@ -54,11 +57,16 @@ def chain_length(tree: StaticTree | DynamicTreeConfig) -> int:
 
 def proposal_text(tree: StaticTree | DynamicTreeConfig) -> str:
     k = chain_length(tree)
-    shape = (f"dynamic tree (total_tokens={tree.total_tokens}, depth={tree.depth}, top_k={tree.top_k})"
-             if isinstance(tree, DynamicTreeConfig) else f"static tree of {tree.buffers.num_nodes} nodes")
-    return (f"vLLM proposes a chain, not a tree: the kit's {shape} maps to num_speculative_tokens={k} "
-            f"(its longest path), each draft token the top-1 of the step before; the tree's width has no vLLM "
-            f"counterpart")
+    shape = (
+        f"dynamic tree (total_tokens={tree.total_tokens}, depth={tree.depth}, top_k={tree.top_k})"
+        if isinstance(tree, DynamicTreeConfig)
+        else f"static tree of {tree.buffers.num_nodes} nodes"
+    )
+    return (
+        f"vLLM proposes a chain, not a tree: the kit's {shape} maps to num_speculative_tokens={k} "
+        f"(its longest path), each draft token the top-1 of the step before; the tree's width has no vLLM "
+        f"counterpart"
+    )
 
 
 def _write_plugin(plugin_dir: Path) -> None:
@@ -66,8 +74,10 @@ def _write_plugin(plugin_dir: Path) -> None:
     shutil.copytree(PLUGIN_SOURCE, plugin_dir / PLUGIN, ignore=shutil.ignore_patterns("__pycache__"))
     info = plugin_dir / f"{PLUGIN}-{__version__}.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {PLUGIN}\nVersion: {__version__}\n"
-                                   "Summary: specdec-kit draft heads as vLLM architectures\n")
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {PLUGIN}\nVersion: {__version__}\n"
+        "Summary: specdec-kit draft heads as vLLM architectures\n"
+    )
     (info / "entry_points.txt").write_text(f"[vllm.general_plugins]\n{PLUGIN} = {PLUGIN}:register\n")
     (info / "top_level.txt").write_text(PLUGIN + "\n")
 
@@ -80,18 +90,27 @@ def _draft_config(module, kind: str, dtype: str) -> dict[str, Any]:
     cfg.pop("bias", None)
     cfg.pop("qkv_bias", None)
     fc_bias, qkv_bias = draft_biases(module, kind)
-    cfg.update(architectures=[ARCHITECTURE[kind]], torch_dtype=dtype, specdec_kind=kind,
-               specdec_fc_bias=fc_bias, specdec_qkv_bias=qkv_bias)
+    cfg.update(
+        architectures=[ARCHITECTURE[kind]],
+        torch_dtype=dtype,
+        specdec_kind=kind,
+        specdec_fc_bias=fc_bias,
+        specdec_qkv_bias=qkv_bias,
+    )
     return cfg
 
 
 def speculative_config(tree: StaticTree | DynamicTreeConfig, kind: str) -> dict[str, Any]:
-    return {"method": "eagle3" if kind == "eagle3" else "eagle", "model": "vllm/draft",
-            "num_speculative_tokens": chain_length(tree)}
+    return {
+        "method": "eagle3" if kind == "eagle3" else "eagle",
+        "model": "vllm/draft",
+        "num_speculative_tokens": chain_length(tree),
+    }
 
 
-def build_vllm(staging: Path, inputs: BuildInputs, target: TargetModel, module, tree,
-               step: Callable[[str], None]) -> dict[str, Any]:
+def build_vllm(
+    staging: Path, inputs: BuildInputs, target: TargetModel, module, tree, step: Callable[[str], None]
+) -> dict[str, Any]:
     kind = inputs.draft
     if kind not in ARCHITECTURE:
         raise BuildError(f"--draft {kind} has no vLLM architecture in the kit (expected one of {sorted(ARCHITECTURE)})")
@@ -106,18 +125,48 @@ def build_vllm(staging: Path, inputs: BuildInputs, target: TargetModel, module, 
     save_safetensors(state, draft_dir / "model.safetensors")
     _write_plugin(staging / "vllm" / "plugin")
     spec = speculative_config(tree, kind)
-    command = ["${SPECDEC_VLLM_PYTHON:-python}", "-m", SERVER_MODULE, "target",
-               "--speculative-config", json.dumps(spec, separators=(",", ":")), "--dtype", inputs.dtype,
-               "--tensor-parallel-size", str(inputs.tp), "--pipeline-parallel-size", str(inputs.pp),
-               "--host", "0.0.0.0", "--port", "${PORT:-8000}"]
+    command = [
+        "${SPECDEC_VLLM_PYTHON:-python}",
+        "-m",
+        SERVER_MODULE,
+        "target",
+        "--speculative-config",
+        json.dumps(spec, separators=(",", ":")),
+        "--dtype",
+        inputs.dtype,
+        "--tensor-parallel-size",
+        str(inputs.tp),
+        "--pipeline-parallel-size",
+        str(inputs.pp),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "${PORT:-8000}",
+    ]
     env = {"PYTHONPATH": "vllm/plugin${PYTHONPATH:+:$PYTHONPATH}"}
     serve = serve_script(staging / "vllm" / "serve.sh", command, env)
     proposal = proposal_text(tree)
     step(proposal)
-    return {"artifacts": {"target": "target", "vllm_draft": "vllm/draft/model.safetensors",
-                          "vllm_plugin": f"vllm/plugin/{PLUGIN}/drafts.py", "vllm_serve": "vllm/serve.sh"},
-            "serve": {"commands": {"serve": serve},
-                      "notes": [proposal, "run vllm/serve.sh where vLLM is installed (SPECDEC_VLLM_PYTHON names its "
-                                "interpreter; on a CPU set VLLM_CPU_KVCACHE_SPACE and pass --max-model-len)"]},
-            "vllm": {"architecture": ARCHITECTURE[kind], "speculative_config": spec, "proposal": "chain",
-                     "plugin": PLUGIN, "weight_map_checked": kind not in NATIVE}}
+    return {
+        "artifacts": {
+            "target": "target",
+            "vllm_draft": "vllm/draft/model.safetensors",
+            "vllm_plugin": f"vllm/plugin/{PLUGIN}/drafts.py",
+            "vllm_serve": "vllm/serve.sh",
+        },
+        "serve": {
+            "commands": {"serve": serve},
+            "notes": [
+                proposal,
+                "run vllm/serve.sh where vLLM is installed (SPECDEC_VLLM_PYTHON names its "
+                "interpreter; on a CPU set VLLM_CPU_KVCACHE_SPACE and pass --max-model-len)",
+            ],
+        },
+        "vllm": {
+            "architecture": ARCHITECTURE[kind],
+            "speculative_config": spec,
+            "proposal": "chain",
+            "plugin": PLUGIN,
+            "weight_map_checked": kind not in NATIVE,
+        },
+    }

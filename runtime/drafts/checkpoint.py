@@ -22,8 +22,14 @@ from specdec_kit.runtime.drafts.loading import (
 from specdec_kit.runtime.registry import draft_kind
 
 
-def build_draft(kind: str, config: dict[str, Any], file: Path, target_hidden: int, target_vocab: int,
-                target_shape: tuple[int, int] | None = None) -> nn.Module:
+def build_draft(
+    kind: str,
+    config: dict[str, Any],
+    file: Path,
+    target_hidden: int,
+    target_vocab: int,
+    target_shape: tuple[int, int] | None = None,
+) -> nn.Module:
     """An uninitialised draft module of ``kind`` shaped by ``config`` (validated against the target;
     ``target_shape`` = (layers, 2 x kv_heads x head_dim) for drafts that read the target's KV cache)."""
     try:
@@ -54,8 +60,10 @@ def load_draft(
     state = official_key_map(module, file, read_weights(file))
     if config.get("embedding_from_target"):
         if embedding is None:
-            raise DraftLoadError(f"{config_file}: embedding_from_target is set, so the draft takes the target's "
-                                 "embedding; load it against its target (load_draft_for)")
+            raise DraftLoadError(
+                f"{config_file}: embedding_from_target is set, so the draft takes the target's "
+                "embedding; load it against its target (load_draft_for)"
+            )
         if "embed_tokens.weight" in state:
             raise DraftLoadError(f"{file}: holds embed_tokens.weight, but {config_file} says embedding_from_target")
         state = dict(state, **{"embed_tokens.weight": embedding.detach().to("cpu", module.embed_tokens.weight.dtype)})

@@ -16,8 +16,9 @@ from specdec_kit.runtime.drafts.layers import DraftDecoderLayer, FeatureDraft
 
 
 class EagleDraft(FeatureDraft):
-    def __init__(self, config: LlamaConfig, fc_bias: bool = True, qkv_bias: bool = False,
-                 draft_vocab_size: int | None = None):
+    def __init__(
+        self, config: LlamaConfig, fc_bias: bool = True, qkv_bias: bool = False, draft_vocab_size: int | None = None
+    ):
         super().__init__()
         self.config = config
         d = config.hidden_size

@@ -28,8 +28,10 @@ def default_feature_layers(num_target_layers: int) -> tuple[int, int, int]:
     """The reference's layers: the hidden states entering decoder layers 2, L//2 and L-3 (distinct for L >= 7)."""
     layers = (2, num_target_layers // 2, num_target_layers - 3)
     if len(set(layers)) != 3 or min(layers) < 0:
-        raise ValueError(f"EAGLE-3 reads the hidden states entering layers {layers} of the target; a target with "
-                         f"{num_target_layers} layers gives no three distinct ones (it needs at least 7)")
+        raise ValueError(
+            f"EAGLE-3 reads the hidden states entering layers {layers} of the target; a target with "
+            f"{num_target_layers} layers gives no three distinct ones (it needs at least 7)"
+        )
     return layers
 
 
@@ -48,14 +50,16 @@ class Eagle3DecoderLayer(nn.Module):
     def forward(self, embeds, hidden, cos, sin, window: AttentionWindow) -> torch.Tensor:
         attn = self.self_attn
         joined = torch.cat((self.input_layernorm(embeds), self.hidden_norm(hidden)), dim=-1)
-        hidden = hidden + cached_attention(attn, joined, cos, sin, window, 0, attn.num_heads, attn.num_kv_heads,
-                                           attn.head_dim)
+        hidden = hidden + cached_attention(
+            attn, joined, cos, sin, window, 0, attn.num_heads, attn.num_kv_heads, attn.head_dim
+        )
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
 class Eagle3Draft(FeatureDraft):
-    def __init__(self, config: LlamaConfig, target_hidden_size: int, draft_vocab_size: int,
-                 feature_layers: tuple[int, int, int]):
+    def __init__(
+        self, config: LlamaConfig, target_hidden_size: int, draft_vocab_size: int, feature_layers: tuple[int, int, int]
+    ):
         super().__init__()
         self.config = config
         self.feature_layers = tuple(feature_layers)  # the target layers whose entering hidden states fc fuses
@@ -76,8 +80,14 @@ class Eagle3Draft(FeatureDraft):
         attn = self.midlayer.self_attn
         return 1, attn.num_kv_heads, attn.head_dim
 
-    def cached_step(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-                    pending_mask: torch.Tensor, cache: LayerCache) -> tuple[torch.Tensor, torch.Tensor]:
+    def cached_step(
+        self,
+        features: torch.Tensor,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        pending_mask: torch.Tensor,
+        cache: LayerCache,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """As ``FeatureDraft.cached_step``; ``features`` are the target's three layers (3 x d_target wide) or the
         draft's own output (d wide). Returns (output, output): the draft's logits come from ``logits(output)``."""
         window = cache.window(pending_mask)

@@ -49,7 +49,9 @@ class GriffinDraft(FeatureDraft):
     def __init__(self, config: LlamaConfig, qkv_bias: bool = False, draft_vocab_size: int | None = None):
         super().__init__()
         if config.num_hidden_layers != 1:
-            raise ValueError(f"GRIFFIN drafts have one decoder layer; config says num_hidden_layers={config.num_hidden_layers}")
+            raise ValueError(
+                f"GRIFFIN drafts have one decoder layer; config says num_hidden_layers={config.num_hidden_layers}"
+            )
         self.config = config
         self.hidden_size = config.hidden_size
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)

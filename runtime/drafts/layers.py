@@ -122,8 +122,14 @@ class FeatureDraft(nn.Module):
         raise NotImplementedError
 
     @torch.inference_mode()
-    def step(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, pending_mask: torch.Tensor,
-             cache: LayerCache) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(
+        self,
+        features: torch.Tensor,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        pending_mask: torch.Tensor,
+        cache: LayerCache,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One cached decoding step -> (prediction, regression) features; see ``cached_step``."""
         return self.cached_step(features, tokens, positions, pending_mask, cache)
 
@@ -156,8 +162,9 @@ class OnTargetVocab(nn.Module):
     def __init__(self, draft: FeatureDraft):
         super().__init__()
         self.vocab_size = draft.config.vocab_size
-        self.register_buffer("ids", draft.target_ids(torch.arange(draft.draft_vocab_size, device=draft.d2t.device)),
-                             persistent=False)
+        self.register_buffer(
+            "ids", draft.target_ids(torch.arange(draft.draft_vocab_size, device=draft.d2t.device)), persistent=False
+        )
 
     def place(self, logits: torch.Tensor) -> torch.Tensor:
         full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))

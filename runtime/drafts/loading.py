@@ -94,9 +94,12 @@ def _check_fits(file: Path, key: str, expected: Any, found: Any) -> None:
 def llama_config(config: dict[str, Any], file: Path) -> LlamaConfig:
     for key in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size"):
         _require(config, key, file)
-    fields = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "bias", "qkv_bias",
-                                                          "draft_vocab_size", "eagle_config")
-              and not k.startswith(("moa_", "target_", "eagle_"))}
+    fields = {
+        k: v
+        for k, v in config.items()
+        if k not in ("architectures", "model_type", "bias", "qkv_bias", "draft_vocab_size", "eagle_config")
+        and not k.startswith(("moa_", "target_", "eagle_"))
+    }
     fields.setdefault("num_hidden_layers", 1)
     return LlamaConfig(**fields)
 
@@ -136,12 +139,19 @@ def strict_load(module: nn.Module, state: dict[str, torch.Tensor], file: Path) -
     module.load_state_dict(state, strict=True)
 
 
-def build_medusa(config: dict[str, Any], file: Path, target_hidden: int, target_vocab: int,
-                 target_shape: tuple[int, int] | None = None) -> MedusaHeads:
+def build_medusa(
+    config: dict[str, Any],
+    file: Path,
+    target_hidden: int,
+    target_vocab: int,
+    target_shape: tuple[int, int] | None = None,
+) -> MedusaHeads:
     heads = int(_require(config, "medusa_num_heads", file))
     layers = int(config.get("medusa_num_layers", 1))
     if heads < 1 or layers < 0:
-        raise DraftLoadError(f"{file}: medusa_num_heads must be >= 1 and medusa_num_layers >= 0, found {heads}, {layers}")
+        raise DraftLoadError(
+            f"{file}: medusa_num_heads must be >= 1 and medusa_num_layers >= 0, found {heads}, {layers}"
+        )
     if "hidden_size" in config:
         _check_fits(file, "hidden_size", target_hidden, config["hidden_size"])
     return MedusaHeads(target_hidden, target_vocab, heads, layers)
@@ -154,8 +164,13 @@ def _fitting_llama_config(config: dict[str, Any], file: Path, target_hidden: int
     return cfg
 
 
-def build_moa(config: dict[str, Any], file: Path, target_hidden: int, target_vocab: int,
-              target_shape: tuple[int, int] | None = None) -> MoADraft:
+def build_moa(
+    config: dict[str, Any],
+    file: Path,
+    target_hidden: int,
+    target_vocab: int,
+    target_shape: tuple[int, int] | None = None,
+) -> MoADraft:
     cfg = _fitting_llama_config(config, file, target_hidden, target_vocab)
     layers, kv_dim = int(_require(config, "target_num_layers", file)), int(_require(config, "target_kv_dim", file))
     if target_shape is not None:
@@ -167,39 +182,68 @@ def build_moa(config: dict[str, Any], file: Path, target_hidden: int, target_voc
     return MoADraft(cfg, layers, kv_dim, tli=tli, lsa_heads=int(config.get("moa_lsa_heads", 4)))
 
 
-def build_griffin(config: dict[str, Any], file: Path, target_hidden: int, target_vocab: int,
-                  target_shape: tuple[int, int] | None = None) -> GriffinDraft:
+def build_griffin(
+    config: dict[str, Any],
+    file: Path,
+    target_hidden: int,
+    target_vocab: int,
+    target_shape: tuple[int, int] | None = None,
+) -> GriffinDraft:
     cfg = _fitting_llama_config(config, file, target_hidden, target_vocab)
     if cfg.num_hidden_layers != 1:
         raise DraftLoadError(f"{file}: key 'num_hidden_layers' is {cfg.num_hidden_layers}, expected 1 for GRIFFIN")
-    return GriffinDraft(cfg, qkv_bias=bool(config.get("qkv_bias", False)), draft_vocab_size=_draft_vocab(config, file, cfg))
+    return GriffinDraft(
+        cfg, qkv_bias=bool(config.get("qkv_bias", False)), draft_vocab_size=_draft_vocab(config, file, cfg)
+    )
 
 
-def build_eagle(config: dict[str, Any], file: Path, target_hidden: int, target_vocab: int,
-                target_shape: tuple[int, int] | None = None) -> EagleDraft:
+def build_eagle(
+    config: dict[str, Any],
+    file: Path,
+    target_hidden: int,
+    target_vocab: int,
+    target_shape: tuple[int, int] | None = None,
+) -> EagleDraft:
     cfg = _fitting_llama_config(config, file, target_hidden, target_vocab)
-    return EagleDraft(cfg, fc_bias=bool(config.get("bias", True)), qkv_bias=bool(config.get("qkv_bias", False)),
-                      draft_vocab_size=_draft_vocab(config, file, cfg))
+    return EagleDraft(
+        cfg,
+        fc_bias=bool(config.get("bias", True)),
+        qkv_bias=bool(config.get("qkv_bias", False)),
+        draft_vocab_size=_draft_vocab(config, file, cfg),
+    )
 
 
 def feature_layers_of(config: dict[str, Any], file: Path, target_layers: int | None) -> tuple[int, ...]:
     """The target layers an EAGLE-3 draft fuses: ``eagle_aux_hidden_state_layer_ids`` (top level, or inside
     ``eagle_config`` as vLLM and SpecForge write it), else the reference's defaults for the target's depth."""
     ids = config.get("eagle_aux_hidden_state_layer_ids") or (config.get("eagle_config") or {}).get(
-        "eagle_aux_hidden_state_layer_ids")
+        "eagle_aux_hidden_state_layer_ids"
+    )
     if ids is None:
         if target_layers is None:
             raise DraftLoadError(f"{file}: no eagle_aux_hidden_state_layer_ids, and the target's depth is unknown")
         return default_feature_layers(target_layers)
-    if (not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids)
-            or ids != sorted(set(ids)) or (target_layers is not None and not 0 <= ids[0] <= ids[-1] < target_layers)):
-        raise DraftLoadError(f"{file}: eagle_aux_hidden_state_layer_ids is {ids!r}, expected distinct ascending layer ids"
-                             + (f" in 0..{target_layers - 1} of the target" if target_layers is not None else ""))
+    if (
+        not isinstance(ids, list)
+        or not ids
+        or not all(isinstance(i, int) for i in ids)
+        or ids != sorted(set(ids))
+        or (target_layers is not None and not 0 <= ids[0] <= ids[-1] < target_layers)
+    ):
+        raise DraftLoadError(
+            f"{file}: eagle_aux_hidden_state_layer_ids is {ids!r}, expected distinct ascending layer ids"
+            + (f" in 0..{target_layers - 1} of the target" if target_layers is not None else "")
+        )
     return tuple(ids)
 
 
-def build_eagle3(config: dict[str, Any], file: Path, target_hidden: int, target_vocab: int,
-                 target_shape: tuple[int, int] | None = None) -> Eagle3Draft:
+def build_eagle3(
+    config: dict[str, Any],
+    file: Path,
+    target_hidden: int,
+    target_vocab: int,
+    target_shape: tuple[int, int] | None = None,
+) -> Eagle3Draft:
     """The reference reads ``target_hidden_size`` when present (fc takes 3 x that), else 3 x ``hidden_size``."""
     cfg = llama_config(config, file)
     _check_fits(file, "vocab_size", target_vocab, cfg.vocab_size)
@@ -229,13 +273,17 @@ def check_vocab_maps(module: FeatureDraft, file: Path) -> None:
     """Every draft id must map into the target vocabulary, and ``t2d`` must mark exactly the ids it maps to."""
     mapped = torch.arange(module.draft_vocab_size) + module.d2t
     if int(mapped.min()) < 0 or int(mapped.max()) >= module.config.vocab_size:
-        raise DraftLoadError(f"{file}: d2t maps draft ids outside the target vocabulary 0..{module.config.vocab_size - 1} "
-                             f"(found {int(mapped.min())}..{int(mapped.max())})")
+        raise DraftLoadError(
+            f"{file}: d2t maps draft ids outside the target vocabulary 0..{module.config.vocab_size - 1} "
+            f"(found {int(mapped.min())}..{int(mapped.max())})"
+        )
     marked = torch.zeros_like(module.t2d)
     marked[mapped] = True
     if not torch.equal(marked, module.t2d):
-        raise DraftLoadError(f"{file}: t2d marks {int(module.t2d.sum())} target ids, d2t maps to "
-                             f"{int(marked.sum())} distinct ones; expected the same set")
+        raise DraftLoadError(
+            f"{file}: t2d marks {int(module.t2d.sum())} target ids, d2t maps to "
+            f"{int(marked.sum())} distinct ones; expected the same set"
+        )
 
 
 def draft_config_dict(module: nn.Module, kind: str, base_model: str = "") -> dict[str, Any]:
@@ -250,22 +298,45 @@ def draft_config_dict(module: nn.Module, kind: str, base_model: str = "") -> dic
             "version": "2",
         }
     cfg = module.config.to_dict()
-    keep = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers",
-            "hidden_act", "max_position_embeddings", "rms_norm_eps", "vocab_size", "bos_token_id", "eos_token_id",
-            "pad_token_id", "tie_word_embeddings", "head_dim", "rope_parameters", "rope_theta", "rope_scaling")
+    keep = (
+        "hidden_size",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "num_hidden_layers",
+        "hidden_act",
+        "max_position_embeddings",
+        "rms_norm_eps",
+        "vocab_size",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "tie_word_embeddings",
+        "head_dim",
+        "rope_parameters",
+        "rope_theta",
+        "rope_scaling",
+    )
     out = {k: cfg[k] for k in keep if k in cfg and cfg[k] is not None}
     out["architectures"] = ["LlamaForCausalLM"]
     out["model_type"] = "llama"
     if isinstance(module, MoADraft):
-        out.update(moa_tli=module.tli, moa_lsa_heads=module.lsa.heads, target_num_layers=module.target_num_layers,
-                   target_kv_dim=module.target_kv_dim, architectures=["MoADraft"])
+        out.update(
+            moa_tli=module.tli,
+            moa_lsa_heads=module.lsa.heads,
+            target_num_layers=module.target_num_layers,
+            target_kv_dim=module.target_kv_dim,
+            architectures=["MoADraft"],
+        )
         return out
     if isinstance(module, Eagle3Draft):  # the reference's fields, and the layer ids as vLLM and SpecForge write them
         out["draft_vocab_size"] = module.draft_vocab_size
         if module.target_hidden_size != module.hidden_size:
             out["target_hidden_size"] = module.target_hidden_size
-        out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(module.feature_layers),
-                               "use_aux_hidden_state": True}
+        out["eagle_config"] = {
+            "eagle_aux_hidden_state_layer_ids": list(module.feature_layers),
+            "use_aux_hidden_state": True,
+        }
         return out
     out["qkv_bias"] = module.layers[0].self_attn.q_proj.bias is not None
     if isinstance(module, EagleDraft):
@@ -275,8 +346,14 @@ def draft_config_dict(module: nn.Module, kind: str, base_model: str = "") -> dic
     return out
 
 
-def save_draft(module: nn.Module, path: str | Path, kind: str, safetensors: bool = False, base_model: str = "",
-               embedding_from_target: bool = False) -> Path:
+def save_draft(
+    module: nn.Module,
+    path: str | Path,
+    kind: str,
+    safetensors: bool = False,
+    base_model: str = "",
+    embedding_from_target: bool = False,
+) -> Path:
     """Write ``module`` in the official layout of ``kind`` (so the reference code could load it too);
     ``embedding_from_target`` leaves out the token embedding (the target's), which loading then takes from it."""
     path = Path(path)
@@ -288,7 +365,7 @@ def save_draft(module: nn.Module, path: str | Path, kind: str, safetensors: bool
         state.pop("embed_tokens.weight")
     (path / "config.json").write_text(json.dumps(config, indent=2))
     if isinstance(module, MedusaHeads):
-        state = {k[len(MEDUSA_PREFIX):]: v for k, v in state.items()}
+        state = {k[len(MEDUSA_PREFIX) :]: v for k, v in state.items()}
         name = "medusa_lm_head.safetensors" if safetensors else "medusa_lm_head.pt"
     else:
         name = "model.safetensors" if safetensors else "pytorch_model.bin"

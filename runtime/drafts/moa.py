@@ -25,8 +25,8 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
 from specdec_kit.runtime.attention import apply_rope, cached_attention
-from specdec_kit.runtime.drafts.layers import DraftAttention, DraftMLP
 from specdec_kit.runtime.contract import AttentionWindow
+from specdec_kit.runtime.drafts.layers import DraftAttention, DraftMLP
 from specdec_kit.runtime.kv_cache import KVCache
 
 
@@ -64,8 +64,9 @@ class TokenSelfAttention(nn.Module):
 
     def forward(self, hidden, cos, sin, window: AttentionWindow) -> torch.Tensor:
         a = self.self_attn
-        hidden = hidden + cached_attention(a, self.input_layernorm(hidden), cos, sin, window, 0,
-                                           a.num_heads, a.num_kv_heads, a.head_dim)
+        hidden = hidden + cached_attention(
+            a, self.input_layernorm(hidden), cos, sin, window, 0, a.num_heads, a.num_kv_heads, a.head_dim
+        )
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
@@ -101,7 +102,9 @@ class CrossAttention(nn.Module):
 
 
 class MoADraft(nn.Module):
-    def __init__(self, config: LlamaConfig, target_num_layers: int, target_kv_dim: int, tli: int = 0, lsa_heads: int = 4):
+    def __init__(
+        self, config: LlamaConfig, target_num_layers: int, target_kv_dim: int, tli: int = 0, lsa_heads: int = 4
+    ):
         super().__init__()
         if not 0 <= tli <= target_num_layers:
             raise ValueError(f"moa_tli must be in [0, {target_num_layers}], got {tli}")

@@ -19,9 +19,6 @@ from __future__ import annotations
 from typing import Iterable, Optional, Tuple
 
 import torch
-from torch import nn
-from transformers import LlamaConfig
-
 from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import MergedColumnParallelLinear, RowParallelLinear
@@ -32,6 +29,8 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_loader.weight_utils import default_weight_loader
 from sglang.srt.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from sglang.srt.utils import add_prefix
+from torch import nn
+from transformers import LlamaConfig
 
 from specdec_kit.export.weight_maps import fused_draft_weight_map
 from specdec_kit.runtime.drafts.griffin import TokenGuidedFusion
@@ -43,10 +42,12 @@ class GriffinTEHMLP(nn.Module):
     def __init__(self, config: LlamaConfig, quant_config: Optional[QuantizationConfig], prefix: str):
         super().__init__()
         d, inter = config.hidden_size, config.intermediate_size
-        self.gate_up_proj = MergedColumnParallelLinear(d, [inter] * 2, bias=False, quant_config=quant_config,
-                                                       prefix=add_prefix("gate_up_proj", prefix))
-        self.down_proj = RowParallelLinear(inter, 2 * d, bias=False, quant_config=quant_config,
-                                           prefix=add_prefix("down_proj", prefix))
+        self.gate_up_proj = MergedColumnParallelLinear(
+            d, [inter] * 2, bias=False, quant_config=quant_config, prefix=add_prefix("gate_up_proj", prefix)
+        )
+        self.down_proj = RowParallelLinear(
+            inter, 2 * d, bias=False, quant_config=quant_config, prefix=add_prefix("down_proj", prefix)
+        )
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -66,11 +67,14 @@ class GriffinDecoderLayer(LlamaDecoderLayer):
         self.mlp = GriffinTEHMLP(config, quant_config, add_prefix("mlp", prefix))
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch: ForwardBatch,
-                capture_output=None) -> torch.Tensor:
+    def forward(
+        self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch: ForwardBatch, capture_output=None
+    ) -> torch.Tensor:
         attn = self.self_attn(positions=positions, hidden_states=hidden_states, forward_batch=forward_batch)
         hidden_states = hidden_states + attn
-        return torch.cat((hidden_states, hidden_states), dim=-1) + self.mlp(self.post_attention_layernorm(hidden_states))
+        return torch.cat((hidden_states, hidden_states), dim=-1) + self.mlp(
+            self.post_attention_layernorm(hidden_states)
+        )
 
 
 class GriffinModel(nn.Module):
@@ -79,13 +83,19 @@ class GriffinModel(nn.Module):
         if config.num_hidden_layers != 1:
             raise ValueError(f"GRIFFIN drafts have one decoder layer; config says {config.num_hidden_layers}")
         self.config = config
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size,
-                                                   prefix=add_prefix("embed_tokens", prefix))
+        self.embed_tokens = VocabParallelEmbedding(
+            config.vocab_size, config.hidden_size, prefix=add_prefix("embed_tokens", prefix)
+        )
         self.fc = TokenGuidedFusion(config)
         self.layers = nn.ModuleList([GriffinDecoderLayer(config, 0, quant_config, add_prefix("layers.0", prefix))])
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch,
-                input_embeds: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        forward_batch: ForwardBatch,
+        input_embeds: Optional[torch.Tensor] = None,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         embeds = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
         hidden = self.fc(forward_batch.spec_info.hidden_states.to(embeds.dtype), embeds)
         for layer in self.layers:
@@ -97,24 +107,37 @@ class GriffinModel(nn.Module):
 class GriffinLlamaForCausalLM(LlamaForCausalLM):
     """The architecture name an exported GRIFFIN draft's config.json carries."""
 
-    def __init__(self, config: LlamaConfig, quant_config: Optional[QuantizationConfig] = None, prefix: str = "") -> None:
+    def __init__(
+        self, config: LlamaConfig, quant_config: Optional[QuantizationConfig] = None, prefix: str = ""
+    ) -> None:
         nn.Module.__init__(self)
         self.config = config
         self.quant_config = quant_config
         self.model = GriffinModel(config, quant_config, add_prefix("model", prefix))
-        self.lm_head = ParallelLMHead(getattr(config, "hot_vocab_size", config.vocab_size), config.hidden_size,
-                                      quant_config=quant_config, prefix=add_prefix("lm_head", prefix))
+        self.lm_head = ParallelLMHead(
+            getattr(config, "hot_vocab_size", config.vocab_size),
+            config.hidden_size,
+            quant_config=quant_config,
+            prefix=add_prefix("lm_head", prefix),
+        )
         self.logits_processor = LogitsProcessor(config)
         self.capture_aux_hidden_states = False
 
     @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch,
-                input_embeds: Optional[torch.Tensor] = None, **kwargs):
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        forward_batch: ForwardBatch,
+        input_embeds: Optional[torch.Tensor] = None,
+        **kwargs,
+    ):
         prediction, regression = self.model(input_ids, positions, forward_batch, input_embeds)
         # logits from the prediction feature; the regression feature is what SGLang stores as the
         # next step's hidden state (it prefers hidden_states_before_norm when one is given).
-        return self.logits_processor(input_ids, prediction, self.lm_head, forward_batch,
-                                     hidden_states_before_norm=regression)
+        return self.logits_processor(
+            input_ids, prediction, self.lm_head, forward_batch, hidden_states_before_norm=regression
+        )
 
     def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> set[str]:
         """Strict: every checkpoint key goes through the kit's weight map (an unknown key raises)."""

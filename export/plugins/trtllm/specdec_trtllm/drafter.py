@@ -26,18 +26,19 @@ from typing import Dict, Optional
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from tensorrt_llm._torch.models.modeling_llama import LlamaAttention
 from tensorrt_llm._torch.models.modeling_utils import DecoderModel, DecoderModelForCausalLM
+from torch import nn
 
 try:
     from tensorrt_llm._torch.models.modeling_utils import register_draft_model
 except ImportError as exc:  # a release from before the draft-model registry
-    raise ImportError("the kit's drafter package registers its draft with tensorrt_llm's register_draft_model, which "
-                      "this TensorRT-LLM release lacks; use a release that has it (the kit's exports follow TensorRT-LLM "
-                      "main as of commit 0004396), or, for EAGLE-1/2, HASS and Medusa on a release <= 1.2, build with "
-                      "--trtllm-legacy-engine") from exc
+    raise ImportError(
+        "the kit's drafter package registers its draft with tensorrt_llm's register_draft_model, which "
+        "this TensorRT-LLM release lacks; use a release that has it (the kit's exports follow TensorRT-LLM "
+        "main as of commit 0004396), or, for EAGLE-1/2, HASS and Medusa on a release <= 1.2, build with "
+        "--trtllm-legacy-engine"
+    ) from exc
 from tensorrt_llm._torch.modules.decoder_layer import DecoderLayer
 from tensorrt_llm._torch.modules.linear import Linear, TensorParallelMode, WeightMode, WeightsLoadingConfig
 from tensorrt_llm._torch.modules.rms_norm import RMSNorm
@@ -54,11 +55,23 @@ class DraftMLP(nn.Module):
         super().__init__()
         config = model_config.pretrained_config
         d, inter = config.hidden_size, config.intermediate_size
-        self.gate_up_proj = Linear(d, 2 * inter, bias=False, dtype=config.torch_dtype, mapping=model_config.mapping,
-                                   tensor_parallel_mode=TensorParallelMode.COLUMN,
-                                   weights_loading_config=WeightsLoadingConfig(weight_mode=WeightMode.FUSED_GATE_UP_LINEAR))
-        self.down_proj = Linear(inter, d * (2 if widened else 1), bias=False, dtype=config.torch_dtype,
-                                mapping=model_config.mapping, tensor_parallel_mode=TensorParallelMode.ROW)
+        self.gate_up_proj = Linear(
+            d,
+            2 * inter,
+            bias=False,
+            dtype=config.torch_dtype,
+            mapping=model_config.mapping,
+            tensor_parallel_mode=TensorParallelMode.COLUMN,
+            weights_loading_config=WeightsLoadingConfig(weight_mode=WeightMode.FUSED_GATE_UP_LINEAR),
+        )
+        self.down_proj = Linear(
+            inter,
+            d * (2 if widened else 1),
+            bias=False,
+            dtype=config.torch_dtype,
+            mapping=model_config.mapping,
+            tensor_parallel_mode=TensorParallelMode.ROW,
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -73,17 +86,22 @@ class DraftDecoderLayer(DecoderLayer):
         config = model_config.pretrained_config
         self.layer_idx = layer_idx
         self.widened = widened
-        self.input_layernorm = (RMSNorm(hidden_size=config.hidden_size, eps=config.rms_norm_eps, dtype=config.torch_dtype)
-                                if index_in_draft else None)
+        self.input_layernorm = (
+            RMSNorm(hidden_size=config.hidden_size, eps=config.rms_norm_eps, dtype=config.torch_dtype)
+            if index_in_draft
+            else None
+        )
         self.self_attn = LlamaAttention(model_config, layer_idx=layer_idx)
         self.mlp = DraftMLP(model_config, widened)
-        self.post_attention_layernorm = RMSNorm(hidden_size=config.hidden_size, eps=config.rms_norm_eps,
-                                                dtype=config.torch_dtype)
+        self.post_attention_layernorm = RMSNorm(
+            hidden_size=config.hidden_size, eps=config.rms_norm_eps, dtype=config.torch_dtype
+        )
 
     def forward(self, position_ids, hidden_states, attn_metadata, **kwargs) -> torch.Tensor:
         normed = hidden_states if self.input_layernorm is None else self.input_layernorm(hidden_states)
-        hidden_states = hidden_states + self.self_attn(position_ids=position_ids, hidden_states=normed,
-                                                       attn_metadata=attn_metadata)
+        hidden_states = hidden_states + self.self_attn(
+            position_ids=position_ids, hidden_states=normed, attn_metadata=attn_metadata
+        )
         residual = torch.cat((hidden_states, hidden_states), dim=-1) if self.widened else hidden_states
         return residual + self.mlp(self.post_attention_layernorm(hidden_states))
 
@@ -102,27 +120,41 @@ class SpecdecDraftModel(DecoderModel):
             self.fc = TokenGuidedFusion(config).to(config.torch_dtype)
         else:
             self.fc = nn.Linear(2 * d, d, bias=getattr(config, "bias", True), dtype=config.torch_dtype)
-        self.layers = nn.ModuleList(DraftDecoderLayer(model_config, start_layer_idx + i, i, widened=kind == "griffin")
-                                    for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            DraftDecoderLayer(model_config, start_layer_idx + i, i, widened=kind == "griffin")
+            for i in range(config.num_hidden_layers)
+        )
         self.embed_tokens = None  # the target's, shared in load_weights_from_target_model
 
-    def forward(self, attn_metadata, input_ids=None, position_ids=None, inputs_embeds=None, spec_metadata=None,
-                hidden_states=None, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        attn_metadata,
+        input_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        spec_metadata=None,
+        hidden_states=None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         embeds = self.embed_tokens(input_ids).to(self.dtype) if inputs_embeds is None else inputs_embeds
         features = hidden_states.to(self.dtype)
         hidden = self.fc(features, embeds) if self.kind == "griffin" else self.fc(torch.cat((embeds, features), dim=-1))
         for layer in self.layers:
             hidden = layer(position_ids, hidden, attn_metadata)
         if self.kind == "griffin":
-            return hidden[..., : self.hidden_size], hidden[..., self.hidden_size:]
+            return hidden[..., : self.hidden_size], hidden[..., self.hidden_size :]
         return hidden, hidden
 
 
 class SpecdecDraftForCausalLM(DecoderModelForCausalLM):
     def __init__(self, model_config, start_layer_idx: int, kind: str):
         config = model_config.pretrained_config
-        super().__init__(SpecdecDraftModel(model_config, start_layer_idx, kind), config=model_config,
-                         hidden_size=config.hidden_size, vocab_size=config.vocab_size)
+        super().__init__(
+            SpecdecDraftModel(model_config, start_layer_idx, kind),
+            config=model_config,
+            hidden_size=config.hidden_size,
+            vocab_size=config.vocab_size,
+        )
         self.target_norm: Optional[nn.Module] = None
 
     def apply_eagle3_fc(self, hidden_states: torch.Tensor) -> torch.Tensor:

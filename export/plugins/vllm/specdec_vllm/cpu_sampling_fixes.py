@@ -85,6 +85,9 @@ def install() -> list[str]:
         rejection_sampler.apply_top_k_top_p = passing_no_rows_through(top_k)
         applied.append("top_k_on_no_draft_rows")
     if applied:
-        logger.warning("specdec_vllm: mended vLLM's CPU sampling for lossless speculative sampling: %s "
-                       "(vLLM's defects, with or without the kit's drafts)", ", ".join(applied))
+        logger.warning(
+            "specdec_vllm: mended vLLM's CPU sampling for lossless speculative sampling: %s "
+            "(vLLM's defects, with or without the kit's drafts)",
+            ", ".join(applied),
+        )
     return applied

@@ -15,12 +15,14 @@ from collections.abc import Iterable
 
 import torch
 from torch import nn
-
 from vllm.config import VllmConfig
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (
-    ColumnParallelLinear, MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear,
+    ColumnParallelLinear,
+    MergedColumnParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
 )
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
@@ -38,8 +40,9 @@ class GatedMLP(nn.Module):
 
     def __init__(self, hidden: int, intermediate: int, out: int, prefix: str):
         super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(hidden, [intermediate] * 2, bias=False,
-                                                       prefix=f"{prefix}.gate_up_proj")
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden, [intermediate] * 2, bias=False, prefix=f"{prefix}.gate_up_proj"
+        )
         self.down_proj = RowParallelLinear(intermediate, out, bias=False, prefix=f"{prefix}.down_proj")
         self.act_fn = SiluAndMul()
 
@@ -60,10 +63,17 @@ class DraftLayer(nn.Module):
         if index:
             self.input_layernorm = RMSNorm(d, eps=config.rms_norm_eps)
         self.self_attn = LlamaAttention(
-            config=config, hidden_size=d, num_heads=config.num_attention_heads,
+            config=config,
+            hidden_size=d,
+            num_heads=config.num_attention_heads,
             num_kv_heads=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
-            max_position_embeddings=getattr(config, "max_position_embeddings", 8192), quant_config=None,
-            bias=qkv_bias, bias_o_proj=False, cache_config=vllm_config.cache_config, prefix=f"{prefix}.self_attn")
+            max_position_embeddings=getattr(config, "max_position_embeddings", 8192),
+            quant_config=None,
+            bias=qkv_bias,
+            bias_o_proj=False,
+            cache_config=vllm_config.cache_config,
+            prefix=f"{prefix}.self_attn",
+        )
         self.post_attention_layernorm = RMSNorm(d, eps=config.rms_norm_eps)
         self.mlp = GatedMLP(d, config.intermediate_size, 2 * d if widened else d, f"{prefix}.mlp")
 
@@ -111,17 +121,24 @@ class DraftModel(nn.Module):
         if griffin:
             self.fc = TokenGuidedFusion(config, maybe_prefix(prefix, "fc"))
         else:
-            self.fc = ReplicatedLinear(2 * d, d, bias=bool(getattr(config, "specdec_fc_bias", True)),
-                                       prefix=maybe_prefix(prefix, "fc"), return_bias=False)
+            self.fc = ReplicatedLinear(
+                2 * d,
+                d,
+                bias=bool(getattr(config, "specdec_fc_bias", True)),
+                prefix=maybe_prefix(prefix, "fc"),
+                return_bias=False,
+            )
         self.layers = nn.ModuleList(
             DraftLayer(vllm_config, config, i, griffin, qkv_bias, maybe_prefix(prefix, f"layers.{first + i}"))
-            for i in range(config.num_hidden_layers))
+            for i in range(config.num_hidden_layers)
+        )
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, hidden_states: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         embeds = self.embed_tokens(input_ids).to(hidden_states.dtype)
         if self.griffin:
             hidden = self.fc(embeds, hidden_states)
@@ -130,7 +147,7 @@ class DraftModel(nn.Module):
         for layer in self.layers:
             hidden = layer(positions, hidden)
         if self.griffin:
-            return hidden[..., :self.hidden_size], hidden[..., self.hidden_size:]
+            return hidden[..., : self.hidden_size], hidden[..., self.hidden_size :]
         return hidden, hidden
 
 
@@ -149,8 +166,13 @@ class _SpecdecDraftForCausalLM(EagleLlamaForCausalLM):
         self.logits_processor = LogitsProcessor(config.vocab_size, scale=getattr(config, "logit_scale", 1.0))
         self.trace = DraftTrace.from_env()
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, hidden_states: torch.Tensor,
-                inputs_embeds: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        hidden_states: torch.Tensor,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if inputs_embeds is not None:
             raise NotImplementedError(f"{type(self).__name__} takes token ids, not input embeddings")
         for_logits, next_hidden = self.model(input_ids, positions, hidden_states)
@@ -182,8 +204,10 @@ class _SpecdecDraftForCausalLM(EagleLlamaForCausalLM):
                 self.has_own_embed_tokens = True
         missing = sorted(set(params) - loaded - OPTIONAL)
         if unexpected or missing:
-            raise ValueError(f"{type(self).__name__}: the draft checkpoint does not match the architecture; "
-                             f"unexpected tensors {unexpected}, missing parameters {missing}")
+            raise ValueError(
+                f"{type(self).__name__}: the draft checkpoint does not match the architecture; "
+                f"unexpected tensors {unexpected}, missing parameters {missing}"
+            )
         return loaded
 
 

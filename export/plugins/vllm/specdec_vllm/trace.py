@@ -47,10 +47,14 @@ class DraftTrace:
         if not known.any() or bool((positions.reshape(-1)[index[known]] == 0).all()):
             return
         step = next(self.counter)
-        torch.save({"positions": positions.reshape(-1)[index[known]].cpu(),
-                    "tokens": input_ids.reshape(-1)[index[known]].cpu(),
-                    "logits": logits[known].float().cpu()},
-                   self.directory / f"{os.getpid()}-{step:07d}.pt")
+        torch.save(
+            {
+                "positions": positions.reshape(-1)[index[known]].cpu(),
+                "tokens": input_ids.reshape(-1)[index[known]].cpu(),
+                "logits": logits[known].float().cpu(),
+            },
+            self.directory / f"{os.getpid()}-{step:07d}.pt",
+        )
 
 
 def instrument(cls: type) -> None:

@@ -4,8 +4,13 @@ table against the exporter's weight map without vLLM installed)."""
 from __future__ import annotations
 
 # checkpoint name fragment -> (vLLM parameter fragment, shard id) for the decoder layers' fused projections
-STACKED = {".q_proj.": (".qkv_proj.", "q"), ".k_proj.": (".qkv_proj.", "k"), ".v_proj.": (".qkv_proj.", "v"),
-           ".gate_proj.": (".gate_up_proj.", 0), ".up_proj.": (".gate_up_proj.", 1)}
+STACKED = {
+    ".q_proj.": (".qkv_proj.", "q"),
+    ".k_proj.": (".qkv_proj.", "k"),
+    ".v_proj.": (".qkv_proj.", "v"),
+    ".gate_proj.": (".gate_up_proj.", 0),
+    ".up_proj.": (".gate_up_proj.", 1),
+}
 
 # parameters a checkpoint may leave out: vLLM then shares the target's embedding (the LM head always is)
 OPTIONAL = frozenset({"model.embed_tokens.weight"})
