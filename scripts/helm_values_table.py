@@ -7,12 +7,12 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 from typing import Any, Iterator
 
+import generated_table
 import yaml
 
 CHART = Path(__file__).resolve().parents[1] / "helm"
@@ -58,28 +58,8 @@ def table() -> str:
     return "\n".join(lines)
 
 
-def with_table(readme: str) -> str:
-    if START not in readme or END not in readme:
-        raise SystemExit(f"{CHART / 'README.md'}: the markers {START} and {END} are missing")
-    head, rest = readme.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{table()}\n{END}{tail}"
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--check", action="store_true", help="exit 1 if helm/README.md's table differs from the schema's")
-    args = p.parse_args(argv)
-    readme = CHART / "README.md"
-    current = readme.read_text()
-    wanted = with_table(current)
-    if args.check:
-        if wanted != current:
-            print(f"{readme}: the values table is stale; run python scripts/helm_values_table.py", file=sys.stderr)
-            return 1
-        return 0
-    readme.write_text(wanted)
-    return 0
+    return generated_table.main(CHART / "README.md", START, END, table, "scripts/helm_values_table.py", argv)
 
 
 if __name__ == "__main__":

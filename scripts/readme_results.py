@@ -8,10 +8,11 @@ written between the markers in README.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
+
+import generated_table
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -50,28 +51,8 @@ def table() -> str:
     return "\n".join(lines)
 
 
-def rendered(readme: str) -> str:
-    """``readme`` with the table between the markers replaced by the current one."""
-    if START not in readme or END not in readme:
-        raise SystemExit(f"{README}: the markers {START} and {END} are missing")
-    head, rest = readme.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{table()}\n{END}{tail}"
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 when README.md's table is stale")
-    args = parser.parse_args(argv)
-    current = README.read_text()
-    fresh = rendered(current)
-    if args.check:
-        if fresh != current:
-            print("README.md's results table is stale: run python scripts/readme_results.py", file=sys.stderr)
-            return 1
-        return 0
-    README.write_text(fresh)
-    return 0
+    return generated_table.main(README, START, END, table, "scripts/readme_results.py", argv)
 
 
 if __name__ == "__main__":
