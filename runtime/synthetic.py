@@ -17,6 +17,7 @@ from specdec_kit.runtime.drafts.eagle import EagleDraft
 from specdec_kit.runtime.drafts.eagle3 import Eagle3Draft, default_feature_layers
 from specdec_kit.runtime.drafts.griffin import GriffinDraft
 from specdec_kit.runtime.drafts.layers import FeatureDraft
+from specdec_kit.runtime.drafts.loading import draft_config
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
 from specdec_kit.runtime.drafts.moa import MoADraft
 from specdec_kit.runtime.target import TargetModel
@@ -75,23 +76,6 @@ def tiny_hf_model(
 
 def tiny_target(**kwargs) -> TargetModel:
     return TargetModel(tiny_hf_model(**kwargs))
-
-
-def draft_config(target: TargetModel, intermediate: int | None = None) -> LlamaConfig:
-    cfg = target.config
-    return LlamaConfig(
-        hidden_size=cfg.hidden_size,
-        intermediate_size=intermediate or cfg.intermediate_size,
-        num_attention_heads=cfg.num_attention_heads,
-        num_key_value_heads=cfg.num_key_value_heads,
-        num_hidden_layers=1,
-        vocab_size=cfg.vocab_size,
-        max_position_embeddings=cfg.max_position_embeddings,
-        rms_norm_eps=cfg.rms_norm_eps,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
 
 
 def random_eagle(target: TargetModel, seed: int = 1) -> EagleDraft:

@@ -89,6 +89,17 @@ def test_every_import_points_down() -> None:
     assert not wrong, "imports against the layers:\n" + "\n".join(sorted(wrong))
 
 
+# random and constructed checkpoints for tests; besides the tests only the synthetic demo and a benchmark of a random
+# target read them (training, exports and serving never build on a fixture)
+FIXTURES = "specdec_kit.runtime.synthetic"
+FIXTURE_USERS = {"specdec_kit.runtime.demo", "specdec_kit.bench.runtime_overhead"}
+
+
+def test_production_code_builds_on_no_test_fixture() -> None:
+    users = {module for module, targets in graph().items() if FIXTURES in targets}
+    assert users <= FIXTURE_USERS, f"{sorted(users - FIXTURE_USERS)} import the test fixtures of {FIXTURES}"
+
+
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components of more than one module (Tarjan's algorithm, iteratively)."""
     index: dict[str, int] = {}

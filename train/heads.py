@@ -22,9 +22,8 @@ from tqdm import tqdm
 from specdec_kit.runtime.device import resolve_device, resolve_dtype
 from specdec_kit.runtime.drafts.eagle import EagleDraft
 from specdec_kit.runtime.drafts.griffin import GriffinDraft
-from specdec_kit.runtime.drafts.loading import save_draft
+from specdec_kit.runtime.drafts.loading import draft_config, save_draft
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
-from specdec_kit.runtime.synthetic import draft_config
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.train.distilled import BatchMasks, DistilledData
 from specdec_kit.train.draft_forward import PassRunner, next_pass_features

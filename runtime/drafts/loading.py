@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -37,6 +37,9 @@ from specdec_kit.runtime.drafts.griffin import GriffinDraft
 from specdec_kit.runtime.drafts.layers import FeatureDraft
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
 from specdec_kit.runtime.drafts.moa import MoADraft
+
+if TYPE_CHECKING:
+    from specdec_kit.runtime.target import TargetModel
 
 MEDUSA_PREFIX = "medusa_head."
 
@@ -89,6 +92,24 @@ def _require(config: dict[str, Any], key: str, file: Path) -> Any:
 def _check_fits(file: Path, key: str, expected: Any, found: Any) -> None:
     if expected != found:
         raise DraftLoadError(f"{file}: {key} does not fit the target: expected {expected}, found {found}")
+
+
+def draft_config(target: TargetModel, intermediate: int | None = None) -> LlamaConfig:
+    """The config of a new one-layer draft sized for ``target`` (width, heads, vocabulary), as trainers start one."""
+    cfg = target.config
+    return LlamaConfig(
+        hidden_size=cfg.hidden_size,
+        intermediate_size=intermediate or cfg.intermediate_size,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads,
+        num_hidden_layers=1,
+        vocab_size=cfg.vocab_size,
+        max_position_embeddings=cfg.max_position_embeddings,
+        rms_norm_eps=cfg.rms_norm_eps,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
 
 
 def llama_config(config: dict[str, Any], file: Path) -> LlamaConfig:
