@@ -437,7 +437,7 @@ def test_generate_cli_prints_verified_text(demo_checkpoints):
 @pytest.mark.slow
 def test_benchmark_smoke_on_loopback(tmp_path):
     """The benchmark end to end on the committed zoo (loopback path, 2 prompts x 16 tokens, 5G, an outage)."""
-    from specdec_kit.bench.client_server import main as bench_main
+    from specdec_kit.bench.client_server_cli import main as bench_main
 
     assert bench_main(["--smoke", "--network", "loopback", "--methods", "plain,moa", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "client_server.json").read_text())
