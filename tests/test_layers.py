@@ -14,9 +14,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import tomllib
+from package_layout import installed_sources
 
-REPO = Path(__file__).resolve().parents[1]
 LAYERS = (
     {"specdec_kit", "specdec_kit.data"},
     {"specdec_kit.runtime"},
@@ -28,15 +27,12 @@ EXCLUDED = ("specdec_kit.export.plugins",)
 
 
 def modules() -> dict[str, Path]:
-    """Every module of the package, by dotted name, from pyproject.toml's package-dir mapping."""
-    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    """Every module of the package (the engine plugins left out), by dotted name, with its file."""
     found = {}
-    for package, folder in config["package-dir"].items():
-        for path in (REPO / folder).rglob("*.py"):
-            parts = path.relative_to(REPO / folder).with_suffix("").parts
-            name = ".".join((package, *parts)).removesuffix(".__init__")
-            if not name.startswith(EXCLUDED) and (package != "specdec_kit" or len(parts) == 1 or parts[0] == "data"):
-                found.setdefault(name, path)
+    for installed, source in installed_sources().items():
+        name = ".".join(installed.with_suffix("").parts).removesuffix(".__init__")
+        if not name.startswith(EXCLUDED):
+            found[name] = source
     return found
 
 
@@ -59,9 +55,9 @@ def imports(path: Path, known: set[str]) -> set[str]:
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # ``from package import module`` imports that module; any other name comes from ``node.module`` itself
             names = {f"{node.module}.{a.name}" for a in node.names}
-            found |= {n for n in names if n in known} or {node.module}
-            found |= {node.module} if any(n not in known for n in names) else set()
+            found |= {n if n in known else node.module for n in names}
     return {n for n in found if n in known}
 
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import tomllib
+from package_layout import installed_sources
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -32,14 +33,11 @@ def test_ruff_format() -> None:
 
 
 def package_tree(root: Path) -> Path:
-    """The package laid out as it installs (pyproject.toml's package-dir), as links to the checkout's files."""
-    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
-    for package, folder in sorted(config["package-dir"].items(), key=lambda item: item[0].count(".")):
-        for source in (REPO / folder).rglob("*.py"):
-            link = root.joinpath(*package.split("."), source.relative_to(REPO / folder))
-            if not link.exists():
-                link.parent.mkdir(parents=True, exist_ok=True)
-                link.symlink_to(source)
+    """The package laid out as it installs, as links to the checkout's files."""
+    for installed, source in installed_sources().items():
+        link = root / installed
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(source)
     return root
 
 
