@@ -28,10 +28,7 @@ from specdec_kit.export.engine_rules import check_engine_rules
 from specdec_kit.export.inputs import BuildError, BuildInputs, hash_tree
 from specdec_kit.export.trtllm_pytorch import check_legacy_release
 from specdec_kit.runtime.device import DTYPES
-from specdec_kit.runtime.drafts.eagle3 import Eagle3Draft
-from specdec_kit.runtime.drafts.loading import save_draft
-from specdec_kit.runtime.drafts.medusa import MedusaHeads
-from specdec_kit.runtime.drafts.moa import MoADraft
+from specdec_kit.runtime.drafts.checkpoint import save_draft
 from specdec_kit.runtime.loader import load_draft_for, load_tokenizer
 from specdec_kit.runtime.manifest import (
     MANIFEST_NAME,
@@ -75,36 +72,8 @@ def target_spec(target: TargetModel) -> dict[str, Any]:
 
 
 def draft_spec(kind: str, module) -> dict[str, Any]:
-    if isinstance(module, MedusaHeads):
-        return {
-            "kind": kind,
-            "medusa_num_heads": module.num_heads,
-            "medusa_num_layers": module.num_layers,
-            "hidden_size": module.hidden_size,
-            "vocab_size": module.vocab_size,
-        }
-    layers, heads, dim = module.attention_shape
-    cfg = module.config
-    extra = (
-        {"moa_tli": module.tli, "target_num_layers": module.target_num_layers} if isinstance(module, MoADraft) else {}
-    )
-    if isinstance(module, Eagle3Draft):
-        extra = {
-            "draft_vocab_size": module.draft_vocab_size,
-            "feature_layers": list(module.feature_layers),
-            "target_hidden_size": module.target_hidden_size,
-        }
-    return {
-        **extra,
-        "kind": kind,
-        "num_hidden_layers": layers,
-        "num_key_value_heads": heads,
-        "head_dim": dim,
-        "num_attention_heads": cfg.num_attention_heads,
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "vocab_size": cfg.vocab_size,
-    }
+    """The manifest's ``draft`` section: the kind and its family's fields for the module."""
+    return {**draft_kind(kind).family.manifest_spec(module), "kind": kind}
 
 
 def check_parallel(inputs: BuildInputs) -> None:

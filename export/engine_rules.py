@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from specdec_kit.export.inputs import BuildError
-from specdec_kit.runtime.registry import draft_kind, draft_kinds
+from specdec_kit.runtime.registry import draft_kind, draft_kinds, kinds_for_engine
 
 CHART_RULES = Path("helm/files/engine-rules.yaml")
 ALWAYS, WITH_PIPELINE, CURRENT_RELEASE = "always", "pipeline", "current-release"
@@ -64,9 +64,6 @@ class EngineRule:
         return {ALWAYS: True, WITH_PIPELINE: pp > 1, CURRENT_RELEASE: legacy_release is None}[self.when]
 
 
-FEATURE_KINDS = ("griffin", "eagle", "eagle2", "hass", "eagle3")
-
-
 def engine_rules() -> list[EngineRule]:
     """The registry's per-kind refusals (always) and the parallel layouts the engines refuse."""
     rules = [
@@ -74,10 +71,11 @@ def engine_rules() -> list[EngineRule]:
         for name in draft_kinds()
         for backend, reason in draft_kind(name).refused_backends.items()
     ]
-    rules.append(EngineRule("sglang", FEATURE_KINDS, WITH_PIPELINE, SGLANG_PP_SPEC))
-    rules.append(EngineRule("tensorrt-llm", FEATURE_KINDS, WITH_PIPELINE, TRTLLM_PP_SPEC))
-    rules.append(EngineRule("vllm", FEATURE_KINDS, WITH_PIPELINE, VLLM_PP_SPEC))
-    rules.append(EngineRule("tensorrt-llm", ("medusa",), CURRENT_RELEASE, TRTLLM_MEDUSA_REMOVED))
+    rules.append(EngineRule("sglang", kinds_for_engine("sglang"), WITH_PIPELINE, SGLANG_PP_SPEC))
+    rules.append(EngineRule("tensorrt-llm", kinds_for_engine("tensorrt-llm"), WITH_PIPELINE, TRTLLM_PP_SPEC))
+    rules.append(EngineRule("vllm", kinds_for_engine("vllm"), WITH_PIPELINE, VLLM_PP_SPEC))
+    legacy_only = tuple(k for k in kinds_for_engine("tensorrt-llm-legacy") if k not in kinds_for_engine("tensorrt-llm"))
+    rules.append(EngineRule("tensorrt-llm", legacy_only, CURRENT_RELEASE, TRTLLM_MEDUSA_REMOVED))
     return rules
 
 

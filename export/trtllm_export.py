@@ -259,10 +259,11 @@ def llama_fields(cfg: dict[str, Any], dtype: str, tp: int, pp: int) -> dict[str,
 
 
 def checkpoint_config(
-    kind: str, target_cfg: dict, draft_cfg: dict, settings: dict, dtype: str, tp: int, pp: int
+    medusa: bool, target_cfg: dict, draft_cfg: dict, settings: dict, dtype: str, tp: int, pp: int
 ) -> dict:
+    """The checkpoint's config.json: a Medusa model (``medusa``) or an EAGLE one."""
     config = llama_fields(target_cfg, dtype, tp, pp)
-    if kind == "medusa":
+    if medusa:
         config.update(
             architecture="MedusaForCausalLM",
             num_medusa_heads=draft_cfg["medusa_num_heads"],

@@ -19,19 +19,12 @@ from torch import nn
 
 from specdec_kit.export.inputs import BuildError
 from specdec_kit.export.trtllm_export import write_json
-from specdec_kit.runtime.drafts.loading import draft_config_dict
+from specdec_kit.runtime.registry import EngineForm, draft_kind, kinds_for_engine
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
 
 PLUGIN_DIR = Path(__file__).resolve().parent / "plugins" / "trtllm"
 DRAFTER_PACKAGE = "specdec_trtllm"
-# The kit's draft architectures the drafter package builds, by kit kind.
-DRAFTER_ARCHITECTURES = {
-    "griffin": "SpecdecGriffinLlama",
-    "eagle": "SpecdecEagleLlama",
-    "eagle2": "SpecdecEagleLlama",
-    "hass": "SpecdecEagleLlama",
-}
-LEGACY_KINDS = ("eagle", "eagle2", "hass", "medusa")
+LEGACY = "tensorrt-llm-legacy"  # the registry's name for the legacy engine route's forms
 # What serving needs to see the engine: iteration statistics (queue depth, KV-cache use, draft and accepted tokens,
 # acceptance length) and trtllm-serve's Prometheus endpoint (/prometheus/metrics), which it mounts only with
 # return_perf_metrics; the chart's probes, autoscaling, endpoint picker and `helm test` read them.
@@ -56,17 +49,19 @@ def check_legacy_release(release: str | None, draft: str, backend: str) -> None:
             f"--trtllm-legacy-engine {release}: {REMOVAL}, so {release} cannot run a legacy engine; "
             "drop the option to write the PyTorch-backend export that release runs"
         )
-    if draft not in LEGACY_KINDS:
+    if draft not in kinds_for_engine(LEGACY):
         raise BuildError(
-            f"--trtllm-legacy-engine {release}: the legacy engine route builds {', '.join(LEGACY_KINDS)}; "
+            f"--trtllm-legacy-engine {release}: the legacy engine route builds {', '.join(kinds_for_engine(LEGACY))}; "
             f"--draft {draft} runs on the PyTorch backend (drop the option)"
         )
 
 
-def speculative_config(tree: StaticTree | DynamicTreeConfig, layers_to_capture: list[int]) -> dict[str, Any]:
+def speculative_config(
+    tree: StaticTree | DynamicTreeConfig, layers_to_capture: list[int], form: EngineForm
+) -> dict[str, Any]:
     """``speculative_config`` for the one-model EAGLE3 worker: a dynamic tree, a chain, or a static tree."""
     spec: dict[str, Any] = {
-        "decoding_type": "Eagle3",
+        "decoding_type": form.method,
         "speculative_model": "trtllm/draft",
         "eagle3_layers_to_capture": sorted(layers_to_capture),
     }
@@ -93,17 +88,22 @@ def speculative_config(tree: StaticTree | DynamicTreeConfig, layers_to_capture: 
 
 
 def write_draft_dir(
-    draft_dir: Path, kind: str, module: nn.Module, dtype_name: str, state_writer: Callable[[Path], None]
+    draft_dir: Path,
+    kind: str,
+    form: EngineForm,
+    module: nn.Module,
+    dtype_name: str,
+    state_writer: Callable[[Path], None],
 ) -> None:
     """The draft as TensorRT-LLM's ``ModelConfig.from_pretrained`` and the drafter read it."""
-    cfg = draft_config_dict(module, kind)
-    if kind != "eagle3":
+    cfg = draft_kind(kind).family.config_dict(module)
+    if not form.official_layout:
         if cfg.get("qkv_bias"):
             raise BuildError(
                 "this draft has q/k/v biases; TensorRT-LLM's LlamaAttention (which the kit's drafter "
                 "uses) ties them to an o_proj bias the draft lacks (attention_bias)"
             )
-        cfg.update(architectures=[DRAFTER_ARCHITECTURES[kind]], draft_vocab_size=cfg["vocab_size"])
+        cfg.update(architectures=[form.architecture], draft_vocab_size=cfg["vocab_size"])
     cfg["torch_dtype"] = dtype_name
     write_json(draft_dir / "config.json", cfg)
     state_writer(draft_dir / "model.safetensors")
@@ -121,13 +121,17 @@ def pytorch_route(
     state_writer: Callable[[Path], None],
 ) -> dict[str, Any]:
     """Draft directory, drafter package (kit kinds) and the serve command; returns what ``build_trtllm`` records."""
-    write_draft_dir(staging / "trtllm" / "draft", kind, module, dtype_name, state_writer)
-    spec = speculative_config(tree, layers_to_capture)
+    try:
+        form = draft_kind(kind).engine_form("tensorrt-llm")
+    except ValueError as exc:
+        raise BuildError(str(exc)) from None
+    write_draft_dir(staging / "trtllm" / "draft", kind, form, module, dtype_name, state_writer)
+    spec = speculative_config(tree, layers_to_capture, form)
     # trtllm-serve names the model after its directory: specdec-serve points SPECDEC_MODEL_DIR at a link named as the
     # served model
     serve = ["trtllm-serve", "${SPECDEC_MODEL_DIR:-target}", "--backend", "pytorch", "--config", "trtllm/serve.yaml"]
     artifacts = {"trtllm_draft": "trtllm/draft/model.safetensors"}
-    if kind != "eagle3":
+    if form.plugin:
         shutil.copytree(
             PLUGIN_DIR / DRAFTER_PACKAGE,
             staging / "trtllm" / DRAFTER_PACKAGE,
@@ -148,4 +152,5 @@ def pytorch_route(
         "serve": serve,
         "artifacts": artifacts,
         "notes": notes,
+        "plugin": form.plugin,
     }

@@ -11,7 +11,7 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
-from specdec_kit.runtime.drafts.loading import save_draft
+from specdec_kit.runtime.drafts.checkpoint import save_draft
 from specdec_kit.runtime.synthetic import fitted_medusa, oracle_eagle, oracle_griffin, tiny_hf_model
 from specdec_kit.runtime.target import TargetModel
 

@@ -9,6 +9,7 @@ drafting and the tests look kinds up here: a new kind is one ``register`` call, 
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,13 +27,65 @@ if TYPE_CHECKING:  # the registry imports without torch (kind names for --help);
 # the graphs an ONNX Runtime engine holds for a draft, by role; ``graph(role)`` opens one
 GraphOpener = Callable[[str], "OrtGraph"]
 
+# the fields of a Llama config that every feature draft's config.json carries (when the module's config has them)
+LLAMA_CONFIG_KEYS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "num_hidden_layers",
+    "hidden_act",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "vocab_size",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "tie_word_embeddings",
+    "head_dim",
+    "rope_parameters",
+    "rope_theta",
+    "rope_scaling",
+)
+
+
+@dataclass(frozen=True)
+class Ref:
+    """An object named by its module and attribute, imported when first used: the registry loads without torch
+    (``--help`` lists the kinds at once), and the registry stays below the layers it names (training)."""
+
+    module: str
+    name: str
+
+    def resolve(self) -> Any:
+        return getattr(importlib.import_module(self.module), self.name)
+
+    def __str__(self) -> str:
+        return f"{self.module}:{self.name}"
+
+
+@dataclass(frozen=True)
+class EngineForm:
+    """How one serving engine runs a draft kind: the names it knows the draft by, and what the kit ships for it."""
+
+    method: str  # the engine's speculative method: vLLM's ``method``, SGLang's algorithm, TensorRT-LLM's decoding
+    architecture: str | None = None  # the draft config's ``architectures`` entry (None: the official layout's own)
+    plugin: bool = False  # the engine loads the draft through the kit's plugin or drafter package
+    official_layout: bool = False  # the engine's own class reads the official layout as the kit writes it
+
+
+# The engines a kind may have a form for; "tensorrt-llm-legacy" is TensorRT-LLM's engine route of releases <= 1.2.
+SERVER_ENGINES = ("vllm", "sglang", "tensorrt-llm", "tensorrt-llm-legacy")
+
 
 class DraftFamily(ABC):
     """How each backend runs one family of drafts."""
 
     name: str
     manifest_keys: tuple[str, ...]  # the engine manifest's ``draft`` keys the ONNX Runtime drafter reads
-    weight_files: tuple[str, ...] = ("pytorch_model.bin", "model.safetensors")
+    weight_files: tuple[str, ...] = ("pytorch_model.bin", "model.safetensors")  # the files loading looks for
+    saved_files: tuple[str, str] = ("pytorch_model.bin", "model.safetensors")  # what saving writes: torch, safetensors
+    saved_prefix: str = ""  # a prefix the official layout's keys lack (saving strips it from the module's keys)
     client_drafting: bool = True  # whether a client-server client can draft with it (``client_drafter``)
 
     @abstractmethod
@@ -61,6 +114,14 @@ class DraftFamily(ABC):
     def check_tree(self, tree: Tree) -> None:
         """Refuse a tree this family cannot draft (with the reason)."""
 
+    @abstractmethod
+    def config_dict(self, module: nn.Module, base_model: str = "") -> dict[str, Any]:
+        """The config.json of the family's official layout for ``module``."""
+
+    @abstractmethod
+    def manifest_spec(self, module: nn.Module) -> dict[str, Any]:
+        """The engine manifest's ``draft`` fields for ``module`` (those ``manifest_keys`` name among them)."""
+
     def feature_layers(self, module: nn.Module) -> tuple[int, ...] | None:
         """The target layers whose entering hidden states the draft reads; None: the last layer's features."""
         return None
@@ -71,11 +132,45 @@ class DraftFamily(ABC):
         return target if layers is None else target.tapped(layers)
 
 
+def llama_fields(module: nn.Module) -> dict[str, Any]:
+    """The Llama fields of a draft module's config, as the official layouts write them."""
+    cfg = module.config.to_dict()
+    out = {k: cfg[k] for k in LLAMA_CONFIG_KEYS if k in cfg and cfg[k] is not None}
+    return {**out, "architectures": ["LlamaForCausalLM"], "model_type": "llama"}
+
+
+def attention_spec(module: nn.Module) -> dict[str, Any]:
+    """The manifest fields of a draft with its own decoder layers (the shape of its KV cache and of its layers)."""
+    layers, heads, dim = module.attention_shape
+    cfg = module.config
+    return {
+        "num_hidden_layers": layers,
+        "num_key_value_heads": heads,
+        "head_dim": dim,
+        "num_attention_heads": cfg.num_attention_heads,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "vocab_size": cfg.vocab_size,
+    }
+
+
 class FeatureFamily(DraftFamily):
     """EAGLE-1/2, HASS, GRIFFIN: a draft over the target's last-layer features, ending in the target's LM head."""
 
     name = "feature"
     manifest_keys = ("num_hidden_layers", "num_key_value_heads", "head_dim", "hidden_size", "vocab_size")
+
+    def config_dict(self, module, base_model=""):
+        """EAGLE's config: the Llama fields, the q/k/v and fc biases, a reduced draft vocabulary's size."""
+        out = llama_fields(module) | {"qkv_bias": module.layers[0].self_attn.q_proj.bias is not None}
+        if hasattr(module.fc, "bias"):  # EAGLE's fc is a linear layer; GRIFFIN's TGF always has its biases
+            out["bias"] = module.fc.bias is not None
+        if module.draft_vocab_size < module.config.vocab_size:
+            out["draft_vocab_size"] = module.draft_vocab_size
+        return out
+
+    def manifest_spec(self, module):
+        return attention_spec(module)
 
     def head(self, module: nn.Module, target: TargetModel) -> nn.Module:
         """What turns the draft's prediction feature into logits over the target's vocabulary: the target's LM head,
@@ -131,6 +226,24 @@ class Eagle3Family(FeatureFamily):
     def feature_layers(self, module):
         return module.feature_layers
 
+    def config_dict(self, module, base_model=""):
+        """The reference's fields, and the layer ids as vLLM and SpecForge write them."""
+        out = llama_fields(module) | {"draft_vocab_size": module.draft_vocab_size}
+        if module.target_hidden_size != module.hidden_size:
+            out["target_hidden_size"] = module.target_hidden_size
+        out["eagle_config"] = {
+            "eagle_aux_hidden_state_layer_ids": list(module.feature_layers),
+            "use_aux_hidden_state": True,
+        }
+        return out
+
+    def manifest_spec(self, module):
+        return attention_spec(module) | {
+            "draft_vocab_size": module.draft_vocab_size,
+            "feature_layers": list(module.feature_layers),
+            "target_hidden_size": module.target_hidden_size,
+        }
+
     def head(self, module, target):
         from specdec_kit.runtime.drafts.eagle3 import DraftVocabHead
 
@@ -156,12 +269,33 @@ class MedusaFamily(DraftFamily):
     manifest_keys = ("medusa_num_heads", "vocab_size")
     client_drafting = False
     weight_files = ("medusa_lm_head.pt", "medusa_lm_head.safetensors", "model.safetensors", "pytorch_model.bin")
+    saved_files = ("medusa_lm_head.pt", "medusa_lm_head.safetensors")  # the legacy layout
+    saved_prefix = "medusa_head."
 
     def check_tree(self, tree):
         from specdec_kit.runtime.trees import StaticTree
 
         if not isinstance(tree, StaticTree):
             raise ValueError("Medusa heads draft static trees only (e.g. static:mc_sim_7b_63)")
+
+    def config_dict(self, module, base_model=""):
+        """Medusa's config (version 2 of the reference's)."""
+        return {
+            "medusa_num_heads": module.num_heads,
+            "medusa_num_layers": module.num_layers,
+            "base_model_name_or_path": base_model,
+            "hidden_size": module.hidden_size,
+            "vocab_size": module.vocab_size,
+            "version": "2",
+        }
+
+    def manifest_spec(self, module):
+        return {
+            "medusa_num_heads": module.num_heads,
+            "medusa_num_layers": module.num_layers,
+            "hidden_size": module.hidden_size,
+            "vocab_size": module.vocab_size,
+        }
 
     def torch_drafter(self, module, target, tree):
         from specdec_kit.runtime.drafting import MedusaDrafter
@@ -188,6 +322,18 @@ class MoAFamily(DraftFamily):
 
     name = "moa"
     manifest_keys = ("moa_tli", "num_key_value_heads", "head_dim", "hidden_size", "vocab_size")
+
+    def config_dict(self, module, base_model=""):
+        return llama_fields(module) | {
+            "moa_tli": module.tli,
+            "moa_lsa_heads": module.lsa.heads,
+            "target_num_layers": module.target_num_layers,
+            "target_kv_dim": module.target_kv_dim,
+            "architectures": ["MoADraft"],
+        }
+
+    def manifest_spec(self, module):
+        return attention_spec(module) | {"moa_tli": module.tli, "target_num_layers": module.target_num_layers}
 
     def torch_drafter(self, module, target, tree):
         from specdec_kit.runtime.moa_drafting import MoATreeDrafter, TorchMoAStep
@@ -241,10 +387,12 @@ class DraftKind:
 
     name: str
     family: DraftFamily
-    builder: str  # the name of its module builder in runtime/drafts/loading.py (config, file, target shape -> module)
+    builder: Ref  # its module builder: (config, file, target hidden, target vocab, target shape) -> module
     description: str
     default_tree: str = "dynamic"
     refused_backends: dict[str, str] = field(default_factory=dict)  # backend -> why it cannot run this kind
+    engines: dict[str, EngineForm] = field(default_factory=dict)  # server engine -> how it runs this kind
+    trainer: Ref | None = None  # the ``Trainer`` that trains heads of this kind (None: trained as another kind)
     zoo_folder: str = ""  # its head in the demo zoo (default: the kind's name)
     zoo_variants: tuple[str, ...] = ()  # further zoo heads of this kind (folders), e.g. other settings of it
 
@@ -256,9 +404,7 @@ class DraftKind:
         target_vocab: int,
         target_shape: tuple[int, int] | None = None,
     ) -> nn.Module:
-        from specdec_kit.runtime.drafts import loading
-
-        return getattr(loading, self.builder)(config, file, target_hidden, target_vocab, target_shape)
+        return self.builder.resolve()(config, file, target_hidden, target_vocab, target_shape)
 
     def refusal(self, backend: str) -> str | None:
         """Why ``backend`` cannot run this kind, or None when it can."""
@@ -269,6 +415,15 @@ class DraftKind:
 
         runs_on = [b for b in BACKENDS if b not in self.refused_backends]
         return f"--draft {self.name} builds for --backend {' or '.join(runs_on)}. {reason}"
+
+    def engine_form(self, engine: str) -> EngineForm:
+        """How ``engine`` runs this kind; a ValueError naming the engines that do when it has no form for it."""
+        form = self.engines.get(engine)
+        if form is None:
+            raise ValueError(
+                f"--draft {self.name} has no {engine} form in the kit (it has: {', '.join(self.engines) or 'none'})"
+            )
+        return form
 
 
 _KINDS: dict[str, DraftKind] = {}
@@ -309,45 +464,115 @@ def drafter_for(kind: str, module: nn.Module, target: TargetModel, tree: Tree) -
     return draft_kind(kind).family.torch_drafter(module, target, tree)
 
 
+def kinds_for_engine(engine: str) -> tuple[str, ...]:
+    """The kinds ``engine`` has a form for (``SERVER_ENGINES``)."""
+    return tuple(name for name, kind in _KINDS.items() if engine in kind.engines)
+
+
+def trainable_kinds() -> tuple[str, ...]:
+    """The kinds the kit trains (``specdec-train-head --method``)."""
+    return tuple(name for name, kind in _KINDS.items() if kind.trainer is not None)
+
+
+def _loader(name: str) -> Ref:
+    return Ref("specdec_kit.runtime.drafts.loading", name)
+
+
+def _trainer(module: str) -> Ref:
+    return Ref(f"specdec_kit.train.{module}", "TRAINER")
+
+
+# How the server engines run the EAGLE-style layout (EAGLE-1/2, HASS): vLLM and TensorRT-LLM through the kit's
+# plugin classes (vLLM's own EAGLE class drops fc.bias), SGLang through its own class with the weight map checked.
+EAGLE_ENGINES = {
+    "vllm": EngineForm("eagle", "EagleSpecdecLlamaForCausalLM", plugin=True),
+    "sglang": EngineForm("EAGLE", "LlamaForCausalLMEagle"),
+    "tensorrt-llm": EngineForm("Eagle3", "SpecdecEagleLlama", plugin=True),
+    "tensorrt-llm-legacy": EngineForm("Eagle", "EagleForCausalLM"),
+}
+
+
 def _register_builtin() -> None:
     feature, eagle3, medusa, moa = FeatureFamily(), Eagle3Family(), MedusaFamily(), MoAFamily()
-    register(DraftKind("griffin", feature, "build_griffin", "GRIFFIN: TGF + TEH draft, token-alignable training"))
+    register(
+        DraftKind(
+            "griffin",
+            feature,
+            _loader("build_griffin"),
+            "GRIFFIN: TGF + TEH draft, token-alignable training",
+            engines={
+                "vllm": EngineForm("eagle", "EagleSpecdecGriffinForCausalLM", plugin=True),
+                "sglang": EngineForm("EAGLE", "GriffinLlamaForCausalLM", plugin=True),
+                "tensorrt-llm": EngineForm("Eagle3", "SpecdecGriffinLlama", plugin=True),
+            },
+            trainer=_trainer("heads"),
+        )
+    )
     register(
         DraftKind(
             "eagle",
             feature,
-            "build_eagle",
+            _loader("build_eagle"),
             "EAGLE-1: feature draft on a static tree",
             default_tree="static:eagle1_default",
+            engines=EAGLE_ENGINES,
+            trainer=_trainer("heads"),
         )
     )
-    register(DraftKind("eagle2", feature, "build_eagle", "EAGLE-2: EAGLE weights on dynamic trees", zoo_folder="eagle"))
-    register(DraftKind("hass", feature, "build_eagle", "HASS: EAGLE layout, harmonized training, dynamic trees"))
+    register(
+        DraftKind(
+            "eagle2",
+            feature,
+            _loader("build_eagle"),
+            "EAGLE-2: EAGLE weights on dynamic trees",
+            engines=EAGLE_ENGINES,
+            zoo_folder="eagle",
+        )
+    )
+    register(
+        DraftKind(
+            "hass",
+            feature,
+            _loader("build_eagle"),
+            "HASS: EAGLE layout, harmonized training, dynamic trees",
+            engines=EAGLE_ENGINES,
+            trainer=_trainer("heads"),
+        )
+    )
     register(
         DraftKind(
             "eagle3",
             eagle3,
-            "build_eagle3",
+            _loader("build_eagle3"),
             "EAGLE-3: three target layers fused, own reduced-vocabulary head, training-time test",
+            engines={  # every engine's own EAGLE-3 class reads the official layout
+                "vllm": EngineForm("eagle3", "Eagle3LlamaForCausalLM", official_layout=True),
+                "sglang": EngineForm("EAGLE3", "LlamaForCausalLMEagle3", official_layout=True),
+                "tensorrt-llm": EngineForm("Eagle3", official_layout=True),
+            },
+            trainer=_trainer("eagle3"),
         )
     )
     register(
         DraftKind(
             "medusa",
             medusa,
-            "build_medusa",
+            _loader("build_medusa"),
             "Medusa heads on a static tree",
             default_tree="static:mc_sim_7b_63",
             refused_backends={"vllm": MEDUSA_VLLM, "sglang": MEDUSA_SGLANG},
+            engines={"tensorrt-llm-legacy": EngineForm("Medusa", "MedusaForCausalLM")},
+            trainer=_trainer("heads"),
         )
     )
     register(
         DraftKind(
             "moa",
             moa,
-            "build_moa",
+            _loader("build_moa"),
             "Mixture of Attentions (LSA, SA + CA, TLI)",
             refused_backends={"tensorrt-llm": MOA_SERVER_ENGINES, "sglang": MOA_SERVER_ENGINES, "vllm": MOA_VLLM},
+            trainer=_trainer("moa"),
             zoo_variants=("moa_tli0",),
         )
     )

@@ -10,7 +10,7 @@ from conftest import hf_greedy
 from specdec_kit.runtime import registry
 from specdec_kit.runtime.contract import FeatureStep, LayerCache, MedusaStep, TargetStep, TokenStep
 from specdec_kit.runtime.drafting import FeatureTreeDrafter, MedusaDrafter, NoDrafter, TorchFeatureStep
-from specdec_kit.runtime.drafts.loading import save_draft
+from specdec_kit.runtime.drafts.checkpoint import save_draft
 from specdec_kit.runtime.generate import SpeculativeGenerator
 from specdec_kit.runtime.graphs import GraphCache
 from specdec_kit.runtime.kv_cache import KVCache
@@ -135,11 +135,12 @@ def test_one_registration_makes_a_new_kind_load_and_decode(tmp_path, monkeypatch
     """A new kind is one ``register`` call: the loader, the tree defaults and the drafter all follow it."""
     target = tiny_target(hidden_size=32, layers=2, heads=2, kv_heads=1, intermediate=64, vocab=40, seed=5)
     monkeypatch.setattr(registry, "_KINDS", dict(registry._KINDS))
+    build_eagle = registry.Ref("specdec_kit.runtime.drafts.loading", "build_eagle")
     registry.register(
         registry.DraftKind(
             "eagle-chain",
             registry.FeatureFamily(),
-            "build_eagle",
+            build_eagle,
             "EAGLE weights on a chain",
             default_tree="static:chain-3",
         )
@@ -155,7 +156,7 @@ def test_one_registration_makes_a_new_kind_load_and_decode(tmp_path, monkeypatch
     assert result.tokens == hf_greedy(target.hf_model, prompt, 24)
     assert result.stats.acceptance_length > 2.0  # the oracle head is accepted: the kind's drafter really drafts
     with pytest.raises(ValueError, match="already registered"):
-        registry.register(registry.DraftKind("eagle-chain", registry.FeatureFamily(), "build_eagle", "again"))
+        registry.register(registry.DraftKind("eagle-chain", registry.FeatureFamily(), build_eagle, "again"))
 
 
 def test_trees_are_set_through_the_declared_method():

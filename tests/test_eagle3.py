@@ -22,9 +22,9 @@ from torch import nn
 from specdec_kit.export.builder import build_engine
 from specdec_kit.export.inputs import BuildError, BuildInputs
 from specdec_kit.runtime.demo import write_demo
-from specdec_kit.runtime.drafts.checkpoint import load_draft
+from specdec_kit.runtime.drafts.checkpoint import load_draft, save_draft
 from specdec_kit.runtime.drafts.eagle3 import DraftVocabHead, default_feature_layers
-from specdec_kit.runtime.drafts.loading import DraftLoadError, save_draft
+from specdec_kit.runtime.drafts.loading import DraftLoadError
 from specdec_kit.runtime.synthetic import random_eagle3, tiny_target
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig, tree_to_dict

@@ -24,7 +24,7 @@ from specdec_kit.edge.drafting import make_edge_drafter
 from specdec_kit.edge.link import PROFILES, LinkEmulator
 from specdec_kit.edge.netns import NetnsLink
 from specdec_kit.edge.server import EdgeServer, EdgeVerifier, load_sources
-from specdec_kit.runtime.drafts.loading import save_draft
+from specdec_kit.runtime.drafts.checkpoint import save_draft
 from specdec_kit.runtime.generate import SpeculativeGenerator
 from specdec_kit.runtime.loader import make_drafter
 from specdec_kit.runtime.sampling import SamplingParams

@@ -10,8 +10,8 @@ import torch
 from conftest import NEW_TOKENS
 
 from specdec_kit.runtime.choices import EAGLE1_DEFAULT
-from specdec_kit.runtime.drafts.checkpoint import load_draft
-from specdec_kit.runtime.drafts.loading import DraftLoadError, save_draft
+from specdec_kit.runtime.drafts.checkpoint import load_draft, save_draft
+from specdec_kit.runtime.drafts.loading import DraftLoadError
 from specdec_kit.runtime.generate import SpeculativeGenerator
 from specdec_kit.runtime.loader import make_drafter
 from specdec_kit.runtime.moa_drafting import MoATreeDrafter, TorchMoAStep

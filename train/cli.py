@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specdec_kit.train.methods import METHODS
+from specdec_kit.train.methods import methods
 
 if TYPE_CHECKING:  # heavy modules load in the functions that use them: --help answers before torch loads
     from specdec_kit.train.corpus import Document
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--method",
         required=True,
-        choices=[*METHODS, "eagle3", "moa"],
+        choices=methods(),
         help="moa: Mixture of Attentions (LSA, SA, CA, TLI; see --tli)",
     )
     p.add_argument("--tli", type=int, default=0, help="moa: how many of the target's last layers finish a draft")
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     from specdec_kit.runtime.target import TargetLoadError, TargetModel
     from specdec_kit.train.corpus import load_corpus
     from specdec_kit.train.data import blocks, token_stream
-    from specdec_kit.train.heads import HeadSpec, train_head
+    from specdec_kit.train.methods import trainer_for
 
     set_threads()
     try:
@@ -104,31 +104,11 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer = load_tokenizer(args.target)
         docs = read_documents(args.data) if args.data else load_corpus().train
         overrides = dict(steps=args.steps, batch=args.batch, seq_len=args.seq_len, lr=args.lr, seed=args.seed)
-        if args.passes:
-            overrides["passes"] = args.passes
-        if args.method == "moa":
-            from specdec_kit.train.moa import MoASpec, train_moa
-
-            if args.cache_features:
-                raise ValueError("--cache-features: the moa trainer reads every layer's K/V, which it streams")
-            spec = MoASpec(tli=args.tli, **overrides)
-        elif args.method == "eagle3":
-            from specdec_kit.train.eagle3 import Eagle3Spec
-
-            if args.cache_features:
-                raise ValueError(
-                    "--cache-features: eagle3 reads three target layers and the target's logits, which "
-                    "it streams (the cache holds the last layer only)"
-                )
-            overrides.pop("passes", None)
-            spec = Eagle3Spec(
-                draft_vocab=args.draft_vocab,
-                ttt_length=args.ttt_length,
-                feature_layers=args.feature_layers,
-                **overrides,
-            )
-        else:
-            spec = HeadSpec.defaults(args.method, draft_vocab=args.draft_vocab, **overrides)
+        trainer = trainer_for(args.method)
+        if args.cache_features and trainer.cached_features:
+            raise ValueError(f"--cache-features: {trainer.cached_features}")
+        options = {name: getattr(args, name) for name in trainer.options if getattr(args, name) is not None}
+        spec = trainer.make_spec(args.method, **overrides, **options)
         need = spec.steps * spec.batch * spec.seq_len
         data = blocks(token_stream(tokenizer, docs, max_tokens=need + spec.seq_len), spec.seq_len, spec.seed)
         if data.shape[0] == 0:
@@ -138,14 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 
             write_cache(target, data, args.cache_features)
             data = CachedFeatures(args.cache_features, target)
-        if args.method == "moa":
-            result = train_moa(target, data, spec, args.out)
-        elif args.method == "eagle3":
-            from specdec_kit.train.eagle3 import train_eagle3
-
-            result = train_eagle3(target, data, spec, args.out, base_model=str(args.target))
-        else:
-            result = train_head(target, data, spec, args.out, base_model=str(args.target))
+        result = trainer.train(target, data, spec, args.out, base_model=str(args.target))
     except (TargetLoadError, ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -25,11 +25,13 @@ from tqdm import tqdm
 
 from specdec_kit.runtime.attention import apply_rope
 from specdec_kit.runtime.device import resolve_device
+from specdec_kit.runtime.drafts.checkpoint import save_draft
 from specdec_kit.runtime.drafts.eagle3 import Eagle3Draft, default_feature_layers
-from specdec_kit.runtime.drafts.loading import draft_config, save_draft
+from specdec_kit.runtime.drafts.loading import draft_config
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.train.distilled import BatchMasks, DistilledData
 from specdec_kit.train.heldout import HeldOutTracker
+from specdec_kit.train.methods import Trainer
 from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state, saved_extra
 
 
@@ -289,3 +291,18 @@ def train_eagle3(
         "last": history[-1] if history else None,
         **(tracker.summary() if tracker else {}),
     }
+
+
+def eagle3_spec(method: str = "eagle3", **settings) -> Eagle3Spec:
+    """EAGLE-3's settings (it has one method)."""
+    return Eagle3Spec(**settings)
+
+
+TRAINER = Trainer(
+    make_spec=eagle3_spec,
+    train=train_eagle3,
+    options=("draft_vocab", "ttt_length", "feature_layers"),
+    cached_features="eagle3 reads three target layers and the target's logits, which it streams (the cache holds "
+    "the last layer only)",
+    distilled_layers=lambda spec, num_layers: list(spec.feature_layers or default_feature_layers(num_layers)),
+)

@@ -20,9 +20,10 @@ import torch
 from tqdm import tqdm
 
 from specdec_kit.runtime.device import resolve_device, resolve_dtype
+from specdec_kit.runtime.drafts.checkpoint import save_draft
 from specdec_kit.runtime.drafts.eagle import EagleDraft
 from specdec_kit.runtime.drafts.griffin import GriffinDraft
-from specdec_kit.runtime.drafts.loading import draft_config, save_draft
+from specdec_kit.runtime.drafts.loading import draft_config
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.train.distilled import BatchMasks, DistilledData
@@ -30,7 +31,7 @@ from specdec_kit.train.draft_forward import PassRunner, next_pass_features
 from specdec_kit.train.features import StreamedFeatures
 from specdec_kit.train.heldout import HeldOutTracker, feature_draft_acceptance
 from specdec_kit.train.losses import LossWeights, medusa_loss, next_alignment_mask, pass_loss
-from specdec_kit.train.methods import METHODS  # noqa: F401  (the trainers this module implements)
+from specdec_kit.train.methods import Trainer, trainer_for
 from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state, saved_extra
 
 
@@ -54,7 +55,7 @@ class HeadSpec(Schedule):
             "medusa": dict(passes=1),
         }
         if method not in base:
-            raise ValueError(f"unknown method {method!r}; expected one of {list(METHODS)}")
+            raise ValueError(f"unknown method {method!r}; this trainer trains {list(base)}")
         if method == "medusa" and overrides.get("draft_vocab"):
             raise ValueError(
                 "medusa heads predict over the target's whole vocabulary; a draft vocabulary applies to "
@@ -282,28 +283,19 @@ def build_heads(out: Path, recipe: dict, tokenizer, corpus, log: dict, force: bo
         folder = out / method
         if (folder / "config.json").is_file() and not force:
             continue
-        if method.startswith("moa"):  # Mixture of Attentions: its own trainer (train/moa.py)
-            from specdec_kit.train.moa import MoASpec
-
-            spec = MoASpec(**overrides)
-        elif method == "eagle3":  # EAGLE-3: its own trainer (train/eagle3.py)
-            from specdec_kit.train.eagle3 import Eagle3Spec
-
-            spec = Eagle3Spec(**overrides)
-        else:
-            spec = HeadSpec.defaults(method, **overrides)
+        trainer = trainer_for(method)
+        spec = trainer.make_spec(method, **overrides)
         need = spec.steps * spec.batch * spec.seq_len
         # a different slice of the corpus than the target saw first, in a different order
         stream = token_stream(tokenizer, corpus.train[::-1], max_tokens=need + spec.seq_len)
         data = blocks(stream, spec.seq_len, spec.seed + 17)
         print(f"{method}: {data.numel() / 1e6:.2f}M training tokens", file=sys.stderr)
-        if method.startswith("moa"):
-            from specdec_kit.train.moa import train_moa
+        log[method] = trainer.train(target, data, spec, folder, base_model="../target", save_dtype=save_dtype)
 
-            log[method] = train_moa(target, data, spec, folder, save_dtype=save_dtype)
-        elif method == "eagle3":
-            from specdec_kit.train.eagle3 import train_eagle3
 
-            log[method] = train_eagle3(target, data, spec, folder, base_model="../target", save_dtype=save_dtype)
-        else:
-            log[method] = train_head(target, data, spec, folder, base_model="../target", save_dtype=save_dtype)
+TRAINER = Trainer(
+    make_spec=HeadSpec.defaults,
+    train=train_head,
+    options=("passes", "draft_vocab"),
+    distilled_layers=lambda spec, num_layers: [num_layers],  # the last layer's output
+)

@@ -23,9 +23,11 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from specdec_kit.runtime.attention import apply_rope
-from specdec_kit.runtime.drafts.loading import draft_config, save_draft
+from specdec_kit.runtime.drafts.checkpoint import save_draft
+from specdec_kit.runtime.drafts.loading import draft_config
 from specdec_kit.runtime.drafts.moa import MoADraft
 from specdec_kit.runtime.target import TargetModel
+from specdec_kit.train.methods import Trainer
 from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state
 
 
@@ -145,6 +147,7 @@ def train_moa(
     data: torch.Tensor,
     spec: MoASpec,
     out_dir: Path,
+    base_model: str = "",
     progress: bool = True,
     save_dtype: torch.dtype | None = None,
 ) -> dict:
@@ -181,6 +184,19 @@ def train_moa(
         bar.set_postfix(kl=f"{kl:.3f}", l1=f"{l1:.3f}", top1=f"{top1:.2f}")
         if (step + 1) % 100 == 0 or step + 1 == spec.steps:
             save_state(draft, opt, step + 1, history, state_path)
-    save_draft(draft.to(save_dtype or torch.float32), out_dir, "moa", safetensors=True)
+    save_draft(draft.to(save_dtype or torch.float32), out_dir, "moa", safetensors=True, base_model=base_model)
     (out_dir / "training_spec.json").write_text(json.dumps(asdict(spec), indent=2))
     return {"steps": spec.steps, "minutes": round((time.time() - t0) / 60, 2), "last": history[-1] if history else None}
+
+
+def moa_spec(method: str = "moa", **settings) -> MoASpec:
+    """Mixture of Attentions' settings (``moa`` and its zoo variants, e.g. ``moa_tli0``, differ in ``tli``)."""
+    return MoASpec(**settings)
+
+
+TRAINER = Trainer(
+    make_spec=moa_spec,
+    train=train_moa,
+    options=("tli",),
+    cached_features="the moa trainer reads every layer's K/V, which it streams",
+)

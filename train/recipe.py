@@ -149,19 +149,13 @@ def run_head(
     save_dtype = resolve_dtype(recipe.get("save_dtype", "float16"), torch.device("cpu"))
     shared = bool(recipe.get("embedding_from_target", True))
     base = recipe["target"]
-    if method == "eagle3":
-        from specdec_kit.runtime.drafts.eagle3 import default_feature_layers
-        from specdec_kit.train.eagle3 import Eagle3Spec
-        from specdec_kit.train.eagle3 import train_eagle3 as train
+    from specdec_kit.train.methods import trainer_for
 
-        spec = Eagle3Spec(**settings)
-        layers = list(spec.feature_layers or default_feature_layers(target.num_layers))
-    else:
-        from specdec_kit.train.heads import HeadSpec
-        from specdec_kit.train.heads import train_head as train
-
-        spec = HeadSpec.defaults(method, **settings)
-        layers = [target.num_layers]
+    trainer = trainer_for(method)
+    if trainer.distilled_layers is None:
+        raise ValueError(f"{name}: the {method} trainer streams its own target passes; it does not read distilled data")
+    spec = trainer.make_spec(method, **settings)
+    layers = trainer.distilled_layers(spec, target.num_layers)
     heldout, for_training = None, None
     if spec.eval_every:  # a fixed bucket of prompts is held out from training and measured every eval_every steps
         from specdec_kit.train.heldout import split
@@ -185,7 +179,7 @@ def run_head(
         (folder / "training_state.pt").unlink(missing_ok=True)  # the trainer would otherwise resume from it
     start = f"from step {done}, " if done and not force else ""
     print(f"{name}: {len(source)} batches of distilled data, {start}{spec.steps} steps", file=sys.stderr)
-    return train(
+    return trainer.train(
         target,
         source,
         spec,

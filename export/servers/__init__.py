@@ -17,11 +17,13 @@ from specdec_kit.export.inputs import BuildError, BuildInputs
 from specdec_kit.export.servers.sglang import build_sglang
 from specdec_kit.export.servers.trtllm import build_trtllm
 from specdec_kit.export.servers.vllm import build_vllm
+from specdec_kit.runtime.registry import draft_kind
 from specdec_kit.runtime.target import TargetModel
 
 
 def build_server_export(staging: Path, inputs: BuildInputs, target: TargetModel, module, tree, step) -> dict[str, Any]:
-    if inputs.draft != "eagle3" and getattr(module, "d2t", None) is not None:
+    form = draft_kind(inputs.draft).engines.get(inputs.backend)
+    if form is not None and not form.official_layout and getattr(module, "d2t", None) is not None:
         raise BuildError(
             f"{inputs.draft_path}: this {inputs.draft} head proposes a reduced vocabulary "
             f"({module.draft_vocab_size} of {module.config.vocab_size} tokens, draft_vocab_size in its "

@@ -20,24 +20,19 @@ from specdec_kit.export.servers.common import (
     serve_script,
     write_target,
 )
-from specdec_kit.runtime.drafts.loading import draft_config_dict
+from specdec_kit.runtime.registry import draft_kind
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig
 
 SGLANG_PLUGIN = "specdec_griffin_sglang"
 
 
-SGLANG_ARCH = {
-    "griffin": "GriffinLlamaForCausalLM",
-    "eagle": "LlamaForCausalLMEagle",
-    "eagle2": "LlamaForCausalLMEagle",
-    "hass": "LlamaForCausalLMEagle",
-    "eagle3": "LlamaForCausalLMEagle3",
-}
-
-
 def build_sglang(staging: Path, inputs: BuildInputs, target: TargetModel, module, tree, step) -> dict[str, Any]:
     kind = inputs.draft
+    try:
+        form = draft_kind(kind).engine_form("sglang")
+    except ValueError as exc:
+        raise BuildError(str(exc)) from None
     if not isinstance(tree, DynamicTreeConfig):
         raise BuildError(
             "SGLang drafts EAGLE-style dynamic trees only (steps / top-k / draft tokens); use --tree dynamic"
@@ -46,10 +41,10 @@ def build_sglang(staging: Path, inputs: BuildInputs, target: TargetModel, module
     write_target(staging, target)
     state = draft_state(module, target.dtype)
     draft_dir = staging / "sglang" / "draft"
-    cfg = draft_config_dict(module, kind)
-    cfg.update(architectures=[SGLANG_ARCH[kind]], torch_dtype=inputs.dtype)
+    cfg = draft_kind(kind).family.config_dict(module)
+    cfg.update(architectures=[form.architecture], torch_dtype=inputs.dtype)
     weight_map = None
-    if kind == "eagle3":  # SGLang's own class reads the official layout; its layer ids name layer outputs
+    if form.official_layout:  # SGLang's own class reads the official layout; its layer ids name layer outputs
         cfg["eagle_config"] = dict(
             cfg["eagle_config"], eagle_aux_hidden_state_layer_ids=captured_layer_outputs(module, "SGLang")
         )
@@ -60,14 +55,14 @@ def build_sglang(staging: Path, inputs: BuildInputs, target: TargetModel, module
     if weight_map is not None:
         (draft_dir / "weight_map.json").write_text(json.dumps({k: list(v) for k, v in weight_map.items()}, indent=1))
     env = {}
-    if kind == "griffin":
+    if form.plugin:
         shutil.copytree(
             PLUGINS / "sglang" / SGLANG_PLUGIN,
             staging / "sglang" / "plugin" / SGLANG_PLUGIN,
             ignore=shutil.ignore_patterns("__pycache__"),
         )
         env = {"SGLANG_EXTERNAL_MODEL_PACKAGE": SGLANG_PLUGIN, "PYTHONPATH": "sglang/plugin${PYTHONPATH:+:$PYTHONPATH}"}
-    algorithm = "EAGLE3" if kind == "eagle3" else "EAGLE"
+    algorithm = form.method
     command = [
         "python",
         "-m",
@@ -102,7 +97,7 @@ def build_sglang(staging: Path, inputs: BuildInputs, target: TargetModel, module
         "sglang_draft": "sglang/draft/model.safetensors",
         "sglang_serve": "sglang/serve.sh",
     }
-    if kind == "griffin":
+    if form.plugin:
         artifacts["sglang_plugin"] = f"sglang/plugin/{SGLANG_PLUGIN}/griffin_llama.py"
     return {
         "artifacts": artifacts,
@@ -111,12 +106,12 @@ def build_sglang(staging: Path, inputs: BuildInputs, target: TargetModel, module
             "notes": [
                 "SGLang's server needs a CUDA GPU; run sglang/serve.sh there (the kit must be installed "
                 "beside SGLang for the GRIFFIN plugin)"
-                if kind == "griffin"
+                if form.plugin
                 else "SGLang's server needs a CUDA GPU; run sglang/serve.sh there"
             ],
         },
         "sglang": {
-            "architecture": SGLANG_ARCH[kind],
+            "architecture": form.architecture,
             "speculative_algorithm": algorithm,
             "speculative_num_steps": tree.depth + 1,
             "speculative_eagle_topk": tree.top_k,

@@ -22,9 +22,8 @@ from specdec_kit.export.servers.common import (
     target_config,
     write_target,
 )
-from specdec_kit.runtime.drafts.loading import draft_config_dict
+from specdec_kit.runtime.registry import draft_kind
 from specdec_kit.runtime.target import TargetModel
-from specdec_kit.runtime.trees import StaticTree
 
 
 def _trtllm_checkpoint(
@@ -33,34 +32,35 @@ def _trtllm_checkpoint(
     """The legacy engine route (TensorRT-LLM <= 1.2): a ``trtllm-build`` checkpoint and the TensorRT backend."""
     tp, pp = inputs.tp, inputs.pp
     kind = inputs.draft
+    medusa = draft_kind(kind).engine_form(trtllm_pytorch.LEGACY).method == "Medusa"
     tcfg = target_config(target)
     dtype = target.dtype
     hf = {k: v.to(dtype) for k, v in target.hf_model.state_dict().items()}
     draft = draft_state(module, dtype)
-    if kind == "medusa":
+    if medusa:
         dcfg = {"medusa_num_heads": module.num_heads, "medusa_num_layers": module.num_layers}
         if settings["num_eagle_layers"] > module.num_heads:
             raise BuildError(f"tree depth {settings['num_eagle_layers']} exceeds the {module.num_heads} Medusa heads")
     else:
         layers, heads, dim = module.attention_shape
-        dcfg = {**draft_config_dict(module, kind), "num_key_value_heads": heads, "head_dim": dim}
+        dcfg = {**draft_kind(kind).family.config_dict(module), "num_key_value_heads": heads, "head_dim": dim}
         if heads % tp and tp % heads:
             raise BuildError(f"draft num_key_value_heads = {heads} and --tp {tp}: neither divides the other")
     ckpt = staging / "trtllm" / "checkpoint"
-    config = trt.checkpoint_config(kind, tcfg, dcfg, settings, inputs.dtype, tp, pp)
+    config = trt.checkpoint_config(medusa, tcfg, dcfg, settings, inputs.dtype, tp, pp)
     trt.write_json(ckpt / "config.json", config)
     for rank in range(tp * pp):
         step(f"writing TensorRT-LLM shard rank{rank}.safetensors ({rank + 1}/{tp * pp})")
         shard = trt.convert_target(hf, tcfg, tp, pp, rank)
         if rank // tp == pp - 1:  # draft weights live with the last pipeline stage's ranks
-            if kind == "medusa":
+            if medusa:
                 shard.update(
                     trt.convert_medusa(draft, dcfg["medusa_num_heads"], dcfg["medusa_num_layers"], tp, rank % tp)
                 )
             else:
                 shard.update(trt.convert_eagle(draft, hf, dcfg, settings["num_eagle_layers"], tp, rank % tp))
         save_safetensors(shard, ckpt / f"rank{rank}.safetensors")
-    mode = "medusa" if kind == "medusa" else "eagle"
+    mode = "medusa" if medusa else "eagle"
     build = [
         "trtllm-build",
         "--checkpoint_dir",
@@ -79,7 +79,7 @@ def _trtllm_checkpoint(
         str(settings["max_draft_len"]),
     ]
     spec: dict[str, Any] = {"max_draft_len": settings["max_draft_len"]}
-    if kind == "medusa":
+    if medusa:
         spec.update(
             decoding_type="Medusa", num_medusa_heads=dcfg["medusa_num_heads"], medusa_choices=settings["choices"]
         )
@@ -119,8 +119,9 @@ def build_trtllm(staging: Path, inputs: BuildInputs, target: TargetModel, module
     legacy = inputs.trtllm_legacy_engine
     if legacy is None:
         step("writing the draft for TensorRT-LLM's PyTorch backend")
+        taps = draft_kind(inputs.draft).family.feature_layers(module)
         layers = (
-            captured_layer_outputs(module, "TensorRT-LLM") if inputs.draft == "eagle3" else [target.num_layers - 1]
+            captured_layer_outputs(module, "TensorRT-LLM") if taps else [target.num_layers - 1]
         )  # the last layer's output, through the target's norm in the drafter
         out = trtllm_pytorch.pytorch_route(
             staging,
@@ -137,7 +138,7 @@ def build_trtllm(staging: Path, inputs: BuildInputs, target: TargetModel, module
             *out["notes"],
             "serving needs a GPU machine with TensorRT-LLM; run trtllm/serve.sh there (PyTorch "
             "backend, no engine build"
-            + (", the kit installed beside it for the drafter package)" if inputs.draft != "eagle3" else ")"),
+            + (", the kit installed beside it for the drafter package)" if out["plugin"] else ")"),
         ]
     else:
         settings = trt.tree_settings(tree)
@@ -145,8 +146,10 @@ def build_trtllm(staging: Path, inputs: BuildInputs, target: TargetModel, module
             trt.check_tree(settings)
         except trt.TrtllmExportError as exc:
             raise BuildError(f"tree does not fit TensorRT-LLM: {exc}") from exc
-        if inputs.draft == "medusa" and not isinstance(tree, StaticTree):
-            raise BuildError("Medusa engines need a static tree (medusa_choices); use --tree static:mc_sim_7b_63")
+        try:
+            draft_kind(inputs.draft).family.check_tree(tree)  # Medusa engines take static trees (medusa_choices)
+        except ValueError as exc:
+            raise BuildError(str(exc)) from None
         out = _trtllm_checkpoint(staging, inputs, target, module, settings, step)
         notes = [
             f"legacy TensorRT engine route for TensorRT-LLM {legacy} (<= 1.2): trtllm-build needs a GPU machine "

@@ -32,20 +32,12 @@ from specdec_kit.export.servers.common import (
     serve_script,
     write_target,
 )
-from specdec_kit.runtime.drafts.loading import draft_config_dict
+from specdec_kit.runtime.registry import EngineForm, draft_kind
 from specdec_kit.runtime.target import TargetModel
 from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
 
 PLUGIN = "specdec_vllm"
 PLUGIN_SOURCE = PLUGINS / "vllm" / PLUGIN
-ARCHITECTURE = {
-    "griffin": "EagleSpecdecGriffinForCausalLM",
-    "eagle": "EagleSpecdecLlamaForCausalLM",
-    "eagle2": "EagleSpecdecLlamaForCausalLM",
-    "hass": "EagleSpecdecLlamaForCausalLM",
-    "eagle3": "Eagle3LlamaForCausalLM",
-}
-NATIVE = {"eagle3"}  # kinds vLLM's own classes run from the official layout (the config keeps "LlamaForCausalLM")
 # vLLM's `vllm serve`, through the plugin's module (``specdec_vllm.serve``: the `vllm` command fails on vLLM's CPU build)
 SERVER_MODULE = f"{PLUGIN}.serve"
 
@@ -82,16 +74,16 @@ def _write_plugin(plugin_dir: Path) -> None:
     (info / "top_level.txt").write_text(PLUGIN + "\n")
 
 
-def _draft_config(module, kind: str, dtype: str) -> dict[str, Any]:
-    cfg = draft_config_dict(module, kind)
-    if kind in NATIVE:  # vLLM names the class itself (Eagle3 + the config's architecture)
+def _draft_config(module, kind: str, form: EngineForm, dtype: str) -> dict[str, Any]:
+    cfg = draft_kind(kind).family.config_dict(module)
+    if form.official_layout:  # vLLM names the class itself (Eagle3 + the config's "LlamaForCausalLM")
         return dict(cfg, torch_dtype=dtype)
     # vLLM's Llama layers read ``bias`` as an attention bias; the plugin reads its own keys instead
     cfg.pop("bias", None)
     cfg.pop("qkv_bias", None)
     fc_bias, qkv_bias = draft_biases(module, kind)
     cfg.update(
-        architectures=[ARCHITECTURE[kind]],
+        architectures=[form.architecture],
         torch_dtype=dtype,
         specdec_kind=kind,
         specdec_fc_bias=fc_bias,
@@ -100,9 +92,9 @@ def _draft_config(module, kind: str, dtype: str) -> dict[str, Any]:
     return cfg
 
 
-def speculative_config(tree: StaticTree | DynamicTreeConfig, kind: str) -> dict[str, Any]:
+def speculative_config(tree: StaticTree | DynamicTreeConfig, form: EngineForm) -> dict[str, Any]:
     return {
-        "method": "eagle3" if kind == "eagle3" else "eagle",
+        "method": form.method,
         "model": "vllm/draft",
         "num_speculative_tokens": chain_length(tree),
     }
@@ -112,19 +104,21 @@ def build_vllm(
     staging: Path, inputs: BuildInputs, target: TargetModel, module, tree, step: Callable[[str], None]
 ) -> dict[str, Any]:
     kind = inputs.draft
-    if kind not in ARCHITECTURE:
-        raise BuildError(f"--draft {kind} has no vLLM architecture in the kit (expected one of {sorted(ARCHITECTURE)})")
+    try:
+        form = draft_kind(kind).engine_form("vllm")
+    except ValueError as exc:
+        raise BuildError(str(exc)) from None
     step("writing the target and the draft for vLLM")
     write_target(staging, target)
     state = draft_state(module, target.dtype)
-    if kind not in NATIVE:
+    if not form.official_layout:
         checked_weight_map(module, kind, state, "vLLM")
     draft_dir = staging / "vllm" / "draft"
     draft_dir.mkdir(parents=True)
-    (draft_dir / "config.json").write_text(json.dumps(_draft_config(module, kind, inputs.dtype), indent=2))
+    (draft_dir / "config.json").write_text(json.dumps(_draft_config(module, kind, form, inputs.dtype), indent=2))
     save_safetensors(state, draft_dir / "model.safetensors")
     _write_plugin(staging / "vllm" / "plugin")
-    spec = speculative_config(tree, kind)
+    spec = speculative_config(tree, form)
     command = [
         "${SPECDEC_VLLM_PYTHON:-python}",
         "-m",
@@ -163,10 +157,10 @@ def build_vllm(
             ],
         },
         "vllm": {
-            "architecture": ARCHITECTURE[kind],
+            "architecture": form.architecture,
             "speculative_config": spec,
             "proposal": "chain",
             "plugin": PLUGIN,
-            "weight_map_checked": kind not in NATIVE,
+            "weight_map_checked": not form.official_layout,
         },
     }

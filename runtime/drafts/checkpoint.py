@@ -1,9 +1,10 @@
-"""Loading a draft checkpoint of a registered kind: the registry says which module to build and which weight files to
-read, ``loading.py`` builds and loads it strictly. (Kept apart from ``loading.py``, which the registry's builders
-live in, so the registry sits above the draft modules and below this.)"""
+"""Loading and saving a draft checkpoint of a registered kind: the registry says which module to build, which weight
+files to read and what the config says; ``loading.py`` builds and loads it strictly. (Kept apart from ``loading.py``,
+which the registry's builders live in, so the registry sits above the draft modules and below this.)"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -71,3 +72,33 @@ def load_draft(
     if getattr(module, "d2t", None) is not None:
         check_vocab_maps(module, file)
     return module.to(device=device, dtype=dtype).eval()
+
+
+def save_draft(
+    module: nn.Module,
+    path: str | Path,
+    kind: str,
+    safetensors: bool = False,
+    base_model: str = "",
+    embedding_from_target: bool = False,
+) -> Path:
+    """Write ``module`` in the official layout of ``kind`` (so the reference code could load it too);
+    ``embedding_from_target`` leaves out the token embedding (the target's), which loading then takes from it."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    family = draft_kind(kind).family
+    config = family.config_dict(module, base_model)
+    state = {k: v.detach().to("cpu").contiguous() for k, v in module.state_dict().items()}
+    if embedding_from_target:
+        config["embedding_from_target"] = True
+        state.pop("embed_tokens.weight")
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    state = {k.removeprefix(family.saved_prefix): v for k, v in state.items()}
+    file = path / family.saved_files[1 if safetensors else 0]
+    if safetensors:
+        from safetensors.torch import save_file
+
+        save_file(state, str(file))
+    else:
+        torch.save(state, file)
+    return file

@@ -44,8 +44,8 @@ from tensorrt_llm._torch.modules.linear import Linear, TensorParallelMode, Weigh
 from tensorrt_llm._torch.modules.rms_norm import RMSNorm
 from tensorrt_llm._torch.speculative.interface import SpeculativeDecodingMode
 
-from specdec_kit.export.trtllm_pytorch import DRAFTER_ARCHITECTURES  # what the exported config.json names
 from specdec_kit.runtime.drafts.griffin import TokenGuidedFusion
+from specdec_kit.runtime.registry import draft_kind, kinds_for_engine  # what the exported config.json names
 
 
 class DraftMLP(nn.Module):
@@ -175,8 +175,9 @@ class SpecdecDraftForCausalLM(DecoderModelForCausalLM):
 def kit_kind(draft_config) -> Optional[str]:
     """``griffin`` or ``eagle`` (EAGLE-1/2, HASS) when the draft config names one of the kit's architectures."""
     names = getattr(draft_config.pretrained_config, "architectures", None) or []
-    for kind, arch in DRAFTER_ARCHITECTURES.items():
-        if arch in names:
+    for kind in kinds_for_engine("tensorrt-llm"):
+        form = draft_kind(kind).engines["tensorrt-llm"]
+        if form.plugin and form.architecture in names:
             return "griffin" if kind == "griffin" else "eagle"
     return None
 
