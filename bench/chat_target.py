@@ -49,8 +49,8 @@ def build_engines(args, methods: list[str]) -> dict[str, Path]:
     """Each head's engine, built by the kit's builder (an identical rebuild is reused)."""
     from specdec_kit.export.builder import build_engine
     from specdec_kit.export.inputs import BuildInputs, resolve_paths
-    from specdec_kit.runtime.pretrained import NAMED_TARGETS
-    from specdec_kit.runtime.trees import DynamicTreeConfig, tree_to_dict
+    from specdec_kit.runtime.core.trees import DynamicTreeConfig, tree_to_dict
+    from specdec_kit.runtime.models.pretrained import NAMED_TARGETS
 
     paths = {}
     for method in methods:
@@ -81,7 +81,7 @@ def search_trees(engines: dict, plain, calibration: list[list[int]], candidates:
     """Per method, every candidate tree's measured costs on the calibration prompts; the fastest is ``best``."""
     import statistics
 
-    from specdec_kit.runtime.generate import RequestStats, SpeculativeGenerator
+    from specdec_kit.runtime.decoding.generate import RequestStats, SpeculativeGenerator
 
     def timed(gen) -> tuple[float, RequestStats]:
         gen.generate(calibration[:1], 4)
@@ -140,11 +140,11 @@ def run(args) -> int:
     from specdec_kit.bench.report import write_all
     from specdec_kit.bench.speedup import machine, measure, summarize
     from specdec_kit.data.prompts import chat_messages
-    from specdec_kit.runtime.drafting import NoDrafter
+    from specdec_kit.runtime.core.trees import DynamicTreeConfig
+    from specdec_kit.runtime.decoding.drafting import NoDrafter
+    from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
     from specdec_kit.runtime.engine import open_engine
-    from specdec_kit.runtime.generate import SpeculativeGenerator
     from specdec_kit.runtime.loader import set_threads
-    from specdec_kit.runtime.trees import DynamicTreeConfig
     from specdec_kit.train.prompt_sources import read_prompts
     from specdec_kit.train.recipe import RECIPES
 

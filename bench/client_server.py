@@ -26,8 +26,8 @@ from specdec_kit.edge.link import PROFILES
 from specdec_kit.edge.netns import NetnsLink
 from specdec_kit.paths import default_zoo
 from specdec_kit.plots import legend_below, pyplot, save_figure
+from specdec_kit.runtime.core.trees import DynamicTreeConfig
 from specdec_kit.runtime.loader import load_tokenizer
-from specdec_kit.runtime.trees import DynamicTreeConfig
 from specdec_kit.train.corpus import heldout_prompts
 
 SERVER_PORT = 7433

@@ -20,23 +20,23 @@ from pathlib import Path
 
 # (module path suffix, function name or "*") -> stage; the first match wins. Builtins take their caller's stage.
 STAGES: list[tuple[str, str, str]] = [
-    ("runtime/ort_backend.py", "_run_over_cache", "KV cache: writes, masks"),
-    ("runtime/ort_backend.py", "*", "graph calls (Python side)"),
-    ("runtime/kv_cache.py", "commit", "KV cache: commit (compaction)"),
-    ("runtime/kv_cache.py", "select_rows", "KV cache: rows joining/leaving"),
-    ("runtime/kv_cache.py", "extend_rows", "KV cache: rows joining/leaving"),
-    ("runtime/kv_cache.py", "*", "KV cache: writes, masks"),
-    ("runtime/drafting.py", "*", "draft tree search"),
-    ("runtime/trees.py", "*", "draft tree search"),
-    ("runtime/verify.py", "*", "verification"),
-    ("runtime/sampling.py", "*", "verification"),
-    ("runtime/generate.py", "_account", "per-row bookkeeping"),
-    ("runtime/generate.py", "_emit", "per-row bookkeeping"),
-    ("runtime/generate.py", "_emit_guarded", "per-row bookkeeping"),
-    ("runtime/generate.py", "_next_indices", "per-row bookkeeping"),
-    ("runtime/generate.py", "retire", "per-row bookkeeping"),
-    ("runtime/generate.py", "*", "cycle glue"),
-    ("runtime/target.py", "*", "target forward (PyTorch)"),
+    ("runtime/ort/backend.py", "_run_over_cache", "KV cache: writes, masks"),
+    ("runtime/ort/backend.py", "*", "graph calls (Python side)"),
+    ("runtime/core/kv_cache.py", "commit", "KV cache: commit (compaction)"),
+    ("runtime/core/kv_cache.py", "select_rows", "KV cache: rows joining/leaving"),
+    ("runtime/core/kv_cache.py", "extend_rows", "KV cache: rows joining/leaving"),
+    ("runtime/core/kv_cache.py", "*", "KV cache: writes, masks"),
+    ("runtime/decoding/drafting.py", "*", "draft tree search"),
+    ("runtime/core/trees.py", "*", "draft tree search"),
+    ("runtime/core/verify.py", "*", "verification"),
+    ("runtime/core/sampling.py", "*", "verification"),
+    ("runtime/decoding/generate.py", "_account", "per-row bookkeeping"),
+    ("runtime/decoding/generate.py", "_emit", "per-row bookkeeping"),
+    ("runtime/decoding/generate.py", "_emit_guarded", "per-row bookkeeping"),
+    ("runtime/decoding/generate.py", "_next_indices", "per-row bookkeeping"),
+    ("runtime/decoding/generate.py", "retire", "per-row bookkeeping"),
+    ("runtime/decoding/generate.py", "*", "cycle glue"),
+    ("runtime/models/target.py", "*", "target forward (PyTorch)"),
     ("runtime/drafts/", "*", "draft forward (PyTorch)"),
 ]
 SESSION_RUN = "run_with_iobinding"  # ONNX Runtime's call: its time is the graphs' own compute
@@ -99,7 +99,7 @@ def attribute(stats: pstats.Stats) -> dict[str, float]:
             continue
         for caller, (_, _, share, _) in callers.items():
             stage = resolve(caller)
-            if "contiguous" in key[2] and caller[2] == "run" and caller[0].endswith("ort_backend.py"):
+            if "contiguous" in key[2] and caller[2] == "run" and caller[0].endswith("ort/backend.py"):
                 stage = "past K/V copied into graph inputs"
             out[stage] = out.get(stage, 0.0) + share
     return out
@@ -115,7 +115,7 @@ def engine_path(args) -> Path:
 
 def graphs_of(engine) -> dict[str, object]:
     """The engine's ONNX Runtime graphs by role (none for a PyTorch engine)."""
-    from specdec_kit.runtime.ort_backend import OrtGraph
+    from specdec_kit.runtime.ort.backend import OrtGraph
 
     found: dict[str, object] = {}
 
@@ -195,9 +195,9 @@ def table(rows: list[dict]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from specdec_kit.data.prompts import humaneval
-    from specdec_kit.runtime.drafting import NoDrafter
+    from specdec_kit.runtime.decoding.drafting import NoDrafter
+    from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
     from specdec_kit.runtime.engine import open_engine
-    from specdec_kit.runtime.generate import SpeculativeGenerator
     from specdec_kit.runtime.loader import set_threads
 
     set_threads()

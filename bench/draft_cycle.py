@@ -42,8 +42,8 @@ def engine_prompts(engine, n: int) -> list[list[int]]:
 
 def measure(path: Path, prompts: int, new_tokens: int) -> dict:
     """One engine: each prompt decoded in one call per cycle and level by level, alternately."""
+    from specdec_kit.runtime.decoding.generate import RequestStats
     from specdec_kit.runtime.engine import open_engine
-    from specdec_kit.runtime.generate import RequestStats
 
     engine = open_engine(path)
     step = engine.drafter.step

@@ -35,10 +35,10 @@ def main(argv=None) -> int:
     import torch
     from tqdm import tqdm
 
-    from specdec_kit.runtime.generate import SpeculativeGenerator
+    from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
     from specdec_kit.runtime.loader import set_threads
+    from specdec_kit.runtime.models.target import TargetModel
     from specdec_kit.runtime.synthetic import tiny_hf_model
-    from specdec_kit.runtime.target import TargetModel
 
     if args.smoke:
         args.hidden, args.layers, args.intermediate, args.vocab = 64, 2, 128, 200

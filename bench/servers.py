@@ -185,7 +185,7 @@ def start_vllm(
         ]
     else:
         from specdec_kit.export.servers.vllm import SERVER_MODULE
-        from specdec_kit.runtime.manifest import read_manifest
+        from specdec_kit.runtime.core.manifest import read_manifest
 
         env["PYTHONPATH"] = str(engine / "vllm" / "plugin")  # where SERVER_MODULE lives (no draft is configured)
         cmd = [

@@ -15,12 +15,12 @@ from specdec_kit.bench.methods import SPEEDUP_METHODS as METHODS
 from specdec_kit.bench.report import write_all
 from specdec_kit.data import prompts as prompt_sets
 from specdec_kit.paths import default_zoo
-from specdec_kit.runtime.drafting import NoDrafter
-from specdec_kit.runtime.generate import RequestStats, SpeculativeGenerator
+from specdec_kit.runtime.core.sampling import SamplingParams
+from specdec_kit.runtime.core.trees import DynamicTreeConfig
+from specdec_kit.runtime.decoding.drafting import NoDrafter
+from specdec_kit.runtime.decoding.generate import RequestStats, SpeculativeGenerator
 from specdec_kit.runtime.loader import default_tree, load_tokenizer, make_drafter, set_threads
-from specdec_kit.runtime.sampling import SamplingParams
-from specdec_kit.runtime.target import TargetModel
-from specdec_kit.runtime.trees import DynamicTreeConfig
+from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.train.corpus import heldout_prompts
 
 

@@ -105,7 +105,7 @@ def time_curve(model, context: int, tokens: list[int], batch: int, repeats: int,
     import torch
     from transformers import DynamicCache
 
-    from specdec_kit.runtime.device import synchronize
+    from specdec_kit.runtime.core.device import synchronize
 
     device = next(model.parameters()).device
     vocab = model.config.vocab_size
@@ -189,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
 
-    from specdec_kit.runtime.device import resolve_device, resolve_dtype
+    from specdec_kit.runtime.core.device import resolve_device, resolve_dtype
 
     tokens = parse_tokens(args.tokens)
     batches = [int(b) for b in args.batch.split(",")]

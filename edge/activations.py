@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
+from specdec_kit.runtime.core.kv_cache import KVCache
+from specdec_kit.runtime.decoding.moa_drafting import verified_kv
 from specdec_kit.runtime.drafts.moa import MoADraft
-from specdec_kit.runtime.kv_cache import KVCache
-from specdec_kit.runtime.moa_drafting import verified_kv
 
 
 def weights_digest(draft_path: str | Path) -> str:

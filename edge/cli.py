@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     from specdec_kit.edge.activations import weights_digest
     from specdec_kit.edge.client import EdgeClient, Offline
     from specdec_kit.edge.drafting import make_edge_drafter
+    from specdec_kit.runtime.core.sampling import SamplingParams
     from specdec_kit.runtime.loader import load_tokenizer, resolve_tree
-    from specdec_kit.runtime.sampling import SamplingParams
 
     host, _, port = args.server.rpartition(":")
     if not host or not port.isdigit():

@@ -20,7 +20,7 @@ from typing import Callable
 
 from specdec_kit.edge import protocol as P
 from specdec_kit.edge.drafting import EdgeDrafter
-from specdec_kit.runtime.sampling import SamplingParams
+from specdec_kit.runtime.core.sampling import SamplingParams
 
 EventSink = Callable[[str, list[int]], None]  # ("verified" | "unverified" | "confirmed" | "retracted", tokens)
 

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import torch
 
-from specdec_kit.runtime.draft_context import DraftContext
-from specdec_kit.runtime.drafting import Drafter, DraftTree, NoDrafter
-from specdec_kit.runtime.kv_cache import KVCache
-from specdec_kit.runtime.moa_drafting import MoATreeDrafter, TorchMoAStep
+from specdec_kit.runtime.core.kv_cache import KVCache
+from specdec_kit.runtime.decoding.draft_context import DraftContext
+from specdec_kit.runtime.decoding.drafting import Drafter, DraftTree, NoDrafter
+from specdec_kit.runtime.decoding.moa_drafting import MoATreeDrafter, TorchMoAStep
 
 
 class EdgeDrafter:
@@ -170,8 +170,8 @@ def make_edge_drafter(
     from transformers import AutoConfig
 
     from specdec_kit.edge.tail import load_target_tail
-    from specdec_kit.runtime.device import resolve_device
-    from specdec_kit.runtime.drafts.checkpoint import load_draft
+    from specdec_kit.runtime.checkpoint import load_draft
+    from specdec_kit.runtime.core.device import resolve_device
     from specdec_kit.runtime.registry import draft_kind
 
     if kind == "none":

@@ -2,7 +2,7 @@
 
 A client opens a session with its prompt and sampling settings, then sends draft trees; the server runs
 each tree through the target, verifies it (greedy or lossless sampling keyed by the session's seed
-and token index, ``runtime/verify.py``), commits the accepted path and answers with the accepted node indices,
+and token index, ``runtime/core/verify.py``), commits the accepted path and answers with the accepted node indices,
 the next token and the activations the client's draft needs (``edge/activations.py``). Sessions outlive
 connections (a client that lost its network resumes with the same session id) and expire after
 ``session_ttl`` idle seconds. Bad frames get an ERROR frame that names the problem; the connection and
@@ -23,11 +23,11 @@ import torch
 
 from specdec_kit.edge import protocol as P
 from specdec_kit.edge.activations import ActivationSource, FeatureSource, MoASource, weights_digest
-from specdec_kit.runtime.drafting import DraftTree, NoDrafter
-from specdec_kit.runtime.generate import DecodeBatch, SpeculativeGenerator
-from specdec_kit.runtime.sampling import SamplingParams
-from specdec_kit.runtime.target import TargetModel
-from specdec_kit.runtime.trees import buffers_from_parents
+from specdec_kit.runtime.core.sampling import SamplingParams
+from specdec_kit.runtime.core.trees import buffers_from_parents
+from specdec_kit.runtime.decoding.drafting import DraftTree, NoDrafter
+from specdec_kit.runtime.decoding.generate import DecodeBatch, SpeculativeGenerator
+from specdec_kit.runtime.models.target import TargetModel
 
 log = logging.getLogger("specdec.edge.server")
 
@@ -253,7 +253,7 @@ class EdgeServer(socketserver.ThreadingTCPServer):
 
 def load_sources(target: TargetModel, heads: list[str]) -> dict[str, ActivationSource]:
     """``NAME=PATH`` per Mixture-of-Attentions head whose LSA this server runs."""
-    from specdec_kit.runtime.drafts.checkpoint import load_draft
+    from specdec_kit.runtime.checkpoint import load_draft
 
     sources: dict[str, ActivationSource] = {}
     shape = (target.num_layers, 2 * target.num_kv_heads * target.head_dim)

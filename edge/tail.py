@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specdec_kit.runtime.device import resolve_device, resolve_dtype
-from specdec_kit.runtime.target import SUPPORTED_ARCHITECTURES, TargetLoadError, TargetModel
+from specdec_kit.runtime.core.device import resolve_device, resolve_dtype
+from specdec_kit.runtime.models.target import SUPPORTED_ARCHITECTURES, TargetLoadError, TargetModel
 
 
 def _safetensors_files(path: Path) -> dict[str, Path]:

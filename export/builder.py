@@ -27,10 +27,9 @@ from specdec_kit import __version__
 from specdec_kit.export.engine_rules import check_engine_rules
 from specdec_kit.export.inputs import BuildError, BuildInputs, hash_tree
 from specdec_kit.export.trtllm_pytorch import check_legacy_release
-from specdec_kit.runtime.device import DTYPES
-from specdec_kit.runtime.drafts.checkpoint import save_draft
-from specdec_kit.runtime.loader import load_draft_for, load_tokenizer
-from specdec_kit.runtime.manifest import (
+from specdec_kit.runtime.checkpoint import save_draft
+from specdec_kit.runtime.core.device import DTYPES
+from specdec_kit.runtime.core.manifest import (
     MANIFEST_NAME,
     SCHEMA_VERSION,
     EngineError,
@@ -38,9 +37,10 @@ from specdec_kit.runtime.manifest import (
     read_manifest,
     write_manifest,
 )
+from specdec_kit.runtime.core.trees import tree_from_dict
+from specdec_kit.runtime.loader import load_draft_for, load_tokenizer
+from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.runtime.registry import draft_kind
-from specdec_kit.runtime.target import TargetModel
-from specdec_kit.runtime.trees import tree_from_dict
 
 PARITY_PROMPTS = ["def add(a, b):\n    return", "import os\n\n\nclass Config:\n"]
 

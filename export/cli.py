@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 # Only light modules at the top: --help answers before torch loads (the build imports it in main).
-from specdec_kit.runtime.manifest import BACKENDS, DTYPE_NAMES
+from specdec_kit.runtime.core.manifest import BACKENDS, DTYPE_NAMES
 from specdec_kit.runtime.presets import DEMO_TREE
 from specdec_kit.runtime.registry import draft_kinds
 
@@ -125,8 +125,8 @@ def resolve_tree_dict(
 ) -> dict:
     """The tree an engine records: the options given, else the backend's and, on the embedded backends, a CPU-sized
     dynamic tree: ``cpu_tree`` (a named target's, chosen from its measured costs), or the demo zoo's."""
+    from specdec_kit.runtime.core.trees import tree_to_dict
     from specdec_kit.runtime.loader import resolve_tree
-    from specdec_kit.runtime.trees import tree_to_dict
 
     if spec is None and backend == "sglang":
         spec = "dynamic"  # SGLang drafts EAGLE-style dynamic trees only
@@ -190,10 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
 
     from specdec_kit.export.inputs import BuildError, BuildInputs, resolve_paths
-    from specdec_kit.runtime.device import resolve_device
+    from specdec_kit.runtime.core.device import resolve_device
+    from specdec_kit.runtime.core.manifest import EngineError
     from specdec_kit.runtime.drafts.loading import DraftLoadError
-    from specdec_kit.runtime.manifest import EngineError
-    from specdec_kit.runtime.target import TargetLoadError
+    from specdec_kit.runtime.models.target import TargetLoadError
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         from specdec_kit.export.builder import build_engine
 
         device = resolve_device(args.device)
-        from specdec_kit.runtime.pretrained import NAMED_TARGETS, is_named
+        from specdec_kit.runtime.models.pretrained import NAMED_TARGETS, is_named
 
         named = args.target is not None and is_named(args.target)
         cpu_tree = NAMED_TARGETS[str(args.target)].cpu_tree(args.draft) if named else None

@@ -16,7 +16,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from specdec_kit import __version__
-from specdec_kit.runtime.manifest import ONNX_GRAPH_INTERFACE, sha256_file
+from specdec_kit.runtime.core.manifest import ONNX_GRAPH_INTERFACE, sha256_file
 from specdec_kit.runtime.registry import zoo_heads
 
 
@@ -68,7 +68,7 @@ def resolve_paths(
 ) -> tuple[Path, Path, Path, bool]:
     """The user's paths, or the demo zoo's target and the head of this method when none are given; a named target
     (``--target smollm2``) is obtained and converted on first use, its head the kit's own unless one is given."""
-    from specdec_kit.runtime.pretrained import is_named, named_head, resolve_target
+    from specdec_kit.runtime.models.pretrained import is_named, named_head, resolve_target
 
     if target is not None and is_named(target):
         try:

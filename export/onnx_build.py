@@ -17,12 +17,12 @@ import torch
 
 from specdec_kit.export.inputs import BuildError
 from specdec_kit.export.onnx_graphs import OPSET, export_plan
-from specdec_kit.runtime.generate import SpeculativeGenerator
-from specdec_kit.runtime.graphs import target_plan
-from specdec_kit.runtime.manifest import ONNX_GRAPH_INTERFACE
+from specdec_kit.runtime.core.manifest import ONNX_GRAPH_INTERFACE
+from specdec_kit.runtime.core.trees import tree_to_dict
+from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
+from specdec_kit.runtime.models.target import TargetModel
+from specdec_kit.runtime.ort.graphs import target_plan
 from specdec_kit.runtime.registry import draft_kind
-from specdec_kit.runtime.target import TargetModel
-from specdec_kit.runtime.trees import tree_to_dict
 
 # float32 on CPU: the parity bound for logits/features (graph fusions reorder float sums).
 PARITY_ATOL = {torch.float32: 2e-3, torch.float16: 5e-2}
@@ -138,7 +138,7 @@ def build_onnx(
     step's: the tree search is unrolled)."""
     import onnxruntime as ort
 
-    from specdec_kit.runtime.ort_backend import OrtGraph, OrtTarget, providers_for
+    from specdec_kit.runtime.ort.backend import OrtGraph, OrtTarget, providers_for
 
     family = draft_kind(draft_kind_name).family
     graphs = staging / "graphs"

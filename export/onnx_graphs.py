@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specdec_kit.runtime.graphs import GraphPlan
+from specdec_kit.runtime.ort.graphs import GraphPlan
 
 OPSET = 18
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
+from specdec_kit.runtime.core.trees import DynamicTreeConfig, StaticTree
 
 # TensorRT-LLM's limits (examples/eagle/README.md, builder.py): asserted again by its converter.
 MAX_DRAFT_LEN = 256

@@ -19,8 +19,8 @@ from torch import nn
 
 from specdec_kit.export.inputs import BuildError
 from specdec_kit.export.trtllm_export import write_json
+from specdec_kit.runtime.core.trees import DynamicTreeConfig, StaticTree
 from specdec_kit.runtime.registry import EngineForm, draft_kind, kinds_for_engine
-from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
 
 PLUGIN_DIR = Path(__file__).resolve().parent / "plugins" / "trtllm"
 DRAFTER_PACKAGE = "specdec_trtllm"

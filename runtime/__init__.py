@@ -1,4 +1,8 @@
-"""Backend-neutral speculative-decoding runtime: target adapter, draft graphs, trees, verification, loop.
+"""Backend-neutral speculative-decoding runtime, in layers: ``core`` (contract, caches, trees, verification,
+sampling, manifest) -> ``models`` (attention, target) -> ``drafts`` (draft modules and their loading) ->
+``decoding`` (drafters, the generation loop) -> ``ort`` (graphs, ONNX Runtime backend) -> the wiring at this level
+(the drafter registry, checkpoints, the loader, engines, the CLI and the demo inputs). ``tests/test_layers.py`` keeps
+each layer off the ones above it.
 
 The names below load on first use, so light modules of the package (the manifest, the drafter registry's kind
 names) import without torch and command-line ``--help`` answers at once."""
@@ -6,11 +10,11 @@ names) import without torch and command-line ``--help`` answers at once."""
 from importlib import import_module
 
 _EXPORTS = {
-    "SamplingParams": "sampling",
-    "GenerationResult": "generate",
-    "RequestStats": "generate",
-    "SpeculativeGenerator": "generate",
-    "TargetModel": "target",
+    "SamplingParams": "core.sampling",
+    "GenerationResult": "decoding.generate",
+    "RequestStats": "decoding.generate",
+    "SpeculativeGenerator": "decoding.generate",
+    "TargetModel": "models.target",
 }
 
 __all__ = sorted(_EXPORTS)

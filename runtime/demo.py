@@ -11,9 +11,9 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
-from specdec_kit.runtime.drafts.checkpoint import save_draft
+from specdec_kit.runtime.checkpoint import save_draft
+from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.runtime.synthetic import fitted_medusa, oracle_eagle, oracle_griffin, tiny_hf_model
-from specdec_kit.runtime.target import TargetModel
 
 CHARS = string.ascii_letters + string.digits + " .,;:!?'-()\n"
 

@@ -14,14 +14,14 @@ from typing import Any, Callable
 
 import torch
 
-from specdec_kit.runtime.contract import TargetStep
-from specdec_kit.runtime.device import DTYPES, resolve_device
-from specdec_kit.runtime.drafting import Drafter, NoDrafter
-from specdec_kit.runtime.generate import SpeculativeGenerator
+from specdec_kit.runtime.core.contract import TargetStep
+from specdec_kit.runtime.core.device import DTYPES, resolve_device
+from specdec_kit.runtime.core.manifest import ONNX_GRAPH_INTERFACE, EngineError, read_manifest
+from specdec_kit.runtime.core.trees import tree_from_dict
+from specdec_kit.runtime.decoding.drafting import Drafter, NoDrafter
+from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
 from specdec_kit.runtime.loader import load_tokenizer
-from specdec_kit.runtime.manifest import ONNX_GRAPH_INTERFACE, EngineError, read_manifest
 from specdec_kit.runtime.registry import draft_kind
-from specdec_kit.runtime.trees import tree_from_dict
 
 EMBEDDED_BACKENDS = ("onnxruntime", "torch")
 
@@ -90,7 +90,7 @@ def rebuild_command(manifest: dict) -> str:
 
 
 def _ort_components(root: Path, manifest: dict, device: torch.device, tree):
-    from specdec_kit.runtime.ort_backend import OrtGraph, OrtTarget, providers_for
+    from specdec_kit.runtime.ort.backend import OrtGraph, OrtTarget, providers_for
 
     family = draft_kind(manifest["draft"]["kind"]).family
     _require(manifest, root, "target", TARGET_KEYS)
@@ -156,7 +156,7 @@ def open_engine(
         target, drafter_for = _ort_components(root, manifest, dev, tree)
     else:
         from specdec_kit.runtime.loader import load_draft_for
-        from specdec_kit.runtime.target import TargetModel
+        from specdec_kit.runtime.models.target import TargetModel
 
         arts = manifest["artifacts"]
         target = TargetModel.from_pretrained(root / arts["target"], dtype=manifest["dtype"], device=dev)

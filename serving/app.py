@@ -33,8 +33,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdec_kit import __version__
+from specdec_kit.runtime.core.sampling import SamplingParams
 from specdec_kit.runtime.engine import Engine
-from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.serving import errors
 from specdec_kit.serving.intake import DEFAULT_MAX_REQUEST_BYTES, parse_json, read_body
 from specdec_kit.serving.metrics import ServerMetrics

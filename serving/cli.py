@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from specdec_kit.runtime.manifest import EngineError, read_manifest
+from specdec_kit.runtime.core.manifest import EngineError, read_manifest
 from specdec_kit.serving.intake import DEFAULT_MAX_REQUEST_BYTES
 
 SERVER_SCRIPTS = {"tensorrt-llm": "trtllm/serve.sh", "sglang": "sglang/serve.sh", "vllm": "vllm/serve.sh"}

@@ -44,8 +44,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from specdec_kit.runtime.generate import CycleOutcome
-from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
+from specdec_kit.runtime.core.trees import DynamicTreeConfig, StaticTree
+from specdec_kit.runtime.decoding.generate import CycleOutcome
 from specdec_kit.serving.policy import Tree, shrink, tree_nodes
 
 

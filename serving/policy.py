@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from specdec_kit.runtime.generate import CycleOutcome
-from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
+from specdec_kit.runtime.core.trees import DynamicTreeConfig, StaticTree
+from specdec_kit.runtime.decoding.generate import CycleOutcome
 
 Tree = StaticTree | DynamicTreeConfig
 

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from specdec_kit.runtime.sampling import SEED_MAX, SEED_MIN
+from specdec_kit.runtime.core.sampling import SEED_MAX, SEED_MIN
 from specdec_kit.serving.errors import APIError, invalid, unsupported
 
 # field -> the value that means "not used"; anything else is refused

@@ -27,9 +27,9 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from specdec_kit.runtime.core.sampling import SamplingParams
+from specdec_kit.runtime.decoding.generate import RequestStats, SpeculativeGenerator
 from specdec_kit.runtime.engine import Engine
-from specdec_kit.runtime.generate import RequestStats, SpeculativeGenerator
-from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.serving.errors import APIError, draining, internal, overloaded, slow_reader
 from specdec_kit.serving.metrics import ServerMetrics
 from specdec_kit.serving.policy import Policy, tree_nodes

@@ -11,8 +11,8 @@ import torch
 from scipy import stats
 from tiers import TIERS, missing_tool
 
+from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.runtime.synthetic import tiny_hf_model
-from specdec_kit.runtime.target import TargetModel
 
 # A test that asks for one of these fixtures is in that tier, whatever its module says.
 TIER_OF_FIXTURE = {"vllm_python": "vllm", "chart": "helm"}
@@ -118,7 +118,7 @@ def eagle3_checkpoint(demo_checkpoints, tmp_path_factory) -> Path:
     """An EAGLE-3 head for the small demo target, trained by the kit's trainer (training-time test, a draft
     vocabulary of three quarters of the target's) and written in the official layout: no oracle exists for EAGLE-3,
     and engines are only worth checking with drafts that get accepted."""
-    from specdec_kit.runtime.target import TargetModel
+    from specdec_kit.runtime.models.target import TargetModel
     from specdec_kit.train.eagle3 import Eagle3Spec, train_eagle3
 
     target = TargetModel.from_pretrained(demo_checkpoints["target"], dtype="float32", device="cpu")
@@ -144,7 +144,7 @@ def demo_engine(demo_checkpoints, tmp_path_factory):
     level (``draft_tree=False``: the one-call graph's export takes a minute; the ONNX export tests check it)."""
     from specdec_kit.export.builder import build_engine
     from specdec_kit.export.inputs import BuildInputs
-    from specdec_kit.runtime.trees import DynamicTreeConfig, tree_to_dict
+    from specdec_kit.runtime.core.trees import DynamicTreeConfig, tree_to_dict
 
     inputs = BuildInputs(
         draft="griffin",

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from specdec_kit.runtime.checkpoint import load_draft, save_draft
 from specdec_kit.runtime.drafts import DraftLoadError, EagleDraft, MedusaHeads
-from specdec_kit.runtime.drafts.checkpoint import load_draft, save_draft
 from specdec_kit.runtime.synthetic import draft_config, random_eagle, random_griffin, random_medusa, tiny_target
 
 GRIFFIN_KEYS = {  # the official GRIFFIN layout: 15 tensors for one layer

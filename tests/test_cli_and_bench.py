@@ -8,10 +8,10 @@ import pytest
 
 from specdec_kit.bench import runtime_overhead
 from specdec_kit.runtime import cli
+from specdec_kit.runtime.checkpoint import save_draft
 from specdec_kit.runtime.demo import write_char_tokenizer
-from specdec_kit.runtime.drafts.checkpoint import save_draft
+from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.runtime.synthetic import oracle_griffin, tiny_hf_model
-from specdec_kit.runtime.target import TargetModel
 
 
 @pytest.fixture(scope="module")

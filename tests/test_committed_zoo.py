@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec_kit.runtime.drafts.checkpoint import load_draft
-from specdec_kit.runtime.generate import SpeculativeGenerator
+from specdec_kit.runtime.checkpoint import load_draft
+from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
 from specdec_kit.runtime.loader import make_drafter, resolve_tree
-from specdec_kit.runtime.target import TargetModel
+from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.train.zoo import RECIPE, recipe_hash
 
 ZOO = Path(__file__).resolve().parents[1] / "zoo"
@@ -22,7 +22,7 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 
 def test_zoo_fits_its_budget_and_matches_the_recipe():
     """The demo zoo's own budget; the named targets' heads beside it (``zoo/<name>/``) have theirs."""
-    from specdec_kit.runtime.pretrained import NAMED_TARGETS
+    from specdec_kit.runtime.models.pretrained import NAMED_TARGETS
 
     weights = [p for p in ZOO.rglob("*") if p.suffix in WEIGHT_SUFFIXES]
     assert not [p for p in weights if p.name.endswith("training_state.pt")], "training state must not ship"

@@ -6,12 +6,12 @@ from __future__ import annotations
 import torch
 from conftest import NEW_TOKENS
 
-from specdec_kit.runtime.draft_context import DraftContext
-from specdec_kit.runtime.drafting import FeatureTreeDrafter, TorchFeatureStep
-from specdec_kit.runtime.generate import SpeculativeGenerator
-from specdec_kit.runtime.sampling import SamplingParams
+from specdec_kit.runtime.core.sampling import SamplingParams
+from specdec_kit.runtime.core.trees import DynamicTreeConfig
+from specdec_kit.runtime.decoding.draft_context import DraftContext
+from specdec_kit.runtime.decoding.drafting import FeatureTreeDrafter, TorchFeatureStep
+from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
 from specdec_kit.runtime.synthetic import oracle_griffin
-from specdec_kit.runtime.trees import DynamicTreeConfig
 
 
 def generator(case) -> SpeculativeGenerator:
@@ -152,8 +152,8 @@ def test_a_bounded_catch_up_skips_old_context_and_stays_lossless(predictable_cas
 def test_rows_join_into_kept_room_and_leavers_places_are_filled_from_the_end():
     """Joining writes into room kept after the batch (no copy of the cache once there is room), leaving moves only
     as many rows as left, and every row keeps its own keys, values and length."""
-    from specdec_kit.runtime.generate import places_after_leaving
-    from specdec_kit.runtime.kv_cache import KVCache
+    from specdec_kit.runtime.core.kv_cache import KVCache
+    from specdec_kit.runtime.decoding.generate import places_after_leaving
 
     def rows_of(ids: list[int]) -> KVCache:
         cache = KVCache.allocate(2, len(ids), 1, 2, 8, torch.float32, "cpu")

@@ -8,16 +8,16 @@ import torch
 from conftest import hf_greedy
 
 from specdec_kit.runtime import registry
-from specdec_kit.runtime.contract import FeatureStep, LayerCache, MedusaStep, TargetStep, TokenStep
-from specdec_kit.runtime.drafting import FeatureTreeDrafter, MedusaDrafter, NoDrafter, TorchFeatureStep
-from specdec_kit.runtime.drafts.checkpoint import save_draft
-from specdec_kit.runtime.generate import SpeculativeGenerator
-from specdec_kit.runtime.graphs import GraphCache
-from specdec_kit.runtime.kv_cache import KVCache
+from specdec_kit.runtime.checkpoint import save_draft
+from specdec_kit.runtime.core.contract import FeatureStep, LayerCache, MedusaStep, TargetStep, TokenStep
+from specdec_kit.runtime.core.kv_cache import KVCache
+from specdec_kit.runtime.core.trees import DynamicTreeConfig, StaticTree
+from specdec_kit.runtime.decoding.drafting import FeatureTreeDrafter, MedusaDrafter, NoDrafter, TorchFeatureStep
+from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
+from specdec_kit.runtime.decoding.moa_drafting import TorchMoAStep
 from specdec_kit.runtime.loader import make_drafter
-from specdec_kit.runtime.moa_drafting import TorchMoAStep
+from specdec_kit.runtime.ort.graphs import GraphCache
 from specdec_kit.runtime.synthetic import oracle_eagle, random_medusa, random_moa, tiny_target
-from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
 
 
 @torch.inference_mode()
@@ -176,7 +176,7 @@ def test_a_cycle_reports_its_outcome_as_the_rows_statistics_do():
     gen = SpeculativeGenerator(
         target, registry.drafter_for("eagle2", oracle_eagle(target), target, DynamicTreeConfig(8, 3, 2))
     )
-    from specdec_kit.runtime.sampling import SamplingParams
+    from specdec_kit.runtime.core.sampling import SamplingParams
 
     batch = gen.admit(None, gen.prefill([[1, 2, 3], [4, 5]], [30, 30], [SamplingParams()] * 2))
     before = [len(r.tokens) for r in batch.rows]

@@ -10,8 +10,8 @@ from typing import Callable
 import httpx
 import pytest
 
-from specdec_kit.runtime.generate import CycleOutcome
-from specdec_kit.runtime.trees import DynamicTreeConfig
+from specdec_kit.runtime.core.trees import DynamicTreeConfig
+from specdec_kit.runtime.decoding.generate import CycleOutcome
 from specdec_kit.serving.cost_policy import CostPolicy, Ema, candidate_trees, holds, interpolate
 from specdec_kit.serving.policy import tree_nodes
 

@@ -14,13 +14,13 @@ from conftest import SMALL_DEMO, hf_greedy
 
 from specdec_kit.export.builder import build_engine
 from specdec_kit.export.inputs import BuildError, BuildInputs
+from specdec_kit.runtime.core.trees import DynamicTreeConfig, tree_to_dict
+from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
 from specdec_kit.runtime.demo import write_demo
 from specdec_kit.runtime.engine import open_engine
-from specdec_kit.runtime.generate import SpeculativeGenerator
 from specdec_kit.runtime.loader import load_draft_for, load_tokenizer, make_drafter
+from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.runtime.registry import draft_kind
-from specdec_kit.runtime.target import TargetModel
-from specdec_kit.runtime.trees import DynamicTreeConfig, tree_to_dict
 from specdec_kit.train.distill import INDEX, DistillSpec, Variant, chat_ids, distill, read_shard
 from specdec_kit.train.distilled import DistilledData
 from specdec_kit.train.prompt_sources import Prompt, read_prompts, write_prompts

@@ -24,12 +24,12 @@ from specdec_kit.edge.drafting import make_edge_drafter
 from specdec_kit.edge.link import PROFILES, LinkEmulator
 from specdec_kit.edge.netns import NetnsLink
 from specdec_kit.edge.server import EdgeServer, EdgeVerifier, load_sources
-from specdec_kit.runtime.drafts.checkpoint import save_draft
-from specdec_kit.runtime.generate import SpeculativeGenerator
+from specdec_kit.runtime.checkpoint import save_draft
+from specdec_kit.runtime.core.sampling import SamplingParams
+from specdec_kit.runtime.core.trees import DynamicTreeConfig
+from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
 from specdec_kit.runtime.loader import make_drafter
-from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.runtime.synthetic import oracle_eagle, oracle_moa, random_moa
-from specdec_kit.runtime.trees import DynamicTreeConfig
 
 NEW = 32
 TREE = DynamicTreeConfig(10, 3, 3)
@@ -98,8 +98,8 @@ def test_remote_draft_is_the_local_draft(edge_setup, name):
 def test_sampling_over_the_network_draws_the_target_distribution(tmp_path):
     from test_sampling_distribution import PROMPT, VOCAB, chi_square_pvalue, exact_distributions
 
+    from specdec_kit.runtime.models.target import TargetModel
     from specdec_kit.runtime.synthetic import tiny_hf_model
-    from specdec_kit.runtime.target import TargetModel
 
     hf = tiny_hf_model(
         hidden_size=32,
@@ -376,7 +376,7 @@ def test_real_network_path_with_kernel_rate_limit(edge_setup):
 @pytest.mark.slow
 def test_generate_cli_prints_verified_text(demo_checkpoints):
     from specdec_kit.runtime.loader import load_tokenizer
-    from specdec_kit.runtime.target import TargetModel
+    from specdec_kit.runtime.models.target import TargetModel
 
     target = TargetModel.from_pretrained(demo_checkpoints["target"])
     server = EdgeServer(EdgeVerifier(target))

@@ -12,7 +12,7 @@ from helm_cli import HelmRefused
 from specdec_kit.export.builder import build_engine
 from specdec_kit.export.engine_rules import ALWAYS, CHART_RULES, WITH_PIPELINE, chart_rules_text, engine_rules
 from specdec_kit.export.inputs import BuildError, BuildInputs
-from specdec_kit.runtime.trees import DynamicTreeConfig, parse_tree_spec, tree_to_dict
+from specdec_kit.runtime.core.trees import DynamicTreeConfig, parse_tree_spec, tree_to_dict
 
 REPO = Path(__file__).resolve().parents[1]
 CHART_DRAFTS = json.loads((REPO / "helm" / "values.schema.json").read_text())["properties"]["engine"]["properties"][

@@ -16,15 +16,15 @@ from conftest import hf_greedy, left_in
 from specdec_kit.export.builder import build_engine
 from specdec_kit.export.inputs import BuildError, BuildInputs
 from specdec_kit.export.onnx_build import target_parity
-from specdec_kit.runtime.drafting import TorchFeatureStep
-from specdec_kit.runtime.drafts.checkpoint import load_draft
+from specdec_kit.runtime.checkpoint import load_draft
+from specdec_kit.runtime.core.manifest import EngineError, read_manifest
+from specdec_kit.runtime.core.trees import DynamicTreeConfig, parse_tree_spec, tree_to_dict
+from specdec_kit.runtime.decoding.drafting import TorchFeatureStep
+from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
 from specdec_kit.runtime.engine import open_engine
-from specdec_kit.runtime.generate import SpeculativeGenerator
 from specdec_kit.runtime.loader import load_draft_for
-from specdec_kit.runtime.manifest import EngineError, read_manifest
+from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.runtime.registry import drafter_for
-from specdec_kit.runtime.target import TargetModel
-from specdec_kit.runtime.trees import DynamicTreeConfig, parse_tree_spec, tree_to_dict
 
 REPO = Path(__file__).resolve().parents[1]
 TREES = {

@@ -22,11 +22,11 @@ from specdec_kit.export.weight_maps import (
     fused_draft_weight_map,
     unfuse,
 )
+from specdec_kit.runtime.checkpoint import load_draft
+from specdec_kit.runtime.core.manifest import read_manifest
+from specdec_kit.runtime.core.trees import DynamicTreeConfig, parse_tree_spec, tree_to_dict
 from specdec_kit.runtime.demo import CHARS
-from specdec_kit.runtime.drafts.checkpoint import load_draft
 from specdec_kit.runtime.drafts.loading import strict_load
-from specdec_kit.runtime.manifest import read_manifest
-from specdec_kit.runtime.trees import DynamicTreeConfig, parse_tree_spec, tree_to_dict
 
 VOCAB = len(CHARS) + 1  # the demo checkpoints' character tokenizer
 

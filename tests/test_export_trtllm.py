@@ -15,11 +15,11 @@ from safetensors.torch import load_file
 from specdec_kit.export import trtllm_export as trt
 from specdec_kit.export.builder import build_engine
 from specdec_kit.export.inputs import BuildError, BuildInputs
-from specdec_kit.runtime.choices import EAGLE1_DEFAULT, MC_SIM_7B_63
-from specdec_kit.runtime.drafts.checkpoint import load_draft
-from specdec_kit.runtime.manifest import read_manifest
+from specdec_kit.runtime.checkpoint import load_draft
+from specdec_kit.runtime.core.choices import EAGLE1_DEFAULT, MC_SIM_7B_63
+from specdec_kit.runtime.core.manifest import read_manifest
+from specdec_kit.runtime.core.trees import DynamicTreeConfig, StaticTree, parse_tree_spec, tree_to_dict
 from specdec_kit.runtime.synthetic import tiny_hf_model
-from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree, parse_tree_spec, tree_to_dict
 
 
 def build(paths, kind, tree, tmp, tp=1, pp=1):

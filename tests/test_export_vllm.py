@@ -18,8 +18,8 @@ from specdec_kit.export.inputs import BuildError, BuildInputs
 from specdec_kit.export.servers.vllm import PLUGIN, PLUGIN_SOURCE, chain_length
 from specdec_kit.export.weight_maps import fused_draft_weight_map
 from specdec_kit.paths import default_zoo
-from specdec_kit.runtime.manifest import read_manifest
-from specdec_kit.runtime.trees import DynamicTreeConfig, parse_tree_spec, tree_to_dict
+from specdec_kit.runtime.core.manifest import read_manifest
+from specdec_kit.runtime.core.trees import DynamicTreeConfig, parse_tree_spec, tree_to_dict
 
 sys.path.insert(0, str(PLUGIN_SOURCE.parent))  # the plugin's vLLM-free modules import without vLLM
 from specdec_vllm import cpu_sampling_fixes  # noqa: E402

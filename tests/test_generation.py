@@ -6,12 +6,17 @@ import pytest
 from transformers import AutoTokenizer
 
 from specdec_kit.paths import default_zoo
-from specdec_kit.runtime.drafting import FeatureTreeDrafter, NoDrafter, TorchFeatureStep
-from specdec_kit.runtime.generate import STOP_EDGE_CHARS, RequestStats, SpeculativeGenerator, stop_may_end_in_tail
-from specdec_kit.runtime.sampling import SamplingParams
+from specdec_kit.runtime.core.sampling import SamplingParams
+from specdec_kit.runtime.core.trees import DynamicTreeConfig
+from specdec_kit.runtime.core.verify import path_of
+from specdec_kit.runtime.decoding.drafting import FeatureTreeDrafter, NoDrafter, TorchFeatureStep
+from specdec_kit.runtime.decoding.generate import (
+    STOP_EDGE_CHARS,
+    RequestStats,
+    SpeculativeGenerator,
+    stop_may_end_in_tail,
+)
 from specdec_kit.runtime.synthetic import oracle_griffin, random_griffin, tiny_target
-from specdec_kit.runtime.trees import DynamicTreeConfig
-from specdec_kit.runtime.verify import path_of
 from specdec_kit.serving.policy import fewest_steps
 
 

@@ -14,9 +14,11 @@ import pytest
 import torch
 from conftest import NEW_TOKENS, TargetCase, hf_greedy, make_prompts
 
-from specdec_kit.runtime.choices import EAGLE1_DEFAULT, MC_SIM_7B_63
-from specdec_kit.runtime.drafting import NoDrafter
-from specdec_kit.runtime.generate import SpeculativeGenerator
+from specdec_kit.runtime.core.choices import EAGLE1_DEFAULT, MC_SIM_7B_63
+from specdec_kit.runtime.core.trees import DynamicTreeConfig, StaticTree
+from specdec_kit.runtime.decoding.drafting import NoDrafter
+from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
+from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.runtime.registry import drafter_for
 from specdec_kit.runtime.synthetic import (
     eagle3_layers,
@@ -31,8 +33,6 @@ from specdec_kit.runtime.synthetic import (
     random_moa,
     with_draft_vocab,
 )
-from specdec_kit.runtime.target import TargetModel
-from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
 
 DYNAMIC = DynamicTreeConfig(total_tokens=24, depth=4, top_k=4)
 
@@ -61,7 +61,7 @@ def _eagle3_trained_for(hf_model) -> Path:
 def trained_eagle3(target: TargetModel):
     """EAGLE-3 has no hand-built oracle: a small head trained by the kit's own trainer (training-time test, a draft
     vocabulary of 60 of the 80 tokens), written in the official layout and loaded back."""
-    from specdec_kit.runtime.drafts.checkpoint import load_draft
+    from specdec_kit.runtime.checkpoint import load_draft
 
     return load_draft(
         _eagle3_trained_for(target.hf_model),

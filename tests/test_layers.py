@@ -3,7 +3,10 @@ directly or around a loop. Imports inside functions count (a lazy import is stil
 type checkers (``if TYPE_CHECKING:``) and a script's own entry block (``if __name__ == "__main__":``) do not.
 
     data, the package root   prompt sets, paths, plots
-    runtime                  the contract, registry, drafts, trees, verification, the loop, the ONNX Runtime backend
+    runtime                  in layers of its own: core (contract, caches, trees, verification, sampling, manifest)
+                             -> models (attention, target) -> drafts -> decoding (drafters, the loop) -> ort (graphs,
+                             the ONNX Runtime backend) -> its top-level wiring (registry, checkpoints, loader, engine,
+                             CLI, demo inputs)
     train, export, serving,  each on the runtime alone: none of them imports another
     edge, loadtest
     bench                    measures all of the above
@@ -85,6 +88,28 @@ def test_every_import_points_down() -> None:
     assert not wrong, "imports against the layers:\n" + "\n".join(sorted(wrong))
 
 
+RUNTIME_LAYERS = ("core", "models", "drafts", "decoding", "ort")  # bottom up; the runtime's top-level modules above
+
+
+def runtime_layer(module: str) -> int | None:
+    """The runtime sub-package layer of ``module`` (None outside the runtime; its top-level modules rank last)."""
+    if not module.startswith("specdec_kit.runtime."):
+        return None
+    part = module.split(".")[2]
+    return RUNTIME_LAYERS.index(part) if part in RUNTIME_LAYERS else len(RUNTIME_LAYERS)
+
+
+def test_the_runtime_layers_import_down() -> None:
+    wrong = [
+        f"{module} -> {target}"
+        for module, targets in graph().items()
+        if (level := runtime_layer(module)) is not None
+        for target in targets
+        if (runtime_layer(target) or 0) > level
+    ]
+    assert not wrong, "runtime imports against its layers:\n" + "\n".join(sorted(wrong))
+
+
 # random and constructed checkpoints for tests; besides the tests only the synthetic demo and a benchmark of a random
 # target read them (training, exports and serving never build on a fixture)
 FIXTURES = "specdec_kit.runtime.synthetic"
@@ -146,8 +171,10 @@ def test_no_import_cycles() -> None:
 def test_the_checks_catch_what_they_look_for() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
-    assert layer_of("specdec_kit.bench.speedup") > layer_of("specdec_kit.runtime.trees")
+    assert layer_of("specdec_kit.bench.speedup") > layer_of("specdec_kit.runtime.core.trees")
     assert layer_of("specdec_kit.paths")[0] == 0 and layer_of("specdec_kit.data.prompts")[0] == 0
+    assert runtime_layer("specdec_kit.runtime.core.trees") < runtime_layer("specdec_kit.runtime.ort.graphs")
+    assert runtime_layer("specdec_kit.runtime.ort.graphs") < runtime_layer("specdec_kit.runtime.registry")
     source = ast.parse(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import x\nif __name__ == '__main__':\n"
         "    import y\ndef f():\n    import z\n"

@@ -9,15 +9,15 @@ import pytest
 import torch
 from conftest import NEW_TOKENS
 
-from specdec_kit.runtime.choices import EAGLE1_DEFAULT
-from specdec_kit.runtime.drafts.checkpoint import load_draft, save_draft
+from specdec_kit.runtime.checkpoint import load_draft, save_draft
+from specdec_kit.runtime.core.choices import EAGLE1_DEFAULT
+from specdec_kit.runtime.core.sampling import SamplingParams
+from specdec_kit.runtime.core.trees import StaticTree
+from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
+from specdec_kit.runtime.decoding.moa_drafting import MoATreeDrafter, TorchMoAStep
 from specdec_kit.runtime.drafts.loading import DraftLoadError
-from specdec_kit.runtime.generate import SpeculativeGenerator
 from specdec_kit.runtime.loader import make_drafter
-from specdec_kit.runtime.moa_drafting import MoATreeDrafter, TorchMoAStep
-from specdec_kit.runtime.sampling import SamplingParams
 from specdec_kit.runtime.synthetic import oracle_moa, random_moa
-from specdec_kit.runtime.trees import StaticTree
 
 
 def test_tli_equal_to_depth_of_target_drafts_the_target_itself(random_case):
@@ -80,8 +80,8 @@ def test_requests_joining_mid_flight_with_moa(predictable_case):
 
 def test_training_learns_the_target_and_stays_lossless(predictable_case, tmp_path):
     """K-step bounded training with KL + Smooth-L1, TLI 0 and 1, on sequences the target itself wrote."""
-    from specdec_kit.runtime.drafting import NoDrafter
-    from specdec_kit.runtime.trees import DynamicTreeConfig
+    from specdec_kit.runtime.core.trees import DynamicTreeConfig
+    from specdec_kit.runtime.decoding.drafting import NoDrafter
     from specdec_kit.train.moa import MoASpec, train_moa
 
     case = predictable_case
@@ -103,8 +103,8 @@ def test_training_learns_the_target_and_stays_lossless(predictable_case, tmp_pat
 def test_engine_export_with_a_stated_reason_for_server_backends(predictable_case, tmp_path):
     from specdec_kit.export.builder import build_engine
     from specdec_kit.export.inputs import BuildError, BuildInputs
+    from specdec_kit.runtime.core.trees import DynamicTreeConfig, tree_to_dict
     from specdec_kit.runtime.engine import open_engine
-    from specdec_kit.runtime.trees import DynamicTreeConfig, tree_to_dict
 
     case = predictable_case
     case.hf.save_pretrained(tmp_path / "target")
@@ -137,9 +137,9 @@ def test_onnx_engine_drafts_exactly_what_pytorch_drafts(predictable_case, tmp_pa
     same accepted drafts as the PyTorch drafter; the TLI = L oracle must still be accepted in full."""
     from specdec_kit.export.builder import build_engine
     from specdec_kit.export.inputs import BuildInputs
+    from specdec_kit.runtime.core.trees import tree_to_dict
     from specdec_kit.runtime.demo import write_char_tokenizer
     from specdec_kit.runtime.engine import open_engine
-    from specdec_kit.runtime.trees import tree_to_dict
 
     case = predictable_case
     case.hf.save_pretrained(tmp_path / "target")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
+from specdec_kit.runtime.core.trees import DynamicTreeConfig, StaticTree
 from specdec_kit.serving.policy import (
     SpeculationPolicy,
     default_schedule,

@@ -7,12 +7,12 @@ import pytest
 import torch
 from conftest import NEW_TOKENS, hf_greedy
 
-from specdec_kit.runtime.drafting import FeatureTreeDrafter, TorchFeatureStep
-from specdec_kit.runtime.generate import SpeculativeGenerator
-from specdec_kit.runtime.prefix_cache import PrefixCache
-from specdec_kit.runtime.sampling import SamplingParams
+from specdec_kit.runtime.core.sampling import SamplingParams
+from specdec_kit.runtime.core.trees import DynamicTreeConfig
+from specdec_kit.runtime.decoding.drafting import FeatureTreeDrafter, TorchFeatureStep
+from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
+from specdec_kit.runtime.decoding.prefix_cache import PrefixCache
 from specdec_kit.runtime.synthetic import oracle_griffin
-from specdec_kit.runtime.trees import DynamicTreeConfig
 
 LAYERS, HEADS, DIM, FEATURES = 2, 1, 4, 3
 

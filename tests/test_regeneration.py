@@ -14,8 +14,8 @@ import torch
 
 from specdec_kit.data.prompts import DEFAULT_SPEC_BENCH
 from specdec_kit.runtime.loader import load_tokenizer
-from specdec_kit.runtime.pretrained import resolve_target
-from specdec_kit.runtime.target import TargetModel
+from specdec_kit.runtime.models.pretrained import resolve_target
+from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.train.distill import INDEX, read_shard
 from specdec_kit.train.distilled import DistilledData
 from specdec_kit.train.prompt_pool import (

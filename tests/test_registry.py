@@ -14,12 +14,12 @@ from conftest import hf_greedy
 
 from specdec_kit.export.builder import build_engine
 from specdec_kit.export.inputs import BuildError, BuildInputs
-from specdec_kit.runtime.generate import SpeculativeGenerator
+from specdec_kit.runtime.core.manifest import BACKENDS, read_manifest
+from specdec_kit.runtime.core.trees import DynamicTreeConfig, parse_tree_spec, tree_to_dict
+from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
 from specdec_kit.runtime.loader import load_draft_for, make_drafter
-from specdec_kit.runtime.manifest import BACKENDS, read_manifest
+from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.runtime.registry import SERVER_ENGINES, draft_kind, draft_kinds, trainable_kinds
-from specdec_kit.runtime.target import TargetModel
-from specdec_kit.runtime.trees import DynamicTreeConfig, parse_tree_spec, tree_to_dict
 from specdec_kit.train.methods import Trainer, trainer_for
 
 LEGACY_RELEASE = "1.2.1"  # a TensorRT-LLM release with the legacy engine route

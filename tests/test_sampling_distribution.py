@@ -15,12 +15,14 @@ import pytest
 import torch
 from conftest import chi_square_pvalue
 
-from specdec_kit.runtime.choices import EAGLE1_DEFAULT, chain
-from specdec_kit.runtime.drafting import FeatureTreeDrafter, MedusaDrafter, NoDrafter, TorchFeatureStep
-from specdec_kit.runtime.generate import SpeculativeGenerator
-from specdec_kit.runtime.moa_drafting import MoATreeDrafter, TorchMoAStep
+from specdec_kit.runtime.core.choices import EAGLE1_DEFAULT, chain
+from specdec_kit.runtime.core.sampling import SamplingParams, target_probs
+from specdec_kit.runtime.core.trees import DynamicTreeConfig, StaticTree
+from specdec_kit.runtime.decoding.drafting import FeatureTreeDrafter, MedusaDrafter, NoDrafter, TorchFeatureStep
+from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
+from specdec_kit.runtime.decoding.moa_drafting import MoATreeDrafter, TorchMoAStep
+from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.runtime.registry import drafter_for as registry_drafter_for
-from specdec_kit.runtime.sampling import SamplingParams, target_probs
 from specdec_kit.runtime.synthetic import (
     fitted_medusa,
     oracle_griffin,
@@ -31,8 +33,6 @@ from specdec_kit.runtime.synthetic import (
     tiny_hf_model,
     with_draft_vocab,
 )
-from specdec_kit.runtime.target import TargetModel
-from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
 
 VOCAB = 6
 SAMPLES = 3000

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from server_helpers import KEY, InProcessServer, Server
 
-from specdec_kit.runtime.generate import SpeculativeGenerator
+from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
 
 FAULTY_PROMPT = "this row is doomed"
 

@@ -19,8 +19,8 @@ from server_helpers import KEY, InProcessServer, Server
 
 from specdec_kit.export.builder import build_engine
 from specdec_kit.export.inputs import BuildInputs
+from specdec_kit.runtime.core.trees import DynamicTreeConfig, tree_to_dict
 from specdec_kit.runtime.engine import open_engine
-from specdec_kit.runtime.trees import DynamicTreeConfig, tree_to_dict
 from specdec_kit.serving.app import ensure_chat_template
 
 PROMPTS = [

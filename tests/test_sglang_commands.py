@@ -20,11 +20,11 @@ from test_helm import server as server_container
 from specdec_kit.export.builder import build_engine
 from specdec_kit.export.engine_rules import SGLANG_PP_SPEC
 from specdec_kit.export.inputs import BuildError, BuildInputs
+from specdec_kit.runtime.checkpoint import save_draft
+from specdec_kit.runtime.core.trees import DynamicTreeConfig, tree_to_dict
 from specdec_kit.runtime.demo import write_demo
-from specdec_kit.runtime.drafts.checkpoint import save_draft
+from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.runtime.synthetic import random_eagle3
-from specdec_kit.runtime.target import TargetModel
-from specdec_kit.runtime.trees import DynamicTreeConfig, tree_to_dict
 from specdec_kit.serving.cli import external_flags
 
 pytestmark = [pytest.mark.sglang, pytest.mark.helm]

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from specdec_kit.data.prompts import DEFAULT_SPEC_BENCH, held_out_ids
-from specdec_kit.runtime.generate import SpeculativeGenerator
+from specdec_kit.runtime.core.trees import DynamicTreeConfig
+from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
 from specdec_kit.runtime.loader import load_tokenizer, make_drafter
-from specdec_kit.runtime.pretrained import NAMED_TARGETS, named_head, resolve_target
-from specdec_kit.runtime.target import TargetModel
-from specdec_kit.runtime.trees import DynamicTreeConfig
+from specdec_kit.runtime.models.pretrained import NAMED_TARGETS, named_head, resolve_target
+from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.train.prompt_sources import read_prompts
 from specdec_kit.train.recipe import RECIPES
 

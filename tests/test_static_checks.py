@@ -14,8 +14,8 @@ from package_layout import installed_sources
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-# the modules the type checker reads (with everything they import); ort_backend.py holds each class to its protocol
-TYPED = ("specdec_kit/runtime/contract.py", "specdec_kit/runtime/ort_backend.py")
+# the modules the type checker reads (with everything they import); ort/backend.py holds each class to its protocol
+TYPED = ("specdec_kit/runtime/core/contract.py", "specdec_kit/runtime/ort/backend.py")
 
 
 def run(*command: str, cwd: Path = REPO) -> subprocess.CompletedProcess:

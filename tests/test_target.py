@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specdec_kit.runtime.core.trees import buffers_from_parents
+from specdec_kit.runtime.models.target import TargetLoadError, TargetModel
 from specdec_kit.runtime.synthetic import tiny_hf_model
-from specdec_kit.runtime.target import TargetLoadError, TargetModel
-from specdec_kit.runtime.trees import buffers_from_parents
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
@@ -35,7 +35,7 @@ def test_tree_forward_matches_transformers(family):
             torch.testing.assert_close(out.logits[b, node], ref.logits[0, -1], atol=2e-5, rtol=1e-4)
             torch.testing.assert_close(out.features[b, node], ref.hidden_states[-1][0, -1], atol=2e-5, rtol=1e-4)
     # accept path r -> a -> c in row 0 and r -> b in row 1, compact, then continue with one token
-    from specdec_kit.runtime.verify import path_of
+    from specdec_kit.runtime.core.verify import path_of
 
     path, n = path_of(buf.tree_mask.expand(2, 4, 4), torch.tensor([3, 2]))
     assert path.tolist() == [[0, 1, 3], [0, 2, 0]] and n.tolist() == [3, 2]

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec_kit.runtime.choices import chain
-from specdec_kit.runtime.drafting import FeatureTreeDrafter, MedusaDrafter, NoDrafter, TorchFeatureStep
-from specdec_kit.runtime.drafts.checkpoint import load_draft
-from specdec_kit.runtime.generate import SpeculativeGenerator
+from specdec_kit.runtime.checkpoint import load_draft
+from specdec_kit.runtime.core.choices import chain
+from specdec_kit.runtime.core.trees import DynamicTreeConfig, StaticTree
+from specdec_kit.runtime.decoding.drafting import FeatureTreeDrafter, MedusaDrafter, NoDrafter, TorchFeatureStep
+from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
 from specdec_kit.runtime.synthetic import tiny_target
-from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
 from specdec_kit.train.corpus import is_heldout, load_corpus
 from specdec_kit.train.draft_forward import alignment_mask
 from specdec_kit.train.heads import HeadSpec, train_head

@@ -6,11 +6,11 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from specdec_kit.runtime.choices import EAGLE1_DEFAULT, MC_SIM_7B_63, chain
+from specdec_kit.runtime.core.choices import EAGLE1_DEFAULT, MC_SIM_7B_63, chain
+from specdec_kit.runtime.core.trees import DynamicTreeConfig, StaticTree, buffers_from_parents, parse_tree_spec
+from specdec_kit.runtime.core.verify import verify_choices
 from specdec_kit.runtime.registry import drafter_for
 from specdec_kit.runtime.synthetic import random_eagle, random_griffin, tiny_target
-from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree, buffers_from_parents, parse_tree_spec
-from specdec_kit.runtime.verify import verify_choices
 
 parent_lists = st.lists(st.integers(min_value=0, max_value=10_000), min_size=0, max_size=40).map(
     lambda raw: [-1] + [r % (i + 1) for i, r in enumerate(raw)]

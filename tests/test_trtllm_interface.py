@@ -21,9 +21,9 @@ from transformers import AutoConfig
 
 from specdec_kit.export.builder import build_engine
 from specdec_kit.export.inputs import BuildError, BuildInputs
-from specdec_kit.runtime.drafts.checkpoint import load_draft
-from specdec_kit.runtime.target import TargetModel
-from specdec_kit.runtime.trees import DynamicTreeConfig, parse_tree_spec, tree_to_dict
+from specdec_kit.runtime.checkpoint import load_draft
+from specdec_kit.runtime.core.trees import DynamicTreeConfig, parse_tree_spec, tree_to_dict
+from specdec_kit.runtime.models.target import TargetModel
 
 SCHEMA = json.loads((Path(__file__).parent / "upstream" / "tensorrt_llm_llm_args.json").read_text())
 

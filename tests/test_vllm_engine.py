@@ -23,11 +23,11 @@ from server_helpers import free_port
 
 from specdec_kit.bench.servers import SERVED_NAME, acceptance_length, start_vllm
 from specdec_kit.paths import default_zoo
-from specdec_kit.runtime.generate import SpeculativeGenerator
+from specdec_kit.runtime.core.trees import parse_tree_spec
+from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
 from specdec_kit.runtime.loader import load_draft_for
+from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.runtime.registry import drafter_for
-from specdec_kit.runtime.target import TargetModel
-from specdec_kit.runtime.trees import parse_tree_spec
 
 pytestmark = pytest.mark.vllm
 
@@ -254,7 +254,7 @@ SAMPLES, PER_REQUEST = 2000, 500  # n per request; vLLM seeds the n children see
 @torch.no_grad()
 def exact_first_three(target: TargetModel, prompt: list[int]) -> tuple[dict, dict]:
     """p(x1, x2) and p(x3) of the processed target distribution, by enumerating its (top-k) support."""
-    from specdec_kit.runtime.sampling import SamplingParams, target_probs
+    from specdec_kit.runtime.core.sampling import SamplingParams, target_probs
 
     params = SamplingParams(**SAMPLED)
 

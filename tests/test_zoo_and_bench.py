@@ -7,8 +7,8 @@ import json
 import pytest
 
 from specdec_kit.bench import speedup_cli
-from specdec_kit.runtime.drafts.checkpoint import load_draft
-from specdec_kit.runtime.target import TargetModel
+from specdec_kit.runtime.checkpoint import load_draft
+from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.train import zoo
 
 TINY = {

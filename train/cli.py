@@ -90,14 +90,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="auto")
     args = p.parse_args(argv)
     from specdec_kit.runtime.loader import load_tokenizer, set_threads
-    from specdec_kit.runtime.target import TargetLoadError, TargetModel
+    from specdec_kit.runtime.models.target import TargetLoadError, TargetModel
     from specdec_kit.train.corpus import load_corpus
     from specdec_kit.train.data import blocks, token_stream
     from specdec_kit.train.methods import trainer_for
 
     set_threads()
     try:
-        from specdec_kit.runtime.pretrained import resolve_target
+        from specdec_kit.runtime.models.pretrained import resolve_target
 
         args.target = resolve_target(args.target)
         target = TargetModel.from_pretrained(args.target, dtype="float32", device=args.device)

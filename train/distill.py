@@ -31,7 +31,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from specdec_kit.runtime.target import TargetModel
+from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.train.prompt_sources import Prompt, read_prompts
 
 INDEX = "index.json"
@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, help="only the first N prompts")
     args = p.parse_args(argv)
     from specdec_kit.runtime.loader import set_threads
-    from specdec_kit.runtime.pretrained import resolve_target
+    from specdec_kit.runtime.models.pretrained import resolve_target
 
     set_threads()
     spec = DistillSpec.from_dict(json.loads(args.spec.read_text())) if args.spec else DistillSpec()

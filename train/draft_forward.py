@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specdec_kit.runtime.attention import apply_rope
 from specdec_kit.runtime.drafts.layers import FeatureDraft
+from specdec_kit.runtime.models.attention import apply_rope
 
 
 def alignment_mask(seq_len: int, pass_index: int, device) -> torch.Tensor:

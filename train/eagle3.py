@@ -23,12 +23,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from specdec_kit.runtime.attention import apply_rope
-from specdec_kit.runtime.device import resolve_device
-from specdec_kit.runtime.drafts.checkpoint import save_draft
+from specdec_kit.runtime.checkpoint import save_draft
+from specdec_kit.runtime.core.device import resolve_device
 from specdec_kit.runtime.drafts.eagle3 import Eagle3Draft, default_feature_layers
 from specdec_kit.runtime.drafts.loading import draft_config
-from specdec_kit.runtime.target import TargetModel
+from specdec_kit.runtime.models.attention import apply_rope
+from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.train.distilled import BatchMasks, DistilledData
 from specdec_kit.train.heldout import HeldOutTracker
 from specdec_kit.train.methods import Trainer

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from specdec_kit.runtime.target import TargetModel
+from specdec_kit.runtime.models.target import TargetModel
 
 
 def cache_bytes(blocks: int, seq_len: int, hidden: int) -> int:

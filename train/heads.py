@@ -19,13 +19,13 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from specdec_kit.runtime.device import resolve_device, resolve_dtype
-from specdec_kit.runtime.drafts.checkpoint import save_draft
+from specdec_kit.runtime.checkpoint import save_draft
+from specdec_kit.runtime.core.device import resolve_device, resolve_dtype
 from specdec_kit.runtime.drafts.eagle import EagleDraft
 from specdec_kit.runtime.drafts.griffin import GriffinDraft
 from specdec_kit.runtime.drafts.loading import draft_config
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
-from specdec_kit.runtime.target import TargetModel
+from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.train.distilled import BatchMasks, DistilledData
 from specdec_kit.train.draft_forward import PassRunner, next_pass_features
 from specdec_kit.train.features import StreamedFeatures

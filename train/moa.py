@@ -22,11 +22,11 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from specdec_kit.runtime.attention import apply_rope
-from specdec_kit.runtime.drafts.checkpoint import save_draft
+from specdec_kit.runtime.checkpoint import save_draft
 from specdec_kit.runtime.drafts.loading import draft_config
 from specdec_kit.runtime.drafts.moa import MoADraft
-from specdec_kit.runtime.target import TargetModel
+from specdec_kit.runtime.models.attention import apply_rope
+from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.train.methods import Trainer
 from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state
 

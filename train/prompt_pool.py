@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="shuffle seed")
     args = p.parse_args(argv)
     from specdec_kit.data.prompts import DEFAULT_SPEC_BENCH
-    from specdec_kit.runtime.pretrained import cache_root
+    from specdec_kit.runtime.models.pretrained import cache_root
 
     spec = PoolSpec(max_turns=args.max_turns, seed=args.seed, sources=args.sources.split(","))
     try:

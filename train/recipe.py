@@ -28,7 +28,7 @@ RECIPES = Path(__file__).resolve().parent / "recipes"
 
 
 def data_dir(recipe: dict, given: Path | None) -> Path:
-    from specdec_kit.runtime.pretrained import cache_root
+    from specdec_kit.runtime.models.pretrained import cache_root
 
     return given or cache_root() / "data" / recipe["name"]
 
@@ -37,7 +37,7 @@ def run_distill(recipe: dict, recipe_dir: Path, data: Path, backend: dict | None
     """The training data: regenerated from a prompt pool when the recipe has a ``regenerate`` section (pool, answers
     turn by turn, then teacher-forced features: ``data/pool``, ``data/answers``, ``data/features``), else distilled
     from the recipe's prompt file with features written while generating."""
-    from specdec_kit.runtime.pretrained import resolve_target
+    from specdec_kit.runtime.models.pretrained import resolve_target
 
     if "regenerate" in recipe:
         return run_regenerate(recipe, data, resolve_target(recipe["target"]), backend or {})
@@ -116,9 +116,9 @@ def run_head(
     (the held-out prompts are measured over all the data either way)."""
     import torch
 
-    from specdec_kit.runtime.device import resolve_dtype
-    from specdec_kit.runtime.pretrained import resolve_target
-    from specdec_kit.runtime.target import TargetModel
+    from specdec_kit.runtime.core.device import resolve_dtype
+    from specdec_kit.runtime.models.pretrained import resolve_target
+    from specdec_kit.runtime.models.target import TargetModel
     from specdec_kit.train.distilled import DistilledData
 
     folder = out / name

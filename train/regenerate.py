@@ -66,14 +66,14 @@ class KitAnswers:
     the kit's server runs)."""
 
     def __init__(self, target_path: Path, batch: int = 32, engine: Path | None = None):
-        from specdec_kit.runtime.generate import SpeculativeGenerator
+        from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
 
         if engine is not None:
             from specdec_kit.runtime.engine import open_engine
 
             self.generator = open_engine(engine).generator(speculative=False)
         else:
-            from specdec_kit.runtime.target import TargetModel
+            from specdec_kit.runtime.models.target import TargetModel
 
             self.generator = SpeculativeGenerator(TargetModel.from_pretrained(target_path, dtype="float32"))
         self.eos = set(self.generator.eos)
@@ -82,7 +82,7 @@ class KitAnswers:
     def answer(
         self, prompts: list[list[int]], max_tokens: list[int], temperature: float, seed: int
     ) -> list[tuple[list[int], str]]:
-        from specdec_kit.runtime.sampling import SamplingParams
+        from specdec_kit.runtime.core.sampling import SamplingParams
 
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # similar lengths share a batch
         answers: dict[int, tuple[list[int], str]] = {}
@@ -106,7 +106,7 @@ class TransformersAnswers:
         import torch
         from transformers import AutoModelForCausalLM
 
-        from specdec_kit.runtime.device import resolve_device
+        from specdec_kit.runtime.core.device import resolve_device
 
         if not eos:
             raise ValueError(
@@ -453,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spec", type=Path, help="JSON with RegenSpec fields")
     args = p.parse_args(argv)
     from specdec_kit.runtime.loader import set_threads
-    from specdec_kit.runtime.pretrained import cache_root, resolve_target
+    from specdec_kit.runtime.models.pretrained import cache_root, resolve_target
     from specdec_kit.train.distill import run_stage
 
     set_threads()

@@ -76,7 +76,7 @@ def features_for(target, samples: list[dict], spec: FeatureSpec) -> list[Sample]
 
 def teacher_features(target_path: Path, answers: Path, out: Path, spec: FeatureSpec, progress: bool = True) -> dict:
     """Write (or go on writing) the features of every answers shard in ``answers`` into ``out``."""
-    from specdec_kit.runtime.target import TargetModel
+    from specdec_kit.runtime.models.target import TargetModel
     from specdec_kit.train.distill import default_hidden_indices
 
     if not (answers / ANSWERS_INDEX).is_file():
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens-per-batch", type=int, default=FeatureSpec.tokens_per_batch)
     args = p.parse_args(argv)
     from specdec_kit.runtime.loader import set_threads
-    from specdec_kit.runtime.pretrained import resolve_target
+    from specdec_kit.runtime.models.pretrained import resolve_target
 
     set_threads()
     spec = FeatureSpec(context_tokens=args.context_tokens, tokens_per_batch=args.tokens_per_batch)

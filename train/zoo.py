@@ -36,7 +36,7 @@ def train_tokens(tokenizer, corpus, spec: LMSpec) -> torch.Tensor:
 def build_lm_stage(name: str, out: Path, recipe: dict, tokenizer, corpus, log: dict) -> None:
     import torch
 
-    from specdec_kit.runtime.device import resolve_dtype
+    from specdec_kit.runtime.core.device import resolve_dtype
     from specdec_kit.train.data import blocks, token_stream
     from specdec_kit.train.lm import LMSpec, build_lm, heldout_loss, train_lm
 

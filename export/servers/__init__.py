@@ -17,8 +17,8 @@ from specdec_kit.export.inputs import BuildError, BuildInputs
 from specdec_kit.export.servers.sglang import build_sglang
 from specdec_kit.export.servers.trtllm import build_trtllm
 from specdec_kit.export.servers.vllm import build_vllm
+from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.runtime.registry import draft_kind
-from specdec_kit.runtime.target import TargetModel
 
 
 def build_server_export(staging: Path, inputs: BuildInputs, target: TargetModel, module, tree, step) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from specdec_kit.export.weight_maps import (
     fused_draft_parameters,
     fused_draft_weight_map,
 )
-from specdec_kit.runtime.target import TargetModel
+from specdec_kit.runtime.models.target import TargetModel
 
 PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
 

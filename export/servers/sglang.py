@@ -20,9 +20,9 @@ from specdec_kit.export.servers.common import (
     serve_script,
     write_target,
 )
+from specdec_kit.runtime.core.trees import DynamicTreeConfig
+from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.runtime.registry import draft_kind
-from specdec_kit.runtime.target import TargetModel
-from specdec_kit.runtime.trees import DynamicTreeConfig
 
 SGLANG_PLUGIN = "specdec_griffin_sglang"
 

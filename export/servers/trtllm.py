@@ -22,8 +22,8 @@ from specdec_kit.export.servers.common import (
     target_config,
     write_target,
 )
+from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.runtime.registry import draft_kind
-from specdec_kit.runtime.target import TargetModel
 
 
 def _trtllm_checkpoint(

@@ -32,9 +32,9 @@ from specdec_kit.export.servers.common import (
     serve_script,
     write_target,
 )
+from specdec_kit.runtime.core.trees import DynamicTreeConfig, StaticTree
+from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.runtime.registry import EngineForm, draft_kind
-from specdec_kit.runtime.target import TargetModel
-from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
 
 PLUGIN = "specdec_vllm"
 PLUGIN_SOURCE = PLUGINS / "vllm" / PLUGIN

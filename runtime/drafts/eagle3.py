@@ -19,9 +19,9 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from specdec_kit.runtime.attention import cached_attention
-from specdec_kit.runtime.contract import AttentionWindow, LayerCache
+from specdec_kit.runtime.core.contract import AttentionWindow, LayerCache
 from specdec_kit.runtime.drafts.layers import DraftAttention, DraftMLP, FeatureDraft, OnTargetVocab
+from specdec_kit.runtime.models.attention import cached_attention
 
 
 def default_feature_layers(num_target_layers: int) -> tuple[int, int, int]:

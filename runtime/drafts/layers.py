@@ -13,9 +13,9 @@ from transformers import LlamaConfig
 from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
-from specdec_kit.runtime.attention import cached_attention
-from specdec_kit.runtime.contract import AttentionWindow, LayerCache
-from specdec_kit.runtime.kv_cache import KVCache
+from specdec_kit.runtime.core.contract import AttentionWindow, LayerCache
+from specdec_kit.runtime.core.kv_cache import KVCache
+from specdec_kit.runtime.models.attention import cached_attention
 
 
 class DraftAttention(nn.Module):
@@ -145,7 +145,7 @@ class FeatureDraft(nn.Module):
         full-sequence forward) -> (prediction, regression) features.
 
         features [B, Q, d] paired with the tokens [B, Q] that follow them; ``pending_mask`` [B, Q, P] picks the
-        visible pending slots, the new tokens' own being the last Q (see ``runtime/contract.py``)."""
+        visible pending slots, the new tokens' own being the last Q (see ``runtime/core/contract.py``)."""
         window = cache.window(pending_mask)
         hidden = self.fuse(features, self.embed_tokens(tokens).to(features.dtype))
         cos, sin = self.rotary_emb(hidden, positions)

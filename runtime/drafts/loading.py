@@ -17,7 +17,7 @@ Layouts (as the reference implementations write them):
 
 The single key map per format lives in ``official_key_map``; everything else is a strict ``load_state_dict``
 preceded by checks that name the file, the key and the expected and found values. Which builder and which
-weight files a kind uses is the drafter registry's (``runtime/registry.py``); ``checkpoint.py`` loads a checkpoint
+weight files a kind uses is the drafter registry's (``runtime/registry.py``); ``runtime/checkpoint.py`` loads a checkpoint
 of a registered kind.
 """
 
@@ -39,7 +39,7 @@ from specdec_kit.runtime.drafts.medusa import MedusaHeads
 from specdec_kit.runtime.drafts.moa import MoADraft
 
 if TYPE_CHECKING:
-    from specdec_kit.runtime.target import TargetModel
+    from specdec_kit.runtime.models.target import TargetModel
 
 MEDUSA_PREFIX = "medusa_head."
 

@@ -24,10 +24,10 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
-from specdec_kit.runtime.attention import apply_rope, cached_attention
-from specdec_kit.runtime.contract import AttentionWindow
+from specdec_kit.runtime.core.contract import AttentionWindow
+from specdec_kit.runtime.core.kv_cache import KVCache
 from specdec_kit.runtime.drafts.layers import DraftAttention, DraftMLP
-from specdec_kit.runtime.kv_cache import KVCache
+from specdec_kit.runtime.models.attention import apply_rope, cached_attention
 
 
 class LayerSelfAttention(nn.Module):

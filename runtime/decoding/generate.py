@@ -13,14 +13,14 @@ from typing import Callable, Sequence
 
 import torch
 
-from specdec_kit.runtime.contract import TargetOutput, TargetStep
-from specdec_kit.runtime.device import now
-from specdec_kit.runtime.draft_context import DraftContext
-from specdec_kit.runtime.drafting import Drafter, DraftTree, NoDrafter, Tree
-from specdec_kit.runtime.kv_cache import KVCache
-from specdec_kit.runtime.prefix_cache import PrefixBlock, PrefixCache, joined
-from specdec_kit.runtime.sampling import SamplingParams, request_seed, sampled_tokens
-from specdec_kit.runtime.verify import verify_batch
+from specdec_kit.runtime.core.contract import TargetOutput, TargetStep
+from specdec_kit.runtime.core.device import now
+from specdec_kit.runtime.core.kv_cache import KVCache
+from specdec_kit.runtime.core.sampling import SamplingParams, request_seed, sampled_tokens
+from specdec_kit.runtime.core.verify import verify_batch
+from specdec_kit.runtime.decoding.draft_context import DraftContext
+from specdec_kit.runtime.decoding.drafting import Drafter, DraftTree, NoDrafter, Tree
+from specdec_kit.runtime.decoding.prefix_cache import PrefixBlock, PrefixCache, joined
 
 logger = logging.getLogger(__name__)
 

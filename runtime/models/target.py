@@ -15,10 +15,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specdec_kit.runtime.attention import cached_attention
-from specdec_kit.runtime.contract import LayerCache, TargetOutput
-from specdec_kit.runtime.device import resolve_device, resolve_dtype
-from specdec_kit.runtime.kv_cache import KVCache
+from specdec_kit.runtime.core.contract import LayerCache, TargetOutput
+from specdec_kit.runtime.core.device import resolve_device, resolve_dtype
+from specdec_kit.runtime.core.kv_cache import KVCache
+from specdec_kit.runtime.models.attention import cached_attention
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 
@@ -171,7 +171,7 @@ class TargetModel(nn.Module):
         taps: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Decoder layers ``first_layer`` .. L-1 and the final norm on ``hidden`` [B, Q, d]; ``pending_mask``
-        [B, Q, P] as in ``runtime/contract.py``. The whole forward runs all layers; a Mixture-of-Attentions
+        [B, Q, P] as in ``runtime/core/contract.py``. The whole forward runs all layers; a Mixture-of-Attentions
         draft with TLI = N runs the last N over the same cache (its entries stay pending, never committed).
         ``taps`` receives the hidden states entering the ``feature_layers``."""
         inner = self.hf_model.model

@@ -1,6 +1,6 @@
 """ONNX Runtime backend: the engine's graphs behind the same calls the PyTorch modules answer.
 
-Each class implements a protocol of ``runtime/contract.py`` beside its PyTorch counterpart: ``OrtTarget``
+Each class implements a protocol of ``runtime/core/contract.py`` beside its PyTorch counterpart: ``OrtTarget``
 (``TargetStep``, like ``TargetModel``), ``OrtFeatureDraftStep`` (``FeatureStep``, like ``TorchFeatureStep``),
 ``OrtMedusaHeads`` (``MedusaStep``, like ``MedusaHeads``) and ``OrtMoAStep`` (a ``MoAStep``, like
 ``TorchMoAStep``); the generation loop, tree search and verification are the runtime's own.
@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 import numpy as np
 import torch
 
-from specdec_kit.runtime.graphs import past_names
-from specdec_kit.runtime.kv_cache import KVCache
-from specdec_kit.runtime.moa_drafting import MoAStep
-from specdec_kit.runtime.target import TargetOutput
-from specdec_kit.runtime.trees import DynamicTreeConfig
+from specdec_kit.runtime.core.kv_cache import KVCache
+from specdec_kit.runtime.core.trees import DynamicTreeConfig
+from specdec_kit.runtime.decoding.moa_drafting import MoAStep
+from specdec_kit.runtime.models.target import TargetOutput
+from specdec_kit.runtime.ort.graphs import past_names
 
 CACHE_BLOCK = 64  # slots a cache grows by: reading up to this many spare slots beats copying the past every call
 NUMPY_TYPES = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_}
@@ -334,7 +334,7 @@ class OrtMoAStep(MoAStep):
 
 
 if TYPE_CHECKING:  # the type checker (basic mode, in the tests) holds each class to its protocol of the contract
-    from specdec_kit.runtime.contract import FeatureStep, MedusaStep, TargetStep, WholeTreeStep
+    from specdec_kit.runtime.core.contract import FeatureStep, MedusaStep, TargetStep, WholeTreeStep
 
     def _implements_the_contract(
         target: OrtTarget, draft: OrtFeatureDraftStep, medusa: OrtMedusaHeads

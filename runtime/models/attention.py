@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specdec_kit.runtime.contract import AttentionWindow
+from specdec_kit.runtime.core.contract import AttentionWindow
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

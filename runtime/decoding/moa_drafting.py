@@ -19,18 +19,18 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from specdec_kit.runtime.contract import LayerCache
-from specdec_kit.runtime.drafting import Drafter, DraftTree, FeatureTreeDrafter, last_real
+from specdec_kit.runtime.core.contract import LayerCache
+from specdec_kit.runtime.core.kv_cache import KVCache
+from specdec_kit.runtime.core.trees import DynamicTreeConfig, StaticTree
+from specdec_kit.runtime.decoding.drafting import Drafter, DraftTree, FeatureTreeDrafter, last_real
 from specdec_kit.runtime.drafts.moa import MoADraft
-from specdec_kit.runtime.kv_cache import KVCache
-from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree
 
 
 def moa_hidden(
     draft: MoADraft, tokens, positions, sa_pending: torch.Tensor, cache: LayerCache, mem_keys, mem_values, mem_visible
 ) -> torch.Tensor:
     """The draft body: SA over the tokens (``cache`` holds the earlier ones, ``sa_pending`` [B, Q, P] as in
-    ``runtime/contract.py``), then CA to the memory keys/values [B, H, M, D] where ``mem_visible`` [B, M]; the
+    ``runtime/core/contract.py``), then CA to the memory keys/values [B, H, M, D] where ``mem_visible`` [B, M]; the
     runtime and the ONNX export share it."""
     emb = draft.embed_tokens(tokens)
     cos, sin = draft.rotary_emb(emb, positions)

@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     p = argparse.ArgumentParser(
-        prog="python -m specdec_kit.runtime.pretrained",
+        prog="python -m specdec_kit.runtime.models.pretrained",
         description="Obtain a named target (and convert it once); prints its directory.",
     )
     p.add_argument("name", choices=sorted(NAMED_TARGETS))

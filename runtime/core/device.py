@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from specdec_kit.runtime.manifest import DTYPE_NAMES
+from specdec_kit.runtime.core.manifest import DTYPE_NAMES
 
 
 def default_device() -> torch.device:

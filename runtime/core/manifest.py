@@ -17,7 +17,7 @@ SCHEMA_VERSION = 1
 ONNX_GRAPH_INTERFACE = 2  # the ONNX engines' graph I/O: 2 = one key and one value buffer input per layer, read in place
 MANIFEST_NAME = "manifest.json"
 BACKENDS = ("onnxruntime", "torch", "tensorrt-llm", "sglang", "vllm")
-# dtype names the kit accepts, by torch dtype name (``runtime/device.py`` maps them to torch dtypes)
+# dtype names the kit accepts, by torch dtype name (``runtime/core/device.py`` maps them to torch dtypes)
 DTYPE_NAMES = {
     "float32": "float32",
     "fp32": "float32",

@@ -16,12 +16,12 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from specdec_kit.runtime.contract import FeatureStep, MedusaStep, WholeTreeStep
-from specdec_kit.runtime.draft_context import last_real
+from specdec_kit.runtime.core.contract import FeatureStep, MedusaStep, WholeTreeStep
+from specdec_kit.runtime.core.kv_cache import KVCache
+from specdec_kit.runtime.core.trees import DynamicTreeConfig, StaticTree, ancestor_masks
+from specdec_kit.runtime.decoding.draft_context import last_real
+from specdec_kit.runtime.decoding.prefix_cache import PrefixBlock, joined
 from specdec_kit.runtime.drafts.layers import FeatureDraft
-from specdec_kit.runtime.kv_cache import KVCache
-from specdec_kit.runtime.prefix_cache import PrefixBlock, joined
-from specdec_kit.runtime.trees import DynamicTreeConfig, StaticTree, ancestor_masks
 
 
 @dataclass
@@ -433,7 +433,7 @@ def dynamic_tree_search(
 
     ``step(features [B, k, d], tokens [B, k], level - 1, visible [B, k, slots])`` drafts one level: the beams see
     the earlier levels' slots (and their own) through ``visible``. Pure tensor operations with ``cfg`` fixed, so an
-    engine can export the whole search as one graph (``runtime/graphs.py``, ``DraftTreeGraph``)."""
+    engine can export the whole search as one graph (``runtime/ort/graphs.py``, ``DraftTreeGraph``)."""
     k = cfg.top_k
     bsz, dev = roots.shape[0], roots.device
     rows = torch.arange(bsz, device=dev)[:, None]

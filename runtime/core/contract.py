@@ -2,8 +2,8 @@
 draft step and a cache.
 
 Every backend implements these: the PyTorch modules (``TargetModel``, ``TorchFeatureStep``, ``TorchMoAStep``,
-``MedusaHeads``) and the ONNX Runtime graphs (``runtime/ort_backend.py``); the ONNX export runs the PyTorch
-modules over a ``GraphCache`` (``runtime/graphs.py``), which implements ``LayerCache`` with the past keys and
+``MedusaHeads``) and the ONNX Runtime graphs (``runtime/ort/backend.py``); the ONNX export runs the PyTorch
+modules over a ``GraphCache`` (``runtime/ort/graphs.py``), which implements ``LayerCache`` with the past keys and
 values as graph inputs. A new backend implements the protocols below and registers its drafters in
 ``runtime/registry.py``; nothing else in the loop, the server or the client-server code changes.
 
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import torch
 
 if TYPE_CHECKING:
-    from specdec_kit.runtime.kv_cache import KVCache
+    from specdec_kit.runtime.core.kv_cache import KVCache
 
 
 class AttentionWindow(Protocol):

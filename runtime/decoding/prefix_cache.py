@@ -18,7 +18,7 @@ from typing import Sequence
 
 import torch
 
-from specdec_kit.runtime.contract import TargetStep
+from specdec_kit.runtime.core.contract import TargetStep
 
 
 @dataclass(eq=False)

@@ -6,7 +6,7 @@ per-layer buffers are graph inputs and whose new keys/values are graph outputs).
 whole ``KVCache`` buffer as that layer's input, in place: nothing copies the past. So attention reads the buffer
 and the new keys separately (one softmax over both), and grouped-query heads share a key head by reshaping the
 queries rather than repeating the keys. ``GraphPlan``s say what each engine graph is (role, module, example
-inputs, dynamic axes); ``export/onnx_graphs.py`` writes them as ONNX, and ``runtime/ort_backend.py`` feeds the
+inputs, dynamic axes); ``export/onnx_graphs.py`` writes them as ONNX, and ``runtime/ort/backend.py`` feeds the
 resulting sessions from the runtime's ``KVCache`` under the same names.
 """
 
@@ -18,14 +18,14 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from specdec_kit.runtime.drafting import dynamic_tree_search, log_probs
+from specdec_kit.runtime.core.trees import DynamicTreeConfig
+from specdec_kit.runtime.decoding.drafting import dynamic_tree_search, log_probs
+from specdec_kit.runtime.decoding.moa_drafting import moa_hidden
 from specdec_kit.runtime.drafts.eagle3 import Eagle3Draft
 from specdec_kit.runtime.drafts.layers import FeatureDraft
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
 from specdec_kit.runtime.drafts.moa import MoADraft
-from specdec_kit.runtime.moa_drafting import moa_hidden
-from specdec_kit.runtime.target import TargetModel
-from specdec_kit.runtime.trees import DynamicTreeConfig
+from specdec_kit.runtime.models.target import TargetModel
 
 
 def past_names(layers: int) -> tuple[str, ...]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec_kit.runtime.sampling import SamplingParams, sampled_tokens
+from specdec_kit.runtime.core.sampling import SamplingParams, sampled_tokens
 
 
 @dataclass

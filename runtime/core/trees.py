@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from specdec_kit.runtime.choices import NAMED_TREES, chain
+from specdec_kit.runtime.core.choices import NAMED_TREES, chain
 
 
 @dataclass(frozen=True)
