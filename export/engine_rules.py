@@ -71,10 +71,11 @@ def engine_rules() -> list[EngineRule]:
         for name in draft_kinds()
         for backend, reason in draft_kind(name).refused_backends.items()
     ]
+    current = kinds_for_engine("tensorrt-llm")
     rules.append(EngineRule("sglang", kinds_for_engine("sglang"), WITH_PIPELINE, SGLANG_PP_SPEC))
-    rules.append(EngineRule("tensorrt-llm", kinds_for_engine("tensorrt-llm"), WITH_PIPELINE, TRTLLM_PP_SPEC))
+    rules.append(EngineRule("tensorrt-llm", current, WITH_PIPELINE, TRTLLM_PP_SPEC))
     rules.append(EngineRule("vllm", kinds_for_engine("vllm"), WITH_PIPELINE, VLLM_PP_SPEC))
-    legacy_only = tuple(k for k in kinds_for_engine("tensorrt-llm-legacy") if k not in kinds_for_engine("tensorrt-llm"))
+    legacy_only = tuple(k for k in kinds_for_engine("tensorrt-llm-legacy") if k not in current)
     rules.append(EngineRule("tensorrt-llm", legacy_only, CURRENT_RELEASE, TRTLLM_MEDUSA_REMOVED))
     return rules
 

@@ -18,6 +18,7 @@ from typing import Any, Callable
 from torch import nn
 
 from specdec_kit.export.inputs import BuildError
+from specdec_kit.export.servers.common import engine_form
 from specdec_kit.export.trtllm_export import write_json
 from specdec_kit.runtime.core.trees import DynamicTreeConfig, StaticTree
 from specdec_kit.runtime.registry import EngineForm, draft_kind, kinds_for_engine
@@ -121,10 +122,7 @@ def pytorch_route(
     state_writer: Callable[[Path], None],
 ) -> dict[str, Any]:
     """Draft directory, drafter package (kit kinds) and the serve command; returns what ``build_trtllm`` records."""
-    try:
-        form = draft_kind(kind).engine_form("tensorrt-llm")
-    except ValueError as exc:
-        raise BuildError(str(exc)) from None
+    form = engine_form(kind, "tensorrt-llm")
     write_draft_dir(staging / "trtllm" / "draft", kind, form, module, dtype_name, state_writer)
     spec = speculative_config(tree, layers_to_capture, form)
     # trtllm-serve names the model after its directory: specdec-serve points SPECDEC_MODEL_DIR at a link named as the

@@ -19,8 +19,17 @@ from specdec_kit.export.weight_maps import (
     fused_draft_weight_map,
 )
 from specdec_kit.runtime.models.target import TargetModel
+from specdec_kit.runtime.registry import EngineForm, draft_kind
 
 PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
+
+
+def engine_form(kind: str, engine: str) -> EngineForm:
+    """How ``engine`` runs draft ``kind`` (the registry's form); a BuildError naming the engines it has otherwise."""
+    try:
+        return draft_kind(kind).engine_form(engine)
+    except ValueError as exc:
+        raise BuildError(str(exc)) from None
 
 
 def captured_layer_outputs(module, engine: str) -> list[int]:

@@ -16,6 +16,7 @@ from specdec_kit.export.servers.common import (
     captured_layer_outputs,
     checked_weight_map,
     draft_state,
+    engine_form,
     save_safetensors,
     serve_script,
     write_target,
@@ -29,10 +30,7 @@ SGLANG_PLUGIN = "specdec_griffin_sglang"
 
 def build_sglang(staging: Path, inputs: BuildInputs, target: TargetModel, module, tree, step) -> dict[str, Any]:
     kind = inputs.draft
-    try:
-        form = draft_kind(kind).engine_form("sglang")
-    except ValueError as exc:
-        raise BuildError(str(exc)) from None
+    form = engine_form(kind, "sglang")
     if not isinstance(tree, DynamicTreeConfig):
         raise BuildError(
             "SGLang drafts EAGLE-style dynamic trees only (steps / top-k / draft tokens); use --tree dynamic"

@@ -17,6 +17,7 @@ from specdec_kit.export.inputs import BuildError, BuildInputs
 from specdec_kit.export.servers.common import (
     captured_layer_outputs,
     draft_state,
+    engine_form,
     save_safetensors,
     serve_script,
     target_config,
@@ -32,7 +33,7 @@ def _trtllm_checkpoint(
     """The legacy engine route (TensorRT-LLM <= 1.2): a ``trtllm-build`` checkpoint and the TensorRT backend."""
     tp, pp = inputs.tp, inputs.pp
     kind = inputs.draft
-    medusa = draft_kind(kind).engine_form(trtllm_pytorch.LEGACY).method == "Medusa"
+    medusa = engine_form(kind, trtllm_pytorch.LEGACY).method == "Medusa"
     tcfg = target_config(target)
     dtype = target.dtype
     hf = {k: v.to(dtype) for k, v in target.hf_model.state_dict().items()}

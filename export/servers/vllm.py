@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from specdec_kit import __version__
-from specdec_kit.export.inputs import BuildError, BuildInputs
+from specdec_kit.export.inputs import BuildInputs
 from specdec_kit.export.servers.common import (
     PLUGINS,
     checked_weight_map,
     draft_biases,
     draft_state,
+    engine_form,
     save_safetensors,
     serve_script,
     write_target,
@@ -104,10 +105,7 @@ def build_vllm(
     staging: Path, inputs: BuildInputs, target: TargetModel, module, tree, step: Callable[[str], None]
 ) -> dict[str, Any]:
     kind = inputs.draft
-    try:
-        form = draft_kind(kind).engine_form("vllm")
-    except ValueError as exc:
-        raise BuildError(str(exc)) from None
+    form = engine_form(kind, "vllm")
     step("writing the target and the draft for vLLM")
     write_target(staging, target)
     state = draft_state(module, target.dtype)
