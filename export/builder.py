@@ -25,7 +25,7 @@ import torch
 
 from specdec_kit import __version__
 from specdec_kit.export.engine_rules import check_engine_rules
-from specdec_kit.export.inputs import BuildError, BuildInputs, hash_tree
+from specdec_kit.export.inputs import BuildError, BuildInputs
 from specdec_kit.export.trtllm_pytorch import check_legacy_release
 from specdec_kit.runtime.checkpoint import save_draft
 from specdec_kit.runtime.core.device import DTYPES
@@ -166,13 +166,11 @@ def build_engine(
     benchmark's, rebuilt after a head or the kit changed); ``force`` rebuilds even an identical one."""
     start = time.perf_counter()
     step("hashing inputs")
-    inputs.file_hashes = {"target": hash_tree(inputs.target, "target"), "draft": hash_tree(inputs.draft_path, "draft")}
-    if inputs.tokenizer != inputs.target:
-        inputs.file_hashes["tokenizer"] = hash_tree(inputs.tokenizer, "tokenizer")
+    inputs.hash_files()
     digest = inputs.digest()
     check_parallel(inputs)
     check_legacy_release(inputs.trtllm_legacy_engine, inputs.draft, inputs.backend)
-    check_engine_rules(inputs.backend, inputs.draft, inputs.pp, inputs.trtllm_legacy_engine)
+    check_engine_rules(inputs.backend, inputs.draft_spec, inputs.pp, inputs.trtllm_legacy_engine)
     check_output(output)
     with output_lock(output, step):
         return _build_locked(inputs, output, digest, force, device, step, start, replace_other)
@@ -220,8 +218,8 @@ def _build_locked(
     dtype = DTYPES[inputs.dtype]
     step(f"loading target {inputs.target}")
     target = TargetModel.from_pretrained(inputs.target, dtype=dtype, device=device)
-    step(f"loading {inputs.draft} draft {inputs.draft_path}")
-    module = load_draft_for(target, inputs.draft, inputs.draft_path)
+    step(f"loading {inputs.draft} draft {inputs.draft_path or '(model-free: its settings)'}")
+    module = load_draft_for(target, inputs.draft, inputs.draft_path or inputs.lookup_path)
     target = draft_kind(inputs.draft).family.target_for(target, module)  # EAGLE-3: the target's tapped layers
     tree = tree_from_dict(inputs.tree)
     tokenizer = load_tokenizer(inputs.tokenizer)
@@ -231,6 +229,10 @@ def _build_locked(
             f"vocab_size {target.vocab_size}; it is not this target's tokenizer"
         )
     manifest_target, manifest_draft = target_spec(target), draft_spec(inputs.draft, module)
+    lookup_settings = None
+    if inputs.lookup:  # a hybrid: the head's draft, and the model-free kind merged into its trees
+        lookup_settings = load_draft_for(target, inputs.lookup, inputs.lookup_path)
+        manifest_draft["lookup"] = draft_spec(inputs.lookup, lookup_settings)
     staging = _staging_dir(output)
     try:
         tokenizer.save_pretrained(staging / "tokenizer")
@@ -257,7 +259,7 @@ def _build_locked(
         else:
             from specdec_kit.export.servers import build_server_export
 
-            extra = build_server_export(staging, inputs, target, module, tree, step)
+            extra = build_server_export(staging, inputs, target, module, tree, step, lookup_settings)
         step("writing manifest.json")
         files = [p for p in staging.rglob("*") if p.is_file()]
         manifest = {
@@ -270,6 +272,7 @@ def _build_locked(
                 "sha256": digest,
                 "target": str(inputs.target),
                 "draft": str(inputs.draft_path),
+                **({"lookup_settings": str(inputs.lookup_path)} if inputs.lookup_path else {}),
                 "tokenizer": str(inputs.tokenizer),
                 "demo_zoo": inputs.demo,
                 "options": inputs.options(),

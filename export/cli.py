@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 # Only light modules at the top: --help answers before torch loads (the build imports it in main).
-from specdec_kit.runtime.core.manifest import BACKENDS, DTYPE_NAMES
+from specdec_kit.runtime.core.manifest import BACKENDS, DTYPE_NAMES, draft_label
 from specdec_kit.runtime.presets import DEMO_TREE
-from specdec_kit.runtime.registry import draft_kinds
+from specdec_kit.runtime.registry import draft_choices
 
 CPU_MEDUSA_TREE = "static:mc_sim_7b_63:24"
 
@@ -41,8 +41,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "  python export/build_engine.py --draft hass --backend tensorrt-llm --tp 4 --target ./llama "
         "--draft-path ./hass",
     )
-    p.add_argument("--draft", required=True, choices=draft_kinds(), help="draft method")
+    p.add_argument(
+        "--draft",
+        required=True,
+        choices=draft_choices(),
+        metavar="DRAFT",
+        help="draft method: a head (griffin, eagle, eagle2, hass, eagle3, medusa, moa), a model-free kind (ngram: "
+        "prompt lookup; suffix: SuffixDecoding; no checkpoint), or a head + a model-free kind whose proposals "
+        "merge into the head's tree (griffin+suffix, eagle3+ngram, ...)",
+    )
     p.add_argument("--draft-path", type=Path, help="draft checkpoint directory (official layout of the method)")
+    p.add_argument(
+        "--lookup-settings",
+        type=Path,
+        metavar="FILE",
+        help="a model-free kind's settings as JSON (ngram: prompt_lookup_min/max, occurrences; suffix: "
+        "max_tree_depth, max_spec_factor, min_token_prob, max_cached_requests); default: the kind's defaults",
+    )
     p.add_argument(
         "--target",
         type=Path,
@@ -127,8 +142,9 @@ def resolve_tree_dict(
     dynamic tree: ``cpu_tree`` (a named target's, chosen from its measured costs), or the demo zoo's."""
     from specdec_kit.runtime.core.trees import tree_to_dict
     from specdec_kit.runtime.loader import resolve_tree
+    from specdec_kit.runtime.registry import draft_kind
 
-    if spec is None and backend == "sglang":
+    if spec is None and backend == "sglang" and not draft_kind(draft).model_free:
         spec = "dynamic"  # SGLang drafts EAGLE-style dynamic trees only
     cpu_tree = cpu_tree or (dict(DEMO_TREE) if demo else None)
     embedded = backend in ("onnxruntime", "torch")
@@ -159,7 +175,7 @@ def summarize(result, args) -> str:
         else f"static ({tree['num_nodes']} nodes, depth {tree['max_depth']})"
     )
     lines = [
-        f"{'reused' if result.reused else 'built'} {m['backend']} engine: {m['draft']['kind']} draft on "
+        f"{'reused' if result.reused else 'built'} {m['backend']} engine: {draft_label(m)} draft on "
         f"{m['target']['architecture']} ({m['target']['num_hidden_layers']} layers, hidden {m['target']['hidden_size']}), "
         f"{m['dtype']}, tree {tree_text}",
         f"  where: {result.path.resolve()}  ({human(total)} in {len(files)} files, {result.seconds:.1f}s)",
@@ -207,15 +223,21 @@ def main(argv: list[str] | None = None) -> int:
 
         device = resolve_device(args.device)
         from specdec_kit.runtime.models.pretrained import NAMED_TARGETS, is_named
+        from specdec_kit.runtime.registry import draft_kind, hybrid_parts
 
+        head, lookup = hybrid_parts(args.draft)
+        if args.lookup_settings is not None and not args.lookup_settings.is_file():
+            raise BuildError(f"--lookup-settings {args.lookup_settings}: not a file (a JSON object of settings)")
+        if args.lookup_settings is not None and lookup is None and not draft_kind(head).model_free:
+            raise BuildError(f"--lookup-settings: --draft {args.draft} has no model-free part (e.g. {head}+suffix)")
         named = args.target is not None and is_named(args.target)
-        cpu_tree = NAMED_TARGETS[str(args.target)].cpu_tree(args.draft) if named else None
-        target, draft_path, tokenizer, demo = resolve_paths(args.draft, args.target, args.draft_path, args.tokenizer)
+        cpu_tree = NAMED_TARGETS[str(args.target)].cpu_tree(head) if named else None
+        target, draft_path, tokenizer, demo = resolve_paths(head, args.target, args.draft_path, args.tokenizer)
         tree = resolve_tree_dict(
             args.draft, args.backend, demo, args.tree, args.total_tokens, args.depth, args.top_k, cpu_tree
         )
         inputs = BuildInputs(
-            draft=args.draft,
+            draft=head,
             target=target,
             draft_path=draft_path,
             tokenizer=tokenizer,
@@ -227,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
             demo=demo,
             trtllm_legacy_engine=args.trtllm_legacy_engine,
             draft_tree=args.draft_tree,
+            lookup=lookup,
+            lookup_path=args.lookup_settings,
         )
         output = args.output or Path("engines") / f"{f'{args.target}-' if named else ''}{args.draft}-{args.backend}"
         result = build_engine(inputs, output, force=args.force, device=device, step=step)

@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from specdec_kit.export.inputs import BuildError
-from specdec_kit.runtime.registry import draft_kind, draft_kinds, kinds_for_engine
+from specdec_kit.runtime.registry import draft_choices, draft_kind, draft_kinds, kinds_for_engine, lookup_kinds
 
 CHART_RULES = Path("helm/files/engine-rules.yaml")
 ALWAYS, WITH_PIPELINE, CURRENT_RELEASE = "always", "pipeline", "current-release"
@@ -50,6 +50,22 @@ TRTLLM_MEDUSA_REMOVED = (
     "--trtllm-legacy-engine 1.2.1, or use --backend onnxruntime"
 )
 
+# Merging a head's tree with a model-free draft's (``--draft griffin+suffix``): the engines that cannot, and why.
+HYBRID_REFUSED = {
+    "vllm": "vLLM runs one proposer per engine (a head, or ngram / suffix), never two merged; build the head or the "
+    "model-free kind alone for vLLM, or the hybrid for onnxruntime, torch or tensorrt-llm",
+    "sglang": "SGLang runs one speculative algorithm per server (EAGLE / EAGLE3, or NGRAM), never two merged; build "
+    "the head or the model-free kind alone for SGLang, or the hybrid for onnxruntime, torch or tensorrt-llm",
+}
+LOOKUP_PP_UNCHECKED = (
+    "the kit has not run this engine's n-gram or suffix speculation across pipeline stages, so it does not build "
+    "that layout; use tensor parallelism (across nodes too)"
+)
+TRTLLM_SA_ONLY = (
+    "TensorRT-LLM puts only its suffix automaton beside a head (Eagle3DecodingConfig.sa_config), no n-gram pool; "
+    "use the head + suffix"
+)
+
 
 @dataclass(frozen=True)
 class EngineRule:
@@ -72,11 +88,19 @@ def engine_rules() -> list[EngineRule]:
         for backend, reason in draft_kind(name).refused_backends.items()
     ]
     current = kinds_for_engine("tensorrt-llm")
+    model_free = lookup_kinds()
     rules.append(EngineRule("sglang", kinds_for_engine("sglang"), WITH_PIPELINE, SGLANG_PP_SPEC))
-    rules.append(EngineRule("tensorrt-llm", current, WITH_PIPELINE, TRTLLM_PP_SPEC))
-    rules.append(EngineRule("vllm", kinds_for_engine("vllm"), WITH_PIPELINE, VLLM_PP_SPEC))
+    for backend, reason in (("tensorrt-llm", TRTLLM_PP_SPEC), ("vllm", VLLM_PP_SPEC)):
+        heads = tuple(k for k in kinds_for_engine(backend) if k not in model_free)
+        rules.append(EngineRule(backend, heads, WITH_PIPELINE, reason))
+        rules.append(EngineRule(backend, model_free, WITH_PIPELINE, LOOKUP_PP_UNCHECKED))
     legacy_only = tuple(k for k in kinds_for_engine("tensorrt-llm-legacy") if k not in current)
     rules.append(EngineRule("tensorrt-llm", legacy_only, CURRENT_RELEASE, TRTLLM_MEDUSA_REMOVED))
+    hybrids = tuple(c for c in draft_choices() if "+" in c)
+    rules += [EngineRule(backend, hybrids, ALWAYS, reason) for backend, reason in HYBRID_REFUSED.items()]
+    rules.append(
+        EngineRule("tensorrt-llm", tuple(h for h in hybrids if not h.endswith("+suffix")), ALWAYS, TRTLLM_SA_ONLY)
+    )
     return rules
 
 
@@ -86,7 +110,8 @@ def check_engine_rules(backend: str, draft: str, pp: int, legacy_release: str | 
     for rule in engine_rules():
         if rule.applies(backend, draft, pp, legacy_release):
             if rule.when == ALWAYS:
-                raise BuildError(draft_kind(draft).refusal(backend) or rule.reason)
+                own = draft_kind(draft).refusal(backend) if draft in draft_kinds() else None
+                raise BuildError(own or f"--backend {backend} --draft {draft}: {rule.reason}")
             where = f" --pp {pp}" if rule.when == WITH_PIPELINE else ""
             raise BuildError(f"--backend {backend} --draft {draft}{where}: {rule.reason}")
 

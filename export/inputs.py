@@ -26,9 +26,9 @@ class BuildError(ValueError):
 
 @dataclass
 class BuildInputs:
-    draft: str
+    draft: str  # the draft kind (a hybrid's head kind)
     target: Path
-    draft_path: Path
+    draft_path: Path | None  # None: a model-free kind (its settings come from ``lookup_path``)
     tokenizer: Path
     backend: str
     dtype: str
@@ -38,11 +38,36 @@ class BuildInputs:
     demo: bool = False
     trtllm_legacy_engine: str | None = None  # a TensorRT-LLM release <= 1.2: the legacy trtllm-build route
     draft_tree: bool = True  # onnxruntime: the draft's whole cycle as one graph, where the kind and tree allow it
+    lookup: str | None = None  # a hybrid's model-free kind (``--draft griffin+suffix``)
+    lookup_path: Path | None = None  # a model-free kind's settings file (alone or in a hybrid); None: its defaults
     file_hashes: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    @property
+    def lookup_kind(self) -> str | None:
+        """The model-free kind whose settings ``lookup_path`` holds: the hybrid's, or the draft itself."""
+        from specdec_kit.runtime.registry import draft_kind
+
+        return self.lookup or (self.draft if draft_kind(self.draft).model_free else None)
+
+    @property
+    def draft_spec(self) -> str:
+        """What ``--draft`` said: the kind, or ``head+lookup``."""
+        return f"{self.draft}+{self.lookup}" if self.lookup else self.draft
+
+    def hash_files(self) -> None:
+        """Every input file's content hash (the target, the draft, the tokenizer, the model-free settings)."""
+        self.file_hashes = {"target": hash_tree(self.target, "target")}
+        if self.draft_path is not None:
+            self.file_hashes["draft"] = hash_tree(self.draft_path, "draft")
+        if self.tokenizer != self.target:
+            self.file_hashes["tokenizer"] = hash_tree(self.tokenizer, "tokenizer")
+        if self.lookup_path is not None:
+            self.file_hashes["lookup"] = {self.lookup_path.name: sha256_file(self.lookup_path)}
 
     def options(self) -> dict[str, Any]:
         return {
             "draft": self.draft,
+            **({"lookup": self.lookup} if self.lookup else {}),
             "backend": self.backend,
             "dtype": self.dtype,
             "tree": self.tree,
@@ -65,11 +90,17 @@ class BuildInputs:
 
 def resolve_paths(
     draft: str, target: Path | None, draft_path: Path | None, tokenizer: Path | None
-) -> tuple[Path, Path, Path, bool]:
+) -> tuple[Path, Path | None, Path, bool]:
     """The user's paths, or the demo zoo's target and the head of this method when none are given; a named target
-    (``--target smollm2``) is obtained and converted on first use, its head the kit's own unless one is given."""
+    (``--target smollm2``) is obtained and converted on first use, its head the kit's own unless one is given. A
+    model-free kind has no head: its draft path is None."""
     from specdec_kit.runtime.models.pretrained import is_named, named_head, resolve_target
+    from specdec_kit.runtime.registry import draft_kind
 
+    if draft_kind(draft).model_free:
+        if draft_path is not None:
+            raise BuildError(f"--draft-path: a {draft} draft has no checkpoint (its settings: --lookup-settings FILE)")
+        return _target_alone(target, tokenizer)
     if target is not None and is_named(target):
         try:
             draft_path = draft_path or named_head(str(target), draft)
@@ -93,14 +124,42 @@ def resolve_paths(
     elif target is None or draft_path is None:
         raise BuildError("--target and --draft-path go together (give both, or neither for the demo zoo)")
     for name, path in (("--target", target), ("--draft-path", draft_path)):
-        if not path.is_dir():
-            raise BuildError(f"{name} {path}: not a directory")
-        if not (path / "config.json").is_file():
-            raise BuildError(f"{path / 'config.json'}: missing; {name} must be a checkpoint directory")
-    tokenizer = tokenizer or target
+        check_checkpoint(name, path)
+    return target, draft_path, checked_tokenizer(tokenizer or target), demo
+
+
+def _target_alone(target: Path | None, tokenizer: Path | None) -> tuple[Path, None, Path, bool]:
+    """A model-free draft's inputs: the given target (a named one obtained on first use), or the demo zoo's."""
+    from specdec_kit.runtime.models.pretrained import is_named, resolve_target
+
+    demo = target is None
+    if demo:
+        from specdec_kit.paths import default_zoo
+
+        try:
+            target = default_zoo() / "target"
+        except ValueError as exc:
+            raise BuildError(f"{exc}; or pass --target DIR") from None
+    elif is_named(target):
+        try:
+            target = resolve_target(target)
+        except (ValueError, RuntimeError) as exc:
+            raise BuildError(str(exc)) from None
+    check_checkpoint("--target", target)
+    return target, None, checked_tokenizer(tokenizer or target), demo
+
+
+def check_checkpoint(name: str, path: Path) -> None:
+    if not path.is_dir():
+        raise BuildError(f"{name} {path}: not a directory")
+    if not (path / "config.json").is_file():
+        raise BuildError(f"{path / 'config.json'}: missing; {name} must be a checkpoint directory")
+
+
+def checked_tokenizer(tokenizer: Path) -> Path:
     if not ((tokenizer / "tokenizer.json").is_file() or (tokenizer / "tokenizer.model").is_file()):
         raise BuildError(f"{tokenizer}: no tokenizer.json or tokenizer.model; pass --tokenizer DIR")
-    return target, draft_path, tokenizer, demo
+    return tokenizer
 
 
 def hash_tree(root: Path, label: str) -> dict[str, str]:

@@ -120,11 +120,15 @@ def pytorch_route(
     dtype_name: str,
     layers_to_capture: list[int],
     state_writer: Callable[[Path], None],
+    enhancer: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Draft directory, drafter package (kit kinds) and the serve command; returns what ``build_trtllm`` records."""
+    """Draft directory, drafter package (kit kinds) and the serve command; returns what ``build_trtllm`` records.
+    ``enhancer``: the suffix automaton beside the head (``sa_config``)."""
     form = engine_form(kind, "tensorrt-llm")
     write_draft_dir(staging / "trtllm" / "draft", kind, form, module, dtype_name, state_writer)
     spec = speculative_config(tree, layers_to_capture, form)
+    if enhancer is not None:
+        spec["sa_config"] = enhancer
     # trtllm-serve names the model after its directory: specdec-serve points SPECDEC_MODEL_DIR at a link named as the
     # served model
     serve = ["trtllm-serve", "${SPECDEC_MODEL_DIR:-target}", "--backend", "pytorch", "--config", "trtllm/serve.yaml"]

@@ -17,6 +17,7 @@ from specdec_kit.runtime.drafts.loading import (
     find_weight_file,
     official_key_map,
     read_config,
+    read_config_file,
     read_weights,
     strict_load,
 )
@@ -33,15 +34,35 @@ def build_draft(
 ) -> nn.Module:
     """An uninitialised draft module of ``kind`` shaped by ``config`` (validated against the target;
     ``target_shape`` = (layers, 2 x kv_heads x head_dim) for drafts that read the target's KV cache)."""
+    return registered(kind).build(config, file, target_hidden, target_vocab, target_shape)
+
+
+def registered(kind: str):
+    """The registry's kind, or a DraftLoadError naming the kinds there are."""
     try:
-        spec = draft_kind(kind)
+        return draft_kind(kind)
     except ValueError as exc:
         raise DraftLoadError(str(exc)) from None
-    return spec.build(config, file, target_hidden, target_vocab, target_shape)
+
+
+def load_lookup_settings(path: str | Path | None, kind: str) -> Any:
+    """A model-free kind's settings: from ``path`` (a settings JSON file, or a folder with config.json) or, without
+    one, the kind's defaults."""
+    if path is None:
+        return draft_kind(kind).build({}, Path(f"{kind} defaults"), 0, 0)
+    path = Path(path)
+    file = path / "config.json" if path.is_dir() else path
+    if not file.is_file():
+        raise DraftLoadError(f"{file}: no {kind} settings file there (a JSON object of settings)")
+    config = read_config_file(file)
+    try:
+        return draft_kind(kind).build(config, file, 0, 0)
+    except ValueError as exc:
+        raise DraftLoadError(str(exc)) from None
 
 
 def load_draft(
-    path: str | Path,
+    path: str | Path | None,
     kind: str,
     target_hidden: int,
     target_vocab: int,
@@ -52,6 +73,8 @@ def load_draft(
 ) -> nn.Module:
     """Load an official-layout draft checkpoint strictly; refuse one that does not fit the target. ``embedding``:
     the target's token embedding, for a head that takes it from the target (``embedding_from_target``)."""
+    if registered(kind).model_free:
+        return load_lookup_settings(path, kind)
     path = Path(path)
     if not path.is_dir():
         raise DraftLoadError(f"{path}: draft checkpoint directory does not exist")
@@ -88,6 +111,9 @@ def save_draft(
     path.mkdir(parents=True, exist_ok=True)
     family = draft_kind(kind).family
     config = family.config_dict(module, base_model)
+    if draft_kind(kind).model_free:  # settings alone
+        (path / "config.json").write_text(json.dumps(config, indent=2))
+        return path / "config.json"
     state = {k: v.detach().to("cpu").contiguous() for k, v in module.state_dict().items()}
     if embedding_from_target:
         config["embedding_from_target"] = True

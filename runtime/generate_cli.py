@@ -16,7 +16,14 @@ from specdec_kit.runtime.core.trees import DynamicTreeConfig
 from specdec_kit.runtime.decoding.generate import GenerationResult, RequestStats, SpeculativeGenerator
 from specdec_kit.runtime.drafts.loading import DraftLoadError
 from specdec_kit.runtime.engine import open_engine
-from specdec_kit.runtime.loader import default_tree, load_tokenizer, make_drafter, resolve_tree, set_threads
+from specdec_kit.runtime.loader import (
+    default_tree,
+    head_kind,
+    load_tokenizer,
+    make_drafter,
+    resolve_tree,
+    set_threads,
+)
 from specdec_kit.runtime.models.pretrained import NAMED_TARGETS, is_named, named_head, resolve_target
 from specdec_kit.runtime.models.target import TargetLoadError, TargetModel
 from specdec_kit.runtime.presets import (
@@ -230,8 +237,9 @@ def execute(args) -> int:
                 return 2
             draft_path, cpu_tree = args.draft_path, None
             if is_named(args.target):  # a named target: obtained on first use, with the kit's head of this kind
-                draft_path = draft_path or (named_head(str(args.target), args.draft) if args.draft != "none" else None)
-                cpu_tree = None if args.tree else NAMED_TARGETS[str(args.target)].cpu_tree(args.draft)
+                head = head_kind(args.draft)
+                draft_path = draft_path or (named_head(str(args.target), head) if head else None)
+                cpu_tree = None if args.tree else NAMED_TARGETS[str(args.target)].cpu_tree(head or args.draft)
                 args.target = resolve_target(args.target)
             target = TargetModel.from_pretrained(args.target, args.dtype, args.device)
             tokenizer = load_tokenizer(args.target)

@@ -10,11 +10,12 @@ from specdec_kit.runtime.checkpoint import load_draft
 from specdec_kit.runtime.core.trees import DynamicTreeConfig, StaticTree, parse_tree_spec
 from specdec_kit.runtime.decoding.drafting import Drafter, NoDrafter
 from specdec_kit.runtime.models.target import TargetModel
-from specdec_kit.runtime.registry import draft_kind, draft_kinds
+from specdec_kit.runtime.registry import draft_choices, draft_kind, hybrid_parts
 
 
 def _default_tree_spec(kind: str) -> str:
-    return "dynamic" if kind == "none" else draft_kind(kind).default_tree
+    """A kind's registered tree (a hybrid's: its head's); plain decoding's is never drafted."""
+    return "dynamic" if kind == "none" else draft_kind(hybrid_parts(kind)[0]).default_tree
 
 
 def resolve_tree(
@@ -29,6 +30,8 @@ def resolve_tree(
     unless ``spec`` names one; the dynamic-tree options apply to dynamic trees only, and ``sized`` (a CPU-sized
     tree: total_tokens, depth, top_k) fills the ones left open."""
     tree = parse_tree_spec(spec or _default_tree_spec(kind))
+    if kind != "none" and draft_kind(hybrid_parts(kind)[0]).model_free:
+        sized = None  # a CPU-sized tree is a head's: a model-free draft's own tree has no draft calls to save
     if isinstance(tree, DynamicTreeConfig):
         base = DynamicTreeConfig(**sized) if sized else tree
         tree = DynamicTreeConfig(
@@ -49,11 +52,21 @@ def default_tree(kind: str, dynamic: DynamicTreeConfig, medusa_spec: str) -> Sta
     spec = _default_tree_spec(kind)
     if spec == "dynamic":
         return dynamic
-    return parse_tree_spec(medusa_spec if draft_kind(kind).family.name == "medusa" else spec)
+    return parse_tree_spec(medusa_spec if draft_kind(hybrid_parts(kind)[0]).family.name == "medusa" else spec)
 
 
-def load_draft_for(target: TargetModel, kind: str, draft_path: str | Path):
-    """A draft checkpoint of ``kind`` loaded strictly against ``target`` (on its device, in its dtype)."""
+def head_kind(kind: str) -> str | None:
+    """The kind whose checkpoint ``kind`` loads (a hybrid's head), or None when it loads none (plain decoding, a
+    model-free kind)."""
+    if kind == "none":
+        return None
+    head = hybrid_parts(kind)[0]
+    return None if draft_kind(head).model_free else head
+
+
+def load_draft_for(target: TargetModel, kind: str, draft_path: str | Path | None):
+    """A draft checkpoint of ``kind`` loaded strictly against ``target`` (on its device, in its dtype); a model-free
+    kind's settings (``draft_path`` optional)."""
     shape = (target.num_layers, 2 * target.num_kv_heads * target.head_dim)
     return load_draft(
         draft_path,
@@ -67,12 +80,24 @@ def load_draft_for(target: TargetModel, kind: str, draft_path: str | Path):
     )
 
 
-def make_drafter(target: TargetModel, kind: str, draft_path: str | Path | None, tree) -> Drafter:
+def make_drafter(
+    target: TargetModel, kind: str, draft_path: str | Path | None, tree, lookup_path: str | Path | None = None
+) -> Drafter:
+    """The drafter of ``kind`` (a registered kind, ``none`` or a hybrid like ``griffin+suffix``). ``draft_path``: the
+    head's checkpoint, or a model-free kind's settings (optional); ``lookup_path``: a hybrid's model-free settings."""
     if kind == "none":
         return NoDrafter()
-    if kind not in draft_kinds():
-        raise ValueError(f"unknown draft {kind!r}; expected one of {['none', *draft_kinds()]}")
-    if draft_path is None:
+    if kind not in draft_choices():
+        raise ValueError(f"unknown draft {kind!r}; expected one of {['none', *draft_choices()]}")
+    head, lookup = hybrid_parts(kind)
+    if lookup is not None:
+        from specdec_kit.runtime.decoding.lookup_drafting import HybridDrafter
+
+        lookup_tree = parse_tree_spec(draft_kind(lookup).default_tree)
+        return HybridDrafter(
+            make_drafter(target, head, draft_path, tree), make_drafter(target, lookup, lookup_path, lookup_tree)
+        )
+    if draft_path is None and not draft_kind(kind).model_free:
         raise ValueError(f"draft {kind!r} needs a checkpoint directory")
     return draft_kind(kind).family.torch_drafter(load_draft_for(target, kind, draft_path), target, tree)
 

@@ -360,6 +360,46 @@ class MoAFamily(DraftFamily):
         return MoATreeDrafter(TorchMoAStep(module, tail), tree, lsa_from_target=False)
 
 
+class LookupFamily(DraftFamily):
+    """Model-free drafts (prompt lookup, suffix trees): no module and no graph; a kind's "module" is its settings
+    (``core/lookup.py``), read from a config.json when one is given, the defaults otherwise. The tree (dynamic) bounds
+    each row's proposal."""
+
+    name = "lookup"
+    manifest_keys = ("settings",)
+    weight_files = ()
+    client_drafting = False
+
+    def check_tree(self, tree):
+        from specdec_kit.runtime.decoding.lookup_drafting import lookup_budget
+
+        lookup_budget(tree)
+
+    def config_dict(self, module, base_model=""):
+        import dataclasses
+
+        return dataclasses.asdict(module)
+
+    def manifest_spec(self, module):
+        return {"settings": self.config_dict(module)}
+
+    def torch_drafter(self, module, target, tree):
+        from specdec_kit.runtime.decoding.lookup_drafting import LookupDrafter, source_for
+
+        return LookupDrafter(source_for(module), tree)
+
+    def ort_drafter(self, graph, manifest, target, tree):
+        return self.torch_drafter(self.settings_of(manifest), target, tree)
+
+    def settings_of(self, manifest: dict[str, Any]) -> Any:
+        """The settings an engine's manifest holds for its kind."""
+        kind = draft_kind(manifest["draft"]["kind"])
+        return kind.build(manifest["draft"]["settings"], Path("manifest.json"), 0, 0)
+
+    def graph_plans(self, module, target):
+        return []
+
+
 # Why an engine cannot run a family's drafts, by backend (the builder refuses with this text).
 MOA_SERVER_ENGINES = (
     "TensorRT-LLM and SGLang would need a drafter that reads the target's KV cache of every layer (LSA) and runs "
@@ -395,6 +435,11 @@ class DraftKind:
     trainer: Ref | None = None  # the ``Trainer`` that trains heads of this kind (None: trained as another kind)
     zoo_folder: str = ""  # its head in the demo zoo (default: the kind's name)
     zoo_variants: tuple[str, ...] = ()  # further zoo heads of this kind (folders), e.g. other settings of it
+
+    @property
+    def model_free(self) -> bool:
+        """Whether it drafts without a trained module (its "module" is its settings)."""
+        return self.family.name == "lookup"
 
     def build(
         self,
@@ -437,14 +482,54 @@ def register(kind: DraftKind) -> DraftKind:
 
 
 def zoo_heads() -> dict[str, tuple[str, str]]:
-    """The demo zoo's heads: name -> (draft kind, folder under the zoo); each kind's, then its variants."""
-    heads = {name: (name, kind.zoo_folder or name) for name, kind in _KINDS.items()}
-    return heads | {variant: (name, variant) for name, kind in _KINDS.items() for variant in kind.zoo_variants}
+    """The demo zoo's heads: name -> (draft kind, folder under the zoo); each head kind's, then its variants."""
+    kinds = {name: _KINDS[name] for name in head_kinds()}
+    heads = {name: (name, kind.zoo_folder or name) for name, kind in kinds.items()}
+    return heads | {variant: (name, variant) for name, kind in kinds.items() for variant in kind.zoo_variants}
 
 
 def draft_kinds() -> tuple[str, ...]:
     """The registered kinds, in registration order (``none``, plain decoding, is not one)."""
     return tuple(_KINDS)
+
+
+def head_kinds() -> tuple[str, ...]:
+    """The kinds that draft with a trained module (a checkpoint to load)."""
+    return tuple(name for name, kind in _KINDS.items() if not kind.model_free)
+
+
+def lookup_kinds() -> tuple[str, ...]:
+    """The model-free kinds (prompt lookup, suffix trees)."""
+    return tuple(name for name, kind in _KINDS.items() if kind.model_free)
+
+
+def hybrid_parts(spec: str) -> tuple[str, str | None]:
+    """``griffin+suffix`` -> ("griffin", "suffix"); a plain kind -> (kind, None). A hybrid is a head kind that drafts
+    dynamic trees over a feature draft (GRIFFIN, EAGLE-2, HASS, EAGLE-3) plus a model-free kind."""
+    head, plus, lookup = spec.partition("+")
+    if not plus:
+        draft_kind(spec)
+        return spec, None
+    if lookup not in lookup_kinds():
+        raise ValueError(f"draft {spec!r}: after '+' comes a model-free kind ({', '.join(lookup_kinds())})")
+    if head not in hybrid_heads():
+        raise ValueError(f"draft {spec!r}: a hybrid's head is one of {', '.join(hybrid_heads())}, not {head!r}")
+    return head, lookup
+
+
+def hybrid_heads() -> tuple[str, ...]:
+    """The kinds a hybrid merges with a model-free kind: feature drafts on dynamic trees (the merge ranks the head's
+    nodes by their path probabilities)."""
+    return tuple(
+        name
+        for name, kind in _KINDS.items()
+        if isinstance(kind.family, FeatureFamily) and kind.default_tree.startswith("dynamic")
+    )
+
+
+def draft_choices() -> tuple[str, ...]:
+    """Every ``--draft`` the runtime takes: the kinds, then each hybrid (a head kind + a model-free kind)."""
+    return (*draft_kinds(), *(f"{h}+{m}" for h in hybrid_heads() for m in lookup_kinds()))
 
 
 def client_draft_kinds() -> tuple[str, ...]:
@@ -492,8 +577,13 @@ EAGLE_ENGINES = {
 }
 
 
+# A model-free kind's tree: up to 24 nodes on paths of up to 16 tokens, 2 children per node (copying pays in long runs).
+LOOKUP_TREE = "dynamic:24:15:2"
+
+
 def _register_builtin() -> None:
     feature, eagle3, medusa, moa = FeatureFamily(), Eagle3Family(), MedusaFamily(), MoAFamily()
+    lookup = LookupFamily()
     register(
         DraftKind(
             "griffin",
@@ -574,6 +664,30 @@ def _register_builtin() -> None:
             refused_backends={"tensorrt-llm": MOA_SERVER_ENGINES, "sglang": MOA_SERVER_ENGINES, "vllm": MOA_VLLM},
             trainer=_trainer("moa"),
             zoo_variants=("moa_tli0",),
+        )
+    )
+    register(
+        DraftKind(
+            "ngram",
+            lookup,
+            Ref("specdec_kit.runtime.core.lookup", "ngram_settings"),
+            "prompt lookup: what followed the latest n-gram earlier in the prompt and output (no head)",
+            default_tree=LOOKUP_TREE,
+            engines={  # no draft weights: each engine's own method (export/servers/lookup.py says how they differ)
+                "vllm": EngineForm("ngram"),
+                "sglang": EngineForm("NGRAM"),
+                "tensorrt-llm": EngineForm("NGram"),
+            },
+        )
+    )
+    register(
+        DraftKind(
+            "suffix",
+            lookup,
+            Ref("specdec_kit.runtime.core.lookup", "suffix_settings"),
+            "SuffixDecoding: frequency-scored suffix trees over this request and earlier responses (no head)",
+            default_tree=LOOKUP_TREE,
+            engines={"vllm": EngineForm("suffix"), "sglang": EngineForm("NGRAM"), "tensorrt-llm": EngineForm("SA")},
         )
     )
 

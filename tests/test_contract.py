@@ -118,7 +118,19 @@ def test_graph_cache_attends_over_past_plus_new_like_the_runtime_cache():
 
 
 def test_every_kind_is_registered_with_its_family():
-    assert registry.draft_kinds() == ("griffin", "eagle", "eagle2", "hass", "eagle3", "medusa", "moa")
+    assert registry.draft_kinds() == (
+        "griffin",
+        "eagle",
+        "eagle2",
+        "hass",
+        "eagle3",
+        "medusa",
+        "moa",
+        "ngram",
+        "suffix",
+    )
+    assert registry.head_kinds() == ("griffin", "eagle", "eagle2", "hass", "eagle3", "medusa", "moa")
+    assert registry.draft_kind("suffix").family.name == "lookup" and registry.draft_kind("suffix").model_free
     assert registry.draft_kind("medusa").family.name == "medusa"
     assert registry.draft_kind("eagle3").family.name == "eagle3"
     assert (

@@ -13,6 +13,7 @@ from specdec_kit.export.builder import build_engine
 from specdec_kit.export.engine_rules import ALWAYS, CHART_RULES, WITH_PIPELINE, chart_rules_text, engine_rules
 from specdec_kit.export.inputs import BuildError, BuildInputs
 from specdec_kit.runtime.core.trees import DynamicTreeConfig, parse_tree_spec, tree_to_dict
+from specdec_kit.runtime.registry import hybrid_parts
 
 REPO = Path(__file__).resolve().parents[1]
 CHART_DRAFTS = json.loads((REPO / "helm" / "values.schema.json").read_text())["properties"]["engine"]["properties"][
@@ -44,7 +45,12 @@ def test_the_table_covers_the_engines_refusals():
         ("tensorrt-llm", "griffin", 2),
         ("sglang", "medusa", 1),
         ("tensorrt-llm", "medusa", 1),
+        ("vllm", "griffin+suffix", 1),
+        ("sglang", "eagle3+ngram", 1),
+        ("tensorrt-llm", "griffin+ngram", 1),
+        ("vllm", "ngram", 2),
     } <= cases
+    assert ("tensorrt-llm", "griffin+suffix", 1) not in cases
     assert {r.when for r in engine_rules()} >= {ALWAYS, WITH_PIPELINE}
 
 
@@ -60,9 +66,11 @@ def test_chart_and_builder_refuse_alike(chart, demo_checkpoints, request, tmp_pa
         chart.render(values)
     assert reason[:120] in " ".join(str(refused.value).split())
     tree = parse_tree_spec("static:mc_sim_7b_63:8") if draft == "medusa" else DynamicTreeConfig(16, 3, 4)
-    draft_path = request.getfixturevalue("eagle3_checkpoint") if draft == "eagle3" else demo_checkpoints[draft]
+    head, lookup = hybrid_parts(draft)
+    draft_path = request.getfixturevalue("eagle3_checkpoint") if head == "eagle3" else demo_checkpoints.get(head)
     inputs = BuildInputs(
-        draft=draft,
+        draft=head,
+        lookup=lookup,
         target=demo_checkpoints["target"],
         draft_path=draft_path,
         tokenizer=demo_checkpoints["target"],

@@ -635,3 +635,32 @@ def test_the_chart_readme_lists_every_value():
     schema = json.loads((CHART / "values.schema.json").read_text())
     undescribed = [k for k, v in schema["properties"].items() if "description" not in v]
     assert undescribed == [], undescribed
+
+
+@pytest.mark.parametrize("source", ["pvc", "huggingface", "s3"])
+@pytest.mark.parametrize("backend", ["vllm", "sglang", "tensorrt-llm"])
+def test_a_model_free_draft_builds_from_the_target_alone(chart, backend, source):
+    """``engine.draft: ngram`` (or suffix) needs no draft checkpoint: the chart asks for none, fetches none and builds
+    without ``--draft-path``; a head still needs its own."""
+    where = {"pvc": {"claimName": "m"}, "huggingface": {"target": "org/model"}, "s3": {"target": "s3://b/model"}}
+    values = {
+        "backend": backend,
+        "engine": {"source": "build", "draft": "ngram"},
+        "model": {"source": source, source: where[source]},
+    }
+    docs = chart.render(values)
+    args = next(c for c in build_job(docs)["spec"]["template"]["spec"]["containers"] if c["name"] == "build-engine")[
+        "args"
+    ]
+    assert "--draft=ngram" in args and not any(a.startswith("--draft-path") for a in args)
+    fetch = [
+        c for c in build_job(docs)["spec"]["template"]["spec"].get("initContainers", []) if c["name"] == "fetch-models"
+    ]
+    if source != "pvc":
+        env = {e["name"]: e.get("value") for e in fetch[0]["env"]}
+        assert env["DRAFT"] == ""  # the fetch skips an empty draft
+    if source != "pvc":
+        with pytest.raises(
+            HelmRefused, match=f"model.source={source} needs model.{source}.target and model.{source}.draft"
+        ):
+            chart.render({**values, "engine": {"source": "build", "draft": "griffin"}})

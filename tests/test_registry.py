@@ -14,12 +14,21 @@ from conftest import hf_greedy
 
 from specdec_kit.export.builder import build_engine
 from specdec_kit.export.inputs import BuildError, BuildInputs
+from specdec_kit.runtime.checkpoint import save_draft
 from specdec_kit.runtime.core.manifest import BACKENDS, read_manifest
 from specdec_kit.runtime.core.trees import DynamicTreeConfig, parse_tree_spec, tree_to_dict
 from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
 from specdec_kit.runtime.loader import load_draft_for, make_drafter
 from specdec_kit.runtime.models.target import TargetModel
-from specdec_kit.runtime.registry import SERVER_ENGINES, draft_kind, draft_kinds, trainable_kinds
+from specdec_kit.runtime.registry import (
+    SERVER_ENGINES,
+    draft_kind,
+    draft_kinds,
+    head_kinds,
+    hybrid_parts,
+    lookup_kinds,
+    trainable_kinds,
+)
 from specdec_kit.train.methods import Trainer, trainer_for
 
 LEGACY_RELEASE = "1.2.1"  # a TensorRT-LLM release with the legacy engine route
@@ -49,8 +58,8 @@ def heads(demo_checkpoints, target, tmp_path_factory) -> dict[str, Path]:
 
 
 def tree_of(kind: str, spec: str | None = None):
-    """The kind's registered tree (or ``spec``), a small one where it is dynamic."""
-    tree = parse_tree_spec(spec or draft_kind(kind).default_tree)
+    """The kind's registered tree (or ``spec``), a small one where it is dynamic (a hybrid: its head's)."""
+    tree = parse_tree_spec(spec or draft_kind(hybrid_parts(kind)[0]).default_tree)
     return DynamicTreeConfig(12, 3, 3) if isinstance(tree, DynamicTreeConfig) else tree
 
 
@@ -65,7 +74,7 @@ def test_every_reference_in_the_registry_resolves_and_every_engine_is_decided():
         assert callable(kind.builder.resolve()), f"{name}: builder {kind.builder}"
         if kind.trainer is not None:
             assert isinstance(kind.trainer.resolve(), Trainer), f"{name}: trainer {kind.trainer}"
-        else:  # a kind without a trainer shares the weights of one that has one
+        elif not kind.model_free:  # a kind without a trainer shares the weights of one that has one
             assert draft_kind(kind.zoo_folder).trainer is not None, name
         assert set(kind.engines) <= set(SERVER_ENGINES), name
         assert set(kind.refused_backends) <= set(BACKENDS), name
@@ -74,7 +83,7 @@ def test_every_reference_in_the_registry_resolves_and_every_engine_is_decided():
             assert runs != (engine in kind.refused_backends), f"{name} on {engine}"
 
 
-@pytest.mark.parametrize("kind", draft_kinds())
+@pytest.mark.parametrize("kind", head_kinds())
 def test_each_kind_trains_saves_loads_and_decodes_losslessly(heads, target, kind):
     folder = head_of(heads, kind)
     family = draft_kind(kind).family
@@ -94,12 +103,30 @@ def test_each_kind_trains_saves_loads_and_decodes_losslessly(heads, target, kind
     assert [r.tokens for r in results] == [hf_greedy(target.hf_model, p, 20) for p in prompts]
 
 
+@pytest.mark.parametrize("kind", lookup_kinds())
+def test_each_model_free_kind_saves_loads_and_decodes_losslessly(demo_checkpoints, target, tmp_path, kind):
+    """A model-free kind's "module" is its settings: written as config.json, read back, refused when wrong; its
+    drafter, alone and merged with each head family that can take it, decodes as the target does."""
+    family = draft_kind(kind).family
+    settings = load_draft_for(target, kind, None)
+    save_draft(settings, tmp_path / kind, kind)
+    assert load_draft_for(target, kind, tmp_path / kind) == settings
+    assert set(family.manifest_keys) <= set(family.manifest_spec(settings))
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, target.vocab_size, (n,), generator=gen).tolist() for n in (5, 9)]
+    references = [hf_greedy(target.hf_model, p, 20) for p in prompts]
+    for draft in (kind, f"griffin+{kind}"):
+        drafter = make_drafter(target, draft, None if draft == kind else demo_checkpoints["griffin"], tree_of(draft))
+        assert [r.tokens for r in SpeculativeGenerator(target, drafter).generate(prompts, 20)] == references
+
+
 def build(demo_checkpoints, heads, kind: str, backend: str, root: Path, legacy: str | None = None):
     tree = tree_of(kind) if backend in ("onnxruntime", "torch") or legacy else tree_of(kind, "dynamic")
+    model_free = draft_kind(kind).model_free
     inputs = BuildInputs(
         draft=kind,
         target=demo_checkpoints["target"],
-        draft_path=head_of(heads, kind),
+        draft_path=None if model_free else head_of(heads, kind),
         tokenizer=demo_checkpoints["target"],
         backend=backend,
         dtype="float32",
@@ -123,6 +150,14 @@ def test_each_kind_exports_for_each_server_engine_as_its_form_says(demo_checkpoi
             continue
         path = build(demo_checkpoints, heads, kind, engine, tmp_path).path
         manifest = read_manifest(path)
+        if entry.model_free:  # no draft weights: the engine's own method, as the form names it
+            method = {
+                "vllm": lambda m: m["vllm"]["speculative_config"]["method"],
+                "sglang": lambda m: m["sglang"]["speculative_algorithm"],
+                "tensorrt-llm": lambda m: m["tensorrt_llm"]["serve_config"]["speculative_config"]["decoding_type"],
+            }[engine](manifest)
+            assert method == form.method and not (path / engine.split("-")[0] / "draft").exists(), (kind, engine)
+            continue
         if engine == "vllm":
             assert manifest["vllm"]["architecture"] == form.architecture
             assert manifest["vllm"]["speculative_config"]["method"] == form.method

@@ -16,10 +16,12 @@ import torch
 from conftest import chi_square_pvalue
 
 from specdec_kit.runtime.core.choices import EAGLE1_DEFAULT, chain
+from specdec_kit.runtime.core.lookup import NgramSettings, SuffixSettings
 from specdec_kit.runtime.core.sampling import SamplingParams, target_probs
 from specdec_kit.runtime.core.trees import DynamicTreeConfig, StaticTree
 from specdec_kit.runtime.decoding.drafting import FeatureTreeDrafter, MedusaDrafter, NoDrafter, TorchFeatureStep
 from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
+from specdec_kit.runtime.decoding.lookup_drafting import HybridDrafter, LookupDrafter, NgramSource, SuffixSource
 from specdec_kit.runtime.decoding.moa_drafting import MoATreeDrafter, TorchMoAStep
 from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.runtime.registry import drafter_for as registry_drafter_for
@@ -109,6 +111,17 @@ def drafter_for(name: str, target: TargetModel):
         )
     if name == "medusa-fitted":
         return MedusaDrafter(fitted_medusa(target, heads=5), StaticTree.from_choices(EAGLE1_DEFAULT))
+    lookup_tree = DynamicTreeConfig(total_tokens=8, depth=3, top_k=2)
+    if name == "ngram":  # prompt lookup from one token on: the text's own repeats
+        return LookupDrafter(NgramSource(NgramSettings(prompt_lookup_min=1)), lookup_tree)
+    if name == "suffix":
+        return LookupDrafter(SuffixSource(SuffixSettings(min_token_prob=0.0)), lookup_tree)
+    if name == "griffin-oracle+suffix":
+        head = FeatureTreeDrafter(
+            TorchFeatureStep(oracle_griffin(target), target.lm_head),
+            DynamicTreeConfig(total_tokens=10, depth=3, top_k=3),
+        )
+        return HybridDrafter(head, LookupDrafter(SuffixSource(SuffixSettings(min_token_prob=0.0)), lookup_tree))
     raise AssertionError(name)
 
 
@@ -127,6 +140,9 @@ SETTINGS = {"T=1": dict(temperature=1.0), "T=0.7,top_p=0.9": dict(temperature=0.
         "moa-random-tli1-dynamic",
         "eagle3-random-dynamic",
         "griffin-oracle-vocab-dynamic",
+        "ngram",
+        "suffix",
+        "griffin-oracle+suffix",
         "plain",
     ],
 )
@@ -204,6 +220,9 @@ def run_mixed(gen: SpeculativeGenerator, prompts, budget: int, params) -> list[l
         "medusa-fitted",
         "moa-random-tli1-dynamic",
         "eagle3-random-dynamic",
+        "ngram",
+        "suffix",
+        "griffin-oracle+suffix",
     ],
 )
 def test_a_seed_gives_plain_samplings_tokens_whatever_the_tree_and_batch(small_target, drafter_name):

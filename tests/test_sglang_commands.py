@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.sglang, pytest.mark.helm]
 
 REPO = Path(__file__).resolve().parents[1]
 HARNESS = Path(__file__).resolve().parent / "sglang_harness.py"
-KINDS = ("griffin", "eagle", "eagle2", "hass", "eagle3")
+KINDS = ("griffin", "eagle", "eagle2", "hass", "eagle3", "ngram", "suffix")  # the last two: SGLang's own NGRAM
 CHART_KINDS = ("griffin", "eagle", "eagle2", "hass")  # the chart's engine.draft choices that SGLang runs
 
 
@@ -49,7 +49,7 @@ def build(paths, kind: str, out: Path, tree: DynamicTreeConfig, tp: int = 1, pp:
     inputs = BuildInputs(
         draft=kind,
         target=paths["target"],
-        draft_path=paths[kind],
+        draft_path=paths.get(kind),  # none for a model-free kind
         tokenizer=paths["target"],
         backend="sglang",
         dtype="float16",

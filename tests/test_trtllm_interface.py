@@ -63,6 +63,15 @@ def conforms(value, kit_type: str) -> bool:
     return isinstance(value, {"bool": bool, "str": str, "float": (int, float), "dict": dict}[kit_type])
 
 
+def conforms_to(section: dict, cls: str, where: Path) -> None:
+    """Every key of ``section`` a field of the recorded class ``cls``, not deprecated, of its declared type."""
+    declared = fields(cls)
+    for key, value in section.items():
+        assert key in declared, f"{where}: {cls} declares no field {key!r}"
+        assert not declared[key].get("deprecated"), f"{where}: {key!r} is deprecated upstream"
+        assert conforms(value, declared[key]["kit_type"]), f"{key}={value!r} is not {declared[key]['annotation']}"
+
+
 def check_against_llm_args(serve_yaml: Path) -> dict:
     """Every key of serve.yaml declared upstream with a matching type, no deprecated key, the validators' rules."""
     config = yaml.safe_load(serve_yaml.read_text())
@@ -70,13 +79,24 @@ def check_against_llm_args(serve_yaml: Path) -> dict:
         assert key in SCHEMA["top_level"], f"{serve_yaml}: top-level key {key!r} is not an LLM-API field"
         assert conforms(value, SCHEMA["top_level"][key]["kit_type"])
     spec = config["speculative_config"]
-    cls = {"Eagle": "EagleDecodingConfig", "Eagle3": "Eagle3DecodingConfig"}[spec["decoding_type"]]
-    declared = fields(cls)
-    for key, value in spec.items():
-        assert key in declared, f"{serve_yaml}: {cls} declares no field {key!r}"
-        assert not declared[key].get("deprecated"), f"{serve_yaml}: {key!r} is deprecated upstream"
-        assert conforms(value, declared[key]["kit_type"]), f"{key}={value!r} is not {declared[key]['annotation']}"
-    assert spec["max_draft_len"] > 0 and spec["speculative_model"]
+    cls = {
+        "Eagle": "EagleDecodingConfig",
+        "Eagle3": "Eagle3DecodingConfig",
+        "NGram": "NGramDecodingConfig",
+        "SA": "SADecodingConfig",
+    }[spec["decoding_type"]]
+    conforms_to(spec, cls, serve_yaml)
+    if "sa_config" in spec:
+        conforms_to(spec["sa_config"], "SAEnhancerConfig", serve_yaml)
+        assert spec["sa_config"]["threshold"] > 0
+    assert spec["max_draft_len"] > 0
+    if cls == "NGramDecodingConfig":
+        assert spec["max_matching_ngram_size"] > 0
+        return spec
+    if cls == "SADecodingConfig":
+        assert spec["max_matching_ngram_size"] == -1 or 1 <= spec["max_matching_ngram_size"] <= 64
+        return spec
+    assert spec["speculative_model"]
     if spec.get("use_dynamic_tree"):
         assert "eagle_choices" not in spec and spec["dynamic_tree_max_topK"] > 0
         assert (
@@ -126,6 +146,32 @@ def test_pytorch_backend_export_uses_only_current_llm_args(demo_checkpoints, tmp
         trtllm / "specdec_trtllm" / "drafter.py"
     ).is_file()
     assert result.manifest["tensorrt_llm"]["route"] == "pytorch"
+
+
+@pytest.mark.parametrize(
+    "draft, decoding_type",
+    [("ngram", "NGram"), ("suffix", "SA"), ("griffin+suffix", "Eagle3"), ("hass+suffix", "Eagle3")],
+)
+def test_model_free_and_hybrid_exports_use_only_current_llm_args(demo_checkpoints, tmp_path, draft, decoding_type):
+    """Prompt lookup as NGram, suffix trees as the suffix automaton (SA), a head + suffix as the head's EAGLE-3 config
+    with the automaton beside it (sa_config): each key declared at the recorded commit, the validators' rules kept."""
+    head, _, lookup = draft.partition("+")
+    inputs = BuildInputs(
+        draft=head,
+        target=demo_checkpoints["target"],
+        draft_path=demo_checkpoints[head] if lookup else None,
+        tokenizer=demo_checkpoints["target"],
+        backend="tensorrt-llm",
+        dtype="float16",
+        tree=tree_to_dict(DynamicTreeConfig(6, 4, 1) if not lookup else DynamicTreeConfig(16, 3, 4)),
+        lookup=lookup or None,
+    )
+    result = build_engine(inputs, tmp_path / draft)
+    spec = check_against_llm_args(result.path / "trtllm" / "serve.yaml")
+    assert spec["decoding_type"] == decoding_type
+    assert (("sa_config" in spec) == bool(lookup)) and (("speculative_model" in spec) == bool(lookup))
+    if not lookup:
+        assert spec["max_draft_len"] == 5 and not (result.path / "trtllm" / "draft").exists()
 
 
 def test_legacy_engine_route_only_for_releases_that_have_it(demo_checkpoints, tmp_path):

@@ -191,3 +191,27 @@ def test_helm_tests_speculation_check_on_vllm(vllm_python, chart, tmp_path):
             check_speculation(script, srv.url, speculative, timeout=300)
         finally:
             srv.stop()
+
+
+def test_vllms_own_configuration_takes_the_model_free_exports(vllm_python, wide_checkpoints, tmp_path):
+    """The n-gram and suffix exports (no draft weights) through vLLM's own engine configuration: prompt lookup is
+    vLLM's ``ngram`` method as written; ``suffix`` passes every check up to the Arctic Inference package vLLM needs for
+    it (a source-only package of CUDA ops, not installed in vLLM's CPU environment), which vLLM names."""
+    commands = []
+    for kind in ("ngram", "suffix"):
+        engine = build_engine(
+            BuildInputs(
+                draft=kind,
+                target=wide_checkpoints["target"],
+                draft_path=None,
+                tokenizer=wide_checkpoints["target"],
+                backend="vllm",
+                dtype="float32",
+                tree=tree_to_dict(parse_tree_spec("dynamic:8:6:1")),
+            ),
+            tmp_path / kind,
+        ).path
+        commands.append({"argv": serve_argv(engine), "cwd": str(engine)})
+    ngram, suffix = vllm_verdicts(vllm_python, commands, tmp_path / "ngram" / "vllm" / "plugin")
+    assert ngram == {"ok": True, "world_size": 1, "method": "ngram"}
+    assert not suffix["ok"] and "Arctic Inference is required for suffix decoding" in suffix["error"]

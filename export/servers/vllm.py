@@ -41,6 +41,7 @@ PLUGIN = "specdec_vllm"
 PLUGIN_SOURCE = PLUGINS / "vllm" / PLUGIN
 # vLLM's `vllm serve`, through the plugin's module (``specdec_vllm.serve``: the `vllm` command fails on vLLM's CPU build)
 SERVER_MODULE = f"{PLUGIN}.serve"
+SERVE_ENV = {"PYTHONPATH": "vllm/plugin${PYTHONPATH:+:$PYTHONPATH}"}  # vLLM loads the plugin (and its launcher) there
 
 
 def chain_length(tree: StaticTree | DynamicTreeConfig) -> int:
@@ -62,7 +63,7 @@ def proposal_text(tree: StaticTree | DynamicTreeConfig) -> str:
     )
 
 
-def _write_plugin(plugin_dir: Path) -> None:
+def write_plugin(plugin_dir: Path) -> None:
     """The plugin package and a ``.dist-info`` that declares its entry point to ``importlib.metadata``."""
     shutil.copytree(PLUGIN_SOURCE, plugin_dir / PLUGIN, ignore=shutil.ignore_patterns("__pycache__"))
     info = plugin_dir / f"{PLUGIN}-{__version__}.dist-info"
@@ -101,23 +102,9 @@ def speculative_config(tree: StaticTree | DynamicTreeConfig, form: EngineForm) -
     }
 
 
-def build_vllm(
-    staging: Path, inputs: BuildInputs, target: TargetModel, module, tree, step: Callable[[str], None]
-) -> dict[str, Any]:
-    kind = inputs.draft
-    form = engine_form(kind, "vllm")
-    step("writing the target and the draft for vLLM")
-    write_target(staging, target)
-    state = draft_state(module, target.dtype)
-    if not form.official_layout:
-        checked_weight_map(module, kind, state, "vLLM")
-    draft_dir = staging / "vllm" / "draft"
-    draft_dir.mkdir(parents=True)
-    (draft_dir / "config.json").write_text(json.dumps(_draft_config(module, kind, form, inputs.dtype), indent=2))
-    save_safetensors(state, draft_dir / "model.safetensors")
-    _write_plugin(staging / "vllm" / "plugin")
-    spec = speculative_config(tree, form)
-    command = [
+def serve_command(spec: dict[str, Any], inputs: BuildInputs) -> list[str]:
+    """vLLM's OpenAI server over ``target`` with this speculative config, through the plugin's launcher."""
+    return [
         "${SPECDEC_VLLM_PYTHON:-python}",
         "-m",
         SERVER_MODULE,
@@ -135,8 +122,25 @@ def build_vllm(
         "--port",
         "${PORT:-8000}",
     ]
-    env = {"PYTHONPATH": "vllm/plugin${PYTHONPATH:+:$PYTHONPATH}"}
-    serve = serve_script(staging / "vllm" / "serve.sh", command, env)
+
+
+def build_vllm(
+    staging: Path, inputs: BuildInputs, target: TargetModel, module, tree, step: Callable[[str], None]
+) -> dict[str, Any]:
+    kind = inputs.draft
+    form = engine_form(kind, "vllm")
+    step("writing the target and the draft for vLLM")
+    write_target(staging, target)
+    state = draft_state(module, target.dtype)
+    if not form.official_layout:
+        checked_weight_map(module, kind, state, "vLLM")
+    draft_dir = staging / "vllm" / "draft"
+    draft_dir.mkdir(parents=True)
+    (draft_dir / "config.json").write_text(json.dumps(_draft_config(module, kind, form, inputs.dtype), indent=2))
+    save_safetensors(state, draft_dir / "model.safetensors")
+    write_plugin(staging / "vllm" / "plugin")
+    spec = speculative_config(tree, form)
+    serve = serve_script(staging / "vllm" / "serve.sh", serve_command(spec, inputs), SERVE_ENV)
     proposal = proposal_text(tree)
     step(proposal)
     return {

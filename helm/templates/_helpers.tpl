@@ -70,8 +70,9 @@ specdec.io/backend: {{ .Values.backend }}
 {{- end -}}
 {{- if eq $v.engine.source "build" -}}
 {{- if and (eq $v.model.source "pvc") (not $v.model.pvc.claimName) -}}{{- include "specdec.refuse" "engine.source=build with model.source=pvc needs model.pvc.claimName" -}}{{- end -}}
-{{- if and (eq $v.model.source "huggingface") (or (not $v.model.huggingface.target) (not $v.model.huggingface.draft)) -}}{{- include "specdec.refuse" "model.source=huggingface needs model.huggingface.target and model.huggingface.draft" -}}{{- end -}}
-{{- if and (eq $v.model.source "s3") (or (not $v.model.s3.target) (not $v.model.s3.draft)) -}}{{- include "specdec.refuse" "model.source=s3 needs model.s3.target and model.s3.draft" -}}{{- end -}}
+{{- $head := eq (include "specdec.hasHead" .) "true" -}}
+{{- if and (eq $v.model.source "huggingface") (or (not $v.model.huggingface.target) (and $head (not $v.model.huggingface.draft))) -}}{{- include "specdec.refuse" (printf "model.source=huggingface needs model.huggingface.target%s" (ternary " and model.huggingface.draft" "" $head)) -}}{{- end -}}
+{{- if and (eq $v.model.source "s3") (or (not $v.model.s3.target) (and $head (not $v.model.s3.draft))) -}}{{- include "specdec.refuse" (printf "model.source=s3 needs model.s3.target%s" (ternary " and model.s3.draft" "" $head)) -}}{{- end -}}
 {{- end -}}
 {{- /* The builder's own table (export/engine_rules.py, generated into files/engine-rules.yaml): layouts an engine refuses. */ -}}
 {{- range (.Files.Get "files/engine-rules.yaml" | fromYaml).rules -}}
@@ -102,6 +103,9 @@ specdec.io/backend: {{ .Values.backend }}
 {{- $img := index .Values.images .Values.backend -}}
 {{ printf "%s:%s" $img.repository $img.tag }}
 {{- end -}}
+
+{{/* Whether engine.draft reads a draft checkpoint: every kind but the model-free ones (ngram, suffix) alone. */}}
+{{- define "specdec.hasHead" -}}{{ not (has .Values.engine.draft (list "ngram" "suffix")) }}{{- end -}}
 
 {{- define "specdec.servedModelName" -}}{{ default (include "specdec.fullname" .) .Values.server.servedModelName }}{{- end -}}
 

@@ -205,6 +205,8 @@ initContainers:
         import os
         from huggingface_hub import snapshot_download
         for repo, where in ((os.environ["TARGET"], os.environ["TARGET_DIR"]), (os.environ["DRAFT"], os.environ["DRAFT_DIR"])):
+            if not repo:  # a model-free draft has no checkpoint
+                continue
             done = os.path.join(where, ".specdec-complete")
             if os.path.isfile(done):
                 print(f"{repo}: cached in {where}")
@@ -213,7 +215,7 @@ initContainers:
             open(done, "w").close()
     env:
       - {name: TARGET, value: {{ $m.huggingface.target | quote }}}
-      - {name: DRAFT, value: {{ $m.huggingface.draft | quote }}}
+      - {name: DRAFT, value: {{ ternary $m.huggingface.draft "" (eq (include "specdec.hasHead" .) "true") | quote }}}
       - {name: TARGET_DIR, value: {{ $paths.target | quote }}}
       - {name: DRAFT_DIR, value: {{ $paths.draft | quote }}}
       - {name: HOME, value: /tmp}
@@ -229,10 +231,10 @@ initContainers:
   - name: fetch-models
     image: {{ printf "%s:%s" $v.images.s3.repository $v.images.s3.tag }}
     imagePullPolicy: {{ $v.imagePullPolicy }}
-    command: ["sh", "-c", "aws s3 sync \"$TARGET\" \"$TARGET_DIR\" && aws s3 sync \"$DRAFT\" \"$DRAFT_DIR\""]
+    command: ["sh", "-c", "aws s3 sync \"$TARGET\" \"$TARGET_DIR\" && { [ -z \"$DRAFT\" ] || aws s3 sync \"$DRAFT\" \"$DRAFT_DIR\"; }"]
     env:
       - {name: TARGET, value: {{ $m.s3.target | quote }}}
-      - {name: DRAFT, value: {{ $m.s3.draft | quote }}}
+      - {name: DRAFT, value: {{ ternary $m.s3.draft "" (eq (include "specdec.hasHead" .) "true") | quote }}}
       - {name: TARGET_DIR, value: {{ $paths.target | quote }}}
       - {name: DRAFT_DIR, value: {{ $paths.draft | quote }}}
       - {name: HOME, value: /tmp}
@@ -261,7 +263,9 @@ containers:
     args:
       - --draft={{ $v.engine.draft }}
       - --target={{ $paths.target }}
+      {{- if eq (include "specdec.hasHead" .) "true" }}
       - --draft-path={{ $paths.draft }}
+      {{- end }}
       - --backend={{ ternary "onnxruntime" $v.backend (eq $v.backend "embedded") }}
       - --tp={{ $v.parallelism.tensor }}
       - --pp={{ $v.parallelism.pipeline }}

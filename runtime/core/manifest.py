@@ -126,3 +126,9 @@ def write_manifest(root: Path, manifest: dict[str, Any]) -> Path:
     path = root / MANIFEST_NAME
     path.write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n")
     return path
+
+
+def draft_label(manifest: dict) -> str:
+    """The engine's draft as ``--draft`` names it: its kind, or ``head+lookup`` for a hybrid."""
+    draft = manifest["draft"]
+    return f"{draft['kind']}+{draft['lookup']['kind']}" if "lookup" in draft else draft["kind"]

@@ -138,10 +138,17 @@ class DynamicTreeConfig:
 
 
 def parse_tree_spec(spec: str) -> StaticTree | DynamicTreeConfig:
-    """``dynamic`` | ``static:NAME`` (``mc_sim_7b_63``, ``eagle1_default``, ``chain-N``) | ``static:NAME:N``
-    (the first N choices of a named list; Medusa's lists are ordered most useful first) | a JSON file."""
+    """``dynamic`` | ``dynamic:TOTAL:DEPTH:TOP_K`` | ``static:NAME`` (``mc_sim_7b_63``, ``eagle1_default``,
+    ``chain-N``) | ``static:NAME:N`` (the first N choices of a named list; Medusa's lists are ordered most useful
+    first) | a JSON file."""
     if spec == "dynamic":
         return DynamicTreeConfig()
+    if spec.startswith("dynamic:"):
+        numbers = spec.split(":")[1:]
+        if len(numbers) != 3 or not all(n.isdigit() for n in numbers):
+            raise ValueError(f"tree spec {spec!r}: expected dynamic:TOTAL_TOKENS:DEPTH:TOP_K, e.g. dynamic:24:15:2")
+        total, depth, top_k = (int(n) for n in numbers)
+        return DynamicTreeConfig(total_tokens=total, depth=depth, top_k=top_k)
     if spec.startswith("static:"):
         parts = spec.split(":")
         name = parts[1]

@@ -31,15 +31,20 @@ class DraftTree:
     valid: torch.Tensor  # [B, N] bool, False for padding nodes
     tree_mask: torch.Tensor  # [B, N, N] bool ancestor mask
     depth: torch.Tensor  # [B, N] long
+    scores: torch.Tensor | None = None  # [B, N] each node's path log-probability under the draft, where it has one
 
     @classmethod
     def from_parents(
-        cls, tokens: torch.Tensor, parents: torch.Tensor, valid: torch.Tensor | None = None
+        cls,
+        tokens: torch.Tensor,
+        parents: torch.Tensor,
+        valid: torch.Tensor | None = None,
+        scores: torch.Tensor | None = None,
     ) -> "DraftTree":
         """``valid`` None: every node is real (no padding)."""
         valid = torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid
         mask, depth = ancestor_masks(parents, valid)
-        return cls(tokens=tokens, parents=parents, valid=valid, tree_mask=mask, depth=depth)
+        return cls(tokens=tokens, parents=parents, valid=valid, tree_mask=mask, depth=depth, scores=scores)
 
     @classmethod
     def from_static(cls, tokens: torch.Tensor, tree: StaticTree) -> "DraftTree":
@@ -367,6 +372,12 @@ class FeatureTreeDrafter(Drafter):
     def draft(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
         if isinstance(self.step, WholeTreeStep) and self.step.drafts_whole(self.tree):
             return self._whole_tree(features, tokens, counts)
+        return self.scored_draft(features, tokens, counts)
+
+    @torch.inference_mode()
+    def scored_draft(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
+        """The cycle's tree drafted step by step, with each node's path log-probability (``DraftTree.scores``) for
+        a dynamic tree (a hybrid ranks the head's nodes by them); a whole-tree graph returns no scores."""
         roots = last_real(tokens, counts)
         root_logp, root_reg = self.context_step(features, tokens, counts)
         if isinstance(self.tree, StaticTree):
@@ -418,8 +429,8 @@ class FeatureTreeDrafter(Drafter):
         return DraftTree.from_static(node_tokens, tree)
 
     def _dynamic(self, roots: torch.Tensor, root_logp: torch.Tensor, root_reg: torch.Tensor) -> DraftTree:
-        tokens, parents = dynamic_tree_search(roots, root_logp, root_reg, self.tree, self._step)
-        return DraftTree.from_parents(tokens, parents)
+        tokens, parents, scores = scored_tree_search(roots, root_logp, root_reg, self.tree, self._step)
+        return DraftTree.from_parents(tokens, parents, scores=scores)
 
 
 LevelStep = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -428,8 +439,17 @@ LevelStep = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor], tuple[torc
 def dynamic_tree_search(
     roots: torch.Tensor, root_logp: torch.Tensor, root_reg: torch.Tensor, cfg: DynamicTreeConfig, step: LevelStep
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``scored_tree_search`` without the scores -> (node tokens [B, N], node parents [B, N])."""
+    tokens, parents, _ = scored_tree_search(roots, root_logp, root_reg, cfg, step)
+    return tokens, parents
+
+
+def scored_tree_search(
+    roots: torch.Tensor, root_logp: torch.Tensor, root_reg: torch.Tensor, cfg: DynamicTreeConfig, step: LevelStep
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """EAGLE-2's dynamic tree: ``cfg.top_k`` beams grown ``cfg.depth`` levels by cumulative log-probability, then the
-    best ``cfg.total_tokens - 1`` candidates kept -> (node tokens [B, N], node parents [B, N]; node 0 is the root).
+    best ``cfg.total_tokens - 1`` candidates kept -> (node tokens [B, N], node parents [B, N], node path
+    log-probabilities [B, N]; node 0 is the root, scored 0).
 
     ``step(features [B, k, d], tokens [B, k], level - 1, visible [B, k, slots])`` drafts one level: the beams see
     the earlier levels' slots (and their own) through ``visible``. Pure tensor operations with ``cfg`` fixed, so an
@@ -477,4 +497,7 @@ def dynamic_tree_search(
     par_node = torch.where(par_cand < 0, torch.zeros_like(par_cand), torch.gather(node_of, 1, par_cand.clamp(min=0)))
     node_tokens = torch.cat([roots[:, None], torch.gather(tokens, 1, chosen)], dim=1)
     node_parents = torch.cat([torch.full((bsz, 1), -1, dtype=torch.long, device=dev), par_node], dim=1)
-    return node_tokens, node_parents
+    node_scores = torch.cat(
+        [torch.zeros(bsz, 1, device=dev), torch.gather(torch.cat(cand_scores, dim=1), 1, chosen)], 1
+    )
+    return node_tokens, node_parents, node_scores

@@ -52,6 +52,11 @@ def read_config(path: Path) -> dict[str, Any]:
     config_file = path / "config.json"
     if not config_file.is_file():
         raise DraftLoadError(f"{config_file}: missing; a draft checkpoint directory needs config.json")
+    return read_config_file(config_file)
+
+
+def read_config_file(config_file: Path) -> dict[str, Any]:
+    """A JSON object from ``config_file``, or a DraftLoadError naming the file."""
     try:
         config = json.loads(config_file.read_text())
     except (OSError, json.JSONDecodeError) as exc:

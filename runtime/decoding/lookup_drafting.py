@@ -1,0 +1,285 @@
+"""Drafting without a trained head (prompt lookup, suffix trees), and a head's tree merged with a lookup's.
+
+``LookupDrafter`` keeps each row's tokens (its prompt as it joins, then what each cycle verified) in a model-free
+source (``core/lookup.py``) and turns the source's proposal into the row's tree: no draft forward at all, so on a
+CPU it costs next to nothing and pays wherever the output repeats the prompt or earlier outputs. Rows' trees differ
+in size; shorter ones are padded with invalid nodes (verification never accepts them).
+
+``HybridDrafter`` drafts a head's dynamic tree and a lookup's proposal for every row and keeps, under the head's
+token budget, the nodes with the highest estimated path probability from either: the head's own (the product of its
+draft probabilities along the path) or the lookup's (the share of earlier occurrences that continued so). A path
+both propose keeps the higher estimate. Both estimate the same thing, the chance the target emits that path, so
+one ranking serves both.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Sequence
+
+import torch
+
+from specdec_kit.runtime.core.kv_cache import KVCache
+from specdec_kit.runtime.core.lookup import Budget, NgramIndex, NgramSettings, Proposal, SuffixCache, SuffixSettings
+from specdec_kit.runtime.core.trees import DynamicTreeConfig
+from specdec_kit.runtime.decoding.drafting import DraftCheckpoint, Drafter, DraftTree, FeatureTreeDrafter, Tree
+from specdec_kit.runtime.decoding.prefix_cache import PrefixBlock
+
+
+def lookup_budget(tree: Tree) -> Budget:
+    """The proposal a dynamic tree's numbers allow: ``total_tokens - 1`` nodes, paths of ``depth + 1`` tokens,
+    ``top_k`` children per node (the same bounds a head's dynamic tree has)."""
+    if not isinstance(tree, DynamicTreeConfig):
+        raise ValueError(
+            "model-free drafts grow their own trees: give a dynamic tree (its total_tokens, depth and top_k bound "
+            f"each proposal), not {tree}"
+        )
+    return Budget(nodes=tree.total_tokens - 1, depth=tree.depth + 1, branches=tree.top_k)
+
+
+class LookupSource(ABC):
+    """Where a ``LookupDrafter``'s proposals come from: one state per running row."""
+
+    @abstractmethod
+    def open(self) -> object:
+        """A fresh row's state."""
+
+    @abstractmethod
+    def extend(self, row: object, tokens: list[int]) -> None:
+        """Tokens the row's sequence now holds after what it held."""
+
+    @abstractmethod
+    def propose(self, row: object, budget: Budget) -> Proposal: ...
+
+    def finish(self, row: object) -> None:
+        """The row left the batch (finished or cancelled)."""
+
+
+class NgramSource(LookupSource):
+    """Prompt lookup: each row's own n-gram index."""
+
+    def __init__(self, settings: NgramSettings = NgramSettings()):
+        self.settings = settings
+
+    def open(self) -> NgramIndex:
+        s = self.settings
+        return NgramIndex(s.prompt_lookup_min, s.prompt_lookup_max, s.occurrences, s.use_oldest)
+
+    def extend(self, row: NgramIndex, tokens: list[int]) -> None:
+        row.extend(tokens)
+
+    def propose(self, row: NgramIndex, budget: Budget) -> Proposal:
+        return row.propose(budget)
+
+
+class _SuffixRow:
+    __slots__ = ("sequence", "prompt")
+
+    def __init__(self, sequence: int):
+        self.sequence, self.prompt = sequence, -1  # prompt: its length, once known
+
+
+class SuffixSource(LookupSource):
+    """SuffixDecoding: each row's suffix trie, and one shared by the responses of rows that finished."""
+
+    def __init__(self, settings: SuffixSettings = SuffixSettings()):
+        self.cache = SuffixCache(settings)
+
+    def open(self) -> _SuffixRow:
+        return _SuffixRow(self.cache.open())
+
+    def extend(self, row: _SuffixRow, tokens: list[int]) -> None:
+        self.cache.extend(row.sequence, tokens)
+
+    def mark_prompt(self, row: _SuffixRow) -> None:
+        row.prompt = len(self.cache.sequences[row.sequence])
+
+    def propose(self, row: _SuffixRow, budget: Budget) -> Proposal:
+        return self.cache.propose(row.sequence, budget)
+
+    def finish(self, row: _SuffixRow) -> None:
+        self.cache.finish(row.sequence, max(row.prompt, 0))
+
+
+def source_for(settings: NgramSettings | SuffixSettings) -> LookupSource:
+    """The source a kind's settings describe."""
+    return NgramSource(settings) if isinstance(settings, NgramSettings) else SuffixSource(settings)
+
+
+def padded_tree(roots: list[int], proposals: Sequence[Proposal], device: torch.device) -> DraftTree:
+    """One tree per row (root first, then its proposal's nodes), padded to the largest with invalid nodes."""
+    width = 1 + max((len(p) for p in proposals), default=0)
+    bsz = len(roots)
+    tokens = torch.zeros(bsz, width, dtype=torch.long)
+    parents = torch.full((bsz, width), -1, dtype=torch.long)
+    valid = torch.zeros(bsz, width, dtype=torch.bool)
+    for b, (root, prop) in enumerate(zip(roots, proposals)):
+        n = len(prop)
+        tokens[b, 0], valid[b, : n + 1] = root, True
+        if n:
+            tokens[b, 1 : n + 1] = torch.tensor(prop.tokens)
+            parents[b, 1 : n + 1] = torch.tensor(prop.parents) + 1  # the proposal's -1 (its root) is node 0
+    return DraftTree.from_parents(tokens.to(device), parents.to(device), valid.to(device))
+
+
+class LookupDrafter(Drafter):
+    """Model-free drafting over any ``LookupSource``; ``tree`` (dynamic) bounds each row's proposal."""
+
+    def __init__(self, source: LookupSource, tree: Tree):
+        self.source = source
+        self.rows: list[object] = []
+        self.max_nodes = self.max_depth = 0
+        self.set_tree(tree)
+
+    def set_tree(self, tree: Tree) -> None:
+        budget = lookup_budget(tree)
+        self.tree, self.budget = tree, budget
+        self.max_nodes, self.max_depth = max(self.max_nodes, budget.nodes + 1), max(self.max_depth, budget.depth)
+
+    def reset(self, batch: int, capacity: int) -> None:
+        for row in self.rows:
+            self.source.finish(row)
+        self.rows = [self.source.open() for _ in range(batch)]
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        keep = rows.tolist()
+        for i in sorted(set(range(len(self.rows))) - set(keep)):
+            self.source.finish(self.rows[i])
+        self.rows = [self.rows[i] for i in keep]
+
+    def add_rows(self, count: int, capacity: int) -> None:
+        self.rows += [self.source.open() for _ in range(count)]
+
+    def join(self, features, tokens, counts, capacity, prefix: Sequence[Sequence[PrefixBlock]] | None = None) -> bool:
+        """Read the joining rows' prompts now (all but each row's last pair, the first generated token)."""
+        self.add_rows(counts.shape[0], capacity)
+        fresh = self.rows[len(self.rows) - counts.shape[0] :]
+        for row, toks, n in zip(fresh, tokens.tolist(), counts.tolist()):
+            self.source.extend(row, toks[: n - 1])
+            if isinstance(self.source, SuffixSource):
+                self.source.mark_prompt(row)
+        return True
+
+    def read(self, tokens: torch.Tensor, counts: torch.Tensor) -> list[int]:
+        """Append each row's new tokens to its sequence; returns the roots (each row's last token)."""
+        roots = []
+        for row, toks, n in zip(self.rows, tokens.tolist(), counts.tolist()):
+            self.source.extend(row, toks[:n])
+            roots.append(toks[n - 1])
+        return roots
+
+    def proposals(self, tokens: torch.Tensor, counts: torch.Tensor) -> tuple[list[int], list[Proposal]]:
+        roots = self.read(tokens, counts)
+        return roots, [self.source.propose(row, self.budget) for row in self.rows]
+
+    @torch.inference_mode()
+    def draft(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
+        roots, proposals = self.proposals(tokens, counts)
+        return padded_tree(roots, proposals, tokens.device)
+
+
+def merged(head: Proposal, lookup: Proposal, nodes: int) -> Proposal:
+    """The union of two tries (a path both hold keeps the higher score), cut to the ``nodes`` best-scored nodes.
+    Scores fall along every path in both, and so in their union, so the best nodes form a trie."""
+    index: dict[tuple[int, int], int] = {}
+    out = Proposal()
+    for prop in (head, lookup):
+        mine: list[int] = []
+        for tok, parent, score in zip(prop.tokens, prop.parents, prop.scores):
+            key = (-1 if parent < 0 else mine[parent], tok)
+            if key in index:
+                node = index[key]
+                out.scores[node] = max(out.scores[node], score)
+            else:
+                node = index[key] = len(out)
+                out.tokens.append(tok)
+                out.parents.append(key[0])
+                out.scores.append(score)
+            mine.append(node)
+    if len(out) <= nodes:
+        return out
+    # best first; a tie goes to the node added first (a parent before its child)
+    keep = sorted(sorted(range(len(out)), key=lambda i: (-out.scores[i], i))[:nodes])
+    renumber = {old: new for new, old in enumerate(keep)}
+    return Proposal(
+        [out.tokens[i] for i in keep],
+        [renumber[out.parents[i]] if out.parents[i] >= 0 else -1 for i in keep],
+        [out.scores[i] for i in keep],
+    )
+
+
+def head_proposals(tree: DraftTree) -> list[Proposal]:
+    """A head's scored tree per row (node 0, the root, left out; log-probabilities turned into probabilities)."""
+    out = []
+    for tokens, parents, valid, scores in zip(
+        tree.tokens.tolist(), tree.parents.tolist(), tree.valid.tolist(), tree.scores.exp().tolist()
+    ):
+        keep = [i for i in range(1, len(tokens)) if valid[i]]
+        out.append(Proposal([tokens[i] for i in keep], [parents[i] - 1 for i in keep], [scores[i] for i in keep]))
+    return out
+
+
+class HybridDrafter(Drafter):
+    """A head's dynamic tree and a lookup's proposal merged into one tree under the head's node budget."""
+
+    def __init__(self, head: FeatureTreeDrafter, lookup: LookupDrafter):
+        self.head, self.lookup = head, lookup
+        self.feature_layers = head.feature_layers
+        self.max_nodes = self.max_depth = 0
+        self.set_tree(head.tree)
+
+    @property
+    def tree(self) -> Tree:
+        return self.head.tree
+
+    def set_tree(self, tree: Tree) -> None:
+        """The head drafts ``tree``; the lookup may propose as many nodes, as deep as its own tree allows."""
+        if not isinstance(tree, DynamicTreeConfig):
+            raise ValueError(
+                f"a hybrid draft merges dynamic trees (it ranks the head's nodes by their scores), not {tree}"
+            )
+        self.head.set_tree(tree)
+        self.max_nodes = max(self.max_nodes, self.head.max_nodes)
+        self.max_depth = max(self.max_depth, self.head.max_depth, self.lookup.max_depth)
+
+    def target_view(self, target):
+        return self.head.target_view(target)
+
+    def reset(self, batch: int, capacity: int) -> None:
+        self.head.reset(batch, capacity)
+        self.lookup.reset(batch, capacity)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        self.head.select_rows(rows)
+        self.lookup.select_rows(rows)
+
+    def add_rows(self, count: int, capacity: int) -> None:
+        self.head.add_rows(count, capacity)
+        self.lookup.add_rows(count, capacity)
+
+    def join(self, features, tokens, counts, capacity, prefix=None) -> bool:
+        """Both read the joining prompts now when the head does; otherwise the lookup's prompt reading waits with
+        the head's for the next draft (both then read every pending pair)."""
+        if self.head.join(features, tokens, counts, capacity, prefix):
+            return self.lookup.join(features, tokens, counts, capacity)
+        self.lookup.add_rows(counts.shape[0], capacity)
+        return False
+
+    def bind(self, target_cache: KVCache) -> None:
+        self.head.bind(target_cache)
+
+    def owned_caches(self) -> list[KVCache]:
+        return self.head.owned_caches()
+
+    def checkpoint(self) -> DraftCheckpoint:
+        return self.head.checkpoint()
+
+    def restore(self, checkpoint: DraftCheckpoint) -> None:
+        self.head.restore(checkpoint)
+
+    @torch.inference_mode()
+    def draft(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
+        roots, found = self.lookup.proposals(tokens, counts)
+        heads = head_proposals(self.head.scored_draft(features, tokens, counts))
+        budget = self.tree.total_tokens - 1
+        return padded_tree(roots, [merged(h, f, budget) for h, f in zip(heads, found)], tokens.device)

@@ -1,0 +1,217 @@
+"""Model-free drafting: prompt lookup, suffix trees and a head merged with either, lossless through the one loop.
+
+The sources are checked on texts whose answer is known (which continuation, how often, what the budget keeps, what
+eviction leaves); the drafters against transformers' greedy decoding at batch 1 and 4 and with rows joining a running
+batch; the sampled case is in ``test_sampling_distribution.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import NEW_TOKENS, hf_greedy
+
+from specdec_kit.runtime.checkpoint import load_draft, save_draft
+from specdec_kit.runtime.core.lookup import (
+    Budget,
+    NgramIndex,
+    NgramSettings,
+    Proposal,
+    SuffixCache,
+    SuffixSettings,
+    SuffixTrie,
+    settings_from,
+)
+from specdec_kit.runtime.core.trees import DynamicTreeConfig, StaticTree, parse_tree_spec
+from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
+from specdec_kit.runtime.decoding.lookup_drafting import HybridDrafter, LookupDrafter, merged
+from specdec_kit.runtime.drafts.loading import DraftLoadError
+from specdec_kit.runtime.loader import make_drafter, resolve_tree
+from specdec_kit.runtime.registry import draft_choices, draft_kind, hybrid_parts, lookup_kinds, zoo_heads
+from specdec_kit.runtime.synthetic import oracle_griffin, random_griffin
+
+
+def paths(p: Proposal) -> set[tuple[int, ...]]:
+    """Every node's path of tokens from the root."""
+    out = set()
+    for i in range(len(p)):
+        path, node = [], i
+        while node >= 0:
+            path.append(p.tokens[node])
+            node = p.parents[node]
+        out.add(tuple(reversed(path)))
+    return out
+
+
+def test_prompt_lookup_continues_the_longest_ngram_from_its_latest_occurrences():
+    index = NgramIndex(min_n=1, max_n=3, occurrences=2)
+    index.extend([5, 6, 7, 1, 2, 3, 8, 9, 4, 2, 3, 9, 1, 2, 3])
+    # "1 2 3" occurred once before (then 8 9 4 ...); "2 3" twice (8 ..., 9 ...): the longest wins
+    chain = index.propose(Budget(nodes=3, depth=3, branches=2))
+    assert chain.tokens == [8, 9, 4] and chain.parents == [-1, 0, 1] and chain.scores == [1.0, 1.0, 1.0]
+    index.extend([7])  # "2 3 7", "3 7" never occurred; "7" once (then 1 2 3)
+    assert index.propose(Budget(4, 4, 1)).tokens == [1, 2, 3, 8]
+    index.extend([0])  # nothing ever followed a 0
+    assert len(index.propose(Budget(4, 4, 1))) == 0
+
+
+def test_prompt_lookup_branches_where_its_occurrences_disagree_and_keeps_to_the_budget():
+    index = NgramIndex(min_n=2, max_n=2, occurrences=3)
+    index.extend([1, 2, 3, 4, 0, 1, 2, 3, 5, 0, 1, 2, 6, 0, 1, 2])
+    tree = index.propose(Budget(nodes=4, depth=3, branches=2))
+    assert len(tree) == 4
+    assert (3,) in paths(tree) and tree.scores[tree.tokens.index(3)] == pytest.approx(2 / 3)
+    assert all(len(p) <= 3 for p in paths(tree))
+    children = [sum(1 for q in tree.parents if q == node) for node in [-1, *range(len(tree))]]
+    assert max(children) <= 2
+    for i, parent in enumerate(tree.parents):  # a child never scores above its parent
+        assert parent < i and (parent < 0 or tree.scores[i] <= tree.scores[parent])
+
+
+def test_a_suffix_trie_counts_what_followed_each_context():
+    trie = SuffixTrie(depth=4)
+    trie.extend(0, [1, 2, 3, 1, 2, 4, 1, 2, 3])
+    matches = trie.match([9, 1, 2], longest=3)
+    assert [length for length, _ in matches] == [2, 1]
+    proposal = SuffixTrie.grow(matches[0][1], Budget(nodes=2, depth=2, branches=2))
+    assert proposal.tokens[0] == 3 and proposal.scores[0] == pytest.approx(2 / 3)
+
+
+def test_suffix_decoding_learns_from_finished_responses_and_forgets_the_oldest():
+    cache = SuffixCache(
+        SuffixSettings(max_tree_depth=8, max_spec_factor=4.0, min_token_prob=0.1, max_cached_requests=1)
+    )
+    first = cache.open()
+    cache.extend(first, [100, 101, 7, 8, 9, 10, 11])
+    cache.finish(first, response_from=2)  # its response: 7 8 9 10 11
+    second = cache.open()
+    cache.extend(second, [50, 7, 8])  # its own text holds no continuation; the earlier response does
+    assert cache.propose(second, Budget(4, 4, 1)).tokens == [9, 10, 11]
+    cache.finish(second, response_from=1)  # its response replaces the first (one kept)
+    third = cache.open()
+    cache.extend(third, [7, 8])
+    assert cache.propose(third, Budget(4, 4, 1)).tokens == []
+    fresh = SuffixTrie(depth=8)
+    fresh.extend(0, [7, 8])
+    assert _counts(cache.shared.root) == _counts(fresh.root)  # eviction leaves exactly the kept response's counts
+
+
+def _counts(node) -> dict:
+    return {tok: (child.count, _counts(child)) for tok, child in node.children.items()}
+
+
+def test_merging_keeps_the_likeliest_paths_of_both_as_one_trie():
+    head = Proposal([4, 5, 6], [-1, 0, -1], [0.6, 0.3, 0.2])
+    lookup = Proposal([4, 7, 8], [-1, 0, 1], [0.9, 0.9, 0.9])
+    both = merged(head, lookup, nodes=4)
+    assert paths(both) == {(4,), (4, 7), (4, 7, 8), (4, 5)}
+    assert both.scores[both.tokens.index(4)] == 0.9  # a path both propose keeps the higher estimate
+    assert len(merged(head, lookup, nodes=10)) == 5
+
+
+def test_settings_files_are_checked_and_round_trip(tmp_path):
+    settings = SuffixSettings(max_tree_depth=16, min_token_prob=0.2)
+    save_draft(settings, tmp_path / "suffix", "suffix")
+    assert load_draft(tmp_path / "suffix", "suffix", 0, 0) == settings
+    assert load_draft(None, "ngram", 0, 0) == NgramSettings()
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"prompt_lookup_max": 2, "prompt_lookup_min": 3}')
+    with pytest.raises(DraftLoadError, match="bad.json.*prompt_lookup_min <= prompt_lookup_max"):
+        load_draft(bad, "ngram", 0, 0)
+    with pytest.raises(ValueError, match="unknown key 'depth'"):
+        settings_from(SuffixSettings, {"depth": 3})
+    with pytest.raises(ValueError, match="'occurrences' expects int"):
+        settings_from(NgramSettings, {"occurrences": 1.5})
+
+
+def test_the_registry_knows_the_model_free_kinds_and_their_hybrids():
+    assert lookup_kinds() == ("ngram", "suffix")
+    assert not set(lookup_kinds()) & set(zoo_heads())  # nothing to train or ship
+    assert {"griffin+suffix", "eagle3+ngram"} <= set(draft_choices())
+    assert hybrid_parts("griffin+suffix") == ("griffin", "suffix")
+    with pytest.raises(ValueError, match="a hybrid's head is one of"):
+        hybrid_parts("medusa+suffix")
+    with pytest.raises(ValueError, match="after '\\+' comes a model-free kind"):
+        hybrid_parts("griffin+eagle3")
+    with pytest.raises(ValueError, match="dynamic tree"):
+        draft_kind("ngram").family.check_tree(StaticTree.from_choices([[0], [0, 0]]))
+    assert parse_tree_spec(draft_kind("suffix").default_tree) == DynamicTreeConfig(24, 15, 2)
+
+
+LOOKUP_CASES = ["ngram", "suffix", "griffin+suffix", "griffin+ngram"]
+
+
+def lookup_drafter(kind: str, target, good: bool = True):
+    """A model-free drafter, or a hybrid over an oracle (``good``) or a random GRIFFIN head."""
+    head, lookup = hybrid_parts(kind)
+    if lookup is None:
+        return make_drafter(target, kind, None, resolve_tree(kind, None, None, None, None))
+    module = (oracle_griffin if good else random_griffin)(target)
+    return HybridDrafter(
+        draft_kind(head).family.torch_drafter(module, target, DynamicTreeConfig(total_tokens=16, depth=4, top_k=4)),
+        make_drafter(target, lookup, None, resolve_tree(lookup, None, None, None, None)),
+    )
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("kind", LOOKUP_CASES)
+def test_model_free_and_hybrid_drafts_are_greedy_identical(random_case, predictable_case, kind, batch):
+    for case, good in ((random_case, False), (predictable_case, True)):
+        gen = SpeculativeGenerator(case.target, lookup_drafter(kind, case.target, good))
+        prompts = case.prompts[:8] if batch == 1 else case.prompts
+        results = []
+        for start in range(0, len(prompts), batch):
+            results += gen.generate(prompts[start : start + batch], NEW_TOKENS)
+        assert [r.tokens for r in results] == case.references[: len(prompts)], case.name
+        tau = sum(r.stats.acceptance_length for r in results) / len(results)
+        assert tau > 1.3, f"{kind} on {case.name}: repeating text should be copied (tau {tau:.2f})"
+
+
+def test_a_hybrid_accepts_at_least_what_its_head_does_on_text_that_repeats(predictable_case):
+    """On prompts whose answer repeats them, the merged tree holds the copy the head alone misses."""
+    target = predictable_case.target
+    base = [int(t) for t in torch.randint(0, target.vocab_size, (12,), generator=torch.Generator().manual_seed(5))]
+    prompts = [base + hf_greedy(predictable_case.hf, base, 40)[:30] + base[:4]]  # ends where a copy would start
+    head = SpeculativeGenerator(target, lookup_drafter("griffin+suffix", target, good=False).head)
+    hybrid = SpeculativeGenerator(target, lookup_drafter("griffin+suffix", target, good=False))
+    ref = hf_greedy(predictable_case.hf, prompts[0], 32)
+    alone, both = head.generate(prompts, 32)[0], hybrid.generate(prompts, 32)[0]
+    assert alone.tokens == ref == both.tokens
+    assert both.stats.acceptance_length > alone.stats.acceptance_length
+
+
+def test_rows_joining_a_running_batch_read_their_prompts_as_they_join(random_case):
+    """Continuous batching: rows join mid-flight and some cycles are plain; the output stays the target's and each
+    row's lookup reads only its own text."""
+    target = random_case.target
+    gen = SpeculativeGenerator(target, lookup_drafter("suffix", target))
+    prompts, budget = random_case.prompts[:5], 24
+    batch = gen.admit(None, gen.prefill(prompts[:1], [budget], [gen_params()]))
+    rows, cycle = list(batch.rows), 0
+    while batch.size or len(rows) < len(prompts):
+        if len(rows) < len(prompts):
+            fresh = gen.prefill([prompts[len(rows)]], [budget], [gen_params()])
+            rows += fresh.rows
+            batch = gen.admit(batch, fresh)
+        gen.retire(batch)
+        if batch.size:
+            gen.cycle(batch, speculate=cycle % 3 != 2)
+            cycle += 1
+        gen.retire(batch)
+    assert [row.tokens for row in rows] == [hf_greedy(random_case.hf, p, budget) for p in prompts]
+    drafter = gen.drafter
+    assert isinstance(drafter, LookupDrafter)
+    # the rows that left gave their responses to the shared trie (as far as a draft read them: the last cycle's
+    # tokens never reach it); the last row leaves at the next batch's start
+    outputs = [row.tokens for row in rows]
+    drafter.reset(0, 0)
+    responses = drafter.source.cache.responses
+    assert len(responses) == len(prompts) and not drafter.source.cache.sequences
+    for response in responses:
+        assert any(out[: len(response)] == response for out in outputs) and len(response) >= budget // 2
+
+
+def gen_params():
+    from specdec_kit.runtime.core.sampling import SamplingParams
+
+    return SamplingParams()
