@@ -8,7 +8,7 @@ before it serves anything.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -121,12 +121,20 @@ def _ort_components(root: Path, manifest: dict, device: torch.device, tree):
     return target, lambda tree: family.ort_drafter(graph, manifest, target, tree)
 
 
-def with_lookup(root: Path, manifest: dict, head_drafter_for: Callable[[Any], Drafter]) -> Callable[[Any], Drafter]:
-    """A hybrid engine's drafters: the head's on each tree, merged with the model-free kind its manifest names (its
-    settings, its own tree)."""
+def hybrid_drafter_for(
+    lookup_kind: str, settings: Any, head_drafter_for: Callable[[Any], Drafter]
+) -> Callable[[Any], Drafter]:
+    """Drafters of the head on each tree, merged with the model-free kind (its settings, its own tree)."""
     from specdec_kit.runtime.core.trees import parse_tree_spec
     from specdec_kit.runtime.decoding.lookup_drafting import HybridDrafter
 
+    kind = draft_kind(lookup_kind)
+    tree = parse_tree_spec(kind.default_tree)
+    return lambda head_tree: HybridDrafter(head_drafter_for(head_tree), kind.family.torch_drafter(settings, None, tree))
+
+
+def with_lookup(root: Path, manifest: dict, head_drafter_for: Callable[[Any], Drafter]) -> Callable[[Any], Drafter]:
+    """A hybrid engine's drafters, from the model-free kind and settings its manifest names."""
     lookup = manifest["draft"]["lookup"]
     try:
         kind = draft_kind(lookup["kind"])
@@ -135,8 +143,22 @@ def with_lookup(root: Path, manifest: dict, head_drafter_for: Callable[[Any], Dr
         settings = kind.build(lookup["settings"], root / "manifest.json", 0, 0)
     except (KeyError, TypeError, ValueError) as exc:
         raise EngineError(f"{root / 'manifest.json'}: key draft.lookup is invalid ({exc})") from exc
-    tree = parse_tree_spec(kind.default_tree)
-    return lambda head_tree: HybridDrafter(head_drafter_for(head_tree), kind.family.torch_drafter(settings, None, tree))
+    return hybrid_drafter_for(lookup["kind"], settings, head_drafter_for)
+
+
+def attach_lookup(engine: Engine, lookup_kind: str, settings_path: Path | None = None) -> Engine:
+    """``engine`` with a model-free kind merged into its head's trees (``specdec-serve --lookup suffix``): the engine
+    a hybrid build would make, from an engine already built."""
+    from specdec_kit.runtime.checkpoint import load_lookup_settings
+    from specdec_kit.runtime.registry import hybrid_parts
+
+    head, lookup = hybrid_parts(f"{engine.draft_kind}+{lookup_kind}")
+    settings = load_lookup_settings(settings_path, lookup)
+    drafter_for = hybrid_drafter_for(lookup, settings, engine.drafter_for)
+    draft = dict(engine.manifest["draft"], lookup={"kind": lookup, **draft_kind(lookup).family.manifest_spec(settings)})
+    return replace(
+        engine, manifest=dict(engine.manifest, draft=draft), drafter=drafter_for(engine.tree), drafter_for=drafter_for
+    )
 
 
 def open_engine(

@@ -57,6 +57,17 @@ def parse_args(argv):
         "2:1,4:0.5,16:0.25,inf:0 (batch size: fraction of the engine's tree)",
     )
     p.add_argument(
+        "--lookup",
+        choices=["ngram", "suffix"],
+        help="merge model-free drafting into a head engine's trees (as an engine built with --draft HEAD+KIND): "
+        "ngram (prompt lookup) or suffix (SuffixDecoding over this request and earlier responses); with "
+        "--speculation cost the server weighs the merged trees, the head's alone, the model-free draft's alone and "
+        "plain decoding per batch size",
+    )
+    p.add_argument(
+        "--lookup-settings", type=Path, metavar="FILE", help="--lookup's settings as JSON (default: its own)"
+    )
+    p.add_argument(
         "--drain-timeout",
         type=float,
         default=30.0,
@@ -208,10 +219,10 @@ def main(argv=None) -> int:
 
     import uvicorn
 
-    from specdec_kit.runtime.engine import open_engine
+    from specdec_kit.runtime.engine import attach_lookup, open_engine
     from specdec_kit.runtime.loader import set_threads
     from specdec_kit.serving.app import ServerConfig, create_app
-    from specdec_kit.serving.cost_policy import CostPolicy, candidate_trees
+    from specdec_kit.serving.cost_policy import CostPolicy, speculation_candidates
     from specdec_kit.serving.lifecycle import DrainingServer, listening_socket
     from specdec_kit.serving.metrics import ServerMetrics
     from specdec_kit.serving.policy import SpeculationPolicy, default_schedule, parse_schedule
@@ -221,6 +232,10 @@ def main(argv=None) -> int:
     set_threads()
     try:
         engine = open_engine(args.engine, device=args.device, checksums=False)  # read_manifest checked them
+        if args.lookup:
+            engine = attach_lookup(engine, args.lookup, args.lookup_settings)
+        elif args.lookup_settings is not None:
+            raise ValueError("--lookup-settings: give --lookup KIND too")
         if args.max_model_len is not None and not 2 <= args.max_model_len <= engine.target.max_context:
             raise ValueError(
                 f"--max-model-len {args.max_model_len}: expected 2 to {engine.target.max_context} "
@@ -230,14 +245,14 @@ def main(argv=None) -> int:
         if mode == "adaptive":
             policy = SpeculationPolicy(default_schedule(engine.tree))
         elif mode == "cost":
-            policy = CostPolicy(candidate_trees(engine.tree))
+            policy = CostPolicy(speculation_candidates(engine))
         elif mode == "fixed":
             policy = SpeculationPolicy([(1 << 30, engine.tree)], adaptive=False)
         elif mode == "off":
             policy = SpeculationPolicy([(1 << 30, None)], adaptive=False)
         else:
             policy = SpeculationPolicy(parse_schedule(mode, engine.tree))
-    except (EngineError, ValueError) as exc:
+    except (EngineError, ValueError) as exc:  # DraftLoadError (a settings file) is a ValueError
         print(f"error: {exc}", file=sys.stderr)
         return 2
     name = args.served_model_name or args.engine.resolve().name

@@ -44,7 +44,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from specdec_kit.runtime.core.trees import DynamicTreeConfig, StaticTree
+from specdec_kit.runtime.core.trees import HEAD, HYBRID, LOOKUP, DynamicTreeConfig, SourcedTree, StaticTree, source_of
 from specdec_kit.runtime.decoding.generate import CycleOutcome
 from specdec_kit.serving.policy import Tree, shrink, tree_nodes
 
@@ -107,10 +107,32 @@ def candidate_trees(tree: Tree, fractions: tuple[float, ...] = (1.0, 0.5, 0.25, 
     return out
 
 
+def speculation_candidates(engine) -> list[Tree]:
+    """What the cost policy weighs for an engine: its tree and smaller ones; a hybrid draft's three parts, each so."""
+    from specdec_kit.runtime.decoding.lookup_drafting import HybridDrafter
+
+    drafter = engine.drafter
+    if isinstance(drafter, HybridDrafter):
+        return hybrid_candidates(engine.tree, drafter.lookup.tree)
+    return candidate_trees(engine.tree)
+
+
+def hybrid_candidates(head_tree: DynamicTreeConfig, lookup_tree: DynamicTreeConfig) -> list[Tree]:
+    """A hybrid draft's candidates: the merged trees, the head's alone and the model-free draft's alone, each at its
+    sizes (plain decoding is the policy's own candidate)."""
+    out: list[Tree] = []
+    for source, tree in ((HYBRID, head_tree), (HEAD, head_tree), (LOOKUP, lookup_tree)):
+        sourced = SourcedTree(tree.total_tokens, tree.depth, tree.top_k, source=source)
+        out += candidate_trees(sourced)
+    return out
+
+
 def holds(big: Tree, small: Tree) -> bool:
     """Whether ``big`` drafts (about) every path ``small`` does: a static tree's choices contain the other's; a
     dynamic tree with as many beams, as deep, and as many nodes picks its nodes from a superset of the other's
     candidates by the same scores. (A chain is not held by a wider tree, which may spend its nodes on siblings.)"""
+    if source_of(big) != source_of(small):  # a hybrid draft's parts draft different paths
+        return False
     if isinstance(big, DynamicTreeConfig) and isinstance(small, DynamicTreeConfig):
         return big.top_k == small.top_k and big.depth >= small.depth and big.total_tokens >= small.total_tokens
     if isinstance(big, StaticTree) and isinstance(small, StaticTree):
@@ -151,6 +173,7 @@ class CostPolicy:
     acceptance_most: float = 0.3  # the most one cycle's acceptance weighs after a long gap (see ``Ema``): it is noisy
     reach: float = 2.0  # a cost is extrapolated at most this far beyond the largest size measured; further, measured
     accepted: dict[int, Ema] = field(default_factory=dict)  # [candidate] -> accepted draft tokens per row
+    widths: dict[int, Ema] = field(default_factory=dict)  # [candidate] -> nodes per row its cycles verified
     cycles: dict[int, int] = field(default_factory=dict)  # per batch size, for the probes (and its estimates' clock)
     clock: int = 0  # cycles at every batch size: the acceptance estimates' clock
     leader: dict[int, int] = field(default_factory=dict)  # per batch size: the candidate it runs
@@ -164,8 +187,13 @@ class CostPolicy:
     def never_speculates(self) -> bool:
         return not self.trees
 
-    def nodes(self, k: int) -> int:
-        return 1 if k == 0 else tree_nodes(self.trees[k - 1])
+    def nodes(self, k: int) -> float:
+        """Nodes per row a cycle of candidate ``k`` verifies: its tree's, or as measured (a model-free draft proposes
+        what the text offers, often less than its tree allows)."""
+        if k == 0:
+            return 1
+        width = self.widths.get(k)
+        return width.value if width is not None and width.n else tree_nodes(self.trees[k - 1])
 
     def trusted(self) -> tuple[dict[int, Ema], dict[int, dict[int, Ema]]]:
         """The verify and (per candidate) draft cost points measured ``warmup`` times or more (taken once per
@@ -187,7 +215,7 @@ class CostPolicy:
                 return batch / cycle
             acc = self.acceptance(k)
             return None if acc is None else batch * (1 + acc) / (cycle + reading)
-        x = batch * self.nodes(k)
+        x = round(batch * self.nodes(k))
         verify = self.verify_cost(x, batch, shared)
         if verify is None:
             return None
@@ -283,7 +311,10 @@ class CostPolicy:
         if seconds <= 0 or outcome.rows == 0:
             return
         k = self._last if outcome.speculative else 0
-        tokens = outcome.rows * self.nodes(k)
+        width = outcome.tree_width or (tree_nodes(self.trees[k - 1]) if k else 1)
+        tokens = outcome.rows * width
+        if k:
+            self.widths.setdefault(k, Ema()).add(width, self.smoothing)
         self.verify.setdefault(tokens, Ema()).add(outcome.verify_s, self.smoothing)
         self.verify_at.setdefault(outcome.rows, {}).setdefault(tokens, Ema()).add(outcome.verify_s, self.smoothing)
         self.overhead.setdefault(outcome.rows, Ema()).add(
@@ -319,7 +350,8 @@ class CostPolicy:
             return
         for c, tree in enumerate(self.trees, start=1):
             length = chain_length(tree)
-            if c != k and length is not None and length < longest:
+            same = source_of(tree) == source_of(self.trees[k - 1])  # the same draft's chain: a prefix of its path
+            if c != k and same and length is not None and length < longest:
                 self.accepted.setdefault(c, Ema()).add(
                     sum(reached[:length]) / outcome.rows, self.acceptance_smoothing, self.clock, self.acceptance_most
                 )
@@ -331,7 +363,8 @@ class CostPolicy:
             acc = self.accepted.get(k)
             out.append(
                 {
-                    "tree_tokens": self.nodes(k),
+                    "tree_tokens": tree_nodes(self.trees[k - 1]) if k else 1,
+                    **({"source": source_of(self.trees[k - 1])} if k and source_of(self.trees[k - 1]) else {}),
                     "accepted_per_row": acc.value if acc and acc.n else None,
                     "predicted_tokens_per_s": {b: self.predicted_rate(k, b) for b in sorted(self.cycles)},
                 }

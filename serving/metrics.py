@@ -103,6 +103,17 @@ class ServerMetrics:
             label,
             registry=r,
         )
+        # the same per drafting method: a hybrid engine's merged trees, its head alone or its model-free draft alone
+        method = label + ["method"]
+        self.method_drafts = Counter(
+            "specdec:spec_decode_num_drafts_by_method", "Speculative cycles per request, by method", method, registry=r
+        )
+        self.method_draft_tokens = Counter(
+            "specdec:spec_decode_num_draft_tokens_by_method", "Draft tokens verified, by method", method, registry=r
+        )
+        self.method_accepted = Counter(
+            "specdec:spec_decode_num_accepted_tokens_by_method", "Draft tokens accepted, by method", method, registry=r
+        )
         self.tree_tokens = Gauge(
             "specdec:spec_tree_tokens", "Tree size of the last cycle (1 = speculation off)", label, registry=r
         )
@@ -113,12 +124,20 @@ class ServerMetrics:
     def labels(self, metric, **extra):
         return metric.labels(model_name=self.model, **extra)
 
-    def record_speculation(self, drafts: int, draft_tokens: int, accepted: int, per_depth: list[int]) -> None:
+    def record_speculation(
+        self, drafts: int, draft_tokens: int, accepted: int, per_depth: list[int], method: str = ""
+    ) -> None:
+        """One cycle's speculation over ``drafts`` requests; ``method``: the draft that proposed (its kind, a
+        hybrid's ``head+lookup``, or one part of it)."""
         if drafts == 0:
             return
         self.labels(self.drafts).inc(drafts)
         self.labels(self.draft_tokens).inc(draft_tokens)
         self.labels(self.accepted).inc(accepted)
+        if method:
+            self.labels(self.method_drafts, method=method).inc(drafts)
+            self.labels(self.method_draft_tokens, method=method).inc(draft_tokens)
+            self.labels(self.method_accepted, method=method).inc(accepted)
         for depth, count in enumerate(per_depth):
             if count:
                 self.labels(self.accepted_per_pos, position=str(depth)).inc(count)

@@ -11,7 +11,7 @@ the mode not in use) and runs the faster one, so throughput does not fall below 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from specdec_kit.runtime.core.trees import DynamicTreeConfig, StaticTree
@@ -23,7 +23,8 @@ Tree = StaticTree | DynamicTreeConfig
 def fewest_steps(tree: DynamicTreeConfig) -> DynamicTreeConfig:
     """The same dynamic tree drafted with only the steps its nodes can use: N nodes hold paths of at most N - 1
     draft tokens (a first level and N - 2 expansions), and each deeper step would cost a draft call for nothing."""
-    return DynamicTreeConfig(
+    return replace(
+        tree,
         total_tokens=tree.total_tokens,
         depth=min(tree.depth, tree.total_tokens - 2),
         top_k=min(tree.top_k, tree.total_tokens - 1),
@@ -31,7 +32,8 @@ def fewest_steps(tree: DynamicTreeConfig) -> DynamicTreeConfig:
 
 
 def shrink(tree: Tree, fraction: float) -> Tree:
-    """A tree with about ``fraction`` of ``tree``'s nodes (at least a root and one child); ``tree`` itself at 1.
+    """A tree with about ``fraction`` of ``tree``'s nodes (at least a root and one child); ``tree`` itself at 1. (A
+    hybrid draft's tree keeps its source.)
 
     A static tree keeps its first choices (the likeliest). A dynamic tree whose nodes fit on one path of its depth
     becomes a chain: spread over ``top_k`` beams, few nodes buy second choices near the root instead of depth, and
@@ -43,8 +45,8 @@ def shrink(tree: Tree, fraction: float) -> Tree:
     if isinstance(tree, DynamicTreeConfig):
         total = max(2, round(tree.total_tokens * fraction))
         if total - 1 <= tree.depth + 1:
-            return DynamicTreeConfig(total_tokens=total, depth=total - 2, top_k=1)
-        return fewest_steps(DynamicTreeConfig(total_tokens=total, depth=tree.depth, top_k=tree.top_k))
+            return replace(tree, total_tokens=total, depth=total - 2, top_k=1)
+        return fewest_steps(replace(tree, total_tokens=total))
     keep = max(1, round(len(tree.choices) * fraction))
     return StaticTree.from_choices([list(c) for c in tree.choices[:keep]])  # sorted by depth: prefix-closed
 

@@ -28,6 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from specdec_kit.runtime.core.sampling import SamplingParams
+from specdec_kit.runtime.core.trees import HEAD, LOOKUP, source_of
 from specdec_kit.runtime.decoding.generate import RequestStats, SpeculativeGenerator
 from specdec_kit.runtime.engine import Engine
 from specdec_kit.serving.errors import APIError, draining, internal, overloaded, slow_reader
@@ -264,10 +265,18 @@ class Scheduler:
             outcome.draft_tokens,
             outcome.accepted_tokens,
             outcome.accepted_per_depth,
+            self.method_of(tree),
         )
         self._report()
         # the policy weighs the whole cycle: handing the tokens out is paid once per cycle, whatever it drafted
         self.policy.observe(outcome, time.perf_counter() - t0)
+
+    def method_of(self, tree) -> str:
+        """The draft that fills ``tree``: the engine's (``griffin``, ``suffix``, ``griffin+suffix``), or the part of a
+        hybrid a sourced tree names."""
+        label = self.engine.draft_kind
+        head, _, lookup = label.partition("+")
+        return {HEAD: head, LOOKUP: lookup}.get(source_of(tree) or "", label)
 
     def _report(self) -> None:
         """Hand every request its new tokens, update the metrics, retire finished rows."""

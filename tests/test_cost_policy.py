@@ -281,3 +281,33 @@ def test_a_server_choosing_trees_by_cost_stays_lossless(demo_engine):
         assert any(c["accepted_per_row"] for c in info["speculation"][1:])  # trees were run and measured
     finally:
         srv.stop()
+
+
+def test_a_hybrid_drafts_parts_are_candidates_of_their_own():
+    """The merged trees, the head's alone and the model-free draft's alone are each measured and never stand in for one
+    another (a tree of one part holds no path of another's); the measured widths of a model-free draft's trees, not
+    their budgets, are what its cycles are taken to verify."""
+    from specdec_kit.runtime.core.trees import HEAD, HYBRID, LOOKUP, SourcedTree
+    from specdec_kit.serving.cost_policy import hybrid_candidates
+
+    trees = hybrid_candidates(DynamicTreeConfig(12, 3, 3), DynamicTreeConfig(24, 15, 2))
+    assert {t.source for t in trees} == {HYBRID, HEAD, LOOKUP}
+    assert not holds(SourcedTree(12, 3, 3, source=HYBRID), SourcedTree(12, 3, 3, source=HEAD))
+    assert holds(SourcedTree(12, 3, 3, source=HEAD), SourcedTree(6, 3, 3, source=HEAD))
+    policy = CostPolicy(trees)
+    seen = set()
+    for _ in range(400):
+        tree = policy.choose(4)
+        width = 1 if tree is None else (3 if tree.source == LOOKUP else tree.total_tokens)
+        if tree is not None:
+            seen.add(tree.source)
+        accepted = 0 if tree is None else 4 * (2 if tree.source == LOOKUP else 1)
+        policy.observe(
+            CycleOutcome(
+                tree is not None, 4, 4 + accepted, 4 * (width - 1), accepted, [], 0.001, 0.01 * width, tree_width=width
+            ),
+            0.012 * width,
+        )
+    assert seen == {HYBRID, HEAD, LOOKUP}
+    lookup = [k for k, t in enumerate(trees, start=1) if t.source == LOOKUP]
+    assert all(policy.nodes(k) == 3 for k in lookup if k in policy.widths)

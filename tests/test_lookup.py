@@ -22,7 +22,15 @@ from specdec_kit.runtime.core.lookup import (
     SuffixTrie,
     settings_from,
 )
-from specdec_kit.runtime.core.trees import DynamicTreeConfig, StaticTree, parse_tree_spec
+from specdec_kit.runtime.core.trees import (
+    HEAD,
+    HYBRID,
+    LOOKUP,
+    DynamicTreeConfig,
+    SourcedTree,
+    StaticTree,
+    parse_tree_spec,
+)
 from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
 from specdec_kit.runtime.decoding.lookup_drafting import HybridDrafter, LookupDrafter, merged
 from specdec_kit.runtime.drafts.loading import DraftLoadError
@@ -209,6 +217,38 @@ def test_rows_joining_a_running_batch_read_their_prompts_as_they_join(random_cas
     assert len(responses) == len(prompts) and not drafter.source.cache.sequences
     for response in responses:
         assert any(out[: len(response)] == response for out in outputs) and len(response) >= budget // 2
+
+
+def test_a_hybrid_switching_between_its_parts_stays_lossless(predictable_case):
+    """A server's policy picks the merged tree, the head alone, the lookup alone or plain decoding per cycle: with
+    every switch (and rows joining), the output is the target's, and each part really drafted."""
+    target = predictable_case.target
+    drafter = lookup_drafter("griffin+suffix", target)
+    gen = SpeculativeGenerator(target, drafter)
+    tree = DynamicTreeConfig(total_tokens=16, depth=4, top_k=4)
+    plans = [SourcedTree(16, 4, 4, source=s) for s in (HYBRID, HEAD, LOOKUP, LOOKUP)] + [None]
+    prompts, budget = predictable_case.prompts[:6], 40
+    used = {HYBRID: 0, HEAD: 0, LOOKUP: 0}
+    batch = gen.admit(None, gen.prefill(prompts[:2], [budget] * 2, [gen_params()] * 2))
+    rows, cycle = list(batch.rows), 0
+    while batch.size or len(rows) < len(prompts):
+        if len(rows) < len(prompts) and cycle % 2:
+            fresh = gen.prefill([prompts[len(rows)]], [budget], [gen_params()])
+            rows += fresh.rows
+            batch = gen.admit(batch, fresh)
+        gen.retire(batch)
+        if batch.size:
+            plan = plans[cycle % len(plans)]
+            if plan is not None:
+                gen.set_tree(plan)
+                used[plan.source] += gen.cycle(batch).accepted_tokens
+            else:
+                gen.cycle(batch, speculate=False)
+            cycle += 1
+        gen.retire(batch)
+    assert [row.tokens for row in rows] == [hf_greedy(predictable_case.hf, p, budget) for p in prompts]
+    assert all(used.values()), used
+    assert drafter.head.tree == tree  # the head drafts plain trees (an engine's whole-tree graph matches them)
 
 
 def gen_params():

@@ -428,3 +428,53 @@ def test_an_error_after_the_stream_began_is_sent_in_band_and_the_server_recovers
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 5
     finally:
         srv.stop()
+
+
+def test_model_free_and_hybrid_speculation_serve_the_runtimes_greedy_output(engine_dir, demo_checkpoints, tmp_path):
+    """A target-only engine speculates with prompt lookup, and ``--lookup suffix`` merges suffix trees into the GRIFFIN
+    engine's: concurrent requests get the runtime's greedy text, and the speculation shows in the metrics by method
+    (the merged trees first; the parts the cost policy weighs beside them as it measures them)."""
+    ngram = build_engine(
+        BuildInputs(
+            draft="ngram",
+            target=demo_checkpoints["target"],
+            draft_path=None,
+            tokenizer=demo_checkpoints["target"],
+            backend="onnxruntime",
+            dtype="float32",
+            tree=tree_to_dict(DynamicTreeConfig(8, 6, 1)),
+        ),
+        tmp_path / "ngram",
+    ).path
+    runtime = open_engine(engine_dir)
+    prompts = [p + " " + p for p in PROMPTS]  # repeated text: something to copy
+    expected = [runtime_greedy(runtime, runtime.tokenizer(p)["input_ids"], 24) for p in prompts]
+    for engine, extra, first, methods in (
+        (ngram, (), "ngram", {"ngram"}),
+        (engine_dir, ("--lookup", "suffix"), "griffin+suffix", {"griffin+suffix", "griffin", "suffix"}),
+    ):
+        srv = Server(engine, "--max-num-seqs", "4", *extra)
+        try:
+            client = srv.client()
+            for _ in range(3):  # enough cycles for the policy to try each candidate
+                with ThreadPoolExecutor(4) as pool:
+                    texts = list(
+                        pool.map(
+                            lambda p: (
+                                client.completions.create(model="demo", prompt=p, max_tokens=24, temperature=0)
+                                .choices[0]
+                                .text
+                            ),
+                            prompts,
+                        )
+                    )
+                assert texts == expected, engine
+            metrics = srv.metrics()
+        finally:
+            srv.stop()
+        drafted = {
+            key.split("method=")[1].rstrip("}")
+            for key, value in metrics.items()
+            if key.startswith("specdec:spec_decode_num_drafts_by_method_total") and value > 0
+        }
+        assert first in drafted and drafted <= methods, (engine, drafted)

@@ -137,6 +137,28 @@ class DynamicTreeConfig:
             )
 
 
+HYBRID, HEAD, LOOKUP = "hybrid", "head", "lookup"
+
+
+@dataclass(frozen=True)
+class SourcedTree(DynamicTreeConfig):
+    """A dynamic tree and which part of a hybrid draft fills it: the head and the model-free draft merged
+    (``hybrid``), the head alone (``head``) or the model-free draft alone (``lookup``). A server's cost policy
+    weighs the three (and plain decoding) as candidates like any trees."""
+
+    source: str = HYBRID
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.source not in (HYBRID, HEAD, LOOKUP):
+            raise ValueError(f"tree source {self.source!r}: expected {HYBRID}, {HEAD} or {LOOKUP}")
+
+
+def source_of(tree: object) -> str | None:
+    """The part of a hybrid draft a tree is for (None: a tree of a single draft)."""
+    return tree.source if isinstance(tree, SourcedTree) else None
+
+
 def parse_tree_spec(spec: str) -> StaticTree | DynamicTreeConfig:
     """``dynamic`` | ``dynamic:TOTAL:DEPTH:TOP_K`` | ``static:NAME`` (``mc_sim_7b_63``, ``eagle1_default``,
     ``chain-N``) | ``static:NAME:N`` (the first N choices of a named list; Medusa's lists are ordered most useful

@@ -128,6 +128,7 @@ class CycleOutcome:
     draft_s: float
     verify_s: float
     caught_up: bool = False  # the draft also read context that plain cycles or a prefill left: not one step's time
+    tree_width: int | None = None  # nodes per row verified (a model-free draft's trees vary from cycle to cycle)
 
 
 @dataclass
@@ -467,7 +468,7 @@ class SpeculativeGenerator:
         t2 = now(dev)
         self._next_context(batch, result, replace=drafted or isinstance(self.drafter, NoDrafter))
         outcome = self._account(batch.rows, tree, result, drafted, t1 - t0, t2 - t1, t2)
-        outcome.caught_up = caught_up
+        outcome.caught_up, outcome.tree_width = caught_up, tree.tokens.shape[1]
         return outcome
 
     @staticmethod

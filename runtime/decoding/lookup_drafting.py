@@ -21,7 +21,8 @@ import torch
 
 from specdec_kit.runtime.core.kv_cache import KVCache
 from specdec_kit.runtime.core.lookup import Budget, NgramIndex, NgramSettings, Proposal, SuffixCache, SuffixSettings
-from specdec_kit.runtime.core.trees import DynamicTreeConfig
+from specdec_kit.runtime.core.trees import HEAD, HYBRID, LOOKUP, DynamicTreeConfig, source_of
+from specdec_kit.runtime.decoding.draft_context import DraftContext
 from specdec_kit.runtime.decoding.drafting import DraftCheckpoint, Drafter, DraftTree, FeatureTreeDrafter, Tree
 from specdec_kit.runtime.decoding.prefix_cache import PrefixBlock
 
@@ -220,26 +221,35 @@ def head_proposals(tree: DraftTree) -> list[Proposal]:
 
 
 class HybridDrafter(Drafter):
-    """A head's dynamic tree and a lookup's proposal merged into one tree under the head's node budget."""
+    """A head's dynamic tree and a lookup's proposal merged into one tree under the head's node budget.
+
+    A ``SourcedTree`` may ask for one part alone (a server's cost policy weighs the three): ``head`` drafts the head's
+    tree as the head alone would (its whole-tree graph included), ``lookup`` the lookup's proposal without a draft
+    forward. The lookup reads every cycle's tokens whichever part drafts; the pairs a lookup-only cycle verified wait
+    for the head's next draft (as a plain cycle's do), so the head reads its context whole."""
 
     def __init__(self, head: FeatureTreeDrafter, lookup: LookupDrafter):
         self.head, self.lookup = head, lookup
         self.feature_layers = head.feature_layers
         self.max_nodes = self.max_depth = 0
+        self.source = HYBRID
+        self.unread: DraftContext | None = None  # per row, pairs the head has not read (after lookup-only cycles)
         self.set_tree(head.tree)
 
     @property
     def tree(self) -> Tree:
-        return self.head.tree
+        return self.lookup.tree if self.source == LOOKUP else self.head.tree
 
     def set_tree(self, tree: Tree) -> None:
-        """The head drafts ``tree``; the lookup may propose as many nodes, as deep as its own tree allows."""
+        """The tree of the next cycles, for the part its source names (a plain dynamic tree: both, merged)."""
         if not isinstance(tree, DynamicTreeConfig):
             raise ValueError(
                 f"a hybrid draft merges dynamic trees (it ranks the head's nodes by their scores), not {tree}"
             )
-        self.head.set_tree(tree)
-        self.max_nodes = max(self.max_nodes, self.head.max_nodes)
+        self.source = source_of(tree) or HYBRID
+        plain = DynamicTreeConfig(tree.total_tokens, tree.depth, tree.top_k)  # what the part itself drafts
+        (self.lookup if self.source == LOOKUP else self.head).set_tree(plain)
+        self.max_nodes = max(self.max_nodes, self.head.max_nodes, self.lookup.max_nodes)
         self.max_depth = max(self.max_depth, self.head.max_depth, self.lookup.max_depth)
 
     def target_view(self, target):
@@ -248,21 +258,37 @@ class HybridDrafter(Drafter):
     def reset(self, batch: int, capacity: int) -> None:
         self.head.reset(batch, capacity)
         self.lookup.reset(batch, capacity)
+        self.unread = None
 
     def select_rows(self, rows: torch.Tensor) -> None:
         self.head.select_rows(rows)
         self.lookup.select_rows(rows)
+        if self.unread is not None:
+            self.unread = self.unread.select_rows(rows)
 
     def add_rows(self, count: int, capacity: int) -> None:
         self.head.add_rows(count, capacity)
         self.lookup.add_rows(count, capacity)
+        self._add_unread_rows(count)
+
+    def _add_unread_rows(self, count: int) -> None:
+        if self.unread is not None:
+            feats = self.unread.feats_buffer
+            empty = DraftContext.of(
+                feats.new_zeros(count, 0, feats.shape[-1]),
+                self.unread.tokens_buffer.new_zeros(count, 0),
+                self.unread.counts.new_zeros(count),
+            )
+            self.unread = self.unread.extend_rows(empty)
 
     def join(self, features, tokens, counts, capacity, prefix=None) -> bool:
         """Both read the joining prompts now when the head does; otherwise the lookup's prompt reading waits with
         the head's for the next draft (both then read every pending pair)."""
         if self.head.join(features, tokens, counts, capacity, prefix):
+            self._add_unread_rows(counts.shape[0])
             return self.lookup.join(features, tokens, counts, capacity)
         self.lookup.add_rows(counts.shape[0], capacity)
+        self._add_unread_rows(counts.shape[0])
         return False
 
     def bind(self, target_cache: KVCache) -> None:
@@ -277,9 +303,25 @@ class HybridDrafter(Drafter):
     def restore(self, checkpoint: DraftCheckpoint) -> None:
         self.head.restore(checkpoint)
 
+    def _head_context(self, features, tokens, counts):
+        """The pairs the head reads now: those lookup-only cycles left, then this cycle's."""
+        if self.unread is None:
+            return features, tokens, counts
+        pending = self.unread.append(features, tokens, counts)
+        self.unread = None
+        return pending.feats, pending.tokens, pending.counts
+
     @torch.inference_mode()
     def draft(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
+        if self.source == LOOKUP:
+            if self.unread is None:
+                self.unread = DraftContext.of(features[:, :0], tokens[:, :0], torch.zeros_like(counts))
+            self.unread = self.unread.append(features, tokens, counts)
+            return self.lookup.draft(features, tokens, counts)
+        if self.source == HEAD:
+            self.lookup.read(tokens, counts)
+            return self.head.draft(*self._head_context(features, tokens, counts))
         roots, found = self.lookup.proposals(tokens, counts)
-        heads = head_proposals(self.head.scored_draft(features, tokens, counts))
-        budget = self.tree.total_tokens - 1
+        heads = head_proposals(self.head.scored_draft(*self._head_context(features, tokens, counts)))
+        budget = self.head.tree.total_tokens - 1
         return padded_tree(roots, [merged(h, f, budget) for h, f in zip(heads, found)], tokens.device)
