@@ -20,11 +20,17 @@ def between_markers(text: str, start: str, end: str, table: str, path: Path) -> 
 
 def main(path: Path, start: str, end: str, table: Callable[[], str], script: str, argv: list[str] | None) -> int:
     """Write the table into ``path``, or with ``--check`` exit 1 when the one there is stale."""
-    parser = argparse.ArgumentParser(description=f"the generated table in {path.name}")
-    parser.add_argument("--check", action="store_true", help=f"exit 1 when the table in {path.name} is stale")
+    return main_with(path, lambda text: between_markers(text, start, end, table(), path), script, argv)
+
+
+def main_with(path: Path, refresh: Callable[[str], str], script: str, argv: list[str] | None) -> int:
+    """``refresh`` the text of ``path`` (its generated tables) and write it, or with ``--check`` exit 1 when that
+    changes anything."""
+    parser = argparse.ArgumentParser(description=f"the generated tables in {path.name}")
+    parser.add_argument("--check", action="store_true", help=f"exit 1 when a table in {path.name} is stale")
     args = parser.parse_args(argv)
     current = path.read_text()
-    fresh = between_markers(current, start, end, table(), path)
+    fresh = refresh(current)
     if args.check:
         if fresh != current:
             print(f"{path}: the generated table is stale; run python {script}", file=sys.stderr)

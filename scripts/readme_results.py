@@ -1,6 +1,7 @@
-"""README.md's results table, from the benchmarks' result files (never typed by hand): GRIFFIN and EAGLE-3 against
-plain decoding at T=0, on SmolLM2 (``bench/results/smollm2``) and on the demo zoo (``bench/results/eagle3_rows``),
-written between the markers in README.md.
+"""README.md's results tables, from the benchmarks' result files (never typed by hand): GRIFFIN and EAGLE-3 against
+plain decoding at T=0, on SmolLM2 (``bench/results/smollm2``) and on the demo zoo (``bench/results/eagle3_rows``);
+model-free drafting and the hybrid by task category on SmolLM2 (``bench/results/lookup/smollm2``); each written
+between its markers in README.md.
 
     python scripts/readme_results.py            # rewrite the table in README.md
     python scripts/readme_results.py --check    # exit 1 when the table is stale (the tests run this)
@@ -17,6 +18,9 @@ import generated_table
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 START, END = "<!-- results-table:start -->", "<!-- results-table:end -->"
+LOOKUP_START, LOOKUP_END = "<!-- lookup-table:start -->", "<!-- lookup-table:end -->"
+LOOKUP_RESULTS = "bench/results/lookup/smollm2/results.json"
+LOOKUP_METHODS = ("ngram", "suffix", "griffin", "griffin+suffix")
 # (label, result file, the prompt sets to show, in order)
 SOURCES = (
     ("SmolLM2-135M-Instruct", "bench/results/smollm2/results.json", ("chat", "humaneval", "spec_bench")),
@@ -51,8 +55,31 @@ def table() -> str:
     return "\n".join(lines)
 
 
+def lookup_table() -> str:
+    """Per category: plain decoding's tokens/s, then each method's speedup end to end and its tau (T=0)."""
+    results = json.loads((REPO / LOOKUP_RESULTS).read_text())
+    rows = [r for r in results["rows"] if r["temperature"] == 0]
+    lines = [
+        "| category | plain tokens/s | " + " | ".join(f"{m} speed (tau)" for m in LOOKUP_METHODS) + " |",
+        "|---|---:|" + "---:|" * len(LOOKUP_METHODS),
+    ]
+    for category in dict.fromkeys(r["prompt_set"] for r in rows):
+        by_method = {r["method"]: r for r in rows if r["prompt_set"] == category}
+        cells = [category.replace("_", " "), f"{by_method['plain']['tokens_per_s']:.1f}"]
+        for method in LOOKUP_METHODS:
+            r = by_method.get(method)
+            cells.append("-" if r is None else f"{r['speedup']:.2f}x ({r['acceptance_length']:.2f})")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def both_tables(text: str) -> str:
+    text = generated_table.between_markers(text, START, END, table(), README)
+    return generated_table.between_markers(text, LOOKUP_START, LOOKUP_END, lookup_table(), README)
+
+
 def main(argv: list[str] | None = None) -> int:
-    return generated_table.main(README, START, END, table, "scripts/readme_results.py", argv)
+    return generated_table.main_with(README, both_tables, "scripts/readme_results.py", argv)
 
 
 if __name__ == "__main__":

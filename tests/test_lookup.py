@@ -85,6 +85,18 @@ def test_a_suffix_trie_counts_what_followed_each_context():
     assert proposal.tokens[0] == 3 and proposal.scores[0] == pytest.approx(2 / 3)
 
 
+def test_a_growing_sequences_own_suffixes_are_its_matches_without_a_search():
+    gen = torch.Generator().manual_seed(0)
+    trie = SuffixTrie(depth=8)
+    tokens = torch.randint(0, 6, (300,), generator=gen).tolist()
+    for start in range(0, 300, 7):  # grown a few tokens at a time, as cycles verify them
+        trie.extend(0, tokens[start : start + 7])
+        seen = tokens[: start + 7]
+        assert [(n, id(node)) for n, node in trie.open_matches(0, 7)] == [
+            (n, id(node)) for n, node in trie.match(seen, 7)
+        ]
+
+
 def test_suffix_decoding_learns_from_finished_responses_and_forgets_the_oldest():
     cache = SuffixCache(
         SuffixSettings(max_tree_depth=8, max_spec_factor=4.0, min_token_prob=0.1, max_cached_requests=1)
@@ -115,6 +127,10 @@ def test_merging_keeps_the_likeliest_paths_of_both_as_one_trie():
     assert paths(both) == {(4,), (4, 7), (4, 7, 8), (4, 5)}
     assert both.scores[both.tokens.index(4)] == 0.9  # a path both propose keeps the higher estimate
     assert len(merged(head, lookup, nodes=10)) == 5
+    rounded = merged(Proposal([4, 5], [-1, 0], [0.5, 0.5000001]), Proposal([9], [-1], [0.5]), nodes=2)
+    assert paths(rounded) == {(4,), (9,)} or paths(rounded) == {(4,), (4, 5)}  # a child never outranks its parent
+    first = merged(head, Proposal([7], [-1], [0.2]), nodes=2, rule="lookup-first")
+    assert paths(first) == {(7,), (4,)}  # the lookup's node first, then the head's best
 
 
 def test_settings_files_are_checked_and_round_trip(tmp_path):

@@ -185,6 +185,12 @@ class SuffixTrie:
         """The sequence will not grow again (its suffixes stay counted)."""
         self._open.pop(sequence, None)
 
+    def open_matches(self, sequence: int, longest: int) -> list[tuple[int, _Node]]:
+        """``match`` for a sequence this trie holds, at no search: its suffixes' nodes are the ones its last token
+        reached (kept as it grows); those something followed, longest first."""
+        active = self._open.get(sequence, [])[:longest]
+        return [(i + 1, node) for i, node in reversed(list(enumerate(active))) if node.children]
+
     def match(self, context: list[int], longest: int) -> list[tuple[int, _Node]]:
         """The nodes of the context's suffixes found in the trie, longest first (at most ``longest`` tokens), each
         with its length."""
@@ -234,10 +240,13 @@ class NgramSettings:
 class SuffixSettings:
     """SuffixDecoding's settings, named as vLLM names them: the trie's depth (which bounds match + speculation), the
     most draft tokens per match token (``max_spec_factor``), the least path probability a node needs
-    (``min_token_prob``), and how many finished responses the shared trie keeps (0: this request's text only)."""
+    (``min_token_prob``), and how many finished responses the shared trie keeps (0: this request's text only). The
+    spec factor is 4 where vLLM's is 1: on SmolLM2's code-editing and translation prompts it raised the acceptance
+    length from 5.5 to 8.1 and 2.8 to 3.5 (``specdec-bench-lookup``'s prompts, 3 each), a 4-token match being good
+    evidence for more than 4 tokens of a copy."""
 
     max_tree_depth: int = 24
-    max_spec_factor: float = 1.0
+    max_spec_factor: float = 4.0
     min_token_prob: float = 0.1
     max_cached_requests: int = 1000
 
@@ -286,15 +295,26 @@ class SuffixCache:
         context = self.sequences[sequence]
         s = self.settings
         best = Proposal()
-        for trie in (self.local[sequence], self.shared):
-            found = trie.match(context, s.max_tree_depth - 1)  # a match of m tokens continues at most depth - m
-            for length, node in {id(f): f for f in (found[:1] + found[-1:])}.values():  # longest; most frequent
+        longest = s.max_tree_depth - 1  # a match of m tokens continues at most depth - m
+        for found in (self.local[sequence].open_matches(0, longest), self.shared.match(context, longest)):
+            for length, node in matches_to_try(found):
                 nodes = budget.nodes if s.max_spec_factor <= 0 else min(budget.nodes, ceil(s.max_spec_factor * length))
                 depth = min(budget.depth, s.max_tree_depth - length)
                 proposal = above(SuffixTrie.grow(node, Budget(nodes, depth, budget.branches)), s.min_token_prob)
                 if proposal.expected_tokens > best.expected_tokens:
                     best = proposal
         return best
+
+
+def matches_to_try(found: list[tuple[int, _Node]]) -> list[tuple[int, _Node]]:
+    """A few of the matches, longest first (``found`` is): a longer match is better evidence but leaves less of the
+    trie's depth to continue in, a shorter one more occurrences and more room. The longest, those near a half and a
+    quarter of its length, and the shortest."""
+    if len(found) <= 4:
+        return found
+    longest = found[0][0]
+    wanted = {longest, longest // 2, longest // 4, found[-1][0]}
+    return [f for f in found if f[0] in wanted]
 
 
 def above(proposal: Proposal, least: float) -> Proposal:

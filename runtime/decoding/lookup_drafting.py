@@ -9,11 +9,13 @@ in size; shorter ones are padded with invalid nodes (verification never accepts 
 token budget, the nodes with the highest estimated path probability from either: the head's own (the product of its
 draft probabilities along the path) or the lookup's (the share of earlier occurrences that continued so). A path
 both propose keeps the higher estimate. Both estimate the same thing, the chance the target emits that path, so
-one ranking serves both.
+one ranking serves both. Where the lookup alone promises more tokens per second than merged trees have been giving,
+the cycle drafts its tree alone and saves the head's draft.
 """
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from typing import Sequence
 
@@ -51,6 +53,9 @@ class LookupSource(ABC):
 
     @abstractmethod
     def propose(self, row: object, budget: Budget) -> Proposal: ...
+
+    def prompt_read(self, row: object) -> None:
+        """The row's tokens so far are its prompt (what it holds after that is its response)."""
 
     def finish(self, row: object) -> None:
         """The row left the batch (finished or cancelled)."""
@@ -92,7 +97,7 @@ class SuffixSource(LookupSource):
     def extend(self, row: _SuffixRow, tokens: list[int]) -> None:
         self.cache.extend(row.sequence, tokens)
 
-    def mark_prompt(self, row: _SuffixRow) -> None:
+    def prompt_read(self, row: _SuffixRow) -> None:
         row.prompt = len(self.cache.sequences[row.sequence])
 
     def propose(self, row: _SuffixRow, budget: Budget) -> Proposal:
@@ -157,8 +162,7 @@ class LookupDrafter(Drafter):
         fresh = self.rows[len(self.rows) - counts.shape[0] :]
         for row, toks, n in zip(fresh, tokens.tolist(), counts.tolist()):
             self.source.extend(row, toks[: n - 1])
-            if isinstance(self.source, SuffixSource):
-                self.source.mark_prompt(row)
+            self.source.prompt_read(row)
         return True
 
     def read(self, tokens: torch.Tensor, counts: torch.Tensor) -> list[int]:
@@ -179,9 +183,20 @@ class LookupDrafter(Drafter):
         return padded_tree(roots, proposals, tokens.device)
 
 
-def merged(head: Proposal, lookup: Proposal, nodes: int) -> Proposal:
+# How a hybrid ranks the two kinds of node under one budget: ``probability`` takes both scores as what they estimate
+# (the chance the target emits the path: the head's product of draft probabilities, the lookup's share of earlier
+# occurrences); ``lookup-first`` places every lookup node above every head node (its score + 1), the head's filling
+# what is left.
+MERGE_RULES = ("probability", "lookup-first")
+
+
+def merged(head: Proposal, lookup: Proposal, nodes: int, rule: str = "probability") -> Proposal:
     """The union of two tries (a path both hold keeps the higher score), cut to the ``nodes`` best-scored nodes.
     Scores fall along every path in both, and so in their union, so the best nodes form a trie."""
+    if rule == "lookup-first":
+        lookup = Proposal(lookup.tokens, lookup.parents, [1.0 + s for s in lookup.scores])
+    elif rule != "probability":
+        raise ValueError(f"hybrid merge rule {rule!r}: expected one of {MERGE_RULES}")
     index: dict[tuple[int, int], int] = {}
     out = Proposal()
     for prop in (head, lookup):
@@ -197,6 +212,9 @@ def merged(head: Proposal, lookup: Proposal, nodes: int) -> Proposal:
                 out.parents.append(key[0])
                 out.scores.append(score)
             mine.append(node)
+    for i, parent in enumerate(out.parents):  # never above its parent (a draft's log-probability of ~1 rounds above 0)
+        if parent >= 0 and out.scores[i] > out.scores[parent]:
+            out.scores[i] = out.scores[parent]
     if len(out) <= nodes:
         return out
     # best first; a tie goes to the node added first (a parent before its child)
@@ -207,6 +225,13 @@ def merged(head: Proposal, lookup: Proposal, nodes: int) -> Proposal:
         [renumber[out.parents[i]] if out.parents[i] >= 0 else -1 for i in keep],
         [out.scores[i] for i in keep],
     )
+
+
+def width_class(proposals: Sequence[Proposal]) -> int:
+    """The class of a batch's lookup-only tree by its widest row (a cycle's cost grows with the nodes verified): 0 for
+    the root alone (plain decoding), then 1-3, 4-7, 8-15 and 16 or more nodes."""
+    nodes = max((len(p) for p in proposals), default=0)
+    return 0 if nodes == 0 else min(4, max(1, nodes.bit_length() - 1))
 
 
 def head_proposals(tree: DraftTree) -> list[Proposal]:
@@ -221,16 +246,26 @@ def head_proposals(tree: DraftTree) -> list[Proposal]:
 
 
 class HybridDrafter(Drafter):
-    """A head's dynamic tree and a lookup's proposal merged into one tree under the head's node budget.
+    """A head's dynamic tree and a lookup's proposal merged into one tree under the head's node budget; where the
+    lookup alone promises more tokens per second (``lookup_suffices``), its tree alone, without the head's draft.
 
     A ``SourcedTree`` may ask for one part alone (a server's cost policy weighs the three): ``head`` drafts the head's
     tree as the head alone would (its whole-tree graph included), ``lookup`` the lookup's proposal without a draft
     forward. The lookup reads every cycle's tokens whichever part drafts; the pairs a lookup-only cycle verified wait
     for the head's next draft (as a plain cycle's do), so the head reads its context whole."""
 
-    def __init__(self, head: FeatureTreeDrafter, lookup: LookupDrafter):
-        self.head, self.lookup = head, lookup
+    probe_gap = 16  # lookup-only cycles before merged trees are measured again (doubling while the lookup leads)
+    max_probe_gap = 512
+
+    def __init__(self, head: FeatureTreeDrafter, lookup: LookupDrafter, rule: str = "probability"):
+        if rule not in MERGE_RULES:
+            raise ValueError(f"hybrid merge rule {rule!r}: expected one of {MERGE_RULES}")
+        self.head, self.lookup, self.rule = head, lookup, rule
         self.feature_layers = head.feature_layers
+        self.gains: dict[str, float] = {}  # accepted tokens per cycle by trees drafted, and the lookup's calibration
+        self.times: dict[tuple[str, int], float] = {}  # seconds per cycle by trees drafted (and their width class)
+        self._since_merged = 0  # lookup-only cycles since the last merged one
+        self._last: tuple = (None, None, None, None)  # the last cycle's trees, the lookup's estimate, start, width
         self.max_nodes = self.max_depth = 0
         self.source = HYBRID
         self.unread: DraftContext | None = None  # per row, pairs the head has not read (after lookup-only cycles)
@@ -258,7 +293,7 @@ class HybridDrafter(Drafter):
     def reset(self, batch: int, capacity: int) -> None:
         self.head.reset(batch, capacity)
         self.lookup.reset(batch, capacity)
-        self.unread = None
+        self.unread, self._last = None, (None, None, None, None)
 
     def select_rows(self, rows: torch.Tensor) -> None:
         self.head.select_rows(rows)
@@ -313,15 +348,78 @@ class HybridDrafter(Drafter):
 
     @torch.inference_mode()
     def draft(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
+        started = time.perf_counter()
+        self._credit(counts)
         if self.source == LOOKUP:
-            if self.unread is None:
-                self.unread = DraftContext.of(features[:, :0], tokens[:, :0], torch.zeros_like(counts))
-            self.unread = self.unread.append(features, tokens, counts)
-            return self.lookup.draft(features, tokens, counts)
+            return self._lookup_only(features, tokens, counts, *self.lookup.proposals(tokens, counts), started)
         if self.source == HEAD:
             self.lookup.read(tokens, counts)
             return self.head.draft(*self._head_context(features, tokens, counts))
         roots, found = self.lookup.proposals(tokens, counts)
+        if self.lookup_suffices(found):
+            self._since_merged += 1
+            return self._lookup_only(features, tokens, counts, roots, found, started)
+        self._since_merged = 0
+        catching_up = self.unread is not None
         heads = head_proposals(self.head.scored_draft(*self._head_context(features, tokens, counts)))
         budget = self.head.tree.total_tokens - 1
-        return padded_tree(roots, [merged(h, f, budget) for h, f in zip(heads, found)], tokens.device)
+        self._last = (HYBRID, None, started, -1 if catching_up else 0)
+        return padded_tree(roots, [merged(h, f, budget, self.rule) for h, f in zip(heads, found)], tokens.device)
+
+    def _lookup_only(self, features, tokens, counts, roots, found, started: float) -> DraftTree:
+        """The lookup's trees alone; this cycle's pairs wait for the head's next draft."""
+        if self.unread is None:
+            self.unread = DraftContext.of(features[:, :0], tokens[:, :0], torch.zeros_like(counts))
+        self.unread = self.unread.append(features, tokens, counts)
+        self._last = (LOOKUP, sum(p.expected_tokens for p in found) / len(found), started, width_class(found))
+        return padded_tree(roots, found, tokens.device)
+
+    def lookup_suffices(self, found: list[Proposal]) -> bool:
+        """Whether the lookup's trees alone promise more tokens per second than merged trees have been giving: the
+        tokens a lookup-only cycle is expected to accept (its own estimate, corrected by how its estimates have
+        turned out) over what a lookup-only cycle of that width has taken, against the merged trees' accepted tokens
+        over their cycles' time. A cycle's time runs from one draft to the next (the draft, its verification, what the
+        loop does beside); a lookup-only cycle without a proposal is plain decoding, so a head slower than plain
+        decoding loses to it. What is not measured yet is tried first: merged trees, then each width of lookup-only
+        tree as it comes; and after ``probe_gap`` lookup-only cycles a merged one, whose estimate would otherwise never
+        change again once it lost (a head's acceptance follows the text). Each probe that the lookup goes on winning
+        doubles the gap (up to ``max_probe_gap``): a probe pays the head's reading of every pair it skipped."""
+        expected = sum(p.expected_tokens for p in found) / len(found)
+        lookup_time = self.times.get((LOOKUP, width_class(found)))
+        if (HYBRID, 0) not in self.times:
+            return False
+        if self._since_merged >= self.probe_gap:
+            self.probe_gap = min(2 * self.probe_gap, self.max_probe_gap)
+            return False
+        if lookup_time is None or (expected and "calibration" not in self.gains):
+            return True
+        lookup_rate = (1 + expected * self.gains.get("calibration", 1.0)) / lookup_time
+        if lookup_rate >= (1 + self.gains[HYBRID]) / self.times[(HYBRID, 0)]:
+            return True
+        self.probe_gap = type(self).probe_gap  # merged trees lead: probe the lookup's lead soon again if it returns
+        return False
+
+    def _credit(self, counts: torch.Tensor) -> None:
+        """What the last cycle accepted per row (each row's pending pairs less its root, after a drafted cycle) and
+        how long it took go to the trees it drafted; a lookup-only cycle's also calibrate the lookup's estimates. A
+        gap far longer than the cycles so far (a new batch's prefill between them) is not a cycle's time."""
+        mode, expected, started, width = self._last
+        self._last = (None, None, None, None)
+        if mode is None:
+            return
+        accepted = float((counts - 1).float().mean())
+        seconds = time.perf_counter() - started
+        if width < 0:  # the head also read the pairs lookup-only cycles left: not a merged cycle's time
+            self._average(self.gains, mode, accepted)
+            return
+        known = self.times.get((mode, width))
+        if known is None or seconds < 3 * known:
+            self._average(self.times, (mode, width), seconds)
+            self._average(self.gains, mode, accepted)
+            if mode == LOOKUP and expected:
+                self._average(self.gains, "calibration", accepted / expected)
+
+    @staticmethod
+    def _average(into: dict, key, value: float, smoothing: float = 0.1) -> None:
+        old = into.get(key)
+        into[key] = value if old is None else old + smoothing * (value - old)

