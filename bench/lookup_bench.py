@@ -2,7 +2,7 @@
 plain decoding where copying pays and where it does not: Spec-Bench's summarization, RAG, QA, math reasoning and
 translation, multi-turn chat (MT-Bench's second turns, asked after the target's own first answers) and code editing
 (held-out HumanEval functions in the prompt, asked to be renamed, type-hinted or documented). Batch 1, methods
-interleaved prompt by prompt, medians; every method runs on one target session (the head's ONNX Runtime engine).
+interleaved prompt by prompt, medians; every method runs on one target (the head's engine, ONNX Runtime by default).
 
 The suffix trees keep earlier responses, as a server's do: each prompt runs once per method (a repeat would find its
 own answer there), in category order. The hybrid runs under both merge rules (``probability``: the head's path
@@ -33,6 +33,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperatures", default="0")
     p.add_argument("--lookup-tree", help="the model-free drafts' tree, dynamic:TOTAL:DEPTH:TOP_K (default: the kind's)")
+    p.add_argument(
+        "--backend",
+        default="onnxruntime",
+        choices=["onnxruntime", "torch"],
+        help="the head engine's backend (torch: PyTorch eager, no graph export)",
+    )
     p.add_argument("--engines", type=Path, default=Path("engines"))
     p.add_argument("--out", type=Path, help="default bench/results/lookup/<target>")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, for the tests")
@@ -40,7 +46,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def head_engine(args) -> Path:
-    """The head's ONNX Runtime engine on the target (built by the kit's builder; an identical rebuild is reused)."""
+    """The head's engine on the target (built by the kit's builder; an identical rebuild is reused)."""
     from specdec_kit.export.builder import build_engine
     from specdec_kit.export.inputs import BuildInputs, resolve_paths
     from specdec_kit.runtime.core.trees import DynamicTreeConfig, tree_to_dict
@@ -55,11 +61,11 @@ def head_engine(args) -> Path:
         target=target,
         draft_path=draft,
         tokenizer=tokenizer,
-        backend="onnxruntime",
+        backend=args.backend,
         dtype="float32",
         tree=tree_to_dict(DynamicTreeConfig(**tree)),
     )
-    out = args.engines / f"{args.target}-{args.head}-onnxruntime"
+    out = args.engines / f"{args.target}-{args.head}-{args.backend}"
     return build_engine(inputs, out, step=lambda m: print(f"  {m}", file=sys.stderr), replace_other=True).path
 
 

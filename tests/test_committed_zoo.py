@@ -103,3 +103,21 @@ def test_every_zoo_method_reports_identity_and_speedup_against_plain(tmp_path, c
     assert len(methods) == 8 and [r["method"] for r in rows].count("plain decoding") == 1
     assert all(r["identical_to_plain"] is True and r["speedup_vs_plain"] > 0 for r in methods), methods
     assert capsys.readouterr().out.count("greedy output identical to plain decoding: True") == 8
+
+
+@pytest.mark.slow
+def test_the_model_free_benchmark_runs_every_method_on_every_category(tmp_path):
+    """At a smoke size on the PyTorch backend: each method on each task category, the tables and the plot written."""
+    from specdec_kit.bench.lookup_bench import CATEGORIES, main
+
+    out = tmp_path / "lookup"
+    assert (
+        main(["--target", "zoo", "--backend", "torch", "--smoke", "--engines", str(tmp_path), "--out", str(out)]) == 0
+    )
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    methods = {"plain", "ngram", "suffix", "griffin", "griffin+suffix", "griffin+suffix (lookup first)"}
+    assert {(r["prompt_set"], r["method"]) for r in rows} == {(c, m) for c in CATEGORIES.split(",") for m in methods}
+    assert all(r["decode_speedup"] > 0 for r in rows)
+    assert all(r["acceptance_length"] >= 1 for r in rows if r["method"] != "plain")
+    assert (out / "speedup_by_category.png").stat().st_size > 0
+    assert "griffin+suffix" in (out / "by_category.md").read_text()
