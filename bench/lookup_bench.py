@@ -108,10 +108,7 @@ def generators(engine, methods: list[str], head_tree, lookup_kind: str, lookup_t
     from specdec_kit.runtime.decoding.drafting import NoDrafter
     from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
     from specdec_kit.runtime.decoding.lookup_drafting import HybridDrafter
-    from specdec_kit.runtime.registry import draft_kind
-
-    def lookup(kind: str):
-        return draft_kind(kind).family.torch_drafter(draft_kind(kind).build({}, Path(kind), 0, 0), None, lookup_tree)
+    from specdec_kit.runtime.registry import lookup_drafter
 
     head = engine.draft_kind
     out = {}
@@ -119,13 +116,16 @@ def generators(engine, methods: list[str], head_tree, lookup_kind: str, lookup_t
         if method == "plain":
             drafter = NoDrafter()
         elif method in ("ngram", "suffix"):
-            drafter = lookup(method)
+            drafter = lookup_drafter(method, tree=lookup_tree)
         elif method == "head":
             method, drafter = head, engine.drafter_for(head_tree)
         elif method in ("hybrid", "hybrid-lookup-first"):
             rule = "probability" if method == "hybrid" else "lookup-first"
             name = f"{head}+{lookup_kind}" + ("" if rule == "probability" else " (lookup first)")
-            method, drafter = name, HybridDrafter(engine.drafter_for(head_tree), lookup(lookup_kind), rule)
+            method, drafter = (
+                name,
+                HybridDrafter(engine.drafter_for(head_tree), lookup_drafter(lookup_kind, tree=lookup_tree), rule),
+            )
         else:
             raise ValueError(f"--methods: unknown method {method!r}; expected some of {METHODS}")
         out[method] = SpeculativeGenerator(engine.target, drafter)

@@ -43,13 +43,6 @@ class BuildInputs:
     file_hashes: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
-    def lookup_kind(self) -> str | None:
-        """The model-free kind whose settings ``lookup_path`` holds: the hybrid's, or the draft itself."""
-        from specdec_kit.runtime.registry import draft_kind
-
-        return self.lookup or (self.draft if draft_kind(self.draft).model_free else None)
-
-    @property
     def draft_spec(self) -> str:
         """What ``--draft`` said: the kind, or ``head+lookup``."""
         return f"{self.draft}+{self.lookup}" if self.lookup else self.draft

@@ -21,7 +21,7 @@ from specdec_kit.runtime.drafts.loading import (
     read_weights,
     strict_load,
 )
-from specdec_kit.runtime.registry import draft_kind
+from specdec_kit.runtime.registry import default_settings, draft_kind
 
 
 def build_draft(
@@ -49,7 +49,7 @@ def load_lookup_settings(path: str | Path | None, kind: str) -> Any:
     """A model-free kind's settings: from ``path`` (a settings JSON file, or a folder with config.json) or, without
     one, the kind's defaults."""
     if path is None:
-        return draft_kind(kind).build({}, Path(f"{kind} defaults"), 0, 0)
+        return default_settings(kind)
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
     if not file.is_file():

@@ -21,7 +21,7 @@ from specdec_kit.runtime.core.trees import tree_from_dict
 from specdec_kit.runtime.decoding.drafting import Drafter, NoDrafter
 from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
 from specdec_kit.runtime.loader import load_tokenizer
-from specdec_kit.runtime.registry import draft_kind
+from specdec_kit.runtime.registry import draft_kind, lookup_drafter
 
 EMBEDDED_BACKENDS = ("onnxruntime", "torch")
 
@@ -125,12 +125,9 @@ def hybrid_drafter_for(
     lookup_kind: str, settings: Any, head_drafter_for: Callable[[Any], Drafter]
 ) -> Callable[[Any], Drafter]:
     """Drafters of the head on each tree, merged with the model-free kind (its settings, its own tree)."""
-    from specdec_kit.runtime.core.trees import parse_tree_spec
     from specdec_kit.runtime.decoding.lookup_drafting import HybridDrafter
 
-    kind = draft_kind(lookup_kind)
-    tree = parse_tree_spec(kind.default_tree)
-    return lambda head_tree: HybridDrafter(head_drafter_for(head_tree), kind.family.torch_drafter(settings, None, tree))
+    return lambda head_tree: HybridDrafter(head_drafter_for(head_tree), lookup_drafter(lookup_kind, settings))
 
 
 def with_lookup(root: Path, manifest: dict, head_drafter_for: Callable[[Any], Drafter]) -> Callable[[Any], Drafter]:

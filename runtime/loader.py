@@ -10,7 +10,7 @@ from specdec_kit.runtime.checkpoint import load_draft
 from specdec_kit.runtime.core.trees import DynamicTreeConfig, StaticTree, parse_tree_spec
 from specdec_kit.runtime.decoding.drafting import Drafter, NoDrafter
 from specdec_kit.runtime.models.target import TargetModel
-from specdec_kit.runtime.registry import draft_choices, draft_kind, hybrid_parts
+from specdec_kit.runtime.registry import draft_choices, draft_kind, hybrid_parts, lookup_drafter
 
 
 def _default_tree_spec(kind: str) -> str:
@@ -93,10 +93,8 @@ def make_drafter(
     if lookup is not None:
         from specdec_kit.runtime.decoding.lookup_drafting import HybridDrafter
 
-        lookup_tree = parse_tree_spec(draft_kind(lookup).default_tree)
-        return HybridDrafter(
-            make_drafter(target, head, draft_path, tree), make_drafter(target, lookup, lookup_path, lookup_tree)
-        )
+        settings = load_draft_for(target, lookup, lookup_path)
+        return HybridDrafter(make_drafter(target, head, draft_path, tree), lookup_drafter(lookup, settings))
     if draft_path is None and not draft_kind(kind).model_free:
         raise ValueError(f"draft {kind!r} needs a checkpoint directory")
     return draft_kind(kind).family.torch_drafter(load_draft_for(target, kind, draft_path), target, tree)

@@ -549,6 +549,23 @@ def drafter_for(kind: str, module: nn.Module, target: TargetModel, tree: Tree) -
     return draft_kind(kind).family.torch_drafter(module, target, tree)
 
 
+def lookup_drafter(kind: str, settings: Any = None, tree: Tree | None = None) -> Drafter:
+    """A model-free kind's drafter (it reads no target): on ``settings`` (None: the kind's defaults) and ``tree``
+    (None: its registered one)."""
+    from specdec_kit.runtime.core.trees import parse_tree_spec
+
+    spec = draft_kind(kind)
+    if not spec.model_free:
+        raise ValueError(f"{kind!r} is not a model-free kind; expected one of {list(lookup_kinds())}")
+    settings = default_settings(kind) if settings is None else settings
+    return spec.family.torch_drafter(settings, None, tree or parse_tree_spec(spec.default_tree))
+
+
+def default_settings(kind: str) -> Any:
+    """A model-free kind's default settings."""
+    return draft_kind(kind).build({}, Path(f"{kind} defaults"), 0, 0)
+
+
 def kinds_for_engine(engine: str) -> tuple[str, ...]:
     """The kinds ``engine`` has a form for (``SERVER_ENGINES``)."""
     return tuple(name for name, kind in _KINDS.items() if engine in kind.engines)

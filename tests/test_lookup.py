@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import NEW_TOKENS, hf_greedy
+from test_sampling_distribution import run_mixed
 
 from specdec_kit.runtime.checkpoint import load_draft, save_draft
 from specdec_kit.runtime.core.lookup import (
@@ -210,24 +211,12 @@ def test_rows_joining_a_running_batch_read_their_prompts_as_they_join(random_cas
     target = random_case.target
     gen = SpeculativeGenerator(target, lookup_drafter("suffix", target))
     prompts, budget = random_case.prompts[:5], 24
-    batch = gen.admit(None, gen.prefill(prompts[:1], [budget], [gen_params()]))
-    rows, cycle = list(batch.rows), 0
-    while batch.size or len(rows) < len(prompts):
-        if len(rows) < len(prompts):
-            fresh = gen.prefill([prompts[len(rows)]], [budget], [gen_params()])
-            rows += fresh.rows
-            batch = gen.admit(batch, fresh)
-        gen.retire(batch)
-        if batch.size:
-            gen.cycle(batch, speculate=cycle % 3 != 2)
-            cycle += 1
-        gen.retire(batch)
-    assert [row.tokens for row in rows] == [hf_greedy(random_case.hf, p, budget) for p in prompts]
+    outputs = run_mixed(gen, prompts, budget, [gen_params()] * len(prompts))
+    assert outputs == [hf_greedy(random_case.hf, p, budget) for p in prompts]
     drafter = gen.drafter
     assert isinstance(drafter, LookupDrafter)
     # the rows that left gave their responses to the shared trie (as far as a draft read them: the last cycle's
     # tokens never reach it); the last row leaves at the next batch's start
-    outputs = [row.tokens for row in rows]
     drafter.reset(0, 0)
     responses = drafter.source.cache.responses
     assert len(responses) == len(prompts) and not drafter.source.cache.sequences

@@ -26,6 +26,7 @@ import yaml
 
 from specdec_kit.export.inputs import BuildError, BuildInputs
 from specdec_kit.export.servers.common import engine_form, serve_script, write_target
+from specdec_kit.export.servers.vllm import PLUGIN, SERVE_ENV, chain_length, serve_command, write_plugin
 from specdec_kit.runtime.core.lookup import NgramSettings, SuffixSettings
 from specdec_kit.runtime.core.trees import DynamicTreeConfig
 from specdec_kit.runtime.models.target import TargetModel
@@ -34,23 +35,18 @@ from specdec_kit.runtime.models.target import TargetModel
 SA_THRESHOLD = 4
 
 
-def chain_tokens(tree: DynamicTreeConfig) -> int:
-    """The draft tokens on the tree's longest path (what a chain-proposing engine takes)."""
-    return tree.depth + 1
-
-
 def vllm_config(settings: NgramSettings | SuffixSettings, tree: DynamicTreeConfig) -> dict[str, Any]:
     """vLLM's ``--speculative-config`` for a model-free kind."""
     if isinstance(settings, NgramSettings):
         return {
             "method": "ngram",
-            "num_speculative_tokens": chain_tokens(tree),
+            "num_speculative_tokens": chain_length(tree),
             "prompt_lookup_max": settings.prompt_lookup_max,
             "prompt_lookup_min": settings.prompt_lookup_min,
         }
     return {
         "method": "suffix",
-        "num_speculative_tokens": chain_tokens(tree),
+        "num_speculative_tokens": chain_length(tree),
         "suffix_decoding_max_tree_depth": settings.max_tree_depth,
         "suffix_decoding_max_cached_requests": settings.max_cached_requests,
         "suffix_decoding_max_spec_factor": settings.max_spec_factor,
@@ -62,7 +58,7 @@ def sglang_flags(settings: NgramSettings | SuffixSettings, tree: DynamicTreeConf
     """SGLang's NGRAM flags for a model-free kind (the tree's node budget and breadth; the trie's depth holds a match
     and its continuation)."""
     if isinstance(settings, NgramSettings):
-        match, depth = "BFS", settings.prompt_lookup_max + chain_tokens(tree)
+        match, depth = "BFS", settings.prompt_lookup_max + chain_length(tree)
     else:
         match, depth = "PROB", settings.max_tree_depth
     return {
@@ -79,7 +75,7 @@ def trtllm_config(settings: NgramSettings | SuffixSettings, tree: DynamicTreeCon
     if isinstance(settings, NgramSettings):
         return {
             "decoding_type": "NGram",
-            "max_draft_len": chain_tokens(tree),
+            "max_draft_len": chain_length(tree),
             "max_matching_ngram_size": settings.prompt_lookup_max,
             "is_keep_all": True,
             "is_use_oldest": settings.use_oldest,
@@ -87,7 +83,7 @@ def trtllm_config(settings: NgramSettings | SuffixSettings, tree: DynamicTreeCon
         }
     return {
         "decoding_type": "SA",
-        "max_draft_len": chain_tokens(tree),
+        "max_draft_len": chain_length(tree),
         "max_matching_ngram_size": -1,
         "enable_global_pool": settings.max_cached_requests > 0,
     }
@@ -126,8 +122,6 @@ def build_lookup_export(
 def _vllm(
     staging: Path, inputs: BuildInputs, settings, spec: dict[str, Any], tree: DynamicTreeConfig
 ) -> dict[str, Any]:
-    from specdec_kit.export.servers.vllm import PLUGIN, SERVE_ENV, serve_command, write_plugin
-
     write_plugin(staging / "vllm" / "plugin")  # its launcher runs `vllm serve` on vLLM's CPU build too
     serve = serve_script(staging / "vllm" / "serve.sh", serve_command(spec, inputs), SERVE_ENV)
     notes = [
