@@ -384,9 +384,9 @@ class LookupFamily(DraftFamily):
         return {"settings": self.config_dict(module)}
 
     def torch_drafter(self, module, target, tree):
-        from specdec_kit.runtime.decoding.lookup_drafting import LookupDrafter, source_for
+        from specdec_kit.runtime.decoding.lookup_drafting import LookupDrafter
 
-        return LookupDrafter(source_for(module), tree)
+        return LookupDrafter.of(module, tree)
 
     def ort_drafter(self, graph, manifest, target, tree):
         return self.torch_drafter(self.settings_of(manifest), target, tree)

@@ -229,7 +229,9 @@ def test_prompt_lookup_runs_in_vllm_with_the_kits_greedy_output(vllm_python, zoo
     the kit's prompt lookup and to transformers', and the same acceptance length (within 3%) over the steps that
     drafted, as vLLM counts them."""
     settings = tmp_path / "ngram.json"  # vLLM continues an n-gram's oldest occurrence: the kit does the same here
-    settings.write_text('{"prompt_lookup_min": 1, "prompt_lookup_max": 4, "occurrences": 1, "use_oldest": true}')
+    settings.write_text(  # and verifies whole chains, as vLLM does
+        '{"prompt_lookup_min": 1, "prompt_lookup_max": 4, "occurrences": 1, "use_oldest": true, "size_by_cost": false}'
+    )
     chain = f"dynamic:{CHAIN + 1}:{CHAIN - 1}:1"  # a chain of CHAIN tokens
     engine = build("ngram", tmp_path / "ngram-vllm", chain, ("--lookup-settings", str(settings)))
     drafter = make_drafter(zoo_target, "ngram", settings, parse_tree_spec(chain))

@@ -136,6 +136,8 @@ def _vllm(
         )
     if spec["method"] == "suffix":
         notes.append("vLLM's suffix method needs the arctic-inference package in vLLM's environment")
+    if settings.size_by_cost:
+        notes.append("vLLM verifies every token it proposes; the kit cuts proposals by cost (size_by_cost), vLLM not")
     return {
         "artifacts": {"target": "target", "vllm_serve": "vllm/serve.sh"},
         "serve": {"commands": {"serve": serve}, "notes": notes},

@@ -23,11 +23,13 @@ from math import ceil
 class Proposal:
     """A trie of candidate continuations after a sequence's last token (the tree's root, not included). Node i has
     token ``tokens[i]``, parent ``parents[i]`` (-1: the root; parents come before children) and ``scores[i]``, the
-    estimated probability of its whole path (never above its parent's)."""
+    estimated probability of its whole path (never above its parent's). ``match``: how many of the sequence's last
+    tokens the text matched where it came from (longer matches are better evidence of a copy in progress)."""
 
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)
+    match: int = 0
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -139,7 +141,9 @@ class NgramIndex:
             if starts:
                 chosen = starts[: self.occurrences] if self.oldest else starts[-self.occurrences :][::-1]
                 paths = [(self.tokens[s : s + budget.depth], 1.0) for s in chosen]
-                return trie_of([(p, w) for p, w in paths if p], budget)
+                proposal = trie_of([(p, w) for p, w in paths if p], budget)
+                proposal.match = n
+                return proposal
         return Proposal()
 
 
@@ -228,12 +232,15 @@ class SuffixTrie:
 class NgramSettings:
     """Prompt lookup's settings, named as vLLM names them: the shortest and longest n-gram matched, how many of the
     longest n-gram's earlier occurrences give candidates (1: a chain), and whether they are its latest occurrences
-    (the default: recent text is likelier to repeat) or its oldest (``use_oldest``, as vLLM always does)."""
+    (the default: recent text is likelier to repeat) or its oldest (``use_oldest``, as vLLM always does).
+    ``size_by_cost`` is the kit's own: each cycle verifies only as much of the proposal as its measured acceptance
+    and cost promise to pay for (``decoding/proposal_sizing.py``); the engines verify what they propose."""
 
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
     occurrences: int = 4
     use_oldest: bool = False
+    size_by_cost: bool = True
 
 
 @dataclass(frozen=True)
@@ -243,12 +250,13 @@ class SuffixSettings:
     (``min_token_prob``), and how many finished responses the shared trie keeps (0: this request's text only). The
     spec factor is 4 where vLLM's is 1: on SmolLM2's code-editing and translation prompts it raised the acceptance
     length from 5.5 to 8.1 and 2.8 to 3.5 (``specdec-bench-lookup``'s prompts, 3 each), a 4-token match being good
-    evidence for more than 4 tokens of a copy."""
+    evidence for more than 4 tokens of a copy. ``size_by_cost`` as for prompt lookup."""
 
     max_tree_depth: int = 24
     max_spec_factor: float = 4.0
     min_token_prob: float = 0.1
     max_cached_requests: int = 1000
+    size_by_cost: bool = True
 
 
 class SuffixCache:
@@ -301,6 +309,7 @@ class SuffixCache:
                 nodes = budget.nodes if s.max_spec_factor <= 0 else min(budget.nodes, ceil(s.max_spec_factor * length))
                 depth = min(budget.depth, s.max_tree_depth - length)
                 proposal = above(SuffixTrie.grow(node, Budget(nodes, depth, budget.branches)), s.min_token_prob)
+                proposal.match = length
                 if proposal.expected_tokens > best.expected_tokens:
                     best = proposal
         return best
@@ -327,6 +336,7 @@ def above(proposal: Proposal, least: float) -> Proposal:
         [proposal.tokens[i] for i in keep],
         [index[proposal.parents[i]] if proposal.parents[i] >= 0 else -1 for i in keep],
         [proposal.scores[i] for i in keep],
+        proposal.match,
     )
 
 

@@ -2,8 +2,10 @@
 
 ``LookupDrafter`` keeps each row's tokens (its prompt as it joins, then what each cycle verified) in a model-free
 source (``core/lookup.py``) and turns the source's proposal into the row's tree: no draft forward at all, so on a
-CPU it costs next to nothing and pays wherever the output repeats the prompt or earlier outputs. Rows' trees differ
-in size; shorter ones are padded with invalid nodes (verification never accepts them).
+CPU it costs next to nothing to draft and pays wherever the output repeats the prompt or earlier outputs. Verifying
+is not free, so each cycle keeps only as much of the proposal as its measured acceptance and cost pay for
+(``proposal_sizing.py``; the kinds' ``size_by_cost``). Rows' trees differ in size; shorter ones are padded with
+invalid nodes (verification never accepts them).
 
 ``HybridDrafter`` drafts a head's dynamic tree and a lookup's proposal for every row and keeps, under the head's
 token budget, the nodes with the highest estimated path probability from either: the head's own (the product of its
@@ -27,6 +29,7 @@ from specdec_kit.runtime.core.trees import HEAD, HYBRID, LOOKUP, DynamicTreeConf
 from specdec_kit.runtime.decoding.draft_context import DraftContext
 from specdec_kit.runtime.decoding.drafting import DraftCheckpoint, Drafter, DraftTree, FeatureTreeDrafter, Tree
 from specdec_kit.runtime.decoding.prefix_cache import PrefixBlock
+from specdec_kit.runtime.decoding.proposal_sizing import ProposalSizing
 
 
 def lookup_budget(tree: Tree) -> Budget:
@@ -129,13 +132,20 @@ def padded_tree(roots: list[int], proposals: Sequence[Proposal], device: torch.d
 
 
 class LookupDrafter(Drafter):
-    """Model-free drafting over any ``LookupSource``; ``tree`` (dynamic) bounds each row's proposal."""
+    """Model-free drafting over any ``LookupSource``; ``tree`` (dynamic) bounds each row's proposal. Its sizing learns
+    what each cycle's proposals got and cost; with ``size_by_cost`` it cuts them to what that promises to pay for."""
 
-    def __init__(self, source: LookupSource, tree: Tree):
-        self.source = source
+    def __init__(self, source: LookupSource, tree: Tree, size_by_cost: bool = False):
+        self.source, self.sizing = source, ProposalSizing(cuts=size_by_cost)
         self.rows: list[object] = []
         self.max_nodes = self.max_depth = 0
+        self.read_at = 0.0  # when this cycle's tokens were read: the end of the last cycle, the start of this one
         self.set_tree(tree)
+
+    @classmethod
+    def of(cls, settings: NgramSettings | SuffixSettings, tree: Tree) -> "LookupDrafter":
+        """The drafter a kind's settings describe."""
+        return cls(source_for(settings), tree, settings.size_by_cost)
 
     def set_tree(self, tree: Tree) -> None:
         budget = lookup_budget(tree)
@@ -146,15 +156,18 @@ class LookupDrafter(Drafter):
         for row in self.rows:
             self.source.finish(row)
         self.rows = [self.source.open() for _ in range(batch)]
+        self.sizing.forget_cycle()
 
     def select_rows(self, rows: torch.Tensor) -> None:
         keep = rows.tolist()
         for i in sorted(set(range(len(self.rows))) - set(keep)):
             self.source.finish(self.rows[i])
         self.rows = [self.rows[i] for i in keep]
+        self.sizing.forget_cycle()
 
     def add_rows(self, count: int, capacity: int) -> None:
         self.rows += [self.source.open() for _ in range(count)]
+        self.sizing.forget_cycle()
 
     def join(self, features, tokens, counts, capacity, prefix: Sequence[Sequence[PrefixBlock]] | None = None) -> bool:
         """Read the joining rows' prompts now (all but each row's last pair, the first generated token)."""
@@ -166,21 +179,31 @@ class LookupDrafter(Drafter):
         return True
 
     def read(self, tokens: torch.Tensor, counts: torch.Tensor) -> list[int]:
-        """Append each row's new tokens to its sequence; returns the roots (each row's last token)."""
-        roots = []
-        for row, toks, n in zip(self.rows, tokens.tolist(), counts.tolist()):
-            self.source.extend(row, toks[:n])
-            roots.append(toks[n - 1])
-        return roots
+        """Append each row's new tokens to its sequence (the last sized cycle learns what it got); returns the roots
+        (each row's last token)."""
+        self.read_at = time.perf_counter()
+        rows = [toks[:n] for toks, n in zip(tokens.tolist(), counts.tolist())]
+        self.sizing.settle(rows, self.read_at)
+        for row, toks in zip(self.rows, rows):
+            self.source.extend(row, toks)
+        return [toks[-1] for toks in rows]
 
     def proposals(self, tokens: torch.Tensor, counts: torch.Tensor) -> tuple[list[int], list[Proposal]]:
+        """Each row's root and whole proposal (not sized)."""
         roots = self.read(tokens, counts)
         return roots, [self.source.propose(row, self.budget) for row in self.rows]
+
+    def sized(self, proposals: list[Proposal]) -> list[Proposal]:
+        """``proposals`` as the sizing cuts them, remembered: what the cycle verifying them accepts and costs is learned
+        at the next ``read``."""
+        proposals = self.sizing.cut(proposals)
+        self.sizing.begin(proposals, self.read_at)
+        return proposals
 
     @torch.inference_mode()
     def draft(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
         roots, proposals = self.proposals(tokens, counts)
-        return padded_tree(roots, proposals, tokens.device)
+        return padded_tree(roots, self.sized(proposals), tokens.device)
 
 
 # How a hybrid ranks the two kinds of node under one budget: ``probability`` takes both scores as what they estimate
@@ -227,13 +250,6 @@ def merged(head: Proposal, lookup: Proposal, nodes: int, rule: str = "probabilit
     )
 
 
-def width_class(proposals: Sequence[Proposal]) -> int:
-    """The class of a batch's lookup-only tree by its widest row (a cycle's cost grows with the nodes verified): 0 for
-    the root alone (plain decoding), then 1-3, 4-7, 8-15 and 16 or more nodes."""
-    nodes = max((len(p) for p in proposals), default=0)
-    return 0 if nodes == 0 else min(4, max(1, nodes.bit_length() - 1))
-
-
 def head_proposals(tree: DraftTree) -> list[Proposal]:
     """A head's scored tree per row (node 0, the root, left out; log-probabilities turned into probabilities)."""
     out = []
@@ -262,10 +278,10 @@ class HybridDrafter(Drafter):
             raise ValueError(f"hybrid merge rule {rule!r}: expected one of {MERGE_RULES}")
         self.head, self.lookup, self.rule = head, lookup, rule
         self.feature_layers = head.feature_layers
-        self.gains: dict[str, float] = {}  # accepted tokens per cycle by trees drafted, and the lookup's calibration
-        self.times: dict[tuple[str, int], float] = {}  # seconds per cycle by trees drafted (and their width class)
+        self.gains: dict[str, float] = {}  # merged trees' accepted tokens per cycle
+        self.times: dict[str, float] = {}  # merged trees' seconds per cycle
         self._since_merged = 0  # lookup-only cycles since the last merged one
-        self._last: tuple = (None, None, None, None)  # the last cycle's trees, the lookup's estimate, start, width
+        self._last: tuple = (None, None)  # the last merged cycle's start, and whether the head caught up in it
         self.max_nodes = self.max_depth = 0
         self.source = HYBRID
         self.unread: DraftContext | None = None  # per row, pairs the head has not read (after lookup-only cycles)
@@ -293,7 +309,7 @@ class HybridDrafter(Drafter):
     def reset(self, batch: int, capacity: int) -> None:
         self.head.reset(batch, capacity)
         self.lookup.reset(batch, capacity)
-        self.unread, self._last = None, (None, None, None, None)
+        self.unread, self._last = None, (None, None)
 
     def select_rows(self, rows: torch.Tensor) -> None:
         self.head.select_rows(rows)
@@ -351,73 +367,64 @@ class HybridDrafter(Drafter):
         started = time.perf_counter()
         self._credit(counts)
         if self.source == LOOKUP:
-            return self._lookup_only(features, tokens, counts, *self.lookup.proposals(tokens, counts), started)
+            return self._lookup_only(features, tokens, counts, *self.lookup.proposals(tokens, counts))
         if self.source == HEAD:
             self.lookup.read(tokens, counts)
             return self.head.draft(*self._head_context(features, tokens, counts))
         roots, found = self.lookup.proposals(tokens, counts)
         if self.lookup_suffices(found):
             self._since_merged += 1
-            return self._lookup_only(features, tokens, counts, roots, found, started)
+            return self._lookup_only(features, tokens, counts, roots, found)
         self._since_merged = 0
         catching_up = self.unread is not None
         heads = head_proposals(self.head.scored_draft(*self._head_context(features, tokens, counts)))
         budget = self.head.tree.total_tokens - 1
-        self._last = (HYBRID, None, started, -1 if catching_up else 0)
+        self._last = (started, catching_up)
         return padded_tree(roots, [merged(h, f, budget, self.rule) for h, f in zip(heads, found)], tokens.device)
 
-    def _lookup_only(self, features, tokens, counts, roots, found, started: float) -> DraftTree:
-        """The lookup's trees alone; this cycle's pairs wait for the head's next draft."""
+    def _lookup_only(self, features, tokens, counts, roots, found) -> DraftTree:
+        """The lookup's trees alone (as its sizing cuts them); this cycle's pairs wait for the head's next draft."""
         if self.unread is None:
             self.unread = DraftContext.of(features[:, :0], tokens[:, :0], torch.zeros_like(counts))
         self.unread = self.unread.append(features, tokens, counts)
-        self._last = (LOOKUP, sum(p.expected_tokens for p in found) / len(found), started, width_class(found))
-        return padded_tree(roots, found, tokens.device)
+        return padded_tree(roots, self.lookup.sized(found), tokens.device)
 
     def lookup_suffices(self, found: list[Proposal]) -> bool:
         """Whether the lookup's trees alone promise more tokens per second than merged trees have been giving: the
-        tokens a lookup-only cycle is expected to accept (its own estimate, corrected by how its estimates have
-        turned out) over what a lookup-only cycle of that width has taken, against the merged trees' accepted tokens
-        over their cycles' time. A cycle's time runs from one draft to the next (the draft, its verification, what the
-        loop does beside); a lookup-only cycle without a proposal is plain decoding, so a head slower than plain
-        decoding loses to it. What is not measured yet is tried first: merged trees, then each width of lookup-only
-        tree as it comes; and after ``probe_gap`` lookup-only cycles a merged one, whose estimate would otherwise never
-        change again once it lost (a head's acceptance follows the text). Each probe that the lookup goes on winning
-        doubles the gap (up to ``max_probe_gap``): a probe pays the head's reading of every pair it skipped."""
-        expected = sum(p.expected_tokens for p in found) / len(found)
-        lookup_time = self.times.get((LOOKUP, width_class(found)))
-        if (HYBRID, 0) not in self.times:
+        lookup's sizing's estimate (its nodes' acceptance as verification has found it, over the measured time of a
+        lookup-only cycle that wide) against the merged trees' accepted tokens over their cycles' time. A cycle's time
+        runs from one draft to the next (the draft, its verification, what the loop does beside); a lookup-only cycle
+        without a proposal is plain decoding, so a head slower than plain decoding loses to it. What is not measured
+        yet is tried first: merged trees, then lookup-only trees; and after ``probe_gap`` lookup-only cycles a merged
+        one, whose estimate would otherwise never change again once it lost (a head's acceptance follows the text).
+        Each probe that the lookup goes on winning doubles the gap (up to ``max_probe_gap``): a probe pays the head's
+        reading of every pair it skipped."""
+        if HYBRID not in self.times:
             return False
         if self._since_merged >= self.probe_gap:
             self.probe_gap = min(2 * self.probe_gap, self.max_probe_gap)
             return False
-        if lookup_time is None or (expected and "calibration" not in self.gains):
-            return True
-        lookup_rate = (1 + expected * self.gains.get("calibration", 1.0)) / lookup_time
-        if lookup_rate >= (1 + self.gains[HYBRID]) / self.times[(HYBRID, 0)]:
+        lookup_rate = self.lookup.sizing.rate(found)
+        if lookup_rate is None or lookup_rate >= (1 + self.gains[HYBRID]) / self.times[HYBRID]:
             return True
         self.probe_gap = type(self).probe_gap  # merged trees lead: probe the lookup's lead soon again if it returns
         return False
 
     def _credit(self, counts: torch.Tensor) -> None:
-        """What the last cycle accepted per row (each row's pending pairs less its root, after a drafted cycle) and
-        how long it took go to the trees it drafted; a lookup-only cycle's also calibrate the lookup's estimates. A
-        gap far longer than the cycles so far (a new batch's prefill between them) is not a cycle's time."""
-        mode, expected, started, width = self._last
-        self._last = (None, None, None, None)
-        if mode is None:
+        """What the last merged cycle accepted per row (each row's pending pairs less its root) and how long it took
+        (a lookup-only cycle's go to the lookup's sizing). A merged cycle whose head also read the pairs lookup-only
+        cycles left counts its acceptance, not its time; a gap far longer than the cycles so far (a new batch's
+        prefill between them) is not a cycle's time."""
+        started, catching_up = self._last
+        self._last = (None, None)
+        if started is None:
             return
         accepted = float((counts - 1).float().mean())
         seconds = time.perf_counter() - started
-        if width < 0:  # the head also read the pairs lookup-only cycles left: not a merged cycle's time
-            self._average(self.gains, mode, accepted)
-            return
-        known = self.times.get((mode, width))
-        if known is None or seconds < 3 * known:
-            self._average(self.times, (mode, width), seconds)
-            self._average(self.gains, mode, accepted)
-            if mode == LOOKUP and expected:
-                self._average(self.gains, "calibration", accepted / expected)
+        known = self.times.get(HYBRID)
+        if not catching_up and (known is None or seconds < 3 * known):
+            self._average(self.times, HYBRID, seconds)
+        self._average(self.gains, HYBRID, accepted)
 
     @staticmethod
     def _average(into: dict, key, value: float, smoothing: float = 0.1) -> None:

@@ -1,0 +1,212 @@
+"""How much of a model-free proposal is worth verifying: each node's chance of acceptance (its score, calibrated by
+what verification has accepted) against what each width of tree costs (measured cycle times).
+
+A lookup's trie is cheap to draft and free to cut, but not free to verify: on a CPU a tree of 24 tokens costs the
+target about twice what one token does, so on text that copies little (a summary, an answer over a long document) a
+full proposal loses to plain decoding. The sizing keeps, per cycle, the number of best-first nodes that maximizes the
+expected tokens per second over the batch: (1 + the kept nodes' calibrated acceptance) per row over the predicted
+seconds of a cycle that wide. Zero nodes (plain decoding) is one of the choices, so sizing never does much worse than
+plain decoding once it has measured; where copying pays it keeps the whole proposal.
+
+Both estimates are learned online from the cycles themselves: no model and no setting to tune per machine.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Sequence
+
+from specdec_kit.runtime.core.lookup import Proposal
+
+
+class CycleCost:
+    """Seconds per cycle as a function of the tree's width (tokens verified per row, root included), per batch size:
+    a straight line ``a + b * width`` fit to the last ``window`` cycles. Where the widths seen so far hardly vary, the
+    slope leans on ``prior_slope`` (the share of a one-token cycle that each more token adds)."""
+
+    def __init__(self, window: int = 64, prior_slope: float = 0.02, prior_weight: float = 16.0, least: int = 4):
+        self.window, self.prior_slope, self.prior_weight, self.least = window, prior_slope, prior_weight, least
+        self.seen: dict[int, deque[tuple[int, float]]] = {}
+
+    def observe(self, batch: int, width: int, seconds: float) -> None:
+        """One cycle's time; a time far above the prediction (a prefill or a pause between cycles) is not a cycle's."""
+        predicted = self.predict(batch, width)
+        if seconds <= 0 or (predicted is not None and seconds > 3 * predicted):
+            return
+        self.seen.setdefault(batch, deque(maxlen=self.window)).append((width, seconds))
+
+    def line(self, batch: int) -> tuple[float, float] | None:
+        """The fit ``(a, b)``, or None before ``least`` cycles of this batch size."""
+        seen = self.seen.get(batch)
+        if not seen or len(seen) < self.least:
+            return None
+        n = len(seen)
+        mean_w = sum(w for w, _ in seen) / n
+        mean_s = sum(s for _, s in seen) / n
+        var_w = sum((w - mean_w) ** 2 for w, _ in seen)
+        cov = sum((w - mean_w) * (s - mean_s) for w, s in seen)
+        prior = self.prior_slope * mean_s / (1 + self.prior_slope * (mean_w - 1))  # seconds per token at this level
+        slope = max(0.0, (cov + self.prior_weight * prior) / (var_w + self.prior_weight))
+        return max(mean_s - slope * mean_w, 1e-9), slope
+
+    def predict(self, batch: int, width: int) -> float | None:
+        fit = self.line(batch)
+        return None if fit is None else fit[0] + fit[1] * width
+
+
+def length_bin(length: int) -> int:
+    """1, 2, 3-4, 5-8, 9 and beyond (a node's depth, a proposal's match length)."""
+    return 0 if length <= 1 else min(4, (length - 1).bit_length())
+
+
+def score_bin(score: float, bins: int = 5) -> int:
+    return min(bins - 1, max(0, int(score * bins)))
+
+
+class NodeCalibration:
+    """What share of proposed nodes verification accepted, by node depth and score (a lookup's scores are shares of
+    earlier occurrences: a single earlier occurrence scores 1.0 whatever it is worth), and within those by the
+    proposal's match length (a long match is a copy in progress). Each estimate leans on the coarser one, worth
+    ``prior`` nodes (the coarsest on the score itself), and keeps its last ``horizon`` or so nodes' evidence."""
+
+    def __init__(self, prior: float = 4.0, horizon: float = 2000.0):
+        self.prior, self.horizon = prior, horizon
+        self.proposed: dict[tuple, float] = {}
+        self.accepted: dict[tuple, float] = {}
+
+    def probability(self, depth: int, score: float, match: int = 0) -> float:
+        coarse = (length_bin(depth), score_bin(score))
+        p = self._shrunk(coarse, score)
+        return self._shrunk((*coarse, length_bin(match)), p)
+
+    def _shrunk(self, cell: tuple, toward: float) -> float:
+        return (self.accepted.get(cell, 0.0) + self.prior * toward) / (self.proposed.get(cell, 0.0) + self.prior)
+
+    def expected(self, proposal: Proposal) -> list[float]:
+        """Each node's calibrated chance of acceptance, in the proposal's order."""
+        return [self.probability(d, s, proposal.match) for d, s in zip(depths(proposal), proposal.scores)]
+
+    def observe(self, proposal: Proposal, accepted: set[int]) -> None:
+        """Verification accepted the nodes ``accepted`` of ``proposal`` (a path from the root)."""
+        for i, (depth, score) in enumerate(zip(depths(proposal), proposal.scores)):
+            coarse = (length_bin(depth), score_bin(score))
+            for cell in (coarse, (*coarse, length_bin(proposal.match))):
+                self.proposed[cell] = self.proposed.get(cell, 0.0) + 1
+                self.accepted[cell] = self.accepted.get(cell, 0.0) + (i in accepted)
+                if self.proposed[cell] > self.horizon:
+                    self.proposed[cell] /= 2
+                    self.accepted[cell] /= 2
+
+
+def depths(proposal: Proposal) -> list[int]:
+    out: list[int] = []
+    for parent in proposal.parents:
+        out.append(1 if parent < 0 else out[parent] + 1)
+    return out
+
+
+def accepted_nodes(proposal: Proposal, read: Sequence[int]) -> set[int] | None:
+    """The proposal's nodes on the path a cycle accepted, from what the row read after it (the accepted draft tokens,
+    then the target's next token); None when those tokens do not follow a path of the proposal: more than one cycle
+    passed (a plain one between), so they are not this proposal's verdict."""
+    children = {(p, t): i for i, (p, t) in enumerate(zip(proposal.parents, proposal.tokens))}
+    node, path = -1, set()
+    for tok in read[:-1]:
+        node = children.get((node, tok), -2)
+        if node < 0:
+            return None
+        path.add(node)
+    return path
+
+
+def prefix(proposal: Proposal, nodes: int) -> Proposal:
+    """The first ``nodes`` nodes (parents come first, so any prefix is a trie)."""
+    if nodes >= len(proposal):
+        return proposal
+    return Proposal(proposal.tokens[:nodes], proposal.parents[:nodes], proposal.scores[:nodes], proposal.match)
+
+
+@dataclass
+class _Pending:
+    proposals: list[Proposal]
+    started: float
+    width: int
+
+
+class ProposalSizing:
+    """Learns, from each cycle, what a lookup's nodes are worth and what each width of tree costs; with ``cuts``, cuts
+    each cycle's proposals (best first, so any prefix is what a smaller budget would have given) to the width that
+    promises the most tokens per second. Every ``probe_every``-th cycle verifies twice as many nodes and two more, so
+    that nodes the cut leaves out go on being measured at a bounded cost."""
+
+    def __init__(self, cuts: bool = True, probe_every: int = 16):
+        self.cost, self.calibration = CycleCost(), NodeCalibration()
+        self.cuts, self.probe_every = cuts, probe_every
+        self._cycles = 0
+        self._pending: _Pending | None = None
+
+    def cut(self, proposals: list[Proposal]) -> list[Proposal]:
+        self._cycles += 1
+        if not self.cuts or not any(len(p) for p in proposals):
+            return proposals
+        best = self.best(proposals)
+        if best is None:
+            return proposals
+        nodes = best[0] - 1
+        if self._cycles % self.probe_every == 0:
+            nodes = 2 * nodes + 2
+        return [prefix(p, nodes) for p in proposals]
+
+    def best(self, proposals: Sequence[Proposal]) -> tuple[int, float] | None:
+        """The tree width (root included) with the most expected tokens per second, and that rate per row; None before
+        costs are known."""
+        batch = len(proposals)
+        if self.cost.line(batch) is None:
+            return None
+        gains = [self.cumulative(p) for p in proposals]
+        best = (1, 0.0)
+        for width in range(1, max(len(g) for g in gains) + 1):
+            tokens = sum(1 + g[min(width, len(g)) - 1] for g in gains)
+            rate = tokens / batch / self.cost.predict(batch, width)
+            if rate > best[1]:
+                best = (width, rate)
+        return best
+
+    def cumulative(self, proposal: Proposal) -> list[float]:
+        """[k]: the expected accepted tokens of the first k nodes (k = 0 .. len)."""
+        out = [0.0]
+        for p in self.calibration.expected(proposal):
+            out.append(out[-1] + p)
+        return out
+
+    def rate(self, proposals: Sequence[Proposal]) -> float | None:
+        """Expected tokens per second per row of what ``cut`` makes of ``proposals`` (None before costs are known)."""
+        if self.cuts:
+            best = self.best(proposals)
+            return None if best is None else best[1]
+        seconds = self.cost.predict(len(proposals), 1 + max((len(p) for p in proposals), default=0))
+        if seconds is None:
+            return None
+        return sum(1 + self.cumulative(p)[-1] for p in proposals) / len(proposals) / seconds
+
+    def begin(self, proposals: list[Proposal], started: float) -> None:
+        """The cycle that verifies ``proposals`` started drafting at ``started``."""
+        self._pending = _Pending(proposals, started, 1 + max((len(p) for p in proposals), default=0))
+
+    def settle(self, read: Sequence[Sequence[int]], now: float) -> None:
+        """The last begun cycle is over: per row, the tokens it read after it (accepted draft tokens, then the next)."""
+        pending, self._pending = self._pending, None
+        if pending is None or len(read) != len(pending.proposals):
+            return
+        paths = [accepted_nodes(p, r) for p, r in zip(pending.proposals, read)]
+        if any(path is None for path in paths):
+            return
+        self.cost.observe(len(read), pending.width, now - pending.started)
+        for proposal, path in zip(pending.proposals, paths):
+            if len(proposal):
+                self.calibration.observe(proposal, path)
+
+    def forget_cycle(self) -> None:
+        """Rows joined or left: the last cycle's rows and time are not this batch's."""
+        self._pending = None
