@@ -2,7 +2,7 @@
 what verification has accepted) against what each width of tree costs (measured cycle times).
 
 A lookup's trie is cheap to draft and free to cut, but not free to verify: on a CPU a tree of 24 tokens costs the
-target about twice what one token does, so on text that copies little (a summary, an answer over a long document) a
+target two to three times what one token does, so on text that copies little (a summary, an answer over a long document) a
 full proposal loses to plain decoding. The sizing keeps, per cycle, the number of best-first nodes that maximizes the
 expected tokens per second over the batch: (1 + the kept nodes' calibrated acceptance) per row over the predicted
 seconds of a cycle that wide. Zero nodes (plain decoding) is one of the choices, so sizing never does much worse than
@@ -28,6 +28,7 @@ class CycleCost:
     def __init__(self, window: int = 64, prior_slope: float = 0.02, prior_weight: float = 16.0, least: int = 4):
         self.window, self.prior_slope, self.prior_weight, self.least = window, prior_slope, prior_weight, least
         self.seen: dict[int, deque[tuple[int, float]]] = {}
+        self._fits: dict[int, tuple[float, float] | None] = {}  # per batch size, until its next observation
 
     def observe(self, batch: int, width: int, seconds: float) -> None:
         """One cycle's time; a time far above the prediction (a prefill or a pause between cycles) is not a cycle's."""
@@ -35,9 +36,15 @@ class CycleCost:
         if seconds <= 0 or (predicted is not None and seconds > 3 * predicted):
             return
         self.seen.setdefault(batch, deque(maxlen=self.window)).append((width, seconds))
+        self._fits.pop(batch, None)
 
     def line(self, batch: int) -> tuple[float, float] | None:
         """The fit ``(a, b)``, or None before ``least`` cycles of this batch size."""
+        if batch not in self._fits:
+            self._fits[batch] = self._fit(batch)
+        return self._fits[batch]
+
+    def _fit(self, batch: int) -> tuple[float, float] | None:
         seen = self.seen.get(batch)
         if not seen or len(seen) < self.least:
             return None
@@ -162,13 +169,14 @@ class ProposalSizing:
         """The tree width (root included) with the most expected tokens per second, and that rate per row; None before
         costs are known."""
         batch = len(proposals)
-        if self.cost.line(batch) is None:
+        line = self.cost.line(batch)
+        if line is None:
             return None
         gains = [self.cumulative(p) for p in proposals]
         best = (1, 0.0)
         for width in range(1, max(len(g) for g in gains) + 1):
             tokens = sum(1 + g[min(width, len(g)) - 1] for g in gains)
-            rate = tokens / batch / self.cost.predict(batch, width)
+            rate = tokens / batch / (line[0] + line[1] * width)
             if rate > best[1]:
                 best = (width, rate)
         return best
