@@ -12,7 +12,7 @@ from conftest import hf_greedy
 from specdec_kit.runtime.core.lookup import Proposal, SuffixSettings
 from specdec_kit.runtime.core.trees import parse_tree_spec
 from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
-from specdec_kit.runtime.decoding.lookup_drafting import LookupDrafter
+from specdec_kit.runtime.decoding.lookup_drafting import LookupDrafter, verified_part
 from specdec_kit.runtime.decoding.proposal_sizing import (
     CycleCost,
     NodeCalibration,
@@ -53,6 +53,24 @@ def test_the_accepted_path_is_read_back_from_the_tokens_and_a_skipped_cycle_is_r
     assert accepted_nodes(tree, [7, 6, 2]) is None  # 6 is no child of 7: a plain cycle passed in between
 
 
+def test_a_merged_cycle_teaches_the_calibration_what_the_lookup_put_in_the_tree():
+    """A hybrid verifies a merged tree: the lookup's nodes in it are judged, those the merge left out are not, and
+    the cycle's time (a head's draft in it) is not a lookup cycle's."""
+    lookup = Proposal([7, 8, 9], [-1, 0, 1], [1.0, 1.0, 1.0])
+    tree = Proposal([7, 8, 3], [-1, 0, -1], [1.0, 1.0, 0.5])  # the merge kept 7 8, the head added 3
+    part = verified_part(lookup, tree)
+    assert part.tokens == [7, 8] and part.parents == [-1, 0]
+    sizing = ProposalSizing()
+    sizing.begin([part], None, [tree])
+    sizing.settle([[7, 8, 5]], now=1.0)
+    assert sum(sizing.calibration.proposed.values()) == 6  # two nodes, each in its three cells
+    assert sum(sizing.calibration.accepted.values()) == 6
+    assert not sizing.cost.seen
+    sizing.begin([part], None, [tree])
+    sizing.settle([[3, 9, 5]], now=2.0)  # 9 is no child of 3: not one cycle's verdict
+    assert sum(sizing.calibration.proposed.values()) == 6
+
+
 def test_calibration_learns_that_a_score_overstates_and_that_a_long_match_is_a_copy():
     cal = NodeCalibration(prior=4.0)
     short, long = chain([1, 2, 3]), chain([1, 2, 3])
@@ -67,6 +85,16 @@ def test_calibration_learns_that_a_score_overstates_and_that_a_long_match_is_a_c
     unseen = chain([1, 2, 3])
     unseen.match = 3  # no evidence at this match length: the depth and score's, over all matches
     assert cal.expected(unseen)[1] == pytest.approx(0.5, abs=0.02)
+
+
+def test_calibration_learns_that_a_copy_under_way_goes_on():
+    cal = NodeCalibration()
+    cold, warm = chain([1, 2]), chain([1, 2])
+    warm.last_accepted = 6  # the row's last cycle accepted 6 draft tokens
+    for _ in range(64):
+        cal.observe(cold, set())
+        cal.observe(warm, {0, 1})
+    assert max(cal.expected(cold)) < 0.1 and min(cal.expected(warm)) > 0.9
 
 
 def sized(acceptance: list[float], slope: float, nodes: int = 12) -> tuple[int, float]:

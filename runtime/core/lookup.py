@@ -24,12 +24,14 @@ class Proposal:
     """A trie of candidate continuations after a sequence's last token (the tree's root, not included). Node i has
     token ``tokens[i]``, parent ``parents[i]`` (-1: the root; parents come before children) and ``scores[i]``, the
     estimated probability of its whole path (never above its parent's). ``match``: how many of the sequence's last
-    tokens the text matched where it came from (longer matches are better evidence of a copy in progress)."""
+    tokens the text matched where it came from (longer matches are better evidence of a copy in progress);
+    ``last_accepted``: the draft tokens the row's last cycle accepted (a copy under way goes on)."""
 
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)
     match: int = 0
+    last_accepted: int = 0
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -337,6 +339,7 @@ def above(proposal: Proposal, least: float) -> Proposal:
         [index[proposal.parents[i]] if proposal.parents[i] >= 0 else -1 for i in keep],
         [proposal.scores[i] for i in keep],
         proposal.match,
+        proposal.last_accepted,
     )
 
 

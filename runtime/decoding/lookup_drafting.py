@@ -191,7 +191,10 @@ class LookupDrafter(Drafter):
     def proposals(self, tokens: torch.Tensor, counts: torch.Tensor) -> tuple[list[int], list[Proposal]]:
         """Each row's root and whole proposal (not sized)."""
         roots = self.read(tokens, counts)
-        return roots, [self.source.propose(row, self.budget) for row in self.rows]
+        found = [self.source.propose(row, self.budget) for row in self.rows]
+        for proposal, n in zip(found, counts.tolist()):
+            proposal.last_accepted = n - 1
+        return roots, found
 
     def sized(self, proposals: list[Proposal]) -> list[Proposal]:
         """``proposals`` as the sizing cuts them, remembered: what the cycle verifying them accepts and costs is learned
@@ -247,6 +250,25 @@ def merged(head: Proposal, lookup: Proposal, nodes: int, rule: str = "probabilit
         [out.tokens[i] for i in keep],
         [renumber[out.parents[i]] if out.parents[i] >= 0 else -1 for i in keep],
         [out.scores[i] for i in keep],
+    )
+
+
+def verified_part(proposal: Proposal, tree: Proposal) -> Proposal:
+    """The nodes of ``proposal`` whose paths ``tree`` holds (a merge keeps a prefix-closed part of each input)."""
+    index: dict[tuple[int, int], int] = {(p, t): i for i, (p, t) in enumerate(zip(tree.parents, tree.tokens))}
+    keep, at = [], {-1: -1}  # at: a proposal node -> the tree's node with its path
+    for i, (parent, tok) in enumerate(zip(proposal.parents, proposal.tokens)):
+        node = index.get((at[parent], tok)) if parent in at else None
+        if node is not None:
+            at[i] = node
+            keep.append(i)
+    renumber = {old: new for new, old in enumerate(keep)}
+    return Proposal(
+        [proposal.tokens[i] for i in keep],
+        [renumber[proposal.parents[i]] if proposal.parents[i] >= 0 else -1 for i in keep],
+        [proposal.scores[i] for i in keep],
+        proposal.match,
+        proposal.last_accepted,
     )
 
 
@@ -380,7 +402,9 @@ class HybridDrafter(Drafter):
         heads = head_proposals(self.head.scored_draft(*self._head_context(features, tokens, counts)))
         budget = self.head.tree.total_tokens - 1
         self._last = (started, catching_up)
-        return padded_tree(roots, [merged(h, f, budget, self.rule) for h, f in zip(heads, found)], tokens.device)
+        trees = [merged(h, f, budget, self.rule) for h, f in zip(heads, found)]
+        self.lookup.sizing.begin([verified_part(f, t) for f, t in zip(found, trees)], None, trees)
+        return padded_tree(roots, trees, tokens.device)
 
     def _lookup_only(self, features, tokens, counts, roots, found) -> DraftTree:
         """The lookup's trees alone (as its sizing cuts them); this cycle's pairs wait for the head's next draft."""

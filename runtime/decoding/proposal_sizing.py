@@ -13,6 +13,7 @@ Both estimates are learned online from the cycles themselves: no model and no se
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
@@ -73,32 +74,36 @@ def score_bin(score: float, bins: int = 5) -> int:
 
 class NodeCalibration:
     """What share of proposed nodes verification accepted, by node depth and score (a lookup's scores are shares of
-    earlier occurrences: a single earlier occurrence scores 1.0 whatever it is worth), and within those by the
-    proposal's match length (a long match is a copy in progress). Each estimate leans on the coarser one, worth
-    ``prior`` nodes (the coarsest on the score itself), and keeps its last ``horizon`` or so nodes' evidence."""
+    earlier occurrences: a single earlier occurrence scores 1.0 whatever it is worth), within those by the
+    proposal's match length (a long match is a copy in progress), and within those by what the row's last cycle
+    accepted (a copy goes on). Each estimate leans on the coarser one, worth ``prior`` nodes (the coarsest on the
+    score itself), and keeps its last ``horizon`` or so nodes' evidence, so it follows the text's changes."""
 
-    def __init__(self, prior: float = 4.0, horizon: float = 2000.0):
+    def __init__(self, prior: float = 4.0, horizon: float = 400.0):
         self.prior, self.horizon = prior, horizon
         self.proposed: dict[tuple, float] = {}
         self.accepted: dict[tuple, float] = {}
 
-    def probability(self, depth: int, score: float, match: int = 0) -> float:
-        coarse = (length_bin(depth), score_bin(score))
-        p = self._shrunk(coarse, score)
-        return self._shrunk((*coarse, length_bin(match)), p)
+    @staticmethod
+    def cells(depth: int, score: float, proposal: Proposal) -> list[tuple]:
+        """The node's cells, coarsest first."""
+        key = (length_bin(depth), score_bin(score), length_bin(proposal.match), length_bin(proposal.last_accepted + 1))
+        return [key[:2], key[:3], key]
 
-    def _shrunk(self, cell: tuple, toward: float) -> float:
-        return (self.accepted.get(cell, 0.0) + self.prior * toward) / (self.proposed.get(cell, 0.0) + self.prior)
+    def probability(self, depth: int, score: float, proposal: Proposal) -> float:
+        p = score
+        for cell in self.cells(depth, score, proposal):
+            p = (self.accepted.get(cell, 0.0) + self.prior * p) / (self.proposed.get(cell, 0.0) + self.prior)
+        return p
 
     def expected(self, proposal: Proposal) -> list[float]:
         """Each node's calibrated chance of acceptance, in the proposal's order."""
-        return [self.probability(d, s, proposal.match) for d, s in zip(depths(proposal), proposal.scores)]
+        return [self.probability(d, s, proposal) for d, s in zip(depths(proposal), proposal.scores)]
 
     def observe(self, proposal: Proposal, accepted: set[int]) -> None:
         """Verification accepted the nodes ``accepted`` of ``proposal`` (a path from the root)."""
         for i, (depth, score) in enumerate(zip(depths(proposal), proposal.scores)):
-            coarse = (length_bin(depth), score_bin(score))
-            for cell in (coarse, (*coarse, length_bin(proposal.match))):
+            for cell in self.cells(depth, score, proposal):
                 self.proposed[cell] = self.proposed.get(cell, 0.0) + 1
                 self.accepted[cell] = self.accepted.get(cell, 0.0) + (i in accepted)
                 if self.proposed[cell] > self.horizon:
@@ -113,32 +118,40 @@ def depths(proposal: Proposal) -> list[int]:
     return out
 
 
+def walk(proposal: Proposal, tokens: Sequence[int]) -> tuple[set[int], bool]:
+    """The proposal's nodes along ``tokens`` from the root, and whether all of ``tokens`` lie on them."""
+    children = {(p, t): i for i, (p, t) in enumerate(zip(proposal.parents, proposal.tokens))}
+    node, path = -1, set()
+    for tok in tokens:
+        node = children.get((node, tok), -1)
+        if node < 0:
+            return path, False
+        path.add(node)
+    return path, True
+
+
 def accepted_nodes(proposal: Proposal, read: Sequence[int]) -> set[int] | None:
     """The proposal's nodes on the path a cycle accepted, from what the row read after it (the accepted draft tokens,
     then the target's next token); None when those tokens do not follow a path of the proposal: more than one cycle
     passed (a plain one between), so they are not this proposal's verdict."""
-    children = {(p, t): i for i, (p, t) in enumerate(zip(proposal.parents, proposal.tokens))}
-    node, path = -1, set()
-    for tok in read[:-1]:
-        node = children.get((node, tok), -2)
-        if node < 0:
-            return None
-        path.add(node)
-    return path
+    path, whole = walk(proposal, read[:-1])
+    return path if whole else None
 
 
 def prefix(proposal: Proposal, nodes: int) -> Proposal:
     """The first ``nodes`` nodes (parents come first, so any prefix is a trie)."""
     if nodes >= len(proposal):
         return proposal
-    return Proposal(proposal.tokens[:nodes], proposal.parents[:nodes], proposal.scores[:nodes], proposal.match)
+    return dataclasses.replace(
+        proposal, tokens=proposal.tokens[:nodes], parents=proposal.parents[:nodes], scores=proposal.scores[:nodes]
+    )
 
 
 @dataclass
 class _Pending:
-    proposals: list[Proposal]
-    started: float
-    width: int
+    proposals: list[Proposal]  # the lookup's nodes the cycle verified, per row
+    verified: list[Proposal]  # the whole tree each row verified (the lookup's alone, or merged with a head's)
+    started: float | None  # None: the cycle's time is not a lookup cycle's (a head drafted too)
 
 
 class ProposalSizing:
@@ -198,22 +211,25 @@ class ProposalSizing:
             return None
         return sum(1 + self.cumulative(p)[-1] for p in proposals) / len(proposals) / seconds
 
-    def begin(self, proposals: list[Proposal], started: float) -> None:
-        """The cycle that verifies ``proposals`` started drafting at ``started``."""
-        self._pending = _Pending(proposals, started, 1 + max((len(p) for p in proposals), default=0))
+    def begin(self, proposals: list[Proposal], started: float | None, verified: list[Proposal] | None = None) -> None:
+        """The cycle that verifies ``proposals`` started drafting at ``started``; ``verified``: the trees it verifies
+        when the proposals are part of them (merged with a head's, whose draft time is not the lookup's: no
+        ``started``)."""
+        self._pending = _Pending(proposals, verified or proposals, started)
 
     def settle(self, read: Sequence[Sequence[int]], now: float) -> None:
         """The last begun cycle is over: per row, the tokens it read after it (accepted draft tokens, then the next)."""
         pending, self._pending = self._pending, None
         if pending is None or len(read) != len(pending.proposals):
             return
-        paths = [accepted_nodes(p, r) for p, r in zip(pending.proposals, read)]
-        if any(path is None for path in paths):
+        if any(accepted_nodes(tree, r) is None for tree, r in zip(pending.verified, read)):
             return
-        self.cost.observe(len(read), pending.width, now - pending.started)
-        for proposal, path in zip(pending.proposals, paths):
+        if pending.started is not None:
+            width = 1 + max((len(p) for p in pending.verified), default=0)
+            self.cost.observe(len(read), width, now - pending.started)
+        for proposal, r in zip(pending.proposals, read):
             if len(proposal):
-                self.calibration.observe(proposal, path)
+                self.calibration.observe(proposal, walk(proposal, r[:-1])[0])
 
     def forget_cycle(self) -> None:
         """Rows joined or left: the last cycle's rows and time are not this batch's."""
