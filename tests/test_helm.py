@@ -6,6 +6,7 @@ images' Dockerfiles."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -558,6 +559,134 @@ def test_helm_tests_speculation_check_passes_a_speculating_server_and_fails_one_
             check_speculation(script, srv.url, speculating)
         finally:
             srv.stop()
+
+
+class RouterStandIn:
+    """What the `helm test` pods see of SGLang's router on the service port: the OpenAI routes, forwarded to a worker;
+    no /server_info and no /metrics (404: the router serves its metrics on a port of its own)."""
+
+    def __init__(self, worker: str):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def _forward(self, method: str) -> None:
+                if not self.path.startswith("/v1/"):
+                    self.send_error(404)
+                    return
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) if method == "POST" else None
+                headers = {k: v for k, v in self.headers.items() if k.lower() in ("content-type", "authorization")}
+                reply = httpx.request(method, worker + self.path, content=body, headers=headers, timeout=120)
+                self.send_response(reply.status_code)
+                self.send_header("Content-Type", reply.headers.get("content-type", "application/json"))
+                self.send_header("Content-Length", str(len(reply.content)))
+                self.end_headers()
+                self.wfile.write(reply.content)
+
+            def do_GET(self):
+                self._forward("GET")
+
+            def do_POST(self):
+                self._forward("POST")
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+
+
+def test_helm_tests_speculation_check_passes_through_the_router(chart, demo_engine):
+    """With the router on, the `helm test` pods send their traffic through it and read /server_info and the metrics
+    from the servers' own Service (the router answers neither): the SGLang + router check, run against a stand-in
+    router in front of the kit's real server, with the kit's server's metric names swapped in for SGLang's."""
+    from server_helpers import Server
+
+    docs = chart.render({**SGLANG_BUILD, "router": {"enabled": True}, "tests": {"speculationDeadlineSeconds": 20}})
+    script = speculation_script(docs)
+    assert "http://specdec-router:8000" in script and "http://specdec:8000" in script
+    sglang = json.dumps(json.dumps(speculation_check(chart, {**SGLANG_BUILD, "router": {"enabled": True}})))
+    kit = json.dumps(json.dumps(speculation_check(chart, {})))
+    assert sglang in script
+    script = script.replace(sglang, kit)
+    srv = Server(demo_engine)
+    router = RouterStandIn(srv.url)
+    try:
+        assert httpx.get(router.url + "/metrics").status_code == 404
+        check_speculation(script.replace("http://specdec-router:8000", router.url), srv.url, speculating=True)
+        # the check as it was, reading everything through the router, cannot pass
+        blind = script.replace("base=direct", "base=url").replace("http://specdec-router:8000", router.url)
+        proc = subprocess.run(
+            [sys.executable, "-c", blind.replace("http://specdec:8000", srv.url)], capture_output=True, text=True
+        )
+        assert proc.returncode != 0 and "404" in proc.stderr, proc.stdout + proc.stderr
+    finally:
+        router.stop()
+        srv.stop()
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {},
+        {"replicaCount": 2, "inferencePool": {"enabled": True}},
+        {**SGLANG_BUILD, "router": {"enabled": True}, "replicaCount": 2},
+        *[example(p) for p in EXAMPLES],
+    ],
+    ids=["defaults", "inference-pool", "sglang-router", *[p.stem for p in EXAMPLES]],
+)
+def test_helm_test_pods_are_never_selected_for_traffic(chart, values):
+    """No Service, workload, InferencePool or router discovery selects the `helm test` pods (they would be sent live
+    requests); each serving pod template is selected by its workload."""
+    docs = chart.render(values)
+    selectors = []
+    for d in docs:
+        spec = d.get("spec", {})
+        if d["kind"] == "Service":
+            selectors.append(spec.get("selector") or {})
+        elif d["kind"] in ("Deployment", "InferencePool"):
+            selectors.append(spec["selector"]["matchLabels"])
+        if d["kind"] == "Deployment":
+            for c in spec["template"]["spec"]["containers"]:
+                args = c.get("args", [])
+                if "--selector" in args:  # the router's service discovery: key=value pairs up to the next flag
+                    pairs = list(itertools.takewhile(lambda a: not a.startswith("--"), args[args.index("--selector") + 1 :]))
+                    selectors.append(dict(p.split("=", 1) for p in pairs))
+    tests = [d for d in docs if d["kind"] == "Pod" and d["metadata"].get("annotations", {}).get("helm.sh/hook") == "test"]
+    assert tests and selectors
+    for pod in tests:
+        labels = pod["metadata"]["labels"]
+        assert labels["app.kubernetes.io/instance"] == "specdec"
+        for selector in selectors:
+            assert selector and not selector.items() <= labels.items(), (pod["metadata"]["name"], selector)
+
+
+def test_pod_labels_and_annotations_reach_every_serving_pod(chart):
+    """podLabels and podAnnotations (a Multus network for RDMA, say) on single pods, leaders and workers alike."""
+    values = {
+        **SGLANG_BUILD,
+        "parallelism": {"tensor": 16},
+        "podLabels": {"team": "llm"},
+        "podAnnotations": {"k8s.v1.cni.cncf.io/networks": "rdma-net"},
+    }
+    for extra in ({}, {"parallelism": {"tensor": 4}}):
+        docs = chart.render({**values, **extra})
+        templates = []
+        for d in docs:
+            if d["kind"] == "Deployment" and d["metadata"]["name"] == "specdec":
+                templates.append(d["spec"]["template"])
+            if d["kind"] == "LeaderWorkerSet":
+                lws = d["spec"]["leaderWorkerTemplate"]
+                templates += [lws["leaderTemplate"], lws["workerTemplate"]]
+        assert len(templates) == (1 if extra else 2)
+        for tmpl in templates:
+            assert tmpl["metadata"]["labels"]["team"] == "llm"
+            assert tmpl["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"] == "rdma-net"
+            assert tmpl["metadata"]["annotations"]["specdec.io/engine"].startswith("/engine-cache/")
 
 
 def speculation_check(chart: HelmChart, values: dict) -> dict:

@@ -20,6 +20,25 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 specdec.io/backend: {{ .Values.backend }}
 {{- end -}}
 
+{{/* `helm test` pods: the release's labels but none that the Service, the router's discovery or an InferencePool
+     select, so no live traffic is ever routed to them. */}}
+{{- define "specdec.testLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}-test
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: test
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* Every serving pod's annotations (single, leader and worker): the engine it serves, and podAnnotations (a Multus
+     network, a sidecar's settings). */}}
+{{- define "specdec.podAnnotations" -}}
+annotations:
+  specdec.io/engine: {{ include "specdec.enginePath" . | quote }}
+  {{- with .Values.podAnnotations }}{{ toYaml . | nindent 2 }}{{- end }}
+{{- end -}}
+
 {{- define "specdec.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}{{ default (include "specdec.fullname" .) .Values.serviceAccount.name }}{{- else -}}{{ default "default" .Values.serviceAccount.name }}{{- end -}}
 {{- end -}}
