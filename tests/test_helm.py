@@ -481,14 +481,40 @@ def test_values_that_must_be_refused_are_refused(chart, values, message):
         ({"inferencePool": {"enabled": True}}, "inference.networking.k8s.io/v1"),
     ],
 )
-def test_custom_resources_need_their_api_in_the_cluster(chart, values, api):
+def test_custom_resources_without_their_api_warn_and_refuse_only_when_asked(chart, values, api):
+    """Rendered without a cluster (GitOps tools, CI), a custom resource whose API is not known renders and the notes
+    name what to install; apiCheck=require refuses to install without it; lint is never refused."""
     others = [a for a in CHART_APIS if a != api]
+    kinds = {d["kind"] for d in chart.render(values, api_versions=others)}
+    assert kinds & {"LeaderWorkerSet", "ScaledObject", "HorizontalPodAutoscaler", "PodMonitor", "HTTPRoute", "InferencePool"}
+    notes = chart.notes(values)
+    assert "WARNING: " in notes and f"the cluster serves no {api} API" in notes and f"--api-versions {api}" in notes
+    strict = {**values, "apiCheck": "require"}
     with pytest.raises(HelmRefused, match=f"the cluster serves no {api} API") as refused:
-        chart.render(values, api_versions=others)
-    assert f"--api-versions {api}" in str(refused.value)
-    assert chart.render(values, api_versions=[api, *others])
-    proc = chart.lint(values)  # lint has no cluster to ask: it leaves the check to install
+        chart.render(strict, api_versions=others)
+    assert "apiCheck=require" in str(refused.value)
+    assert chart.render(strict, api_versions=[api, *others])
+    assert "WARNING" not in chart.notes({})  # nothing missing: no warning
+    proc = chart.lint(strict)  # lint has no cluster to ask: it leaves the check to install
     assert proc.returncode == 0, proc.stdout
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_every_example_renders_without_a_cluster(chart, path):
+    """Plain `helm template` (no --api-versions), as a GitOps tool or a CI pipeline runs it."""
+    assert chart.render(example(path), api_versions=())
+
+
+def test_keda_reads_the_queue_through_whichever_monitor_scrapes_it(chart):
+    def query(monitoring: dict) -> str:
+        docs = chart.render({"autoscaling": {"enabled": True, "mode": "keda"}, "monitoring": monitoring})
+        [scaled] = [d for d in docs if d["kind"] == "ScaledObject"]
+        return scaled["spec"]["triggers"][0]["metadata"]["query"]
+
+    assert query({"serviceMonitor": {"enabled": True}}) == (
+        'sum(specdec:num_requests_waiting{namespace="llm", service="specdec"})'
+    )
+    assert query({"podMonitor": {"enabled": True}}) == 'sum(specdec:num_requests_waiting{namespace="llm", job="llm/specdec"})'
 
 
 def test_inference_pool_and_its_endpoint_picker(chart, demo_engine):
@@ -707,14 +733,11 @@ def test_every_backend_has_a_speculation_check(chart):
 
 
 def test_notes_say_how_to_reach_test_and_load_test(chart):
-    no_custom_resources = {"autoscaling": {"enabled": False}, "monitoring": {"serviceMonitor": {"enabled": False}}}
-    text = chart.notes({**example(CHART / "ci" / "values-sglang-a100.yaml"), **no_custom_resources})
+    text = chart.notes(example(CHART / "ci" / "values-sglang-a100.yaml"))
     assert "port-forward svc/specdec" in text and "helm test specdec" in text and "locust -f loadtest/chat.py" in text
     assert "2 replica(s) x 1 GPU(s)" in text and "logs -f job/specdec-build-" in text
     cpu = chart.notes({})
     assert "1 replica(s) on CPU." in cpu and "GPU" not in cpu.split("Engine:")[0]
-    with pytest.raises(HelmRefused, match="the cluster serves no inference.networking.k8s.io/v1 API"):
-        chart.notes({"inferencePool": {"enabled": True}})  # a client-side dry run sees only the built-in APIs
 
 
 def test_dockerfiles_are_hadolint_clean_and_pinned():

@@ -64,13 +64,29 @@ annotations:
 {{- include (printf "values refused: %s" .) dict -}}
 {{- end -}}
 
-{{/* A custom resource the values turn on needs its API in the cluster (helm template: pass --api-versions). Skipped
-     by helm lint, which renders without a cluster (it is neither an install nor an upgrade). */}}
-{{- define "specdec.requireApi" -}}
-{{- $ := .root -}}
-{{- if and (or $.Release.IsInstall $.Release.IsUpgrade) (not ($.Capabilities.APIVersions.Has .api)) -}}
-{{- include "specdec.refuse" (printf "%s renders a %s (%s), but the cluster serves no %s API: install %s first (helm template: pass --api-versions %s)" .what .kind .api .api .provider .api) -}}
+{{/* The custom resources the values turn on whose API the cluster does not serve, one message each (a JSON list).
+     `helm template` and client-side dry runs see no cluster's APIs (unless given --api-versions), so they list every
+     one: NOTES.txt warns of them, and only apiCheck=require refuses an install or upgrade over them (helm lint,
+     which is neither, is never refused). */}}
+{{- define "specdec.missingApis" -}}
+{{- $v := .Values -}}
+{{- $wanted := list -}}
+{{- if eq (include "specdec.multiNode" .) "true" -}}{{- $wanted = append $wanted (dict "what" (printf "parallelism: %d GPUs per replica over %s nodes" (int (include "specdec.gpusPerReplica" .)) (include "specdec.nodesPerReplica" .)) "kind" "LeaderWorkerSet" "api" "leaderworkerset.x-k8s.io/v1" "provider" "the LeaderWorkerSet controller (kubernetes-sigs/lws)") -}}{{- end -}}
+{{- if $v.autoscaling.enabled -}}
+{{- if eq $v.autoscaling.mode "keda" -}}{{- $wanted = append $wanted (dict "what" "autoscaling.mode=keda" "kind" "ScaledObject" "api" "keda.sh/v1alpha1" "provider" "KEDA") -}}
+{{- else -}}{{- $wanted = append $wanted (dict "what" "autoscaling.mode=prometheus-adapter" "kind" "HorizontalPodAutoscaler on a pods metric" "api" "custom.metrics.k8s.io/v1beta1" "provider" "prometheus-adapter (it serves the custom metrics API)") -}}{{- end -}}
 {{- end -}}
+{{- if $v.monitoring.serviceMonitor.enabled -}}{{- $wanted = append $wanted (dict "what" "monitoring.serviceMonitor.enabled" "kind" "ServiceMonitor" "api" "monitoring.coreos.com/v1" "provider" "the Prometheus Operator (e.g. kube-prometheus-stack)") -}}{{- end -}}
+{{- if $v.monitoring.podMonitor.enabled -}}{{- $wanted = append $wanted (dict "what" "monitoring.podMonitor.enabled" "kind" "PodMonitor" "api" "monitoring.coreos.com/v1" "provider" "the Prometheus Operator (e.g. kube-prometheus-stack)") -}}{{- end -}}
+{{- if $v.httpRoute.enabled -}}{{- $wanted = append $wanted (dict "what" "httpRoute.enabled" "kind" "HTTPRoute" "api" "gateway.networking.k8s.io/v1" "provider" "the Gateway API CRDs and a Gateway implementation") -}}{{- end -}}
+{{- if $v.inferencePool.enabled -}}{{- $wanted = append $wanted (dict "what" "inferencePool.enabled" "kind" "InferencePool" "api" "inference.networking.k8s.io/v1" "provider" "the Gateway API Inference Extension CRDs and a Gateway that supports them") -}}{{- end -}}
+{{- $missing := list -}}
+{{- range $wanted -}}
+{{- if not ($.Capabilities.APIVersions.Has .api) -}}
+{{- $missing = append $missing (printf "%s renders a %s (%s), but the cluster serves no %s API: install %s first (helm template: pass --api-versions %s)" .what .kind .api .api .provider .api) -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $missing -}}
 {{- end -}}
 
 {{/* Values a schema cannot express: refused with a message that names them. */}}
@@ -100,22 +116,15 @@ annotations:
 {{- end -}}
 {{- end -}}
 {{- if and (eq $v.engine.source "prebuilt") $v.engine.cache.existingClaim (not (hasPrefix "/engine-cache/" $v.engine.path)) -}}{{- include "specdec.refuse" (printf "engine.path %s: a prebuilt engine on engine.cache.existingClaim is mounted at /engine-cache; give its path there (/engine-cache/...)" $v.engine.path) -}}{{- end -}}
-{{- if and $v.autoscaling.enabled (eq $v.autoscaling.mode "keda") (not $v.monitoring.serviceMonitor.enabled) -}}{{- include "specdec.refuse" "autoscaling.mode=keda queries Prometheus for the queue metric of this release's Service (the service label), which exists only when the ServiceMonitor scrapes it: set monitoring.serviceMonitor.enabled=true, or KEDA would read nothing and scale on 0" -}}{{- end -}}
+{{- if and $v.autoscaling.enabled (eq $v.autoscaling.mode "keda") (not $v.monitoring.serviceMonitor.enabled) (not $v.monitoring.podMonitor.enabled) -}}{{- include "specdec.refuse" "autoscaling.mode=keda queries Prometheus for the queue metric of this release's servers, which Prometheus has only when this chart's ServiceMonitor or PodMonitor scrapes them: set monitoring.serviceMonitor.enabled=true or monitoring.podMonitor.enabled=true, or KEDA would read nothing and scale on 0" -}}{{- end -}}
 {{- if gt (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas) -}}{{- include "specdec.refuse" (printf "autoscaling: minReplicas %d exceeds maxReplicas %d" (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas)) -}}{{- end -}}
 {{- if and $v.apiKey.existingSecret (eq $v.backend "tensorrt-llm") -}}{{- include "specdec.refuse" "apiKey.existingSecret: trtllm-serve takes no API key, so the key would not be checked; put an authenticating gateway in front (and leave apiKey empty), or use backend sglang, vllm or embedded" -}}{{- end -}}
 {{- if and (eq $v.backend "tensorrt-llm") (contains "/" (include "specdec.servedModelName" .)) -}}{{- include "specdec.refuse" (printf "server.servedModelName %s: trtllm-serve names its model after the model directory, so the name cannot hold a '/'" (include "specdec.servedModelName" .)) -}}{{- end -}}
 {{- if and $v.router.enabled (ne $v.backend "sglang") -}}{{- include "specdec.refuse" "router.enabled: the SGLang Model Gateway routes SGLang workers; use backend sglang (or a Service, or inferencePool, for the others)" -}}{{- end -}}
 {{- if and $v.router.enabled $v.inferencePool.enabled -}}{{- include "specdec.refuse" "router.enabled and inferencePool.enabled: both pick the replica for each request; choose one" -}}{{- end -}}
-{{- /* Custom resources the values turn on, and the API each needs. */ -}}
-{{- if eq (include "specdec.multiNode" .) "true" -}}{{- include "specdec.requireApi" (dict "root" . "what" (printf "parallelism: %d GPUs per replica over %s nodes" $g (include "specdec.nodesPerReplica" .)) "kind" "LeaderWorkerSet" "api" "leaderworkerset.x-k8s.io/v1" "provider" "the LeaderWorkerSet controller (kubernetes-sigs/lws)") -}}{{- end -}}
-{{- if $v.autoscaling.enabled -}}
-{{- if eq $v.autoscaling.mode "keda" -}}{{- include "specdec.requireApi" (dict "root" . "what" "autoscaling.mode=keda" "kind" "ScaledObject" "api" "keda.sh/v1alpha1" "provider" "KEDA") -}}
-{{- else -}}{{- include "specdec.requireApi" (dict "root" . "what" "autoscaling.mode=prometheus-adapter" "kind" "HorizontalPodAutoscaler on a pods metric" "api" "custom.metrics.k8s.io/v1beta1" "provider" "prometheus-adapter (it serves the custom metrics API)") -}}{{- end -}}
+{{- if and (eq $v.apiCheck "require") (or .Release.IsInstall .Release.IsUpgrade) -}}
+{{- range (include "specdec.missingApis" . | fromJsonArray) -}}{{- include "specdec.refuse" (printf "%s (apiCheck=require; the default, warn, renders and warns)" .) -}}{{- end -}}
 {{- end -}}
-{{- if $v.monitoring.serviceMonitor.enabled -}}{{- include "specdec.requireApi" (dict "root" . "what" "monitoring.serviceMonitor.enabled" "kind" "ServiceMonitor" "api" "monitoring.coreos.com/v1" "provider" "the Prometheus Operator (e.g. kube-prometheus-stack)") -}}{{- end -}}
-{{- if $v.monitoring.podMonitor.enabled -}}{{- include "specdec.requireApi" (dict "root" . "what" "monitoring.podMonitor.enabled" "kind" "PodMonitor" "api" "monitoring.coreos.com/v1" "provider" "the Prometheus Operator (e.g. kube-prometheus-stack)") -}}{{- end -}}
-{{- if $v.httpRoute.enabled -}}{{- include "specdec.requireApi" (dict "root" . "what" "httpRoute.enabled" "kind" "HTTPRoute" "api" "gateway.networking.k8s.io/v1" "provider" "the Gateway API CRDs and a Gateway implementation") -}}{{- end -}}
-{{- if $v.inferencePool.enabled -}}{{- include "specdec.requireApi" (dict "root" . "what" "inferencePool.enabled" "kind" "InferencePool" "api" "inference.networking.k8s.io/v1" "provider" "the Gateway API Inference Extension CRDs and a Gateway that supports them") -}}{{- end -}}
 {{- end -}}
 
 {{- define "specdec.image" -}}
