@@ -715,6 +715,37 @@ def test_pod_labels_and_annotations_reach_every_serving_pod(chart):
             assert tmpl["metadata"]["annotations"]["specdec.io/engine"].startswith("/engine-cache/")
 
 
+def test_multi_node_replicas_get_rdma_nccl_settings_placement_and_rollout(chart):
+    """RDMA devices and IPC_LOCK (the one capability added to those dropped) on leaders and workers, the NCCL
+    environment, LWS exclusive placement and rollout; none of it on single-node replicas."""
+    values = {
+        **SGLANG_BUILD,
+        "parallelism": {"tensor": 16},
+        "multiNode": {
+            "exclusiveTopology": "network.example.com/ib-domain",
+            "rollout": {"maxUnavailable": 0, "maxSurge": 1},
+            "rdma": {"enabled": True, "resourceName": "rdma/ib", "count": 2},
+            "env": [{"name": "NCCL_IB_HCA", "value": "mlx5"}],
+        },
+    }
+    docs = chart.render(values)
+    [lws] = [d for d in docs if d["kind"] == "LeaderWorkerSet"]
+    assert lws["metadata"]["annotations"]["leaderworkerset.sigs.k8s.io/exclusive-topology"] == "network.example.com/ib-domain"
+    assert lws["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"] == {"maxUnavailable": 0, "maxSurge": 1}
+    pods = pods_of(docs)
+    assert [role for role, _ in pods] == ["leader", "worker"]
+    for _, spec in pods:
+        container = server(spec)
+        for part in ("requests", "limits"):
+            assert container["resources"][part]["rdma/ib"] == 2 and container["resources"][part]["nvidia.com/gpu"] == 8
+        assert container["resources"]["limits"]["memory"] == "256Gi"  # the limits' own, not the requests'
+        assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+        assert {"name": "NCCL_IB_HCA", "value": "mlx5"} in container["env"]
+    single = server(pods_of(chart.render({**values, "parallelism": {"tensor": 8}}))[0][1])
+    assert "rdma/ib" not in single["resources"]["requests"] and "add" not in single["securityContext"]["capabilities"]
+    assert all(e["name"] != "NCCL_IB_HCA" for e in single["env"])
+
+
 def speculation_check(chart: HelmChart, values: dict) -> dict:
     """What the speculation check of a backend reads (its configuration, embedded in the test pod's script)."""
     script = speculation_script(chart.render(values))

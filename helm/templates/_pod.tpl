@@ -90,6 +90,11 @@ containers:
       {{- with $v.server.env }}
       {{- toYaml . | nindent 6 }}
       {{- end }}
+      {{- if $multi }}
+      {{- with $v.multiNode.env }}
+      {{- toYaml . | nindent 6 }}
+      {{- end }}
+      {{- end }}
     ports:
       - {name: http, containerPort: {{ $v.server.port }}, protocol: TCP}
     {{- if ne $role "worker" }}
@@ -111,11 +116,19 @@ containers:
     lifecycle:
       preStop:
         exec: {command: ["sleep", "{{ $v.preStopSleepSeconds }}"]}
+    {{- $rdma := and $multi $v.multiNode.rdma.enabled }}
+    {{- if $rdma }}
+    {{- /* RDMA verbs pin their buffers in memory: IPC_LOCK, the one capability added to what is dropped */}}
+    securityContext: {{- toYaml (merge (dict "capabilities" (dict "drop" (list "ALL") "add" (list "IPC_LOCK"))) (omit $v.securityContext "capabilities")) | nindent 6 }}
+    {{- else }}
     securityContext: {{- toYaml $v.securityContext | nindent 6 }}
+    {{- end }}
     resources:
       {{- if $gpu }}
-      requests: {{- toYaml (merge (dict $v.gpu.resourceName $gpus) $v.gpuResources.requests) | nindent 8 }}
-      limits: {{- toYaml (merge (dict $v.gpu.resourceName $gpus) $v.gpuResources.limits) | nindent 8 }}
+      {{- $devices := dict $v.gpu.resourceName $gpus }}
+      {{- if $rdma }}{{- $_ := set $devices $v.multiNode.rdma.resourceName (int $v.multiNode.rdma.count) }}{{- end }}
+      requests: {{- toYaml (merge (deepCopy $devices) $v.gpuResources.requests) | nindent 8 }}
+      limits: {{- toYaml (merge (deepCopy $devices) $v.gpuResources.limits) | nindent 8 }}
       {{- else }}
       {{- toYaml $v.resources | nindent 6 }}
       {{- end }}
