@@ -115,17 +115,26 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def external_flags(backend: str, host: str, name: str, api_key: str | None, max_model_len: int | None) -> list[str]:
-    """The options the engine's own server takes for this server's host, model name, key and context limit
+# Where each engine's server reads its API key from: the environment, never the command line (any process listing
+# shows that): vLLM reads VLLM_API_KEY itself; SGLang takes a key only as --api-key, so the engine's SGLang launcher
+# (sglang/launch.py) reads it from SPECDEC_API_KEY and hands it over inside its own process.
+KEY_VARIABLES = {"vllm": "VLLM_API_KEY", "sglang": "SPECDEC_API_KEY"}
+
+
+def external_flags(backend: str, host: str, name: str, max_model_len: int | None) -> list[str]:
+    """The options the engine's own server takes for this server's host, model name and context limit
     (trtllm-serve reads its host and port from serve.sh and takes none of them: see ``trtllm_model_link``)."""
     if backend == "tensorrt-llm":
         return []
     flags = ["--host", host, "--served-model-name", name]
-    if api_key:
-        flags += ["--api-key", api_key]  # both check it on their OpenAI routes
     if max_model_len is not None:
         flags += [CONTEXT_FLAG[backend], str(max_model_len)]
     return flags
+
+
+def key_environment(backend: str, api_key: str | None) -> dict[str, str]:
+    """The variable that hands the engine's server its API key (both check it on their OpenAI routes)."""
+    return {KEY_VARIABLES[backend]: api_key} if api_key else {}
 
 
 def trtllm_model_link(engine: Path, name: str) -> Path:
@@ -151,8 +160,7 @@ def launch_external(
         return 2
     env = dict(os.environ, PORT=str(port), **(env_extra or {}))
     cmd = ["bash", str(script), *flags, *(a for a in extra if a != "--")]
-    shown = [("***" if i and cmd[i - 1] == "--api-key" else c) for i, c in enumerate(cmd)]
-    print(f"starting the {backend} server: {' '.join(shown)} (PORT={port})", flush=True)
+    print(f"starting the {backend} server: {' '.join(cmd)} (PORT={port})", flush=True)
     os.execvpe("bash", cmd, env)
     return 0  # not reached
 
@@ -214,7 +222,8 @@ def main(argv=None) -> int:
             if python is None:
                 return 2
             env_extra["SPECDEC_VLLM_PYTHON"] = python
-        flags = external_flags(backend, args.host, name, args.api_key, args.max_model_len)
+        env_extra.update(key_environment(backend, args.api_key))
+        flags = external_flags(backend, args.host, name, args.max_model_len)
         return launch_external(args.engine, backend, flags, args.server_args, args.port, env_extra)
 
     import uvicorn

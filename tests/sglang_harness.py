@@ -5,8 +5,8 @@ Reads a JSON list on stdin and prints one JSON verdict per entry. ``{"argv": [..
 message>"}``. ``{"resolve": [architectures], "package": "...", "pythonpath": [...]}`` imports a model package
 as ``SGLANG_EXTERNAL_MODEL_PACKAGE`` makes SGLang do and resolves the architectures in SGLang's model registry:
 ``{"ok": true, "module": ..., "class": ..., "architecture": ...}``. A launch command goes
-through exactly what ``python -m sglang.launch_server`` runs before it touches a device: ``prepare_server_args``
-(argparse), ``ServerArgs.resolve_once`` (the resolution pipeline, which reads the model's config) and
+through exactly what the engine's ``sglang/launch.py`` runs before it touches a device: ``prepare_server_args``
+(argparse; the launcher adds the API key from the environment), ``ServerArgs.resolve_once`` (the resolution pipeline, which reads the model's config) and
 ``check_server_args``. ``--device cuda`` is appended unless given, since this machine has no accelerator and
 SGLang's device probe would refuse before any check.
 
@@ -57,20 +57,40 @@ def install_torchvision_standin() -> None:
     root.transforms, transforms.functional = transforms, functional
 
 
-def check(argv: list[str], env: dict[str, str], cwd: str) -> dict:
-    from sglang.srt.server_args import prepare_server_args
+def launcher_prepare(cwd: str):
+    """The engine's own launcher's argument preparation (``sglang/launch.py``: the API key from the environment)."""
+    import importlib.util
 
+    spec = importlib.util.spec_from_file_location("specdec_sglang_launch", os.path.join(cwd, "sglang", "launch.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.prepare
+
+
+def check(argv: list[str], env: dict[str, str], cwd: str) -> dict:
+    """A launch command through the engine's launcher and SGLang's checks; with an API key in ``env``, also whether
+    SGLang got it and whether it shows anywhere SGLang reports its arguments."""
     saved_env, saved_cwd = dict(os.environ), os.getcwd()
     os.environ.update(env)
     os.chdir(cwd)
     try:
+        prepare = launcher_prepare(cwd)
         if "--device" not in argv:
             argv = [*argv, "--device", "cuda"]
+        key = env.get("SPECDEC_API_KEY")
         with contextlib.redirect_stdout(io.StringIO()):
-            args = prepare_server_args(argv)
+            args = prepare(argv)
             args.resolve_once()
             args.check_server_args()
-        return {"ok": True}
+        verdict = {"ok": True}
+        if key:
+            reports = [repr(args), json.dumps(args.resolved_dict(), default=str), str(args.launch_command)]
+            verdict.update(
+                key_in_effect=args.api_key == key,
+                key_shown=any(key in report for report in reports),
+                key_inherited="SPECDEC_API_KEY" in os.environ,
+            )
+        return verdict
     except BaseException as exc:  # SGLang refuses with assertions, ValueErrors and SystemExit (argparse)
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     finally:

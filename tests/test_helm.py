@@ -227,6 +227,46 @@ def test_gpu_essentials(chart, path):
         assert bool(lws) == (tp * pp > merged["gpu"]["perNode"])
 
 
+def containers_of(docs: list[dict]) -> list[tuple[str, dict]]:
+    """(object name, container) of every container and init container in every pod and pod template rendered."""
+    specs = []
+    for d in docs:
+        if d["kind"] == "Pod":
+            specs.append((d["metadata"]["name"], d["spec"]))
+        elif d["kind"] in ("Deployment", "Job"):
+            specs.append((d["metadata"]["name"], d["spec"]["template"]["spec"]))
+        elif d["kind"] == "LeaderWorkerSet":
+            for part in ("leaderTemplate", "workerTemplate"):
+                specs.append((f"{d['metadata']['name']} {part}", d["spec"]["leaderWorkerTemplate"][part]["spec"]))
+    return [(name, c) for name, spec in specs for c in spec.get("initContainers", []) + spec["containers"]]
+
+
+@pytest.mark.parametrize("backend", ["embedded", "sglang", "vllm"])
+def test_the_api_key_reaches_every_server_through_its_environment_never_its_arguments(chart, backend):
+    """On every backend that checks a key (trtllm-serve takes none: refused), the serving containers and the test
+    pods read it from the Secret into their environment, and no container's command or arguments carry it (no key
+    flag, no expansion of the variable): specdec-serve hands it to the engine's server through the environment too
+    (``serving/cli.py``; the SGLang and vLLM tiers check the servers get it)."""
+    values = {"apiKey": {"existingSecret": "llm-key", "key": "token"}}
+    if backend != "embedded":
+        values = {**SGLANG_BUILD, "backend": backend, **values}
+    for layout in ({}, {"parallelism": {"tensor": 16}} if backend != "embedded" else {"replicaCount": 2}):
+        docs = chart.render({**values, **layout})
+        readers = 0
+        for name, container in containers_of(docs):
+            words = " ".join(container.get("command", []) + container.get("args", []))
+            assert "api-key" not in words and "API_KEY)" not in words and "llm-key" not in words, (name, words)
+            for env in container.get("env", []):
+                if env.get("valueFrom", {}).get("secretKeyRef", {}).get("name") == "llm-key":
+                    assert env["valueFrom"]["secretKeyRef"]["key"] == "token"
+                    readers += 1
+        serving = [c for n, c in containers_of(docs) if c["name"] == "server"]
+        assert serving and all(
+            any(e["name"] == "SPECDEC_API_KEY" and "valueFrom" in e for e in c["env"]) for c in serving
+        )
+        assert readers == len(serving) + 4  # and the four helm test pods
+
+
 def test_feature_switches(chart):
     docs = {d["kind"]: d for d in chart.render(example(CHART / "ci" / "values-sglang-a100.yaml"))}
     assert docs["ScaledObject"]["spec"]["triggers"][0]["metadata"]["query"].startswith("sum(sglang:num_queue_reqs{")
@@ -486,7 +526,14 @@ def test_custom_resources_without_their_api_warn_and_refuse_only_when_asked(char
     name what to install; apiCheck=require refuses to install without it; lint is never refused."""
     others = [a for a in CHART_APIS if a != api]
     kinds = {d["kind"] for d in chart.render(values, api_versions=others)}
-    assert kinds & {"LeaderWorkerSet", "ScaledObject", "HorizontalPodAutoscaler", "PodMonitor", "HTTPRoute", "InferencePool"}
+    assert kinds & {
+        "LeaderWorkerSet",
+        "ScaledObject",
+        "HorizontalPodAutoscaler",
+        "PodMonitor",
+        "HTTPRoute",
+        "InferencePool",
+    }
     notes = chart.notes(values)
     assert "WARNING: " in notes and f"the cluster serves no {api} API" in notes and f"--api-versions {api}" in notes
     strict = {**values, "apiCheck": "require"}
@@ -514,7 +561,10 @@ def test_keda_reads_the_queue_through_whichever_monitor_scrapes_it(chart):
     assert query({"serviceMonitor": {"enabled": True}}) == (
         'sum(specdec:num_requests_waiting{namespace="llm", service="specdec"})'
     )
-    assert query({"podMonitor": {"enabled": True}}) == 'sum(specdec:num_requests_waiting{namespace="llm", job="llm/specdec"})'
+    assert (
+        query({"podMonitor": {"enabled": True}})
+        == 'sum(specdec:num_requests_waiting{namespace="llm", job="llm/specdec"})'
+    )
 
 
 def test_inference_pool_and_its_endpoint_picker(chart, demo_engine):
@@ -680,9 +730,13 @@ def test_helm_test_pods_are_never_selected_for_traffic(chart, values):
             for c in spec["template"]["spec"]["containers"]:
                 args = c.get("args", [])
                 if "--selector" in args:  # the router's service discovery: key=value pairs up to the next flag
-                    pairs = list(itertools.takewhile(lambda a: not a.startswith("--"), args[args.index("--selector") + 1 :]))
+                    pairs = list(
+                        itertools.takewhile(lambda a: not a.startswith("--"), args[args.index("--selector") + 1 :])
+                    )
                     selectors.append(dict(p.split("=", 1) for p in pairs))
-    tests = [d for d in docs if d["kind"] == "Pod" and d["metadata"].get("annotations", {}).get("helm.sh/hook") == "test"]
+    tests = [
+        d for d in docs if d["kind"] == "Pod" and d["metadata"].get("annotations", {}).get("helm.sh/hook") == "test"
+    ]
     assert tests and selectors
     for pod in tests:
         labels = pod["metadata"]["labels"]
@@ -730,7 +784,10 @@ def test_multi_node_replicas_get_rdma_nccl_settings_placement_and_rollout(chart)
     }
     docs = chart.render(values)
     [lws] = [d for d in docs if d["kind"] == "LeaderWorkerSet"]
-    assert lws["metadata"]["annotations"]["leaderworkerset.sigs.k8s.io/exclusive-topology"] == "network.example.com/ib-domain"
+    assert (
+        lws["metadata"]["annotations"]["leaderworkerset.sigs.k8s.io/exclusive-topology"]
+        == "network.example.com/ib-domain"
+    )
     assert lws["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"] == {"maxUnavailable": 0, "maxSurge": 1}
     pods = pods_of(docs)
     assert [role for role, _ in pods] == ["leader", "worker"]

@@ -25,7 +25,7 @@ from specdec_kit.runtime.core.trees import DynamicTreeConfig, tree_to_dict
 from specdec_kit.runtime.demo import write_demo
 from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.runtime.synthetic import random_eagle3
-from specdec_kit.serving.cli import external_flags
+from specdec_kit.serving.cli import external_flags, key_environment
 
 pytestmark = [pytest.mark.sglang, pytest.mark.helm]
 
@@ -61,14 +61,14 @@ def build(paths, kind: str, out: Path, tree: DynamicTreeConfig, tp: int = 1, pp:
 
 
 def serve_command(engine: Path, extra: list[str] = ()) -> dict:
-    """What ``sglang/serve.sh`` (then ``specdec-serve``'s extra arguments) hands to ``sglang.launch_server``."""
+    """What ``sglang/serve.sh`` (then ``specdec-serve``'s extra arguments) hands to the engine's SGLang launcher."""
     script = (engine / "sglang" / "serve.sh").read_text()
     env = dict(re.findall(r"^export (\w+)=(\S+)$", script, flags=re.M))
     pythonpath = [str(engine / "sglang" / "plugin"), str(REPO)] if "PYTHONPATH" in env else []
     env.pop("PYTHONPATH", None)
     exec_line = next(line for line in script.splitlines() if line.startswith("exec "))
     argv = shlex.split(exec_line.replace("${PORT:-30000}", "30000").replace(' "$@"', ""))
-    argv = argv[argv.index("sglang.launch_server") + 1 :]
+    argv = argv[argv.index("sglang/launch.py") + 1 :]
     return {"argv": [*argv, *extra], "env": env, "pythonpath": pythonpath, "cwd": str(engine)}
 
 
@@ -88,18 +88,29 @@ def with_parallelism(argv: list[str], tp: int, pp: int) -> list[str]:
     return out
 
 
-def test_every_command_the_builder_writes_passes_sglangs_checks(checkpoints, tmp_path):
+def test_every_command_the_builder_writes_passes_sglangs_checks_with_the_key_kept_secret(checkpoints, tmp_path):
+    """Every kind's launch command passes SGLang's checks; the API key, handed over as specdec-serve hands it (in
+    the environment), reaches SGLang's arguments, is on no command line, shows in none of SGLang's reports of its
+    arguments (the start-up log's, /server_info's, the launch command) and is not inherited by SGLang's children."""
+    key = "sk-test-never-shown"
     commands, labels = [], []
-    launcher = external_flags("sglang", "0.0.0.0", "demo", "sk-test", 512)  # what specdec-serve adds
+    launcher = external_flags("sglang", "0.0.0.0", "demo", 512)  # what specdec-serve adds
     for kind in KINDS:
         for tree in (DynamicTreeConfig(60, 5, 10), DynamicTreeConfig(16, 3, 4)):
             for tp in (1, 2):
                 engine = build(checkpoints, kind, tmp_path, tree, tp=tp)
-                commands.append(serve_command(engine, launcher))
+                command = serve_command(engine, launcher)
+                command["env"].update(key_environment("sglang", key))
+                assert not any(key in a for a in command["argv"])
+                commands.append(command)
                 labels.append(f"{kind} tree {tree} tp {tp}")
     verdicts = sglang_verdicts(commands)
     refused = [f"{label}: {v['error']}" for label, v in zip(labels, verdicts) if not v["ok"]]
     assert refused == [], "\n".join(refused)
+    for label, verdict in zip(labels, verdicts):
+        assert verdict["key_in_effect"], f"{label}: SGLang did not get the API key"
+        assert not verdict["key_shown"], f"{label}: SGLang reports the API key"
+        assert not verdict["key_inherited"], f"{label}: the key stays in the environment SGLang's children inherit"
 
 
 def chart_layout(chart: HelmChart, kind: str, tp: int, pp: int) -> dict | str:
@@ -122,7 +133,7 @@ def chart_sglang_command(checkpoints, layout: dict, tmp_path: Path, tp: int, pp:
     head, extra = (server[: server.index("--")], server[server.index("--") + 1 :]) if "--" in server else (server, [])
     options = dict(a[2:].split("=", 1) for a in head if "=" in a)
     extra = [a.replace("$(LWS_WORKER_INDEX)", "0").replace("$(LWS_LEADER_ADDRESS)", "10.0.0.1") for a in extra]
-    launcher = external_flags("sglang", options["host"], options["served-model-name"], None, None)
+    launcher = external_flags("sglang", options["host"], options["served-model-name"], None)
     command = serve_command(engine, [*launcher, *extra])
     command["argv"] = with_parallelism(command["argv"], tp, pp)
     return command

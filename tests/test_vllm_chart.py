@@ -28,7 +28,7 @@ from specdec_kit.runtime.core.trees import parse_tree_spec, tree_to_dict
 from specdec_kit.runtime.demo import write_demo
 from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.runtime.synthetic import random_eagle3
-from specdec_kit.serving.cli import external_flags
+from specdec_kit.serving.cli import external_flags, key_environment
 
 pytestmark = [pytest.mark.vllm, pytest.mark.helm]
 
@@ -36,6 +36,9 @@ HARNESS = Path(__file__).resolve().parent / "vllm_harness.py"
 KINDS = ("griffin", "eagle", "eagle2", "hass", "eagle3")
 WIDE_KINDS = ("griffin", "eagle3")  # the plugin's class and vLLM's own, at every layout
 LAYOUTS = ((1, 1), (2, 1), (8, 1), (16, 1), (1, 2), (8, 2))
+
+
+KEY = "sk-test-never-shown"
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +92,7 @@ def chart_commands(chart: HelmChart, engine: Path, kind: str, tp: int, pp: int) 
         options = dict(a[2:].split("=", 1) for a in head if "=" in a)
         rank = "1" if role == "worker" else "0"
         extra = [a.replace("$(LWS_WORKER_INDEX)", rank).replace("$(LWS_LEADER_ADDRESS)", "10.0.0.1") for a in extra]
-        flags = external_flags("vllm", options["host"], options["served-model-name"], None, None)
+        flags = external_flags("vllm", options["host"], options["served-model-name"], None)
         commands.append(
             (role, with_parallelism(serve_argv(engine), int(build["tp"]), int(build["pp"])) + flags + extra)
         )
@@ -108,6 +111,8 @@ def vllm_verdicts(python: str, commands: list[dict], plugin: Path) -> list[dict]
 
 
 def test_every_vllm_command_the_chart_leads_to_passes_vllms_checks(vllm_python, chart, wide_checkpoints, tmp_path):
+    """vLLM's own argument and engine-configuration checks on every layout the chart leads to; the API key reaches
+    vLLM's middleware through the environment (never the command line)."""
     cases, commands = [], []
     for kind in KINDS:
         engine = build_engine(inputs(wide_checkpoints, kind), tmp_path / kind).path
@@ -124,12 +129,17 @@ def test_every_vllm_command_the_chart_leads_to_passes_vllms_checks(vllm_python, 
                 layout_commands = layout
             for role, argv in layout_commands:
                 cases.append((kind, tp, pp, role, builder, layout))
-                commands.append({"argv": argv, "cwd": str(engine)})
+                assert not any(KEY in a for a in argv)
+                commands.append(
+                    {"argv": argv, "cwd": str(engine), "api_key": key_environment("vllm", KEY)["VLLM_API_KEY"]}
+                )
     verdicts = vllm_verdicts(vllm_python, commands, tmp_path / "griffin" / "vllm" / "plugin")
     for (kind, tp, pp, role, builder, layout), verdict in zip(cases, verdicts):
         where = f"{kind} tp {tp} pp {pp} ({role})"
         assert verdict["ok"], f"{where}: vLLM refuses the command: {verdict['error']}"
         assert verdict["world_size"] == tp * pp and verdict["method"] == ("eagle3" if kind == "eagle3" else "eagle")
+        # the key as specdec-serve hands it over (VLLM_API_KEY, on no command line) is what vLLM checks
+        assert verdict["statuses"] == {"none": 401, "wrong": 401, "right": 200}, where
         if pp > 1:  # the kit's rule, not vLLM's argument checks: vLLM fails at start-up instead (next test)
             assert builder is not None and VLLM_PP_SPEC in builder, where
             assert role == "refused" and VLLM_PP_SPEC[:100] in " ".join(layout.split()), where

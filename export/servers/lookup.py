@@ -146,13 +146,13 @@ def _vllm(
 
 
 def _sglang(staging: Path, inputs: BuildInputs, algorithm: str, flags: dict[str, str]) -> dict[str, Any]:
-    from specdec_kit.export.servers.sglang import launch_command
+    from specdec_kit.export.servers.sglang import LAUNCHER, launch_command, write_launcher
 
     command = launch_command(inputs, ["--speculative-algorithm", algorithm, *[x for kv in flags.items() for x in kv]])
-    (staging / "sglang").mkdir(parents=True, exist_ok=True)
+    write_launcher(staging)
     serve = serve_script(staging / "sglang" / "serve.sh", command)
     return {
-        "artifacts": {"target": "target", "sglang_serve": "sglang/serve.sh"},
+        "artifacts": {"target": "target", "sglang_serve": "sglang/serve.sh", "sglang_launcher": LAUNCHER},
         "serve": {
             "commands": {"serve": serve},
             "notes": ["SGLang's server needs a CUDA GPU; run sglang/serve.sh there"],

@@ -1,5 +1,6 @@
 """SGLang engines: the draft in SGLang's EAGLE layout (EAGLE-3 in the official one), for GRIFFIN the kit's model package
-registered through ``SGLANG_EXTERNAL_MODEL_PACKAGE``, and ``serve.sh`` running ``sglang.launch_server``.
+registered through ``SGLANG_EXTERNAL_MODEL_PACKAGE``, and ``serve.sh`` running ``sglang.launch_server`` through the
+engine's launcher (``sglang/launch.py``: the API key from the environment, never on the command line).
 """
 
 from __future__ import annotations
@@ -28,12 +29,22 @@ from specdec_kit.runtime.registry import draft_kind
 SGLANG_PLUGIN = "specdec_griffin_sglang"
 
 
+LAUNCHER = "sglang/launch.py"
+
+
+def write_launcher(staging: Path) -> None:
+    """The engine's SGLang launcher: ``sglang.launch_server`` with the API key from the environment, kept out of
+    SGLang's command line, logs and /server_info (see the file)."""
+    (staging / "sglang").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(PLUGINS / "sglang" / "launch.py", staging / LAUNCHER)
+
+
 def launch_command(inputs: BuildInputs, speculation: list[str]) -> list[str]:
-    """``sglang.launch_server`` over ``target`` with these speculative flags, the layout and the metrics on."""
+    """SGLang's server (through the engine's launcher) over ``target`` with these speculative flags, the layout and
+    the metrics on."""
     return [
         "python",
-        "-m",
-        "sglang.launch_server",
+        LAUNCHER,
         "--model-path",
         "target",
         *speculation,
@@ -97,11 +108,13 @@ def build_sglang(staging: Path, inputs: BuildInputs, target: TargetModel, module
         str(tree.total_tokens),
     ]
     command = launch_command(inputs, speculation)
+    write_launcher(staging)
     serve = serve_script(staging / "sglang" / "serve.sh", command, env)
     artifacts = {
         "target": "target",
         "sglang_draft": "sglang/draft/model.safetensors",
         "sglang_serve": "sglang/serve.sh",
+        "sglang_launcher": LAUNCHER,
     }
     if form.plugin:
         artifacts["sglang_plugin"] = f"sglang/plugin/{SGLANG_PLUGIN}/griffin_llama.py"
