@@ -775,9 +775,9 @@ def test_multi_node_replicas_get_rdma_nccl_settings_placement_and_rollout(chart)
     values = {
         **SGLANG_BUILD,
         "parallelism": {"tensor": 16},
+        "rollout": {"maxUnavailable": 0, "maxSurge": 1},
         "multiNode": {
             "exclusiveTopology": "network.example.com/ib-domain",
-            "rollout": {"maxUnavailable": 0, "maxSurge": 1},
             "rdma": {"enabled": True, "resourceName": "rdma/ib", "count": 2},
             "env": [{"name": "NCCL_IB_HCA", "value": "mlx5"}],
         },
@@ -801,6 +801,28 @@ def test_multi_node_replicas_get_rdma_nccl_settings_placement_and_rollout(chart)
     single = server(pods_of(chart.render({**values, "parallelism": {"tensor": 8}}))[0][1])
     assert "rdma/ib" not in single["resources"]["requests"] and "add" not in single["securityContext"]["capabilities"]
     assert all(e["name"] != "NCCL_IB_HCA" for e in single["env"])
+
+
+def test_upgrades_roll_replicas_on_every_backend(chart):
+    """No backend's upgrade recreates every replica at once: GPU backends roll one replica at a time without spare
+    GPUs (or with a surge where asked), the CPU one surges; the rollout waits out an engine build without being
+    declared stalled; an update that could replace nothing is refused."""
+
+    def strategy(values: dict) -> tuple[dict, int]:
+        [deployment] = [
+            d for d in chart.render(values) if d["kind"] == "Deployment" and d["metadata"]["name"] == "specdec"
+        ]
+        return deployment["spec"]["strategy"], deployment["spec"]["progressDeadlineSeconds"]
+
+    for backend in ("sglang", "vllm", "tensorrt-llm"):
+        rolling, deadline = strategy({**SGLANG_BUILD, "backend": backend})
+        assert rolling == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+        assert deadline > 14400 + 3600  # the build's deadline and the start-up probe's budget
+    assert strategy({})[0]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    surge = {**SGLANG_BUILD, "rollout": {"maxSurge": 1, "maxUnavailable": 0}}
+    assert strategy(surge)[0]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    with pytest.raises(HelmRefused, match="could never replace a replica"):
+        chart.render({**SGLANG_BUILD, "rollout": {"maxSurge": 0, "maxUnavailable": 0}})
 
 
 def speculation_check(chart: HelmChart, values: dict) -> dict:

@@ -39,6 +39,14 @@ annotations:
   {{- with .Values.podAnnotations }}{{ toYaml . | nindent 2 }}{{- end }}
 {{- end -}}
 
+{{/* The rolling update's surge and unavailability: the values', or per backend (GPU: no spare GPUs assumed). */}}
+{{- define "specdec.rollout" -}}
+{{- $gpu := eq (include "specdec.gpuBackend" .) "true" -}}
+{{- $r := .Values.rollout -}}
+maxSurge: {{ ternary (ternary 0 1 $gpu) $r.maxSurge (kindIs "invalid" $r.maxSurge) }}
+maxUnavailable: {{ ternary (ternary 1 0 $gpu) $r.maxUnavailable (kindIs "invalid" $r.maxUnavailable) }}
+{{- end -}}
+
 {{- define "specdec.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}{{ default (include "specdec.fullname" .) .Values.serviceAccount.name }}{{- else -}}{{ default "default" .Values.serviceAccount.name }}{{- end -}}
 {{- end -}}
@@ -117,6 +125,8 @@ annotations:
 {{- end -}}
 {{- if and (eq $v.engine.source "prebuilt") $v.engine.cache.existingClaim (not (hasPrefix "/engine-cache/" $v.engine.path)) -}}{{- include "specdec.refuse" (printf "engine.path %s: a prebuilt engine on engine.cache.existingClaim is mounted at /engine-cache; give its path there (/engine-cache/...)" $v.engine.path) -}}{{- end -}}
 {{- if and $v.autoscaling.enabled (eq $v.autoscaling.mode "keda") (not $v.monitoring.serviceMonitor.enabled) (not $v.monitoring.podMonitor.enabled) -}}{{- include "specdec.refuse" "autoscaling.mode=keda queries Prometheus for the queue metric of this release's servers, which Prometheus has only when this chart's ServiceMonitor or PodMonitor scrapes them: set monitoring.serviceMonitor.enabled=true or monitoring.podMonitor.enabled=true, or KEDA would read nothing and scale on 0" -}}{{- end -}}
+{{- $rollout := include "specdec.rollout" . | fromYaml -}}
+{{- if and (eq (toString $rollout.maxSurge) "0") (eq (toString $rollout.maxUnavailable) "0") -}}{{- include "specdec.refuse" "rollout: maxSurge and maxUnavailable are both 0, so an update could never replace a replica; allow a surge (GPUs to spare) or an unavailable replica" -}}{{- end -}}
 {{- if gt (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas) -}}{{- include "specdec.refuse" (printf "autoscaling: minReplicas %d exceeds maxReplicas %d" (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas)) -}}{{- end -}}
 {{- if and $v.apiKey.existingSecret (eq $v.backend "tensorrt-llm") -}}{{- include "specdec.refuse" "apiKey.existingSecret: trtllm-serve takes no API key, so the key would not be checked; put an authenticating gateway in front (and leave apiKey empty), or use backend sglang, vllm or embedded" -}}{{- end -}}
 {{- if and (eq $v.backend "tensorrt-llm") (contains "/" (include "specdec.servedModelName" .)) -}}{{- include "specdec.refuse" (printf "server.servedModelName %s: trtllm-serve names its model after the model directory, so the name cannot hold a '/'" (include "specdec.servedModelName" .)) -}}{{- end -}}
