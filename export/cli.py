@@ -6,6 +6,7 @@ See ``--help``; ``builder.py`` does the work, this module parses, reports progre
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -78,7 +79,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--dtype",
         default="auto",
         choices=["auto", *sorted(DTYPE_NAMES)],
-        help="auto: float32 for CPU engines, float16 for GPU engines and server exports",
+        help="auto: float32 for CPU engines, float16 for GPU engines; server exports keep a float16/bfloat16 "
+        "checkpoint's precision (else float16; vLLM float32 built on a CPU)",
     )
     p.add_argument("--device", default="auto", help="where to load and check the model while building (cpu, cuda)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (tensorrt-llm, sglang, vllm)")
@@ -103,9 +105,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def resolve_dtype_name(backend: str, dtype: str, device) -> str:
-    """Each backend's sensible precision, and the combinations that cannot work, refused by name."""
+def checkpoint_dtype(target: Path | None) -> str | None:
+    """The half precision a checkpoint was saved in (its config's ``torch_dtype`` or ``dtype``), else None."""
+    config = Path(target or "") / "config.json"
+    if not config.is_file():
+        return None
+    saved = json.loads(config.read_text())
+    name = saved.get("torch_dtype") or saved.get("dtype")
+    return name if name in ("float16", "bfloat16") else None
+
+
+def resolve_dtype_name(backend: str, dtype: str, device, target: Path | None = None) -> str:
+    """Each backend's sensible precision, and the combinations that cannot work, refused by name. A server engine
+    (SGLang, vLLM, TensorRT-LLM) keeps a half-precision checkpoint's own precision wherever it is built (a build Job
+    runs on a CPU node, the engine on GPUs)."""
     if dtype == "auto":
+        if backend in ("tensorrt-llm", "sglang", "vllm") and checkpoint_dtype(target):
+            return checkpoint_dtype(target)
         if backend in ("tensorrt-llm", "sglang"):
             return "float16"
         if backend == "vllm":
@@ -242,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             draft_path=draft_path,
             tokenizer=tokenizer,
             backend=args.backend,
-            dtype=resolve_dtype_name(args.backend, args.dtype, device),
+            dtype=resolve_dtype_name(args.backend, args.dtype, device, target),
             tree=tree,
             tp=args.tp,
             pp=args.pp,

@@ -148,3 +148,19 @@ def test_serving_a_vllm_engine_without_vllm_says_so(demo_checkpoints, tmp_path, 
     assert main(["--engine", str(engine)]) == 2
     err = capsys.readouterr().err
     assert f"vLLM is not installed for {sys.executable}" in err and "SPECDEC_VLLM_PYTHON" in err
+
+
+@pytest.mark.parametrize("backend", ["vllm", "sglang", "tensorrt-llm"])
+def test_server_exports_keep_a_half_precision_checkpoints_dtype_wherever_built(backend, tmp_path):
+    """`--dtype auto` on a CPU build node (the chart's build Job): a bfloat16 checkpoint stays bfloat16 (float32
+    would double a 70B target's memory and never serve on the GPUs); a float32 checkpoint gets the backend's own."""
+    from specdec_kit.export.cli import resolve_dtype_name
+
+    cpu = torch.device("cpu")
+    half, full = tmp_path / "half", tmp_path / "full"
+    for folder, saved in ((half, "bfloat16"), (full, "float32")):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"torch_dtype": saved}))
+    assert resolve_dtype_name(backend, "auto", cpu, half) == "bfloat16"
+    assert resolve_dtype_name(backend, "auto", cpu, full) == ("float32" if backend == "vllm" else "float16")
+    assert resolve_dtype_name("onnxruntime", "auto", cpu, half) == "float32"  # a CPU engine computes in float32
