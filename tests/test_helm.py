@@ -926,3 +926,39 @@ def test_a_model_free_draft_builds_from_the_target_alone(chart, backend, source)
             HelmRefused, match=f"model.source={source} needs model.{source}.target and model.{source}.draft"
         ):
             chart.render({**values, "engine": {"source": "build", "draft": "griffin"}})
+
+
+def test_the_hugging_face_fetch_takes_the_checkpoint_not_the_repositorys_other_copies(chart, monkeypatch, tmp_path):
+    """The build Job's fetch script, run as rendered (the Hub itself is out of reach here: snapshot_download records
+    its call), filtered by huggingface_hub's own pattern matching over a Llama repository's files: the safetensors
+    checkpoint and its configs come, Meta's original/*.pth do not; a second run finds both models cached."""
+    import huggingface_hub
+    from huggingface_hub.utils import filter_repo_objects
+
+    values = {**SGLANG_BUILD, "model": {"source": "huggingface", "huggingface": {"target": "org/t", "draft": "org/d"}}}
+    [fetch] = [c for c in build_job(chart.render(values))["spec"]["template"]["spec"]["initContainers"]]
+    repo_files = [
+        "config.json",
+        "model-00001-of-00002.safetensors",
+        "model.safetensors.index.json",
+        "tokenizer.json",
+        "original/consolidated.00.pth",
+        "original/params.json",
+    ]
+    calls = []
+
+    def snapshot_download(repo, local_dir, token=None, ignore_patterns=None):
+        calls.append(repo)
+        kept = list(filter_repo_objects(repo_files, ignore_patterns=ignore_patterns))
+        assert kept == repo_files[:4], kept
+        Path(local_dir).mkdir(parents=True, exist_ok=True)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    for e in fetch["env"]:
+        if "value" in e:
+            monkeypatch.setenv(
+                e["name"], str(tmp_path / e["value"].lstrip("/")) if e["name"].endswith("_DIR") else e["value"]
+            )
+    for _ in range(2):
+        exec(fetch["args"][0], {})
+    assert calls == ["org/t", "org/d"]

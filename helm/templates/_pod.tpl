@@ -224,7 +224,8 @@ initContainers:
             if os.path.isfile(done):
                 print(f"{repo}: cached in {where}")
                 continue
-            snapshot_download(repo, local_dir=where, token=os.environ.get("HF_TOKEN") or None)
+            # the checkpoint the builder reads, not a repository's other copies (Meta's original/*.pth: as large again)
+            snapshot_download(repo, local_dir=where, token=os.environ.get("HF_TOKEN") or None, ignore_patterns=["original/*", "*.pth"])
             open(done, "w").close()
     env:
       - {name: TARGET, value: {{ $m.huggingface.target | quote }}}
