@@ -962,3 +962,39 @@ def test_the_hugging_face_fetch_takes_the_checkpoint_not_the_repositorys_other_c
     for _ in range(2):
         exec(fetch["args"][0], {})
     assert calls == ["org/t", "org/d"]
+
+
+def test_trees_an_engine_refuses_are_refused_at_render_time_as_the_builder_refuses_them(chart):
+    """TensorRT-LLM's dynamic-tree bounds and SGLang's dynamic trees only (and model-free drafts' budgets), checked by
+    the chart before any Job runs, on the same grid as the builder's own checks."""
+    from specdec_kit.export.inputs import BuildError
+    from specdec_kit.export.servers.common import engine_form
+    from specdec_kit.export.trtllm_pytorch import speculative_config
+    from specdec_kit.runtime.core.trees import DynamicTreeConfig
+
+    form = engine_form("eagle3", "tensorrt-llm")
+    for total, depth, top_k in ((60, 5, 10), (80, 5, 10), (4, 5, 10), (7, 5, 1), (8, 5, 1), (13, 5, 2)):
+        values = {**SGLANG_BUILD, "backend": "tensorrt-llm", "engine": {"source": "build", "draft": "eagle3"}}
+        values["engine"].update(totalTokens=total, depth=depth, topK=top_k)
+        try:
+            speculative_config(DynamicTreeConfig(total, depth, top_k), [1], form)
+            builder = None
+        except (BuildError, ValueError) as exc:  # the tree's own bounds, then TensorRT-LLM's
+            builder = str(exc)
+        try:
+            chart.render(values)
+            rendered = None
+        except HelmRefused as exc:
+            rendered = str(exc)
+        assert (builder is None) == (rendered is None), (total, depth, top_k, builder, rendered)
+        if builder:  # the same reason
+            reason = (
+                "candidates that depth" if "candidates" in builder else "max_draft_len (6) <= max_total_draft_tokens"
+            )
+            assert reason in builder and reason in rendered, (builder, rendered)
+    static = {"engine": {"source": "build", "tree": "static:mc_sim_7b_63"}}
+    with pytest.raises(HelmRefused, match="SGLang drafts dynamic trees only"):
+        chart.render({**SGLANG_BUILD, **static})
+    with pytest.raises(HelmRefused, match="draft ngram drafts dynamic trees only"):
+        chart.render({**SGLANG_BUILD, "backend": "vllm", "engine": {**static["engine"], "draft": "ngram"}})
+    assert chart.render({**SGLANG_BUILD, "backend": "vllm", **static})  # a head on vLLM: its tree's longest path

@@ -125,6 +125,23 @@ maxUnavailable: {{ ternary (ternary 1 0 $gpu) $r.maxUnavailable (kindIs "invalid
 {{- end -}}
 {{- if and (eq $v.engine.source "prebuilt") $v.engine.cache.existingClaim (not (hasPrefix "/engine-cache/" $v.engine.path)) -}}{{- include "specdec.refuse" (printf "engine.path %s: a prebuilt engine on engine.cache.existingClaim is mounted at /engine-cache; give its path there (/engine-cache/...)" $v.engine.path) -}}{{- end -}}
 {{- if and $v.autoscaling.enabled (eq $v.autoscaling.mode "keda") (not $v.monitoring.serviceMonitor.enabled) (not $v.monitoring.podMonitor.enabled) -}}{{- include "specdec.refuse" "autoscaling.mode=keda queries Prometheus for the queue metric of this release's servers, which Prometheus has only when this chart's ServiceMonitor or PodMonitor scrapes them: set monitoring.serviceMonitor.enabled=true or monitoring.podMonitor.enabled=true, or KEDA would read nothing and scale on 0" -}}{{- end -}}
+{{- /* Trees the engines refuse, as the builder refuses them (export/servers/sglang.py, export/trtllm_pytorch.py). */ -}}
+{{- $e := $v.engine -}}
+{{- if and (ne $e.tree "dynamic") (or (eq $v.backend "sglang") (not (eq (include "specdec.hasHead" .) "true"))) -}}
+{{- include "specdec.refuse" (printf "engine.tree %s: %s drafts dynamic trees only (steps / top-k / draft tokens); use engine.tree: dynamic" $e.tree (ternary "SGLang" (printf "draft %s" $e.draft) (eq $v.backend "sglang"))) -}}
+{{- end -}}
+{{- if eq $e.tree "dynamic" -}}
+{{- $candidates := add (int $e.topK) (mul (int $e.depth) (int $e.topK) (int $e.topK)) -}}
+{{- if gt (sub (int $e.totalTokens) 1) $candidates -}}
+{{- include "specdec.refuse" (printf "engine.totalTokens=%d exceeds the %d candidates that depth=%d, topK=%d produce (+1 root)" (int $e.totalTokens) $candidates (int $e.depth) (int $e.topK)) -}}
+{{- end -}}
+{{- end -}}
+{{- if and (eq $v.backend "tensorrt-llm") (eq $e.tree "dynamic") -}}
+{{- $levels := add (int $e.depth) 1 -}}{{- $total := sub (int $e.totalTokens) 1 -}}
+{{- if or (lt $total $levels) (gt $total (mul (int $e.topK) $levels)) -}}
+{{- include "specdec.refuse" (printf "engine tree dynamic:%d:%d:%d: TensorRT-LLM needs max_draft_len (%d) <= max_total_draft_tokens (%d) <= dynamic_tree_max_topK * max_draft_len (%d); choose engine.totalTokens within that" (int $e.totalTokens) (int $e.depth) (int $e.topK) $levels $total (mul (int $e.topK) $levels)) -}}
+{{- end -}}
+{{- end -}}
 {{- $rollout := include "specdec.rollout" . | fromYaml -}}
 {{- if and (eq (toString $rollout.maxSurge) "0") (eq (toString $rollout.maxUnavailable) "0") -}}{{- include "specdec.refuse" "rollout: maxSurge and maxUnavailable are both 0, so an update could never replace a replica; allow a surge (GPUs to spare) or an unavailable replica" -}}{{- end -}}
 {{- if gt (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas) -}}{{- include "specdec.refuse" (printf "autoscaling: minReplicas %d exceeds maxReplicas %d" (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas)) -}}{{- end -}}
