@@ -78,9 +78,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--dtype",
         default="auto",
-        choices=["auto", *sorted(DTYPE_NAMES)],
-        help="auto: float32 for CPU engines, float16 for GPU engines; server exports keep a float16/bfloat16 "
-        "checkpoint's precision (else float16; vLLM float32 built on a CPU)",
+        choices=["auto", "checkpoint", *sorted(DTYPE_NAMES)],
+        help="auto: float32 for CPU engines (vLLM's CPU build too), float16 for GPU engines, SGLang and TensorRT-LLM "
+        "keep a float16/bfloat16 checkpoint's precision; checkpoint: that precision (else float16) whatever the build "
+        "device, for a GPU engine built on a CPU machine",
     )
     p.add_argument("--device", default="auto", help="where to load and check the model while building (cpu, cuda)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (tensorrt-llm, sglang, vllm)")
@@ -116,14 +117,13 @@ def checkpoint_dtype(target: Path | None) -> str | None:
 
 
 def resolve_dtype_name(backend: str, dtype: str, device, target: Path | None = None) -> str:
-    """Each backend's sensible precision, and the combinations that cannot work, refused by name. A server engine
-    (SGLang, vLLM, TensorRT-LLM) keeps a half-precision checkpoint's own precision wherever it is built (a build Job
-    runs on a CPU node, the engine on GPUs)."""
+    """Each backend's sensible precision, and the combinations that cannot work, refused by name. ``checkpoint``: a
+    half-precision checkpoint's own precision, else float16, wherever the engine is built (a GPU engine built on a CPU
+    node, as the chart's build Job does); ``auto`` does the same for SGLang and TensorRT-LLM, which serve on GPUs
+    only, and for vLLM picks by the build device (vLLM's CPU build serves float32)."""
+    if dtype == "auto" and backend in ("tensorrt-llm", "sglang"):
+        return checkpoint_dtype(target) or "float16"
     if dtype == "auto":
-        if backend in ("tensorrt-llm", "sglang", "vllm") and checkpoint_dtype(target):
-            return checkpoint_dtype(target)
-        if backend in ("tensorrt-llm", "sglang"):
-            return "float16"
         if backend == "vllm":
             return "bfloat16" if device.type == "cuda" else "float32"
         return (
@@ -133,7 +133,7 @@ def resolve_dtype_name(backend: str, dtype: str, device, target: Path | None = N
         )
     from specdec_kit.export.inputs import BuildError
 
-    name = DTYPE_NAMES[dtype]
+    name = (checkpoint_dtype(target) or "float16") if dtype == "checkpoint" else DTYPE_NAMES[dtype]
     if backend == "onnxruntime" and name not in ("float32", "float16"):
         raise BuildError(f"--dtype {dtype}: ONNX Runtime engines are float32 or float16")
     if backend == "onnxruntime" and name == "float16" and device.type != "cuda":

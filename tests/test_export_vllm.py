@@ -152,8 +152,8 @@ def test_serving_a_vllm_engine_without_vllm_says_so(demo_checkpoints, tmp_path, 
 
 @pytest.mark.parametrize("backend", ["vllm", "sglang", "tensorrt-llm"])
 def test_server_exports_keep_a_half_precision_checkpoints_dtype_wherever_built(backend, tmp_path):
-    """`--dtype auto` on a CPU build node (the chart's build Job): a bfloat16 checkpoint stays bfloat16 (float32
-    would double a 70B target's memory and never serve on the GPUs); a float32 checkpoint gets the backend's own."""
+    """`--dtype checkpoint` on a CPU build node (the chart's build Job for GPU serving): a bfloat16 checkpoint stays
+    bfloat16 (float32 would double a 70B target's memory and never serve on the GPUs), a float32 one gets float16."""
     from specdec_kit.export.cli import resolve_dtype_name
 
     cpu = torch.device("cpu")
@@ -161,6 +161,10 @@ def test_server_exports_keep_a_half_precision_checkpoints_dtype_wherever_built(b
     for folder, saved in ((half, "bfloat16"), (full, "float32")):
         folder.mkdir()
         (folder / "config.json").write_text(json.dumps({"torch_dtype": saved}))
-    assert resolve_dtype_name(backend, "auto", cpu, half) == "bfloat16"
-    assert resolve_dtype_name(backend, "auto", cpu, full) == ("float32" if backend == "vllm" else "float16")
+    assert resolve_dtype_name(backend, "checkpoint", cpu, half) == "bfloat16"
+    assert resolve_dtype_name(backend, "checkpoint", cpu, full) == "float16"
+    # auto: SGLang and TensorRT-LLM serve on GPUs only; a vLLM engine built on a CPU is for vLLM's CPU build
+    assert resolve_dtype_name(backend, "auto", cpu, half) == ("float32" if backend == "vllm" else "bfloat16")
     assert resolve_dtype_name("onnxruntime", "auto", cpu, half) == "float32"  # a CPU engine computes in float32
+    with pytest.raises(BuildError, match="ONNX Runtime engines are float32 or float16"):
+        resolve_dtype_name("onnxruntime", "checkpoint", cpu, half)

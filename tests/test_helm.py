@@ -998,3 +998,93 @@ def test_trees_an_engine_refuses_are_refused_at_render_time_as_the_builder_refus
     with pytest.raises(HelmRefused, match="draft ngram drafts dynamic trees only"):
         chart.render({**SGLANG_BUILD, "backend": "vllm", "engine": {**static["engine"], "draft": "ngram"}})
     assert chart.render({**SGLANG_BUILD, "backend": "vllm", **static})  # a head on vLLM: its tree's longest path
+
+
+def dashboard_series(chart: HelmChart, values: dict) -> dict[str, set[str]]:
+    """Per panel of the rendered Grafana dashboard, the series its queries read."""
+    docs = chart.render({**values, "monitoring": {"dashboard": {"enabled": True}}})
+    dashboard = json.loads(next(d for d in docs if d["kind"] == "ConfigMap")["data"]["specdec.json"])
+    return {
+        p["title"]: {m for t in p["targets"] for m in re.findall(r"[a-z_]+:[a-z_]+|trtllm_[a-z_]+", t["expr"])}
+        for p in dashboard["panels"]
+    }
+
+
+def test_the_dashboard_reads_each_backends_own_metrics(chart, vllm_python):
+    """vLLM's and SGLang's dashboards read series those engines define (their names found in the installed engines'
+    metric code, less the _total / _bucket a counter or histogram adds); TensorRT-LLM's read only trtllm_ series;
+    each keeps its latency, throughput, acceptance and queue panels."""
+    from conftest import sglang_python
+
+    sources = {}
+    for backend, python, package in (("vllm", vllm_python, "vllm"), ("sglang", sglang_python(), "sglang")):
+        where = subprocess.run(
+            [python, "-c", f"import {package}, os; print(os.path.dirname({package}.__file__))"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        metric_code = [p for p in Path(where).rglob("*.py") if "metric" in str(p.relative_to(where))]
+        sources[backend] = "\n".join(p.read_text(errors="ignore") for p in metric_code)
+    for backend in ("vllm", "sglang", "tensorrt-llm"):
+        panels = dashboard_series(chart, {**SGLANG_BUILD, "backend": backend})
+        assert {"Time to first token", "Throughput", "Acceptance length", "Requests running / waiting"} <= set(panels)
+        series = set().union(*panels.values())
+        assert not any(s.startswith("specdec:") for s in series), series
+        for s in series:
+            base = re.sub(r"_(total|bucket)$", "", s)
+            if backend == "tensorrt-llm":
+                assert s.startswith("trtllm_"), s
+            else:
+                named = f'"{base}"' in sources[backend] or f'"{s}"' in sources[backend]  # a counter's _total, or not
+                assert named, f"{backend}: {s} is not among the engine's metrics"
+    assert all(s.startswith("specdec:") for s in set().union(*dashboard_series(chart, {}).values()))
+
+
+def test_priority_env_from_volumes_and_placement_of_router_and_picker(chart):
+    """priorityClassName on the serving pods (leaders and workers too), the router and the endpoint picker; the
+    server's envFrom and extra volumes; the router's and picker's own nodeSelector, tolerations and affinity."""
+    tolerate = [{"key": "cpu-only", "operator": "Exists", "effect": "NoSchedule"}]
+    values = {
+        **SGLANG_BUILD,
+        "priorityClassName": "llm-serving",
+        "server": {"envFrom": [{"secretRef": {"name": "server-env"}}]},
+        "extraVolumes": [{"name": "ca", "configMap": {"name": "ca-bundle"}}],
+        "extraVolumeMounts": [{"name": "ca", "mountPath": "/etc/ssl/custom", "readOnly": True}],
+        "router": {"enabled": True, "nodeSelector": {"pool": "cpu"}, "tolerations": tolerate},
+    }
+    for layout in ({}, {"parallelism": {"tensor": 16}}):
+        docs = chart.render({**values, **layout})
+        for _, spec in pods_of(docs):
+            assert spec["priorityClassName"] == "llm-serving"
+            assert {"name": "ca", "configMap": {"name": "ca-bundle"}} in spec["volumes"]
+            assert {"name": "ca", "mountPath": "/etc/ssl/custom", "readOnly": True} in server(spec)["volumeMounts"]
+            assert server(spec)["envFrom"] == [{"secretRef": {"name": "server-env"}}]
+        router = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "specdec-router")
+        spec = router["spec"]["template"]["spec"]
+        assert spec["priorityClassName"] == "llm-serving" and spec["nodeSelector"] == {"pool": "cpu"}
+        assert spec["tolerations"] == tolerate
+    pool = {"inferencePool": {"enabled": True, "endpointPicker": {"affinity": {"podAntiAffinity": {}}}}}
+    picker = next(
+        d
+        for d in chart.render({**pool, "priorityClassName": "p"})
+        if d["metadata"]["name"] == "specdec-epp" and d["kind"] == "Deployment"
+    )
+    assert picker["spec"]["template"]["spec"]["priorityClassName"] == "p"
+    assert picker["spec"]["template"]["spec"]["affinity"] == {"podAntiAffinity": {}}
+
+
+def test_a_gpu_engine_built_on_a_cpu_node_keeps_the_checkpoints_precision(chart):
+    """engine.dtype auto: the GPU backends' build Job asks the builder for the checkpoint's precision (the Job runs on
+    a CPU node, where the builder's own auto would pick float32 for vLLM); the CPU backend keeps auto."""
+
+    def dtype(values: dict) -> str:
+        args = next(c for c in build_job(chart.render(values))["spec"]["template"]["spec"]["containers"])["args"]
+        return next(a for a in args if a.startswith("--dtype="))
+
+    for backend in ("sglang", "vllm", "tensorrt-llm"):
+        assert dtype({**SGLANG_BUILD, "backend": backend}) == "--dtype=checkpoint"
+        assert dtype({**SGLANG_BUILD, "backend": backend, "engine": {"source": "build", "dtype": "float16"}}) == (
+            "--dtype=float16"
+        )
+    assert dtype({"engine": {"source": "build"}, "model": {"pvc": {"claimName": "m"}}}) == "--dtype=auto"

@@ -47,6 +47,48 @@ maxSurge: {{ ternary (ternary 0 1 $gpu) $r.maxSurge (kindIs "invalid" $r.maxSurg
 maxUnavailable: {{ ternary (ternary 1 0 $gpu) $r.maxUnavailable (kindIs "invalid" $r.maxUnavailable) }}
 {{- end -}}
 
+{{/* The Grafana dashboard in the backend's own metrics: each query's series renamed (files/dashboard-metrics.yaml),
+     a query reading a series the engine does not have left out, and a panel left with no query dropped. */}}
+{{- define "specdec.dashboard" -}}
+{{- $dashboard := .Files.Get "files/dashboard.json" | fromJson -}}
+{{- $names := index (.Files.Get "files/dashboard-metrics.yaml" | fromYaml) .Values.backend | default dict -}}
+{{- $panels := list -}}
+{{- range $dashboard.panels -}}
+{{- $targets := list -}}
+{{- range .targets -}}
+{{- $expr := .expr -}}
+{{- $kept := true -}}
+{{- range regexFindAll "specdec:[a-z_]+" .expr -1 -}}
+{{- if hasKey $names . -}}
+{{- $name := index $names . -}}
+{{- if $name -}}{{- $expr = replace . $name $expr -}}{{- else -}}{{- $kept = false -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if $kept -}}{{- $targets = append $targets (set (deepCopy .) "expr" $expr) -}}{{- end -}}
+{{- end -}}
+{{- if $targets -}}{{- $panels = append $panels (set (deepCopy .) "targets" $targets) -}}{{- end -}}
+{{- end -}}
+{{- toPrettyJson (set $dashboard "panels" $panels) -}}
+{{- end -}}
+
+{{/* A component's placement (the router's, the endpoint picker's): its nodeSelector, tolerations and affinity, and
+     the release's priorityClassName. */}}
+{{- define "specdec.placement" -}}
+{{- $c := .component -}}
+{{- with .root.Values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with $c.nodeSelector }}
+nodeSelector: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $c.tolerations }}
+tolerations: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $c.affinity }}
+affinity: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
 {{- define "specdec.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}{{ default (include "specdec.fullname" .) .Values.serviceAccount.name }}{{- else -}}{{ default "default" .Values.serviceAccount.name }}{{- end -}}
 {{- end -}}

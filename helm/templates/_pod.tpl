@@ -14,6 +14,9 @@ Call with (dict "root" $ "role" "single|leader|worker").
 {{- $build := eq $v.engine.source "build" -}}
 serviceAccountName: {{ include "specdec.serviceAccountName" $ }}
 terminationGracePeriodSeconds: {{ $v.terminationGracePeriodSeconds }}
+{{- with $v.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
 {{- with $v.imagePullSecrets }}
 imagePullSecrets: {{- toYaml . | nindent 2 }}
 {{- end }}
@@ -95,6 +98,9 @@ containers:
       {{- toYaml . | nindent 6 }}
       {{- end }}
       {{- end }}
+    {{- with $v.server.envFrom }}
+    envFrom: {{- toYaml . | nindent 6 }}
+    {{- end }}
     ports:
       - {name: http, containerPort: {{ $v.server.port }}, protocol: TCP}
     {{- if ne $role "worker" }}
@@ -140,6 +146,9 @@ containers:
       {{- if gt (int (include "specdec.gpusPerReplica" $)) 1 }}
       - {name: shm, mountPath: /dev/shm}
       {{- end }}
+      {{- with $v.extraVolumeMounts }}
+      {{- toYaml . | nindent 6 }}
+      {{- end }}
 volumes:
   - name: tmp
     emptyDir: {}
@@ -150,6 +159,9 @@ volumes:
   {{- if gt (int (include "specdec.gpusPerReplica" $)) 1 }}
   - name: shm
     emptyDir: {medium: Memory, sizeLimit: {{ $v.shm.sizeLimit }}}
+  {{- end }}
+  {{- with $v.extraVolumes }}
+  {{- toYaml . | nindent 2 }}
   {{- end }}
 {{- end -}}
 
@@ -289,7 +301,8 @@ containers:
       - --depth={{ $v.engine.depth }}
       - --top-k={{ $v.engine.topK }}
       {{- end }}
-      - --dtype={{ $v.engine.dtype }}
+      {{- /* auto on a GPU backend: the checkpoint's precision, not what suits the CPU node the Job runs on */}}
+      - --dtype={{ ternary "checkpoint" $v.engine.dtype (and (eq $v.engine.dtype "auto") (ne $v.backend "embedded")) }}
       - --output={{ $engine }}
       {{- range $v.engine.buildArgs }}
       - {{ . | quote }}
