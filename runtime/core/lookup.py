@@ -36,6 +36,17 @@ class Proposal:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def subset(self, keep: list[int]) -> "Proposal":
+        """The nodes ``keep`` (ascending indices holding every kept node's parent), renumbered."""
+        index = {old: new for new, old in enumerate(keep)}
+        return Proposal(
+            [self.tokens[i] for i in keep],
+            [index[self.parents[i]] if self.parents[i] >= 0 else -1 for i in keep],
+            [self.scores[i] for i in keep],
+            self.match,
+            self.last_accepted,
+        )
+
     @property
     def expected_tokens(self) -> float:
         """The tokens a verification is expected to accept from it: the sum of its nodes' path probabilities."""
@@ -331,16 +342,7 @@ def matches_to_try(found: list[tuple[int, _Node]]) -> list[tuple[int, _Node]]:
 def above(proposal: Proposal, least: float) -> Proposal:
     """The nodes whose path probability reaches ``least`` (a prefix-closed set: scores fall along paths)."""
     keep = [i for i, score in enumerate(proposal.scores) if score >= least]
-    if len(keep) == len(proposal):
-        return proposal
-    index = {old: new for new, old in enumerate(keep)}
-    return Proposal(
-        [proposal.tokens[i] for i in keep],
-        [index[proposal.parents[i]] if proposal.parents[i] >= 0 else -1 for i in keep],
-        [proposal.scores[i] for i in keep],
-        proposal.match,
-        proposal.last_accepted,
-    )
+    return proposal if len(keep) == len(proposal) else proposal.subset(keep)
 
 
 def settings_from(kind: type, config: dict, where: str = "lookup settings"):

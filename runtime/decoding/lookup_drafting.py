@@ -244,13 +244,7 @@ def merged(head: Proposal, lookup: Proposal, nodes: int, rule: str = "probabilit
     if len(out) <= nodes:
         return out
     # best first; a tie goes to the node added first (a parent before its child)
-    keep = sorted(sorted(range(len(out)), key=lambda i: (-out.scores[i], i))[:nodes])
-    renumber = {old: new for new, old in enumerate(keep)}
-    return Proposal(
-        [out.tokens[i] for i in keep],
-        [renumber[out.parents[i]] if out.parents[i] >= 0 else -1 for i in keep],
-        [out.scores[i] for i in keep],
-    )
+    return out.subset(sorted(sorted(range(len(out)), key=lambda i: (-out.scores[i], i))[:nodes]))
 
 
 def verified_part(proposal: Proposal, tree: Proposal) -> Proposal:
@@ -262,14 +256,7 @@ def verified_part(proposal: Proposal, tree: Proposal) -> Proposal:
         if node is not None:
             at[i] = node
             keep.append(i)
-    renumber = {old: new for new, old in enumerate(keep)}
-    return Proposal(
-        [proposal.tokens[i] for i in keep],
-        [renumber[proposal.parents[i]] if proposal.parents[i] >= 0 else -1 for i in keep],
-        [proposal.scores[i] for i in keep],
-        proposal.match,
-        proposal.last_accepted,
-    )
+    return proposal.subset(keep)
 
 
 def head_proposals(tree: DraftTree) -> list[Proposal]:
