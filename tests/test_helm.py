@@ -623,6 +623,40 @@ def test_inference_pool_and_its_endpoint_picker(chart, demo_engine):
     assert 0.0 <= usage <= 1.0
 
 
+def test_endpoint_picker_replicas_elect_a_leader(chart):
+    """Several pickers elect one leader: the flag, the lease rights, probes the picker answers per role (readiness on the
+    leader alone, so the Service reaches only it), a disruption budget; one picker runs without any of it. The pool
+    fails open by default (serving goes on while no picker answers)."""
+
+    def picker_docs(replicas: int) -> tuple[dict, dict, list[dict]]:
+        docs = chart.render({"inferencePool": {"enabled": True, "endpointPicker": {"replicas": replicas}}})
+        picker = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "specdec-epp")
+        role = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "specdec-epp")
+        budgets = [d for d in docs if d["kind"] == "PodDisruptionBudget" and d["metadata"]["name"] == "specdec-epp"]
+        pool = next(d for d in docs if d["kind"] == "InferencePool")
+        assert pool["spec"]["endpointPickerRef"]["failureMode"] == "FailOpen"
+        return picker, role, budgets
+
+    picker, role, budgets = picker_docs(2)
+    container = picker["spec"]["template"]["spec"]["containers"][0]
+    assert picker["spec"]["replicas"] == 2 and "--ha-enable-leader-election" in container["args"]
+    assert (container["livenessProbe"]["grpc"]["service"], container["readinessProbe"]["grpc"]["service"]) == (
+        "liveness",
+        "readiness",
+    )
+    leases = [r for r in role["rules"] if r["apiGroups"] == ["coordination.k8s.io"]]
+    assert leases and {"get", "create", "update"} <= set(leases[0]["verbs"])
+    [budget] = budgets
+    assert budget["spec"]["selector"]["matchLabels"].items() <= picker["spec"]["template"]["metadata"]["labels"].items()
+    assert budget["spec"]["minAvailable"] == 1
+
+    picker, role, budgets = picker_docs(1)
+    container = picker["spec"]["template"]["spec"]["containers"][0]
+    assert "--ha-enable-leader-election" not in container["args"] and not budgets
+    assert container["readinessProbe"]["grpc"]["service"] == "inference-extension"
+    assert not [r for r in role["rules"] if r["apiGroups"] == ["coordination.k8s.io"]]
+
+
 def test_helm_tests_speculation_check_passes_a_speculating_server_and_fails_one_without(chart, demo_engine):
     """The `helm test` pod that checks speculation, run as is against the kit's real server (its URL swapped in)."""
     from server_helpers import Server
