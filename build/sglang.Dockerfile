@@ -1,7 +1,11 @@
 # SGLang backend: SGLang's release image with the kit and its GRIFFIN model plugin installed.
-# v0.5.19-cu129 is SGLang's last CUDA 12 tag (A100 nodes with CUDA 12 drivers). Build from the repo root:
+# v0.5.23 is the SGLang the kit's launch commands and refusals are checked against (its images ship CUDA 13: the
+# nodes need a CUDA 13 driver, R580 or later). Nodes with a CUDA 12 driver need SGLang's last CUDA 12 image instead,
+#   build/build.sh sglang --build-arg SGLANG_IMAGE=lmsysorg/sglang:v0.5.19-cu129
+# whose argument code the kit has not been checked against: the engine's launcher says so at start-up.
+# Build from the repo root:
 #   docker build -f build/sglang.Dockerfile -t specdec:0.1.0-sglang .
-ARG SGLANG_IMAGE=lmsysorg/sglang:v0.5.19-cu129
+ARG SGLANG_IMAGE=lmsysorg/sglang:v0.5.23
 FROM ${SGLANG_IMAGE}
 ARG VERSION=0.1.0
 LABEL org.opencontainers.image.title="specdec (SGLang)" \

@@ -57,14 +57,14 @@ def install_torchvision_standin() -> None:
     root.transforms, transforms.functional = transforms, functional
 
 
-def launcher_prepare(cwd: str):
-    """The engine's own launcher's argument preparation (``sglang/launch.py``: the API key from the environment)."""
+def engine_launcher(cwd: str):
+    """The engine's own launcher (``sglang/launch.py``: the API key from the environment, the version check)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("specdec_sglang_launch", os.path.join(cwd, "sglang", "launch.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.prepare
+    return module
 
 
 def check(argv: list[str], env: dict[str, str], cwd: str) -> dict:
@@ -74,15 +74,16 @@ def check(argv: list[str], env: dict[str, str], cwd: str) -> dict:
     os.environ.update(env)
     os.chdir(cwd)
     try:
-        prepare = launcher_prepare(cwd)
+        launcher = engine_launcher(cwd)
+        from sglang.version import __version__
         if "--device" not in argv:
             argv = [*argv, "--device", "cuda"]
         key = env.get("SPECDEC_API_KEY")
         with contextlib.redirect_stdout(io.StringIO()):
-            args = prepare(argv)
+            args = launcher.prepare(argv)
             args.resolve_once()
             args.check_server_args()
-        verdict = {"ok": True}
+        verdict = {"ok": True, "version_note": launcher.version_note(__version__)}
         if key:
             reports = [repr(args), json.dumps(args.resolved_dict(), default=str), str(args.launch_command)]
             verdict.update(

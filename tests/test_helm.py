@@ -28,6 +28,7 @@ EXAMPLES = sorted((CHART / "ci").glob("values-*.yaml"))
 GOLDEN = Path(__file__).resolve().parent / "golden" / "helm"
 CRD_SCHEMAS = {p.stem: json.loads(p.read_text()) for p in (Path(__file__).resolve().parent / "schemas").glob("*.json")}
 K8S_VERSION = "1.33.0"
+SGLANG_CHECKED = "0.5.23"  # the SGLang the tier installs and the image is built on
 SGLANG_BUILD = {"backend": "sglang", "engine": {"source": "build"}, "model": {"pvc": {"claimName": "m"}}}
 
 
@@ -892,10 +893,27 @@ def test_dockerfiles_are_hadolint_clean_and_pinned():
         text = dockerfile.read_text()
         assert "USER 10001" in text and "org.opencontainers.image.version" in text
         assert ":latest" not in text
-    assert "lmsysorg/sglang:v0.5.19-cu129" in (REPO / "build" / "sglang.Dockerfile").read_text()
+    sglang_base = re.search(r"^ARG SGLANG_IMAGE=(\S+)$", (REPO / "build" / "sglang.Dockerfile").read_text(), re.M)
+    assert sglang_base and sglang_base.group(1) == f"lmsysorg/sglang:v{SGLANG_CHECKED}"
     assert "tensorrt-llm/release:1.3.0rc24" in (REPO / "build" / "tensorrt-llm.Dockerfile").read_text()
     assert "vllm/vllm-openai:v0.32.0" in (REPO / "build" / "vllm.Dockerfile").read_text()
     assert "torch==2.13.0" in (REPO / "build" / "cpu.Dockerfile").read_text()
+
+
+def test_one_sglang_version_across_image_launcher_and_tier():
+    """The SGLang image's base, the version the engine's launcher checks for and the SGLang tier's pin agree (the
+    tier's checks stand for what the image runs); another version gets the launcher's warning."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sglang_launch", REPO / "export" / "plugins" / "sglang" / "launch.py")
+    launch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(launch)
+    assert launch.CHECKED_VERSION == SGLANG_CHECKED
+    pin = re.search(r"SGLANG_SPEC:-sglang==([\w.]+)", (REPO / "scripts" / "setup_sglang.sh").read_text())
+    assert pin and pin.group(1) == SGLANG_CHECKED
+    assert launch.version_note(SGLANG_CHECKED) is None
+    note = launch.version_note("0.5.19")
+    assert note and "0.5.19" in note and SGLANG_CHECKED in note
 
 
 def test_build_script_refuses_without_a_docker_engine(tmp_path):

@@ -108,6 +108,7 @@ def test_every_command_the_builder_writes_passes_sglangs_checks_with_the_key_kep
     refused = [f"{label}: {v['error']}" for label, v in zip(labels, verdicts) if not v["ok"]]
     assert refused == [], "\n".join(refused)
     for label, verdict in zip(labels, verdicts):
+        assert verdict["version_note"] is None, f"{label}: {verdict['version_note']}"
         assert verdict["key_in_effect"], f"{label}: SGLang did not get the API key"
         assert not verdict["key_shown"], f"{label}: SGLang reports the API key"
         assert not verdict["key_inherited"], f"{label}: the key stays in the environment SGLang's children inherit"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 
+CHECKED_VERSION = "0.5.23"  # the SGLang whose argument code checked the kit's commands and refusals
 KEY_VARIABLE = "SPECDEC_API_KEY"
 SECRET_FIELDS = ("api_key", "admin_api_key")
 REDACTED = "<redacted>"
@@ -54,6 +55,17 @@ def redacted_command(argv: list[str]) -> list[str]:
     return out
 
 
+def version_note(installed: str) -> str | None:
+    """A warning when the SGLang that will run is not the one the kit's commands were checked against (an image
+    built on another base): its arguments may mean something else or be refused; None when they agree."""
+    if installed == CHECKED_VERSION:
+        return None
+    return (
+        f"specdec: this is SGLang {installed}; the engine's launch command and the kit's refusals were checked "
+        f"against SGLang {CHECKED_VERSION}: arguments it renamed or checks it added show up here first"
+    )
+
+
 def prepare(argv: list[str]):
     """SGLang's server arguments for ``argv``, the key from the environment added (never to the process's command
     line) and redacted from what SGLang reports."""
@@ -77,7 +89,12 @@ def main() -> None:
     from sglang.srt.plugins import load_plugins
     from sglang.srt.utils import kill_process_tree
 
+    from sglang.version import __version__
+
     load_plugins()
+    note = version_note(__version__)
+    if note:
+        print(note, file=sys.stderr, flush=True)
     args = prepare(sys.argv[1:])
     try:
         run_server(args)
