@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from specdec_kit import __version__
+from specdec_kit.export.engine_cache import engine_files
 from specdec_kit.export.engine_rules import check_engine_rules
 from specdec_kit.export.inputs import BuildError, BuildInputs
 from specdec_kit.export.trtllm_pytorch import check_legacy_release
@@ -111,6 +112,20 @@ def check_output(output: Path) -> None:
         raise BuildError(f"--output {output}: is a file, expected an engine directory (a new or an existing one)")
 
 
+def check_target_store(inputs: BuildInputs) -> None:
+    """A shared target store is for engines that carry the target checkpoint, and must be a directory."""
+    store = inputs.target_store
+    if store is None:
+        return
+    if inputs.backend in ("onnxruntime", "torch"):
+        raise BuildError(
+            f"--target-store {store}: {inputs.backend} engines hold the target in their own form; only server "
+            "engines (vllm, sglang, tensorrt-llm) carry the target checkpoint a store shares"
+        )
+    if store.exists() and not store.is_dir():
+        raise BuildError(f"--target-store {store}: is a file, expected a directory (new or existing)")
+
+
 def _existing(output: Path, digest: str) -> dict | None:
     """The manifest at ``output`` if it is a valid engine built from these exact inputs, else None."""
     if not (output / MANIFEST_NAME).is_file():
@@ -172,6 +187,7 @@ def build_engine(
     check_legacy_release(inputs.trtllm_legacy_engine, inputs.draft, inputs.backend)
     check_engine_rules(inputs.backend, inputs.draft_spec, inputs.pp, inputs.trtllm_legacy_engine)
     check_output(output)
+    check_target_store(inputs)
     with output_lock(output, step):
         return _build_locked(inputs, output, digest, force, device, step, start, replace_other)
 
@@ -261,7 +277,7 @@ def _build_locked(
 
             extra = build_server_export(staging, inputs, target, module, tree, step, lookup_settings)
         step("writing manifest.json")
-        files = [p for p in staging.rglob("*") if p.is_file()]
+        files = engine_files(staging)
         manifest = {
             "schema_version": SCHEMA_VERSION,
             "kit_version": __version__,
@@ -273,6 +289,7 @@ def _build_locked(
                 "target": str(inputs.target),
                 "draft": str(inputs.draft_path),
                 **({"lookup_settings": str(inputs.lookup_path)} if inputs.lookup_path else {}),
+                **({"target_store": str(inputs.target_store)} if inputs.target_store else {}),
                 "tokenizer": str(inputs.tokenizer),
                 "demo_zoo": inputs.demo,
                 "options": inputs.options(),

@@ -103,6 +103,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--output", type=Path, help="engine directory (default engines/<draft>-<backend>)")
     p.add_argument("--force", action="store_true", help="rebuild even if the output holds an engine from these inputs")
+    p.add_argument(
+        "--target-store",
+        type=Path,
+        help="vllm, sglang, tensorrt-llm: write the target checkpoint once into this directory, shared by every "
+        "engine built from the same target, tokenizer and dtype (the engine's target/ links to it; the chart "
+        "uses <engine cache>/targets); without it each engine holds its own copy",
+    )
     return p.parse_args(argv)
 
 
@@ -267,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
             draft_tree=args.draft_tree,
             lookup=lookup,
             lookup_path=args.lookup_settings,
+            target_store=args.target_store,
         )
         output = args.output or Path("engines") / f"{f'{args.target}-' if named else ''}{args.draft}-{args.backend}"
         result = build_engine(inputs, output, force=args.force, device=device, step=step)

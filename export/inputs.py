@@ -40,6 +40,7 @@ class BuildInputs:
     draft_tree: bool = True  # onnxruntime: the draft's whole cycle as one graph, where the kind and tree allow it
     lookup: str | None = None  # a hybrid's model-free kind (``--draft griffin+suffix``)
     lookup_path: Path | None = None  # a model-free kind's settings file (alone or in a hybrid); None: its defaults
+    target_store: Path | None = None  # server backends: the target written once there, the engine links to it
     file_hashes: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property

@@ -76,6 +76,7 @@ def check(argv: list[str], env: dict[str, str], cwd: str) -> dict:
     try:
         launcher = engine_launcher(cwd)
         from sglang.version import __version__
+
         if "--device" not in argv:
             argv = [*argv, "--device", "cuda"]
         key = env.get("SPECDEC_API_KEY")

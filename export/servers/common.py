@@ -7,11 +7,12 @@ from __future__ import annotations
 import shlex
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from specdec_kit.export.inputs import BuildError
+from specdec_kit.export.engine_cache import link_shared_target, target_key
+from specdec_kit.export.inputs import BuildError, BuildInputs
 from specdec_kit.export.weight_maps import (
     WeightMap,
     check_coverage,
@@ -103,11 +104,19 @@ def checked_weight_map(module, kind: str, state: dict[str, torch.Tensor], engine
     return weight_map
 
 
-def write_target(staging: Path, target: TargetModel) -> None:
-    """The target as the servers load it: HF checkpoint + tokenizer files in one directory."""
-    target.hf_model.save_pretrained(staging / "target", safe_serialization=True)
-    for file in (staging / "tokenizer").iterdir():
-        shutil.copy2(file, staging / "target" / file.name)
+def write_target(staging: Path, target: TargetModel, inputs: BuildInputs, step: Callable[[str], None]) -> None:
+    """The target as the servers load it: HF checkpoint + tokenizer files in one directory, ``target/``; with
+    ``inputs.target_store``, a link to the store's one copy of it (``export/engine_cache.py``)."""
+
+    def save(where: Path) -> None:
+        target.hf_model.save_pretrained(where, safe_serialization=True)
+        for file in (staging / "tokenizer").iterdir():
+            shutil.copy2(file, where / file.name)
+
+    if inputs.target_store is None:
+        save(staging / "target")
+    else:
+        link_shared_target(staging, inputs.target_store, target_key(inputs.file_hashes, inputs.dtype), save, step)
 
 
 # -- TensorRT-LLM -----------------------------------------------------------------------------

@@ -111,7 +111,7 @@ def build_lookup_export(
             f"--trtllm-legacy-engine: --draft {inputs.draft} runs on the PyTorch backend (drop the option)"
         )
     step(f"writing the target and the {inputs.backend} launch files ({form.method}, no draft weights)")
-    write_target(staging, target)
+    write_target(staging, target, inputs, step)
     if inputs.backend == "vllm":
         return _vllm(staging, inputs, settings, vllm_config(settings, tree), tree)
     if inputs.backend == "sglang":

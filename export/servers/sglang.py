@@ -70,7 +70,7 @@ def build_sglang(staging: Path, inputs: BuildInputs, target: TargetModel, module
             "SGLang drafts EAGLE-style dynamic trees only (steps / top-k / draft tokens); use --tree dynamic"
         )
     step("writing the draft in SGLang's layout")
-    write_target(staging, target)
+    write_target(staging, target, inputs, step)
     state = draft_state(module, target.dtype)
     draft_dir = staging / "sglang" / "draft"
     cfg = draft_kind(kind).family.config_dict(module)

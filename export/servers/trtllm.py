@@ -119,7 +119,7 @@ def build_trtllm(
 ) -> dict[str, Any]:
     """The PyTorch-backend export by default; the legacy engine checkpoint with ``--trtllm-legacy-engine``.
     ``enhancer``: a hybrid's suffix automaton (TensorRT-LLM's ``sa_config``) beside the head."""
-    write_target(staging, target)
+    write_target(staging, target, inputs, step)
     legacy = inputs.trtllm_legacy_engine
     if legacy is None:
         step("writing the draft for TensorRT-LLM's PyTorch backend")

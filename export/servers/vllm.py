@@ -130,7 +130,7 @@ def build_vllm(
     kind = inputs.draft
     form = engine_form(kind, "vllm")
     step("writing the target and the draft for vLLM")
-    write_target(staging, target)
+    write_target(staging, target, inputs, step)
     state = draft_state(module, target.dtype)
     if not form.official_layout:
         checked_weight_map(module, kind, state, "vLLM")

@@ -285,6 +285,10 @@ containers:
         set -o pipefail
         rm -f "$ENGINE.failed"
         specdec-build-engine "$@" 2>&1 | tee /tmp/build.log || { status=$?; tail -n 30 /tmp/build.log >"$ENGINE.failed"; exit "$status"; }
+        {{- if gt (int $v.engine.cache.keepEngines) 0 }}
+        # the engine is in place: this release's older engines (beyond keepEngines) and unlinked targets go
+        specdec-engine-cache prune /engine-cache --release "$RELEASE" --engine "$ENGINE" --keep {{ $v.engine.cache.keepEngines }} || echo "engine cache: pruning failed; the engine is built"
+        {{- end }}
       - specdec-build-engine
     args:
       - --draft={{ $v.engine.draft }}
@@ -304,12 +308,16 @@ containers:
       {{- /* auto on a GPU backend: the checkpoint's precision, not what suits the CPU node the Job runs on */}}
       - --dtype={{ ternary "checkpoint" $v.engine.dtype (and (eq $v.engine.dtype "auto") (ne $v.backend "embedded")) }}
       - --output={{ $engine }}
+      {{- if and $v.engine.cache.shareTargets (ne $v.backend "embedded") }}
+      - --target-store=/engine-cache/targets
+      {{- end }}
       {{- range $v.engine.buildArgs }}
       - {{ . | quote }}
       {{- end }}
     env:
       - {name: HOME, value: /tmp}
       - {name: ENGINE, value: {{ $engine | quote }}}
+      - {name: RELEASE, value: {{ .Release.Name | quote }}}
     securityContext: {{- toYaml $v.securityContext | nindent 6 }}
     resources: {{- toYaml $v.engine.build.resources | nindent 6 }}
     volumeMounts:

@@ -88,7 +88,6 @@ def main() -> None:
     from sglang.launch_server import run_server
     from sglang.srt.plugins import load_plugins
     from sglang.srt.utils import kill_process_tree
-
     from sglang.version import __version__
 
     load_plugins()
