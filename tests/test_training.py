@@ -42,9 +42,12 @@ def data(target):
     return torch.tensor([p + r.tokens for p, r in zip(prompts, gen.generate(prompts, 30))])
 
 
-@pytest.mark.parametrize("method", ["eagle", "hass", "griffin", "medusa"])
-def test_trainer_reduces_loss_and_checkpoint_loads(tmp_path, target, data, method):
-    spec = HeadSpec.defaults(method, steps=40, batch=8, seq_len=32, lr=5e-3, warmup=1)
+@pytest.mark.parametrize(
+    "method,precision",
+    [("eagle", "float32"), ("hass", "float32"), ("griffin", "float32"), ("griffin", "bfloat16"), ("medusa", "float32")],
+)
+def test_trainer_reduces_loss_and_checkpoint_loads(tmp_path, target, data, method, precision):
+    spec = HeadSpec.defaults(method, steps=40, batch=8, seq_len=32, lr=5e-3, warmup=1, precision=precision)
     train_head(target, data, spec, tmp_path, progress=False)
     history = torch.load(tmp_path / "training_state.pt", weights_only=True)["history"]
     # pass 1's loss: later passes of GRIFFIN average over masks that widen as the draft improves
@@ -60,6 +63,12 @@ def test_trainer_reduces_loss_and_checkpoint_loads(tmp_path, target, data, metho
     plain = SpeculativeGenerator(target, NoDrafter(), eos_token_ids=[]).generate(prompts, 20)
     spec_out = SpeculativeGenerator(target, drafter, eos_token_ids=[]).generate(prompts, 20)
     assert [r.tokens for r in spec_out] == [r.tokens for r in plain]
+
+
+def test_unknown_precision_is_refused(tmp_path, target, data):
+    spec = HeadSpec.defaults("griffin", steps=1, batch=4, seq_len=32, precision="float16")
+    with pytest.raises(ValueError, match="precision 'float16': expected float32 or bfloat16"):
+        train_head(target, data, spec, tmp_path, progress=False)
 
 
 def test_training_resumes_from_state(tmp_path, target, data):
@@ -85,14 +94,47 @@ def test_griffin_masks_by_hand():
         ]
     ).float()  # truth 2 -> predictable
     truth = torch.tensor([[1, 5, 3, 4, 2]])
-    assert predictable(logits, truth, 3).tolist() == [[True, False, True, True, True]]
+    top = torch.topk(logits, 3, dim=-1).indices
+    assert predictable(top, truth, 3).tolist() == [[True, False, True, True, True]]
     chain = torch.ones(1, 5, dtype=torch.bool)
-    pass2 = next_alignment_mask(chain, logits, truth, 3)
+    pass2 = next_alignment_mask(chain, top, truth, 3)
     # pass 2: position i consumes position i-1's pass-1 output; the one after the unpredictable token drops
     assert pass2.tolist() == [[False, True, False, True, True]]
-    pass3 = next_alignment_mask(pass2, logits, truth, 3)
+    pass3 = next_alignment_mask(pass2, top, truth, 3)
     # pass 3: positions i-1 and i-2 must both have been predictable: only position 4 keeps its loss
     assert pass3.tolist() == [[False, False, False, False, True]]
+
+
+@pytest.mark.parametrize("method,align_topk", [("griffin", 12), ("griffin", 40), ("hass", 3)])
+def test_passes_draft_only_where_it_counts(target, data, method, align_topk, monkeypatch):
+    """The LM head runs only at the positions a pass counts and, for GRIFFIN, at the chain positions before them
+    whose predictability decides later passes: drafting at every chain position instead gives the same losses,
+    counted positions and gradients (a wide top-k keeps chains alive through all three passes)."""
+    import specdec_kit.train.heads as heads
+
+    spec = HeadSpec.defaults(method, steps=1, align_topk=align_topk)
+    head = heads.new_head(method, target, spec).float()
+    lm_head, to_head = heads.head_vocab(head, target)
+    tokens = data[:, :32]
+    with torch.no_grad():
+        feats = target.hf_model(tokens, output_hidden_states=True).hidden_states[-1]
+    logits = lm_head(feats)
+
+    def run():
+        head.zero_grad()
+        loss, stats = heads.feature_step(head, lm_head, spec, tokens, feats, logits, torch.Generator().manual_seed(0))
+        loss.backward()
+        return float(loss.detach()), stats, [p.grad.clone() for p in head.parameters() if p.grad is not None]
+
+    sparse = run()
+    monkeypatch.setattr(heads, "chain_top_positions", lambda token_mask, chain, passes_left: chain)
+    dense = run()
+    assert [s[2] for s in sparse[1]] == [s[2] for s in dense[1]]  # positions counted per pass
+    if method == "griffin":
+        assert sparse[1][2][2] > 0, "no chain reached the third pass: the test would prove nothing"
+    assert sparse[0] == pytest.approx(dense[0], rel=1e-6)
+    for a, b in zip(sparse[2], dense[2]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
 
 
 def test_alignment_mask_by_hand():

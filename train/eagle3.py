@@ -144,25 +144,28 @@ class TrainingTimeTest:
         hidden = self.hidden + out
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         self.hidden = hidden
-        return self._score(draft.logits(hidden), j)
+        return self._score(hidden, j)
 
-    def _score(self, draft_logits: torch.Tensor, j: int) -> StepResult:
-        """Soft cross-entropy against the target's distribution of x_{t+j+2} over the draft vocabulary."""
+    def _score(self, hidden: torch.Tensor, j: int) -> StepResult:
+        """Soft cross-entropy against the target's distribution of x_{t+j+2} over the draft vocabulary, averaged over
+        every position (those that do not count add zero); the draft's LM head runs only where positions count."""
         t2d = self.draft.t2d
         with torch.no_grad():
             target = shift_left(self.logits, j + 1)
             if self.countable is None:
                 exists = torch.arange(self.seq, device=target.device) + j + 1 < self.seq
                 counted = t2d[target.argmax(-1)] & exists[None, :]
-                target = target[..., t2d]
+                target = target[counted][..., t2d]
             else:
                 counted = shift_left(self.countable, j + 1)
+                target = target[counted]
             target_p = torch.softmax(target.float(), dim=-1)
+        draft_logits = self.draft.logits(hidden[counted])
         logp = torch.log_softmax(draft_logits.float(), dim=-1)
-        loss = -((target_p * logp).sum(-1) * counted).mean()
+        loss = -(target_p * logp).sum() / counted.numel()
         with torch.no_grad():
             n = int(counted.sum())
-            hits = ((draft_logits.argmax(-1) == target_p.argmax(-1)) & counted).sum()
+            hits = (draft_logits.argmax(-1) == target_p.argmax(-1)).sum()
         return StepResult(loss, float(hits) / max(n, 1), n)
 
 
@@ -252,7 +255,8 @@ def train_eagle3(
             tokens, taps, logits = tokens.to(device), taps.to(device), logits.to(device)
         for group in opt.param_groups:
             group["lr"] = spec.lr * min(1.0, (step + 1) / spec.warmup)
-        loss, results = eagle3_losses(draft, spec, taps, tokens, logits, masks)
+        with spec.autocast(device):
+            loss, results = eagle3_losses(draft, spec, taps, tokens, logits, masks)
         spec.check_finite(loss, "eagle3", step)
         opt.zero_grad(set_to_none=True)
         loss.backward()

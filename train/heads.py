@@ -30,7 +30,14 @@ from specdec_kit.train.distilled import BatchMasks, DistilledData
 from specdec_kit.train.draft_forward import PassRunner, next_pass_features
 from specdec_kit.train.features import StreamedFeatures
 from specdec_kit.train.heldout import HeldOutTracker, feature_draft_acceptance
-from specdec_kit.train.losses import LossWeights, medusa_loss, next_alignment_mask, pass_loss
+from specdec_kit.train.losses import (
+    LossWeights,
+    TargetSide,
+    chain_top_positions,
+    medusa_loss,
+    next_alignment_mask,
+    pass_loss,
+)
 from specdec_kit.train.methods import Trainer, trainer_for
 from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state, saved_extra
 
@@ -131,19 +138,24 @@ def feature_step(
     if to_head is not None:  # GRIFFIN's predictable check compares in the head's vocabulary (-1: never predictable)
         true_next = to_head[true_next]
     runner = PassRunner(draft, tokens[:, 1:], valid)
+    target = TargetSide.at(token_mask, tgt_feat, tgt_logits, weights)
     noise = ((torch.rand(inputs.shape, generator=gen) - 0.5) * spec.noise).to(inputs.device)  # host RNG: any device
     pass_in = inputs + noise
+    griffin = spec.method == "griffin"
     chain = torch.ones_like(valid)
     total, stats = 0.0, []
     for p in range(spec.passes):
         pred, reg = runner.run(pass_in)
-        mask = token_mask & (chain if spec.method == "griffin" else torch.ones_like(chain))
-        result, draft_logits = pass_loss(pred, reg, tgt_feat, tgt_logits, lm_head, mask, weights)
+        mask, top_at = token_mask, None
+        if griffin:
+            mask = token_mask & chain
+            top_at = chain_top_positions(token_mask, chain, spec.passes - 1 - p)
+        result, drafted = pass_loss(pred, reg, target, lm_head, mask, weights, top_at, spec.align_topk)
         total = total + result.loss
         stats.append((result.top1, result.top3, result.positions, float(result.loss.detach())))
-        if spec.method == "griffin":
-            chain = next_alignment_mask(chain, draft_logits.detach(), true_next, spec.align_topk)
-        pass_in = next_pass_features(inputs, reg if spec.method == "griffin" else pred)
+        if griffin:
+            chain = next_alignment_mask(chain, drafted, true_next, spec.align_topk)
+        pass_in = next_pass_features(inputs, reg if griffin else pred)
     return total, stats
 
 
@@ -226,7 +238,8 @@ def train_head(
             loss, accs = medusa_loss(head(feats), tokens, torch.ones_like(tokens, dtype=torch.bool))
             record = {"step": step, "loss": float(loss.detach()), "head_top1": accs}
         else:
-            loss, stats = feature_step(head, lm_head, spec, tokens, feats, logits, gen, masks, to_head)
+            with spec.autocast(device):
+                loss, stats = feature_step(head, lm_head, spec, tokens, feats, logits, gen, masks, to_head)
             record = {
                 "step": step,
                 "loss": float(loss.detach()),

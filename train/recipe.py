@@ -33,6 +33,11 @@ def data_dir(recipe: dict, given: Path | None) -> Path:
     return given or cache_root() / "data" / recipe["name"]
 
 
+def training_data(recipe: dict, data: Path) -> Path:
+    """What the heads train on: a regenerated recipe's teacher-forced features, else the distilled data itself."""
+    return data / "features" if "regenerate" in recipe else data
+
+
 def run_distill(recipe: dict, recipe_dir: Path, data: Path, backend: dict | None = None) -> dict:
     """The training data: regenerated from a prompt pool when the recipe has a ``regenerate`` section (pool, answers
     turn by turn, then teacher-forced features: ``data/pool``, ``data/answers``, ``data/features``), else distilled
@@ -368,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     set_threads()
     out = args.out or Path(recipe["out"])
     data = data_dir(recipe, args.data)
-    features = data / "features" if "regenerate" in recipe else data  # what the heads train on
+    features = training_data(recipe, data)
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / "training_log.json"
     log = update_log(log_path, recipe["name"], lambda log: None)
