@@ -82,19 +82,37 @@ def load_draft(
     module = build_draft(kind, config, config_file, target_hidden, target_vocab, target_shape)
     file = find_weight_file(path, draft_kind(kind).family.weight_files)
     state = official_key_map(module, file, read_weights(file))
-    if config.get("embedding_from_target"):
-        if embedding is None:
-            raise DraftLoadError(
-                f"{config_file}: embedding_from_target is set, so the draft takes the target's "
-                "embedding; load it against its target (load_draft_for)"
-            )
-        if "embed_tokens.weight" in state:
-            raise DraftLoadError(f"{file}: holds embed_tokens.weight, but {config_file} says embedding_from_target")
-        state = dict(state, **{"embed_tokens.weight": embedding.detach().to("cpu", module.embed_tokens.weight.dtype)})
+    state = with_target_embedding(module, state, config, config_file, file, embedding)
     strict_load(module, state, file)
     if getattr(module, "d2t", None) is not None:
         check_vocab_maps(module, file)
     return module.to(device=device, dtype=dtype).eval()
+
+
+def with_target_embedding(
+    module: nn.Module,
+    state: dict[str, torch.Tensor],
+    config: dict[str, Any],
+    config_file: Path,
+    file: Path,
+    embedding: torch.Tensor | None,
+) -> dict[str, torch.Tensor]:
+    """The target's token embedding put in where the draft takes it from the target: a head saved with
+    ``embedding_from_target``, or a file an official trainer wrote with its trainable parameters only (EAGLE-3's
+    DeepSpeed save leaves out the embedding, which it froze as the target's)."""
+    key = "embed_tokens.weight"
+    declared = bool(config.get("embedding_from_target"))
+    if declared and key in state:
+        raise DraftLoadError(f"{file}: holds {key}, but {config_file} says embedding_from_target")
+    if key in state or key not in module.state_dict():
+        return state
+    if embedding is None:
+        why = "embedding_from_target is set" if declared else f"{file} has no {key} (a trainer left out the frozen one)"
+        raise DraftLoadError(
+            f"{config_file}: {why}, so the draft takes the target's embedding; load it against its "
+            "target (load_draft_for)"
+        )
+    return dict(state, **{key: embedding.detach().to("cpu", module.embed_tokens.weight.dtype)})
 
 
 def save_draft(

@@ -136,7 +136,19 @@ def llama_fields(module: nn.Module) -> dict[str, Any]:
     """The Llama fields of a draft module's config, as the official layouts write them."""
     cfg = module.config.to_dict()
     out = {k: cfg[k] for k in LLAMA_CONFIG_KEYS if k in cfg and cfg[k] is not None}
-    return {**out, "architectures": ["LlamaForCausalLM"], "model_type": "llama"}
+    return {**out, **legacy_rope_fields(cfg), "architectures": ["LlamaForCausalLM"], "model_type": "llama"}
+
+
+def legacy_rope_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The rotary settings as the official EAGLE, EAGLE-3 and GRIFFIN code reads them: top-level ``rope_theta`` and
+    ``rope_scaling`` (null, or the scaling with both its ``rope_type`` and older ``type`` names). A config with only
+    ``rope_parameters`` (how current transformers writes it) would run there at the default base of 10000."""
+    rope = cfg.get("rope_parameters") or {}
+    if "rope_theta" not in rope:
+        return {}
+    kind = rope.get("rope_type", "default")
+    scaling = {k: v for k, v in rope.items() if k != "rope_theta"} | {"type": kind} if kind != "default" else None
+    return {"rope_theta": rope["rope_theta"], "rope_scaling": scaling}
 
 
 def attention_spec(module: nn.Module) -> dict[str, Any]:

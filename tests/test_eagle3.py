@@ -259,6 +259,47 @@ def test_feature_layers_come_from_the_config_or_the_reference_defaults(tmp_path)
         load_eagle3(tmp_path / "e3", TARGET_HIDDEN, CONFIG["vocab_size"])
 
 
+def test_a_deepspeed_save_of_the_official_trainer_loads_with_the_targets_embedding(tmp_path):
+    """The official trainer saves through DeepSpeed with its frozen parameters left out (no ``embed_tokens.weight``:
+    it is the target's) and the wrapped target's rotary buffers in: such a file loads against its target, with the
+    target's embedding; without a target to take it from, the refusal says so; other stray keys stay refused."""
+    ref = reference_checkpoint(tmp_path / "e3")
+    file = tmp_path / "e3" / "pytorch_model.bin"
+    state = torch.load(file)
+    embedding = state.pop("embed_tokens.weight")
+    state |= {f"target_model.model.layers.{i}.self_attn.rotary_emb.inv_freq": torch.ones(6) for i in range(20)}
+    torch.save(state, file)
+    draft = load_draft(tmp_path / "e3", "eagle3", TARGET_HIDDEN, 120, target_shape=TARGET_SHAPE, embedding=embedding)
+    assert torch.equal(draft.embed_tokens.weight, embedding) and torch.equal(draft.fc.weight, ref.fc.weight)
+    with pytest.raises(DraftLoadError, match="has no embed_tokens.weight .* load it against its target"):
+        load_eagle3(tmp_path / "e3", TARGET_HIDDEN, 120)
+    torch.save(state | {"target_model.lm_head.weight": torch.ones(2)}, file)
+    with pytest.raises(DraftLoadError, match="unexpected key 'target_model.lm_head.weight'"):
+        load_draft(tmp_path / "e3", "eagle3", TARGET_HIDDEN, 120, target_shape=TARGET_SHAPE, embedding=embedding)
+
+
+@pytest.mark.parametrize("scaling", [None, {"rope_type": "linear", "factor": 2.0}])
+def test_a_saved_head_tells_the_official_code_its_rope(tmp_path, scaling):
+    """The official code reads top-level ``rope_theta`` / ``rope_scaling`` (current transformers writes only
+    ``rope_parameters``): a head of a rope_theta 500000 target says so in both forms, and loads back unchanged."""
+    target = tiny_target(hidden_size=32, layers=8, heads=4, kv_heads=2, intermediate=64, vocab=120)
+    target.config.rope_parameters = {"rope_theta": 500000.0, "rope_type": "default", **(scaling or {})}
+    head = random_eagle3(target)
+    save_draft(head, tmp_path / "e3", "eagle3")
+    config = json.loads((tmp_path / "e3" / "config.json").read_text())
+    assert config["rope_theta"] == 500000.0 and config["rope_parameters"]["rope_theta"] == 500000.0
+    if scaling is None:
+        assert config["rope_scaling"] is None
+    else:
+        assert config["rope_scaling"] == {"rope_type": "linear", "factor": 2.0, "type": "linear"}
+    loaded = load_draft(tmp_path / "e3", "eagle3", 32, 120, target_shape=(8, 64), embedding=head.embed_tokens.weight)
+    assert loaded.config.rope_parameters == head.config.rope_parameters
+    positions = torch.arange(5)[None]
+    x = torch.randn(1, 5, 8)
+    for a, b in zip(loaded.rotary_emb(x, positions), head.rotary_emb(x, positions)):
+        torch.testing.assert_close(a, b)
+
+
 # -- in the runtime: the target's taps, training-time test against decoding ---------------------------------------
 
 

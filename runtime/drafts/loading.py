@@ -100,9 +100,12 @@ def _check_fits(file: Path, key: str, expected: Any, found: Any) -> None:
 
 
 def draft_config(target: TargetModel, intermediate: int | None = None) -> LlamaConfig:
-    """The config of a new one-layer draft sized for ``target`` (width, heads, vocabulary), as trainers start one."""
+    """The config of a new one-layer draft sized for ``target`` (width, heads, vocabulary, and its rotary settings,
+    as the reference derives a draft's config from the base model's), as trainers start one."""
     cfg = target.config
+    rope = getattr(cfg, "rope_parameters", None)
     return LlamaConfig(
+        **({"rope_parameters": dict(rope)} if rope else {}),
         hidden_size=cfg.hidden_size,
         intermediate_size=intermediate or cfg.intermediate_size,
         num_attention_heads=cfg.num_attention_heads,
@@ -126,6 +129,9 @@ def llama_config(config: dict[str, Any], file: Path) -> LlamaConfig:
         if k not in ("architectures", "model_type", "bias", "qkv_bias", "draft_vocab_size", "eagle_config")
         and not k.startswith(("moa_", "target_", "eagle_"))
     }
+    if "rope_parameters" in fields:  # the canonical form; the top-level keys beside it are for older readers
+        fields.pop("rope_theta", None)
+        fields.pop("rope_scaling", None)
     fields.setdefault("num_hidden_layers", 1)
     return LlamaConfig(**fields)
 
@@ -133,7 +139,12 @@ def llama_config(config: dict[str, Any], file: Path) -> LlamaConfig:
 def official_key_map(module: nn.Module, file: Path, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The one documented renaming per layout: Medusa's legacy files lack the ``medusa_head.`` prefix,
     and a full Medusa model file also carries base-model weights, which the draft does not own; an EAGLE-3 file
-    whose draft vocabulary is the target's may lack the (identity) vocabulary maps."""
+    whose draft vocabulary is the target's may lack the (identity) vocabulary maps. Files the official trainers
+    write through DeepSpeed also carry the frozen target's rotary buffers (``target_model.*.rotary_emb.inv_freq``,
+    recomputed from the config, never weights), which are left out."""
+    state = {
+        k: v for k, v in state.items() if not (k.startswith("target_model.") and k.endswith("rotary_emb.inv_freq"))
+    }
     if isinstance(module, Eagle3Draft):
         return _identity_vocab_maps(module, state)
     if not isinstance(module, MedusaHeads):  # the other layouts store the module's own keys
