@@ -176,20 +176,26 @@ class EngineCache:
                 names.remove(name)
         self._write(release, [e for e in self._entries(release) if e["engine"] in names])
         for target in self.unused_targets():
-            with locked(self.store / f".{target.name}.lock", wait=False) as free:
-                if free and target.name not in self._linked_names():
-                    shutil.rmtree(target)
-                    step(f"removed shared target {target.name} (no engine links to it)")
-                    removed.append(target)
+            if self._remove(
+                target, self.store / f".{target.name}.lock", unless=lambda t: t.name in self._linked_names()
+            ):
+                step(f"removed shared target {target.name} (no engine links to it)")
+                removed.append(target)
         return removed
 
     def _remove_engine(self, engine: Path) -> bool:
-        """Remove an engine unless a build of it holds its lock (renamed first: never half an engine in place)."""
-        with locked(self.root / f".{engine.name}.lock", wait=False) as free:
-            if not free:
+        """Remove an engine unless a build of it holds its lock."""
+        return self._remove(engine, self.root / f".{engine.name}.lock")
+
+    @staticmethod
+    def _remove(path: Path, lock: Path, unless: Callable[[Path], bool] = lambda p: False) -> bool:
+        """Remove ``path`` unless its lock is held (a build) or ``unless`` says otherwise once the lock is taken; it is
+        renamed away first, so a half-deleted engine or target is never found in its place."""
+        with locked(lock, wait=False) as free:
+            if not free or unless(path):
                 return False
-            doomed = engine.with_name(f".{engine.name}.removing-{os.getpid()}")
-            engine.rename(doomed)
+            doomed = path.with_name(f".{path.name}.removing-{os.getpid()}")
+            path.rename(doomed)
         shutil.rmtree(doomed, ignore_errors=True)
         return True
 
