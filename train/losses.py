@@ -53,9 +53,8 @@ class TargetSide:
         return cls(where, features[where].float(), probs, logits.argmax(-1), top_p, top_i)
 
 
-NOT_DRAFTED = (
-    -2
-)  # a top-k entry the pass did not compute: neither a token nor -1 (a token outside the head's vocabulary)
+# a top-k entry the pass did not compute: neither a token nor -1 (a token outside the head's vocabulary)
+NOT_DRAFTED = -2
 
 
 def pass_loss(
