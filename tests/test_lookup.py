@@ -256,6 +256,35 @@ def test_a_hybrid_switching_between_its_parts_stays_lossless(predictable_case):
     assert drafter.head.tree == tree  # the head drafts plain trees (an engine's whole-tree graph matches them)
 
 
+def test_a_hybrid_whose_lookup_leads_leaves_a_joining_prompt_to_the_heads_next_draft(predictable_case):
+    """While lookup-only trees lead, a joining row's prompt is not read by the head at the join (its draft cache
+    stays empty); the head's next merged draft reads it; the output stays the target's throughout."""
+    target = predictable_case.target
+    drafter = lookup_drafter("griffin+suffix", target)
+    gen = SpeculativeGenerator(target, drafter)
+    prompts, budget = predictable_case.prompts[:2], 24
+    batch = gen.admit(None, gen.prefill(prompts[:1], [budget], [gen_params()]))
+    rows = list(batch.rows)
+    gen.set_tree(SourcedTree(16, 4, 4, source=LOOKUP))
+    gen.cycle(batch)
+    fresh = gen.prefill(prompts[1:], [budget], [gen_params()])
+    rows += fresh.rows
+    batch = gen.admit(batch, fresh)
+    assert int(drafter.head.positions_from()[-1]) == 0, "the head read the joining prompt while the lookup led"
+    gen.set_tree(SourcedTree(16, 4, 4, source=HYBRID))
+    gen.cycle(batch)
+    assert int(drafter.head.positions_from()[-1]) >= len(prompts[1])  # the merged draft read the prompt
+    while batch.size:
+        gen.cycle(batch)
+        gen.retire(batch)
+    assert [row.tokens for row in rows] == [hf_greedy(predictable_case.hf, p, budget) for p in prompts]
+    # with the head's trees asked for, a joining prompt is read at the join, as the head alone reads it
+    gen.set_tree(SourcedTree(16, 4, 4, source=HEAD))
+    fresh = gen.prefill(prompts[:1], [budget], [gen_params()])
+    batch = gen.admit(None, fresh)
+    assert int(drafter.head.positions_from()[0]) == len(prompts[0]) - 1
+
+
 def gen_params():
     from specdec_kit.runtime.core.sampling import SamplingParams
 

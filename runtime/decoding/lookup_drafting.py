@@ -343,13 +343,21 @@ class HybridDrafter(Drafter):
 
     def join(self, features, tokens, counts, capacity, prefix=None) -> bool:
         """Both read the joining prompts now when the head does; otherwise the lookup's prompt reading waits with
-        the head's for the next draft (both then read every pending pair)."""
-        if self.head.join(features, tokens, counts, capacity, prefix):
+        the head's for the next draft (both then read every pending pair). While the lookup alone leads (the last
+        cycles were its trees), the head does not read them now: they wait, like the pairs lookup-only cycles leave,
+        for the head's next draft (a probe of merged trees, or the lookup losing the lead), which reads them under
+        its bounded catch-up; a request the lookup serves to its end never pays for the head's reading."""
+        if self._lookup_leads():
+            self.head.add_rows(counts.shape[0], capacity)
+        elif self.head.join(features, tokens, counts, capacity, prefix):
             self._add_unread_rows(counts.shape[0])
             return self.lookup.join(features, tokens, counts, capacity)
         self.lookup.add_rows(counts.shape[0], capacity)
         self._add_unread_rows(counts.shape[0])
         return False
+
+    def _lookup_leads(self) -> bool:
+        return self.source == LOOKUP or (self.source == HYBRID and self._since_merged > 0)
 
     def bind(self, target_cache: KVCache) -> None:
         self.head.bind(target_cache)
