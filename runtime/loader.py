@@ -110,8 +110,10 @@ def load_tokenizer(path: str | Path):
 
 
 def set_threads() -> None:
-    """Use every core for intra-op parallelism on CPU (torch's default may be fewer in containers)."""
+    """Use every core for intra-op parallelism on CPU (torch's default may be fewer in containers); processes that
+    share the cores (``torchrun``'s ranks) split them."""
     import os
 
     if not torch.cuda.is_available():
-        torch.set_num_threads(max(1, os.cpu_count() or 1))
+        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks))

@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     except (TargetLoadError, ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(result, indent=2))
+    if "rank" not in result:  # under torchrun, rank 0 reports
+        print(json.dumps(result, indent=2))
     return 0
 
 

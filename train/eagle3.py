@@ -32,6 +32,7 @@ from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.train.distilled import BatchMasks, DistilledData
 from specdec_kit.train.heldout import HeldOutTracker
 from specdec_kit.train.methods import Trainer
+from specdec_kit.train.parallel import one_process
 from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state, saved_extra
 
 
@@ -212,6 +213,7 @@ def train_eagle3(
     self-distilled data holding the tapped layers. Writes the official layout (``d2t``/``t2d`` included, in
     ``save_dtype``, default the target's; without the embedding with ``embedding_from_target``) and a resumable
     state. ``device``: where the draft trains (default: CUDA when present; the target stays where it was loaded)."""
+    one_process("EAGLE-3")
     device = resolve_device(device)
     distilled = isinstance(data, DistilledData)
     if not distilled and not isinstance(data, torch.Tensor):

@@ -39,6 +39,7 @@ from specdec_kit.train.losses import (
     pass_loss,
 )
 from specdec_kit.train.methods import Trainer, trainer_for
+from specdec_kit.train.parallel import Ranks
 from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state, saved_extra
 
 
@@ -115,12 +116,22 @@ def feature_step(
     gen: torch.Generator,
     masks: BatchMasks | None = None,
     to_head: torch.Tensor | None = None,
+    ranks: Ranks = Ranks(),
 ):
     """All passes on one batch: returns the summed loss and per-pass (top1, top3, positions, loss). ``logits`` are the
     target's over the head's vocabulary; ``masks`` (distilled data) mark padding and the positions that count (the
     others count everywhere but the last position); ``to_head`` maps target ids into a reduced vocabulary, where a
-    position counts only if the target's own next token is in it."""
+    position counts only if the target's own next token is in it. Under several ``ranks`` each takes its share of
+    the batch's rows (the feature noise drawn for the whole batch, as one process draws it) and its part of the loss
+    (``Ranks.mean``)."""
     weights = LossWeights(**spec.weights)
+    if to_head is not None and logits.shape[-1] != lm_head.out_features:  # streamed: the target's whole vocabulary
+        logits = logits[..., to_head >= 0]  # its columns of the head's vocabulary, in the head's (ascending) order
+    noise = ((torch.rand(feats[:, :-1].shape, generator=gen) - 0.5) * spec.noise).to(feats.device)  # host RNG
+    if ranks.world > 1:
+        rows = ranks.share(tokens.shape[0])
+        tokens, feats, logits, noise = tokens[rows], feats[rows], logits[rows], noise[rows]
+        masks = None if masks is None else BatchMasks(masks.valid[rows], masks.counted[rows], masks.top[rows])
     # position i: (F_i, x_{i+1}) -> F_{i+1}, and the target's distribution of x_{i+2}
     inputs, tgt_feat, tgt_logits = feats[:, :-1], feats[:, 1:], logits[:, 1:]
     true_next = tokens[:, 2:]
@@ -139,7 +150,6 @@ def feature_step(
         true_next = to_head[true_next]
     runner = PassRunner(draft, tokens[:, 1:], valid)
     target = TargetSide.at(token_mask, tgt_feat, tgt_logits, weights)
-    noise = ((torch.rand(inputs.shape, generator=gen) - 0.5) * spec.noise).to(inputs.device)  # host RNG: any device
     pass_in = inputs + noise
     griffin = spec.method == "griffin"
     chain = torch.ones_like(valid)
@@ -150,13 +160,25 @@ def feature_step(
         if griffin:
             mask = token_mask & chain
             top_at = chain_top_positions(token_mask, chain, spec.passes - 1 - p)
-        result, drafted = pass_loss(pred, reg, target, lm_head, mask, weights, top_at, spec.align_topk)
+        result, drafted = pass_loss(pred, reg, target, lm_head, mask, weights, top_at, spec.align_topk, ranks)
         total = total + result.loss
         stats.append((result.top1, result.top3, result.positions, float(result.loss.detach())))
         if griffin:
             chain = next_alignment_mask(chain, drafted, true_next, spec.align_topk)
         pass_in = next_pass_features(inputs, reg if griffin else pred)
     return total, stats
+
+
+class FeatureTrainingStep(torch.nn.Module):
+    """A training step's forward (``feature_step``) as one module, the unit DistributedDataParallel wraps: its
+    gradients are those of the head (the LM head is frozen)."""
+
+    def __init__(self, draft, lm_head, spec: HeadSpec, to_head: torch.Tensor | None):
+        super().__init__()
+        self.draft, self.lm_head, self.spec, self.to_head = draft, lm_head, spec, to_head
+
+    def forward(self, tokens, feats, logits, gen, masks, ranks: Ranks):
+        return feature_step(self.draft, self.lm_head, self.spec, tokens, feats, logits, gen, masks, self.to_head, ranks)
 
 
 def on_device(batch: tuple, device: torch.device) -> tuple:
@@ -183,8 +205,11 @@ def train_head(
     ``CachedFeatures`` or a ``DistilledData``. Writes the official layout (in ``save_dtype``, default the target's;
     without the embedding with ``embedding_from_target``) and a resumable training state to ``out_dir``. With
     ``heldout`` data and ``spec.eval_every``, the held-out acceptance is logged and the best head by it is saved.
-    ``device``: where the head trains (default: CUDA when present)."""
-    device = resolve_device(device)
+    ``device``: where the head trains (default: CUDA when present). Under ``torchrun`` the ranks share each batch
+    (``train/parallel.py``); rank 0 logs, measures and writes."""
+    ranks = Ranks.from_environment(resolve_device(device))
+    device = ranks.device(resolve_device(device))
+    progress = progress and ranks.main
     source = StreamedFeatures(target, data) if isinstance(data, torch.Tensor) else data
     out_dir.mkdir(parents=True, exist_ok=True)
     vocab, coverage = None, None
@@ -208,11 +233,13 @@ def train_head(
     to_head = None if to_head is None else to_head.to(device)
     for p in lm_head.parameters():
         p.requires_grad_(False)
+    # what runs the step (under DDP its gradients are averaged over the ranks); ``head`` is what is measured and saved
+    model = ranks.wrap(FeatureTrainingStep(head, lm_head, spec, to_head)) if spec.method != "medusa" else None
     if isinstance(source, DistilledData):
         source.lm_rows = lm_head.weight.data
         source.to(device)
     tracker = None
-    if heldout is not None and spec.eval_every and spec.method != "medusa":
+    if heldout is not None and spec.eval_every and spec.method != "medusa" and ranks.main:
         heldout.lm_rows = lm_head.weight.data
         heldout.to(device)
         tracker = HeldOutTracker(
@@ -235,18 +262,20 @@ def train_head(
         for group in opt.param_groups:
             group["lr"] = spec.lr * min(1.0, (step + 1) / spec.warmup)
         if spec.method == "medusa":
+            if ranks.world > 1:
+                raise ValueError("medusa heads train in one process (the other methods run under torchrun)")
             loss, accs = medusa_loss(head(feats), tokens, torch.ones_like(tokens, dtype=torch.bool))
             record = {"step": step, "loss": float(loss.detach()), "head_top1": accs}
         else:
             with spec.autocast(device):
-                loss, stats = feature_step(head, lm_head, spec, tokens, feats, logits, gen, masks, to_head)
+                loss, stats = model(tokens, feats, logits, gen, masks, ranks)
             record = {
                 "step": step,
-                "loss": float(loss.detach()),
+                "loss": ranks.average(float(loss.detach())),
                 "top1": [s[0] for s in stats],
                 "top3": [s[1] for s in stats],
                 "positions": [s[2] for s in stats],
-                "pass_loss": [s[3] for s in stats],
+                "pass_loss": [ranks.average(s[3]) for s in stats],
             }
         spec.check_finite(loss, spec.method, step)
         opt.zero_grad(set_to_none=True)
@@ -265,10 +294,13 @@ def train_head(
             )
         else:
             bar.set_postfix(loss=f"{record['loss']:.3f}", top1=" ".join(f"{a:.2f}" for a in record["head_top1"]))
-        if (step + 1) % 100 == 0 or step + 1 == spec.steps:
+        if ((step + 1) % 100 == 0 or step + 1 == spec.steps) and ranks.main:
             save_state(head, opt, step + 1, history, state_path, tracker.state() if tracker else None)
     if tracker is not None:
         tracker.keep_best(head)
+    ranks.close()
+    if not ranks.main:
+        return {"steps": spec.steps, "rank": ranks.rank}
     save_draft(
         head.cpu().to(save_dtype or target.dtype),
         out_dir,

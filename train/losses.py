@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specdec_kit.train.parallel import Ranks
+
 
 @dataclass(frozen=True)
 class LossWeights:
@@ -66,6 +68,7 @@ def pass_loss(
     weights: LossWeights,
     top_at: torch.Tensor | None = None,
     k: int = 3,
+    ranks: Ranks = Ranks(),
 ) -> tuple[PassResult, torch.Tensor]:
     """Loss of one pass over the positions in ``mask`` (within ``target.where``); the LM head runs only there and at
     ``top_at`` (GRIFFIN's next chain needs the draft's top tokens one or two positions before a counted one), the
@@ -84,7 +87,7 @@ def pass_loss(
     if weights.topk > 0:
         per_pos = per_pos + weights.topk * -(target.top_p[aims] * torch.gather(logp, -1, target.top_i[aims])).sum(-1)
     n = int(counted.sum())
-    loss = per_pos.sum() / max(n, 1)
+    loss = ranks.mean(per_pos.sum(), n)  # the mean over the positions counted on every rank
     with torch.no_grad():
         top = torch.topk(draft_logits, max(k, 3), dim=-1).indices
         best, top3 = target.best[aims], top[counted][:, :3]

@@ -28,6 +28,7 @@ from specdec_kit.runtime.drafts.moa import MoADraft
 from specdec_kit.runtime.models.attention import apply_rope
 from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.train.methods import Trainer
+from specdec_kit.train.parallel import one_process
 from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state
 
 
@@ -153,6 +154,7 @@ def train_moa(
 ) -> dict:
     """Train on [N, seq_len] token blocks (the target runs on each batch); writes the checkpoint layout and
     a resumable training state to ``out_dir``."""
+    one_process("MoA")
     out_dir.mkdir(parents=True, exist_ok=True)
     target = target.float()
     for p in target.parameters():

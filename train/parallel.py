@@ -1,0 +1,86 @@
+"""Training on several processes under ``torchrun``: each rank takes its share of every batch's rows, and the loss is
+averaged over the positions counted on all ranks, so that with DistributedDataParallel's averaging the gradient is
+the one a single process computes from the whole batch (2 ranks follow 1 rank's loss curve at the same global batch).
+
+Without ``torchrun`` (``WORLD_SIZE`` unset or 1) every method here is the identity: one process, no process group.
+The training state is the plain module's and optimizer's (replicated under DDP), written by rank 0, so a run resumes on
+any number of ranks.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def one_process(trainer: str) -> None:
+    """Trainers not yet split across ranks refuse ``torchrun`` (each rank would train and write the same head)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError(
+            f"the {trainer} trainer runs in one process; under torchrun only the EAGLE, HASS and GRIFFIN trainer "
+            "shares its batches across ranks"
+        )
+
+
+@dataclass(frozen=True)
+class Ranks:
+    rank: int = 0
+    world: int = 1
+
+    @classmethod
+    def from_environment(cls, device: torch.device) -> "Ranks":
+        """The ranks ``torchrun`` started (gloo on a CPU, NCCL on GPUs), or one process."""
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world <= 1:
+            return cls()
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        return cls(dist.get_rank(), dist.get_world_size())
+
+    @staticmethod
+    def device(default: torch.device) -> torch.device:
+        """A rank's own GPU (``LOCAL_RANK``) where the default is CUDA; the CPU is shared."""
+        if default.type == "cuda" and "LOCAL_RANK" in os.environ:
+            return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        return default
+
+    @property
+    def main(self) -> bool:
+        """Rank 0: it logs, measures held-out acceptance and writes the checkpoints."""
+        return self.rank == 0
+
+    def share(self, rows: int) -> slice:
+        """This rank's contiguous rows of a batch of ``rows`` (the ranks' shares differ by one row at most)."""
+        return slice(rows * self.rank // self.world, rows * (self.rank + 1) // self.world)
+
+    def wrap(self, module: nn.Module) -> nn.Module:
+        """DistributedDataParallel over ``module`` on several ranks (its gradients averaged across them)."""
+        if self.world == 1:
+            return module
+        return nn.parallel.DistributedDataParallel(module)
+
+    def mean(self, total: torch.Tensor, count: int) -> torch.Tensor:
+        """``total`` (a sum over this rank's ``count`` positions) as this rank's part of the mean over every rank's
+        positions, scaled so that DDP's averaging of the gradients gives the mean's gradient."""
+        if self.world == 1:
+            return total / max(count, 1)
+        counts = torch.tensor([float(count)])
+        dist.all_reduce(counts)
+        return total * self.world / max(float(counts), 1.0)
+
+    def average(self, value: float) -> float:
+        """A logged quantity (a rank's part of the loss) summed over the ranks and divided by their number."""
+        if self.world == 1:
+            return value
+        out = torch.tensor([value])
+        dist.all_reduce(out)
+        return float(out) / self.world
+
+    def close(self) -> None:
+        if self.world > 1 and dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
