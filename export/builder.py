@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from specdec_kit import __version__
-from specdec_kit.export.engine_cache import engine_files
+from specdec_kit.export.engine_cache import build_lock, engine_files
 from specdec_kit.export.engine_rules import check_engine_rules
 from specdec_kit.export.inputs import BuildError, BuildInputs
 from specdec_kit.export.trtllm_pytorch import check_legacy_release
@@ -198,7 +198,7 @@ def output_lock(output: Path, step: Callable[[str], None]) -> Iterator[None]:
     first, then finds its engine and reuses it, instead of both moving a directory into the same place."""
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(output.parent / f".{output.name}.lock", "a")
+        handle = open(build_lock(output), "a")
     except OSError as exc:
         raise BuildError(f"--output {output}: cannot write in {output.parent} ({exc.strerror or exc})") from exc
     with handle:

@@ -34,6 +34,11 @@ def target_key(file_hashes: dict[str, dict[str, str]], dtype: str) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
 
 
+def build_lock(output: Path) -> Path:
+    """The lock file a build of the engine at ``output`` holds (the builder's, which pruning respects)."""
+    return output.parent / f".{output.name}.lock"
+
+
 @contextlib.contextmanager
 def locked(path: Path, wait: bool = True) -> Iterator[bool]:
     """An exclusive lock on ``path`` (created); yields False at once where ``wait`` is off and another holds it."""
@@ -185,7 +190,7 @@ class EngineCache:
 
     def _remove_engine(self, engine: Path) -> bool:
         """Remove an engine unless a build of it holds its lock."""
-        return self._remove(engine, self.root / f".{engine.name}.lock")
+        return self._remove(engine, build_lock(engine))
 
     @staticmethod
     def _remove(path: Path, lock: Path, unless: Callable[[Path], bool] = lambda p: False) -> bool:
