@@ -12,6 +12,7 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -49,21 +50,18 @@ def main(argv: list[str] | None = None) -> int:
     from specdec_kit.train.distilled import DistilledData
     from specdec_kit.train.heads import feature_step, head_vocab, new_head
     from specdec_kit.train.methods import trainer_for
-    from specdec_kit.train.recipe import RECIPES, data_dir, training_data
+    from specdec_kit.train.recipe import RECIPES, HeadSettings, data_dir, training_data
 
     path = Path(args.recipe) if args.recipe.endswith(".json") else RECIPES / f"{args.recipe}.json"
     recipe = json.loads(path.read_text())
-    settings = dict(recipe["heads"][args.head])
-    method = settings.pop("method", args.head)
-    budget = settings.pop("tokens_per_batch", 4096)
-    for key in ("epochs", "variants", "heldout_percent"):
-        settings.pop(key, None)
+    head_settings = HeadSettings.of(args.head, recipe["heads"][args.head])
+    method, budget = head_settings.method, head_settings.tokens_per_batch
     if method == "eagle3":
         print("this profile covers the EAGLE/HASS/GRIFFIN trainer; EAGLE-3 has its own", file=sys.stderr)
         return 2
     target = TargetModel.from_pretrained(resolve_target(recipe["target"]), dtype="float32", device="cpu")
     trainer = trainer_for(method)
-    spec = trainer.make_spec(method, **settings)
+    spec = trainer.make_spec(method, **head_settings.schedule)
     where = training_data(recipe, data_dir(recipe, args.data))
     data = DistilledData(
         where,
@@ -86,10 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     phases = {v: Phases() for v in variants}
     tokens_per_step = []
 
-    def step(variant: str, n: int, profile=None) -> None:
+    def step(variant: str, n: int) -> None:
         head, lm_head, to_head, opt = heads[variant]
         timer = phases[variant]
-        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=variant == "bfloat16")
+        autocast = replace(spec, precision=variant).autocast(torch.device("cpu"))
         with timer("batch"):
             tokens, feats, logits, masks = data.batch(n)
         tokens_per_step.append(int(masks.valid.sum()))

@@ -39,7 +39,7 @@ from specdec_kit.train.losses import (
     pass_loss,
 )
 from specdec_kit.train.methods import Trainer, trainer_for
-from specdec_kit.train.parallel import Ranks
+from specdec_kit.train.parallel import Ranks, one_process
 from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state, saved_extra
 
 
@@ -207,9 +207,12 @@ def train_head(
     ``heldout`` data and ``spec.eval_every``, the held-out acceptance is logged and the best head by it is saved.
     ``device``: where the head trains (default: CUDA when present). Under ``torchrun`` the ranks share each batch
     (``train/parallel.py``); rank 0 logs, measures and writes."""
-    ranks = Ranks.from_environment(resolve_device(device))
-    device = ranks.device(resolve_device(device))
+    device = resolve_device(device)
+    ranks = Ranks.from_environment(device)
+    device = ranks.device(device)
     progress = progress and ranks.main
+    if spec.method == "medusa":
+        one_process("Medusa")
     source = StreamedFeatures(target, data) if isinstance(data, torch.Tensor) else data
     out_dir.mkdir(parents=True, exist_ok=True)
     vocab, coverage = None, None
@@ -262,8 +265,6 @@ def train_head(
         for group in opt.param_groups:
             group["lr"] = spec.lr * min(1.0, (step + 1) / spec.warmup)
         if spec.method == "medusa":
-            if ranks.world > 1:
-                raise ValueError("medusa heads train in one process (the other methods run under torchrun)")
             loss, accs = medusa_loss(head(feats), tokens, torch.ones_like(tokens, dtype=torch.bool))
             record = {"step": step, "loss": float(loss.detach()), "head_top1": accs}
         else:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -104,6 +104,30 @@ def data_fingerprint(data: Path) -> str:
     return json.loads(index.read_text())["fingerprint"]
 
 
+@dataclass(frozen=True)
+class HeadSettings:
+    """A recipe head's entry: what the recipe itself reads, and the rest, the trainer's spec fields."""
+
+    method: str
+    tokens_per_batch: int
+    epochs: float | None  # passes over the data, in place of a step count
+    variants: tuple[str, ...] | None
+    heldout_percent: int | None  # of the prompt ids (default: heldout's), with eval_every
+    schedule: dict
+
+    @classmethod
+    def of(cls, name: str, settings: dict) -> "HeadSettings":
+        rest = dict(settings)
+        return cls(
+            method=rest.pop("method", name),
+            tokens_per_batch=rest.pop("tokens_per_batch", 4096),
+            epochs=rest.pop("epochs", None),
+            variants=tuple(rest.pop("variants")) if "variants" in rest else None,
+            heldout_percent=rest.pop("heldout_percent", None),
+            schedule=rest,
+        )
+
+
 def run_head(
     name: str,
     settings: dict,
@@ -143,12 +167,7 @@ def run_head(
             file=sys.stderr,
         )
         return None
-    settings = dict(settings)
-    method = settings.pop("method", name)
-    budget = settings.pop("tokens_per_batch", 4096)
-    epochs = settings.pop("epochs", None)  # passes over the data, in place of a step count
-    variants = tuple(settings.pop("variants")) if "variants" in settings else None
-    percent = settings.pop("heldout_percent", None)  # of the prompt ids (default: heldout's), with eval_every
+    head = HeadSettings.of(name, settings)
     target_path = resolve_target(recipe["target"])
     target = TargetModel.from_pretrained(target_path, dtype="float32", device="cpu")
     save_dtype = resolve_dtype(recipe.get("save_dtype", "float16"), torch.device("cpu"))
@@ -156,27 +175,31 @@ def run_head(
     base = recipe["target"]
     from specdec_kit.train.methods import trainer_for
 
-    trainer = trainer_for(method)
+    trainer = trainer_for(head.method)
     if trainer.distilled_layers is None:
-        raise ValueError(f"{name}: the {method} trainer streams its own target passes; it does not read distilled data")
-    spec = trainer.make_spec(method, **settings)
+        raise ValueError(
+            f"{name}: the {head.method} trainer streams its own target passes; it does not read distilled data"
+        )
+    spec = trainer.make_spec(head.method, **head.schedule)
     layers = trainer.distilled_layers(spec, target.num_layers)
     heldout, for_training = None, None
     if spec.eval_every:  # a fixed bucket of prompts is held out from training and measured every eval_every steps
         from specdec_kit.train.heldout import split
 
-        for_training, for_evaluation = split() if percent is None else split(percent)
-        heldout = DistilledData(data, layers, tokens_per_batch=budget, variants=variants, select=for_evaluation)
+        for_training, for_evaluation = split() if head.heldout_percent is None else split(head.heldout_percent)
+        heldout = DistilledData(
+            data, layers, tokens_per_batch=head.tokens_per_batch, variants=head.variants, select=for_evaluation
+        )
     source = DistilledData(
         data,
         layers,
-        tokens_per_batch=budget,
+        tokens_per_batch=head.tokens_per_batch,
         seed=spec.seed,
-        variants=variants,
+        variants=head.variants,
         select=for_training,
         answer_tokens=answer_tokens,
     )
-    spec.steps = round(epochs * len(source)) if epochs else spec.steps
+    spec.steps = round(head.epochs * len(source)) if head.epochs else spec.steps
     if done >= spec.steps and not force:
         print(f"{name}: already trained in {folder} ({done} steps; --force retrains)", file=sys.stderr)
         return None
