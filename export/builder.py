@@ -27,6 +27,7 @@ from specdec_kit import __version__
 from specdec_kit.export.engine_cache import build_lock, engine_files
 from specdec_kit.export.engine_rules import check_engine_rules
 from specdec_kit.export.inputs import BuildError, BuildInputs
+from specdec_kit.export.quantize import DRAFT_WEIGHTS, TARGET_WEIGHTS, WeightFormat
 from specdec_kit.export.trtllm_pytorch import check_legacy_release
 from specdec_kit.runtime.checkpoint import save_draft
 from specdec_kit.runtime.core.device import DTYPES
@@ -126,6 +127,28 @@ def check_target_store(inputs: BuildInputs) -> None:
         raise BuildError(f"--target-store {store}: is a file, expected a directory (new or existing)")
 
 
+def check_weights(inputs: BuildInputs) -> tuple[WeightFormat | None, WeightFormat | None]:
+    """The target's and the draft's weight formats. Quantized weights are an ONNX Runtime engine's (the serving
+    engines quantize in their own ways), and a model-free draft has no weights."""
+    formats = []
+    for flag, name, table in (
+        ("--weights", inputs.weights, TARGET_WEIGHTS),
+        ("--draft-weights", inputs.draft_weights, DRAFT_WEIGHTS),
+    ):
+        if name not in table:
+            raise BuildError(f"{flag} {name}: expected one of {', '.join(table)}")
+        if name != "float" and inputs.backend != "onnxruntime":
+            raise BuildError(
+                f"{flag} {name}: quantized weights are built for the onnxruntime backend; --backend "
+                f"{inputs.backend} serves the checkpoints in --dtype (quantize with that engine's own tools, e.g. a "
+                "pre-quantized checkpoint as --target)"
+            )
+        formats.append(table[name])
+    if formats[1] is not None and inputs.draft_path is None:
+        raise BuildError(f"--draft-weights {inputs.draft_weights}: a {inputs.draft} draft has no weights to quantize")
+    return formats[0], formats[1]
+
+
 def _existing(output: Path, digest: str) -> dict | None:
     """The manifest at ``output`` if it is a valid engine built from these exact inputs, else None."""
     if not (output / MANIFEST_NAME).is_file():
@@ -188,6 +211,7 @@ def build_engine(
     check_engine_rules(inputs.backend, inputs.draft_spec, inputs.pp, inputs.trtllm_legacy_engine)
     check_output(output)
     check_target_store(inputs)
+    check_weights(inputs)
     with output_lock(output, step):
         return _build_locked(inputs, output, digest, force, device, step, start, replace_other)
 
@@ -257,6 +281,7 @@ def _build_locked(
             from specdec_kit.export.onnx_build import build_onnx
 
             prompts = [tokenizer(p)["input_ids"] for p in PARITY_PROMPTS]
+            target_weights, draft_weights = check_weights(inputs)
             extra = build_onnx(
                 staging,
                 target,
@@ -268,6 +293,8 @@ def _build_locked(
                 prompts,
                 step,
                 draft_tree=inputs.draft_tree,
+                target_weights=target_weights,
+                draft_weights=draft_weights,
             )
         elif inputs.backend == "torch":
             step("writing the target and draft checkpoints (safetensors)")

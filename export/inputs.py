@@ -41,6 +41,8 @@ class BuildInputs:
     lookup: str | None = None  # a hybrid's model-free kind (``--draft griffin+suffix``)
     lookup_path: Path | None = None  # a model-free kind's settings file (alone or in a hybrid); None: its defaults
     target_store: Path | None = None  # server backends: the target written once there, the engine links to it
+    weights: str = "float"  # onnxruntime: the target's weights, float (the dtype's) or int4
+    draft_weights: str = "float"  # onnxruntime: the draft's weights, float or int8
     file_hashes: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
@@ -69,6 +71,8 @@ class BuildInputs:
             "pp": self.pp,
             "kit_version": __version__,
             **({"trtllm_legacy_engine": self.trtllm_legacy_engine} if self.trtllm_legacy_engine else {}),
+            **({"weights": self.weights} if self.weights != "float" else {}),  # float engines keep their old digests
+            **({"draft_weights": self.draft_weights} if self.draft_weights != "float" else {}),
             **(
                 {"graph_interface": ONNX_GRAPH_INTERFACE, "draft_tree": self.draft_tree}
                 if self.backend == "onnxruntime"

@@ -17,6 +17,7 @@ import torch
 
 from specdec_kit.export.inputs import BuildError
 from specdec_kit.export.onnx_graphs import OPSET, export_plan
+from specdec_kit.export.quantize import WeightFormat, quantize_graph
 from specdec_kit.runtime.core.manifest import ONNX_GRAPH_INTERFACE
 from specdec_kit.runtime.core.trees import tree_to_dict
 from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
@@ -121,6 +122,22 @@ def greedy_identity(
     return all(a.tokens == b.tokens for a, b in zip(ref, got))
 
 
+def quantized_greedy_checks(
+    target: TargetModel, ort_target, ort_drafter, prompts: list[list[int]], max_new_tokens: int = 24
+) -> dict[str, Any]:
+    """A quantized engine's lossless check and its distance from the float model: speculation through the graphs
+    equals the same graphs' plain decoding token for token (the engine's own target is the reference), and the share
+    of greedy tokens plain decoding produces identically to the float PyTorch model's (position by position)."""
+    speculative = SpeculativeGenerator(ort_target, ort_drafter).generate(prompts, max_new_tokens)
+    plain = SpeculativeGenerator(ort_target, None).generate(prompts, max_new_tokens)
+    floating = SpeculativeGenerator(target, None).generate(prompts, max_new_tokens)
+    pairs = [(a, b) for p, f in zip(plain, floating) for a, b in zip(p.tokens, f.tokens)]
+    return {
+        "greedy_identical_to_plain": all(a.tokens == b.tokens for a, b in zip(speculative, plain)),
+        "greedy_agreement_with_float": round(sum(a == b for a, b in pairs) / max(1, len(pairs)), 4),
+    }
+
+
 def build_onnx(
     staging: Path,
     target: TargetModel,
@@ -132,10 +149,14 @@ def build_onnx(
     prompts: list[list[int]],
     step: Callable[[str], None],
     draft_tree: bool = True,
+    target_weights: WeightFormat | None = None,
+    draft_weights: WeightFormat | None = None,
 ) -> dict[str, Any]:
     """Write graphs/ under ``staging``; return the manifest's ``artifacts`` and ``onnx`` sections. ``draft_tree``:
     add the draft's whole cycle as one graph where the kind and tree allow it (its export takes longer than the
-    step's: the tree search is unrolled)."""
+    step's: the tree search is unrolled). Quantized ``weights``: every graph's constant MatMuls in that format; the
+    build then proves speculation against the quantized graphs' own plain decoding and reports (does not bound) the
+    distance from PyTorch's float model."""
     import onnxruntime as ort
 
     from specdec_kit.runtime.ort.backend import OrtGraph, OrtTarget, providers_for
@@ -155,8 +176,12 @@ def build_onnx(
         plans.append(whole)
     with quiet_export():
         roles = [export_plan(plan, graphs).stem for plan in plans]
-    artifacts = {}
+    artifacts, quantized = {}, {}
     for role in ("target_step", *roles):
+        fmt = target_weights if role == "target_step" else draft_weights
+        if fmt is not None:
+            step(f"quantizing {role}.onnx's weights to {fmt.name} (MatMulNBits)")
+            quantized[role] = quantize_graph(graphs / f"{role}.onnx", fmt)
         step(f"checking and optimizing {role}.onnx")
         raw, opt = graphs / f"{role}.onnx", graphs / f"{role}.optimized.onnx"
         check_graph(raw)
@@ -176,16 +201,29 @@ def build_onnx(
     ort_drafter = family.ort_drafter(
         lambda role: OrtGraph(graphs / f"{role}.optimized.onnx", device), manifest, ort_target, tree
     )
-    bound = PARITY_ATOL.get(dtype, 5e-2)
-    if max(parity["logits_relative"], parity["features_relative"]) > bound:
+    bound = None if target_weights else PARITY_ATOL.get(dtype, 5e-2)
+    if bound is not None and max(parity["logits_relative"], parity["features_relative"]) > bound:
         raise BuildError(
             f"ONNX graph drifts from PyTorch: max |logits diff| {parity['logits']:.2e} "
             f"({parity['logits_relative']:.2e} of their largest magnitude), |features diff| "
             f"{parity['features']:.2e} ({parity['features_relative']:.2e}), bound {bound:.0e} relative"
         )
-    identical = greedy_identity(target, torch_drafter, ort_target, ort_drafter, prompts)
-    if not identical:
-        raise BuildError("greedy generation through the ONNX graphs differs from the PyTorch backend")
+    if target_weights:
+        checks = quantized_greedy_checks(target, ort_target, ort_drafter, prompts)
+        if not checks["greedy_identical_to_plain"]:
+            raise BuildError(
+                f"greedy speculation through the {target_weights.name} target differs from its own plain decoding"
+            )
+    else:
+        checks = {"greedy_identical_to_torch": greedy_identity(target, torch_drafter, ort_target, ort_drafter, prompts)}
+        if not checks["greedy_identical_to_torch"]:
+            raise BuildError("greedy generation through the ONNX graphs differs from the PyTorch backend")
+    weight_section = {}
+    if target_weights:
+        weight_section["target"] = {**target_weights.manifest(), "quantized_matmuls": quantized["target_step"]}
+    if draft_weights:
+        counts = {role: n for role, n in quantized.items() if role != "target_step"}
+        weight_section["draft"] = {**draft_weights.manifest(), "quantized_matmuls": counts}
     provider_names = [p[0] if isinstance(p, tuple) else p for p in providers]
     return {
         "artifacts": artifacts,
@@ -198,7 +236,8 @@ def build_onnx(
             "parity_max_abs": {k: float(f"{parity[k]:.3e}") for k in ("logits", "features")},
             "parity_max_relative": {k: float(f"{parity[f'{k}_relative']:.3e}") for k in ("logits", "features")},
             "parity_bound": bound,
-            "greedy_identical_to_torch": identical,
+            **checks,
+            **({"weights": weight_section} if weight_section else {}),
             **whole_tree,  # the tree the draft_tree graph drafts in one call
         },
     }

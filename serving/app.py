@@ -167,10 +167,13 @@ async def server_info(request: Request):
     state = _state(request)
     authorize(state, request)
     m, c = state.engine.manifest, state.config
+    quantized = m.get("onnx", {}).get("weights", {})  # ONNX Runtime engines built with quantized weights
     return {
         "model": c.model_name,
         "engine": str(state.engine.path),
         "backend": m["backend"],
+        "dtype": m["dtype"],
+        "weights": {part: quantized.get(part, {}).get("format", "float") for part in ("target", "draft")},
         "draft": m["draft"]["kind"],
         "tree": m["tree"],
         "max_num_seqs": c.max_num_seqs,

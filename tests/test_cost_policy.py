@@ -276,6 +276,7 @@ def test_a_server_choosing_trees_by_cost_stays_lossless(demo_engine):
         with ThreadPoolExecutor(8) as pool:
             assert list(pool.map(complete, prompts)) == expected
         info = httpx.get(srv.url + "/server_info").json()
+        assert info["dtype"] == "float32" and info["weights"] == {"target": "float", "draft": "float"}
         sizes = [c["tree_tokens"] for c in info["speculation"]]
         assert sizes[0] == 1 and sizes[1:] == sorted(sizes[1:], reverse=True) and len(sizes) >= 3
         assert any(c["accepted_per_row"] for c in info["speculation"][1:])  # trees were run and measured

@@ -1,0 +1,148 @@
+"""Quantized ONNX Runtime engines (``--weights int4``, ``--draft-weights int8``): every constant MatMul weight of the
+quantized part is quantized in each of its graphs, the target computes in float and the draft in int8, speculation
+through the engine is exactly the same engine's plain decoding (a quantized target is its own reference; a float one
+is still PyTorch's), and the build reports, without bounding, how far a quantized target's greedy tokens stray from
+the float model's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+import torch
+
+from specdec_kit.export.builder import build_engine
+from specdec_kit.export.inputs import BuildInputs
+from specdec_kit.export.quantize import untie_transposed_weights
+from specdec_kit.runtime.core.manifest import read_manifest
+from specdec_kit.runtime.core.trees import DynamicTreeConfig, tree_to_dict
+from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
+from specdec_kit.runtime.engine import open_engine
+
+REPO = Path(__file__).resolve().parents[1]
+TREE = tree_to_dict(DynamicTreeConfig(6, 2, 2))  # small: the one-call draft graph is exported and quantized too
+
+
+def inputs(paths: dict, weights: str, draft_weights: str, backend: str = "onnxruntime") -> BuildInputs:
+    return BuildInputs(
+        draft="griffin",
+        target=paths["target"],
+        draft_path=paths["griffin"],
+        tokenizer=paths["target"],
+        backend=backend,
+        dtype="float32",
+        tree=TREE,
+        weights=weights,
+        draft_weights=draft_weights,
+    )
+
+
+@pytest.fixture(scope="module")
+def quantized(demo_checkpoints, tmp_path_factory) -> Path:
+    """One engine quantizes both parts (a draft's int8 alone changes nothing the target's checks see)."""
+    out = tmp_path_factory.mktemp("quantized") / "int4-draftint8"
+    return build_engine(inputs(demo_checkpoints, "int4", "int8"), out).path
+
+
+def matmuls(path: Path) -> tuple[int, list[tuple[int, int]]]:
+    """One graph's float MatMuls whose weight is a constant, and its MatMulNBits' (bits, accuracy level)."""
+    graph = onnx.load(str(path), load_external_data=False).graph
+    constants = {init.name for init in graph.initializer}
+    float_weights = sum(n.op_type == "MatMul" and n.input[1] in constants for n in graph.node)
+    attrs = [{a.name: a.i for a in n.attribute} for n in graph.node if n.op_type == "MatMulNBits"]
+    return float_weights, [(a["bits"], a["accuracy_level"]) for a in attrs]
+
+
+def test_each_part_stores_its_weights_in_its_format(quantized):
+    m = read_manifest(quantized)
+    section = m["onnx"]["weights"]
+    assert m["inputs"]["options"]["weights"] == "int4" and m["inputs"]["options"]["draft_weights"] == "int8"
+    expected = {"target_step": (4, 1), "draft_step": (8, 4), "draft_tree": (8, 4)}
+    assert {r for r in m["artifacts"] if not r.endswith("_optimized")} == set(expected)
+    for role, quant in expected.items():
+        for artifact in (role, f"{role}_optimized"):  # the build's graph optimizations keep them
+            float_weights, nbits = matmuls(quantized / m["artifacts"][artifact])
+            # the target multiplies in float (accuracy level 1), a draft in int8 (4)
+            assert float_weights == 0 and set(nbits) == {quant}, artifact
+            counts = section["target" if role == "target_step" else "draft"]["quantized_matmuls"]
+            assert len(nbits) == (counts if role == "target_step" else counts[role]) > 0, artifact
+    assert section["draft"]["format"] == "int8" and section["target"]["format"] == "int4"
+    assert section["target"]["block_size"] == 32 and m["onnx"]["parity_bound"] is None
+    assert m["onnx"]["greedy_identical_to_plain"] is True and "greedy_identical_to_torch" not in m["onnx"]
+    assert 0.0 <= m["onnx"]["greedy_agreement_with_float"] <= 1.0
+
+
+def prompts(vocab: int, count: int = 6) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(11)
+    return [
+        torch.randint(0, vocab, (int(n),), generator=gen).tolist()
+        for n in torch.randint(2, 15, (count,), generator=gen)
+    ]
+
+
+def test_speculation_equals_the_quantized_engines_own_plain_decoding(quantized):
+    engine = open_engine(quantized, device="cpu")
+    assert engine.drafter is not None
+    assert engine.drafter.step.whole is not None  # the quantized one-call draft graph drafts each cycle
+    batch = prompts(engine.target.vocab_size)
+    plain = SpeculativeGenerator(engine.target, None).generate(batch, 40)
+    together = engine.generator().generate(batch, 40)
+    one_by_one = [engine.generator().generate([p], 40)[0] for p in batch[:3]]
+    assert [r.tokens for r in together] == [r.tokens for r in plain]
+    assert [r.tokens for r in one_by_one] == [r.tokens for r in plain[:3]]
+    assert sum(r.stats.accepted_tokens for r in together) > 0  # quantized drafts still get accepted
+
+
+def test_a_quantized_target_stores_its_matrices_in_a_sixth_of_the_room(quantized, demo_checkpoints):
+    from onnx import numpy_helper
+    from safetensors.torch import load_file
+
+    graph = onnx.load(str(quantized / read_manifest(quantized)["artifacts"]["target_step"])).graph
+    stored = sum(numpy_helper.to_array(init).nbytes for init in graph.initializer)
+    tensors = load_file(demo_checkpoints["target"] / "model.safetensors")
+    stays_float = 4 * sum(t.numel() for name, t in tensors.items() if t.dim() == 1 or "embed_tokens" in name)
+    matrices = 4 * sum(t.numel() for name, t in tensors.items() if t.dim() == 2 and "embed_tokens" not in name)
+    # 4 bits and a float scale per 32 weights: 0.625 bytes a weight instead of 4
+    assert stays_float < stored < stays_float + matrices / 6
+
+
+def test_a_tied_lm_head_is_untied_into_its_own_quantizable_weight():
+    from onnx import helper, numpy_helper
+
+    table = numpy_helper.from_array(torch.randn(10, 4).numpy(), "embed")
+    nodes = [
+        helper.make_node("Gather", ["embed", "ids"], ["h"]),
+        helper.make_node("Transpose", ["embed"], ["embed_t"], perm=[1, 0]),
+        helper.make_node("MatMul", ["h", "embed_t"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tied",
+        [helper.make_tensor_value_info("ids", onnx.TensorProto.INT64, [3])],
+        [helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, [3, 10])],
+        [table],
+    )
+    model = helper.make_model(graph)
+    assert untie_transposed_weights(model) == 1
+    constants = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    assert constants["embed_t"].shape == (4, 10) and (constants["embed_t"] == constants["embed"].T).all()
+    assert [n.op_type for n in model.graph.node] == ["Gather", "MatMul"]
+
+
+def run_builder(*args: str, cwd: Path, draft: str = "griffin") -> subprocess.CompletedProcess:
+    command = [sys.executable, str(REPO / "export" / "build_engine.py"), "--draft", draft, *args]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+
+
+def test_the_builder_refuses_unknown_formats_serving_engines_and_weightless_drafts(tmp_path):
+    unknown = run_builder("--weights", "int2", cwd=tmp_path)
+    assert unknown.returncode == 2 and "invalid choice: 'int2'" in unknown.stderr
+    served = run_builder("--weights", "int4", "--backend", "vllm", cwd=tmp_path)
+    assert served.returncode == 2 and "Traceback" not in served.stderr
+    assert "--weights int4: quantized weights are built for the onnxruntime backend; --backend vllm" in served.stderr
+    weightless = run_builder("--draft-weights", "int8", draft="ngram", cwd=tmp_path)
+    assert weightless.returncode == 2 and "a ngram draft has no weights to quantize" in weightless.stderr
+    assert not list(tmp_path.rglob("manifest.json"))  # nothing built
