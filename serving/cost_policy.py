@@ -22,8 +22,12 @@ leader to replace it.
 Estimates go stale: the leader is measured every cycle, a candidate that does not lead only by its probes, so a
 sample after a long gap weighs what the cycles in between would have (``Ema``): a cost measured while the machine
 was busy (a batch filling, its clients' requests parsed on the same cores) or acceptance measured on other text does
-not stay a candidate's estimate for good. A chain's cycle also tells what every shorter chain would have accepted on
-the same text (a prefix of its path), so their acceptance follows the text now decoded.
+not stay a candidate's estimate for good. A candidate predicted too far behind to be probed (below ``probe_within``
+of the leader, e.g. every tree measured while other work shared the cores) is measured again once its estimate at
+that batch size is ``stale_after`` cycles old: otherwise an estimate taken under load would keep it out for good.
+Such a re-measurement runs the candidate until one of its cycles is not a catch-up (after plain decoding the first
+one reads the skipped context, which is not what its cycles cost). A chain's cycle also tells what every shorter
+chain would have accepted on the same text (a prefix of its path), so their acceptance follows the text now decoded.
 
 A cycle also costs what is neither draft nor target: accepting, streaming the tokens out, the scheduler's
 bookkeeping. That overhead is measured per batch size (the cycle's whole time less its draft and target parts) and
@@ -172,6 +176,8 @@ class CostPolicy:
     hold: float = 1.05  # and any candidate this much faster than the leader: estimates from probes are noisy
     acceptance_most: float = 0.3  # the most one cycle's acceptance weighs after a long gap (see ``Ema``): it is noisy
     reach: float = 2.0  # a cost is extrapolated at most this far beyond the largest size measured; further, measured
+    stale_after: int = 400  # cycles at a batch size after which a candidate too far behind to probe is measured again
+    remeasuring: dict[int, tuple[int, int]] = field(default_factory=dict)  # per batch size: (candidate, cycles left)
     accepted: dict[int, Ema] = field(default_factory=dict)  # [candidate] -> accepted draft tokens per row
     widths: dict[int, Ema] = field(default_factory=dict)  # [candidate] -> nodes per row its cycles verified
     cycles: dict[int, int] = field(default_factory=dict)  # per batch size, for the probes (and its estimates' clock)
@@ -265,11 +271,26 @@ class CostPolicy:
         point = self.cycle_at.get(k, {}).get(batch)
         return point is not None and point.n >= self.warmup
 
+    def age(self, k: int, batch: int) -> int | None:
+        """Cycles at this batch size since candidate ``k``'s estimate there was last measured (its whole cycles, or
+        for a tree predicted from parts, its draft); None where it never was."""
+        point = self.cycle_at.get(k, {}).get(batch) or self.draft.get(k, {}).get(batch)
+        return None if point is None or not point.n else self.cycles.get(batch, 0) - point.at
+
+    def stale(self, candidates: list[int], batch: int) -> int | None:
+        """The best of ``candidates`` (ranked) whose estimate at this batch size is ``stale_after`` cycles old."""
+        return next((c for c in candidates if (self.age(c, batch) or 0) >= self.stale_after), None)
+
     def choose(self, batch_size: int) -> Tree | None:
         points = self.trusted()
         rates = [self.predicted_rate(c, batch_size, points) for c in range(len(self.trees) + 1)]
         n = self.cycles[batch_size] = self.cycles.get(batch_size, 0) + 1
         self.clock += 1
+        if batch_size in self.remeasuring:  # a stale candidate whose last cycle only caught up: once more
+            self._last, left = self.remeasuring.pop(batch_size)
+            if left > 1:
+                self.remeasuring[batch_size] = (self._last, left - 1)
+            return None if self._last == 0 else self.trees[self._last - 1]
         # a candidate still lacking a measurement goes first: plain (its call is the cheapest point of the cost
         # curve), then the trees, largest first; at a batch size that recurs, its contenders at that size
         k = next((c for c, rate in enumerate(rates) if rate is None), None)
@@ -303,6 +324,10 @@ class CostPolicy:
                 self.next_probe[batch_size] = n + self.probe_gap[batch_size]
                 if (turn + 1) % len(others) == 0:  # a round over: the next ones come half as often
                     self.probe_gap[batch_size] = min(2 * self.probe_gap[batch_size], self.max_probe_gap)
+            else:
+                stale = self.stale([c for c in ranked[1:] if c not in others], batch_size)
+                if stale is not None:
+                    k, self.remeasuring[batch_size] = stale, (stale, 2)  # a catch-up, then up to 2 more cycles
         self._last = k
         return None if k == 0 else self.trees[k - 1]
 
@@ -323,6 +348,9 @@ class CostPolicy:
         now = self.cycles.get(outcome.rows, 0)  # this batch size's clock
         if not (k and outcome.caught_up):  # a catch-up over unread context is not a step's cost
             self.cycle_at.setdefault(k, {}).setdefault(outcome.rows, Ema()).add(seconds, self.smoothing, now)
+        pending = self.remeasuring.get(outcome.rows)
+        if pending and pending[0] == self._last and not (k and outcome.caught_up):
+            del self.remeasuring[outcome.rows]  # measured again: its estimate now is what it costs now
         if k:
             if not outcome.caught_up:
                 self.draft.setdefault(k, {}).setdefault(outcome.rows, Ema()).add(outcome.draft_s, self.smoothing, now)
