@@ -158,15 +158,17 @@ def start_vllm(
     python: str,
     speculative: bool,
     max_model_len: int,
-    kv_cache_gib: int,
+    kv_cache_gib: int | None,
     log: Path,
     extra: list[str],
     extra_env: dict[str, str] | None = None,
 ) -> ServerProcess:
     """vLLM's OpenAI server on a ``--backend vllm`` engine: with the engine's draft through ``specdec-serve`` (the
-    user's path, the engine's ``vllm/serve.sh``), or plain on the engine's target with the same settings."""
+    user's path, the engine's ``vllm/serve.sh``), or plain on the engine's target with the same settings. With
+    ``kv_cache_gib`` None ``specdec-serve`` sizes vLLM-CPU's cache itself (speculative only)."""
     port = free_port()
-    env = dict(os.environ, SPECDEC_VLLM_PYTHON=python, VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib), **(extra_env or {}))
+    cache = {} if kv_cache_gib is None else {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib)}
+    env = dict(os.environ, SPECDEC_VLLM_PYTHON=python, **cache, **(extra_env or {}))
     if speculative:
         cmd = [
             sys.executable,

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from specdec_kit.runtime.core.manifest import EngineError, read_manifest
 from specdec_kit.serving.intake import DEFAULT_MAX_REQUEST_BYTES
+from specdec_kit.serving.vllm_memory import KvCacheError, is_cpu_build, kv_cache_flags
 
 SERVER_SCRIPTS = {"tensorrt-llm": "trtllm/serve.sh", "sglang": "sglang/serve.sh", "vllm": "vllm/serve.sh"}
 CONTEXT_FLAG = {"sglang": "--context-length", "vllm": "--max-model-len"}
@@ -38,7 +39,13 @@ def parse_args(argv):
         help="default: the engine's (embedded for onnxruntime/torch engines)",
     )
     p.add_argument("--served-model-name", help="the model id clients send (default: the engine directory's name)")
-    p.add_argument("--max-num-seqs", type=int, default=16, help="largest running batch")
+    p.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=16,
+        help="largest running batch; a vLLM-CPU engine's KV cache is sized for this many sequences of "
+        "--max-model-len tokens (unless VLLM_CPU_KVCACHE_SPACE or vLLM's own sizing options are given after --)",
+    )
     p.add_argument("--max-queue", type=int, default=256, help="waiting requests beyond this get 429")
     p.add_argument(
         "--api-key",
@@ -217,13 +224,24 @@ def main(argv=None) -> int:
             except ValueError as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
+        flags = external_flags(backend, args.host, name, args.max_model_len)
         if backend == "vllm":
             python = vllm_interpreter()
             if python is None:
                 return 2
             env_extra["SPECDEC_VLLM_PYTHON"] = python
+            if is_cpu_build(python):
+                try:
+                    cache, note = kv_cache_flags(
+                        args.engine, manifest, args.max_model_len, args.max_num_seqs, args.server_args, os.environ
+                    )
+                except KvCacheError as exc:
+                    print(f"error: {exc}", file=sys.stderr)
+                    return 2
+                flags += cache
+                if note:
+                    print(note, flush=True)
         env_extra.update(key_environment(backend, args.api_key))
-        flags = external_flags(backend, args.host, name, args.max_model_len)
         return launch_external(args.engine, backend, flags, args.server_args, args.port, env_extra)
 
     import uvicorn

