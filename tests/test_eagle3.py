@@ -424,3 +424,30 @@ def test_an_engine_that_captures_layer_outputs_refuses_a_draft_reading_the_embed
     with pytest.raises(BuildError, match="SGLang captures layer outputs.*entering layer 0"):
         export("sglang", tmp_path / "e3", demo_checkpoints, tmp_path / "sglang")
     assert not (tmp_path / "sglang").exists()
+
+
+def test_an_offline_feature_cache_gives_eagle3_the_batches_it_streams_and_trains_it(tmp_path):
+    """Offline hidden states: the cache holds the inputs of the head's three layers beside the last layer's features,
+    so its batches are the streamed ones (fp16 apart), the head trains from it, and a cache of other layers is
+    refused."""
+    from specdec_kit.train.eagle3 import Eagle3Spec, train_eagle3
+    from specdec_kit.train.features import CachedFeatures, write_cache
+
+    target = tiny_case_target(layers=4)
+    data = torch.randint(0, 50, (6, 16), generator=torch.Generator().manual_seed(2))
+    write_cache(target, data, tmp_path / "cache", shard_blocks=4, taps=[0, 2, 3])
+    cached = CachedFeatures(tmp_path / "cache", target, [0, 2, 3])
+    idx = torch.tensor([1, 4, 5])
+    tokens, taps, logits = cached.batch(idx)
+    streamed_taps, streamed_logits = tapped_outputs(target, data[idx], (0, 2, 3))
+    assert torch.equal(tokens, data[idx])
+    torch.testing.assert_close(taps, streamed_taps, atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(logits, streamed_logits, atol=2e-2, rtol=1e-2)
+    spec = Eagle3Spec(steps=2, batch=2, seq_len=16, warmup=1, ttt_length=2, feature_layers=[0, 2, 3])
+    result = train_eagle3(target, cached, spec, tmp_path / "head", progress=False)
+    assert result["steps"] == 2 and (tmp_path / "head" / "config.json").is_file()
+    with pytest.raises(ValueError, match=r"holds the inputs of layers \[0, 2, 3\], expected \[1, 2, 3\]"):
+        CachedFeatures(tmp_path / "cache", target, [1, 2, 3])
+    other = Eagle3Spec(steps=2, batch=2, seq_len=16, warmup=1, feature_layers=[1, 2, 3])
+    with pytest.raises(ValueError, match=r"holds the inputs of layers \[0, 2, 3\]; this head reads \[1, 2, 3\]"):
+        train_eagle3(target, cached, other, tmp_path / "other", progress=False)

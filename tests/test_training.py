@@ -208,3 +208,28 @@ def test_train_head_cli(tmp_path):
     load_draft(tmp_path / "hass", "hass", 32, 75)
     rc = cli.main(["--method", "hass", "--target", str(tmp_path / "nope"), "--out", str(tmp_path / "x")])
     assert rc == 2
+
+
+@pytest.mark.parametrize("method", ["griffin", "eagle3"])
+def test_the_cli_trains_from_offline_hidden_states(method, tmp_path):
+    """``--cache-features DIR``: the target's hidden states written once (EAGLE-3's three layers' inputs too), then
+    every step reads them; the head is written in its layout."""
+    import json
+
+    from specdec_kit.runtime.demo import write_char_tokenizer
+    from specdec_kit.runtime.synthetic import tiny_hf_model
+    from specdec_kit.train import cli
+
+    hf = tiny_hf_model(hidden_size=32, layers=3, heads=2, kv_heads=1, intermediate=64, vocab=75)
+    hf.save_pretrained(tmp_path / "target")
+    write_char_tokenizer(tmp_path / "target")
+    (tmp_path / "text.txt").write_text("def add(a, b):\n    return a + b\n" * 40)
+    layers = ["--feature-layers", "0,1,2", "--ttt-length", "2"] if method == "eagle3" else []
+    common = ["--target", str(tmp_path / "target"), "--data", str(tmp_path / "text.txt"), "--steps", "2"]
+    rc = cli.main(
+        ["--method", method, *common, "--batch", "2", "--seq-len", "32", "--out", str(tmp_path / "head"), *layers]
+        + ["--cache-features", str(tmp_path / "cache")]
+    )
+    assert rc == 0 and (tmp_path / "head" / "config.json").is_file()
+    index = json.loads((tmp_path / "cache" / "index.json").read_text())
+    assert index["taps"] == ([0, 1, 2] if method == "eagle3" else [])

@@ -1,8 +1,10 @@
 """``specdec-train-head``: train a GRIFFIN / HASS / EAGLE / EAGLE-3 / Medusa / MoA head for your own target.
 
 Data: the stdlib corpus by default, or --data (a text file, a folder of .txt/.py/.md files, or a
-.jsonl with a "text" field), tokenised with the target's tokenizer. Features are streamed from the
-target, or cached first with --cache-features (the size is printed before anything is written).
+.jsonl with a "text" field), tokenised with the target's tokenizer. The target's hidden states are online (the
+target runs in every training step) or offline with --cache-features DIR (written there once, the size printed
+before anything is written, then read by every step): online fits a target that fits beside the head, offline a
+target too large for that or data trained on for several epochs.
 The head is written in its method's official layout, with a resumable training_state.pt.
 EAGLE-3 (--method eagle3) reads three target layers (--feature-layers, default the reference's 2, L/2, L-3),
 picks its draft vocabulary (--draft-vocab tokens, default a quarter of the target's) by token frequency in
@@ -86,7 +88,12 @@ def main(argv: list[str] | None = None) -> int:
         type=lambda s: [int(i) for i in s.split(",")],
         help="eagle3: target layer ids whose entering hidden states are fused, e.g. 2,16,29",
     )
-    p.add_argument("--cache-features", type=Path, help="write target features here first, then train from them")
+    p.add_argument(
+        "--cache-features",
+        type=Path,
+        help="offline hidden states: write the target's features (EAGLE-3: the inputs of its three layers too) here "
+        "first, then train from them; without it they are online (the target runs in every step)",
+    )
     p.add_argument("--device", default="auto")
     args = p.parse_args(argv)
     from specdec_kit.runtime.loader import load_tokenizer, set_threads
@@ -113,11 +120,12 @@ def main(argv: list[str] | None = None) -> int:
         data = blocks(token_stream(tokenizer, docs, max_tokens=need + spec.seq_len), spec.seq_len, spec.seed)
         if data.shape[0] == 0:
             raise ValueError(f"not enough text for one block of {spec.seq_len} tokens")
-        if args.cache_features:
+        if args.cache_features:  # offline: the target's hidden states written once, then read by every step
             from specdec_kit.train.features import CachedFeatures, write_cache
 
-            write_cache(target, data, args.cache_features)
-            data = CachedFeatures(args.cache_features, target)
+            taps = trainer.cache_taps(spec, target.num_layers) if trainer.cache_taps else None
+            write_cache(target, data, args.cache_features, taps=taps)
+            data = CachedFeatures(args.cache_features, target, taps)
         result = trainer.train(target, data, spec, args.out, base_model=str(args.target))
     except (TargetLoadError, ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)

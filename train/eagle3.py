@@ -30,6 +30,7 @@ from specdec_kit.runtime.drafts.loading import draft_config
 from specdec_kit.runtime.models.attention import apply_rope
 from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.train.distilled import BatchMasks, DistilledData
+from specdec_kit.train.features import CachedFeatures
 from specdec_kit.train.heldout import HeldOutTracker
 from specdec_kit.train.methods import Trainer
 from specdec_kit.train.parallel import one_process
@@ -215,15 +216,18 @@ def train_eagle3(
     state. ``device``: where the draft trains (default: CUDA when present; the target stays where it was loaded)."""
     one_process("EAGLE-3")
     device = resolve_device(device)
-    distilled = isinstance(data, DistilledData)
-    if not distilled and not isinstance(data, torch.Tensor):
+    distilled, cached = isinstance(data, DistilledData), isinstance(data, CachedFeatures)
+    if not (distilled or cached or isinstance(data, torch.Tensor)):
         raise ValueError(
-            "eagle3 trains on streamed features (the target's tapped layers and its logits come from "
-            "one forward per batch) or on distilled data; --cache-features stores the last layer only"
+            "eagle3 trains on token blocks (online: the target's tapped layers and logits from one forward per "
+            f"batch), a feature cache holding its layers (offline) or distilled data, not {type(data).__name__}"
         )
+    layers = cache_taps(spec, target.num_layers)
+    if cached and data.taps != layers:
+        raise ValueError(f"the feature cache holds the inputs of layers {data.taps}; this head reads {layers}")
     out_dir.mkdir(parents=True, exist_ok=True)
     size = spec.draft_vocab or max(1, target.vocab_size // 4)
-    seen = data.answer_tokens() if distilled else data
+    seen = data.answer_tokens() if distilled else data.tokens_seen() if cached else data
     d2t, t2d = draft_vocabulary(seen, target.vocab_size, size)
     coverage = float(t2d[seen].float().mean())
     print(
@@ -252,9 +256,12 @@ def train_eagle3(
         if distilled:
             tokens, taps, logits, masks = data.batch(step)
         else:
-            tokens, masks = data[spec.batch_rows(step, data.shape[0])], None
-            taps, logits = tapped_outputs(target, tokens, draft.feature_layers)
-            tokens, taps, logits = tokens.to(device), taps.to(device), logits.to(device)
+            if cached:
+                tokens, taps, logits = data.batch(spec.batch_rows(step, len(data)))
+            else:
+                tokens = data[spec.batch_rows(step, data.shape[0])]
+                taps, logits = tapped_outputs(target, tokens, draft.feature_layers)
+            tokens, taps, logits, masks = tokens.to(device), taps.to(device), logits.to(device), None
         for group in opt.param_groups:
             group["lr"] = spec.lr * min(1.0, (step + 1) / spec.warmup)
         with spec.autocast(device):
@@ -299,6 +306,11 @@ def train_eagle3(
     }
 
 
+def cache_taps(spec: Eagle3Spec, num_layers: int) -> list[int]:
+    """The target layers whose entering hidden states the head reads (a feature cache or distilled data holds them)."""
+    return list(spec.feature_layers or default_feature_layers(num_layers))
+
+
 def eagle3_spec(method: str = "eagle3", **settings) -> Eagle3Spec:
     """EAGLE-3's settings (it has one method)."""
     return Eagle3Spec(**settings)
@@ -308,7 +320,6 @@ TRAINER = Trainer(
     make_spec=eagle3_spec,
     train=train_eagle3,
     options=("draft_vocab", "ttt_length", "feature_layers"),
-    cached_features="eagle3 reads three target layers and the target's logits, which it streams (the cache holds "
-    "the last layer only)",
-    distilled_layers=lambda spec, num_layers: list(spec.feature_layers or default_feature_layers(num_layers)),
+    cache_taps=cache_taps,
+    distilled_layers=cache_taps,
 )

@@ -3,7 +3,12 @@ disk in safetensors shards, with the disk size printed before anything is writte
 
 Only tokens and post-norm last-layer features are stored (fp16); the target's logits are recomputed
 from the features with its LM head, which costs little and saves V/d times the disk (the EAGLE data
-pipeline's 740 GB for 68k samples is what this avoids).
+pipeline's 740 GB for 68k samples is what this avoids). A head that reads other layers (EAGLE-3: the hidden
+states entering three of them) gets those stored beside them (``taps``): the cache then holds (k + 1) x d per token.
+
+Streamed features are the online mode (the target runs in the training loop, nothing on disk: for targets that fit
+beside the head); a cache is the offline mode (the target runs once, before training: for targets too large to
+hold beside the head, or data trained on for several epochs).
 """
 
 from __future__ import annotations
@@ -19,8 +24,8 @@ from tqdm import tqdm
 from specdec_kit.runtime.models.target import TargetModel
 
 
-def cache_bytes(blocks: int, seq_len: int, hidden: int) -> int:
-    return blocks * seq_len * (hidden * 2 + 8)  # fp16 features + int64 tokens
+def cache_bytes(blocks: int, seq_len: int, hidden: int, taps: int = 0) -> int:
+    return blocks * seq_len * (hidden * 2 * (1 + taps) + 8)  # fp16 features (and taps) + int64 tokens
 
 
 @torch.no_grad()
@@ -52,30 +57,48 @@ class StreamedFeatures:
         return self.data
 
 
-def write_cache(target: TargetModel, data: torch.Tensor, out: Path, shard_blocks: int = 64) -> Path:
-    """Compute and store features for ``data`` [N, T] blocks; prints the size first."""
+@torch.no_grad()
+def layer_outputs(target: TargetModel, tokens: torch.Tensor, taps: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Post-norm last-layer features and the hidden states entering ``taps`` side by side [B, T, k x d]."""
+    out = target.hf_model.model(tokens.to(target.device), output_hidden_states=True)
+    tapped = torch.cat([out.hidden_states[i] for i in taps], dim=-1) if taps else out.last_hidden_state[..., :0]
+    return out.last_hidden_state.float().cpu(), tapped.float().cpu()
+
+
+def write_cache(
+    target: TargetModel, data: torch.Tensor, out: Path, shard_blocks: int = 64, taps: list[int] | None = None
+) -> Path:
+    """Compute and store features for ``data`` [N, T] blocks (and the hidden states entering the ``taps`` layers);
+    prints the size first."""
     n, seq = data.shape
-    size = cache_bytes(n, seq, target.hidden_size)
+    taps = list(taps or [])
+    size = cache_bytes(n, seq, target.hidden_size, len(taps))
+    layers = f" and the inputs of layers {taps}" if taps else ""
     print(
-        f"feature cache: {n} blocks x {seq} tokens x d={target.hidden_size} -> {size / 2**20:.1f} MiB in {out}",
+        f"feature cache: {n} blocks x {seq} tokens x d={target.hidden_size}{layers} -> {size / 2**20:.1f} MiB in {out}",
         file=sys.stderr,
     )
     out.mkdir(parents=True, exist_ok=True)
     shards = []
     for start in tqdm(range(0, n, shard_blocks), desc="features", file=sys.stderr):
         tokens = data[start : start + shard_blocks]
-        feats, _ = target_outputs(target, tokens)
+        feats, tapped = layer_outputs(target, tokens, taps)
+        tensors = {"tokens": tokens.contiguous(), "features": feats.half().contiguous()}
+        if taps:
+            tensors["taps"] = tapped.half().contiguous()
         name = f"features_{start // shard_blocks:05d}.safetensors"
-        save_file({"tokens": tokens.contiguous(), "features": feats.half().contiguous()}, str(out / name))
+        save_file(tensors, str(out / name))
         shards.append({"file": name, "blocks": int(tokens.shape[0])})
-    (out / "index.json").write_text(json.dumps({"seq_len": seq, "hidden_size": target.hidden_size, "shards": shards}))
+    index = {"seq_len": seq, "hidden_size": target.hidden_size, "taps": taps, "shards": shards}
+    (out / "index.json").write_text(json.dumps(index))
     return out
 
 
 class CachedFeatures:
-    """Reads a cache written by ``write_cache``; logits come from the target's LM head."""
+    """Reads a cache written by ``write_cache``; logits come from the target's LM head. With ``taps`` (the layers an
+    EAGLE-3 head reads) a batch gives their hidden states in place of the last layer's features."""
 
-    def __init__(self, path: Path, target: TargetModel):
+    def __init__(self, path: Path, target: TargetModel, taps: list[int] | None = None):
         index_file = path / "index.json"
         if not index_file.is_file():
             raise FileNotFoundError(f"{index_file}: missing; write the cache with write_cache first")
@@ -84,12 +107,21 @@ class CachedFeatures:
             raise ValueError(
                 f"{index_file}: hidden_size {index['hidden_size']} does not fit the target's {target.hidden_size}"
             )
-        tokens, feats = [], []
+        self.taps = list(taps or [])
+        if self.taps and self.taps != index.get("taps", []):
+            raise ValueError(
+                f"{index_file}: holds the inputs of layers {index.get('taps', [])}, expected {self.taps} (write the "
+                "cache again for this head)"
+            )
+        tokens, feats, tapped = [], [], []
         for shard in index["shards"]:
             data = load_file(str(path / shard["file"]))
             tokens.append(data["tokens"])
             feats.append(data["features"])
+            if self.taps:
+                tapped.append(data["taps"])
         self.tokens, self.features = torch.cat(tokens), torch.cat(feats)
+        self.tapped = torch.cat(tapped) if tapped else None
         self.lm_head = target.lm_head
 
     def __len__(self) -> int:
@@ -97,9 +129,11 @@ class CachedFeatures:
 
     @torch.no_grad()
     def batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(tokens, what the head reads: the tapped layers or the last layer's features, the target's logits)."""
         feats = self.features[idx].float()
         logits = self.lm_head(feats.to(self.lm_head.weight.dtype)).float()
-        return self.tokens[idx], feats, logits
+        read = self.tapped[idx].float() if self.tapped is not None else feats
+        return self.tokens[idx], read, logits
 
     batch_for = StreamedFeatures.batch_for
 

@@ -17,6 +17,9 @@ class Trainer:
     train: Callable[..., dict]  # (target, data, spec, out_dir, base_model=, save_dtype=, ...) -> its training log
     options: tuple[str, ...] = ()  # the ``specdec-train-head`` options it reads beside the schedule's
     cached_features: str | None = None  # why it cannot train from ``--cache-features`` (None: it can)
+    # the layers whose entering hidden states a feature cache holds for it, given (spec, target layers); None: the
+    # last layer's features alone
+    cache_taps: Callable[[Any, int], list[int]] | None = None
     # the target layers it reads from self-distilled data, given (spec, target layers); None: it cannot train on them
     distilled_layers: Callable[[Any, int], list[int]] | None = None
 
