@@ -6,7 +6,7 @@ input dimension, one float scale per block (symmetric). The two parts quantize d
 decides the output:
 
 - The target computes in float (``accuracy_level`` 1: each block dequantized inside the kernel). Quantizing its
-  activations too (level 4, int8 dot products: 11 ms instead of 19 for one SmolLM2-135M token on a 2-core AVX CPU)
+  activations too (level 4, int8 dot products: 11 ms instead of 19 for one SmolLM2-135M token on 2 AVX-512 VNNI cores)
   makes a token's logits depend on the shape of the call it is computed in: the few-ulp differences float attention
   has between a one-token call and a tree of five (6e-5 in SmolLM2's logits) cross int8 rounding steps layer after
   layer and grow to about 1 logit. Speculation would then stop being the engine's own plain decoding; with float

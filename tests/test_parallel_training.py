@@ -14,24 +14,35 @@ import torch
 STEPS = 8
 
 
-def train(target: Path, out: Path, steps: int, ranks: int) -> None:
+def train(target: Path, out: Path, steps: int, ranks: int, sharding: str = "ddp") -> str:
     python = Path(sys.executable)
     entry = [str(python.parent / "torchrun"), "--nproc-per-node", str(ranks)] if ranks > 1 else [str(python)]
     command = [*entry, "-m", "specdec_kit.train.cli", "--method", "griffin", "--target", str(target)]
+    command += ["--sharding", sharding]
     command += ["--steps", str(steps), "--batch", "4", "--seq-len", "32", "--draft-vocab", "48", "--out", str(out)]
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc.stderr
 
 
 def losses(out: Path) -> list[float]:
     return [h["loss"] for h in torch.load(out / "training_state.pt", weights_only=True)["history"]]
 
 
-def test_two_ranks_follow_one_and_a_run_resumes_on_another_number_of_ranks(demo_checkpoints, tmp_path):
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
+def test_two_ranks_follow_one(sharding, demo_checkpoints, tmp_path):
+    """DDP (a whole head on each rank) and FSDP2 (weights, gradients and AdamW state sharded) alike."""
     target = demo_checkpoints["target"]
     train(target, tmp_path / "one", STEPS, ranks=1)
-    train(target, tmp_path / "two", STEPS, ranks=2)
+    log = train(target, tmp_path / "two", STEPS, ranks=2, sharding=sharding)
+    assert ("FSDP2 over 2 ranks, this rank holds" in log) == (sharding == "fsdp")
+    if sharding == "fsdp":  # half the head's trainable parameters each (the frozen LM head stays whole)
+        held, total = (
+            int(n.replace(",", ""))
+            for n in log.split("this rank holds ")[1].split(" trainable")[0].split(" of the head's ")
+        )
+        assert abs(held - total / 2) <= total * 0.01
     one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert len(one) == len(two) == STEPS and one[0] != one[-1]
     assert two == pytest.approx(one, rel=1e-4)
@@ -47,14 +58,16 @@ from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.train.heads import HeadSpec, train_head
 target = TargetModel.from_pretrained(sys.argv[1], dtype="float32", device="cpu")
 data = torch.randint(0, target.vocab_size, (16, 32), generator=torch.Generator().manual_seed(0))
-spec = HeadSpec.defaults("hass", steps=int(sys.argv[3]), batch=4, seq_len=32, warmup=1)
+spec = HeadSpec.defaults("hass", steps=int(sys.argv[3]), batch=4, seq_len=32, warmup=1, sharding=sys.argv[4])
 train_head(target, data, spec, __import__("pathlib").Path(sys.argv[2]), progress=False)
 """
 
 
-def test_a_run_resumes_on_another_number_of_ranks(demo_checkpoints, tmp_path):
-    """Half a run on two ranks, the rest in one process: the curve of a run resumed in one process (a resumed run
-    draws its feature noise afresh from the step it resumes at, either way)."""
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
+def test_a_run_resumes_on_another_number_of_ranks(sharding, demo_checkpoints, tmp_path):
+    """Half a run on two ranks (DDP, or FSDP2 writing the plain state from its shards), the rest in one process: the
+    curve of a run resumed in one process (a resumed run draws its feature noise afresh from the step it resumes at,
+    either way)."""
     script = tmp_path / "resume.py"
     script.write_text(RESUME)
     torchrun = str(Path(sys.executable).parent / "torchrun")
@@ -62,9 +75,8 @@ def test_a_run_resumes_on_another_number_of_ranks(demo_checkpoints, tmp_path):
 
     def run(out: str, steps: int, ranks: int) -> None:
         entry = [torchrun, "--nproc-per-node", str(ranks)] if ranks > 1 else [sys.executable]
-        proc = subprocess.run(
-            [*entry, str(script), target, str(tmp_path / out), str(steps)], capture_output=True, text=True, timeout=600
-        )
+        command = [*entry, str(script), target, str(tmp_path / out), str(steps), sharding]
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
 
     run("one", STEPS // 2, 1)
@@ -72,3 +84,7 @@ def test_a_run_resumes_on_another_number_of_ranks(demo_checkpoints, tmp_path):
     run("mixed", STEPS // 2, 2)
     run("mixed", STEPS, 1)
     assert losses(tmp_path / "mixed") == pytest.approx(losses(tmp_path / "one"), rel=1e-4)
+    if sharding == "fsdp":  # and the other way: a one-process state loaded into two ranks' shards
+        run("sharded", STEPS // 2, 1)
+        run("sharded", STEPS, 2)
+        assert losses(tmp_path / "sharded") == pytest.approx(losses(tmp_path / "one"), rel=1e-4)

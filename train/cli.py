@@ -94,6 +94,13 @@ def main(argv: list[str] | None = None) -> int:
         help="offline hidden states: write the target's features (EAGLE-3: the inputs of its three layers too) here "
         "first, then train from them; without it they are online (the target runs in every step)",
     )
+    p.add_argument(
+        "--sharding",
+        choices=("ddp", "fsdp"),
+        default="ddp",
+        help="under torchrun (EAGLE, HASS, GRIFFIN): ddp keeps a whole copy of the head on every rank; fsdp (FSDP2) "
+        "shards its weights, gradients and optimizer state across the ranks (for heads of large targets)",
+    )
     p.add_argument("--device", default="auto")
     args = p.parse_args(argv)
     from specdec_kit.runtime.loader import load_tokenizer, set_threads
@@ -110,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
         target = TargetModel.from_pretrained(args.target, dtype="float32", device=args.device)
         tokenizer = load_tokenizer(args.target)
         docs = read_documents(args.data) if args.data else load_corpus().train
-        overrides = dict(steps=args.steps, batch=args.batch, seq_len=args.seq_len, lr=args.lr, seed=args.seed)
+        overrides = dict(
+            steps=args.steps, batch=args.batch, seq_len=args.seq_len, lr=args.lr, seed=args.seed, sharding=args.sharding
+        )
         trainer = trainer_for(args.method)
         if args.cache_features and trainer.cached_features:
             raise ValueError(f"--cache-features: {trainer.cached_features}")

@@ -29,7 +29,7 @@ from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.train.distilled import BatchMasks, DistilledData
 from specdec_kit.train.draft_forward import PassRunner, next_pass_features
 from specdec_kit.train.features import StreamedFeatures
-from specdec_kit.train.heldout import HeldOutTracker, feature_draft_acceptance
+from specdec_kit.train.heldout import HeldOutTracker, feature_draft_acceptance, heldout_due
 from specdec_kit.train.losses import (
     LossWeights,
     TargetSide,
@@ -40,7 +40,8 @@ from specdec_kit.train.losses import (
 )
 from specdec_kit.train.methods import Trainer, trainer_for
 from specdec_kit.train.parallel import Ranks, one_process
-from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state, saved_extra
+from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state_dicts, saved_extra
+from specdec_kit.train.sharding import ShardedStep
 
 
 @dataclass(kw_only=True)
@@ -231,13 +232,22 @@ def train_head(
     lm_head, to_head = head_vocab(head, target) if spec.method != "medusa" else (target.lm_head.float(), None)
     head.to(device)
     state_path = out_dir / "training_state.pt"
-    params, opt, start, history = optimizer_and_state(head, spec, state_path)
     lm_head = lm_head.to(device)
     to_head = None if to_head is None else to_head.to(device)
     for p in lm_head.parameters():
         p.requires_grad_(False)
-    # what runs the step (under DDP its gradients are averaged over the ranks); ``head`` is what is measured and saved
-    model = ranks.wrap(FeatureTrainingStep(head, lm_head, spec, to_head)) if spec.method != "medusa" else None
+    # what runs the step (under DDP its gradients are averaged over the ranks; under FSDP2 it is sharded across them)
+    model, sharded = None, None
+    if spec.method != "medusa":
+        model = FeatureTrainingStep(head, lm_head, spec, to_head)
+        if spec.sharding == "fsdp" and ranks.world > 1:
+            sharded = ShardedStep(model, head, lm_head, ranks.main)
+            if progress:
+                print(f"{spec.method}: FSDP2 over {ranks.world} ranks, {sharded.describe()}", file=sys.stderr)
+        else:
+            model = ranks.wrap(model)
+    params, opt, start, history = optimizer_and_state(head, spec, state_path, sharded)
+    measured = sharded.plain if sharded is not None else head  # the whole head: what is measured and saved (rank 0)
     if isinstance(source, DistilledData):
         source.lm_rows = lm_head.weight.data
         source.to(device)
@@ -283,8 +293,10 @@ def train_head(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 0.5)
         opt.step()
+        if sharded is not None and heldout is not None and heldout_due(step, spec.steps, spec.eval_every):
+            sharded.gather()  # every rank takes part; rank 0's whole head is then measured
         if tracker is not None and tracker.due(step, spec.steps):
-            record["heldout"] = tracker.record(head, step)
+            record["heldout"] = tracker.record(measured, step)
         history.append(record)
         if "top1" in record:
             bar.set_postfix(
@@ -295,15 +307,17 @@ def train_head(
             )
         else:
             bar.set_postfix(loss=f"{record['loss']:.3f}", top1=" ".join(f"{a:.2f}" for a in record["head_top1"]))
-        if ((step + 1) % 100 == 0 or step + 1 == spec.steps) and ranks.main:
-            save_state(head, opt, step + 1, history, state_path, tracker.state() if tracker else None)
+        if (step + 1) % 100 == 0 or step + 1 == spec.steps:
+            gathered = sharded.gather(opt) if sharded is not None else (head.state_dict(), opt.state_dict())
+            if ranks.main:  # (under DDP every rank holds the whole head: rank 0's is written)
+                save_state_dicts(*gathered, step + 1, history, state_path, tracker.state() if tracker else None)
     if tracker is not None:
-        tracker.keep_best(head)
+        tracker.keep_best(measured)
     ranks.close()
     if not ranks.main:
         return {"steps": spec.steps, "rank": ranks.rank}
     save_draft(
-        head.cpu().to(save_dtype or target.dtype),
+        measured.cpu().to(save_dtype or target.dtype),
         out_dir,
         spec.method,
         base_model=base_model,

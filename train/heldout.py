@@ -67,6 +67,11 @@ def feature_draft_acceptance(
     return [h / max(starts, 1) for h in hits]
 
 
+def heldout_due(step: int, last: int, every: int) -> bool:
+    """Whether the held-out set is measured after ``step`` (every ``every`` steps and after the last)."""
+    return every > 0 and ((step + 1) % every == 0 or step + 1 == last)
+
+
 @dataclass
 class HeldOutTracker:
     """Measures a head every ``every`` steps, logs it beside the loss and keeps the best weights by tau."""
@@ -79,7 +84,7 @@ class HeldOutTracker:
     best_weights: dict = field(default_factory=dict)
 
     def due(self, step: int, last: int) -> bool:
-        return self.every > 0 and ((step + 1) % self.every == 0 or step + 1 == last)
+        return heldout_due(step, last, self.every)
 
     def record(self, module: torch.nn.Module, step: int) -> dict:
         module.eval()

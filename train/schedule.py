@@ -18,6 +18,7 @@ class Schedule:
     eval_every: int = 0  # held-out acceptance every this many steps (0: never; needs held-out data)
     eval_depth: int = 3  # draft depths it counts
     precision: str = "float32"  # the head's forward and backward: float32, or bfloat16 (autocast; weights stay float32)
+    sharding: str = "ddp"  # under torchrun: ddp (each rank a whole copy) or fsdp (FSDP2: weights, grads, AdamW sharded)
 
     def autocast(self, device: torch.device) -> torch.autocast:
         """The training step's autocast: bfloat16 matrix products where asked (on a CPU with AVX-512 BF16, about
@@ -38,17 +39,23 @@ class Schedule:
 
 
 def optimizer_and_state(
-    module: torch.nn.Module, schedule: Schedule, state_path
+    module: torch.nn.Module, schedule: Schedule, state_path, sharded=None
 ) -> tuple[list, torch.optim.Optimizer, int, list]:
     """AdamW over ``module``'s trainable parameters, resumed from ``state_path`` when it exists:
-    (params, optimizer, first step, history so far)."""
+    (params, optimizer, first step, history so far). ``sharded`` (a ``train.sharding.ShardedStep``): the module is
+    sharded, and the plain state on disk is loaded into its shards."""
+    if schedule.sharding not in ("ddp", "fsdp"):
+        raise ValueError(f"sharding {schedule.sharding!r}: expected ddp or fsdp")
     params = [p for p in module.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=schedule.lr, betas=(0.9, 0.95), weight_decay=0.0)
     start, history = 0, []
     if state_path.is_file():  # loaded to the host: a state saved on a GPU resumes anywhere
         state = torch.load(state_path, weights_only=True, map_location="cpu")
-        module.load_state_dict(state["head"])
-        opt.load_state_dict(state["optimizer"])
+        if sharded is not None:
+            sharded.load(opt, state["head"], state["optimizer"])
+        else:
+            module.load_state_dict(state["head"])
+            opt.load_state_dict(state["optimizer"])
         start, history = state["step"], state["history"]
     return params, opt, start, history
 
@@ -57,14 +64,15 @@ def save_state(
     module: torch.nn.Module, opt: torch.optim.Optimizer, step: int, history: list, state_path, extra: dict | None = None
 ) -> None:
     """``extra``: what else a resumed run needs (the held-out tracker's best weights)."""
+    save_state_dicts(module.state_dict(), opt.state_dict(), step, history, state_path, extra)
+
+
+def save_state_dicts(
+    head: dict, optimizer: dict, step: int, history: list, state_path, extra: dict | None = None
+) -> None:
+    """The training state from the head's and the optimizer's (plain, one-process) state dicts."""
     torch.save(
-        {
-            "head": module.state_dict(),
-            "optimizer": opt.state_dict(),
-            "step": step,
-            "history": history,
-            **({"extra": extra} if extra else {}),
-        },
+        {"head": head, "optimizer": optimizer, "step": step, "history": history, **({"extra": extra} if extra else {})},
         state_path,
     )
 
