@@ -14,11 +14,13 @@ import torch
 STEPS = 8
 
 
-def train(target: Path, out: Path, steps: int, ranks: int, sharding: str = "ddp") -> str:
+def train(target: Path, out: Path, steps: int, ranks: int, sharding: str = "ddp", method: str = "griffin") -> str:
     python = Path(sys.executable)
     entry = [str(python.parent / "torchrun"), "--nproc-per-node", str(ranks)] if ranks > 1 else [str(python)]
-    command = [*entry, "-m", "specdec_kit.train.cli", "--method", "griffin", "--target", str(target)]
+    command = [*entry, "-m", "specdec_kit.train.cli", "--method", method, "--target", str(target)]
     command += ["--sharding", sharding]
+    if method == "eagle3":  # the demo target has 2 layers: the inputs of both and the last hidden state
+        command += ["--feature-layers", "0,1,2", "--ttt-length", "3"]
     command += ["--steps", str(steps), "--batch", "4", "--seq-len", "32", "--draft-vocab", "48", "--out", str(out)]
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
@@ -30,12 +32,15 @@ def losses(out: Path) -> list[float]:
     return [h["loss"] for h in torch.load(out / "training_state.pt", weights_only=True)["history"]]
 
 
-@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
-def test_two_ranks_follow_one(sharding, demo_checkpoints, tmp_path):
-    """DDP (a whole head on each rank) and FSDP2 (weights, gradients and AdamW state sharded) alike."""
+@pytest.mark.parametrize(
+    "method, sharding", [("griffin", "ddp"), ("griffin", "fsdp"), ("eagle3", "ddp"), ("eagle3", "fsdp")]
+)
+def test_two_ranks_follow_one(method, sharding, demo_checkpoints, tmp_path):
+    """DDP (a whole head on each rank) and FSDP2 (weights, gradients and AdamW state sharded) alike, for the feature
+    heads' trainer and EAGLE-3's."""
     target = demo_checkpoints["target"]
-    train(target, tmp_path / "one", STEPS, ranks=1)
-    log = train(target, tmp_path / "two", STEPS, ranks=2, sharding=sharding)
+    train(target, tmp_path / "one", STEPS, ranks=1, method=method)
+    log = train(target, tmp_path / "two", STEPS, ranks=2, sharding=sharding, method=method)
     assert ("FSDP2 over 2 ranks, this rank holds" in log) == (sharding == "fsdp")
     if sharding == "fsdp":  # half the head's trainable parameters each (the frozen LM head stays whole)
         held, total = (

@@ -31,10 +31,11 @@ from specdec_kit.runtime.models.attention import apply_rope
 from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.train.distilled import BatchMasks, DistilledData
 from specdec_kit.train.features import CachedFeatures
-from specdec_kit.train.heldout import HeldOutTracker
+from specdec_kit.train.heldout import HeldOutTracker, heldout_due
 from specdec_kit.train.methods import Trainer
-from specdec_kit.train.parallel import one_process
-from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state, saved_extra
+from specdec_kit.train.parallel import Ranks
+from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state_dicts, saved_extra
+from specdec_kit.train.sharding import ShardedStep
 
 
 @dataclass(kw_only=True)
@@ -105,8 +106,9 @@ class TrainingTimeTest:
         tokens: torch.Tensor,
         logits: torch.Tensor,
         masks: BatchMasks | None = None,
+        ranks: Ranks = Ranks(),
     ):
-        self.draft = draft
+        self.draft, self.ranks = draft, ranks
         self.tokens, self.logits = tokens, logits
         self.countable = None
         if masks is not None:  # the position's next token is an answer token the draft vocabulary holds
@@ -164,7 +166,7 @@ class TrainingTimeTest:
             target_p = torch.softmax(target.float(), dim=-1)
         draft_logits = self.draft.logits(hidden[counted])
         logp = torch.log_softmax(draft_logits.float(), dim=-1)
-        loss = -(target_p * logp).sum() / counted.numel()
+        loss = self.ranks.mean(-(target_p * logp).sum(), counted.numel())  # over every rank's positions
         with torch.no_grad():
             n = int(counted.sum())
             hits = (draft_logits.argmax(-1) == target_p.argmax(-1)).sum()
@@ -172,9 +174,9 @@ class TrainingTimeTest:
 
 
 def eagle3_losses(
-    draft: Eagle3Draft, spec: Eagle3Spec, taps, tokens, logits, masks: BatchMasks | None = None
+    draft: Eagle3Draft, spec: Eagle3Spec, taps, tokens, logits, masks: BatchMasks | None = None, ranks: Ranks = Ranks()
 ) -> tuple[torch.Tensor, list[StepResult]]:
-    ttt = TrainingTimeTest(draft, taps, tokens, logits, masks)
+    ttt = TrainingTimeTest(draft, taps, tokens, logits, masks, ranks)
     results = [ttt.step(j) for j in range(spec.ttt_length)]
     return sum(spec.step_decay**j * r.loss for j, r in enumerate(results)), results
 
@@ -198,6 +200,18 @@ def eagle3_acceptance(draft, data: DistilledData, depth: int = 3) -> list[float]
     return [h / max(starts, 1) for h in hits]
 
 
+class Eagle3TrainingStep(torch.nn.Module):
+    """A training step's forward (``eagle3_losses``) as one module: the unit DistributedDataParallel or FSDP2 wraps.
+    Under several ``ranks`` each passes its share of the batch's rows and its part of the loss."""
+
+    def __init__(self, draft: Eagle3Draft, spec: Eagle3Spec, ranks: Ranks = Ranks()):
+        super().__init__()
+        self.draft, self.spec, self.ranks = draft, spec, ranks
+
+    def forward(self, taps, tokens, logits, masks):
+        return eagle3_losses(self.draft, self.spec, taps, tokens, logits, masks, self.ranks)
+
+
 def train_eagle3(
     target: TargetModel,
     data: torch.Tensor | DistilledData,
@@ -213,9 +227,13 @@ def train_eagle3(
     """Train an EAGLE-3 head on ``data``: [N, seq_len] token blocks (features streamed from the target), or
     self-distilled data holding the tapped layers. Writes the official layout (``d2t``/``t2d`` included, in
     ``save_dtype``, default the target's; without the embedding with ``embedding_from_target``) and a resumable
-    state. ``device``: where the draft trains (default: CUDA when present; the target stays where it was loaded)."""
-    one_process("EAGLE-3")
+    state. ``device``: where the draft trains (default: CUDA when present; the target stays where it was loaded).
+    Under ``torchrun`` the ranks share each batch's rows (DDP, or FSDP2 with ``spec.sharding``); rank 0 logs,
+    measures and writes."""
     device = resolve_device(device)
+    ranks = Ranks.from_environment(device)
+    device = ranks.device(device)
+    progress = progress and ranks.main
     distilled, cached = isinstance(data, DistilledData), isinstance(data, CachedFeatures)
     if not (distilled or cached or isinstance(data, torch.Tensor)):
         raise ValueError(
@@ -241,9 +259,17 @@ def train_eagle3(
         data.lm_rows = rows
         data.to(device)
     state_path = out_dir / "training_state.pt"
-    params, opt, start, history = optimizer_and_state(draft, spec, state_path)
+    model, sharded = Eagle3TrainingStep(draft, spec, ranks), None
+    if spec.sharding == "fsdp" and ranks.world > 1:
+        sharded = ShardedStep(model, draft, torch.nn.Module(), ranks.main)  # its own LM head trains: nothing frozen
+        if progress:
+            print(f"eagle3: FSDP2 over {ranks.world} ranks, {sharded.describe()}", file=sys.stderr)
+    else:
+        model = ranks.wrap(model)
+    params, opt, start, history = optimizer_and_state(draft, spec, state_path, sharded)
+    measured = sharded.plain if sharded is not None else draft  # the whole draft: what is measured and saved
     tracker = None
-    if heldout is not None and spec.eval_every:  # held-out acceptance, the best head by it kept
+    if heldout is not None and spec.eval_every and ranks.main:  # held-out acceptance, the best head by it kept
         heldout.lm_rows = rows
         heldout.to(device)
         tracker = HeldOutTracker(lambda m: eagle3_acceptance(m, heldout, spec.eval_depth), spec.eval_every)
@@ -255,17 +281,24 @@ def train_eagle3(
     for step in bar:
         if distilled:
             tokens, taps, logits, masks = data.batch(step)
+            if ranks.world > 1:  # this rank's share of the batch's rows
+                share = ranks.share(tokens.shape[0])
+                tokens, taps, logits = tokens[share], taps[share], logits[share]
+                masks = BatchMasks(masks.valid[share], masks.counted[share], masks.top[share])
         else:
+            rows = spec.batch_rows(step, len(data))
+            if ranks.world > 1:  # this rank's share: only its rows go through the target
+                rows = rows[ranks.share(len(rows))]
             if cached:
-                tokens, taps, logits = data.batch(spec.batch_rows(step, len(data)))
+                tokens, taps, logits = data.batch(rows)
             else:
-                tokens = data[spec.batch_rows(step, data.shape[0])]
+                tokens = data[rows]
                 taps, logits = tapped_outputs(target, tokens, draft.feature_layers)
             tokens, taps, logits, masks = tokens.to(device), taps.to(device), logits.to(device), None
         for group in opt.param_groups:
             group["lr"] = spec.lr * min(1.0, (step + 1) / spec.warmup)
         with spec.autocast(device):
-            loss, results = eagle3_losses(draft, spec, taps, tokens, logits, masks)
+            loss, results = model(taps, tokens, logits, masks)
         spec.check_finite(loss, "eagle3", step)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -273,23 +306,30 @@ def train_eagle3(
         opt.step()
         record = {
             "step": step,
-            "loss": float(loss.detach()),
+            "loss": ranks.average(float(loss.detach())),
             "step_accuracy": [r.accuracy for r in results],
             "positions": [r.positions for r in results],
         }
+        if sharded is not None and heldout is not None and heldout_due(step, spec.steps, spec.eval_every):
+            sharded.gather()  # every rank takes part; rank 0's whole draft is then measured
         if tracker is not None and tracker.due(step, spec.steps):
-            record["heldout"] = tracker.record(draft, step)
+            record["heldout"] = tracker.record(measured, step)
         history.append(record)
         bar.set_postfix(
             loss=f"{record['loss']:.3f}",
             acc=" ".join(f"s{j}:{a:.2f}" for j, a in enumerate(record["step_accuracy"][:4])),
         )
         if (step + 1) % 100 == 0 or step + 1 == spec.steps:
-            save_state(draft, opt, step + 1, history, state_path, tracker.state() if tracker else None)
+            gathered = sharded.gather(opt) if sharded is not None else (draft.state_dict(), opt.state_dict())
+            if ranks.main:
+                save_state_dicts(*gathered, step + 1, history, state_path, tracker.state() if tracker else None)
     if tracker is not None:
-        tracker.keep_best(draft)
+        tracker.keep_best(measured)
+    ranks.close()
+    if not ranks.main:
+        return {"steps": spec.steps, "rank": ranks.rank}
     save_draft(
-        draft.cpu().to(save_dtype or target.dtype),
+        measured.cpu().to(save_dtype or target.dtype),
         out_dir,
         "eagle3",
         base_model=base_model,
