@@ -6,6 +6,8 @@
 #      verification differently from one-token decoding, so identity is a float32 property),
 #   3. the verification-cost curve of a random Llama-3-8B-shaped target at N = 1..64 new tokens, batch 1 and 8
 #      (specdec-verify-cost),
+#   4. with two GPUs or more, the multi-GPU smoke: the trainers under torchrun on 2 GPUs (NCCL), DDP and FSDP2,
+#      GRIFFIN and EAGLE-3, against one process's loss curve and across world sizes (tests/test_parallel_training.py),
 # writing everything to bench/results/gpu/<UTC time>/ (or the folder given). On a machine without one it says what
 # it would run and exits 0. PYTHON names an interpreter that already has the kit and a CUDA torch (with options if
 # any, e.g. "python3 -P" where the kit is on PYTHONPATH): then nothing is set up, for a machine without a registry.
@@ -20,6 +22,7 @@ plan() {
     echo "  ${PY[*]} -m pytest -q ${tests[*]}   (junit report: $out/tests.xml)"
     echo "  ${PY[*]} scripts/cuda_check.py --device cuda --dtype float32 --json $out/zoo_float32.json"
     echo "  ${PY[*]} -m specdec_kit.bench.verify_cost --shape llama3-8b --device cuda --tokens 1-64 --batch 1,8 --out $out"
+    echo "  with 2+ GPUs: ${PY[*]} -m pytest -q tests/test_parallel_training.py   (junit report: $out/parallel.xml)"
 }
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
     echo "gpu_check: no CUDA GPU on this machine (nvidia-smi finds none); on one it would run:"
@@ -40,5 +43,10 @@ status=0
 "${PY[@]}" -m pytest -q "${tests[@]}" --junitxml "$out/tests.xml" || status=1
 "${PY[@]}" scripts/cuda_check.py --device cuda --dtype float32 --json "$out/zoo_float32.json" || status=1
 "${PY[@]}" -m specdec_kit.bench.verify_cost --shape llama3-8b --device cuda --tokens 1-64 --batch 1,8 --out "$out" || status=1
+if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+    "${PY[@]}" -m pytest -q tests/test_parallel_training.py --junitxml "$out/parallel.xml" || status=1
+else
+    echo "gpu_check: one GPU: the multi-GPU training smoke (tests/test_parallel_training.py on 2 GPUs) is left out"
+fi
 echo "gpu_check: $([ $status = 0 ] && echo 'all passed' || echo 'FAILED (see above)'); results in $out"
 exit $status
