@@ -14,11 +14,13 @@ import torch
 STEPS = 8
 
 
-def train(target: Path, out: Path, steps: int, ranks: int, sharding: str = "ddp", method: str = "griffin") -> str:
+def train(
+    target: Path, out: Path, steps: int, ranks: int, sharding: str = "ddp", method: str = "griffin", accumulate: int = 1
+) -> str:
     python = Path(sys.executable)
     entry = [str(python.parent / "torchrun"), "--nproc-per-node", str(ranks)] if ranks > 1 else [str(python)]
     command = [*entry, "-m", "specdec_kit.train.cli", "--method", method, "--target", str(target)]
-    command += ["--sharding", sharding]
+    command += ["--sharding", sharding, "--accumulate", str(accumulate)]
     if method == "eagle3":  # the demo target has 2 layers: the inputs of both and the last hidden state
         command += ["--feature-layers", "0,1,2", "--ttt-length", "3"]
     command += ["--steps", str(steps), "--batch", "4", "--seq-len", "32", "--draft-vocab", "48", "--out", str(out)]
@@ -55,6 +57,21 @@ def test_two_ranks_follow_one(method, sharding, demo_checkpoints, tmp_path):
     b = torch.load(tmp_path / "two" / "training_state.pt", weights_only=True)["head"]
     for key in a:  # the heads agree as their curves do
         torch.testing.assert_close(a[key], b[key], rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_micro_batches_accumulate_to_the_global_batch(method, demo_checkpoints, tmp_path):
+    """Two micro-batches of 2 rows per step follow one batch of 4 where each micro-batch's loss has the same
+    denominator (EAGLE's one pass counts every position; EAGLE-3 averages over every position), and on 2 ranks (DDP,
+    the gradients reduced at the last micro-batch only) they follow one process. (GRIFFIN's and HASS's later passes
+    count the positions still aligned, unevenly between micro-batches: each micro-batch averages over its own.)"""
+    target = demo_checkpoints["target"]
+    train(target, tmp_path / "whole", STEPS, ranks=1, method=method)
+    train(target, tmp_path / "micro", STEPS, ranks=1, method=method, accumulate=2)
+    train(target, tmp_path / "micro2", STEPS, ranks=2, method=method, accumulate=2)
+    whole, micro, micro2 = (losses(tmp_path / name) for name in ("whole", "micro", "micro2"))
+    assert whole[0] != whole[-1] and micro == pytest.approx(whole, rel=1e-3)
+    assert micro2 == pytest.approx(micro, rel=1e-4)
 
 
 RESUME = """

@@ -95,6 +95,13 @@ def main(argv: list[str] | None = None) -> int:
         "first, then train from them; without it they are online (the target runs in every step)",
     )
     p.add_argument(
+        "--accumulate",
+        type=int,
+        default=1,
+        help="micro-batches per optimizer step: --batch rows in all (the global batch, over every rank), "
+        "--batch / N at a time (less memory, the same batch)",
+    )
+    p.add_argument(
         "--sharding",
         choices=("ddp", "fsdp"),
         default="ddp",
@@ -118,7 +125,13 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer = load_tokenizer(args.target)
         docs = read_documents(args.data) if args.data else load_corpus().train
         overrides = dict(
-            steps=args.steps, batch=args.batch, seq_len=args.seq_len, lr=args.lr, seed=args.seed, sharding=args.sharding
+            steps=args.steps,
+            batch=args.batch,
+            seq_len=args.seq_len,
+            lr=args.lr,
+            seed=args.seed,
+            sharding=args.sharding,
+            accumulate=args.accumulate,
         )
         trainer = trainer_for(args.method)
         if args.cache_features and trainer.cached_features:

@@ -28,6 +28,10 @@ class BatchMasks:
     counted: torch.Tensor  # [B, T] positions whose next token is an answer token
     top: torch.Tensor  # [B, T] the target's most likely next token (target ids; -1 where not recorded)
 
+    def take(self, rows) -> "BatchMasks":
+        """These rows' masks (a rank's share, a micro-batch)."""
+        return BatchMasks(self.valid[rows], self.counted[rows], self.top[rows])
+
 
 class DistilledData:
     def __init__(

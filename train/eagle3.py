@@ -284,7 +284,7 @@ def train_eagle3(
             if ranks.world > 1:  # this rank's share of the batch's rows
                 share = ranks.share(tokens.shape[0])
                 tokens, taps, logits = tokens[share], taps[share], logits[share]
-                masks = BatchMasks(masks.valid[share], masks.counted[share], masks.top[share])
+                masks = masks.take(share)
         else:
             rows = spec.batch_rows(step, len(data))
             if ranks.world > 1:  # this rank's share: only its rows go through the target
@@ -297,18 +297,28 @@ def train_eagle3(
             tokens, taps, logits, masks = tokens.to(device), taps.to(device), logits.to(device), None
         for group in opt.param_groups:
             group["lr"] = spec.lr * min(1.0, (step + 1) / spec.warmup)
-        with spec.autocast(device):
-            loss, results = model(taps, tokens, logits, masks)
-        spec.check_finite(loss, "eagle3", step)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        pieces = spec.micro_batches(tokens.shape[0])
+        losses, parts = [], []
+        for i, rows in enumerate(pieces):  # each micro-batch's backward adds its share to the gradients
+            with ranks.syncing(model, sync=i == len(pieces) - 1):
+                with spec.autocast(device):
+                    part, results = model(taps[rows], tokens[rows], logits[rows], masks and masks.take(rows))
+                spec.check_finite(part, "eagle3", step)
+                (part / len(pieces)).backward()
+            losses.append(float(part.detach()))
+            parts.append(results)
         torch.nn.utils.clip_grad_norm_(params, 0.5)
         opt.step()
+        positions = [sum(r.positions for r in per_step) for per_step in zip(*parts)]
         record = {
             "step": step,
-            "loss": ranks.average(float(loss.detach())),
-            "step_accuracy": [r.accuracy for r in results],
-            "positions": [r.positions for r in results],
+            "loss": ranks.average(sum(losses) / len(losses)),
+            "step_accuracy": [
+                sum(r.accuracy * r.positions for r in per_step) / max(n, 1)
+                for per_step, n in zip(zip(*parts), positions)
+            ],
+            "positions": positions,
         }
         if sharded is not None and heldout is not None and heldout_due(step, spec.steps, spec.eval_every):
             sharded.gather()  # every rank takes part; rank 0's whole draft is then measured

@@ -132,7 +132,7 @@ def feature_step(
     if ranks.world > 1:
         rows = ranks.share(tokens.shape[0])
         tokens, feats, logits, noise = tokens[rows], feats[rows], logits[rows], noise[rows]
-        masks = None if masks is None else BatchMasks(masks.valid[rows], masks.counted[rows], masks.top[rows])
+        masks = None if masks is None else masks.take(rows)
     # position i: (F_i, x_{i+1}) -> F_{i+1}, and the target's distribution of x_{i+2}
     inputs, tgt_feat, tgt_logits = feats[:, :-1], feats[:, 1:], logits[:, 1:]
     true_next = tokens[:, 2:]
@@ -180,6 +180,19 @@ class FeatureTrainingStep(torch.nn.Module):
 
     def forward(self, tokens, feats, logits, gen, masks, ranks: Ranks):
         return feature_step(self.draft, self.lm_head, self.spec, tokens, feats, logits, gen, masks, self.to_head, ranks)
+
+
+def merged_pass_stats(parts: list[list[tuple]], ranks: Ranks) -> dict:
+    """Per pass over a step's micro-batches: top-1/top-3 over all their counted positions, the positions, the mean
+    of their losses (averaged over the ranks)."""
+    out: dict = {"top1": [], "top3": [], "positions": [], "pass_loss": []}
+    for per_pass in zip(*parts):
+        n = sum(p[2] for p in per_pass)
+        out["top1"].append(sum(p[0] * p[2] for p in per_pass) / max(n, 1))
+        out["top3"].append(sum(p[1] * p[2] for p in per_pass) / max(n, 1))
+        out["positions"].append(n)
+        out["pass_loss"].append(ranks.average(sum(p[3] for p in per_pass) / len(per_pass)))
+    return out
 
 
 def on_device(batch: tuple, device: torch.device) -> tuple:
@@ -274,23 +287,26 @@ def train_head(
         tokens, feats, logits, masks = on_device(source.batch_for(step, spec), device)
         for group in opt.param_groups:
             group["lr"] = spec.lr * min(1.0, (step + 1) / spec.warmup)
+        opt.zero_grad(set_to_none=True)
         if spec.method == "medusa":
             loss, accs = medusa_loss(head(feats), tokens, torch.ones_like(tokens, dtype=torch.bool))
+            spec.check_finite(loss, spec.method, step)
+            loss.backward()
             record = {"step": step, "loss": float(loss.detach()), "head_top1": accs}
         else:
-            with spec.autocast(device):
-                loss, stats = model(tokens, feats, logits, gen, masks, ranks)
-            record = {
-                "step": step,
-                "loss": ranks.average(float(loss.detach())),
-                "top1": [s[0] for s in stats],
-                "top3": [s[1] for s in stats],
-                "positions": [s[2] for s in stats],
-                "pass_loss": [ranks.average(s[3]) for s in stats],
-            }
-        spec.check_finite(loss, spec.method, step)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
+            pieces = spec.micro_batches(tokens.shape[0])
+            losses, parts = [], []
+            for i, rows in enumerate(pieces):  # each micro-batch's backward adds its share to the gradients
+                with ranks.syncing(model, sync=i == len(pieces) - 1):
+                    with spec.autocast(device):
+                        part, stats = model(
+                            tokens[rows], feats[rows], logits[rows], gen, masks and masks.take(rows), ranks
+                        )
+                    spec.check_finite(part, spec.method, step)
+                    (part / len(pieces)).backward()
+                losses.append(float(part.detach()))
+                parts.append(stats)
+            record = {"step": step, "loss": ranks.average(sum(losses) / len(losses)), **merged_pass_stats(parts, ranks)}
         torch.nn.utils.clip_grad_norm_(params, 0.5)
         opt.step()
         if sharded is not None and heldout is not None and heldout_due(step, spec.steps, spec.eval_every):

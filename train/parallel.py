@@ -9,8 +9,10 @@ any number of ranks.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -79,6 +81,25 @@ class Ranks:
         out = torch.tensor([value])
         dist.all_reduce(out)
         return float(out) / self.world
+
+    @staticmethod
+    @contextlib.contextmanager
+    def syncing(model: nn.Module, sync: bool) -> Iterator[None]:
+        """A micro-batch's backward: its gradients reduced across the ranks only with ``sync`` (the last one of a step);
+        the others accumulate locally (DDP's ``no_sync``, FSDP2's ``set_requires_gradient_sync``)."""
+        if sync:
+            yield
+        elif isinstance(model, nn.parallel.DistributedDataParallel):
+            with model.no_sync():
+                yield
+        elif hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+            model.set_requires_gradient_sync(False)
+            try:
+                yield
+            finally:
+                model.set_requires_gradient_sync(True)
+        else:
+            yield
 
     def close(self) -> None:
         if self.world > 1 and dist.is_initialized():

@@ -19,6 +19,13 @@ class Schedule:
     eval_depth: int = 3  # draft depths it counts
     precision: str = "float32"  # the head's forward and backward: float32, or bfloat16 (autocast; weights stay float32)
     sharding: str = "ddp"  # under torchrun: ddp (each rank a whole copy) or fsdp (FSDP2: weights, grads, AdamW sharded)
+    accumulate: int = 1  # micro-batches per optimizer step: ``batch`` rows in all, batch / accumulate at a time
+
+    def micro_batches(self, rows: int) -> list[slice]:
+        """The consecutive row ranges of a step's micro-batches (``accumulate`` of them, as even as the rows allow)."""
+        if not 1 <= self.accumulate <= rows:
+            raise ValueError(f"accumulate {self.accumulate}: expected 1 to the batch's {rows} rows")
+        return [slice(rows * i // self.accumulate, rows * (i + 1) // self.accumulate) for i in range(self.accumulate)]
 
     def autocast(self, device: torch.device) -> torch.autocast:
         """The training step's autocast: bfloat16 matrix products where asked (on a CPU with AVX-512 BF16, about
