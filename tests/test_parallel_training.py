@@ -34,44 +34,40 @@ def losses(out: Path) -> list[float]:
     return [h["loss"] for h in torch.load(out / "training_state.pt", weights_only=True)["history"]]
 
 
-@pytest.mark.parametrize(
-    "method, sharding", [("griffin", "ddp"), ("griffin", "fsdp"), ("eagle3", "ddp"), ("eagle3", "fsdp")]
-)
-def test_two_ranks_follow_one(method, sharding, demo_checkpoints, tmp_path):
-    """DDP (a whole head on each rank) and FSDP2 (weights, gradients and AdamW state sharded) alike, for the feature
-    heads' trainer and EAGLE-3's."""
+def held_share(log: str) -> tuple[int, int]:
+    """(parameters this rank holds, the head's trainable parameters) from an FSDP2 run's log."""
+    held, total = log.split("this rank holds ")[1].split(" trainable")[0].split(" of the head's ")
+    return int(held.replace(",", "")), int(total.replace(",", ""))
+
+
+def assert_same_run(one: Path, other: Path) -> None:
+    a, b = losses(one), losses(other)
+    assert len(a) == len(b) == STEPS and a[0] != a[-1]
+    assert b == pytest.approx(a, rel=1e-4)
+    heads = [torch.load(out / "training_state.pt", weights_only=True)["head"] for out in (one, other)]
+    for key in heads[0]:  # the heads agree as their curves do
+        torch.testing.assert_close(heads[0][key], heads[1][key], rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["griffin", "eagle3"])
+def test_two_ranks_follow_one_with_either_sharding_and_micro_batches(method, demo_checkpoints, tmp_path):
+    """The feature heads' trainer and EAGLE-3's on 2 ranks: DDP (a whole head on each) and FSDP2 (weights, gradients
+    and AdamW state sharded, the frozen LM head whole) follow one process's curve. EAGLE-3 also in two micro-batches
+    per step: they follow one batch (each averages over the same number of positions), on 1 rank and on 2 (the
+    gradients reduced at the last micro-batch only). (GRIFFIN's and HASS's later passes count the positions still
+    aligned, unevenly between micro-batches, each averaging over its own: close, not equal.)"""
     target = demo_checkpoints["target"]
     train(target, tmp_path / "one", STEPS, ranks=1, method=method)
-    log = train(target, tmp_path / "two", STEPS, ranks=2, sharding=sharding, method=method)
-    assert ("FSDP2 over 2 ranks, this rank holds" in log) == (sharding == "fsdp")
-    if sharding == "fsdp":  # half the head's trainable parameters each (the frozen LM head stays whole)
-        held, total = (
-            int(n.replace(",", ""))
-            for n in log.split("this rank holds ")[1].split(" trainable")[0].split(" of the head's ")
-        )
-        assert abs(held - total / 2) <= total * 0.01
-    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
-    assert len(one) == len(two) == STEPS and one[0] != one[-1]
-    assert two == pytest.approx(one, rel=1e-4)
-    a = torch.load(tmp_path / "one" / "training_state.pt", weights_only=True)["head"]
-    b = torch.load(tmp_path / "two" / "training_state.pt", weights_only=True)["head"]
-    for key in a:  # the heads agree as their curves do
-        torch.testing.assert_close(a[key], b[key], rtol=1e-3, atol=1e-5)
-
-
-@pytest.mark.parametrize("method", ["eagle", "eagle3"])
-def test_micro_batches_accumulate_to_the_global_batch(method, demo_checkpoints, tmp_path):
-    """Two micro-batches of 2 rows per step follow one batch of 4 where each micro-batch's loss has the same
-    denominator (EAGLE's one pass counts every position; EAGLE-3 averages over every position), and on 2 ranks (DDP,
-    the gradients reduced at the last micro-batch only) they follow one process. (GRIFFIN's and HASS's later passes
-    count the positions still aligned, unevenly between micro-batches: each micro-batch averages over its own.)"""
-    target = demo_checkpoints["target"]
-    train(target, tmp_path / "whole", STEPS, ranks=1, method=method)
-    train(target, tmp_path / "micro", STEPS, ranks=1, method=method, accumulate=2)
-    train(target, tmp_path / "micro2", STEPS, ranks=2, method=method, accumulate=2)
-    whole, micro, micro2 = (losses(tmp_path / name) for name in ("whole", "micro", "micro2"))
-    assert whole[0] != whole[-1] and micro == pytest.approx(whole, rel=1e-3)
-    assert micro2 == pytest.approx(micro, rel=1e-4)
+    assert "FSDP2" not in train(target, tmp_path / "ddp", STEPS, ranks=2, method=method)
+    held, total = held_share(train(target, tmp_path / "fsdp", STEPS, ranks=2, sharding="fsdp", method=method))
+    assert abs(held - total / 2) <= total * 0.01  # half the head's trainable parameters on each rank
+    assert_same_run(tmp_path / "one", tmp_path / "ddp")
+    assert_same_run(tmp_path / "one", tmp_path / "fsdp")
+    if method == "eagle3":
+        train(target, tmp_path / "micro", STEPS, ranks=1, method=method, accumulate=2)
+        train(target, tmp_path / "micro2", STEPS, ranks=2, method=method, accumulate=2)
+        assert losses(tmp_path / "micro") == pytest.approx(losses(tmp_path / "one"), rel=1e-3)
+        assert losses(tmp_path / "micro2") == pytest.approx(losses(tmp_path / "micro"), rel=1e-4)
 
 
 RESUME = """
@@ -85,11 +81,12 @@ train_head(target, data, spec, __import__("pathlib").Path(sys.argv[2]), progress
 """
 
 
-@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
-def test_a_run_resumes_on_another_number_of_ranks(sharding, demo_checkpoints, tmp_path):
-    """Half a run on two ranks (DDP, or FSDP2 writing the plain state from its shards), the rest in one process: the
-    curve of a run resumed in one process (a resumed run draws its feature noise afresh from the step it resumes at,
-    either way)."""
+def test_a_run_resumes_on_another_number_of_ranks(demo_checkpoints, tmp_path):
+    """Half a run on two FSDP2 ranks (the plain state written from their shards), the rest in one process, and the
+    other way (a one-process state loaded into the shards): the curve of a run resumed in one process (a resumed run
+    draws its feature noise afresh from the step it resumes at, either way). (A DDP rank 0 writes its whole head as
+    one process does.)"""
+    sharding = "fsdp"
     script = tmp_path / "resume.py"
     script.write_text(RESUME)
     torchrun = str(Path(sys.executable).parent / "torchrun")
@@ -106,7 +103,6 @@ def test_a_run_resumes_on_another_number_of_ranks(sharding, demo_checkpoints, tm
     run("mixed", STEPS // 2, 2)
     run("mixed", STEPS, 1)
     assert losses(tmp_path / "mixed") == pytest.approx(losses(tmp_path / "one"), rel=1e-4)
-    if sharding == "fsdp":  # and the other way: a one-process state loaded into two ranks' shards
-        run("sharded", STEPS // 2, 1)
-        run("sharded", STEPS, 2)
-        assert losses(tmp_path / "sharded") == pytest.approx(losses(tmp_path / "one"), rel=1e-4)
+    run("sharded", STEPS // 2, 1)  # and the other way
+    run("sharded", STEPS, 2)
+    assert losses(tmp_path / "sharded") == pytest.approx(losses(tmp_path / "one"), rel=1e-4)
