@@ -143,20 +143,29 @@ def demo_engine(demo_checkpoints, tmp_path_factory):
     """An ONNX Runtime GRIFFIN engine of the small demo checkpoints (for the server and load tests), drafting level by
     level (``draft_tree=False``: the one-call graph's export takes a minute; the ONNX export tests check it)."""
     from specdec_kit.export.builder import build_engine
+
+    inputs = griffin_inputs(demo_checkpoints, draft_tree=False)
+    return build_engine(inputs, tmp_path_factory.mktemp("served") / "engine").path
+
+
+def griffin_inputs(paths: dict, tree=None, **options):
+    """Builder inputs of the demo checkpoints' GRIFFIN head: an ONNX Runtime float32 engine with a 12-node dynamic
+    tree unless ``tree`` or ``options`` (``BuildInputs`` fields) say otherwise."""
     from specdec_kit.export.inputs import BuildInputs
     from specdec_kit.runtime.core.trees import DynamicTreeConfig, tree_to_dict
 
-    inputs = BuildInputs(
-        draft="griffin",
-        target=demo_checkpoints["target"],
-        draft_path=demo_checkpoints["griffin"],
-        tokenizer=demo_checkpoints["target"],
-        backend="onnxruntime",
-        dtype="float32",
-        tree=tree_to_dict(DynamicTreeConfig(12, 3, 3)),
-        draft_tree=False,
+    return BuildInputs(
+        **{
+            "draft": "griffin",
+            "target": paths["target"],
+            "draft_path": paths["griffin"],
+            "tokenizer": paths["target"],
+            "backend": "onnxruntime",
+            "dtype": "float32",
+            "tree": tree_to_dict(tree or DynamicTreeConfig(12, 3, 3)),
+            **options,
+        }
     )
-    return build_engine(inputs, tmp_path_factory.mktemp("served") / "engine").path
 
 
 @pytest.fixture(scope="session")

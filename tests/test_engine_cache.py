@@ -9,25 +9,17 @@ import subprocess
 import sys
 
 import pytest
+from conftest import griffin_inputs
 
 from specdec_kit.export.builder import build_engine
 from specdec_kit.export.engine_cache import EngineCache, locked
 from specdec_kit.export.inputs import BuildError, BuildInputs
 from specdec_kit.runtime.core.manifest import read_manifest
-from specdec_kit.runtime.core.trees import DynamicTreeConfig, tree_to_dict
+from specdec_kit.runtime.core.trees import DynamicTreeConfig
 
 
 def inputs(paths, store, tree=DynamicTreeConfig(12, 3, 3), backend="vllm", dtype="float32") -> BuildInputs:
-    return BuildInputs(
-        draft="griffin",
-        target=paths["target"],
-        draft_path=paths["griffin"],
-        tokenizer=paths["target"],
-        backend=backend,
-        dtype=dtype,
-        tree=tree_to_dict(tree),
-        target_store=store,
-    )
+    return griffin_inputs(paths, tree, backend=backend, dtype=dtype, target_store=store)
 
 
 @pytest.fixture(scope="module")

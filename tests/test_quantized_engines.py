@@ -13,31 +13,22 @@ from pathlib import Path
 import onnx
 import pytest
 import torch
+from conftest import griffin_inputs, make_prompts
 
 from specdec_kit.export.builder import build_engine
 from specdec_kit.export.inputs import BuildInputs
 from specdec_kit.export.quantize import untie_transposed_weights
 from specdec_kit.runtime.core.manifest import read_manifest
-from specdec_kit.runtime.core.trees import DynamicTreeConfig, tree_to_dict
+from specdec_kit.runtime.core.trees import DynamicTreeConfig
 from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
 from specdec_kit.runtime.engine import open_engine
 
 REPO = Path(__file__).resolve().parents[1]
-TREE = tree_to_dict(DynamicTreeConfig(6, 2, 2))  # small: the one-call draft graph is exported and quantized too
+TREE = DynamicTreeConfig(6, 2, 2)  # small: the one-call draft graph is exported and quantized too
 
 
-def inputs(paths: dict, weights: str, draft_weights: str, backend: str = "onnxruntime") -> BuildInputs:
-    return BuildInputs(
-        draft="griffin",
-        target=paths["target"],
-        draft_path=paths["griffin"],
-        tokenizer=paths["target"],
-        backend=backend,
-        dtype="float32",
-        tree=TREE,
-        weights=weights,
-        draft_weights=draft_weights,
-    )
+def inputs(paths: dict, weights: str, draft_weights: str) -> BuildInputs:
+    return griffin_inputs(paths, TREE, weights=weights, draft_weights=draft_weights)
 
 
 @pytest.fixture(scope="module")
@@ -75,19 +66,11 @@ def test_each_part_stores_its_weights_in_its_format(quantized):
     assert 0.0 <= m["onnx"]["greedy_agreement_with_float"] <= 1.0
 
 
-def prompts(vocab: int, count: int = 6) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(11)
-    return [
-        torch.randint(0, vocab, (int(n),), generator=gen).tolist()
-        for n in torch.randint(2, 15, (count,), generator=gen)
-    ]
-
-
 def test_speculation_equals_the_quantized_engines_own_plain_decoding(quantized):
     engine = open_engine(quantized, device="cpu")
     assert engine.drafter is not None
     assert engine.drafter.step.whole is not None  # the quantized one-call draft graph drafts each cycle
-    batch = prompts(engine.target.vocab_size)
+    batch = make_prompts(engine.target.vocab_size, 6, seed=11, lo=2, hi=15)
     plain = SpeculativeGenerator(engine.target, None).generate(batch, 40)
     together = engine.generator().generate(batch, 40)
     one_by_one = [engine.generator().generate([p], 40)[0] for p in batch[:3]]

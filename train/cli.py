@@ -124,15 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         target = TargetModel.from_pretrained(args.target, dtype="float32", device=args.device)
         tokenizer = load_tokenizer(args.target)
         docs = read_documents(args.data) if args.data else load_corpus().train
-        overrides = dict(
-            steps=args.steps,
-            batch=args.batch,
-            seq_len=args.seq_len,
-            lr=args.lr,
-            seed=args.seed,
-            sharding=args.sharding,
-            accumulate=args.accumulate,
-        )
+        schedule = ("steps", "batch", "seq_len", "lr", "seed", "sharding", "accumulate")
+        overrides = {name: getattr(args, name) for name in schedule}
         trainer = trainer_for(args.method)
         if args.cache_features and trainer.cached_features:
             raise ValueError(f"--cache-features: {trainer.cached_features}")
