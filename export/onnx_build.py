@@ -154,9 +154,10 @@ def build_onnx(
 ) -> dict[str, Any]:
     """Write graphs/ under ``staging``; return the manifest's ``artifacts`` and ``onnx`` sections. ``draft_tree``:
     add the draft's whole cycle as one graph where the kind and tree allow it (its export takes longer than the
-    step's: the tree search is unrolled). Quantized ``weights``: every graph's constant MatMuls in that format; the
-    build then proves speculation against the quantized graphs' own plain decoding and reports (does not bound) the
-    distance from PyTorch's float model."""
+    step's: the tree search is unrolled). ``target_weights`` / ``draft_weights``: the constant MatMuls of the target's
+    / the draft's graphs quantized in that format (None: float). A quantized target is its own reference: the build
+    proves speculation against the quantized graphs' plain decoding and reports, without bounding, the distance from
+    PyTorch's float model."""
     import onnxruntime as ort
 
     from specdec_kit.runtime.ort.backend import OrtGraph, OrtTarget, providers_for
