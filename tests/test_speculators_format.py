@@ -1,0 +1,68 @@
+"""EAGLE-3 heads in the speculators format: vLLM's own config code (``SpeculatorsConfig``, in the vLLM tier's
+interpreter) reads the written head as the same EAGLE-3 draft the official config describes, with the speculative
+config the head names, and the weights are the head's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from specdec_kit.export.speculators import main, speculators_config
+from specdec_kit.paths import default_zoo
+
+pytestmark = pytest.mark.vllm
+
+VLLM_VIEW = """
+import json, sys
+from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+config = json.load(open(sys.argv[1]))
+print(json.dumps({
+    "layer": SpeculatorsConfig.extract_transformers_pre_trained_config(config),
+    "speculative": SpeculatorsConfig.extract_vllm_speculative_config(config),
+}))
+"""
+
+
+def test_vllm_reads_a_speculators_head_as_the_official_eagle3_draft(vllm_python, tmp_path):
+    zoo = default_zoo()
+    assert main([str(zoo / "eagle3"), str(tmp_path / "head"), "--target", str(zoo / "target"), "--tokens", "3"]) == 0
+    view = subprocess.run(
+        [vllm_python, "-c", VLLM_VIEW, str(tmp_path / "head" / "config.json")],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        timeout=300,
+    )
+    assert view.returncode == 0, view.stderr[-3000:]
+    read = json.loads(view.stdout.strip().splitlines()[-1])
+    official = json.loads((zoo / "eagle3" / "config.json").read_text())
+    assert read["speculative"] == {"method": "eagle3", "num_speculative_tokens": 3}
+    layer = read["layer"]
+    assert layer["architectures"] == ["Eagle3LlamaForCausalLM"] and layer["norm_before_residual"] is False
+    assert layer["eagle_aux_hidden_state_layer_ids"] == official["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    for key in (
+        "hidden_size",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "rms_norm_eps",
+        "vocab_size",
+        "draft_vocab_size",
+        "rope_parameters",
+    ):
+        assert layer[key] == official[key], key
+    written = load_file(str(tmp_path / "head" / "model.safetensors"))
+    source = torch.load(zoo / "eagle3" / "pytorch_model.bin", weights_only=True)  # the zoo's official layout
+    assert written.keys() == source.keys() and all(torch.equal(written[k], source[k]) for k in source)
+
+
+def test_a_head_that_is_not_eagle3_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="not an EAGLE-3 head's config"):
+        speculators_config({"hidden_size": 8}, 3, "t", "LlamaForCausalLM")
+    assert main([str(default_zoo() / "griffin"), str(tmp_path / "x"), "--target", str(default_zoo() / "target")]) == 2
+    assert not (tmp_path / "x").exists()
