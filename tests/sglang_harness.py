@@ -4,7 +4,9 @@ Reads a JSON list on stdin and prints one JSON verdict per entry. ``{"argv": [..
 "pythonpath": [...]}`` is a launch command: ``{"ok": true}`` or ``{"ok": false, "error": "<exception>: <SGLang's
 message>"}``. ``{"resolve": [architectures], "package": "...", "pythonpath": [...]}`` imports a model package
 as ``SGLANG_EXTERNAL_MODEL_PACKAGE`` makes SGLang do and resolves the architectures in SGLang's model registry:
-``{"ok": true, "module": ..., "class": ..., "architecture": ...}``. A launch command goes
+``{"ok": true, "module": ..., "class": ..., "architecture": ...}``. ``{"engine_kwargs": {...}}`` is what
+``sglang.Engine(**kwargs)`` would be given (the kit's regeneration worker): ``ServerArgs`` built from them and
+checked the same way as a launch command. A launch command goes
 through exactly what the engine's ``sglang/launch.py`` runs before it touches a device: ``prepare_server_args``
 (argparse; the launcher adds the API key from the environment), ``ServerArgs.resolve_once`` (the resolution pipeline, which reads the model's config) and
 ``check_server_args``. ``--device cuda`` is appended unless given, since this machine has no accelerator and
@@ -101,6 +103,20 @@ def check(argv: list[str], env: dict[str, str], cwd: str) -> dict:
         os.environ.update(saved_env)
 
 
+def check_engine_kwargs(kwargs: dict) -> dict:
+    """``sglang.Engine``'s own construction of its arguments, then the same checks as a launch command."""
+    from sglang.srt.server_args import ServerArgs
+
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            args = ServerArgs(**{"device": "cuda", **kwargs})
+            args.resolve_once()
+            args.check_server_args()
+        return {"ok": True}
+    except BaseException as exc:
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+
+
 def resolve(architectures: list[str], package: str) -> dict:
     from sglang.srt.models.registry import ModelRegistry, import_model_classes
 
@@ -124,6 +140,8 @@ def main() -> None:
                 sys.path.insert(0, path)
         if "resolve" in command:
             verdicts.append(resolve(command["resolve"], command["package"]))
+        elif "engine_kwargs" in command:
+            verdicts.append(check_engine_kwargs(command["engine_kwargs"]))
         else:
             verdicts.append(check(command["argv"], command.get("env", {}), command.get("cwd", ".")))
     print("VERDICTS " + json.dumps(verdicts))

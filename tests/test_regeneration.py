@@ -167,13 +167,16 @@ def test_both_stages_resume_and_refuse_other_settings(smollm2, regenerated):
 
 
 def test_vllm_gives_the_same_answers_as_the_kit(smollm2, regenerated, vllm_python, monkeypatch, tmp_path):
-    """vLLM's offline engine (its CPU build, float32, no compilation to start quickly) answers every turn with the
-    same greedy tokens as the kit's runtime, through the same prompts."""
+    """vLLM's offline engine (its CPU build, float32, no compilation to start quickly), as two data-parallel replicas
+    (a core each, each answering half of every request), answers every turn with the same greedy tokens as the kit's
+    runtime, through the same prompts."""
     monkeypatch.setenv("SPECDEC_VLLM_PYTHON", vllm_python)
-    index = regenerate(smollm2, regenerated / "pool", tmp_path, SPEC, BackendSpec("vllm", eager=True), progress=False)
+    how = BackendSpec("vllm", eager=True, replicas=2)
+    index = regenerate(smollm2, regenerated / "pool", tmp_path, SPEC, how, progress=False)
     kit = json.loads((regenerated / "answers" / ANSWERS_INDEX).read_text())
     assert [s["sha256"] for s in index["shards"]] == [s["sha256"] for s in kit["shards"]]
     assert {s["backend"] for s in index["shards"]} == {"vllm"}
+    assert (tmp_path / "vllm-worker-0.log").is_file() and (tmp_path / "vllm-worker-1.log").is_file()
 
 
 @pytest.mark.slow

@@ -176,3 +176,20 @@ def test_sglang_refuses_exactly_what_the_builder_and_chart_refuse(checkpoints, c
                     f"{where}: SGLang refuses, the chart renders it"
                 )
     assert sum(not v["ok"] for v in verdicts) == 2 * len(KINDS)  # every pp=2 layout, nothing else
+
+
+def test_the_regeneration_workers_engine_arguments_pass_sglangs_checks(checkpoints):
+    """``train/sglang_generate_worker.py`` (SGLang's offline engine for the kit's data regeneration, GPUs only)
+    builds ``sglang.Engine``'s arguments; SGLang's own ``ServerArgs`` takes them and its checks pass, at one GPU and at
+    tensor parallelism 2 (the worker cannot run here: SGLang's kernels need a GPU)."""
+    from specdec_kit.train import sglang_generate_worker as worker
+
+    target = str(checkpoints["target"])
+    commands = [
+        {"engine_kwargs": worker.engine_kwargs(worker.parse([target, "--dtype", "float16", *extra]))}
+        for extra in ([], ["--tp", "2", "--enforce-eager"])
+    ]
+    too_long = worker.engine_kwargs(worker.parse([target, "--max-model-len", "100000"]))  # beyond the model's 2048
+    verdicts = sglang_verdicts([*commands, {"engine_kwargs": too_long}])
+    assert verdicts[:2] == [{"ok": True}, {"ok": True}], verdicts
+    assert not verdicts[2]["ok"] and "context_length (100000)" in verdicts[2]["error"]  # the checks do refuse

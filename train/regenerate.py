@@ -4,12 +4,14 @@ before, through the chat template the target serves with. Only token ids are wri
 come after, from one teacher-forced pass over the finished samples (``train/teacher_features.py``), which is
 cheaper than carrying hidden states through generation.
 
-Four ways to generate, greedy by default (the same answers from each, float32):
+Five ways to generate, greedy by default (the same answers from each, float32):
 
 - ``kit``: the kit's own batched runtime (``SpeculativeGenerator`` without a draft) on the PyTorch target, in batches;
 - ``engine``: the same on an ONNX Runtime engine of the target (what the kit's server runs);
 - ``vllm``: vLLM's offline engine (``vllm.LLM``, continuous batching with prefix caching) in a worker process
   started with vLLM's interpreter (``SPECDEC_VLLM_PYTHON``, else ``.venv-vllm`` as the vLLM tier's set-up makes it);
+- ``sglang``: SGLang's offline engine (``sglang.Engine``) the same way (GPUs only); for either, ``--replicas N``
+  data-parallel workers (``--tp`` GPUs each) answer parts of every request at once (``train/engine_workers.py``);
 - ``transformers``: Hugging Face's batched ``generate`` (left-padded rows of similar length), on CUDA when present:
   the way for a GPU machine that has PyTorch and transformers but no vLLM.
 
@@ -24,8 +26,6 @@ import argparse
 import hashlib
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -33,10 +33,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from specdec_kit.train.engine_workers import EngineAnswers
 from specdec_kit.train.prompt_pool import MANIFEST_FILE, Conversation, read_pool
 
 ANSWERS_INDEX = "answers.json"
-WORKER = Path(__file__).resolve().parent / "vllm_generate_worker.py"
 
 
 @dataclass
@@ -53,12 +53,14 @@ class RegenSpec:
 class BackendSpec:
     """How answers are generated (not part of the data's identity: greedy float32 answers are the same from each)."""
 
-    name: str = "vllm"  # kit, engine, vllm or transformers
-    batch: int = 32  # kit, engine and transformers: rows per batch (vLLM batches by itself)
-    dtype: str = "float32"  # vllm: the engine's dtype
+    name: str = "vllm"  # kit, engine, vllm, sglang or transformers
+    batch: int = 32  # kit, engine and transformers: rows per batch (vLLM and SGLang batch by themselves)
+    dtype: str = "float32"  # vllm, sglang: the engine's dtype
     engine: Path | None = None  # engine: the ONNX Runtime engine folder
     eager: bool = False  # vllm: skip torch.compile (starts in seconds instead of minutes, decodes slower)
     group: int = 1  # chunks answered together (bigger batches on a GPU); each is still its own shard
+    tp: int = 1  # vllm, sglang: tensor-parallel GPUs per replica
+    replicas: int = 1  # vllm, sglang: data-parallel workers, each answering part of every request
 
 
 class KitAnswers:
@@ -155,99 +157,6 @@ def cut_at_eos(tokens: list[int], eos: set[int]) -> tuple[list[int], str]:
         if token in eos:
             return tokens[: n + 1], "stop"
     return tokens, "length"
-
-
-def worker_python() -> str:
-    """vLLM's interpreter for the worker; FileNotFoundError saying how to get one."""
-    from specdec_kit.paths import has_vllm, missing_vllm, vllm_python
-
-    python = vllm_python()
-    if python is None or not has_vllm(python):
-        raise FileNotFoundError(missing_vllm(python or "this machine"))
-    return python
-
-
-class VllmAnswers:
-    """vLLM's offline engine in a worker process (its own interpreter), fed token ids over a pipe."""
-
-    def __init__(
-        self,
-        target_path: Path,
-        eos: list[int],
-        log: Path,
-        dtype: str = "float32",
-        eager: bool = False,
-        max_model_len: int = 2048,
-        kv_cache_gib: int = 4,
-    ):
-        # vLLM-CPU's automatic binding keeps a core for its engine loop: on a small machine that halves the threads
-        # that do the work; offline generation uses every core the process may run on.
-        cores = sorted(os.sched_getaffinity(0))
-        env = dict(
-            os.environ, VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false"
-        )
-        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
-        env.setdefault("OMP_NUM_THREADS", str(len(cores)))  # else vLLM drops its torch threads to 1
-        self.log = open(log, "w")
-        self.proc = subprocess.Popen(
-            [
-                worker_python(),
-                str(WORKER),
-                str(target_path),
-                "--dtype",
-                dtype,
-                "--max-model-len",
-                str(max_model_len),
-                "--eos",
-                ",".join(map(str, eos)),
-                *(["--enforce-eager"] if eager else []),
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-            text=True,
-            env=env,
-            start_new_session=True,
-        )  # its engine processes share its group: one kill ends all
-        try:
-            while self._line() != "READY":  # _line raises if the worker stops first
-                pass
-        except BaseException:
-            self.close()
-            raise
-
-    def _line(self) -> str:
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"vLLM's worker stopped (exit {self.proc.poll()}); its log: {self.log.name}")
-        return line.strip()
-
-    def answer(
-        self, prompts: list[list[int]], max_tokens: list[int], temperature: float, seed: int
-    ) -> list[tuple[list[int], str]]:
-        self.proc.stdin.write(
-            json.dumps({"prompts": prompts, "max_tokens": max_tokens, "temperature": temperature, "seed": seed}) + "\n"
-        )
-        self.proc.stdin.flush()
-        line = self._line()
-        while not line.startswith("ANSWERS "):
-            line = self._line()
-        return [(a["ids"], a["finish"]) for a in json.loads(line[len("ANSWERS ") :])]
-
-    def close(self) -> None:
-        """Ask the worker to finish (end of input), then end its whole process group if it has not."""
-        try:
-            self.proc.stdin.close()
-            self.proc.wait(timeout=60)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-        finally:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait()
-            self.log.close()
 
 
 def template_ids(tokenizer, messages: list[dict]) -> list[int]:
@@ -411,10 +320,11 @@ def open_backend(how: BackendSpec, target_path: Path, out: Path):
     if how.name == "transformers":
         eos = eos_ids(target_path)
         return TransformersAnswers(target_path, eos, how.batch), eos
-    if how.name == "vllm":
+    if how.name in ("vllm", "sglang"):
         eos = eos_ids(target_path)
-        return VllmAnswers(target_path, sorted(eos), out / "vllm-worker.log", how.dtype, how.eager), eos
-    raise ValueError(f"unknown backend {how.name!r}: expected kit, engine, vllm or transformers")
+        answers = EngineAnswers(how.name, target_path, sorted(eos), out, how.dtype, how.eager, how.tp, how.replicas)
+        return answers, eos
+    raise ValueError(f"unknown backend {how.name!r}: expected kit, engine, vllm, sglang or transformers")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -428,10 +338,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="answers folder (resumed when it exists)")
     p.add_argument(
         "--backend",
-        choices=("kit", "engine", "vllm", "transformers"),
+        choices=("kit", "engine", "vllm", "sglang", "transformers"),
         default="vllm",
         help="kit: the kit's runtime on the PyTorch target; engine: on an ONNX Runtime engine (--engine); "
-        "vllm: vLLM's offline engine in its own interpreter; transformers: Hugging Face's batched "
+        "vllm / sglang: that engine's offline engine in its own interpreter; transformers: Hugging Face's batched "
         "generate (CUDA when present)",
     )
     p.add_argument("--engine", type=Path, help="engine backend: the engine folder (export/build_engine.py)")
@@ -442,7 +352,15 @@ def main(argv: list[str] | None = None) -> int:
         default=32,
         help="kit, engine and transformers backends: rows per batch (vLLM batches by itself)",
     )
-    p.add_argument("--dtype", default="float32", help="vllm backend: the engine's dtype")
+    p.add_argument("--dtype", default="float32", help="vllm and sglang backends: the engine's dtype")
+    p.add_argument("--tp", type=int, default=1, help="vllm and sglang backends: tensor-parallel GPUs per replica")
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="vllm and sglang backends: data-parallel workers, each answering part of every request (each on its "
+        "own --tp GPUs, or on a CPU its share of the cores)",
+    )
     p.add_argument("--enforce-eager", action="store_true", help="vllm backend: no torch.compile (quick start)")
     p.add_argument(
         "--group",
@@ -464,7 +382,16 @@ def main(argv: list[str] | None = None) -> int:
             args.pool or cache_root() / "data" / "prompt-pool",
             args.out,
             spec,
-            BackendSpec(args.backend, args.batch, args.dtype, args.engine, args.enforce_eager, args.group),
+            BackendSpec(
+                args.backend,
+                args.batch,
+                args.dtype,
+                args.engine,
+                args.enforce_eager,
+                args.group,
+                args.tp,
+                args.replicas,
+            ),
             args.answer_tokens,
         ),
         ("samples", "answer_tokens", "pool_fingerprint"),

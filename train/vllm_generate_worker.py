@@ -24,6 +24,7 @@ def main() -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs of this replica")
     p.add_argument("--eos", default="", help="comma-separated end-of-turn token ids")
     p.add_argument("--enforce-eager", action="store_true", help="no torch.compile: starts at once, decodes slower")
     args = p.parse_args()
@@ -41,6 +42,7 @@ def main() -> None:
         seed=0,
         enable_prefix_caching=True,
         enforce_eager=args.enforce_eager,
+        tensor_parallel_size=args.tp,
     )
     eos = [int(x) for x in args.eos.split(",") if x]
     out.write("READY\n")
