@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from specdec_kit.runtime.drafts.speculators_format import OFFICIAL_LAYER, SPECULATORS_LAYER
+
 LAYER_KEYS_LEFT_OUT = ("draft_vocab_size", "eagle_config", "architectures", "target_hidden_size")
 
 
@@ -66,8 +68,9 @@ def write_speculators_head(head: Path, out: Path, target: Path, tokens: int) -> 
         state = torch.load(head / "pytorch_model.bin", map_location="cpu", weights_only=True)
     else:
         raise FileNotFoundError(f"{head}: no model.safetensors or pytorch_model.bin")
-    out.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"))
+    out.mkdir(parents=True, exist_ok=True)  # speculators' own names: its decoder layers as a list
+    renamed = {k.replace(OFFICIAL_LAYER, SPECULATORS_LAYER, 1): v.contiguous() for k, v in state.items()}
+    save_file(renamed, str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out
 

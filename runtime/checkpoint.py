@@ -21,6 +21,7 @@ from specdec_kit.runtime.drafts.loading import (
     read_weights,
     strict_load,
 )
+from specdec_kit.runtime.drafts.speculators_format import official_weights
 from specdec_kit.runtime.registry import default_settings, draft_kind
 
 
@@ -81,7 +82,7 @@ def load_draft(
     config_file, config = path / "config.json", read_config(path)
     module = build_draft(kind, config, config_file, target_hidden, target_vocab, target_shape)
     file = find_weight_file(path, draft_kind(kind).family.weight_files)
-    state = official_key_map(module, file, read_weights(file))
+    state = official_key_map(module, file, official_weights(config, read_weights(file)))
     state = with_target_embedding(module, state, config, config_file, file, embedding)
     strict_load(module, state, file)
     if getattr(module, "d2t", None) is not None:

@@ -1,6 +1,7 @@
 """EAGLE-3 heads in the speculators format: vLLM's own config code (``SpeculatorsConfig``, in the vLLM tier's
 interpreter) reads the written head as the same EAGLE-3 draft the official config describes, with the speculative
-config the head names, and the weights are the head's."""
+config the head names, and the weights are the head's under speculators' names; the kit reads such a head back as
+the official one."""
 
 from __future__ import annotations
 
@@ -14,8 +15,6 @@ from safetensors.torch import load_file
 from specdec_kit.export.speculators import main, speculators_config
 from specdec_kit.paths import default_zoo
 
-pytestmark = pytest.mark.vllm
-
 VLLM_VIEW = """
 import json, sys
 from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
@@ -27,6 +26,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.vllm
 def test_vllm_reads_a_speculators_head_as_the_official_eagle3_draft(vllm_python, tmp_path):
     zoo = default_zoo()
     assert main([str(zoo / "eagle3"), str(tmp_path / "head"), "--target", str(zoo / "target"), "--tokens", "3"]) == 0
@@ -58,7 +58,31 @@ def test_vllm_reads_a_speculators_head_as_the_official_eagle3_draft(vllm_python,
         assert layer[key] == official[key], key
     written = load_file(str(tmp_path / "head" / "model.safetensors"))
     source = torch.load(zoo / "eagle3" / "pytorch_model.bin", weights_only=True)  # the zoo's official layout
-    assert written.keys() == source.keys() and all(torch.equal(written[k], source[k]) for k in source)
+    renamed = {k.replace("midlayer.", "layers.0."): v for k, v in source.items()}  # speculators' names
+    assert written.keys() == renamed.keys() and all(torch.equal(written[k], renamed[k]) for k in renamed)
+
+
+def test_the_kit_reads_a_speculators_head_as_the_official_one(tmp_path):
+    """The other way: a speculators head loads into the kit (its config and layer names read as the official
+    ones) and drafts exactly what the official head drafts; a head with the other norm order is refused."""
+    from specdec_kit.runtime.checkpoint import load_draft
+    from specdec_kit.runtime.drafts.loading import DraftLoadError
+
+    zoo = default_zoo()
+    assert main([str(zoo / "eagle3"), str(tmp_path / "head"), "--target", str(zoo / "target")]) == 0
+    shape = (20, 2048)  # the zoo target: 20 layers (its feature layers are checked against them), 2048 tokens
+    official, converted = (
+        load_draft(p, "eagle3", 192, 2048, target_shape=shape) for p in (zoo / "eagle3", tmp_path / "head")
+    )
+    assert (
+        official.feature_layers == converted.feature_layers and official.draft_vocab_size == converted.draft_vocab_size
+    )
+    for (name, a), (_, b) in zip(official.state_dict().items(), converted.state_dict().items()):
+        assert torch.equal(a, b), name
+    config = json.loads((tmp_path / "head" / "config.json").read_text())
+    (tmp_path / "head" / "config.json").write_text(json.dumps({**config, "norm_before_residual": True}))
+    with pytest.raises(DraftLoadError, match="norm_before_residual is True"):
+        load_draft(tmp_path / "head", "eagle3", 192, 2048, target_shape=shape)
 
 
 def test_a_head_that_is_not_eagle3_is_refused(tmp_path):

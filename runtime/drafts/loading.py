@@ -37,6 +37,7 @@ from specdec_kit.runtime.drafts.griffin import GriffinDraft
 from specdec_kit.runtime.drafts.layers import FeatureDraft
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
 from specdec_kit.runtime.drafts.moa import MoADraft
+from specdec_kit.runtime.drafts.speculators_format import is_speculators, official_config
 
 if TYPE_CHECKING:
     from specdec_kit.runtime.models.target import TargetModel
@@ -49,10 +50,17 @@ class DraftLoadError(ValueError):
 
 
 def read_config(path: Path) -> dict[str, Any]:
+    """A draft's config; a speculators head's (EAGLE-3) as the official one it describes."""
     config_file = path / "config.json"
     if not config_file.is_file():
         raise DraftLoadError(f"{config_file}: missing; a draft checkpoint directory needs config.json")
-    return read_config_file(config_file)
+    config = read_config_file(config_file)
+    if is_speculators(config):
+        try:
+            return official_config(config, config_file)
+        except ValueError as exc:
+            raise DraftLoadError(str(exc)) from None
+    return config
 
 
 def read_config_file(config_file: Path) -> dict[str, Any]:
@@ -127,7 +135,7 @@ def llama_config(config: dict[str, Any], file: Path) -> LlamaConfig:
         k: v
         for k, v in config.items()
         if k not in ("architectures", "model_type", "bias", "qkv_bias", "draft_vocab_size", "eagle_config")
-        and not k.startswith(("moa_", "target_", "eagle_"))
+        and not k.startswith(("moa_", "target_", "eagle_", "specdec_"))  # the kit's own markers are no Llama fields
     }
     if "rope_parameters" in fields:  # the canonical form; the top-level keys beside it are for older readers
         fields.pop("rope_theta", None)

@@ -1,0 +1,55 @@
+"""EAGLE-3 heads written in the speculators format (vLLM's training project) read as the official layout.
+
+A speculators head keeps its decoder layer's config in ``transformer_layer_config`` and the EAGLE-3 fields beside it
+(``draft_vocab_size``, ``eagle_aux_hidden_state_layer_ids``, ``target_hidden_size``, ``norm_before_residual``), and
+names its decoder layers as a list (``layers.0.``) where the official EAGLE-3 says ``midlayer.``. Only one layer
+order exists in the kit's EAGLE-3 layer (the residual is the hidden state before its norm): a head trained with the
+other (``norm_before_residual: true``, speculators' default when unset) is refused, since it would compute something
+else.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+OFFICIAL_LAYER, SPECULATORS_LAYER = "midlayer.", "layers.0."
+FROM_SPECULATORS = "specdec_from_speculators"  # set on the converted config: the weights use speculators' names
+
+
+def is_speculators(config: dict[str, Any]) -> bool:
+    return "speculators_model_type" in config
+
+
+def official_config(config: dict[str, Any], file: Path) -> dict[str, Any]:
+    """The official EAGLE-3 config of a speculators head's ``config``; ValueError naming what does not fit."""
+    kind = config["speculators_model_type"]
+    if kind != "eagle3":
+        raise ValueError(f"{file}: a speculators head of type {kind!r}; the kit reads speculators' eagle3 heads")
+    if config.get("norm_before_residual", True):
+        raise ValueError(
+            f"{file}: norm_before_residual is {config.get('norm_before_residual', 'unset (true)')}; the kit's "
+            "EAGLE-3 layer keeps the hidden state before its norm as the residual (false), as the official EAGLE-3"
+        )
+    layer = config.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise ValueError(f"{file}: key 'transformer_layer_config' is missing or not an object")
+    out = dict(
+        layer, draft_vocab_size=config.get("draft_vocab_size", layer.get("vocab_size")), **{FROM_SPECULATORS: True}
+    )
+    if config.get("eagle_aux_hidden_state_layer_ids") is not None:
+        out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": config["eagle_aux_hidden_state_layer_ids"]}
+    if config.get("target_hidden_size") is not None:
+        out["target_hidden_size"] = config["target_hidden_size"]
+    return out
+
+
+def official_weights(config: dict[str, Any], state: dict) -> dict:
+    """The weights under the official names: a speculators head's one decoder layer as ``midlayer.`` (``config`` as
+    ``official_config`` returns it); any other head's unchanged."""
+    if not config.get(FROM_SPECULATORS):
+        return state
+    return {
+        k.replace(SPECULATORS_LAYER, OFFICIAL_LAYER, 1) if k.startswith(SPECULATORS_LAYER) else k: v
+        for k, v in state.items()
+    }
