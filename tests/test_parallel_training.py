@@ -23,7 +23,9 @@ def train(
     command += ["--sharding", sharding, "--accumulate", str(accumulate)]
     if method == "eagle3":  # the demo target has 2 layers: the inputs of both and the last hidden state
         command += ["--feature-layers", "0,1,2", "--ttt-length", "3"]
-    command += ["--steps", str(steps), "--batch", "4", "--seq-len", "32", "--draft-vocab", "48", "--out", str(out)]
+    if method not in ("medusa", "moa"):  # they predict over the target's whole vocabulary
+        command += ["--draft-vocab", "48"]
+    command += ["--steps", str(steps), "--batch", "4", "--seq-len", "32", "--out", str(out)]
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -69,6 +71,16 @@ def test_two_ranks_follow_one_with_either_sharding_and_micro_batches(method, dem
         assert "FSDP2" not in train(target, tmp_path / "micro2", STEPS, ranks=2, method=method, accumulate=2)
         assert losses(tmp_path / "micro") == pytest.approx(losses(tmp_path / "one"), rel=1e-3)
         assert losses(tmp_path / "micro2") == pytest.approx(losses(tmp_path / "micro"), rel=1e-4)
+
+
+@pytest.mark.parametrize("method, sharding", [("medusa", "ddp"), ("moa", "fsdp")])
+def test_medusa_and_moa_follow_one_process_on_two_ranks(method, sharding, demo_checkpoints, tmp_path):
+    """The other trainers share their batches too: Medusa's heads under DDP, MoA's draft under FSDP2 (its frozen
+    target an argument of the step, not part of the sharded unit)."""
+    target = demo_checkpoints["target"]
+    train(target, tmp_path / "one", STEPS, ranks=1, method=method)
+    train(target, tmp_path / "two", STEPS, ranks=2, sharding=sharding, method=method)
+    assert_same_run(tmp_path / "one", tmp_path / "two")
 
 
 RESUME = """

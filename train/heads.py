@@ -39,7 +39,7 @@ from specdec_kit.train.losses import (
     pass_loss,
 )
 from specdec_kit.train.methods import Trainer, trainer_for
-from specdec_kit.train.parallel import Ranks, one_process
+from specdec_kit.train.parallel import Ranks
 from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state_dicts, saved_extra
 from specdec_kit.train.sharding import ShardedStep
 
@@ -182,6 +182,22 @@ class FeatureTrainingStep(torch.nn.Module):
         return feature_step(self.draft, self.lm_head, self.spec, tokens, feats, logits, gen, masks, self.to_head, ranks)
 
 
+class MedusaTrainingStep(torch.nn.Module):
+    """Medusa's training step as one module (the unit DDP or FSDP2 wraps); under several ranks each takes its share
+    of the batch's rows."""
+
+    def __init__(self, heads: MedusaHeads):
+        super().__init__()
+        self.draft = heads
+
+    def forward(self, tokens, feats, ranks: Ranks):
+        if ranks.world > 1:
+            rows = ranks.share(tokens.shape[0])
+            tokens, feats = tokens[rows], feats[rows]
+        valid = torch.ones_like(tokens, dtype=torch.bool)
+        return medusa_loss(self.draft(feats), tokens, valid, ranks if ranks.world > 1 else None)
+
+
 def merged_pass_stats(parts: list[list[tuple]], ranks: Ranks) -> dict:
     """Per pass over a step's micro-batches: top-1/top-3 over all their counted positions, the positions, the mean
     of their losses (averaged over the ranks)."""
@@ -225,8 +241,6 @@ def train_head(
     ranks = Ranks.from_environment(device)
     device = ranks.device(device)
     progress = progress and ranks.main
-    if spec.method == "medusa":
-        one_process("Medusa")
     source = StreamedFeatures(target, data) if isinstance(data, torch.Tensor) else data
     out_dir.mkdir(parents=True, exist_ok=True)
     vocab, coverage = None, None
@@ -250,15 +264,16 @@ def train_head(
     for p in lm_head.parameters():
         p.requires_grad_(False)
     # what runs the step (under DDP its gradients are averaged over the ranks; under FSDP2 it is sharded across them)
-    model, sharded = None, None
-    if spec.method != "medusa":
-        model = FeatureTrainingStep(head, lm_head, spec, to_head)
-        if spec.sharding == "fsdp" and ranks.world > 1:
-            sharded = ShardedStep(model, head, lm_head, ranks.main)
-            if progress:
-                print(f"{spec.method}: FSDP2 over {ranks.world} ranks, {sharded.describe()}", file=sys.stderr)
-        else:
-            model = ranks.wrap(model)
+    medusa = spec.method == "medusa"
+    model = MedusaTrainingStep(head) if medusa else FeatureTrainingStep(head, lm_head, spec, to_head)
+    frozen = torch.nn.Module() if medusa else lm_head  # Medusa's heads start from the LM head and train it
+    sharded = None
+    if spec.sharding == "fsdp" and ranks.world > 1:
+        sharded = ShardedStep(model, head, frozen, ranks.main)
+        if progress:
+            print(f"{spec.method}: FSDP2 over {ranks.world} ranks, {sharded.describe()}", file=sys.stderr)
+    else:
+        model = ranks.wrap(model)
     params, opt, start, history = optimizer_and_state(head, spec, state_path, sharded)
     measured = sharded.plain if sharded is not None else head  # the whole head: what is measured and saved (rank 0)
     if isinstance(source, DistilledData):
@@ -288,25 +303,26 @@ def train_head(
         for group in opt.param_groups:
             group["lr"] = spec.lr * min(1.0, (step + 1) / spec.warmup)
         opt.zero_grad(set_to_none=True)
-        if spec.method == "medusa":
-            loss, accs = medusa_loss(head(feats), tokens, torch.ones_like(tokens, dtype=torch.bool))
-            spec.check_finite(loss, spec.method, step)
-            loss.backward()
-            record = {"step": step, "loss": float(loss.detach()), "head_top1": accs}
-        else:
-            pieces = spec.micro_batches(tokens.shape[0])
-            losses, parts = [], []
-            for i, rows in enumerate(pieces):  # each micro-batch's backward adds its share to the gradients
-                with ranks.syncing(model, sync=i == len(pieces) - 1):
-                    with spec.autocast(device):
+        pieces = spec.micro_batches(tokens.shape[0])
+        losses, parts = [], []
+        for i, rows in enumerate(pieces):  # each micro-batch's backward adds its share to the gradients
+            with ranks.syncing(model, sync=i == len(pieces) - 1):
+                with spec.autocast(device):
+                    if medusa:
+                        part, stats = model(tokens[rows], feats[rows], ranks)
+                    else:
                         part, stats = model(
                             tokens[rows], feats[rows], logits[rows], gen, masks and masks.take(rows), ranks
                         )
-                    spec.check_finite(part, spec.method, step)
-                    (part / len(pieces)).backward()
-                losses.append(float(part.detach()))
-                parts.append(stats)
-            record = {"step": step, "loss": ranks.average(sum(losses) / len(losses)), **merged_pass_stats(parts, ranks)}
+                spec.check_finite(part, spec.method, step)
+                (part / len(pieces)).backward()
+            losses.append(float(part.detach()))
+            parts.append(stats)
+        record = {"step": step, "loss": ranks.average(sum(losses) / len(losses))}
+        if medusa:  # each head's accuracy, averaged over the micro-batches
+            record["head_top1"] = [sum(a) / len(a) for a in zip(*parts)]
+        else:
+            record.update(merged_pass_stats(parts, ranks))
         torch.nn.utils.clip_grad_norm_(params, 0.5)
         opt.step()
         if sharded is not None and heldout is not None and heldout_due(step, spec.steps, spec.eval_every):

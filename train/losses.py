@@ -133,8 +133,12 @@ def chain_top_positions(token_mask: torch.Tensor, chain: torch.Tensor, passes_le
     return chain & reach
 
 
-def medusa_loss(logits: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
-    """logits [B, T, H, V] from the features at each position; head h predicts tokens[i + 2 + h]."""
+def medusa_loss(
+    logits: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor, ranks=None
+) -> tuple[torch.Tensor, list[float]]:
+    """logits [B, T, H, V] from the features at each position; head h predicts tokens[i + 2 + h]. Under several
+    ``ranks`` (a ``train.parallel.Ranks``) each head's loss is this rank's part of the mean over every rank's
+    positions."""
     total, accs = logits.new_zeros(()), []
     seq = tokens.shape[1]
     for h in range(logits.shape[2]):
@@ -145,7 +149,7 @@ def medusa_loss(logits: torch.Tensor, tokens: torch.Tensor, valid: torch.Tensor)
         lab = tokens[:, shift:]
         m = valid[:, shift:]
         ce = F.cross_entropy(lg.reshape(-1, lg.shape[-1]).float(), lab.reshape(-1), reduction="none").view_as(lab)
-        total = total + masked_mean(ce, m)
+        total = total + (masked_mean(ce, m) if ranks is None else ranks.mean((ce * m).sum(), int(m.sum())))
         with torch.no_grad():
             accs.append(float(((lg.argmax(-1) == lab) & m.bool()).sum()) / max(int(m.sum()), 1))
     return total, accs

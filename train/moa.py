@@ -28,8 +28,9 @@ from specdec_kit.runtime.drafts.moa import MoADraft
 from specdec_kit.runtime.models.attention import apply_rope
 from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.train.methods import Trainer
-from specdec_kit.train.parallel import one_process
-from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state
+from specdec_kit.train.parallel import Ranks
+from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state_dicts
+from specdec_kit.train.sharding import ShardedStep
 
 
 @dataclass(kw_only=True)
@@ -129,6 +130,23 @@ def moa_loss(draft: MoADraft, target: TargetModel, tokens: torch.Tensor, spec: M
     return spec.kl_weight * kl + spec.l1_weight * l1, float(kl.detach()), float(l1.detach()), float(top1)
 
 
+class MoATrainingStep(torch.nn.Module):
+    """MoA's training step as one module (the unit DDP or FSDP2 wraps; the frozen target is an argument, not part of
+    it). Under several ranks each takes its share of the batch's rows, the block lengths drawn alike on every rank,
+    and its loss weighs by its share of the rows (so DDP's averaging gives the whole batch's mean)."""
+
+    def __init__(self, draft: MoADraft, spec: MoASpec):
+        super().__init__()
+        self.draft, self.spec = draft, spec
+
+    def forward(self, target: TargetModel, tokens: torch.Tensor, gen: torch.Generator, ranks: Ranks):
+        rows = tokens.shape[0]
+        if ranks.world > 1:
+            tokens = tokens[ranks.share(rows)]
+        loss, kl, l1, top1 = moa_loss(self.draft, target, tokens, self.spec, gen)
+        return loss * (tokens.shape[0] * ranks.world / rows), kl, l1, top1
+
+
 def new_moa(target: TargetModel, spec: MoASpec) -> MoADraft:
     torch.manual_seed(spec.seed)
     draft = MoADraft(
@@ -153,15 +171,23 @@ def train_moa(
     save_dtype: torch.dtype | None = None,
 ) -> dict:
     """Train on [N, seq_len] token blocks (the target runs on each batch); writes the checkpoint layout and
-    a resumable training state to ``out_dir``."""
-    one_process("MoA")
+    a resumable training state to ``out_dir``. Under ``torchrun`` the ranks share each batch's rows (DDP, or FSDP2
+    with ``spec.sharding``); rank 0 logs and writes."""
+    ranks = Ranks.from_environment(target.device)
+    progress = progress and ranks.main
     out_dir.mkdir(parents=True, exist_ok=True)
     target = target.float()
     for p in target.parameters():
         p.requires_grad_(False)
     draft = new_moa(target, spec).float()
     state_path = out_dir / "training_state.pt"
-    params, opt, start, history = optimizer_and_state(draft, spec, state_path)
+    model, sharded = MoATrainingStep(draft, spec), None
+    if spec.sharding == "fsdp" and ranks.world > 1:
+        sharded = ShardedStep(model, draft, torch.nn.Module(), ranks.main)
+    else:
+        model = ranks.wrap(model)
+    params, opt, start, history = optimizer_and_state(draft, spec, state_path, sharded)
+    saved = sharded.plain if sharded is not None else draft
     gen = torch.Generator().manual_seed(spec.seed + start)
     bar = tqdm(
         range(start, spec.steps),
@@ -176,17 +202,25 @@ def train_moa(
         tokens = data[spec.batch_rows(step, len(data))]
         for group in opt.param_groups:
             group["lr"] = spec.lr * min(1.0, (step + 1) / spec.warmup)
-        loss, kl, l1, top1 = moa_loss(draft, target, tokens, spec, gen)
+        loss, kl, l1, top1 = model(target, tokens, gen, ranks)
         spec.check_finite(loss, "moa", step)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 0.5)
         opt.step()
-        history.append({"step": step, "loss": float(loss.detach()), "kl": kl, "smooth_l1": l1, "top1": top1})
+        kl, l1, top1 = (ranks.average(x) for x in (kl, l1, top1))
+        history.append(
+            {"step": step, "loss": spec.kl_weight * kl + spec.l1_weight * l1, "kl": kl, "smooth_l1": l1, "top1": top1}
+        )
         bar.set_postfix(kl=f"{kl:.3f}", l1=f"{l1:.3f}", top1=f"{top1:.2f}")
         if (step + 1) % 100 == 0 or step + 1 == spec.steps:
-            save_state(draft, opt, step + 1, history, state_path)
-    save_draft(draft.to(save_dtype or torch.float32), out_dir, "moa", safetensors=True, base_model=base_model)
+            gathered = sharded.gather(opt) if sharded is not None else (draft.state_dict(), opt.state_dict())
+            if ranks.main:
+                save_state_dicts(*gathered, step + 1, history, state_path)
+    ranks.close()
+    if not ranks.main:
+        return {"steps": spec.steps, "rank": ranks.rank}
+    save_draft(saved.to(save_dtype or torch.float32), out_dir, "moa", safetensors=True, base_model=base_model)
     (out_dir / "training_spec.json").write_text(json.dumps(asdict(spec), indent=2))
     return {"steps": spec.steps, "minutes": round((time.time() - t0) / 60, 2), "last": history[-1] if history else None}
 

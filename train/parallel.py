@@ -19,15 +19,6 @@ import torch.distributed as dist
 from torch import nn
 
 
-def one_process(trainer: str) -> None:
-    """Trainers not yet split across ranks refuse ``torchrun`` (each rank would train and write the same head)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ValueError(
-            f"the {trainer} trainer runs in one process; under torchrun the EAGLE, HASS, GRIFFIN and EAGLE-3 "
-            "trainers share their batches across ranks"
-        )
-
-
 @dataclass(frozen=True)
 class Ranks:
     rank: int = 0
