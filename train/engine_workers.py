@@ -1,7 +1,7 @@
 """Answers from a serving engine's offline API for the kit's data regeneration: vLLM's ``LLM`` or SGLang's ``Engine``,
 each in a worker process started with that engine's own interpreter (neither shares the kit's), fed token ids over a
-pipe (``train/vllm_generate_worker.py``, ``train/sglang_generate_worker.py``; one JSON request a line, one answer
-line back).
+pipe (``train/vllm_generate_worker.py``, ``train/sglang_generate_worker.py``; the line protocol of
+``train/generate_worker_protocol.py``).
 
 Data-parallel replicas: ``replicas`` workers, each on its own share of the machine (its GPUs through
 ``CUDA_VISIBLE_DEVICES``, ``tp`` of them; on a CPU its own cores), answer consecutive parts of every request at once;
@@ -16,9 +16,10 @@ import signal
 import subprocess
 from pathlib import Path
 
+from specdec_kit.train.generate_worker_protocol import MARKER
+
 HERE = Path(__file__).resolve().parent
 WORKERS = {"vllm": HERE / "vllm_generate_worker.py", "sglang": HERE / "sglang_generate_worker.py"}
-MARKER = "ANSWERS "
 
 
 def engine_python(engine: str) -> str:

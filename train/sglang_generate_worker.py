@@ -1,31 +1,24 @@
 """Greedy or sampled answers from SGLang's offline engine (``sglang.Engine``), for the kit's data regeneration; run
-with SGLang's interpreter (``.venv-sglang``), which has no kit installed, so this file imports SGLang alone. The same
-protocol as ``vllm_generate_worker.py``: ``python sglang_generate_worker.py MODEL --dtype bfloat16 --tp 2``, then one
-JSON request a line on stdin, one answer line (after ``ANSWERS``) on stdout, SGLang's own logging on stderr.
-SGLang runs on GPUs only (its kernels need Triton's GPU driver): on this project's CPU machines its arguments are
-checked by SGLang's own code (``engine_kwargs``), not run.
+with SGLang's interpreter (``.venv-sglang``), which has no kit installed, so this file imports SGLang alone (and the
+protocol beside it, ``generate_worker_protocol.py``). ``python sglang_generate_worker.py MODEL --dtype bfloat16
+--tp 2``. SGLang runs on GPUs only (its kernels need Triton's GPU driver): on this project's CPU machines its
+arguments are checked by SGLang's own code (``engine_kwargs``), not run.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import sys
 
-MARKER = "ANSWERS "
+try:  # run as a script in SGLang's interpreter: the protocol file beside it
+    from generate_worker_protocol import Request, answers_channel, serve
+    from generate_worker_protocol import parse as parse_arguments
+except ImportError:  # imported by the kit (its tests check engine_kwargs against SGLang's own code)
+    from specdec_kit.train.generate_worker_protocol import Request, answers_channel, serve
+    from specdec_kit.train.generate_worker_protocol import parse as parse_arguments
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("model")
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--max-model-len", type=int, default=2048)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs of this replica")
-    p.add_argument("--eos", default="", help="comma-separated end-of-turn token ids")
-    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    return p.parse_args(argv)
+    return parse_arguments(__doc__, "bfloat16", argv)
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -44,40 +37,28 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
 
 def main() -> None:
     args = parse()
-    out = os.fdopen(os.dup(1), "w")  # answers only: everything else (SGLang and its processes) goes to stderr
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
+    out = answers_channel()  # before SGLang prints anything
     import sglang
 
     engine = sglang.Engine(**engine_kwargs(args))
-    eos = [int(x) for x in args.eos.split(",") if x]
-    out.write("READY\n")
-    out.flush()
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        request = json.loads(line)
-        seed = request.get("seed")  # prompt i samples with seed + i, as the kit's backends do
+
+    def answer(request: Request) -> list[tuple[list[int], bool]]:
         params = [
             {
-                "temperature": request.get("temperature", 0.0),
-                "top_p": request.get("top_p", 1.0),
+                "temperature": request.temperature,
+                "top_p": request.top_p,
                 "max_new_tokens": n,
-                "stop_token_ids": eos,
-                **({} if seed is None else {"sampling_seed": seed + i}),
+                "stop_token_ids": request.eos,
+                **({} if seed is None else {"sampling_seed": seed}),
             }
-            for i, n in enumerate(request["max_tokens"])
+            for n, seed in zip(request.max_tokens, request.seeds)
         ]
-        results = engine.generate(input_ids=request["prompts"], sampling_params=params)
-        answers = [
-            {
-                "ids": list(r["output_ids"]),
-                "finish": "stop" if (r["meta_info"].get("finish_reason") or {}).get("type") == "stop" else "length",
-            }
-            for r in results
+        results = engine.generate(input_ids=request.prompts, sampling_params=params)
+        return [
+            (list(r["output_ids"]), (r["meta_info"].get("finish_reason") or {}).get("type") == "stop") for r in results
         ]
-        out.write(MARKER + json.dumps(answers) + "\n")
-        out.flush()
+
+    serve(out, args.eos, answer)
     engine.shutdown()
 
 
