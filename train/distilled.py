@@ -2,8 +2,9 @@
 
 Samples of similar length share a batch of at most ``tokens_per_batch`` tokens (right-padded: a real position never
 attends to a pad, which comes after it), and the batches come in a fixed shuffled order, so a resumed run sees the
-same batches. The samples stay in host memory; a batch is built there and handed over on ``device`` (the trainer's),
-where the target's logits are computed. Each batch carries the draft's input features (the final hidden state for
+same batches. Only the tokens stay in host memory; a batch's features are read from the shards when it is built
+(memory-mapped by safetensors, so the page cache holds what fits: a 2.5M-token set's four feature columns are 16 GB)
+and handed over on ``device`` (the trainer's), where the target's logits are computed. Each batch carries the draft's input features (the final hidden state for
 EAGLE/HASS/GRIFFIN, the three tapped layers side by side for EAGLE-3), the target's logits over the head's vocabulary (the target's LM-head
 rows of that vocabulary applied to the final state: exactly the target's logits there), and masks: ``valid`` (not
 padding) and ``counted`` (the position's next token is part of the answer, so its prediction counts in the loss).
@@ -59,36 +60,36 @@ class DistilledData:
         if missing:
             raise ValueError(f"{index_file}: hidden states {missing} were not stored (stored: {stored})")
         self.index, self.lm_rows, self.device = index, lm_rows, torch.device("cpu")
-        columns = [stored.index(i) for i in hidden_indices]
-        final = len(stored) - 1  # the final, normed state is stored last
-        inputs_are_final = columns == [final]
-        tokens, feats, finals, tops, starts, lengths = [], [], [], [], [], []
+        self.columns = [stored.index(i) for i in hidden_indices]
+        self.final = len(stored) - 1  # the final, normed state is stored last
+        tokens, tops, starts, lengths, self.spans, self.shards = [], [], [], [], [], []
         for shard in first_shards(index["shards"], answer_tokens):
             keep = [
                 n
                 for n, s in enumerate(shard["samples"])
                 if (variants is None or s["variant"] in variants) and (select is None or select(s))
             ]
-            with safe_open(str(path / shard["file"]), "pt") as f:
-                offsets = f.get_tensor("offsets")
-                all_feats = f.get_tensor("features")
-                shard_tokens, shard_top = f.get_tensor("tokens").long(), f.get_tensor("top").long()
-                shard_starts = f.get_tensor("answer_start")
+            if not keep:
+                continue
+            f = safe_open(str(path / shard["file"]), "pt")
+            offsets = f.get_tensor("offsets")
+            shard_tokens, shard_top = f.get_tensor("tokens").long(), f.get_tensor("top").long()
+            shard_starts = f.get_tensor("answer_start")
+            self.shards.append(f.get_slice("features"))
             for n in keep:
                 a, b = int(offsets[n]), int(offsets[n + 1])
-                tokens.append(shard_tokens[a:b])
-                finals.append(all_feats[a:b, final].clone())  # copies: the shard's other columns are let go
-                feats.append(finals[-1] if inputs_are_final else all_feats[a:b, columns].flatten(1))
-                tops.append(shard_top[a:b])
+                tokens.append(shard_tokens[a:b].clone())
+                tops.append(shard_top[a:b].clone())
                 starts.append(int(shard_starts[n]))
                 lengths.append(b - a)
+                self.spans.append((len(self.shards) - 1, a, b))
         if not tokens:
             raise ValueError(
                 f"{path}: no samples"
                 + (f" of variants {variants}" if variants else "")
                 + (" in the selection (e.g. a held-out split too small for this data)" if select else "")
             )
-        self.tokens, self.features, self.finals, self.tops, self.starts = tokens, feats, finals, tops, starts
+        self.tokens, self.tops, self.starts = tokens, tops, starts
         self.batches = self._plan(lengths, tokens_per_batch, seed)
 
     def to(self, device: torch.device | str) -> "DistilledData":
@@ -122,25 +123,33 @@ class DistilledData:
         """Every answer token, for choosing a draft vocabulary by frequency."""
         return torch.cat([t[s:] for t, s in zip(self.tokens, self.starts)])
 
+    def stored_features(self, sample: int) -> torch.Tensor:
+        """Sample ``sample``'s stored feature columns, read from its shard: [tokens, columns, D]."""
+        shard, a, b = self.spans[sample]
+        return self.shards[shard][a:b]
+
     @torch.no_grad()
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, BatchMasks]:
         """Batch ``step`` (wrapping around): tokens [B, T], features [B, T, D], the target's logits over the head's
         vocabulary [B, T, V'], and the masks."""
         rows = self.batches[step % len(self.batches)]
         width = max(self.tokens[i].shape[0] for i in rows)
-        bsz, dim = len(rows), self.features[rows[0]].shape[-1]
+        bsz = len(rows)
         tokens = torch.zeros(bsz, width, dtype=torch.long)
-        feats = torch.zeros(bsz, width, dim)
-        finals = torch.zeros(bsz, width, self.finals[rows[0]].shape[-1])
+        feats, finals = None, None
         top = torch.full((bsz, width), -1, dtype=torch.long)
         valid = torch.zeros(bsz, width, dtype=torch.bool)
         counted = torch.zeros(bsz, width, dtype=torch.bool)
         for r, i in enumerate(rows):
             n = self.tokens[i].shape[0]
+            stored = self.stored_features(i)  # [n, stored columns, D]
+            if feats is None:
+                feats = torch.zeros(bsz, width, len(self.columns) * stored.shape[-1])
+                finals = torch.zeros(bsz, width, stored.shape[-1])
             tokens[r, :n], feats[r, :n], finals[r, :n] = (
                 self.tokens[i],
-                self.features[i].float(),
-                self.finals[i].float(),
+                stored[:, self.columns].flatten(1).float(),
+                stored[:, self.final].float(),
             )
             top[r, :n], valid[r, :n] = self.tops[i], True
             counted[r, max(self.starts[i] - 1, 0) : n] = True  # position t's next token t+1 is an answer token
