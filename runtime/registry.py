@@ -72,6 +72,7 @@ class EngineForm:
     architecture: str | None = None  # the draft config's ``architectures`` entry (None: the official layout's own)
     plugin: bool = False  # the engine loads the draft through the kit's plugin or drafter package
     official_layout: bool = False  # the engine's own class reads the official layout as the kit writes it
+    options: dict[str, Any] = field(default_factory=dict)  # further keys of the engine's speculative config
 
 
 # The engines a kind may have a form for; "tensorrt-llm-legacy" is TensorRT-LLM's engine route of releases <= 1.2.
@@ -274,6 +275,58 @@ class Eagle3Family(FeatureFamily):
         )
 
 
+class ParallelEagle3Family(Eagle3Family):
+    """P-EAGLE: an EAGLE-3 draft that proposes a cycle's tokens from one forward (``ParallelDrafter``): the context
+    pairs, then masked slots (``mask_hidden``, ``mask_token_id``) after each row's last one."""
+
+    name = "peagle"
+    manifest_keys = Eagle3Family.manifest_keys + ("mask_token_id", "parallel_draft_tokens", "mask_hidden")
+
+    def check_tree(self, tree):
+        from specdec_kit.runtime.decoding.parallel_drafting import check_parallel_tree
+
+        check_parallel_tree(tree)
+
+    def config_dict(self, module, base_model=""):
+        """EAGLE-3's, with the mask token where vLLM looks for it and the proposals a forward was trained for."""
+        return super().config_dict(module, base_model) | {
+            "mask_token_id": module.mask_token_id,
+            "parallel_draft_tokens": module.parallel_tokens,
+        }
+
+    def manifest_spec(self, module):
+        """EAGLE-3's, with the masked slots' token and input (``mask_hidden``, a few thousand numbers: the engine's
+        drafter feeds it through the ``draft_fuse`` graph like the target's taps)."""
+        return super().manifest_spec(module) | {
+            "mask_token_id": module.mask_token_id,
+            "parallel_draft_tokens": module.parallel_tokens,
+            "mask_hidden": module.mask_hidden.detach().float().flatten().tolist(),
+        }
+
+    def torch_drafter(self, module, target, tree):
+        from specdec_kit.runtime.decoding.drafting import TorchFeatureStep
+        from specdec_kit.runtime.decoding.parallel_drafting import ParallelDrafter
+
+        step = TorchFeatureStep(module, self.head(module, target))
+        mask = module.mask_hidden.detach()
+        return ParallelDrafter(step, tree, module.feature_layers, mask, module.mask_token_id, module.parallel_tokens)
+
+    def ort_drafter(self, graph, manifest, target, tree):
+        import torch
+
+        from specdec_kit.runtime.decoding.parallel_drafting import ParallelDrafter
+        from specdec_kit.runtime.ort.backend import OrtFeatureDraftStep
+
+        spec = manifest["draft"]
+        step = OrtFeatureDraftStep(graph("draft_step"), spec, target.dtype, fuse=graph("draft_fuse"))
+        mask = torch.tensor(spec["mask_hidden"], dtype=torch.float32)
+        layers = tuple(spec["feature_layers"])
+        return ParallelDrafter(step, tree, layers, mask, spec["mask_token_id"], spec["parallel_draft_tokens"])
+
+    def whole_tree_plan(self, module, target, tree):
+        return None  # its one draft call per cycle is already the step graph's
+
+
 class MedusaFamily(DraftFamily):
     """Medusa heads: one head per depth over the last verified feature; static trees only."""
 
@@ -424,8 +477,15 @@ MOA_VLLM = (
     "hidden states), never the target's per-layer KV cache that LSA attends over, and it cannot run the target's "
     "own last layers with draft-time KV entries (TLI); it would need a proposer of its own, not just a model class"
 )
-MEDUSA_SGLANG = (
-    "SGLang has no Medusa decoding (its algorithms: EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, DFLASH, DSPARK)"
+SGLANG_ALGORITHMS = "EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, DFLASH, DSPARK"
+MEDUSA_SGLANG = f"SGLang has no Medusa decoding (its algorithms: {SGLANG_ALGORITHMS})"
+PEAGLE_SGLANG = (
+    f"SGLang has no parallel drafting for EAGLE-3 heads (its algorithms: {SGLANG_ALGORITHMS}): its EAGLE3 worker "
+    "runs the draft once per token and loads no mask_hidden; its DFLASH and DSPARK workers read other drafts"
+)
+PEAGLE_TRTLLM = (
+    "TensorRT-LLM's Eagle3DecodingConfig has no parallel drafting: its EAGLE-3 drafter runs one forward per draft "
+    "token and loads no mask_hidden"
 )
 MEDUSA_VLLM = (
     "vLLM's Medusa method proposes each head's top-1 only (a chain), so the kit's Medusa engine, defined by its "
@@ -612,6 +672,7 @@ LOOKUP_TREE = "dynamic:24:15:2"
 
 def _register_builtin() -> None:
     feature, eagle3, medusa, moa = FeatureFamily(), Eagle3Family(), MedusaFamily(), MoAFamily()
+    peagle = ParallelEagle3Family()
     lookup = LookupFamily()
     register(
         DraftKind(
@@ -668,6 +729,22 @@ def _register_builtin() -> None:
                 "vllm": EngineForm("eagle3", "Eagle3LlamaForCausalLM", official_layout=True),
                 "sglang": EngineForm("EAGLE3", "LlamaForCausalLMEagle3", official_layout=True),
                 "tensorrt-llm": EngineForm("Eagle3", official_layout=True),
+            },
+            trainer=_trainer("eagle3"),
+        )
+    )
+    register(
+        DraftKind(
+            "peagle",
+            peagle,
+            _loader("build_peagle"),
+            "P-EAGLE: an EAGLE-3 draft proposing a cycle's tokens from one forward (masked slots)",
+            default_tree="dynamic:4:3:1",
+            refused_backends={"sglang": PEAGLE_SGLANG, "tensorrt-llm": PEAGLE_TRTLLM},
+            engines={  # vLLM's own EAGLE-3 class with parallel drafting on reads mask_hidden and mask_token_id
+                "vllm": EngineForm(
+                    "eagle3", "Eagle3LlamaForCausalLM", official_layout=True, options={"parallel_drafting": True}
+                ),
             },
             trainer=_trainer("eagle3"),
         )

@@ -20,6 +20,7 @@ from specdec_kit.runtime.drafts.layers import FeatureDraft
 from specdec_kit.runtime.drafts.loading import draft_config
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
 from specdec_kit.runtime.drafts.moa import MoADraft
+from specdec_kit.runtime.drafts.peagle import PEagleDraft
 from specdec_kit.runtime.models.target import TargetModel
 
 FAMILIES = {
@@ -126,6 +127,22 @@ def random_eagle3(
     used = torch.randperm(target.vocab_size)[:size].sort().values
     draft.d2t.copy_(used - torch.arange(size))
     draft.t2d[used] = True
+    return draft.to(target.dtype).eval()
+
+
+def random_peagle(target: TargetModel, seed: int = 5, parallel_tokens: int = 4) -> PEagleDraft:
+    """A random P-EAGLE draft: ``random_eagle3``'s weights and vocabulary, a random masked-slot input."""
+    base = random_eagle3(target, seed)
+    draft = PEagleDraft(
+        base.config,
+        target.hidden_size,
+        base.draft_vocab_size,
+        base.feature_layers,
+        target.vocab_size - 1,
+        parallel_tokens,
+    )
+    draft.load_state_dict(base.state_dict(), strict=False)
+    torch.nn.init.normal_(draft.mask_hidden, std=1.0)
     return draft.to(target.dtype).eval()
 
 

@@ -124,12 +124,14 @@ def test_every_kind_is_registered_with_its_family():
         "eagle2",
         "hass",
         "eagle3",
+        "peagle",
         "medusa",
         "moa",
         "ngram",
         "suffix",
     )
-    assert registry.head_kinds() == ("griffin", "eagle", "eagle2", "hass", "eagle3", "medusa", "moa")
+    assert registry.head_kinds() == ("griffin", "eagle", "eagle2", "hass", "eagle3", "peagle", "medusa", "moa")
+    assert registry.draft_kind("peagle").family.name == "peagle"
     assert registry.draft_kind("suffix").family.name == "lookup" and registry.draft_kind("suffix").model_free
     assert registry.draft_kind("medusa").family.name == "medusa"
     assert registry.draft_kind("eagle3").family.name == "eagle3"

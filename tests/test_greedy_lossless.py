@@ -31,6 +31,7 @@ from specdec_kit.runtime.synthetic import (
     random_griffin,
     random_medusa,
     random_moa,
+    random_peagle,
     with_draft_vocab,
 )
 
@@ -38,13 +39,15 @@ DYNAMIC = DynamicTreeConfig(total_tokens=24, depth=4, top_k=4)
 
 
 @functools.cache
-def _eagle3_trained_for(hf_model) -> Path:
-    from specdec_kit.train.eagle3 import Eagle3Spec, train_eagle3
+def _eagle3_trained_for(hf_model, method: str = "eagle3") -> Path:
+    from specdec_kit.train.eagle3 import eagle3_spec, train_eagle3
 
     target = TargetModel(hf_model)
     data = torch.randint(0, target.vocab_size, (64, 64), generator=torch.Generator().manual_seed(0))
-    spec = Eagle3Spec(
-        steps=100,
+    parallel = {"steps": 200, "step_decay": 0.5} if method == "peagle" else {"steps": 100}
+    spec = eagle3_spec(
+        method,
+        **parallel,
         batch=8,
         seq_len=64,
         lr=3e-3,
@@ -53,19 +56,19 @@ def _eagle3_trained_for(hf_model) -> Path:
         ttt_length=4,
         feature_layers=list(eagle3_layers(target)),
     )
-    folder = Path(tempfile.mkdtemp(prefix="eagle3-"))
+    folder = Path(tempfile.mkdtemp(prefix=f"{method}-"))
     train_eagle3(target, data, spec, folder, progress=False)
     return folder
 
 
-def trained_eagle3(target: TargetModel):
-    """EAGLE-3 has no hand-built oracle: a small head trained by the kit's own trainer (training-time test, a draft
-    vocabulary of 60 of the 80 tokens), written in the official layout and loaded back."""
+def trained_eagle3(target: TargetModel, method: str = "eagle3"):
+    """EAGLE-3 (and P-EAGLE) have no hand-built oracle: a small head trained by the kit's own trainer (training-time
+    test, a draft vocabulary of 60 of the 80 tokens), written in the official layout and loaded back."""
     from specdec_kit.runtime.checkpoint import load_draft
 
     return load_draft(
-        _eagle3_trained_for(target.hf_model),
-        "eagle3",
+        _eagle3_trained_for(target.hf_model, method),
+        method,
         target.hidden_size,
         target.vocab_size,
         dtype=target.dtype,
@@ -90,6 +93,9 @@ CASES = {
     ),
     "eagle3": ("eagle3", (trained_eagle3, random_eagle3), DYNAMIC),
     "eagle3-static": ("eagle3", (trained_eagle3, random_eagle3), StaticTree.from_choices(EAGLE1_DEFAULT)),
+    # P-EAGLE: one forward proposes 4 tokens; a tree of their top-4 each, and vLLM's chain
+    "peagle": ("peagle", (lambda t: trained_eagle3(t, "peagle"), random_peagle), DYNAMIC),
+    "peagle-chain": ("peagle", (lambda t: trained_eagle3(t, "peagle"), random_peagle), DynamicTreeConfig(4, 3, 1)),
     "medusa": (
         "medusa",
         (lambda t: fitted_medusa(t, heads=4), lambda t: random_medusa(t, heads=4)),
@@ -131,8 +137,9 @@ def test_good_drafts_identical(predictable_case, kind, batch):
     for prompt, res, ref in zip(predictable_case.prompts, results, predictable_case.references):
         assert res.tokens == ref, f"prompt of length {len(prompt)} diverged"
     tau = sum(r.stats.acceptance_length for r in results) / len(results)
-    # Medusa guesses several steps ahead from one feature; a reduced vocabulary misses a quarter of the target's tokens
-    floor = 1.5 if kind in ("medusa", "griffin-vocab") else 2.0
+    # Medusa and P-EAGLE guess several steps ahead from one forward (without the tokens between); a reduced
+    # vocabulary misses a quarter of the target's tokens
+    floor = 1.5 if kind in ("medusa", "griffin-vocab") else 1.3 if kind.startswith("peagle") else 2.0
     assert tau > floor, f"a good {kind} draft should be accepted often; tau={tau:.2f}"
 
 

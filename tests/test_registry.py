@@ -35,7 +35,7 @@ LEGACY_RELEASE = "1.2.1"  # a TensorRT-LLM release with the legacy engine route
 SERVERS = ("vllm", "sglang", "tensorrt-llm")
 # what the two-layer target needs beside a trainer's defaults: EAGLE-3's default taps assume a deep target, and the
 # server engines capture layer outputs, so not the hidden states entering layer 0
-TINY = {"eagle3": {"feature_layers": [1], "ttt_length": 2}}
+TINY = {"eagle3": {"feature_layers": [1], "ttt_length": 2}, "peagle": {"feature_layers": [0, 1], "ttt_length": 3}}
 
 
 @pytest.fixture(scope="module")

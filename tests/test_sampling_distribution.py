@@ -32,6 +32,7 @@ from specdec_kit.runtime.synthetic import (
     random_eagle,
     random_eagle3,
     random_moa,
+    random_peagle,
     tiny_hf_model,
     with_draft_vocab,
 )
@@ -109,6 +110,10 @@ def drafter_for(name: str, target: TargetModel):
         return registry_drafter_for(
             "eagle3", random_eagle3(target, draft_vocab=4), target, DynamicTreeConfig(total_tokens=10, depth=3, top_k=3)
         )
+    if name == "peagle-random-dynamic":  # 3 proposals from one forward, each position's top-3 in the tree
+        return registry_drafter_for(
+            "peagle", random_peagle(target, parallel_tokens=3), target, DynamicTreeConfig(10, 3, 3)
+        )
     if name == "medusa-fitted":
         return MedusaDrafter(fitted_medusa(target, heads=5), StaticTree.from_choices(EAGLE1_DEFAULT))
     lookup_tree = DynamicTreeConfig(total_tokens=8, depth=3, top_k=2)
@@ -139,6 +144,7 @@ SETTINGS = {"T=1": dict(temperature=1.0), "T=0.7,top_p=0.9": dict(temperature=0.
         "moa-oracle-static",
         "moa-random-tli1-dynamic",
         "eagle3-random-dynamic",
+        "peagle-random-dynamic",
         "griffin-oracle-vocab-dynamic",
         "ngram",
         "suffix",
@@ -220,6 +226,7 @@ def run_mixed(gen: SpeculativeGenerator, prompts, budget: int, params) -> list[l
         "medusa-fitted",
         "moa-random-tli1-dynamic",
         "eagle3-random-dynamic",
+        "peagle-random-dynamic",
         "ngram",
         "suffix",
         "griffin-oracle+suffix",

@@ -9,6 +9,8 @@ The head is written in its method's official layout, with a resumable training_s
 EAGLE-3 (--method eagle3) reads three target layers (--feature-layers, default the reference's 2, L/2, L-3),
 picks its draft vocabulary (--draft-vocab tokens, default a quarter of the target's) by token frequency in
 the training data, and trains with training-time test (--ttt-length draft steps unrolled per block).
+P-EAGLE (--method peagle) is an EAGLE-3 head trained to propose --ttt-length tokens from one forward: the context,
+then masked slots (a learned input and --mask-token-id) at the next positions.
 EAGLE, HASS and GRIFFIN heads take --draft-vocab too: the head then proposes only those tokens, scored by the
 target's own LM-head rows (a cheaper draft step; the ONNX Runtime and PyTorch engines run it, the server engines'
 drafters do not). For a real target's heads from self-distilled data, see ``python -m specdec_kit.train.recipe``.
@@ -81,7 +83,15 @@ def main(argv: list[str] | None = None) -> int:
         "the target's; eagle, hass, griffin: 0 is the target's whole vocabulary)",
     )
     p.add_argument(
-        "--ttt-length", type=int, default=7, help="eagle3: draft steps unrolled per block (training-time test)"
+        "--ttt-length",
+        type=int,
+        help="eagle3: draft steps unrolled per block (training-time test; default 7); peagle: the tokens one draft "
+        "forward proposes (the root's, then masked slots; default 4)",
+    )
+    p.add_argument(
+        "--mask-token-id",
+        type=int,
+        help="peagle: the token a masked slot embeds (default: the target's last vocabulary id)",
     )
     p.add_argument(
         "--feature-layers",

@@ -9,6 +9,11 @@ own keys of steps 1..j at position t (its chain of guesses): exactly what the j-
 The loss of step j is the soft cross-entropy against the target's distribution restricted to the draft vocabulary,
 counted where the target's top token is in that vocabulary, weighted ``step_decay ** j``; gradients flow through
 the unrolled steps, as in the reference.
+
+P-EAGLE (``PEagleSpec``, a ``PEagleDraft``) is the same unrolling with one change: step j >= 1 feeds position t a
+masked slot (the mask token's embedding and ``fc(mask_hidden)``) instead of its own guess, at the same rotary
+position t + j and with the same attention (step 0's keys <= t, its slots of steps 1..j at t). That is what one
+parallel draft forward sees: the context, then masked slots after the last pair, slot j proposing x_{t+j+2}.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from specdec_kit.runtime.checkpoint import save_draft
 from specdec_kit.runtime.core.device import resolve_device
 from specdec_kit.runtime.drafts.eagle3 import Eagle3Draft, default_feature_layers
 from specdec_kit.runtime.drafts.loading import draft_config
+from specdec_kit.runtime.drafts.peagle import PEagleDraft
 from specdec_kit.runtime.models.attention import apply_rope
 from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.train.distilled import BatchMasks, DistilledData
@@ -45,6 +51,23 @@ class Eagle3Spec(Schedule):
     draft_vocab: int = 0  # draft vocabulary size; 0: a quarter of the target's (the reference: 32k of 128k)
     feature_layers: list[int] | None = None  # None: the reference's (2, L // 2, L - 3)
 
+    @property
+    def method(self) -> str:
+        return "eagle3"
+
+
+@dataclass(kw_only=True)
+class PEagleSpec(Eagle3Spec):
+    """P-EAGLE: ``ttt_length`` is the proposals one forward makes (the first from the context, the rest masked)."""
+
+    ttt_length: int = 4
+    step_decay: float = 1.0  # every position counts alike (speculators' P-EAGLE weighs each depth equally)
+    mask_token_id: int = -1  # the masked slots' token; -1: the target's last vocabulary id
+
+    @property
+    def method(self) -> str:
+        return "peagle"
+
 
 def draft_vocabulary(tokens: torch.Tensor, vocab_size: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``size`` most frequent ids of ``tokens`` (ties and unseen ids by id), as (d2t, t2d): draft id i is
@@ -60,10 +83,16 @@ def draft_vocabulary(tokens: torch.Tensor, vocab_size: int, size: int) -> tuple[
 
 
 def new_eagle3(target: TargetModel, spec: Eagle3Spec, d2t: torch.Tensor, t2d: torch.Tensor) -> Eagle3Draft:
-    """A seeded draft as wide as the target, with the target's embedding (frozen, as in the reference)."""
+    """A seeded draft as wide as the target, with the target's embedding (frozen, as in the reference); a P-EAGLE
+    draft for a ``PEagleSpec``, its ``mask_hidden`` starting at zero (what an unread slot adds)."""
     torch.manual_seed(spec.seed)
     layers = tuple(spec.feature_layers) if spec.feature_layers else default_feature_layers(target.num_layers)
-    draft = Eagle3Draft(draft_config(target), target.hidden_size, len(d2t), layers)
+    arguments = (draft_config(target), target.hidden_size, len(d2t), layers)
+    if isinstance(spec, PEagleSpec):
+        mask = spec.mask_token_id if spec.mask_token_id >= 0 else target.vocab_size - 1
+        draft = PEagleDraft(*arguments, mask, spec.ttt_length)
+    else:
+        draft = Eagle3Draft(*arguments)
     draft.embed_tokens.weight.data.copy_(target.embed_tokens.weight.data.float())
     draft.embed_tokens.weight.requires_grad_(False)
     draft.d2t.copy_(d2t)
@@ -125,7 +154,11 @@ class TrainingTimeTest:
     def step(self, j: int) -> StepResult:
         draft, layer = self.draft, self.draft.midlayer
         attn = layer.self_attn
-        ids = shift_left(self.tokens, j + 1)
+        if j and isinstance(draft, PEagleDraft):  # a masked slot, not the draft's own guess
+            ids = torch.full_like(self.tokens, draft.mask_token_id)
+            self.hidden = draft.fc(draft.mask_hidden.to(self.hidden.dtype)).expand_as(self.hidden)
+        else:
+            ids = shift_left(self.tokens, j + 1)
         embeds = draft.embed_tokens(ids).to(self.hidden.dtype)
         joined = torch.cat((layer.input_layernorm(embeds), layer.hidden_norm(self.hidden)), dim=-1)
         bsz, seq, _ = joined.shape
@@ -249,7 +282,7 @@ def train_eagle3(
     d2t, t2d = draft_vocabulary(seen, target.vocab_size, size)
     coverage = float(t2d[seen].float().mean())
     print(
-        f"eagle3: draft vocabulary {size} of {target.vocab_size} tokens covers {coverage:.1%} of the training tokens",
+        f"{spec.method}: draft vocabulary {size} of {target.vocab_size} tokens covers {coverage:.1%} of the training tokens",
         file=sys.stderr,
     )
     draft = new_eagle3(target, spec, d2t, t2d).float()
@@ -263,7 +296,7 @@ def train_eagle3(
     if spec.sharding == "fsdp" and ranks.world > 1:
         sharded = ShardedStep(model, draft, torch.nn.Module(), ranks.main)  # its own LM head trains: nothing frozen
         if progress:
-            print(f"eagle3: FSDP2 over {ranks.world} ranks, {sharded.describe()}", file=sys.stderr)
+            print(f"{spec.method}: FSDP2 over {ranks.world} ranks, {sharded.describe()}", file=sys.stderr)
     else:
         model = ranks.wrap(model)
     params, opt, start, history = optimizer_and_state(draft, spec, state_path, sharded)
@@ -275,7 +308,12 @@ def train_eagle3(
         tracker = HeldOutTracker(lambda m: eagle3_acceptance(m, heldout, spec.eval_depth), spec.eval_every)
         tracker.restore(saved_extra(state_path))
     bar = tqdm(
-        range(start, spec.steps), desc="eagle3", initial=start, total=spec.steps, disable=not progress, file=sys.stderr
+        range(start, spec.steps),
+        desc=spec.method,
+        initial=start,
+        total=spec.steps,
+        disable=not progress,
+        file=sys.stderr,
     )
     t0 = time.time()
     for step in bar:
@@ -304,7 +342,7 @@ def train_eagle3(
             with ranks.syncing(model, sync=i == len(pieces) - 1):
                 with spec.autocast(device):
                     part, results = model(taps[rows], tokens[rows], logits[rows], masks and masks.take(rows))
-                spec.check_finite(part, "eagle3", step)
+                spec.check_finite(part, spec.method, step)
                 (part / len(pieces)).backward()
             losses.append(float(part.detach()))
             parts.append(results)
@@ -341,11 +379,11 @@ def train_eagle3(
     save_draft(
         measured.cpu().to(save_dtype or target.dtype),
         out_dir,
-        "eagle3",
+        spec.method,
         base_model=base_model,
         embedding_from_target=embedding_from_target,
     )
-    (out_dir / "training_spec.json").write_text(json.dumps(dict(asdict(spec), method="eagle3"), indent=2))
+    (out_dir / "training_spec.json").write_text(json.dumps(dict(asdict(spec), method=spec.method), indent=2))
     return {
         "steps": spec.steps,
         "minutes": round((time.time() - t0) / 60, 2),
@@ -362,14 +400,14 @@ def cache_taps(spec: Eagle3Spec, num_layers: int) -> list[int]:
 
 
 def eagle3_spec(method: str = "eagle3", **settings) -> Eagle3Spec:
-    """EAGLE-3's settings (it has one method)."""
-    return Eagle3Spec(**settings)
+    """EAGLE-3's settings, or P-EAGLE's (``method`` peagle)."""
+    return PEagleSpec(**settings) if method == "peagle" else Eagle3Spec(**settings)
 
 
 TRAINER = Trainer(
     make_spec=eagle3_spec,
     train=train_eagle3,
-    options=("draft_vocab", "ttt_length", "feature_layers"),
+    options=("draft_vocab", "ttt_length", "feature_layers", "mask_token_id"),
     cache_taps=cache_taps,
     distilled_layers=cache_taps,
 )

@@ -9,7 +9,8 @@ The EAGLE-1/2, HASS and GRIFFIN heads run through the plugin's architectures (``
 ``EagleLlamaForCausalLM``: that class drops ``fc.bias`` and reads the EAGLE config's ``bias`` as an attention bias,
 and no vLLM class is GRIFFIN. EAGLE-3 heads run in vLLM's own ``Eagle3LlamaForCausalLM`` (``"method": "eagle3"``),
 which reads the official layout as the kit writes it (``midlayer.*``, ``d2t``; the target layers it taps from
-``eagle_config.eagle_aux_hidden_state_layer_ids``). The plugin is registered through a ``vllm.general_plugins``
+``eagle_config.eagle_aux_hidden_state_layer_ids``); P-EAGLE heads run in the same class with ``"parallel_drafting":
+true`` (it loads ``mask_hidden`` and reads ``mask_token_id`` from the config), proposing the chain in one forward. The plugin is registered through a ``vllm.general_plugins``
 entry point declared by a ``.dist-info`` directory beside it, so putting ``vllm/plugin`` on ``PYTHONPATH``
 (``serve.sh`` does) registers it in every vLLM process without installing anything.
 """
@@ -94,12 +95,12 @@ def _draft_config(module, kind: str, form: EngineForm, dtype: str) -> dict[str, 
     return cfg
 
 
-def speculative_config(tree: StaticTree | DynamicTreeConfig, form: EngineForm) -> dict[str, Any]:
-    return {
-        "method": form.method,
-        "model": "vllm/draft",
-        "num_speculative_tokens": chain_length(tree),
-    }
+def speculative_config(
+    tree: StaticTree | DynamicTreeConfig, form: EngineForm, most: int | None = None
+) -> dict[str, Any]:
+    """The chain for ``tree``, at most ``most`` tokens (a parallel draft's proposals per forward)."""
+    tokens = chain_length(tree) if most is None else min(chain_length(tree), most)
+    return {"method": form.method, "model": "vllm/draft", "num_speculative_tokens": tokens, **form.options}
 
 
 def serve_command(spec: dict[str, Any], inputs: BuildInputs) -> list[str]:
@@ -139,7 +140,7 @@ def build_vllm(
     (draft_dir / "config.json").write_text(json.dumps(_draft_config(module, kind, form, inputs.dtype), indent=2))
     save_safetensors(state, draft_dir / "model.safetensors")
     write_plugin(staging / "vllm" / "plugin")
-    spec = speculative_config(tree, form)
+    spec = speculative_config(tree, form, getattr(module, "parallel_tokens", None))
     serve = serve_script(staging / "vllm" / "serve.sh", serve_command(spec, inputs), SERVE_ENV)
     proposal = proposal_text(tree)
     step(proposal)

@@ -37,6 +37,7 @@ from specdec_kit.runtime.drafts.griffin import GriffinDraft
 from specdec_kit.runtime.drafts.layers import FeatureDraft
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
 from specdec_kit.runtime.drafts.moa import MoADraft
+from specdec_kit.runtime.drafts.peagle import PEagleDraft
 from specdec_kit.runtime.drafts.speculators_format import is_speculators, official_config
 
 if TYPE_CHECKING:
@@ -134,7 +135,17 @@ def llama_config(config: dict[str, Any], file: Path) -> LlamaConfig:
     fields = {
         k: v
         for k, v in config.items()
-        if k not in ("architectures", "model_type", "bias", "qkv_bias", "draft_vocab_size", "eagle_config")
+        if k
+        not in (
+            "architectures",
+            "model_type",
+            "bias",
+            "qkv_bias",
+            "draft_vocab_size",
+            "eagle_config",
+            "mask_token_id",
+            "parallel_draft_tokens",
+        )
         and not k.startswith(("moa_", "target_", "eagle_", "specdec_"))  # the kit's own markers are no Llama fields
     }
     if "rope_parameters" in fields:  # the canonical form; the top-level keys beside it are for older readers
@@ -289,7 +300,18 @@ def build_eagle3(
     target_vocab: int,
     target_shape: tuple[int, int] | None = None,
 ) -> Eagle3Draft:
-    """The reference reads ``target_hidden_size`` when present (fc takes 3 x that), else 3 x ``hidden_size``."""
+    return Eagle3Draft(*eagle3_arguments(config, file, target_hidden, target_vocab, target_shape))
+
+
+def eagle3_arguments(
+    config: dict[str, Any],
+    file: Path,
+    target_hidden: int,
+    target_vocab: int,
+    target_shape: tuple[int, int] | None,
+) -> tuple[LlamaConfig, int, int, tuple[int, ...]]:
+    """An EAGLE-3 layout's (config, target width, draft vocabulary, tapped layers), checked against the target. The
+    reference reads ``target_hidden_size`` when present (fc takes 3 x that), else 3 x ``hidden_size``."""
     cfg = llama_config(config, file)
     _check_fits(file, "vocab_size", target_vocab, cfg.vocab_size)
     width_key = "target_hidden_size" if "target_hidden_size" in config else "hidden_size"
@@ -297,7 +319,27 @@ def build_eagle3(
     if cfg.num_hidden_layers != 1:
         raise DraftLoadError(f"{file}: key 'num_hidden_layers' is {cfg.num_hidden_layers}, expected 1 for EAGLE-3")
     layers = feature_layers_of(config, file, target_shape[0] if target_shape else None)
-    return Eagle3Draft(cfg, target_hidden, _draft_vocab(config, file, cfg), layers)
+    return cfg, target_hidden, _draft_vocab(config, file, cfg), layers
+
+
+def build_peagle(
+    config: dict[str, Any],
+    file: Path,
+    target_hidden: int,
+    target_vocab: int,
+    target_shape: tuple[int, int] | None = None,
+) -> PEagleDraft:
+    """EAGLE-3's layout with ``mask_token_id`` (as vLLM reads it) and ``parallel_draft_tokens`` in the config and
+    ``mask_hidden`` among the weights."""
+    arguments = eagle3_arguments(config, file, target_hidden, target_vocab, target_shape)
+    vocab = arguments[0].vocab_size
+    mask = _require(config, "mask_token_id", file)
+    tokens = _require(config, "parallel_draft_tokens", file)
+    if not isinstance(mask, int) or not 0 <= mask < vocab:
+        raise DraftLoadError(f"{file}: mask_token_id is {mask!r}, expected a token id in 0..{vocab - 1}")
+    if not isinstance(tokens, int) or tokens < 2:
+        raise DraftLoadError(f"{file}: parallel_draft_tokens is {tokens!r}, expected an integer >= 2")
+    return PEagleDraft(*arguments, mask, tokens)
 
 
 def _draft_vocab(config: dict[str, Any], file: Path, cfg: LlamaConfig) -> int:
