@@ -211,9 +211,9 @@ def build_engine(
     check_engine_rules(inputs.backend, inputs.draft_spec, inputs.pp, inputs.trtllm_legacy_engine)
     check_output(output)
     check_target_store(inputs)
-    check_weights(inputs)
+    weights = check_weights(inputs)
     with output_lock(output, step):
-        return _build_locked(inputs, output, digest, force, device, step, start, replace_other)
+        return _build_locked(inputs, output, digest, force, device, step, start, weights, replace_other)
 
 
 @contextlib.contextmanager
@@ -242,6 +242,7 @@ def _build_locked(
     device: str | torch.device,
     step: Callable[[str], None],
     start: float,
+    weights: tuple[WeightFormat | None, WeightFormat | None],
     replace_other: bool = False,
 ) -> BuildResult:
     if output.exists() and not force:
@@ -281,7 +282,7 @@ def _build_locked(
             from specdec_kit.export.onnx_build import build_onnx
 
             prompts = [tokenizer(p)["input_ids"] for p in PARITY_PROMPTS]
-            target_weights, draft_weights = check_weights(inputs)
+            target_weights, draft_weights = weights
             extra = build_onnx(
                 staging,
                 target,

@@ -45,7 +45,9 @@ PROMPTS = [
     "# Copyright",
     "if __name__ == '__main__':\n",
 ]
-ZOO_HEAD = {"eagle2": "eagle", "hass": "hass", "griffin": "griffin", "eagle3": "eagle3"}
+ZOO_HEAD = {"eagle2": "eagle", "hass": "hass", "griffin": "griffin", "eagle3": "eagle3", "peagle": "peagle"}
+# the chain each kind drafts: a parallel draft grows dynamic trees only (a top-1 chain of CHAIN tokens)
+CHAIN_TREE = {"peagle": f"dynamic:{CHAIN + 1}:{CHAIN - 1}:1"}
 STARTUP_S = 900
 
 
@@ -152,7 +154,7 @@ def kit_run(kind: str, target: TargetModel, prompts: list[list[int]]):
     """The kit's own speculative decoding with the same head and the same top-1 chain -> (tokens per prompt,
     acceptance length over all prompts, the first prompt's recorded draft rows)."""
     module = load_draft_for(target, kind, default_zoo() / ZOO_HEAD[kind])
-    drafter = drafter_for(kind, module, target, parse_tree_spec(f"static:chain-{CHAIN}"))
+    drafter = drafter_for(kind, module, target, parse_tree_spec(CHAIN_TREE.get(kind, f"static:chain-{CHAIN}")))
     recorder = drafter.step = RecordingStep(drafter.step)
     generator = SpeculativeGenerator(target, drafter, eos_token_ids=[])
     admit = generator.admit
@@ -195,9 +197,10 @@ def logit_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a[finite] - b[finite]).abs().max())
 
 
-@pytest.mark.parametrize("kind", ["griffin", "eagle2", "hass", "eagle3"])
+@pytest.mark.parametrize("kind", ["griffin", "eagle2", "hass", "eagle3", "peagle"])
 def test_the_head_runs_in_vllm_exactly_as_in_the_kit(kind, vllm_python, zoo_target, prompts, references, tmp_path):
-    engine = build(kind, tmp_path / f"{kind}-vllm")
+    """P-EAGLE: vLLM's EAGLE-3 class with parallel drafting, the whole chain from one forward."""
+    engine = build(kind, tmp_path / f"{kind}-vllm", CHAIN_TREE.get(kind, f"static:chain-{CHAIN}"))
     kit_tokens, kit_tau, kit_rows = kit_run(kind, zoo_target, prompts)
     assert kit_tokens == references  # the kit itself is lossless on these prompts
     trace = tmp_path / "trace"
