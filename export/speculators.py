@@ -1,4 +1,4 @@
-"""EAGLE-3 heads in the speculators format, the one vLLM's own training project ships drafts in.
+"""EAGLE-3 and P-EAGLE heads in the speculators format, the one vLLM's own training project ships drafts in.
 
 A speculators head is the draft's weights beside a ``config.json`` that says what it is (``speculators_model_type``),
 the decoder layer it runs (``transformer_layer_config``, a Llama config), the EAGLE-3 fields (draft vocabulary, the
@@ -22,25 +22,37 @@ from typing import Any
 
 from specdec_kit.runtime.drafts.speculators_format import OFFICIAL_LAYER, SPECULATORS_LAYER
 
-LAYER_KEYS_LEFT_OUT = ("draft_vocab_size", "eagle_config", "architectures", "target_hidden_size")
+LAYER_KEYS_LEFT_OUT = (
+    "draft_vocab_size",
+    "eagle_config",
+    "architectures",
+    "target_hidden_size",
+    "mask_token_id",
+    "parallel_draft_tokens",
+)
 
 
 def speculators_config(official: dict[str, Any], tokens: int, verifier: str, verifier_architecture: str) -> dict:
-    """The speculators config of an EAGLE-3 head whose official ``config.json`` is ``official``."""
+    """The speculators config of an EAGLE-3 or P-EAGLE head whose official ``config.json`` is ``official`` (a P-EAGLE
+    head proposes at most the tokens one forward was trained for)."""
     if "draft_vocab_size" not in official or "eagle_config" not in official:
         raise ValueError("not an EAGLE-3 head's config: expected draft_vocab_size and eagle_config")
     if tokens < 1:
         raise ValueError(f"--tokens {tokens}: expected at least 1 speculative token")
+    parallel = "mask_token_id" in official
+    kind = "peagle" if parallel else "eagle3"
+    if parallel:
+        tokens = min(tokens, int(official["parallel_draft_tokens"]))
     layer = {k: v for k, v in official.items() if k not in LAYER_KEYS_LEFT_OUT}
     out = {
-        "architectures": ["Eagle3Speculator"],
-        "speculators_model_type": "eagle3",
+        "architectures": ["PEagleSpeculator" if parallel else "Eagle3Speculator"],
+        "speculators_model_type": kind,
         "transformer_layer_config": dict(layer, model_type=layer.get("model_type", "llama")),
         "draft_vocab_size": official["draft_vocab_size"],
         "norm_before_residual": False,
         "eagle_aux_hidden_state_layer_ids": list(official["eagle_config"]["eagle_aux_hidden_state_layer_ids"]),
         "speculators_config": {
-            "algorithm": "eagle3",
+            "algorithm": kind,
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": tokens}],
             "default_proposal_method": "greedy",
             "verifier": {"name_or_path": verifier, "architectures": [verifier_architecture]},
@@ -48,6 +60,8 @@ def speculators_config(official: dict[str, Any], tokens: int, verifier: str, ver
     }
     if official.get("target_hidden_size") is not None:
         out["target_hidden_size"] = official["target_hidden_size"]
+    if parallel:
+        out.update(mask_token_id=official["mask_token_id"], para_depths=official["parallel_draft_tokens"])
     return out
 
 
@@ -77,7 +91,9 @@ def write_speculators_head(head: Path, out: Path, target: Path, tokens: int) -> 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("head", type=Path, help="an EAGLE-3 head in the official layout (the kit's trainers write it)")
+    p.add_argument(
+        "head", type=Path, help="an EAGLE-3 or P-EAGLE head in the official layout (the kit's trainers write it)"
+    )
     p.add_argument("out", type=Path, help="where the speculators head is written")
     p.add_argument("--target", type=Path, required=True, help="the target (verifier) checkpoint the head serves")
     p.add_argument("--tokens", type=int, default=3, help="speculative tokens per proposal (default 3)")

@@ -188,7 +188,7 @@ def execute(args) -> int:
             target = TargetModel.from_pretrained(paths["target"], args.dtype, args.device)
             tokenizer = load_tokenizer(paths["target"])
             summaries, plain = [], None
-            for label in ("griffin", "eagle3", "hass", "eagle2", "eagle", "medusa", "moa", "moa_tli0"):
+            for label in ("griffin", "eagle3", "peagle", "hass", "eagle2", "eagle", "medusa", "moa", "moa_tli0"):
                 if label not in paths or not paths[label].is_dir():
                     continue
                 kind = "moa" if label.startswith("moa") else label  # two Mixture-of-Attentions heads: TLI 1 and 0

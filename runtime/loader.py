@@ -30,8 +30,8 @@ def resolve_tree(
     unless ``spec`` names one; the dynamic-tree options apply to dynamic trees only, and ``sized`` (a CPU-sized
     tree: total_tokens, depth, top_k) fills the ones left open."""
     tree = parse_tree_spec(spec or _default_tree_spec(kind))
-    if kind != "none" and draft_kind(hybrid_parts(kind)[0]).model_free:
-        sized = None  # a CPU-sized tree is a head's: a model-free draft's own tree has no draft calls to save
+    if kind != "none" and not draft_kind(hybrid_parts(kind)[0]).sized_for_cpu:
+        sized = None  # a CPU-sized tree saves draft calls per level: a model-free or one-call draft makes none
     if isinstance(tree, DynamicTreeConfig):
         base = DynamicTreeConfig(**sized) if sized else tree
         tree = DynamicTreeConfig(

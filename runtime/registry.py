@@ -88,6 +88,7 @@ class DraftFamily(ABC):
     saved_files: tuple[str, str] = ("pytorch_model.bin", "model.safetensors")  # what saving writes: torch, safetensors
     saved_prefix: str = ""  # a prefix the official layout's keys lack (saving strips it from the module's keys)
     client_drafting: bool = True  # whether a client-server client can draft with it (``client_drafter``)
+    one_call: bool = False  # whether it drafts a whole cycle in one draft call whatever the tree (no level calls)
 
     @abstractmethod
     def torch_drafter(self, module: nn.Module, target: TargetModel, tree: Tree) -> Drafter:
@@ -280,6 +281,7 @@ class ParallelEagle3Family(Eagle3Family):
     pairs, then masked slots (``mask_hidden``, ``mask_token_id``) after each row's last one."""
 
     name = "peagle"
+    one_call = True
     manifest_keys = Eagle3Family.manifest_keys + ("mask_token_id", "parallel_draft_tokens", "mask_hidden")
 
     def check_tree(self, tree):
@@ -512,6 +514,12 @@ class DraftKind:
     def model_free(self) -> bool:
         """Whether it drafts without a trained module (its "module" is its settings)."""
         return self.family.name == "lookup"
+
+    @property
+    def sized_for_cpu(self) -> bool:
+        """Whether a CPU-sized tree (fewer draft calls) replaces its own: not for a kind that makes no draft calls
+        per level (model-free, or one call a cycle)."""
+        return not (self.model_free or self.family.one_call)
 
     def build(
         self,

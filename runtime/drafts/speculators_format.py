@@ -1,4 +1,4 @@
-"""EAGLE-3 heads written in the speculators format (vLLM's training project) read as the official layout.
+"""EAGLE-3 and P-EAGLE heads written in the speculators format (vLLM's training project) read as the official layout.
 
 A speculators head keeps its decoder layer's config in ``transformer_layer_config`` and the EAGLE-3 fields beside it
 (``draft_vocab_size``, ``eagle_aux_hidden_state_layer_ids``, ``target_hidden_size``, ``norm_before_residual``), and
@@ -24,12 +24,16 @@ def is_speculators(config: dict[str, Any]) -> bool:
 def official_config(config: dict[str, Any], file: Path) -> dict[str, Any]:
     """The official EAGLE-3 config of a speculators head's ``config``; ValueError naming what does not fit."""
     kind = config["speculators_model_type"]
-    if kind != "eagle3":
-        raise ValueError(f"{file}: a speculators head of type {kind!r}; the kit reads speculators' eagle3 heads")
-    if config.get("norm_before_residual", True):
+    if kind not in ("eagle3", "peagle"):
         raise ValueError(
-            f"{file}: norm_before_residual is {config.get('norm_before_residual', 'unset (true)')}; the kit's "
-            "EAGLE-3 layer keeps the hidden state before its norm as the residual (false), as the official EAGLE-3"
+            f"{file}: a speculators head of type {kind!r}; the kit reads speculators' eagle3 and peagle heads"
+        )
+    unset = kind == "eagle3"  # what speculators (and vLLM) take when the key is missing: eagle3 true, peagle false
+    if config.get("norm_before_residual", unset):
+        raise ValueError(
+            f"{file}: norm_before_residual is {config.get('norm_before_residual', f'unset ({str(unset).lower()})')}; "
+            "the kit's EAGLE-3 layer keeps the hidden state before its norm as the residual (false), as the official "
+            "EAGLE-3"
         )
     layer = config.get("transformer_layer_config")
     if not isinstance(layer, dict):
@@ -41,6 +45,10 @@ def official_config(config: dict[str, Any], file: Path) -> dict[str, Any]:
         out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": config["eagle_aux_hidden_state_layer_ids"]}
     if config.get("target_hidden_size") is not None:
         out["target_hidden_size"] = config["target_hidden_size"]
+    if kind == "peagle":  # its proposals a forward: the depths it was trained for, else what it proposes
+        out["mask_token_id"] = config.get("mask_token_id")
+        proposal = config.get("speculators_config", {}).get("proposal_methods", [{}])[0]
+        out["parallel_draft_tokens"] = config.get("para_depths") or proposal.get("speculative_tokens")
     return out
 
 
@@ -49,7 +57,10 @@ def official_weights(config: dict[str, Any], state: dict) -> dict:
     ``official_config`` returns it); any other head's unchanged."""
     if not config.get(FROM_SPECULATORS):
         return state
-    return {
+    renamed = {
         k.replace(SPECULATORS_LAYER, OFFICIAL_LAYER, 1) if k.startswith(SPECULATORS_LAYER) else k: v
         for k, v in state.items()
     }
+    if "mask_hidden" in renamed:  # speculators keeps it [1, 1, 3 d_target], vLLM and the kit [1, 3 d_target]
+        renamed["mask_hidden"] = renamed["mask_hidden"].reshape(1, -1)
+    return renamed
