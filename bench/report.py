@@ -15,6 +15,8 @@ COLUMNS = [
     "tokens_per_s",
     "speedup",
     "bound",
+    "draft_ms",
+    "verify_ms",
     "acceptance_per_depth",
 ]
 
@@ -23,16 +25,17 @@ def markdown(rows: list[dict], machine: str) -> str:
     lines = [
         f"Machine: {machine}",
         "",
-        "| prompts | T | method | tau | tokens/s | speedup | bound | acceptance per depth |",
-        "|---|---|---|---|---|---|---|---|",
+        "| prompts | T | method | tau | tokens/s | speedup | bound | draft ms/cycle | acceptance per depth |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         depth = " ".join(f"{a:.2f}" for a in r["acceptance_per_depth"]) or "-"
         tau = f"{r['acceptance_length']:.2f}" if r["acceptance_length"] else "-"
         bound = f"{r['bound']:.2f}x" if r.get("bound") else "-"
+        draft = f"{r['draft_ms']:.1f}" if r.get("draft_ms") is not None else "-"
         lines.append(
             f"| {r['prompt_set']} | {r['temperature']:g} | {r['method']} | {tau} | {r['tokens_per_s']:.1f} | "
-            f"{r['speedup']:.2f}x | {bound} | {depth} |"
+            f"{r['speedup']:.2f}x | {bound} | {draft} | {depth} |"
         )
     return "\n".join(lines) + "\n"
 

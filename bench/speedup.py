@@ -173,6 +173,8 @@ def summarize(results: dict, names: list[str]) -> list[dict]:
             "speedup": median(ratios),
             "acceptance_length": None,
             "bound": None,
+            "draft_ms": None,  # the draft's time per speculative cycle
+            "verify_ms": None,  # the target's verification time per cycle
             "acceptance_per_depth": [],
         }
         if "stats" in next(iter(runs.values())) and method != "plain":
@@ -182,7 +184,11 @@ def summarize(results: dict, names: list[str]) -> list[dict]:
             t_plain = median([r["total_s"] / r["tokens"] for r in plain.values()])
             t_cycle = (pooled.draft_s + pooled.verify_s) / pooled.cycles if pooled.cycles else 0.0
             row.update(
-                acceptance_length=tau, acceptance_per_depth=depth, bound=tau * t_plain / t_cycle if t_cycle else None
+                acceptance_length=tau,
+                acceptance_per_depth=depth,
+                bound=tau * t_plain / t_cycle if t_cycle else None,
+                draft_ms=1000 * pooled.draft_s / pooled.cycles if pooled.cycles else None,
+                verify_ms=1000 * pooled.verify_s / pooled.cycles if pooled.cycles else None,
             )
         rows.append(row)
     return rows

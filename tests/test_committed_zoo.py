@@ -43,6 +43,7 @@ def test_zoo_heads_load_and_decode_losslessly():
     for kind, folder, tree in (
         ("griffin", "griffin", "dynamic"),
         ("eagle3", "eagle3", "dynamic"),
+        ("peagle", "peagle", "dynamic"),
         ("hass", "hass", "dynamic"),
         ("eagle2", "eagle", "dynamic"),
         ("medusa", "medusa", "static:mc_sim_7b_63:24"),
@@ -100,9 +101,9 @@ def test_every_zoo_method_reports_identity_and_speedup_against_plain(tmp_path, c
     )
     rows = json.loads(out.read_text())
     methods = [r for r in rows if r["method"] != "plain decoding"]
-    assert len(methods) == 8 and [r["method"] for r in rows].count("plain decoding") == 1
+    assert len(methods) == 9 and [r["method"] for r in rows].count("plain decoding") == 1
     assert all(r["identical_to_plain"] is True and r["speedup_vs_plain"] > 0 for r in methods), methods
-    assert capsys.readouterr().out.count("greedy output identical to plain decoding: True") == 8
+    assert capsys.readouterr().out.count("greedy output identical to plain decoding: True") == 9
 
 
 @pytest.mark.slow
