@@ -58,8 +58,8 @@ class ParallelDrafter(FeatureTreeDrafter):
     @torch.inference_mode()
     def scored_draft(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
         roots = last_real(tokens, counts)
-        logp = self.proposals(features, tokens, counts)  # [B, K, V]
-        cfg = parallel_tree(self.tree, logp.shape[1])
+        cfg = parallel_tree(self.tree, self.parallel_tokens)
+        logp = self.proposals(features, tokens, counts, cfg.depth + 1)  # [B, depth + 1, V]
         no_features = logp.new_zeros(logp.shape[0], 1)  # the levels read no features: their distributions are given
 
         def level(beam_feats, beam_tokens, depth, visible):
@@ -69,12 +69,15 @@ class ParallelDrafter(FeatureTreeDrafter):
         node_tokens, parents, scores = scored_tree_search(roots, logp[:, 0], no_features, cfg, level)
         return DraftTree.from_parents(node_tokens, parents, scores=scores)
 
-    def proposals(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """One forward over the context pairs and each row's masked slots -> log-probabilities of the K proposals
-        [B, K, V]; the context pairs are committed."""
+    def proposals(
+        self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor, wanted: int | None = None
+    ) -> torch.Tensor:
+        """One forward over the context pairs and each row's masked slots -> log-probabilities of the first
+        ``wanted`` proposals (default all K) [B, wanted, V]; the context pairs are committed."""
         features, tokens, counts, _, _ = self._context(features, tokens, counts)
         bsz, width = tokens.shape
-        masked = self.parallel_tokens - 1
+        proposed = self.parallel_tokens if wanted is None else min(wanted, self.parallel_tokens)
+        masked = proposed - 1
         slots = counts[:, None] + torch.arange(masked, device=counts.device)[None, :]  # right after each row's pairs
         feats = torch.cat([features, features.new_zeros(bsz, masked, features.shape[-1])], dim=1)
         feats.scatter_(
@@ -87,7 +90,7 @@ class ParallelDrafter(FeatureTreeDrafter):
         ar = torch.arange(q_len, device=tokens.device)
         causal = (ar[None, :] <= ar[:, None]).expand(bsz, q_len, q_len)
         positions = self.positions_from()[:, None] + ar[None, :]
-        logits_at = (counts - 1)[:, None] + torch.arange(self.parallel_tokens, device=counts.device)[None, :]
+        logits_at = (counts - 1)[:, None] + torch.arange(proposed, device=counts.device)[None, :]
         logits, _ = self.step(feats, toks, positions, causal, self.cache, logits_at=logits_at)
         self._commit_context(counts, width)
         return self._logp(logits)
