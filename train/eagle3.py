@@ -26,7 +26,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from specdec_kit.runtime.checkpoint import save_draft
 from specdec_kit.runtime.core.device import resolve_device
@@ -40,7 +39,7 @@ from specdec_kit.train.features import CachedFeatures
 from specdec_kit.train.heldout import HeldOutTracker, heldout_due
 from specdec_kit.train.methods import Trainer
 from specdec_kit.train.parallel import Ranks
-from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state_dicts, saved_extra
+from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state_dicts, saved_extra, step_bar
 from specdec_kit.train.sharding import ShardedStep
 
 
@@ -307,14 +306,7 @@ def train_eagle3(
         heldout.to(device)
         tracker = HeldOutTracker(lambda m: eagle3_acceptance(m, heldout, spec.eval_depth), spec.eval_every)
         tracker.restore(saved_extra(state_path))
-    bar = tqdm(
-        range(start, spec.steps),
-        desc=spec.method,
-        initial=start,
-        total=spec.steps,
-        disable=not progress,
-        file=sys.stderr,
-    )
+    bar = step_bar(spec, start, spec.method, progress)
     t0 = time.time()
     for step in bar:
         if distilled:

@@ -17,7 +17,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from specdec_kit.runtime.checkpoint import save_draft
 from specdec_kit.runtime.core.device import resolve_device, resolve_dtype
@@ -40,7 +39,7 @@ from specdec_kit.train.losses import (
 )
 from specdec_kit.train.methods import Trainer, trainer_for
 from specdec_kit.train.parallel import Ranks
-from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state_dicts, saved_extra
+from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state_dicts, saved_extra, step_bar
 from specdec_kit.train.sharding import ShardedStep
 
 
@@ -289,14 +288,7 @@ def train_head(
         )
         tracker.restore(saved_extra(state_path))
     gen = torch.Generator().manual_seed(spec.seed + start)
-    bar = tqdm(
-        range(start, spec.steps),
-        desc=spec.method,
-        initial=start,
-        total=spec.steps,
-        disable=not progress,
-        file=sys.stderr,
-    )
+    bar = step_bar(spec, start, spec.method, progress)
     t0 = time.time()
     for step in bar:
         tokens, feats, logits, masks = on_device(source.batch_for(step, spec), device)

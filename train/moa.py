@@ -13,14 +13,12 @@ the target's true K/V before s and the draft's own predicted K/V from s to p, as
 from __future__ import annotations
 
 import json
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from specdec_kit.runtime.checkpoint import save_draft
 from specdec_kit.runtime.drafts.loading import draft_config
@@ -29,7 +27,7 @@ from specdec_kit.runtime.models.attention import apply_rope
 from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.train.methods import Trainer
 from specdec_kit.train.parallel import Ranks
-from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state_dicts
+from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state_dicts, step_bar
 from specdec_kit.train.sharding import ShardedStep
 
 
@@ -189,14 +187,7 @@ def train_moa(
     params, opt, start, history = optimizer_and_state(draft, spec, state_path, sharded)
     saved = sharded.plain if sharded is not None else draft
     gen = torch.Generator().manual_seed(spec.seed + start)
-    bar = tqdm(
-        range(start, spec.steps),
-        desc=f"moa tli={spec.tli}",
-        initial=start,
-        total=spec.steps,
-        disable=not progress,
-        file=sys.stderr,
-    )
+    bar = step_bar(spec, start, f"moa tli={spec.tli}", progress)
     t0 = time.time()
     for step in bar:
         tokens = data[spec.batch_rows(step, len(data))]

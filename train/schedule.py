@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -86,3 +87,17 @@ def save_state_dicts(
 
 def saved_extra(state_path) -> dict | None:
     return torch.load(state_path, weights_only=True, map_location="cpu").get("extra") if state_path.is_file() else None
+
+
+def step_bar(schedule: Schedule, start: int, desc: str, progress: bool = True):
+    """The training steps from ``start`` (a resumed run starts there) under a tqdm bar on stderr."""
+    from tqdm import tqdm
+
+    return tqdm(
+        range(start, schedule.steps),
+        desc=desc,
+        initial=start,
+        total=schedule.steps,
+        disable=not progress,
+        file=sys.stderr,
+    )
