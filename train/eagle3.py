@@ -39,8 +39,8 @@ from specdec_kit.train.features import CachedFeatures
 from specdec_kit.train.heldout import HeldOutTracker, heldout_due
 from specdec_kit.train.methods import Trainer
 from specdec_kit.train.parallel import Ranks
-from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state_dicts, saved_extra, step_bar
-from specdec_kit.train.sharding import ShardedStep
+from specdec_kit.train.schedule import Schedule, optimizer_and_state, saved_extra, step_bar
+from specdec_kit.train.sharding import distribute, save_training_state
 
 
 @dataclass(kw_only=True)
@@ -291,13 +291,9 @@ def train_eagle3(
         data.lm_rows = rows
         data.to(device)
     state_path = out_dir / "training_state.pt"
-    model, sharded = Eagle3TrainingStep(draft, spec, ranks), None
-    if spec.sharding == "fsdp" and ranks.world > 1:
-        sharded = ShardedStep(model, draft, torch.nn.Module(), ranks.main)  # its own LM head trains: nothing frozen
-        if progress:
-            print(f"{spec.method}: FSDP2 over {ranks.world} ranks, {sharded.describe()}", file=sys.stderr)
-    else:
-        model = ranks.wrap(model)
+    model, sharded = distribute(  # its own LM head trains: nothing frozen
+        Eagle3TrainingStep(draft, spec, ranks), draft, torch.nn.Module(), spec.sharding, ranks, spec.method, progress
+    )
     params, opt, start, history = optimizer_and_state(draft, spec, state_path, sharded)
     measured = sharded.plain if sharded is not None else draft  # the whole draft: what is measured and saved
     tracker = None
@@ -360,9 +356,8 @@ def train_eagle3(
             acc=" ".join(f"s{j}:{a:.2f}" for j, a in enumerate(record["step_accuracy"][:4])),
         )
         if (step + 1) % 100 == 0 or step + 1 == spec.steps:
-            gathered = sharded.gather(opt) if sharded is not None else (draft.state_dict(), opt.state_dict())
-            if ranks.main:
-                save_state_dicts(*gathered, step + 1, history, state_path, tracker.state() if tracker else None)
+            extra = tracker.state() if tracker else None
+            save_training_state(sharded, draft, opt, ranks, step + 1, history, state_path, extra)
     if tracker is not None:
         tracker.keep_best(measured)
     ranks.close()

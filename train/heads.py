@@ -39,8 +39,8 @@ from specdec_kit.train.losses import (
 )
 from specdec_kit.train.methods import Trainer, trainer_for
 from specdec_kit.train.parallel import Ranks
-from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state_dicts, saved_extra, step_bar
-from specdec_kit.train.sharding import ShardedStep
+from specdec_kit.train.schedule import Schedule, optimizer_and_state, saved_extra, step_bar
+from specdec_kit.train.sharding import distribute, save_training_state
 
 
 @dataclass(kw_only=True)
@@ -266,13 +266,7 @@ def train_head(
     medusa = spec.method == "medusa"
     model = MedusaTrainingStep(head) if medusa else FeatureTrainingStep(head, lm_head, spec, to_head)
     frozen = torch.nn.Module() if medusa else lm_head  # Medusa's heads start from the LM head and train it
-    sharded = None
-    if spec.sharding == "fsdp" and ranks.world > 1:
-        sharded = ShardedStep(model, head, frozen, ranks.main)
-        if progress:
-            print(f"{spec.method}: FSDP2 over {ranks.world} ranks, {sharded.describe()}", file=sys.stderr)
-    else:
-        model = ranks.wrap(model)
+    model, sharded = distribute(model, head, frozen, spec.sharding, ranks, spec.method, progress)
     params, opt, start, history = optimizer_and_state(head, spec, state_path, sharded)
     measured = sharded.plain if sharded is not None else head  # the whole head: what is measured and saved (rank 0)
     if isinstance(source, DistilledData):
@@ -332,9 +326,8 @@ def train_head(
         else:
             bar.set_postfix(loss=f"{record['loss']:.3f}", top1=" ".join(f"{a:.2f}" for a in record["head_top1"]))
         if (step + 1) % 100 == 0 or step + 1 == spec.steps:
-            gathered = sharded.gather(opt) if sharded is not None else (head.state_dict(), opt.state_dict())
-            if ranks.main:  # (under DDP every rank holds the whole head: rank 0's is written)
-                save_state_dicts(*gathered, step + 1, history, state_path, tracker.state() if tracker else None)
+            extra = tracker.state() if tracker else None
+            save_training_state(sharded, head, opt, ranks, step + 1, history, state_path, extra)
     if tracker is not None:
         tracker.keep_best(measured)
     ranks.close()

@@ -27,8 +27,8 @@ from specdec_kit.runtime.models.attention import apply_rope
 from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.train.methods import Trainer
 from specdec_kit.train.parallel import Ranks
-from specdec_kit.train.schedule import Schedule, optimizer_and_state, save_state_dicts, step_bar
-from specdec_kit.train.sharding import ShardedStep
+from specdec_kit.train.schedule import Schedule, optimizer_and_state, step_bar
+from specdec_kit.train.sharding import distribute, save_training_state
 
 
 @dataclass(kw_only=True)
@@ -179,15 +179,14 @@ def train_moa(
         p.requires_grad_(False)
     draft = new_moa(target, spec).float()
     state_path = out_dir / "training_state.pt"
-    model, sharded = MoATrainingStep(draft, spec), None
-    if spec.sharding == "fsdp" and ranks.world > 1:
-        sharded = ShardedStep(model, draft, torch.nn.Module(), ranks.main)
-    else:
-        model = ranks.wrap(model)
+    what = f"moa tli={spec.tli}"
+    model, sharded = distribute(
+        MoATrainingStep(draft, spec), draft, torch.nn.Module(), spec.sharding, ranks, what, progress
+    )
     params, opt, start, history = optimizer_and_state(draft, spec, state_path, sharded)
     saved = sharded.plain if sharded is not None else draft
     gen = torch.Generator().manual_seed(spec.seed + start)
-    bar = step_bar(spec, start, f"moa tli={spec.tli}", progress)
+    bar = step_bar(spec, start, what, progress)
     t0 = time.time()
     for step in bar:
         tokens = data[spec.batch_rows(step, len(data))]
@@ -205,9 +204,7 @@ def train_moa(
         )
         bar.set_postfix(kl=f"{kl:.3f}", l1=f"{l1:.3f}", top1=f"{top1:.2f}")
         if (step + 1) % 100 == 0 or step + 1 == spec.steps:
-            gathered = sharded.gather(opt) if sharded is not None else (draft.state_dict(), opt.state_dict())
-            if ranks.main:
-                save_state_dicts(*gathered, step + 1, history, state_path)
+            save_training_state(sharded, draft, opt, ranks, step + 1, history, state_path)
     ranks.close()
     if not ranks.main:
         return {"steps": spec.steps, "rank": ranks.rank}

@@ -12,9 +12,17 @@ rank calls ``gather``; only rank 0 gets the tensors.
 from __future__ import annotations
 
 import copy
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+from specdec_kit.train.schedule import save_state_dicts
+
+if TYPE_CHECKING:
+    from specdec_kit.train.parallel import Ranks
 
 SHARDINGS = ("ddp", "fsdp")
 
@@ -81,3 +89,33 @@ class ShardedStep:
         names = [self.prefix + name for name in self.names]
         groups = [dict(g, params=[names[i] for i in g["params"]]) for g in optim["param_groups"]]
         return {"state": {names[int(i)]: s for i, s in optim["state"].items()}, "param_groups": groups}
+
+
+def distribute(
+    step: nn.Module, head: nn.Module, frozen: nn.Module, sharding: str, ranks: Ranks, what: str, progress: bool
+) -> tuple[nn.Module, ShardedStep | None]:
+    """The training step as the ranks run it: sharded with FSDP2 (``sharding`` fsdp over several ranks; ``frozen``
+    stays whole on every rank), else wrapped by ``ranks`` (DDP, or the step itself in one process)."""
+    if sharding == "fsdp" and ranks.world > 1:
+        sharded = ShardedStep(step, head, frozen, ranks.main)
+        if progress:
+            print(f"{what}: FSDP2 over {ranks.world} ranks, {sharded.describe()}", file=sys.stderr)
+        return step, sharded
+    return ranks.wrap(step), None
+
+
+def save_training_state(
+    sharded: ShardedStep | None,
+    head: nn.Module,
+    opt: torch.optim.Optimizer,
+    ranks: Ranks,
+    steps: int,
+    history: list,
+    path: Path,
+    extra: dict | None = None,
+) -> None:
+    """The plain training state after ``steps`` steps, written by rank 0 (gathering a sharded one is a collective:
+    every rank calls this; under DDP every rank holds the whole head and rank 0's is written)."""
+    gathered = sharded.gather(opt) if sharded is not None else (head.state_dict(), opt.state_dict())
+    if ranks.main:
+        save_state_dicts(*gathered, steps, history, path, extra)
