@@ -70,7 +70,7 @@ def build_engines(args, methods: list[str]) -> dict[str, Path]:
             tokenizer=tokenizer,
             backend=args.backend,
             dtype="float32",
-            draft_weights=args.draft_weights if args.backend == "onnxruntime" else "float",
+            draft_weights=args.draft_weights,
             tree=tree_to_dict(DynamicTreeConfig(**NAMED_TARGETS[args.target].cpu_tree(method))),
         )
         out = args.engines / f"{args.target}-{method}-{args.backend}{weights_suffix('float', inputs.draft_weights)}"
@@ -161,6 +161,8 @@ def run(args) -> int:
         args.prompts, args.max_new_tokens, args.repeats = 1, 8, 1
         args.calibration_prompts, args.calibration_tokens, args.trees = 1, 8, "4:3:1,8:3:2"
     set_threads()
+    if args.backend != "onnxruntime":
+        args.draft_weights = "float"  # quantized drafts are ONNX Runtime engines'
     methods = [m for m in args.methods.split(",") if m]
     engines = {m: open_engine(path) for m, path in build_engines(args, methods).items()}
     first = engines[methods[0]]
@@ -189,7 +191,7 @@ def run(args) -> int:
         "target": args.target,
         "backend": args.backend,
         "batch": 1,
-        "draft_weights": args.draft_weights if args.backend == "onnxruntime" else "float",
+        "draft_weights": args.draft_weights,
         "prompts_per_set": args.prompts,
         "max_new_tokens": args.max_new_tokens,
         "repeats": args.repeats,

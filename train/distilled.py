@@ -4,10 +4,11 @@ Samples of similar length share a batch of at most ``tokens_per_batch`` tokens (
 attends to a pad, which comes after it), and the batches come in a fixed shuffled order, so a resumed run sees the
 same batches. Only the tokens stay in host memory; a batch's features are read from the shards when it is built
 (memory-mapped by safetensors, so the page cache holds what fits: a 2.5M-token set's four feature columns are 16 GB)
-and handed over on ``device`` (the trainer's), where the target's logits are computed. Each batch carries the draft's input features (the final hidden state for
-EAGLE/HASS/GRIFFIN, the three tapped layers side by side for EAGLE-3), the target's logits over the head's vocabulary (the target's LM-head
-rows of that vocabulary applied to the final state: exactly the target's logits there), and masks: ``valid`` (not
-padding) and ``counted`` (the position's next token is part of the answer, so its prediction counts in the loss).
+and handed over on ``device`` (the trainer's), where the target's logits are computed. Each batch carries the
+draft's input features (the final hidden state for EAGLE/HASS/GRIFFIN, the three tapped layers side by side for
+EAGLE-3), the target's logits over the head's vocabulary (the target's LM-head rows of that vocabulary applied to the
+final state: exactly the target's logits there), and masks: ``valid`` (not padding) and ``counted`` (the position's
+next token is part of the answer, so its prediction counts in the loss).
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ class DistilledData:
                 + (" in the selection (e.g. a held-out split too small for this data)" if select else "")
             )
         self.tokens, self.tops, self.starts = tokens, tops, starts
+        self.width = self.shards[0].get_shape()[-1]  # one stored column's width
+        self.inputs_are_final = self.columns == [self.final]  # EAGLE/HASS/GRIFFIN: the inputs are the final state
         self.batches = self._plan(lengths, tokens_per_batch, seed)
 
     def to(self, device: torch.device | str) -> "DistilledData":
@@ -136,21 +139,17 @@ class DistilledData:
         width = max(self.tokens[i].shape[0] for i in rows)
         bsz = len(rows)
         tokens = torch.zeros(bsz, width, dtype=torch.long)
-        feats, finals = None, None
+        finals = torch.zeros(bsz, width, self.width)
+        feats = finals if self.inputs_are_final else torch.zeros(bsz, width, len(self.columns) * self.width)
         top = torch.full((bsz, width), -1, dtype=torch.long)
         valid = torch.zeros(bsz, width, dtype=torch.bool)
         counted = torch.zeros(bsz, width, dtype=torch.bool)
         for r, i in enumerate(rows):
             n = self.tokens[i].shape[0]
             stored = self.stored_features(i)  # [n, stored columns, D]
-            if feats is None:
-                feats = torch.zeros(bsz, width, len(self.columns) * stored.shape[-1])
-                finals = torch.zeros(bsz, width, stored.shape[-1])
-            tokens[r, :n], feats[r, :n], finals[r, :n] = (
-                self.tokens[i],
-                stored[:, self.columns].flatten(1).float(),
-                stored[:, self.final].float(),
-            )
+            tokens[r, :n], finals[r, :n] = self.tokens[i], stored[:, self.final].float()
+            if not self.inputs_are_final:
+                feats[r, :n] = stored[:, self.columns].flatten(1).float()
             top[r, :n], valid[r, :n] = self.tops[i], True
             counted[r, max(self.starts[i] - 1, 0) : n] = True  # position t's next token t+1 is an answer token
         tokens, feats, finals, top, valid, counted = (
