@@ -4,10 +4,11 @@
 #   bash scripts/test.sh [pytest options]         the full run: every tier
 #   bash scripts/test.sh --fast [pytest options]  the fast tier: the kit alone, a few minutes on 2 cores
 #
-# The full run sets up .venv, the guidellm client's .venv-guidellm, vLLM's .venv-vllm, SGLang's .venv-sglang and a
-# real Helm CLI in .tools/helm (each reused when its inputs are unchanged: scripts/steps.sh), then runs every test:
-# the vLLM tier runs vLLM's server on the zoo's engines, the SGLang tier runs SGLang's own argument checks on every
-# command the kit and chart write, the chart tests render and lint with Helm itself, the client tier runs guidellm,
+# The full run sets up .venv, the guidellm client's .venv-guidellm, vLLM's .venv-vllm, SGLang's .venv-sglang, a
+# real Helm CLI in .tools/helm and llama.cpp's tools in .tools/llama.cpp (each reused when its inputs are unchanged:
+# scripts/steps.sh), then runs every test: the vLLM tier runs vLLM's server on the zoo's engines, the SGLang tier runs
+# SGLang's own argument checks on every command the kit and chart write, the chart tests render and lint with Helm
+# itself, the llama.cpp tier runs llama-server on SmolLM2 with the kit's EAGLE-3 head, the client tier runs guidellm,
 # Locust and schemathesis against the kit's server. A missing tool fails the full run (SPECDEC_REQUIRE_TIERS=1).
 # The fast tier sets up .venv alone and leaves out the tiers that need more (markers: tests/tiers.py).
 set -euo pipefail
@@ -15,11 +16,12 @@ cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--fast" ]; then
     shift
     bash scripts/setup.sh
-    exec .venv/bin/python -m pytest -m "not (vllm or sglang or helm or clients or slow)" "$@"
+    exec .venv/bin/python -m pytest -m "not (vllm or sglang or helm or llamacpp or clients or slow)" "$@"
 fi
 bash scripts/setup.sh
 bash scripts/setup_guidellm.sh
 bash scripts/setup_vllm.sh
 bash scripts/setup_sglang.sh
 bash scripts/setup_helm.sh
+bash scripts/setup_llamacpp.sh
 SPECDEC_REQUIRE_TIERS=1 exec .venv/bin/python -m pytest "$@"

@@ -17,6 +17,7 @@ TIERS = {
     "vllm": "vLLM's CPU build (.venv-vllm, scripts/setup_vllm.sh): its server and offline engine run the kit's exports",
     "sglang": "SGLang's own argument code (.venv-sglang, scripts/setup_sglang.sh)",
     "helm": "a real Helm CLI (.tools/helm, scripts/setup_helm.sh): the chart rendered, linted and refused by Helm",
+    "llamacpp": "llama.cpp's llama-server and converter (.tools/llama.cpp, scripts/setup_llamacpp.sh)",
     "clients": "real third-party clients against the kit's server: guidellm, Locust, schemathesis",
     "slow": "whole benchmarks, installs and trainings: more than about 20 s each on 2 cores",
 }

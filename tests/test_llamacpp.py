@@ -1,0 +1,82 @@
+"""The llama.cpp tier: llama.cpp's own converter and ``llama-server`` (release b11434, ``scripts/setup_llamacpp.sh``) run
+SmolLM2 with the kit's committed EAGLE-3 head.
+
+Greedy output with the head (``--spec-type draft-eagle3``, chains of 3) is llama.cpp's plain decoding token for token,
+and the head is accepted there as in the kit: on the same prompts, llama.cpp's accepted share of drafted tokens is
+the kit's within a few tokens (the kit drafts the same chain of 3 with ``dynamic:4:2:1``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from tiers import missing_tool
+
+from specdec_kit.export.llamacpp import LlamaCppError, LlamaServer, export, server_command, tool
+from specdec_kit.runtime.core.trees import DynamicTreeConfig
+from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
+from specdec_kit.runtime.loader import load_draft_for, load_tokenizer
+from specdec_kit.runtime.models.pretrained import resolve_target
+from specdec_kit.runtime.models.target import TargetModel
+from specdec_kit.runtime.registry import drafter_for
+
+pytestmark = pytest.mark.llamacpp
+
+HEAD = "zoo/smollm2/eagle3"
+QUESTIONS = [
+    "Write a short poem about the sea.",
+    "Explain what a hash table is in two sentences.",
+    "List three tips for staying focused while studying.",
+]
+NEW_TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def gguf(tmp_path_factory):
+    try:
+        tool("llama-server")
+    except LlamaCppError as exc:
+        missing_tool(str(exc))
+    target_dir = resolve_target("smollm2")
+    files = export(target_dir, Path(HEAD), tmp_path_factory.mktemp("gguf"))
+    return target_dir, files
+
+
+@pytest.fixture(scope="module")
+def prompts(gguf):
+    tokenizer = load_tokenizer(gguf[0])
+    chats = [[{"role": "user", "content": q}] for q in QUESTIONS]
+    texts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
+    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+def served(gguf, draft: bool, port: int, tmp_path, prompts) -> list[dict]:
+    _, files = gguf
+    command = server_command(files["target"], files["draft"] if draft else None, port)
+    with LlamaServer(command, port, tmp_path / f"llama-server-{port}.log") as server:
+        return [server.complete(p, NEW_TOKENS) for p in prompts]
+
+
+def test_the_kits_eagle3_head_runs_in_llama_server_losslessly_and_is_accepted_as_in_the_kit(gguf, prompts, tmp_path):
+    plain = served(gguf, False, 18431, tmp_path, prompts)
+    spec = served(gguf, True, 18432, tmp_path, prompts)
+    for p, s in zip(plain, spec):
+        assert len(s["tokens"]) == NEW_TOKENS and s["tokens"] == p["tokens"]  # greedy: llama.cpp's own output
+    drafted = sum(s["timings"]["draft_n"] for s in spec)
+    accepted = sum(s["timings"]["draft_n_accepted"] for s in spec)
+    assert drafted > 0 and accepted > 0, "llama.cpp drafted nothing with the head"
+
+    target = TargetModel.from_pretrained(str(gguf[0]))
+    drafter = drafter_for("eagle3", load_draft_for(target, "eagle3", HEAD), target, DynamicTreeConfig(4, 2, 1))
+    with torch.inference_mode():
+        kit = SpeculativeGenerator(target, drafter).generate(prompts, NEW_TOKENS)
+    kit_drafted = sum(r.stats.draft_tokens for r in kit)
+    kit_accepted = sum(r.stats.accepted_tokens for r in kit)
+    same = sum(int(a == b) for r, p in zip(kit, plain) for a, b in zip(r.tokens, p["tokens"]))
+    print(
+        f"llama.cpp accepted {accepted}/{drafted} drafted tokens, the kit {kit_accepted}/{kit_drafted}; "
+        f"greedy tokens equal to llama.cpp's: {same}/{NEW_TOKENS * len(prompts)}"
+    )
+    assert abs(accepted / drafted - kit_accepted / kit_drafted) < 0.05
