@@ -134,7 +134,7 @@ def save_draft(
         (path / "config.json").write_text(json.dumps(config, indent=2))
         return path / "config.json"
     state = {k: v.detach().to("cpu").contiguous() for k, v in module.state_dict().items()}
-    if embedding_from_target:
+    if embedding_from_target and "embed_tokens.weight" in state:  # a draft without an embedding has none to leave
         config["embedding_from_target"] = True
         state.pop("embed_tokens.weight")
     (path / "config.json").write_text(json.dumps(config, indent=2))

@@ -329,6 +329,76 @@ class ParallelEagle3Family(Eagle3Family):
         return None  # its one draft call per cycle is already the step graph's
 
 
+class DFlashFamily(DraftFamily):
+    """DFlash: block diffusion drafting (``BlockDrafter``): the context's keys and values projected from the target's
+    tapped layers, then one block of the root and masked slots, with the target's embedding and LM head."""
+
+    name = "dflash"
+    one_call = True
+    manifest_keys = (
+        "num_hidden_layers",
+        "num_key_value_heads",
+        "head_dim",
+        "hidden_size",
+        "vocab_size",
+        "feature_layers",
+        "mask_token_id",
+        "block_size",
+    )
+    weight_files = ("model.safetensors", "pytorch_model.bin")
+    saved_files = ("pytorch_model.bin", "model.safetensors")
+    client_drafting = False
+
+    def feature_layers(self, module):
+        return module.feature_layers
+
+    def check_tree(self, tree):
+        from specdec_kit.runtime.decoding.parallel_drafting import check_parallel_tree
+
+        check_parallel_tree(tree)
+
+    def config_dict(self, module, base_model=""):
+        """The official ``DFlashDraftModel`` config (a Qwen3 config), as vLLM and SGLang read it."""
+        cfg = module.config.to_dict()
+        keys = (*LLAMA_CONFIG_KEYS, "attention_bias")
+        out = {k: cfg[k] for k in keys if k in cfg and cfg[k] is not None} | legacy_rope_fields(cfg)
+        out |= {
+            "architectures": ["DFlashDraftModel"],
+            "model_type": "qwen3",
+            "block_size": module.block_size,
+            "dflash_config": {"mask_token_id": module.mask_token_id, "target_layer_ids": module.target_layer_ids},
+        }
+        if module.num_target_layers is not None:
+            out["num_target_layers"] = module.num_target_layers
+        return out
+
+    def manifest_spec(self, module):
+        return attention_spec(module) | {
+            "feature_layers": list(module.feature_layers),
+            "mask_token_id": module.mask_token_id,
+            "block_size": module.block_size,
+        }
+
+    def torch_drafter(self, module, target, tree):
+        from specdec_kit.runtime.decoding.parallel_drafting import BlockDrafter, TorchBlockStep
+
+        step = TorchBlockStep(module, target.embed_tokens, target.lm_head)
+        return BlockDrafter(step, tree, module.feature_layers, module.mask_token_id, module.block_size)
+
+    def ort_drafter(self, graph, manifest, target, tree):
+        from specdec_kit.runtime.decoding.parallel_drafting import BlockDrafter
+        from specdec_kit.runtime.ort.backend import OrtBlockStep
+
+        spec = manifest["draft"]
+        step = OrtBlockStep(graph("dflash_context"), graph("dflash_block"), spec, target.dtype)
+        return BlockDrafter(step, tree, tuple(spec["feature_layers"]), spec["mask_token_id"], spec["block_size"])
+
+    def graph_plans(self, module, target):
+        from specdec_kit.runtime.ort.graphs import dflash_plans
+
+        return dflash_plans(module, target.embed_tokens, target.lm_head)
+
+
 class MedusaFamily(DraftFamily):
     """Medusa heads: one head per depth over the last verified feature; static trees only."""
 
@@ -488,6 +558,14 @@ PEAGLE_SGLANG = (
 PEAGLE_TRTLLM = (
     "TensorRT-LLM's Eagle3DecodingConfig has no parallel drafting: its EAGLE-3 drafter runs one forward per draft "
     "token and loads no mask_hidden"
+)
+DFLASH_SGLANG = (
+    "the kit does not write SGLang's DFLASH command yet (SGLang 0.5.23 serves DFlashDraftModel heads with "
+    "--speculative-algorithm DFLASH and --speculative-num-draft-tokens = block_size, on CUDA, NPU or XPU only)"
+)
+DFLASH_TRTLLM = (
+    "TensorRT-LLM 1.2.1, the kit's pinned release, has no DFlash decoding config in its llm_args.py (later releases "
+    "add DFlashDecodingConfig)"
 )
 MEDUSA_VLLM = (
     "vLLM's Medusa method proposes each head's top-1 only (a chain), so the kit's Medusa engine, defined by its "
@@ -680,7 +758,7 @@ LOOKUP_TREE = "dynamic:24:15:2"
 
 def _register_builtin() -> None:
     feature, eagle3, medusa, moa = FeatureFamily(), Eagle3Family(), MedusaFamily(), MoAFamily()
-    peagle = ParallelEagle3Family()
+    peagle, dflash = ParallelEagle3Family(), DFlashFamily()
     lookup = LookupFamily()
     register(
         DraftKind(
@@ -755,6 +833,20 @@ def _register_builtin() -> None:
                 ),
             },
             trainer=_trainer("eagle3"),
+        )
+    )
+    register(
+        DraftKind(
+            "dflash",
+            dflash,
+            _loader("build_dflash"),
+            "DFlash: block diffusion, a block of masked slots drafted in one forward over the target's states",
+            default_tree="dynamic:8:6:1",
+            refused_backends={"sglang": DFLASH_SGLANG, "tensorrt-llm": DFLASH_TRTLLM},
+            engines={  # vLLM's own DFlash class reads the official layout
+                "vllm": EngineForm("dflash", "DFlashDraftModel", official_layout=True),
+            },
+            trainer=_trainer("dflash"),
         )
     )
     register(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from specdec_kit.runtime.drafts.dflash import DFlashDraft, dflash_config, dflash_feature_layers
 from specdec_kit.runtime.drafts.eagle import EagleDraft
 from specdec_kit.runtime.drafts.eagle3 import Eagle3Draft, default_feature_layers
 from specdec_kit.runtime.drafts.griffin import GriffinDraft
@@ -143,6 +144,25 @@ def random_peagle(target: TargetModel, seed: int = 5, parallel_tokens: int = 4) 
     )
     draft.load_state_dict(base.state_dict(), strict=False)
     torch.nn.init.normal_(draft.mask_hidden, std=1.0)
+    return draft.to(target.dtype).eval()
+
+
+def random_dflash(target: TargetModel, seed: int = 6, block_size: int = 5, layers: int = 1) -> DFlashDraft:
+    """A random DFlash draft of ``layers`` layers over the target's tapped layers (``dflash_feature_layers``), its
+    mask token the target's last vocabulary id."""
+    torch.manual_seed(seed)
+    draft = DFlashDraft(
+        dflash_config(target, layers),
+        target.hidden_size,
+        dflash_feature_layers(target.num_layers),
+        target.vocab_size - 1,
+        block_size,
+    )
+    with torch.no_grad():
+        for name, p in draft.named_parameters():
+            if name.endswith("norm.weight"):
+                p.normal_(1.0, 0.1)  # the norms' ones, perturbed so that they matter
+    draft.num_target_layers = target.num_layers
     return draft.to(target.dtype).eval()
 
 

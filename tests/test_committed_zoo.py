@@ -44,6 +44,7 @@ def test_zoo_heads_load_and_decode_losslessly():
         ("griffin", "griffin", "dynamic"),
         ("eagle3", "eagle3", "dynamic"),
         ("peagle", "peagle", "dynamic"),
+        ("dflash", "dflash", "dynamic"),
         ("hass", "hass", "dynamic"),
         ("eagle2", "eagle", "dynamic"),
         ("medusa", "medusa", "static:mc_sim_7b_63:24"),

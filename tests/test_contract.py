@@ -125,13 +125,25 @@ def test_every_kind_is_registered_with_its_family():
         "hass",
         "eagle3",
         "peagle",
+        "dflash",
         "medusa",
         "moa",
         "ngram",
         "suffix",
     )
-    assert registry.head_kinds() == ("griffin", "eagle", "eagle2", "hass", "eagle3", "peagle", "medusa", "moa")
+    assert registry.head_kinds() == (
+        "griffin",
+        "eagle",
+        "eagle2",
+        "hass",
+        "eagle3",
+        "peagle",
+        "dflash",
+        "medusa",
+        "moa",
+    )
     assert registry.draft_kind("peagle").family.name == "peagle"
+    assert registry.draft_kind("dflash").family.one_call and not registry.draft_kind("dflash").sized_for_cpu
     assert registry.draft_kind("suffix").family.name == "lookup" and registry.draft_kind("suffix").model_free
     assert registry.draft_kind("medusa").family.name == "medusa"
     assert registry.draft_kind("eagle3").family.name == "eagle3"

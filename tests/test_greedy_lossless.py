@@ -26,6 +26,7 @@ from specdec_kit.runtime.synthetic import (
     oracle_eagle,
     oracle_griffin,
     oracle_moa,
+    random_dflash,
     random_eagle,
     random_eagle3,
     random_griffin,
@@ -59,6 +60,34 @@ def _eagle3_trained_for(hf_model, method: str = "eagle3") -> Path:
     folder = Path(tempfile.mkdtemp(prefix=f"{method}-"))
     train_eagle3(target, data, spec, folder, progress=False)
     return folder
+
+
+@functools.cache
+def _dflash_trained_for(hf_model) -> Path:
+    """A DFlash head trained by the kit's trainer on the target's own greedy continuations (its blocks guess what
+    the target writes next, so its data must be what the target writes)."""
+    from specdec_kit.train.dflash import DFlashSpec, train_dflash
+
+    starts = torch.randint(0, hf_model.config.vocab_size, (64, 4), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        data = hf_model.generate(starts, max_new_tokens=60, do_sample=False, pad_token_id=0)
+    spec = DFlashSpec(steps=150, batch=8, seq_len=64, lr=3e-3, warmup=10, block_size=5, blocks_per_row=16)
+    folder = Path(tempfile.mkdtemp(prefix="dflash-"))
+    train_dflash(TargetModel(hf_model), data, spec, folder, progress=False)
+    return folder
+
+
+def trained_dflash(target: TargetModel):
+    from specdec_kit.runtime.checkpoint import load_draft
+
+    return load_draft(
+        _dflash_trained_for(target.hf_model),
+        "dflash",
+        target.hidden_size,
+        target.vocab_size,
+        dtype=target.dtype,
+        target_shape=(target.num_layers, 2 * target.num_kv_heads * target.head_dim),
+    )
 
 
 def trained_eagle3(target: TargetModel, method: str = "eagle3"):
@@ -96,6 +125,9 @@ CASES = {
     # P-EAGLE: one forward proposes 4 tokens; a tree of their top-4 each, and vLLM's chain
     "peagle": ("peagle", (lambda t: trained_eagle3(t, "peagle"), random_peagle), DYNAMIC),
     "peagle-chain": ("peagle", (lambda t: trained_eagle3(t, "peagle"), random_peagle), DynamicTreeConfig(4, 3, 1)),
+    # DFlash: one block of 4 masked slots; a tree of each position's top-4, and the official chain
+    "dflash": ("dflash", (trained_dflash, random_dflash), DYNAMIC),
+    "dflash-chain": ("dflash", (trained_dflash, random_dflash), DynamicTreeConfig(5, 3, 1)),
     "medusa": (
         "medusa",
         (lambda t: fitted_medusa(t, heads=4), lambda t: random_medusa(t, heads=4)),
@@ -139,7 +171,7 @@ def test_good_drafts_identical(predictable_case, kind, batch):
     tau = sum(r.stats.acceptance_length for r in results) / len(results)
     # Medusa and P-EAGLE guess several steps ahead from one forward (without the tokens between); a reduced
     # vocabulary misses a quarter of the target's tokens
-    floor = 1.5 if kind in ("medusa", "griffin-vocab") else 1.3 if kind.startswith("peagle") else 2.0
+    floor = 1.5 if kind in ("medusa", "griffin-vocab") else 1.3 if kind.startswith(("peagle", "dflash")) else 2.0
     assert tau > floor, f"a good {kind} draft should be accepted often; tau={tau:.2f}"
 
 

@@ -29,6 +29,7 @@ from specdec_kit.runtime.synthetic import (
     fitted_medusa,
     oracle_griffin,
     oracle_moa,
+    random_dflash,
     random_eagle,
     random_eagle3,
     random_moa,
@@ -114,6 +115,8 @@ def drafter_for(name: str, target: TargetModel):
         return registry_drafter_for(
             "peagle", random_peagle(target, parallel_tokens=3), target, DynamicTreeConfig(10, 3, 3)
         )
+    if name == "dflash-random-dynamic":  # a block of 3 masked slots from one forward, each position's top-3
+        return registry_drafter_for("dflash", random_dflash(target, block_size=4), target, DynamicTreeConfig(10, 3, 3))
     if name == "medusa-fitted":
         return MedusaDrafter(fitted_medusa(target, heads=5), StaticTree.from_choices(EAGLE1_DEFAULT))
     lookup_tree = DynamicTreeConfig(total_tokens=8, depth=3, top_k=2)
@@ -145,6 +148,7 @@ SETTINGS = {"T=1": dict(temperature=1.0), "T=0.7,top_p=0.9": dict(temperature=0.
         "moa-random-tli1-dynamic",
         "eagle3-random-dynamic",
         "peagle-random-dynamic",
+        "dflash-random-dynamic",
         "griffin-oracle-vocab-dynamic",
         "ngram",
         "suffix",
@@ -227,6 +231,7 @@ def run_mixed(gen: SpeculativeGenerator, prompts, budget: int, params) -> list[l
         "moa-random-tli1-dynamic",
         "eagle3-random-dynamic",
         "peagle-random-dynamic",
+        "dflash-random-dynamic",
         "ngram",
         "suffix",
         "griffin-oracle+suffix",

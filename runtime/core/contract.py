@@ -110,6 +110,34 @@ class FeatureStep(Protocol):
 
 
 @runtime_checkable
+class BlockStep(Protocol):
+    """A DFlash draft: the context's keys and values come from the target's states alone (no attention), and one
+    block of tokens attends over them and over itself."""
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache: ...
+
+    def context(self, features: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> None:
+        """features [B, W, F] (the target's tapped layers) at ``positions`` [B, W] -> their keys/values written to
+        the cache's first W pending slots (the caller commits them)."""
+        ...
+
+    def __call__(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        pending_mask: torch.Tensor,
+        cache: KVCache,
+        logits_at: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The block's tokens [B, Q] -> logits [B, Q' or Q, V] (the target's LM head), seeing the committed context
+        and the pending slots ``pending_mask`` [B, Q, Q] allows."""
+        ...
+
+
+@runtime_checkable
 class WholeTreeStep(Protocol):
     """A ``FeatureStep`` that can also run a draft's whole cycle in one call for some trees: the context step and the
     dynamic tree search (an ONNX Runtime engine's ``draft_tree`` graph). Per-call overhead, not arithmetic, dominates

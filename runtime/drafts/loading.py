@@ -11,6 +11,9 @@ Layouts (as the reference implementations write them):
 * EAGLE-3: ``config.json`` (a Llama config with ``draft_vocab_size`` and, when the draft is narrower or wider than
   the target, ``target_hidden_size``) + ``pytorch_model.bin`` (or ``model.safetensors``), 16 tensors
   including the ``d2t`` / ``t2d`` vocabulary maps (optional when the draft vocabulary is the target's).
+* DFlash: the official ``DFlashDraftModel`` layout: ``config.json`` (a Qwen3 config with ``block_size`` and
+  ``dflash_config`` {``mask_token_id``, ``target_layer_ids``}) + ``model.safetensors`` (or ``pytorch_model.bin``),
+  no embedding and no LM head (the target's).
 * Medusa: ``config.json`` with ``medusa_num_heads`` / ``medusa_num_layers`` + ``medusa_lm_head.pt`` or
   ``medusa_lm_head.safetensors`` whose keys lack the ``medusa_head.`` prefix (the legacy layout), or a
   ``model.safetensors`` / ``pytorch_model.bin`` holding ``medusa_head.*`` keys beside base weights.
@@ -29,8 +32,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from transformers import LlamaConfig
+from transformers import LlamaConfig, Qwen3Config
 
+from specdec_kit.runtime.drafts.dflash import DFlashDraft
 from specdec_kit.runtime.drafts.eagle import EagleDraft
 from specdec_kit.runtime.drafts.eagle3 import Eagle3Draft, default_feature_layers
 from specdec_kit.runtime.drafts.griffin import GriffinDraft
@@ -340,6 +344,70 @@ def build_peagle(
     if not isinstance(tokens, int) or tokens < 2:
         raise DraftLoadError(f"{file}: parallel_draft_tokens is {tokens!r}, expected an integer >= 2")
     return PEagleDraft(*arguments, mask, tokens)
+
+
+DFLASH_LAYOUT_KEYS = ("architectures", "model_type", "block_size", "num_target_layers", "dflash_config", "auto_map")
+
+
+def build_dflash(
+    config: dict[str, Any],
+    file: Path,
+    target_hidden: int,
+    target_vocab: int,
+    target_shape: tuple[int, int] | None = None,
+) -> DFlashDraft:
+    """The official DFlash layout, checked against the target: the draft is as wide as the target (it embeds with the
+    target's embedding and scores with its LM head), its tapped layers exist in it and feed a decoder layer, and its
+    attention is what the kit runs (full, non-causal within a block)."""
+    for key in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size", "num_hidden_layers"):
+        _require(config, key, file)
+    dflash = config.get("dflash_config") or {}
+    if not isinstance(dflash, dict):
+        raise DraftLoadError(f"{file}: dflash_config is {dflash!r}, expected an object")
+    mask = dflash.get("mask_token_id", config.get("mask_token_id"))
+    ids = dflash.get("target_layer_ids", config.get("target_layer_ids"))
+    block = config.get("block_size", dflash.get("block_size"))
+    for key, value in (("dflash_config.mask_token_id", mask), ("dflash_config.target_layer_ids", ids)):
+        if value is None:
+            raise DraftLoadError(f"{file}: key {key!r} is missing")
+    if block is None:
+        raise DraftLoadError(f"{file}: key 'block_size' is missing (the root slot plus the masked slots)")
+    if "sliding_attention" in (config.get("layer_types") or []) or dflash.get("use_swa") or config.get("is_causal"):
+        raise DraftLoadError(
+            f"{file}: sliding-window or causal DFlash layers (layer_types, dflash_config.use_swa, is_causal); the kit "
+            "runs DFlash's full attention, non-causal within a block"
+        )
+    fields = {k: v for k, v in config.items() if k not in DFLASH_LAYOUT_KEYS and not k.startswith("specdec_")}
+    if "rope_parameters" in fields:
+        fields.pop("rope_theta", None)
+        fields.pop("rope_scaling", None)
+    cfg = Qwen3Config(**fields)
+    _check_fits(file, "hidden_size", target_hidden, cfg.hidden_size)
+    _check_fits(file, "vocab_size", target_vocab, cfg.vocab_size)
+    layers = target_shape[0] if target_shape else config.get("num_target_layers")
+    if target_shape and "num_target_layers" in config:
+        _check_fits(file, "num_target_layers", target_shape[0], config["num_target_layers"])
+    if (
+        not isinstance(ids, list)
+        or not ids
+        or not all(isinstance(i, int) for i in ids)
+        or ids != sorted(set(ids))
+        or ids[0] < 0
+        or (layers is not None and ids[-1] > layers - 2)
+    ):
+        raise DraftLoadError(
+            f"{file}: dflash_config.target_layer_ids is {ids!r}, expected distinct ascending ids of decoder layers "
+            + (f"0..{layers - 2} (the output of the last of the {layers} layers is not tapped)" if layers else "")
+        )
+    if not isinstance(mask, int) or not 0 <= mask < cfg.vocab_size:
+        raise DraftLoadError(
+            f"{file}: dflash_config.mask_token_id is {mask!r}, expected a token id in 0..{cfg.vocab_size - 1}"
+        )
+    if not isinstance(block, int) or block < 2:
+        raise DraftLoadError(f"{file}: block_size is {block!r}, expected an integer >= 2")
+    draft = DFlashDraft(cfg, target_hidden, tuple(i + 1 for i in ids), mask, block)
+    draft.num_target_layers = layers
+    return draft
 
 
 def _draft_vocab(config: dict[str, Any], file: Path, cfg: LlamaConfig) -> int:

@@ -259,6 +259,47 @@ class OrtFeatureDraftStep:
         return out["tree_tokens"], out["tree_parents"]
 
 
+class OrtBlockStep:
+    """A DFlash draft on ONNX Runtime (``BlockStep``; see ``TorchBlockStep``): the ``dflash_context`` graph projects
+    the context into keys and values, the ``dflash_block`` graph runs a block over the cache in place."""
+
+    def __init__(self, context: OrtGraph, block: OrtGraph, spec: dict, dtype: torch.dtype):
+        self.context_graph, self.block_graph, self.spec, self.dtype = context, block, spec, dtype
+        self.layers, self.heads, self.head_dim = (
+            spec["num_hidden_layers"],
+            spec["num_key_value_heads"],
+            spec["head_dim"],
+        )
+        self.vocab_size = spec["vocab_size"]
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        return new_block_cache(self.layers, batch, self.heads, self.head_dim, self.dtype, self.block_graph.device)
+
+    @torch.inference_mode()
+    def context(self, features: torch.Tensor, positions: torch.Tensor, cache: KVCache) -> None:
+        bsz, width = positions.shape
+        shape = ((self.layers, bsz, self.heads, width, self.head_dim), self.dtype)
+        out = self.context_graph.run(
+            {"hidden_states": features.to(self.dtype), "position_ids": positions},
+            {"context_keys": shape, "context_values": shape},
+        )
+        cache.ensure_capacity(cache.key_length(width))
+        cache.write_all(out["context_keys"], out["context_values"], cache.slots(width))
+
+    @torch.inference_mode()
+    def __call__(self, tokens, positions, pending_mask, cache, logits_at=None):
+        bsz, q_len = tokens.shape
+        index = _all_positions(bsz, q_len, tokens.device) if logits_at is None else logits_at
+        out = _run_over_cache(
+            self.block_graph,
+            cache,
+            pending_mask,
+            {"input_ids": tokens, "position_ids": positions, "logits_index": index},
+            {"logits": ((bsz, index.shape[1], self.vocab_size), self.dtype)},
+        )
+        return out["logits"]
+
+
 class OrtMedusaHeads:
     """Medusa heads on ONNX Runtime; see ``MedusaHeads.forward`` (features [B, d] -> logits [B, heads, V])."""
 

@@ -21,6 +21,7 @@ from torch import nn
 from specdec_kit.runtime.core.trees import DynamicTreeConfig
 from specdec_kit.runtime.decoding.drafting import dynamic_tree_search, log_probs
 from specdec_kit.runtime.decoding.moa_drafting import moa_hidden
+from specdec_kit.runtime.drafts.dflash import DFlashDraft
 from specdec_kit.runtime.drafts.eagle3 import Eagle3Draft
 from specdec_kit.runtime.drafts.layers import FeatureDraft
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
@@ -235,6 +236,35 @@ class FuseGraph(nn.Module):
         return self.draft.fc(hidden_states)
 
 
+class DFlashContextGraph(nn.Module):
+    """A DFlash draft's context: the target's tapped layers and their positions -> every draft layer's keys and values
+    of them [L, B, H_kv, W, D] (``DFlashDraft.context_keys_values``), which the runtime writes into its cache."""
+
+    def __init__(self, draft: DFlashDraft):
+        super().__init__()
+        self.draft = draft
+
+    def forward(self, hidden_states, position_ids):
+        return self.draft.context_keys_values(hidden_states, position_ids)
+
+
+class DFlashBlockGraph(nn.Module):
+    """(block ids, positions, mask, logits_index, each layer's K/V buffer) -> (logits, present K/V): a DFlash
+    block with the target's embedding and LM head folded in, one session call a cycle."""
+
+    def __init__(self, draft: DFlashDraft, embed_tokens: nn.Module, lm_head: nn.Module):
+        super().__init__()
+        self.draft, self.embed_tokens, self.lm_head = draft, embed_tokens, lm_head
+
+    def forward(self, input_ids, position_ids, attention_mask, logits_index, *past):
+        cache = GraphCache.of(past)
+        embeds = self.embed_tokens(input_ids).to(self.draft.fc.weight.dtype)
+        out = self.draft.block(embeds, position_ids, cache.window(attention_mask))
+        selected = torch.gather(out, 1, logits_index[..., None].expand(-1, -1, out.shape[-1]))
+        present_keys, present_values = cache.present()
+        return self.lm_head(selected), present_keys, present_values
+
+
 class MedusaHeadsGraph(nn.Module):
     def __init__(self, heads: MedusaHeads):
         super().__init__()
@@ -328,6 +358,12 @@ DRAFT_TREE_SPEC = GraphSpec(
     ("tree_tokens", "tree_parents", "present_keys", "present_values"),
 )
 FUSE_SPEC = GraphSpec("draft_fuse", ("hidden_states",), ("fused",))
+DFLASH_CONTEXT_SPEC = GraphSpec("dflash_context", ("hidden_states", "position_ids"), ("context_keys", "context_values"))
+DFLASH_BLOCK_SPEC = GraphSpec(
+    "dflash_block",
+    ("input_ids", "position_ids", "attention_mask", "logits_index"),
+    ("logits", "present_keys", "present_values"),
+)
 MEDUSA_SPEC = GraphSpec("medusa_heads", ("hidden_states",), ("logits",))
 MOA_MEMORY_SPEC = GraphSpec("moa_memory", ("target_kv", "position_ids"), ("memory_keys", "memory_values"))
 MOA_STEP_SPEC = GraphSpec(
@@ -432,6 +468,30 @@ def fuse_plan(draft: Eagle3Draft) -> GraphPlan:
     weight = draft.fc.weight
     wide = torch.zeros(2, 3, draft.fc.in_features, dtype=weight.dtype, device=weight.device)
     return GraphPlan(FUSE_SPEC, FuseGraph(draft), (wide,), {"hidden_states": {0: _big("batch"), 1: _big("tokens")}})
+
+
+def dflash_plans(draft: DFlashDraft, embed_tokens: nn.Module, lm_head: nn.Module) -> list[GraphPlan]:
+    """A DFlash draft's context projection and its block (the target's embedding and LM head folded in)."""
+    layers, heads, dim = draft.attention_shape
+    weight = draft.fc.weight
+    (ids, pos, mask, index), buffers = _cached_example(layers, heads, dim, weight.dtype, weight.device)
+    wide = torch.zeros(2, 3, draft.fc.in_features, dtype=weight.dtype, device=weight.device)
+    batch, width = _big("batch"), _big("width")
+    context = GraphPlan(
+        DFLASH_CONTEXT_SPEC,
+        DFlashContextGraph(draft),
+        (wide, torch.arange(3, device=weight.device).expand(2, 3).contiguous()),
+        {"hidden_states": {0: batch, 1: width}, "position_ids": {0: batch, 1: width}},
+    )
+    dims = _cache_dims(layers)
+    del dims["hidden_states"]
+    block = GraphPlan(
+        DFLASH_BLOCK_SPEC.with_layers(layers),
+        DFlashBlockGraph(draft, embed_tokens, lm_head),
+        (ids, pos, mask, index, *buffers),
+        dims,
+    )
+    return [context, block]
 
 
 def medusa_plans(heads: MedusaHeads, target: TargetModel) -> list[GraphPlan]:

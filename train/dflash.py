@@ -1,0 +1,327 @@
+"""DFlash training: random anchor blocks, every masked slot scored at once.
+
+A decoding cycle of a DFlash draft (``runtime/drafts/dflash.py``) sees the target's states of every position before
+the root and a block: the root token x_a at position a, then ``block_size - 1`` mask tokens at a + 1, a + 2, ...;
+slot k proposes x_{a+k}. Training builds exactly that for many anchors a of a sequence at once: the sequence's
+context states are projected into each draft layer's keys and values once, each anchor's block is a run of query
+slots, and a mask lets block j see the context positions < a_j and its own slots (no other block, and no causal
+order inside a block). Slot k of a block is scored by cross-entropy against the target's own next token there (the
+argmax of its logits after x_{a+k-1}: what greedy verification accepts), weighted ``step_decay ** (k - 1)`` as the
+later slots matter less (they are reached only when the earlier ones are accepted); the target's embedding and LM
+head stay frozen (the draft has neither of its own). Anchors are drawn where the root and at least its first
+target are in the sequence (in distilled data: in the answer), ``blocks_per_row`` of them per row and step.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from specdec_kit.runtime.checkpoint import save_draft
+from specdec_kit.runtime.core.device import resolve_device
+from specdec_kit.runtime.drafts.dflash import DFlashDraft, dflash_config, dflash_feature_layers
+from specdec_kit.runtime.models.target import TargetModel
+from specdec_kit.train.distilled import DistilledData
+from specdec_kit.train.eagle3 import StepResult, tapped_outputs
+from specdec_kit.train.heldout import HeldOutTracker, heldout_due
+from specdec_kit.train.methods import Trainer
+from specdec_kit.train.parallel import Ranks
+from specdec_kit.train.schedule import Schedule, optimizer_and_state, saved_extra, step_bar
+from specdec_kit.train.sharding import distribute, save_training_state
+
+
+@dataclass(kw_only=True)
+class DFlashSpec(Schedule):
+    block_size: int = 8  # the root slot plus the masked slots (proposals a forward: block_size - 1)
+    layers: int = 1  # draft decoder layers
+    blocks_per_row: int = 16  # anchors drawn per training row and step
+    step_decay: float = 0.8  # slot k's loss weight is step_decay ** (k - 1)
+    feature_layers: list[int] | None = None  # the target layers (entering) it reads; None: ``dflash_feature_layers``
+    mask_token_id: int = -1  # the masked slots' token; -1: the target's last vocabulary id
+
+    @property
+    def method(self) -> str:
+        return "dflash"
+
+
+def new_dflash(target: TargetModel, spec: DFlashSpec) -> DFlashDraft:
+    torch.manual_seed(spec.seed)
+    layers = tuple(spec.feature_layers or dflash_feature_layers(target.num_layers))
+    mask = spec.mask_token_id if spec.mask_token_id >= 0 else target.vocab_size - 1
+    draft = DFlashDraft(dflash_config(target, spec.layers), target.hidden_size, layers, mask, spec.block_size)
+    draft.num_target_layers = target.num_layers
+    return draft
+
+
+def draw_anchors(allowed: torch.Tensor, count: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """``count`` distinct anchor positions per row among ``allowed`` [B, T] (random order) -> (anchors [B, count],
+    real [B, count]: False where a row had fewer allowed positions)."""
+    scores = torch.rand(allowed.shape, generator=generator, device="cpu").to(allowed.device)
+    scores = scores.masked_fill(~allowed, -1.0)
+    count = min(count, allowed.shape[1])
+    top = scores.topk(count, dim=1)
+    return top.indices, top.values >= 0
+
+
+class BlockTraining:
+    """The blocks of one batch through the draft (see the module docstring): ``taps`` [B, T, F] the target's tapped
+    layers, ``tokens`` [B, T], ``top`` [B, T] the target's next token after each position (-1: none), ``allowed``
+    [B, T] where an anchor may sit."""
+
+    def __init__(self, draft: DFlashDraft, embed: torch.nn.Module, lm_head: torch.nn.Module, spec: DFlashSpec):
+        self.draft, self.embed, self.lm_head, self.spec = draft, embed, lm_head, spec
+
+    def hidden(self, taps: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+        """The blocks at ``anchors`` [B, n] through the draft -> their slots' normed outputs [B, n, block, d]."""
+        draft, block = self.draft, self.spec.block_size
+        bsz, seq = tokens.shape
+        n = anchors.shape[1]
+        offsets = torch.arange(block, device=tokens.device)
+        positions = (anchors[..., None] + offsets).reshape(bsz, n * block)  # [B, n x block]
+        ids = torch.full((bsz, n, block), draft.mask_token_id, dtype=torch.long, device=tokens.device)
+        ids[..., 0] = torch.gather(tokens, 1, anchors)
+        hidden = self.embed(ids.reshape(bsz, n * block)).to(draft.fc.weight.dtype)
+        context = draft.context_states(taps)
+        ctx_pos = torch.arange(seq, device=tokens.device).expand(bsz, seq)
+        ctx_cos, ctx_sin = draft.rotary_emb(context, ctx_pos)
+        cos, sin = draft.rotary_emb(hidden, positions)
+        block_of = torch.arange(n, device=tokens.device).repeat_interleave(block)
+        sees_context = ctx_pos[:, None, :] < anchors.repeat_interleave(block, dim=1)[:, :, None]  # [B, nb, T]
+        sees_block = (block_of[:, None] == block_of[None, :]).expand(bsz, -1, -1)
+        mask = torch.cat([sees_context, sees_block], dim=2)[:, None]  # [B, 1, nb, T + nb]
+        for layer in draft.layers:
+            attn = layer.self_attn
+            ctx_k, ctx_v = attn.keys_values(context, ctx_cos, ctx_sin)
+            normed = layer.input_layernorm(hidden)
+            k, v = attn.keys_values(normed, cos, sin)
+            q = attn.queries(normed, cos, sin)
+            out = F.scaled_dot_product_attention(
+                q, torch.cat([ctx_k, k], 2), torch.cat([ctx_v, v], 2), attn_mask=mask, enable_gqa=True
+            )
+            hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(bsz, n * block, -1))
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        return draft.norm(hidden).view(bsz, n, block, -1)
+
+    def forward(
+        self,
+        taps: torch.Tensor,
+        tokens: torch.Tensor,
+        top: torch.Tensor,
+        anchors: torch.Tensor,
+        real: torch.Tensor,
+        ranks: Ranks = Ranks(),
+    ) -> tuple[torch.Tensor, list[StepResult]]:
+        """The weighted loss over every block's slots, and each slot's (loss, accuracy, positions)."""
+        hidden = self.hidden(taps, tokens, anchors)
+        seq = tokens.shape[1]
+        losses, results = [], []
+        for k in range(1, self.spec.block_size):
+            at = anchors + k - 1  # slot k proposes x_{a+k}: the target's next token after position a + k - 1
+            want = torch.gather(top, 1, at.clamp(max=seq - 1))
+            counted = real & (at < seq) & (want >= 0)
+            logits = self.lm_head(hidden[:, :, k][counted]).float()
+            target = want[counted]
+            loss = ranks.mean(F.cross_entropy(logits, target, reduction="sum"), counted.numel())
+            losses.append(self.spec.step_decay ** (k - 1) * loss)
+            with torch.no_grad():
+                hits = int((logits.argmax(-1) == target).sum())
+            results.append(StepResult(loss, hits / max(int(counted.sum()), 1), int(counted.sum())))
+        return sum(losses), results
+
+
+class DFlashTrainingStep(torch.nn.Module):
+    """A training step's forward as one module (the unit DDP or FSDP2 wraps); the target's embedding and LM head
+    are frozen buffers of it, not parameters."""
+
+    def __init__(self, draft: DFlashDraft, embed, lm_head, spec: DFlashSpec, ranks: Ranks = Ranks()):
+        super().__init__()
+        self.draft, self.ranks = draft, ranks
+        self.blocks = BlockTraining(draft, embed, lm_head, spec)
+
+    def forward(self, taps, tokens, top, anchors, real):
+        return self.blocks.forward(taps, tokens, top, anchors, real, self.ranks)
+
+
+def anchor_room(valid: torch.Tensor, counted: torch.Tensor | None) -> torch.Tensor:
+    """Where an anchor may sit: a real position whose next token is known (and, in distilled data, an answer's)."""
+    allowed = valid.clone()
+    allowed[:, -1] = False  # its first target would lie past the sequence
+    if counted is not None:
+        allowed &= counted
+    allowed[:, 0] = False  # the context before the root would be empty
+    return allowed
+
+
+@torch.no_grad()
+def dflash_acceptance(draft: DFlashDraft, embed, lm_head, data: DistilledData, depth: int = 3) -> list[float]:
+    """Chain acceptance per depth on held-out data: at every answer position a, the block's greedy proposals
+    x_{a+1..a+depth} against the target's own tokens, counted as the benchmark counts (depth d needs 1..d)."""
+    blocks = BlockTraining(draft, embed, lm_head, DFlashSpec(block_size=draft.block_size))
+    depth = min(depth, draft.block_size - 1)
+    hits, starts = [0] * depth, 0
+    for b in range(len(data)):
+        tokens, taps, _, masks = data.batch(b)
+        allowed = anchor_room(masks.valid, masks.counted) & (masks.top >= 0)
+        for row in range(tokens.shape[0]):
+            for anchors in allowed[row].nonzero().flatten().split(64):
+                hidden = blocks.hidden(taps[row : row + 1], tokens[row : row + 1], anchors[None])[0]
+                alive = torch.ones(len(anchors), dtype=torch.bool, device=anchors.device)
+                starts += len(anchors)
+                for j in range(depth):
+                    at = anchors + j
+                    want = masks.top[row, at.clamp(max=tokens.shape[1] - 1)]
+                    alive &= (at < tokens.shape[1]) & (lm_head(hidden[:, j + 1]).argmax(-1) == want)
+                    hits[j] += int(alive.sum())
+    return [h / max(starts, 1) for h in hits]
+
+
+def train_dflash(
+    target: TargetModel,
+    data: torch.Tensor | DistilledData,
+    spec: DFlashSpec,
+    out_dir: Path,
+    base_model: str = "",
+    progress: bool = True,
+    save_dtype: torch.dtype | None = None,
+    embedding_from_target: bool = False,
+    heldout: DistilledData | None = None,
+    device: str | torch.device | None = None,
+) -> dict:
+    """Train a DFlash head on ``data``: [N, seq_len] token blocks (the target's tapped layers and next tokens from
+    one forward per batch) or self-distilled data holding the tapped layers. Writes the official layout (in
+    ``save_dtype``, default the target's) and a resumable state. Under ``torchrun`` the ranks share each batch's
+    rows (DDP, or FSDP2 with ``spec.sharding``); rank 0 logs, measures and writes. (A DFlash head has no embedding
+    of its own: ``embedding_from_target`` changes nothing.)"""
+    device = resolve_device(device)
+    ranks = Ranks.from_environment(device)
+    device = ranks.device(device)
+    progress = progress and ranks.main
+    distilled = isinstance(data, DistilledData)
+    if not (distilled or isinstance(data, torch.Tensor)):
+        raise ValueError(
+            "dflash trains on token blocks (online: the target's tapped layers from one forward per batch) or "
+            f"distilled data holding those layers, not {type(data).__name__} (a feature cache is not read yet)"
+        )
+    if spec.block_size < 2 or spec.blocks_per_row < 1:
+        raise ValueError(f"block_size {spec.block_size} (>= 2) and blocks_per_row {spec.blocks_per_row} (>= 1)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    draft = new_dflash(target, spec).float().to(device)
+    embed = torch.nn.Embedding.from_pretrained(target.embed_tokens.weight.detach().float().to(device), freeze=True)
+    lm_head = torch.nn.Linear(target.hidden_size, target.vocab_size, bias=False).to(device)
+    lm_head.weight.data.copy_(target.lm_head.weight.detach().float())
+    lm_head.requires_grad_(False)
+    if distilled:
+        data.lm_rows = lm_head.weight.data[:1]  # the target's logits are not read: its top tokens are the targets
+        data.to(device)
+    state_path = out_dir / "training_state.pt"
+    frozen = torch.nn.ModuleDict({"embed": embed, "lm_head": lm_head})
+    model, sharded = distribute(
+        DFlashTrainingStep(draft, embed, lm_head, spec, ranks), draft, frozen, spec.sharding, ranks, "dflash", progress
+    )
+    params, opt, start, history = optimizer_and_state(draft, spec, state_path, sharded)
+    measured = sharded.plain if sharded is not None else draft
+    tracker = None
+    if heldout is not None and spec.eval_every and ranks.main:
+        heldout.lm_rows = lm_head.weight.data[:1]
+        heldout.to(device)
+        tracker = HeldOutTracker(
+            lambda m: dflash_acceptance(m, embed, lm_head, heldout, spec.eval_depth), spec.eval_every
+        )
+        tracker.restore(saved_extra(state_path))
+    bar = step_bar(spec, start, "dflash", progress)
+    t0 = time.time()
+    for step in bar:
+        generator = torch.Generator().manual_seed(spec.seed * 1_000_003 + step)  # a resumed run draws the same
+        if distilled:
+            tokens, taps, _, masks = data.batch(step)
+            allowed = anchor_room(masks.valid, masks.counted) & (masks.top >= 0)
+            top = masks.top
+        else:
+            rows = spec.batch_rows(step, len(data))
+            tokens = data[rows]
+            taps, logits = tapped_outputs(target, tokens, draft.feature_layers)
+            top = logits.argmax(-1)
+            tokens, taps, top = tokens.to(device), taps.to(device), top.to(device)
+            allowed = anchor_room(torch.ones_like(tokens, dtype=torch.bool), None)
+        anchors, real = draw_anchors(allowed, spec.blocks_per_row, generator)
+        if ranks.world > 1:  # this rank's share of the batch's rows
+            share = ranks.share(tokens.shape[0])
+            tokens, taps, top, anchors, real = tokens[share], taps[share], top[share], anchors[share], real[share]
+        for group in opt.param_groups:
+            group["lr"] = spec.lr * min(1.0, (step + 1) / spec.warmup)
+        opt.zero_grad(set_to_none=True)
+        pieces = spec.micro_batches(tokens.shape[0])
+        losses, parts = [], []
+        for i, part_rows in enumerate(pieces):
+            with ranks.syncing(model, sync=i == len(pieces) - 1):
+                with spec.autocast(device):
+                    part, results = model(
+                        taps[part_rows], tokens[part_rows], top[part_rows], anchors[part_rows], real[part_rows]
+                    )
+                spec.check_finite(part, "dflash", step)
+                (part / len(pieces)).backward()
+            losses.append(float(part.detach()))
+            parts.append(results)
+        torch.nn.utils.clip_grad_norm_(params, 0.5)
+        opt.step()
+        positions = [sum(r.positions for r in per_slot) for per_slot in zip(*parts)]
+        record = {
+            "step": step,
+            "loss": ranks.average(sum(losses) / len(losses)),
+            "slot_accuracy": [
+                sum(r.accuracy * r.positions for r in per_slot) / max(n, 1)
+                for per_slot, n in zip(zip(*parts), positions)
+            ],
+            "positions": positions,
+        }
+        if sharded is not None and heldout is not None and heldout_due(step, spec.steps, spec.eval_every):
+            sharded.gather()  # every rank takes part; rank 0's whole draft is then measured
+        if tracker is not None and tracker.due(step, spec.steps):
+            record["heldout"] = tracker.record(measured, step)
+        history.append(record)
+        bar.set_postfix(
+            loss=f"{record['loss']:.3f}",
+            acc=" ".join(f"s{k + 1}:{a:.2f}" for k, a in enumerate(record["slot_accuracy"][:4])),
+        )
+        if (step + 1) % 100 == 0 or step + 1 == spec.steps:
+            extra = tracker.state() if tracker else None
+            save_training_state(sharded, draft, opt, ranks, step + 1, history, state_path, extra)
+    if tracker is not None:
+        tracker.keep_best(measured)
+    ranks.close()
+    if not ranks.main:
+        return {"steps": spec.steps, "rank": ranks.rank}
+    save_draft(measured.cpu().to(save_dtype or target.dtype), out_dir, "dflash", base_model=base_model)
+    (out_dir / "training_spec.json").write_text(json.dumps(dict(asdict(spec), method="dflash"), indent=2))
+    print(f"dflash: {spec.steps} steps, blocks of {spec.block_size}", file=sys.stderr)
+    return {
+        "steps": spec.steps,
+        "minutes": round((time.time() - t0) / 60, 2),
+        "last": history[-1] if history else None,
+        **(tracker.summary() if tracker else {}),
+    }
+
+
+def dflash_layers(spec: DFlashSpec, num_layers: int) -> list[int]:
+    """The target layers whose entering hidden states the head reads (distilled data holds them)."""
+    return list(spec.feature_layers or dflash_feature_layers(num_layers))
+
+
+def dflash_spec(method: str = "dflash", **settings) -> DFlashSpec:
+    return DFlashSpec(**settings)
+
+
+TRAINER = Trainer(
+    make_spec=dflash_spec,
+    train=train_dflash,
+    options=("feature_layers", "mask_token_id", "block_size"),
+    cached_features="dflash reads the target's tapped layers online or from distilled data; a feature cache is not "
+    "read yet",
+    distilled_layers=dflash_layers,
+)
