@@ -45,9 +45,16 @@ PROMPTS = [
     "# Copyright",
     "if __name__ == '__main__':\n",
 ]
-ZOO_HEAD = {"eagle2": "eagle", "hass": "hass", "griffin": "griffin", "eagle3": "eagle3", "peagle": "peagle"}
+ZOO_HEAD = {
+    "eagle2": "eagle",
+    "hass": "hass",
+    "griffin": "griffin",
+    "eagle3": "eagle3",
+    "peagle": "peagle",
+    "dflash": "dflash",
+}
 # the chain each kind drafts: a parallel draft grows dynamic trees only (a top-1 chain of CHAIN tokens)
-CHAIN_TREE = {"peagle": f"dynamic:{CHAIN + 1}:{CHAIN - 1}:1"}
+CHAIN_TREE = {kind: f"dynamic:{CHAIN + 1}:{CHAIN - 1}:1" for kind in ("peagle", "dflash")}
 STARTUP_S = 900
 
 
@@ -142,12 +149,15 @@ class RecordingStep:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def __call__(self, features, tokens, positions, pending_mask, cache, logits_at=None):
-        logits, reg = self.inner(features, tokens, positions, pending_mask, cache, logits_at)
+    def __call__(self, *args, logits_at=None):
+        block = len(args) == 4  # a DFlash block step: (tokens, positions, mask, cache) -> logits
+        out = self.inner(*args, logits_at=logits_at)
+        tokens, positions = args[:2] if block else args[1:3]
+        logits = out if block else out[0]
         at = logits_at if logits_at is not None else torch.arange(tokens.shape[1])[None].expand_as(tokens)
         for pos, tok, row in zip(positions.gather(1, at)[0], tokens.gather(1, at)[0], logits[0]):
             self.rows.append((int(pos), int(tok), row.float().clone()))
-        return logits, reg
+        return out
 
 
 def kit_run(kind: str, target: TargetModel, prompts: list[list[int]]):
@@ -197,9 +207,10 @@ def logit_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a[finite] - b[finite]).abs().max())
 
 
-@pytest.mark.parametrize("kind", ["griffin", "eagle2", "hass", "eagle3", "peagle"])
+@pytest.mark.parametrize("kind", ["griffin", "eagle2", "hass", "eagle3", "peagle", "dflash"])
 def test_the_head_runs_in_vllm_exactly_as_in_the_kit(kind, vllm_python, zoo_target, prompts, references, tmp_path):
-    """P-EAGLE: vLLM's EAGLE-3 class with parallel drafting, the whole chain from one forward."""
+    """P-EAGLE: vLLM's EAGLE-3 class with parallel drafting, the whole chain from one forward. DFlash: vLLM's
+    ``DFlashQwen3ForCausalLM``, a block of the root and CHAIN masked slots."""
     engine = build(kind, tmp_path / f"{kind}-vllm", CHAIN_TREE.get(kind, f"static:chain-{CHAIN}"))
     kit_tokens, kit_tau, kit_rows = kit_run(kind, zoo_target, prompts)
     assert kit_tokens == references  # the kit itself is lossless on these prompts

@@ -30,8 +30,10 @@ def register() -> None:
     cpu_sampling_fixes.install()  # before the worker registers vLLM's CPU kernel fallbacks
     if os.environ.get(DraftTrace.ENV):
         from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
+        from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 
         instrument(Eagle3LlamaForCausalLM)
+        instrument(DFlashQwen3ForCausalLM)
     for name, target in ARCHITECTURES.items():
         if name not in ModelRegistry.get_supported_archs():
             ModelRegistry.register_model(name, target)

@@ -59,15 +59,18 @@ class DraftTrace:
 
 def instrument(cls: type) -> None:
     """Record a vLLM draft class's logits the way the kit's own classes do, its computation unchanged (vLLM's own
-    ``Eagle3LlamaForCausalLM`` runs EAGLE-3 heads; this lets the tier compare its draft logits with the kit's)."""
+    ``Eagle3LlamaForCausalLM`` runs EAGLE-3 heads and ``DFlashQwen3ForCausalLM`` DFlash heads; this lets the tier
+    compare their draft logits with the kit's). An EAGLE class's forward takes the hidden states and returns a
+    pair; DFlash's takes the block's ids alone (its context is in its cache) and returns the hidden states."""
     trace = DraftTrace.from_env()
     if trace is None or getattr(cls, "_specdec_traced", False):
         return
     forward, compute_logits = cls.forward, cls.compute_logits
+    block = "DFlash" in cls.__name__
 
-    def traced_forward(self, input_ids, positions, hidden_states, inputs_embeds=None):
-        out = forward(self, input_ids, positions, hidden_states, inputs_embeds)
-        trace.remember(input_ids, positions, out[0])
+    def traced_forward(self, input_ids, positions, *args, **kwargs):
+        out = forward(self, input_ids, positions, *args, **kwargs)
+        trace.remember(input_ids, positions, out if block else out[0])
         return out
 
     def traced_compute_logits(self, hidden_states):
