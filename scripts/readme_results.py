@@ -1,7 +1,8 @@
 """README.md's results tables, from the benchmarks' result files (never typed by hand): GRIFFIN and EAGLE-3 against
 plain decoding at T=0, on SmolLM2 (``bench/results/smollm2``) and on the demo zoo (``bench/results/eagle3_rows``);
-model-free drafting and the hybrid by task category on SmolLM2 (``bench/results/lookup/smollm2``); each written
-between its markers in README.md.
+model-free drafting and the hybrid by task category on SmolLM2 (``bench/results/lookup/smollm2``); the parallel
+drafts (P-EAGLE, DFlash) beside the sequential ones on the demo zoo, with each draft's milliseconds per cycle
+(``bench/results/dflash_rows``); each written between its markers in README.md.
 
     python scripts/readme_results.py            # rewrite the table in README.md
     python scripts/readme_results.py --check    # exit 1 when the table is stale (the tests run this)
@@ -21,6 +22,9 @@ START, END = "<!-- results-table:start -->", "<!-- results-table:end -->"
 LOOKUP_START, LOOKUP_END = "<!-- lookup-table:start -->", "<!-- lookup-table:end -->"
 LOOKUP_RESULTS = "bench/results/lookup/smollm2/results.json"
 LOOKUP_METHODS = ("ngram", "suffix", "griffin", "griffin+suffix")
+PARALLEL_START, PARALLEL_END = "<!-- parallel-table:start -->", "<!-- parallel-table:end -->"
+PARALLEL_RESULTS = "bench/results/dflash_rows/results.json"
+PARALLEL_METHODS = {"griffin": "GRIFFIN", "eagle3": "EAGLE-3", "peagle": "P-EAGLE", "dflash": "DFlash"}
 # (label, result file, the prompt sets to show, in order)
 SOURCES = (
     ("SmolLM2-135M-Instruct", "bench/results/smollm2/results.json", ("chat", "humaneval", "spec_bench")),
@@ -73,8 +77,29 @@ def lookup_table() -> str:
     return "\n".join(lines)
 
 
+def parallel_table() -> str:
+    """Per prompt set at T=0: each method's tau, its draft's milliseconds per cycle and its speed over plain."""
+    results = json.loads((REPO / PARALLEL_RESULTS).read_text())
+    rows = [r for r in results["rows"] if r["temperature"] == 0]
+    lines = [
+        "| prompts | " + " | ".join(f"{name} tau / draft ms / speed" for name in PARALLEL_METHODS.values()) + " |",
+        "|---|" + "---:|" * len(PARALLEL_METHODS),
+    ]
+    for prompt_set in dict.fromkeys(r["prompt_set"] for r in rows):
+        by_method = {r["method"]: r for r in rows if r["prompt_set"] == prompt_set}
+        cells = [PROMPT_SETS[prompt_set]]
+        for method in PARALLEL_METHODS:
+            r = by_method.get(method)
+            cells.append(
+                "-" if r is None else f"{r['acceptance_length']:.2f} / {r['draft_ms']:.1f} / {r['speedup']:.2f}x"
+            )
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def both_tables(text: str) -> str:
     text = generated_table.between_markers(text, START, END, table(), README)
+    text = generated_table.between_markers(text, PARALLEL_START, PARALLEL_END, parallel_table(), README)
     return generated_table.between_markers(text, LOOKUP_START, LOOKUP_END, lookup_table(), README)
 
 

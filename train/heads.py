@@ -352,7 +352,7 @@ def train_head(
 
 def build_heads(out: Path, recipe: dict, tokenizer, corpus, log: dict, force: bool = False) -> None:
     """Zoo stage: one head per method in ``recipe["heads"]``, trained against ``out/target``."""
-    from specdec_kit.train.data import blocks, token_stream
+    from specdec_kit.train.data import blocks, target_continuations, token_stream
 
     target = TargetModel.from_pretrained(out / "target", dtype="float32", device="cpu")
     save_dtype = resolve_dtype(recipe["save_dtype"], target.device)
@@ -361,12 +361,20 @@ def build_heads(out: Path, recipe: dict, tokenizer, corpus, log: dict, force: bo
         if (folder / "config.json").is_file() and not force:
             continue
         trainer = trainer_for(method)
-        spec = trainer.make_spec(method, **overrides)
-        need = spec.steps * spec.batch * spec.seq_len
+        settings = dict(overrides)
+        written = settings.pop("target_written", None)  # {"rows": N, "prompt": P}: the target writes the data
+        spec = trainer.make_spec(method, **settings)
+        need = (written["rows"] if written else spec.steps * spec.batch) * spec.seq_len
         # a different slice of the corpus than the target saw first, in a different order
         stream = token_stream(tokenizer, corpus.train[::-1], max_tokens=need + spec.seq_len)
         data = blocks(stream, spec.seq_len, spec.seed + 17)
-        print(f"{method}: {data.numel() / 1e6:.2f}M training tokens", file=sys.stderr)
+        if written:
+            data = target_continuations(target.hf_model, data[:, : written["prompt"]], spec.seq_len)
+        print(
+            f"{method}: {data.numel() / 1e6:.2f}M training tokens"
+            + (" (the target's continuations)" if written else ""),
+            file=sys.stderr,
+        )
         log[method] = trainer.train(target, data, spec, folder, base_model="../target", save_dtype=save_dtype)
 
 
