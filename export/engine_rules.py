@@ -31,6 +31,11 @@ SGLANG_PP_SPEC = (
     "EAGLE only. Span nodes with tensor parallelism instead (e.g. tensor 16 over two 8-GPU nodes), which SGLang "
     "accepts"
 )
+SGLANG_DFLASH_PP = (
+    "SGLang's DFLASH drafting refuses pipeline parallelism at start-up: _handle_dflash in "
+    "sglang/srt/arg_groups/speculative_hook.py (0.5.23) raises 'Currently DFLASH speculative decoding only supports "
+    "pp_size == 1.'; use tensor parallelism"
+)
 TRTLLM_PP_SPEC = (
     "the kit's TensorRT-LLM EAGLE-family exports run with pp_size 1: the legacy EAGLE checkpoint converter asserts "
     "it, and the PyTorch backend's one-model drafter (the kit's drafter module) has not been checked across "
@@ -89,7 +94,10 @@ def engine_rules() -> list[EngineRule]:
     ]
     current = kinds_for_engine("tensorrt-llm")
     model_free = lookup_kinds()
-    rules.append(EngineRule("sglang", kinds_for_engine("sglang"), WITH_PIPELINE, SGLANG_PP_SPEC))
+    block = tuple(k for k in kinds_for_engine("sglang") if draft_kind(k).engines["sglang"].method == "DFLASH")
+    others = tuple(k for k in kinds_for_engine("sglang") if k not in block)
+    rules.append(EngineRule("sglang", others, WITH_PIPELINE, SGLANG_PP_SPEC))
+    rules.append(EngineRule("sglang", block, WITH_PIPELINE, SGLANG_DFLASH_PP))
     for backend, reason in (("tensorrt-llm", TRTLLM_PP_SPEC), ("vllm", VLLM_PP_SPEC)):
         heads = tuple(k for k in kinds_for_engine(backend) if k not in model_free)
         rules.append(EngineRule(backend, heads, WITH_PIPELINE, reason))

@@ -559,10 +559,6 @@ PEAGLE_TRTLLM = (
     "TensorRT-LLM's Eagle3DecodingConfig has no parallel drafting: its EAGLE-3 drafter runs one forward per draft "
     "token and loads no mask_hidden"
 )
-DFLASH_SGLANG = (
-    "the kit does not write SGLang's DFLASH command yet (SGLang 0.5.23 serves DFlashDraftModel heads with "
-    "--speculative-algorithm DFLASH and --speculative-num-draft-tokens = block_size, on CUDA, NPU or XPU only)"
-)
 DFLASH_TRTLLM = (
     "TensorRT-LLM 1.2.1, the kit's pinned release, has no DFlash decoding config in its llm_args.py (later releases "
     "add DFlashDecodingConfig)"
@@ -842,9 +838,10 @@ def _register_builtin() -> None:
             _loader("build_dflash"),
             "DFlash: block diffusion, a block of masked slots drafted in one forward over the target's states",
             default_tree="dynamic:8:6:1",
-            refused_backends={"sglang": DFLASH_SGLANG, "tensorrt-llm": DFLASH_TRTLLM},
-            engines={  # vLLM's own DFlash class reads the official layout
+            refused_backends={"tensorrt-llm": DFLASH_TRTLLM},
+            engines={  # vLLM's and SGLang's own DFlash classes read the official layout
                 "vllm": EngineForm("dflash", "DFlashDraftModel", official_layout=True),
+                "sglang": EngineForm("DFLASH", "DFlashDraftModel", official_layout=True),
             },
             trainer=_trainer("dflash"),
         )

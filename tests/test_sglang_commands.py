@@ -18,20 +18,21 @@ from test_helm import build_job, pods_of, render_layout
 from test_helm import server as server_container
 
 from specdec_kit.export.builder import build_engine
-from specdec_kit.export.engine_rules import SGLANG_PP_SPEC
+from specdec_kit.export.engine_rules import SGLANG_DFLASH_PP, SGLANG_PP_SPEC
 from specdec_kit.export.inputs import BuildError, BuildInputs
 from specdec_kit.runtime.checkpoint import save_draft
 from specdec_kit.runtime.core.trees import DynamicTreeConfig, tree_to_dict
 from specdec_kit.runtime.demo import write_demo
 from specdec_kit.runtime.models.target import TargetModel
-from specdec_kit.runtime.synthetic import random_eagle3
+from specdec_kit.runtime.synthetic import random_dflash, random_eagle3
 from specdec_kit.serving.cli import external_flags, key_environment
 
 pytestmark = [pytest.mark.sglang, pytest.mark.helm]
 
 REPO = Path(__file__).resolve().parents[1]
 HARNESS = Path(__file__).resolve().parent / "sglang_harness.py"
-KINDS = ("griffin", "eagle", "eagle2", "hass", "eagle3", "ngram", "suffix")  # the last two: SGLang's own NGRAM
+# ngram and suffix: SGLang's own NGRAM; dflash: its DFLASH (the official DFlashDraftModel layout)
+KINDS = ("griffin", "eagle", "eagle2", "hass", "eagle3", "dflash", "ngram", "suffix")
 CHART_KINDS = ("griffin", "eagle", "eagle2", "hass")  # the chart's engine.draft choices that SGLang runs
 
 
@@ -42,7 +43,8 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
     paths = write_demo(root / "demo", shape=dict(SMALL_DEMO, layers=4))
     target = TargetModel.from_pretrained(paths["target"], dtype="float32")
     save_draft(random_eagle3(target, draft_vocab=30, layers=(1, 2, 3)), root / "eagle3", "eagle3")
-    return {**paths, "eagle3": root / "eagle3"}
+    save_draft(random_dflash(target), root / "dflash", "dflash")
+    return {**paths, "eagle3": root / "eagle3", "dflash": root / "dflash"}
 
 
 def build(paths, kind: str, out: Path, tree: DynamicTreeConfig, tp: int = 1, pp: int = 1):
@@ -167,7 +169,7 @@ def test_sglang_refuses_exactly_what_the_builder_and_chart_refuse(checkpoints, c
             )
         else:
             sglang_reason = verdict["error"].split(": ", 1)[1]
-            assert sglang_reason in SGLANG_PP_SPEC, (
+            assert sglang_reason in SGLANG_PP_SPEC + SGLANG_DFLASH_PP, (
                 f"{where}: SGLang refuses with a reason the kit does not give: {verdict}"
             )
             assert builder is not None and sglang_reason in builder, f"{where}: SGLang refuses, the builder does not"

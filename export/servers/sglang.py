@@ -62,6 +62,16 @@ def launch_command(inputs: BuildInputs, speculation: list[str]) -> list[str]:
     ]
 
 
+def sglang_shape(module, tree: DynamicTreeConfig) -> tuple[int, int, int]:
+    """SGLang's (num_steps, eagle_topk, num_draft_tokens): the dynamic tree's, or for a DFlash block draft (one draft
+    forward, a chain) SGLang's DFLASH shape: one step, top-1, the verify window = the block the head was trained on
+    (root and masked slots; SGLang requires the two equal)."""
+    block = getattr(module, "block_size", None)
+    if block is not None:
+        return 1, 1, int(block)
+    return tree.depth + 1, tree.top_k, tree.total_tokens
+
+
 def build_sglang(staging: Path, inputs: BuildInputs, target: TargetModel, module, tree, step) -> dict[str, Any]:
     kind = inputs.draft
     form = engine_form(kind, "sglang")
@@ -76,12 +86,12 @@ def build_sglang(staging: Path, inputs: BuildInputs, target: TargetModel, module
     cfg = draft_kind(kind).family.config_dict(module)
     cfg.update(architectures=[form.architecture], torch_dtype=inputs.dtype)
     weight_map = None
-    if form.official_layout:  # SGLang's own class reads the official layout; its layer ids name layer outputs
+    if not form.official_layout:
+        weight_map = checked_weight_map(module, kind, state, "SGLang")
+    elif "eagle_config" in cfg:  # SGLang's EAGLE-3 class names layer outputs (DFlash's target_layer_ids already do)
         cfg["eagle_config"] = dict(
             cfg["eagle_config"], eagle_aux_hidden_state_layer_ids=captured_layer_outputs(module, "SGLang")
         )
-    else:
-        weight_map = checked_weight_map(module, kind, state, "SGLang")
     trt.write_json(draft_dir / "config.json", cfg)
     save_safetensors(state, draft_dir / "model.safetensors")
     if weight_map is not None:
@@ -95,17 +105,18 @@ def build_sglang(staging: Path, inputs: BuildInputs, target: TargetModel, module
         )
         env = {"SGLANG_EXTERNAL_MODEL_PACKAGE": SGLANG_PLUGIN, "PYTHONPATH": "sglang/plugin${PYTHONPATH:+:$PYTHONPATH}"}
     algorithm = form.method
+    steps, top_k, draft_tokens = sglang_shape(module, tree)
     speculation = [
         "--speculative-algorithm",
         algorithm,
         "--speculative-draft-model-path",
         "sglang/draft",
         "--speculative-num-steps",
-        str(tree.depth + 1),
+        str(steps),
         "--speculative-eagle-topk",
-        str(tree.top_k),
+        str(top_k),
         "--speculative-num-draft-tokens",
-        str(tree.total_tokens),
+        str(draft_tokens),
     ]
     command = launch_command(inputs, speculation)
     write_launcher(staging)
@@ -132,9 +143,9 @@ def build_sglang(staging: Path, inputs: BuildInputs, target: TargetModel, module
         "sglang": {
             "architecture": form.architecture,
             "speculative_algorithm": algorithm,
-            "speculative_num_steps": tree.depth + 1,
-            "speculative_eagle_topk": tree.top_k,
-            "speculative_num_draft_tokens": tree.total_tokens,
+            "speculative_num_steps": steps,
+            "speculative_eagle_topk": top_k,
+            "speculative_num_draft_tokens": draft_tokens,
             "weight_map_checked": weight_map is not None,
         },
     }
