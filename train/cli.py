@@ -1,4 +1,5 @@
-"""``specdec-train-head``: train a GRIFFIN / HASS / EAGLE / EAGLE-3 / Medusa / MoA head for your own target.
+"""``specdec-train-head``: train a GRIFFIN / HASS / EAGLE / EAGLE-3 / P-EAGLE / DFlash / Medusa / MoA head for your own
+target.
 
 Data: the stdlib corpus by default, or --data (a text file, a folder of .txt/.py/.md files, or a
 .jsonl with a "text" field), tokenised with the target's tokenizer. The target's hidden states are online (the
@@ -10,7 +11,9 @@ EAGLE-3 (--method eagle3) reads three target layers (--feature-layers, default t
 picks its draft vocabulary (--draft-vocab tokens, default a quarter of the target's) by token frequency in
 the training data, and trains with training-time test (--ttt-length draft steps unrolled per block).
 P-EAGLE (--method peagle) is an EAGLE-3 head trained to propose --ttt-length tokens from one forward: the context,
-then masked slots (a learned input and --mask-token-id) at the next positions.
+then masked slots (a learned input and --mask-token-id) at the next positions. DFlash (--method dflash) proposes a
+block of --block-size - 1 tokens from one forward of its --draft-layers layers over the target's --feature-layers;
+its slots guess the target's continuation, so train it on text the target wrote (a recipe's regenerated data).
 EAGLE, HASS and GRIFFIN heads take --draft-vocab too: the head then proposes only those tokens, scored by the
 target's own LM-head rows (a cheaper draft step; the ONNX Runtime and PyTorch engines run it, the server engines'
 drafters do not). For a real target's heads from self-distilled data, see ``python -m specdec_kit.train.recipe``.
@@ -91,12 +94,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--mask-token-id",
         type=int,
-        help="peagle: the token a masked slot embeds (default: the target's last vocabulary id)",
+        help="peagle, dflash: the token a masked slot embeds (default: the target's last vocabulary id)",
     )
+    p.add_argument("--block-size", type=int, help="dflash: the root slot plus the masked slots (default 8)")
+    p.add_argument("--draft-layers", type=int, help="dflash: the draft's decoder layers (default 1)")
     p.add_argument(
         "--feature-layers",
         type=lambda s: [int(i) for i in s.split(",")],
-        help="eagle3: target layer ids whose entering hidden states are fused, e.g. 2,16,29",
+        help="eagle3, peagle, dflash: target layer ids whose entering hidden states are fused, e.g. 2,16,29",
     )
     p.add_argument(
         "--cache-features",

@@ -39,7 +39,7 @@ from specdec_kit.train.sharding import distribute, save_training_state
 @dataclass(kw_only=True)
 class DFlashSpec(Schedule):
     block_size: int = 8  # the root slot plus the masked slots (proposals a forward: block_size - 1)
-    layers: int = 1  # draft decoder layers
+    draft_layers: int = 1  # the draft's decoder layers (the official heads have 1 to 8)
     blocks_per_row: int = 16  # anchors drawn per training row and step
     step_decay: float = 0.8  # slot k's loss weight is step_decay ** (k - 1)
     feature_layers: list[int] | None = None  # the target layers (entering) it reads; None: ``dflash_feature_layers``
@@ -54,7 +54,7 @@ def new_dflash(target: TargetModel, spec: DFlashSpec) -> DFlashDraft:
     torch.manual_seed(spec.seed)
     layers = tuple(spec.feature_layers or dflash_feature_layers(target.num_layers))
     mask = spec.mask_token_id if spec.mask_token_id >= 0 else target.vocab_size - 1
-    draft = DFlashDraft(dflash_config(target, spec.layers), target.hidden_size, layers, mask, spec.block_size)
+    draft = DFlashDraft(dflash_config(target, spec.draft_layers), target.hidden_size, layers, mask, spec.block_size)
     draft.num_target_layers = target.num_layers
     return draft
 
@@ -320,7 +320,7 @@ def dflash_spec(method: str = "dflash", **settings) -> DFlashSpec:
 TRAINER = Trainer(
     make_spec=dflash_spec,
     train=train_dflash,
-    options=("feature_layers", "mask_token_id", "block_size"),
+    options=("feature_layers", "mask_token_id", "block_size", "draft_layers"),
     cached_features="dflash reads the target's tapped layers online or from distilled data; a feature cache is not "
     "read yet",
     distilled_layers=dflash_layers,
