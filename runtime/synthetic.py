@@ -13,12 +13,12 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from specdec_kit.runtime.drafts.dflash import DFlashDraft, dflash_config, dflash_feature_layers
+from specdec_kit.runtime.drafts.dflash import DFlashDraft, dflash_feature_layers
 from specdec_kit.runtime.drafts.eagle import EagleDraft
 from specdec_kit.runtime.drafts.eagle3 import Eagle3Draft, default_feature_layers
 from specdec_kit.runtime.drafts.griffin import GriffinDraft
 from specdec_kit.runtime.drafts.layers import FeatureDraft
-from specdec_kit.runtime.drafts.loading import draft_config
+from specdec_kit.runtime.drafts.loading import dflash_config, draft_config
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
 from specdec_kit.runtime.drafts.moa import MoADraft
 from specdec_kit.runtime.drafts.peagle import PEagleDraft

@@ -25,14 +25,15 @@ import torch.nn.functional as F
 
 from specdec_kit.runtime.checkpoint import save_draft
 from specdec_kit.runtime.core.device import resolve_device
-from specdec_kit.runtime.drafts.dflash import DFlashDraft, dflash_config, dflash_feature_layers
+from specdec_kit.runtime.drafts.dflash import DFlashDraft, dflash_feature_layers
+from specdec_kit.runtime.drafts.loading import dflash_config
 from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.train.distilled import DistilledData
-from specdec_kit.train.eagle3 import StepResult, tapped_outputs
+from specdec_kit.train.eagle3 import StepResult, merged_step_results, tapped_outputs
 from specdec_kit.train.heldout import HeldOutTracker, heldout_due
 from specdec_kit.train.methods import Trainer
 from specdec_kit.train.parallel import Ranks
-from specdec_kit.train.schedule import Schedule, optimizer_and_state, saved_extra, step_bar
+from specdec_kit.train.schedule import Schedule, accumulated_step, optimizer_and_state, saved_extra, step_bar
 from specdec_kit.train.sharding import distribute, save_training_state
 
 
@@ -253,31 +254,23 @@ def train_dflash(
         if ranks.world > 1:  # this rank's share of the batch's rows
             share = ranks.share(tokens.shape[0])
             tokens, taps, top, anchors, real = tokens[share], taps[share], top[share], anchors[share], real[share]
-        for group in opt.param_groups:
-            group["lr"] = spec.lr * min(1.0, (step + 1) / spec.warmup)
-        opt.zero_grad(set_to_none=True)
-        pieces = spec.micro_batches(tokens.shape[0])
-        losses, parts = [], []
-        for i, part_rows in enumerate(pieces):
-            with ranks.syncing(model, sync=i == len(pieces) - 1):
-                with spec.autocast(device):
-                    part, results = model(
-                        taps[part_rows], tokens[part_rows], top[part_rows], anchors[part_rows], real[part_rows]
-                    )
-                spec.check_finite(part, "dflash", step)
-                (part / len(pieces)).backward()
-            losses.append(float(part.detach()))
-            parts.append(results)
-        torch.nn.utils.clip_grad_norm_(params, 0.5)
-        opt.step()
-        positions = [sum(r.positions for r in per_slot) for per_slot in zip(*parts)]
+        losses, parts = accumulated_step(
+            spec,
+            model,
+            opt,
+            params,
+            ranks,
+            device,
+            step,
+            "dflash",
+            tokens.shape[0],
+            lambda rows: model(taps[rows], tokens[rows], top[rows], anchors[rows], real[rows]),
+        )
+        accuracy, positions = merged_step_results(parts)
         record = {
             "step": step,
             "loss": ranks.average(sum(losses) / len(losses)),
-            "slot_accuracy": [
-                sum(r.accuracy * r.positions for r in per_slot) / max(n, 1)
-                for per_slot, n in zip(zip(*parts), positions)
-            ],
+            "slot_accuracy": accuracy,
             "positions": positions,
         }
         if sharded is not None and heldout is not None and heldout_due(step, spec.steps, spec.eval_every):

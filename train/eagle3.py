@@ -39,7 +39,7 @@ from specdec_kit.train.features import CachedFeatures
 from specdec_kit.train.heldout import HeldOutTracker, heldout_due
 from specdec_kit.train.methods import Trainer
 from specdec_kit.train.parallel import Ranks
-from specdec_kit.train.schedule import Schedule, optimizer_and_state, saved_extra, step_bar
+from specdec_kit.train.schedule import Schedule, accumulated_step, optimizer_and_state, saved_extra, step_bar
 from specdec_kit.train.sharding import distribute, save_training_state
 
 
@@ -205,6 +205,15 @@ class TrainingTimeTest:
         return StepResult(loss, float(hits) / max(n, 1), n)
 
 
+def merged_step_results(parts: list[list[StepResult]]) -> tuple[list[float], list[int]]:
+    """Each unrolled step's (or slot's) accuracy and counted positions over a step's micro-batches."""
+    positions = [sum(r.positions for r in per_step) for per_step in zip(*parts)]
+    accuracy = [
+        sum(r.accuracy * r.positions for r in per_step) / max(n, 1) for per_step, n in zip(zip(*parts), positions)
+    ]
+    return accuracy, positions
+
+
 def eagle3_losses(
     draft: Eagle3Draft, spec: Eagle3Spec, taps, tokens, logits, masks: BatchMasks | None = None, ranks: Ranks = Ranks()
 ) -> tuple[torch.Tensor, list[StepResult]]:
@@ -321,29 +330,23 @@ def train_eagle3(
                 tokens = data[rows]
                 taps, logits = tapped_outputs(target, tokens, draft.feature_layers)
             tokens, taps, logits, masks = tokens.to(device), taps.to(device), logits.to(device), None
-        for group in opt.param_groups:
-            group["lr"] = spec.lr * min(1.0, (step + 1) / spec.warmup)
-        opt.zero_grad(set_to_none=True)
-        pieces = spec.micro_batches(tokens.shape[0])
-        losses, parts = [], []
-        for i, rows in enumerate(pieces):  # each micro-batch's backward adds its share to the gradients
-            with ranks.syncing(model, sync=i == len(pieces) - 1):
-                with spec.autocast(device):
-                    part, results = model(taps[rows], tokens[rows], logits[rows], masks and masks.take(rows))
-                spec.check_finite(part, spec.method, step)
-                (part / len(pieces)).backward()
-            losses.append(float(part.detach()))
-            parts.append(results)
-        torch.nn.utils.clip_grad_norm_(params, 0.5)
-        opt.step()
-        positions = [sum(r.positions for r in per_step) for per_step in zip(*parts)]
+        losses, parts = accumulated_step(
+            spec,
+            model,
+            opt,
+            params,
+            ranks,
+            device,
+            step,
+            spec.method,
+            tokens.shape[0],
+            lambda rows: model(taps[rows], tokens[rows], logits[rows], masks and masks.take(rows)),
+        )
+        accuracy, positions = merged_step_results(parts)
         record = {
             "step": step,
             "loss": ranks.average(sum(losses) / len(losses)),
-            "step_accuracy": [
-                sum(r.accuracy * r.positions for r in per_step) / max(n, 1)
-                for per_step, n in zip(zip(*parts), positions)
-            ],
+            "step_accuracy": accuracy,
             "positions": positions,
         }
         if sharded is not None and heldout is not None and heldout_due(step, spec.steps, spec.eval_every):

@@ -39,7 +39,7 @@ from specdec_kit.train.losses import (
 )
 from specdec_kit.train.methods import Trainer, trainer_for
 from specdec_kit.train.parallel import Ranks
-from specdec_kit.train.schedule import Schedule, optimizer_and_state, saved_extra, step_bar
+from specdec_kit.train.schedule import Schedule, accumulated_step, optimizer_and_state, saved_extra, step_bar
 from specdec_kit.train.sharding import distribute, save_training_state
 
 
@@ -286,31 +286,25 @@ def train_head(
     t0 = time.time()
     for step in bar:
         tokens, feats, logits, masks = on_device(source.batch_for(step, spec), device)
-        for group in opt.param_groups:
-            group["lr"] = spec.lr * min(1.0, (step + 1) / spec.warmup)
-        opt.zero_grad(set_to_none=True)
-        pieces = spec.micro_batches(tokens.shape[0])
-        losses, parts = [], []
-        for i, rows in enumerate(pieces):  # each micro-batch's backward adds its share to the gradients
-            with ranks.syncing(model, sync=i == len(pieces) - 1):
-                with spec.autocast(device):
-                    if medusa:
-                        part, stats = model(tokens[rows], feats[rows], ranks)
-                    else:
-                        part, stats = model(
-                            tokens[rows], feats[rows], logits[rows], gen, masks and masks.take(rows), ranks
-                        )
-                spec.check_finite(part, spec.method, step)
-                (part / len(pieces)).backward()
-            losses.append(float(part.detach()))
-            parts.append(stats)
+        losses, parts = accumulated_step(
+            spec,
+            model,
+            opt,
+            params,
+            ranks,
+            device,
+            step,
+            spec.method,
+            tokens.shape[0],
+            (lambda rows: model(tokens[rows], feats[rows], ranks))
+            if medusa
+            else (lambda rows: model(tokens[rows], feats[rows], logits[rows], gen, masks and masks.take(rows), ranks)),
+        )
         record = {"step": step, "loss": ranks.average(sum(losses) / len(losses))}
         if medusa:  # each head's accuracy, averaged over the micro-batches
             record["head_top1"] = [sum(a) / len(a) for a in zip(*parts)]
         else:
             record.update(merged_pass_stats(parts, ranks))
-        torch.nn.utils.clip_grad_norm_(params, 0.5)
-        opt.step()
         if sharded is not None and heldout is not None and heldout_due(step, spec.steps, spec.eval_every):
             sharded.gather()  # every rank takes part; rank 0's whole head is then measured
         if tracker is not None and tracker.due(step, spec.steps):

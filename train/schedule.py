@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
@@ -87,6 +88,39 @@ def save_state_dicts(
 
 def saved_extra(state_path) -> dict | None:
     return torch.load(state_path, weights_only=True, map_location="cpu").get("extra") if state_path.is_file() else None
+
+
+def accumulated_step(
+    schedule: Schedule,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    params: list,
+    ranks,
+    device: torch.device,
+    step: int,
+    what: str,
+    rows: int,
+    forward: Callable[[slice], tuple[torch.Tensor, Any]],
+) -> tuple[list[float], list]:
+    """One optimizer step of every trainer: the warm-up learning rate, then each micro-batch's loss (``forward`` of
+    its rows, under the schedule's autocast; the ranks' gradients synchronised on the last one) backward at its share,
+    then clipping and the step -> (each micro-batch's loss, each one's statistics as ``forward`` returned them)."""
+    for group in opt.param_groups:
+        group["lr"] = schedule.lr * min(1.0, (step + 1) / schedule.warmup)
+    opt.zero_grad(set_to_none=True)
+    pieces = schedule.micro_batches(rows)
+    losses, parts = [], []
+    for i, piece in enumerate(pieces):  # each micro-batch's backward adds its share to the gradients
+        with ranks.syncing(model, sync=i == len(pieces) - 1):
+            with schedule.autocast(device):
+                part, stats = forward(piece)
+            schedule.check_finite(part, what, step)
+            (part / len(pieces)).backward()
+        losses.append(float(part.detach()))
+        parts.append(stats)
+    torch.nn.utils.clip_grad_norm_(params, 0.5)
+    opt.step()
+    return losses, parts
 
 
 def step_bar(schedule: Schedule, start: int, desc: str, progress: bool = True):

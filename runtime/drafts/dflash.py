@@ -19,8 +19,6 @@ Keys (per layer i): ``layers.i.self_attn.{q,k,v,o}_proj.weight`` (and ``.bias`` 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
 from transformers import Qwen3Config
@@ -30,9 +28,6 @@ from specdec_kit.runtime.core.contract import AttentionWindow
 from specdec_kit.runtime.core.kv_cache import KVCache
 from specdec_kit.runtime.drafts.layers import DraftMLP
 from specdec_kit.runtime.models.attention import apply_rope
-
-if TYPE_CHECKING:
-    from specdec_kit.runtime.models.target import TargetModel
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -53,30 +48,6 @@ def dflash_feature_layers(num_target_layers: int, count: int = 3) -> tuple[int, 
     if num_target_layers < count + 4:
         return tuple(range(1, num_target_layers))[:count]
     return tuple(i + 1 for i in default_target_layer_ids(num_target_layers, count))
-
-
-def dflash_config(target: "TargetModel", layers: int = 1) -> Qwen3Config:
-    """The Qwen3 config of a new DFlash draft of ``layers`` layers sized for ``target`` (its width, heads, vocabulary
-    and rotary settings: the draft embeds with the target's embedding and scores with its LM head)."""
-    cfg = target.config
-    rope = getattr(cfg, "rope_parameters", None)
-    return Qwen3Config(
-        **({"rope_parameters": dict(rope)} if rope else {}),
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
-        num_attention_heads=cfg.num_attention_heads,
-        num_key_value_heads=cfg.num_key_value_heads,
-        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
-        num_hidden_layers=layers,
-        vocab_size=cfg.vocab_size,
-        max_position_embeddings=cfg.max_position_embeddings,
-        rms_norm_eps=cfg.rms_norm_eps,
-        attention_bias=False,
-        tie_word_embeddings=False,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-    )
 
 
 class DFlashAttention(nn.Module):

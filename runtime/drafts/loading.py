@@ -112,12 +112,12 @@ def _check_fits(file: Path, key: str, expected: Any, found: Any) -> None:
         raise DraftLoadError(f"{file}: {key} does not fit the target: expected {expected}, found {found}")
 
 
-def draft_config(target: TargetModel, intermediate: int | None = None) -> LlamaConfig:
-    """The config of a new one-layer draft sized for ``target`` (width, heads, vocabulary, and its rotary settings,
-    as the reference derives a draft's config from the base model's), as trainers start one."""
+def new_draft_fields(target: TargetModel, intermediate: int | None = None) -> dict[str, Any]:
+    """The config fields of a new one-layer draft sized for ``target`` (width, heads, vocabulary, and its rotary
+    settings, as the reference derives a draft's config from the base model's)."""
     cfg = target.config
     rope = getattr(cfg, "rope_parameters", None)
-    return LlamaConfig(
+    return dict(
         **({"rope_parameters": dict(rope)} if rope else {}),
         hidden_size=cfg.hidden_size,
         intermediate_size=intermediate or cfg.intermediate_size,
@@ -130,6 +130,26 @@ def draft_config(target: TargetModel, intermediate: int | None = None) -> LlamaC
         bos_token_id=None,
         eos_token_id=None,
         pad_token_id=None,
+    )
+
+
+def draft_config(target: TargetModel, intermediate: int | None = None) -> LlamaConfig:
+    """The Llama config of a new one-layer draft sized for ``target`` (``new_draft_fields``), as trainers start one."""
+    return LlamaConfig(**new_draft_fields(target, intermediate))
+
+
+def dflash_config(target: TargetModel, layers: int = 1) -> Qwen3Config:
+    """The Qwen3 config of a new DFlash draft of ``layers`` layers sized for ``target`` (``new_draft_fields``, the
+    target's head width too: the draft embeds with the target's embedding and scores with its LM head)."""
+    cfg = target.config
+    return Qwen3Config(
+        **new_draft_fields(target)
+        | dict(
+            head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+            num_hidden_layers=layers,
+            attention_bias=False,
+            tie_word_embeddings=False,
+        )
     )
 
 
