@@ -70,16 +70,37 @@ def draw_anchors(allowed: torch.Tensor, count: int, generator: torch.Generator) 
     return top.indices, top.values >= 0
 
 
+@dataclass
+class ContextWindow:
+    """The ``AttentionWindow`` of training: each layer's block slots attend over the whole sequence's context keys and
+    values (``DFlashDraft.context_keys_values``, [L, B, H_kv, T, D]) and the blocks' own, under ``mask``
+    [B, 1, n x block, T + n x block], so training runs the runtime's own block forward."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    mask: torch.Tensor
+
+    def attend(self, layer: int, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(
+            queries,
+            torch.cat([self.keys[layer], keys], 2),
+            torch.cat([self.values[layer], values], 2),
+            attn_mask=self.mask,
+            enable_gqa=True,
+        )
+
+
 class BlockTraining:
     """The blocks of one batch through the draft (see the module docstring): ``taps`` [B, T, F] the target's tapped
-    layers, ``tokens`` [B, T], ``top`` [B, T] the target's next token after each position (-1: none), ``allowed``
-    [B, T] where an anchor may sit."""
+    layers, ``tokens`` [B, T], ``top`` [B, T] the target's next token after each position (-1: none), ``anchors``
+    [B, n] the blocks' roots (``real``: False for a row's unused anchors)."""
 
     def __init__(self, draft: DFlashDraft, embed: torch.nn.Module, lm_head: torch.nn.Module, spec: DFlashSpec):
         self.draft, self.embed, self.lm_head, self.spec = draft, embed, lm_head, spec
 
     def hidden(self, taps: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
-        """The blocks at ``anchors`` [B, n] through the draft -> their slots' normed outputs [B, n, block, d]."""
+        """The blocks at ``anchors`` [B, n] through the draft (``DFlashDraft.block``, as decoding runs it) -> their
+        slots' normed outputs [B, n, block, d]. Block j sees the context positions < a_j and its own slots."""
         draft, block = self.draft, self.spec.block_size
         bsz, seq = tokens.shape
         n = anchors.shape[1]
@@ -87,27 +108,14 @@ class BlockTraining:
         positions = (anchors[..., None] + offsets).reshape(bsz, n * block)  # [B, n x block]
         ids = torch.full((bsz, n, block), draft.mask_token_id, dtype=torch.long, device=tokens.device)
         ids[..., 0] = torch.gather(tokens, 1, anchors)
-        hidden = self.embed(ids.reshape(bsz, n * block)).to(draft.fc.weight.dtype)
-        context = draft.context_states(taps)
+        embeds = self.embed(ids.reshape(bsz, n * block)).to(draft.fc.weight.dtype)
         ctx_pos = torch.arange(seq, device=tokens.device).expand(bsz, seq)
-        ctx_cos, ctx_sin = draft.rotary_emb(context, ctx_pos)
-        cos, sin = draft.rotary_emb(hidden, positions)
+        keys, values = draft.context_keys_values(taps, ctx_pos)
         block_of = torch.arange(n, device=tokens.device).repeat_interleave(block)
         sees_context = ctx_pos[:, None, :] < anchors.repeat_interleave(block, dim=1)[:, :, None]  # [B, nb, T]
         sees_block = (block_of[:, None] == block_of[None, :]).expand(bsz, -1, -1)
         mask = torch.cat([sees_context, sees_block], dim=2)[:, None]  # [B, 1, nb, T + nb]
-        for layer in draft.layers:
-            attn = layer.self_attn
-            ctx_k, ctx_v = attn.keys_values(context, ctx_cos, ctx_sin)
-            normed = layer.input_layernorm(hidden)
-            k, v = attn.keys_values(normed, cos, sin)
-            q = attn.queries(normed, cos, sin)
-            out = F.scaled_dot_product_attention(
-                q, torch.cat([ctx_k, k], 2), torch.cat([ctx_v, v], 2), attn_mask=mask, enable_gqa=True
-            )
-            hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(bsz, n * block, -1))
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        return draft.norm(hidden).view(bsz, n, block, -1)
+        return draft.block(embeds, positions, ContextWindow(keys, values, mask)).view(bsz, n, block, -1)
 
     def forward(
         self,
