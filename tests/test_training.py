@@ -3,6 +3,8 @@ checkpoints strict-load into the runtime and decode losslessly."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -233,3 +235,24 @@ def test_the_cli_trains_from_offline_hidden_states(method, tmp_path):
     assert rc == 0 and (tmp_path / "head" / "config.json").is_file()
     index = json.loads((tmp_path / "cache" / "index.json").read_text())
     assert index["taps"] == ([0, 1, 2] if method == "eagle3" else [])
+
+
+def test_a_time_limit_ends_training_with_a_measured_saved_last_step(tmp_path, target, data, monkeypatch):
+    """With a time limit the first step that begins past it is the last: the spec, the state and the head written are
+    those of the steps run, and a rerun without the limit goes on from there to the planned steps."""
+    from types import SimpleNamespace
+
+    from specdec_kit.train import schedule
+
+    clock = iter(range(10_000))  # one second a reading
+    monkeypatch.setattr(schedule, "time", SimpleNamespace(monotonic=lambda: float(next(clock))))
+    spec = HeadSpec.defaults("griffin", steps=20, batch=4, seq_len=32, lr=1e-3, warmup=1, time_limit=2.5 / 60)
+    result = train_head(target, data, spec, tmp_path, progress=False)
+    saved = torch.load(tmp_path / "training_state.pt", weights_only=True)
+    assert result["steps"] == saved["step"] == 3 and [h["step"] for h in saved["history"]] == [0, 1, 2]
+    assert json.loads((tmp_path / "training_spec.json").read_text())["steps"] == 3
+    load_draft(tmp_path, "griffin", target.hidden_size, target.vocab_size)
+    more = HeadSpec.defaults("griffin", steps=5, batch=4, seq_len=32, lr=1e-3, warmup=1)
+    train_head(target, data, more, tmp_path, progress=False)
+    history = torch.load(tmp_path / "training_state.pt", weights_only=True)["history"]
+    assert [h["step"] for h in history] == list(range(5))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -22,6 +23,8 @@ class Schedule:
     precision: str = "float32"  # the head's forward and backward: float32, or bfloat16 (autocast; weights stay float32)
     sharding: str = "ddp"  # under torchrun: ddp (each rank a whole copy) or fsdp (FSDP2: weights, grads, AdamW sharded)
     accumulate: int = 1  # micro-batches per optimizer step: ``batch`` rows in all, batch / accumulate at a time
+    # minutes this run may train (0: no limit): a lent machine's hour, a CI budget; see ``step_bar``
+    time_limit: float = 0.0
 
     def micro_batches(self, rows: int) -> list[slice]:
         """The consecutive row ranges of a step's micro-batches (``accumulate`` of them, as even as the rows allow)."""
@@ -123,11 +126,49 @@ def accumulated_step(
     return losses, parts
 
 
+class TimedSteps:
+    """The steps of ``step_bar`` under a time limit: the first step that begins past the limit is the last one (every
+    rank agrees, so none waits on a collective another has left). ``schedule.steps`` becomes the steps run before
+    that step's body, so the trainer treats it as a planned last step (measured on the held-out set, its state
+    saved) and what it writes after its loop (the saved spec, the steps it reports) is what happened. The learning
+    rate is constant after warm-up, so a shortened run is the longer run's first steps, and a rerun goes on from it."""
+
+    def __init__(self, bar, schedule: Schedule):
+        self.bar, self.schedule = bar, schedule
+        self.began = time.monotonic()
+
+    def out_of_time(self) -> bool:
+        over = time.monotonic() - self.began > 60 * self.schedule.time_limit
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            nccl = torch.distributed.get_backend() == "nccl"  # NCCL reduces GPU tensors only
+            flag = torch.tensor([float(over)], device=torch.cuda.current_device() if nccl else "cpu")
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            over = bool(flag.item())
+        return over
+
+    def __iter__(self):
+        for step in self.bar:
+            if self.out_of_time():
+                self.schedule.steps = step + 1
+                yield step
+                self.bar.close()
+                print(
+                    f"time limit ({self.schedule.time_limit:g} min) reached: step {step + 1} was the last",
+                    file=sys.stderr,
+                )
+                return
+            yield step
+
+    def set_postfix(self, **values) -> None:
+        self.bar.set_postfix(**values)
+
+
 def step_bar(schedule: Schedule, start: int, desc: str, progress: bool = True):
-    """The training steps from ``start`` (a resumed run starts there) under a tqdm bar on stderr."""
+    """The training steps from ``start`` (a resumed run starts there) under a tqdm bar on stderr; with a time
+    limit, ``TimedSteps`` over them."""
     from tqdm import tqdm
 
-    return tqdm(
+    bar = tqdm(
         range(start, schedule.steps),
         desc=desc,
         initial=start,
@@ -135,3 +176,4 @@ def step_bar(schedule: Schedule, start: int, desc: str, progress: bool = True):
         disable=not progress,
         file=sys.stderr,
     )
+    return TimedSteps(bar, schedule) if schedule.time_limit > 0 else bar
