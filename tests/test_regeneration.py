@@ -190,3 +190,32 @@ def test_transformers_generate_gives_the_same_answers_as_the_kit(smollm2, regene
     assert [s["file"] for s in index["shards"]] == [s["file"] for s in kit["shards"]]
     assert [s["sha256"] for s in index["shards"]] == [s["sha256"] for s in kit["shards"]]
     assert {s["backend"] for s in index["shards"]} == {"transformers"}
+
+
+@pytest.mark.slow
+def test_no_group_starts_past_the_deadline_and_a_rerun_writes_the_rest(smollm2, regenerated, tmp_path, monkeypatch):
+    """A deadline stops regeneration between groups (the shards written are whole); a rerun without one writes the
+    rest, and the result is the uninterrupted run's shard for shard."""
+    import time
+    from types import SimpleNamespace
+
+    from specdec_kit.train import regenerate as module
+
+    clock = iter(range(10_000))  # one second a reading: the first group starts at 0, the second would at 1
+    monkeypatch.setattr(module, "time", SimpleNamespace(time=time.time, monotonic=lambda: float(next(clock))))
+    how = BackendSpec("kit", batch=2)
+    first = regenerate(smollm2, regenerated / "pool", tmp_path, SPEC, how, progress=False, deadline=0.5)
+    kit = json.loads((regenerated / "answers" / ANSWERS_INDEX).read_text())
+    assert [s["sha256"] for s in first["shards"]] == [s["sha256"] for s in kit["shards"][:1]]
+    rest = regenerate(smollm2, regenerated / "pool", tmp_path, SPEC, how, progress=False)
+    assert [s["sha256"] for s in rest["shards"]] == [s["sha256"] for s in kit["shards"]] and len(kit["shards"]) == 2
+
+
+def test_a_recipe_head_is_not_started_past_the_time_limit(tmp_path, capsys):
+    import time
+
+    from specdec_kit.train.recipe import run_head
+
+    recipe = {"name": "r", "target": "smollm2"}
+    assert run_head("griffin", {"epochs": 1}, recipe, tmp_path, tmp_path, False, deadline=time.monotonic() - 1) is None
+    assert "griffin: not started: the time limit has passed" in capsys.readouterr().err

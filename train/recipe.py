@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -38,14 +39,21 @@ def training_data(recipe: dict, data: Path) -> Path:
     return data / "features" if "regenerate" in recipe else data
 
 
-def run_distill(recipe: dict, recipe_dir: Path, data: Path, backend: dict | None = None) -> dict:
+def minutes_left(deadline: float | None) -> float | None:
+    """Minutes until ``deadline`` (a ``time.monotonic()`` value; None: no limit)."""
+    return None if deadline is None else (deadline - time.monotonic()) / 60
+
+
+def run_distill(
+    recipe: dict, recipe_dir: Path, data: Path, backend: dict | None = None, deadline: float | None = None
+) -> dict:
     """The training data: regenerated from a prompt pool when the recipe has a ``regenerate`` section (pool, answers
     turn by turn, then teacher-forced features: ``data/pool``, ``data/answers``, ``data/features``), else distilled
     from the recipe's prompt file with features written while generating."""
     from specdec_kit.runtime.models.pretrained import resolve_target
 
     if "regenerate" in recipe:
-        return run_regenerate(recipe, data, resolve_target(recipe["target"]), backend or {})
+        return run_regenerate(recipe, data, resolve_target(recipe["target"]), backend or {}, deadline)
     from specdec_kit.train.distill import DistillSpec, distill
 
     return distill(
@@ -57,9 +65,10 @@ def run_distill(recipe: dict, recipe_dir: Path, data: Path, backend: dict | None
     )
 
 
-def run_regenerate(recipe: dict, data: Path, target: Path, backend: dict) -> dict:
+def run_regenerate(recipe: dict, data: Path, target: Path, backend: dict, deadline: float | None = None) -> dict:
     """``backend``: fields of ``BackendSpec`` over the recipe's (how answers are generated is not part of the data's
-    identity: greedy float32 answers are the same from each)."""
+    identity: greedy float32 answers are the same from each). ``deadline``: no answers are started after it; the
+    features follow over the answers written."""
     from specdec_kit.data.prompts import DEFAULT_SPEC_BENCH
     from specdec_kit.train.prompt_pool import MANIFEST_FILE, RECIPE_PROMPTS, PoolSpec, build_pool, write_pool
     from specdec_kit.train.regenerate import BackendSpec, RegenSpec, regenerate
@@ -81,6 +90,7 @@ def run_regenerate(recipe: dict, data: Path, target: Path, backend: dict) -> dic
             RegenSpec(**section.get("answers", {})),
             BackendSpec(**{**section.get("backend", {}), **backend}),
             goal,
+            deadline=deadline,
         )
         index = teacher_features(
             target, data / "answers", data / "features", FeatureSpec(**section.get("features", {}))
@@ -137,12 +147,14 @@ def run_head(
     force: bool,
     trained_on: str | None = None,
     answer_tokens: int | None = None,
+    deadline: float | None = None,
 ) -> dict | None:
     """Train one head, or go on training it when the recipe now asks more steps than it has (from its
     ``training_state.pt``); None when it is already trained as far as the recipe asks. A head goes on only over
     the data it was trained on (``trained_on``, a fingerprint): other data means another draft vocabulary and
     another batch plan, which its state does not fit. ``answer_tokens``: train on the first shards holding that many
-    (the held-out prompts are measured over all the data either way)."""
+    (the held-out prompts are measured over all the data either way). ``deadline``: the head trains until then at
+    most (the schedule's time limit), and is not started when it has passed."""
     import torch
 
     from specdec_kit.runtime.core.device import resolve_dtype
@@ -167,7 +179,11 @@ def run_head(
             file=sys.stderr,
         )
         return None
-    head = HeadSettings.of(name, settings)
+    left = minutes_left(deadline)
+    if left is not None and left <= 0:
+        print(f"{name}: not started: the time limit has passed", file=sys.stderr)
+        return None
+    head = HeadSettings.of(name, settings if left is None else {**settings, "time_limit": left})
     target_path = resolve_target(recipe["target"])
     target = TargetModel.from_pretrained(target_path, dtype="float32", device="cpu")
     save_dtype = resolve_dtype(recipe.get("save_dtype", "float16"), torch.device("cpu"))
@@ -219,7 +235,7 @@ def run_head(
     )
 
 
-def run_learning_curve(recipe: dict, data: Path, out: Path, force: bool) -> list[dict]:
+def run_learning_curve(recipe: dict, data: Path, out: Path, force: bool, deadline: float | None = None) -> list[dict]:
     """Each head of the recipe's ``learning_curve`` trained on the first shards holding each of its answer-token
     counts; returns one point a run (head, answer tokens in the shards trained on, steps, best held-out tau and
     acceptance). A finished point is read back from its folder's ``curve_point.json``."""
@@ -244,6 +260,7 @@ def run_learning_curve(recipe: dict, data: Path, out: Path, force: bool) -> list
                 force,
                 trained_on=data_fingerprint(data),
                 answer_tokens=size,
+                deadline=deadline,
             )
             if result is not None:
                 held = result.get("heldout_best", {})
@@ -288,7 +305,11 @@ def plot_learning_curve(points: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     for n, (name, epochs) in enumerate(dict.fromkeys((p["head"], p.get("epochs")) for p in points)):
         mine = sorted(
-            (p for p in points if (p["head"], p.get("epochs")) == (name, epochs) and p.get("heldout_best")),
+            (
+                p
+                for p in points
+                if (p["head"], p.get("epochs")) == (name, epochs) and p.get("heldout_best", {}).get("acceptance")
+            ),
             key=lambda p: p["answer_tokens"],
         )
         tokens = [p["answer_tokens"] for p in mine]
@@ -382,6 +403,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--group", type=int, help="chunks of the pool answered together (bigger batches on a GPU)")
     p.add_argument("--heads", help="only these heads, comma-separated (default: every head of the recipe)")
     p.add_argument("--force", action="store_true", help="retrain heads from the start (their saved state discarded)")
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        help="minutes this run may take (e.g. a lent GPU's): regeneration starts no new answers after them (the "
+        "features follow over what is written), a head stops training then and keeps its best held-out weights, "
+        "and later heads are not started; a rerun goes on from there",
+    )
     args = p.parse_args(argv)
     path = args.recipe if args.recipe.suffix == ".json" else RECIPES / f"{args.recipe}.json"
     if not path.is_file():
@@ -401,12 +429,13 @@ def main(argv: list[str] | None = None) -> int:
     log_path = out / "training_log.json"
     log = update_log(log_path, recipe["name"], lambda log: None)
     stages = set(args.stages.split(","))
+    deadline = None if args.time_limit is None else time.monotonic() + 60 * args.time_limit
     try:
         if "distill" in stages:
             backend = {
                 k: v for k, v in (("name", args.backend), ("batch", args.batch), ("group", args.group)) if v is not None
             }
-            index = run_distill(recipe, path.parent, data, backend)
+            index = run_distill(recipe, path.parent, data, backend, deadline)
             summary = {
                 "fingerprint": index["fingerprint"],
                 "tokens": index["tokens"],
@@ -426,7 +455,9 @@ def main(argv: list[str] | None = None) -> int:
                     log["heads"].get(name, {}).get("minutes", 0) if trained_steps(out / name) and not args.force else 0
                 )
                 trained_on = log["heads"].get(name, {}).get("data_fingerprint")
-                result = run_head(name, recipe["heads"][name], recipe, features, out, args.force, trained_on)
+                result = run_head(
+                    name, recipe["heads"][name], recipe, features, out, args.force, trained_on, deadline=deadline
+                )
                 if result is None:
                     continue
                 state = out / name / "training_state.pt"
@@ -447,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
                 log = update_log(log_path, recipe["name"], add_head)
                 plot_curves(log, out / "training_curves.png")
         if "curve" in stages and "learning_curve" in recipe:
-            points = run_learning_curve(recipe, features, out, args.force)
+            points = run_learning_curve(recipe, features, out, args.force, deadline)
             log = update_log(log_path, recipe["name"], lambda log: None)  # heads trained meanwhile elsewhere
             everything = json.loads((features / "index.json").read_text())["answer_tokens"]
             for name, head in log["heads"].items():  # the full heads are the curve's last points

@@ -232,8 +232,10 @@ def regenerate(
     how: BackendSpec,
     answer_tokens: int | None = None,
     progress: bool = True,
+    deadline: float | None = None,
 ) -> dict:
-    """Write (or go on writing) answer shards into ``out`` until the pool is done or ``answer_tokens`` are written."""
+    """Write (or go on writing) answer shards into ``out`` until the pool is done or ``answer_tokens`` are written;
+    ``deadline`` (a ``time.monotonic()`` value): no new group is started after it (a later run goes on from there)."""
     from specdec_kit.runtime.loader import load_tokenizer
 
     pool = read_pool(pool_dir)
@@ -273,6 +275,9 @@ def regenerate(
     try:
         for g in range(0, len(pending), max(how.group, 1)):
             if answer_tokens is not None and written >= answer_tokens:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                print(f"regenerate: time limit reached with {written} answer tokens written", file=sys.stderr)
                 break
             group = pending[g : g + max(how.group, 1)]
             if backend is None:
@@ -369,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
         help="chunks of the pool answered together (bigger batches, e.g. on a GPU); one shard each still",
     )
     p.add_argument("--spec", type=Path, help="JSON with RegenSpec fields")
+    p.add_argument(
+        "--time-limit", type=float, help="minutes: start no new group after them (a rerun goes on from there)"
+    )
     args = p.parse_args(argv)
     from specdec_kit.runtime.loader import set_threads
     from specdec_kit.runtime.models.pretrained import cache_root, resolve_target
@@ -393,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.replicas,
             ),
             args.answer_tokens,
+            deadline=None if args.time_limit is None else time.monotonic() + 60 * args.time_limit,
         ),
         ("samples", "answer_tokens", "pool_fingerprint"),
     )
