@@ -60,7 +60,8 @@ def main() -> int:
             if kind != "none"
             else None
         )
-        drafter = make_drafter(target, kind, zoo / zoo_heads()[kind][1] if kind != "none" else None, tree)
+        heads = zoo_heads()  # model-free kinds (prompt lookup, suffix trees) have no head to load
+        drafter = make_drafter(target, kind, zoo / heads[kind][1] if kind in heads else None, tree)
         gen = SpeculativeGenerator(target, drafter, eos_token_ids=[])
         gen.generate(ids[:1], 8)  # warm-up
         start = time.perf_counter()

@@ -71,3 +71,26 @@ def test_the_gpu_check_says_what_it_would_run_without_a_gpu(tmp_path):
         timeout=60,
     )  # a machine's own interpreter: no set-up
     assert given.returncode == 0 and "setup.sh" not in given.stdout and "python3 -P -m pytest" in given.stdout
+
+
+def test_the_cuda_check_decodes_every_kind_on_the_cpu_identically(tmp_path):
+    """``scripts/cuda_check.py`` (the GPU check's zoo step) runs every registered kind, the model-free ones without a
+    head, and finds each identical to transformers' greedy decoding here too."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from specdec_kit.runtime.registry import draft_kinds
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "cuda_check.py"
+    out = tmp_path / "zoo.json"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--device", "cpu", "--max-new-tokens", "8", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["method"] for r in rows] == ["plain", *draft_kinds()]
+    assert all(r["identical_to_transformers"] for r in rows)
