@@ -204,10 +204,14 @@ def test_train_head_cli(tmp_path):
             "2",
             "--seq-len",
             "32",
+            "--time-limit",
+            "5",
         ]
     )
     assert rc == 0
     load_draft(tmp_path / "hass", "hass", 32, 75)
+    spec = json.loads((tmp_path / "hass" / "training_spec.json").read_text())
+    assert spec["steps"] == 3 and spec["time_limit"] == 5.0
     rc = cli.main(["--method", "hass", "--target", str(tmp_path / "nope"), "--out", str(tmp_path / "x")])
     assert rc == 2
 

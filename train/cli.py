@@ -123,6 +123,13 @@ def main(argv: list[str] | None = None) -> int:
         help="under torchrun (EAGLE, HASS, GRIFFIN): ddp keeps a whole copy of the head on every rank; fsdp (FSDP2) "
         "shards its weights, gradients and optimizer state across the ranks (for heads of large targets)",
     )
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=0.0,
+        help="minutes of training at most (0: none): the first step that begins past them is the last, measured "
+        "and saved like a planned one; a rerun goes on from it",
+    )
     p.add_argument("--device", default="auto")
     args = p.parse_args(argv)
     from specdec_kit.runtime.loader import load_tokenizer, set_threads
@@ -139,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         target = TargetModel.from_pretrained(args.target, dtype="float32", device=args.device)
         tokenizer = load_tokenizer(args.target)
         docs = read_documents(args.data) if args.data else load_corpus().train
-        schedule = ("steps", "batch", "seq_len", "lr", "seed", "sharding", "accumulate")
+        schedule = ("steps", "batch", "seq_len", "lr", "seed", "sharding", "accumulate", "time_limit")
         overrides = {name: getattr(args, name) for name in schedule}
         trainer = trainer_for(args.method)
         if args.cache_features and trainer.cached_features:
