@@ -129,6 +129,21 @@ def test_batches_mark_padding_and_the_answers(chat_target, distilled):
         assert torch.allclose(logits, feats @ target.lm_head.weight.data.T, atol=1e-5)
 
 
+def test_prefetched_batches_are_the_batches_asked_for(chat_target, distilled):
+    """With prefetching (a GPU's default) each step's batch is the one gathered without it, in order, wrapping
+    around, and when a step other than the prefetched one is asked for."""
+    out, _ = distilled
+    rows = TargetModel.from_pretrained(chat_target, dtype="float32").lm_head.weight.data
+    plain = DistilledData(out, [1, 2, 3], rows, tokens_per_batch=64, seed=1)
+    ahead = DistilledData(out, [1, 2, 3], rows, tokens_per_batch=64, seed=1)
+    ahead.prefetch = True
+    for step in [*range(2 * len(plain) + 1), 0, 5, 6, 2]:
+        want, got = plain.batch(step), ahead.batch(step)
+        assert all(torch.equal(a, b) for a, b in zip(want[:3], got[:3]))
+        assert all(torch.equal(getattr(want[3], m), getattr(got[3], m)) for m in ("valid", "counted", "top"))
+    assert ahead._pending is not None and plain._pending is None
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["griffin", "eagle3"])
 def test_heads_trained_on_distilled_data_decode_losslessly(chat_target, distilled, tmp_path, kind):
