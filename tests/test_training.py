@@ -69,8 +69,22 @@ def test_trainer_reduces_loss_and_checkpoint_loads(tmp_path, target, data, metho
 
 def test_unknown_precision_is_refused(tmp_path, target, data):
     spec = HeadSpec.defaults("griffin", steps=1, batch=4, seq_len=32, precision="float16")
-    with pytest.raises(ValueError, match="precision 'float16': expected float32 or bfloat16"):
+    with pytest.raises(ValueError, match="precision 'float16': expected float32, bfloat16 or auto"):
         train_head(target, data, spec, tmp_path, progress=False)
+
+
+@pytest.mark.parametrize("flags,bfloat16", [({"avx2"}, False), ({"avx2", "avx512_bf16"}, True), ({"amx_bf16"}, True)])
+def test_auto_precision_is_bfloat16_only_where_the_cpu_has_it(monkeypatch, flags, bfloat16):
+    """A CPU without AVX-512 BF16 or AMX emulates bfloat16 products (about 70x slower than float32 on an AVX2 machine):
+    ``auto`` keeps float32 there; ``bfloat16`` is taken as asked."""
+    from specdec_kit.train import schedule
+
+    monkeypatch.setattr(schedule, "cpu_flags", lambda: frozenset(flags))
+    cpu = torch.device("cpu")
+    with HeadSpec.defaults("griffin", precision="auto").autocast(cpu):
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == (torch.bfloat16 if bfloat16 else torch.float32)
+    with HeadSpec.defaults("griffin", precision="bfloat16").autocast(cpu):
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
 
 
 def test_training_resumes_from_state(tmp_path, target, data):

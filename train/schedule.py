@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -20,7 +22,9 @@ class Schedule:
     seed: int = 0
     eval_every: int = 0  # held-out acceptance every this many steps (0: never; needs held-out data)
     eval_depth: int = 3  # draft depths it counts
-    precision: str = "float32"  # the head's forward and backward: float32, or bfloat16 (autocast; weights stay float32)
+    # the head's forward and backward: float32, bfloat16 (autocast; weights stay float32), or auto (bfloat16 where the
+    # device computes it natively)
+    precision: str = "float32"
     sharding: str = "ddp"  # under torchrun: ddp (each rank a whole copy) or fsdp (FSDP2: weights, grads, AdamW sharded)
     accumulate: int = 1  # micro-batches per optimizer step: ``batch`` rows in all, batch / accumulate at a time
     # minutes this run may train (0: no limit): a lent machine's hour, a CI budget; see ``step_bar``
@@ -33,11 +37,14 @@ class Schedule:
         return [slice(rows * i // self.accumulate, rows * (i + 1) // self.accumulate) for i in range(self.accumulate)]
 
     def autocast(self, device: torch.device) -> torch.autocast:
-        """The training step's autocast: bfloat16 matrix products where asked (on a CPU with AVX-512 BF16, about
-        half a float32 step's time); the weights, the optimizer and the held-out measurement stay float32."""
-        if self.precision not in ("float32", "bfloat16"):
-            raise ValueError(f"precision {self.precision!r}: expected float32 or bfloat16")
-        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=self.precision == "bfloat16")
+        """The training step's autocast: bfloat16 matrix products where asked, or with ``auto`` where the device
+        computes them natively (a CUDA GPU with bfloat16, a CPU with AVX-512 BF16 or AMX: there about half a float32
+        step's time; a CPU without emulates them, about 70x slower than float32 on an AVX2 machine); the weights, the
+        optimizer and the held-out measurement stay float32."""
+        if self.precision not in ("float32", "bfloat16", "auto"):
+            raise ValueError(f"precision {self.precision!r}: expected float32, bfloat16 or auto")
+        wanted = self.precision == "bfloat16" or (self.precision == "auto" and native_bfloat16(device))
+        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=wanted)
 
     def batch_rows(self, step: int, num_blocks: int) -> torch.Tensor:
         """The blocks of ``step``: consecutive, wrapping around (so a resumed run sees the same data)."""
@@ -48,6 +55,24 @@ class Schedule:
             raise FloatingPointError(
                 f"{what}: loss is {float(loss)} at step {step}; lower the learning rate ({self.lr})"
             )
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (Linux's /proc/cpuinfo; empty elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    return frozenset(word for line in text.splitlines() if line.startswith("flags") for word in line.split()[2:])
+
+
+def native_bfloat16(device: torch.device) -> bool:
+    """Whether ``device`` multiplies bfloat16 matrices natively: a CUDA GPU that supports it, a CPU with AVX-512 BF16
+    or AMX."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu" and bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
 
 
 def optimizer_and_state(
