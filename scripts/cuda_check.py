@@ -54,13 +54,13 @@ def main() -> int:
         ref.append(out[0, len(prompt) :].tolist())
     total, depth, top_k = (int(v) for v in args.tree.split(","))
     rows, ok = [], True
+    heads = zoo_heads()  # model-free kinds (prompt lookup, suffix trees) have no head to load
     for kind in ["none", *draft_kinds()]:
         tree = (
             default_tree(kind, DynamicTreeConfig(total, depth, top_k), "static:mc_sim_7b_63:24")
             if kind != "none"
             else None
         )
-        heads = zoo_heads()  # model-free kinds (prompt lookup, suffix trees) have no head to load
         drafter = make_drafter(target, kind, zoo / heads[kind][1] if kind in heads else None, tree)
         gen = SpeculativeGenerator(target, drafter, eos_token_ids=[])
         gen.generate(ids[:1], 8)  # warm-up
