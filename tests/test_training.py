@@ -274,3 +274,18 @@ def test_a_time_limit_ends_training_with_a_measured_saved_last_step(tmp_path, ta
     train_head(target, data, more, tmp_path, progress=False)
     history = torch.load(tmp_path / "training_state.pt", weights_only=True)["history"]
     assert [h["step"] for h in history] == list(range(5))
+
+
+def test_ranks_decide_together_over_a_process_group():
+    """``Ranks.any`` and the mean of a logged value reduce over the process group (gloo here: CPU tensors)."""
+    import torch.distributed as dist
+
+    from specdec_kit.train.parallel import Ranks
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        ranks = Ranks(0, 2)  # two ranks' arithmetic over a one-process group: the reduction is the identity
+        assert ranks.any(True) and not ranks.any(False)
+        assert ranks.average(3.0) == 1.5 and Ranks.reduced([1.0, 2.0]) == [1.0, 2.0]
+    finally:
+        dist.destroy_process_group()

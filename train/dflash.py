@@ -243,7 +243,7 @@ def train_dflash(
             lambda m: dflash_acceptance(m, embed, lm_head, heldout, spec.eval_depth), spec.eval_every
         )
         tracker.restore(saved_extra(state_path))
-    bar = step_bar(spec, start, "dflash", progress)
+    bar = step_bar(spec, start, "dflash", progress, ranks)
     t0 = time.time()
     for step in bar:
         generator = torch.Generator().manual_seed(spec.seed * 1_000_003 + step)  # a resumed run draws the same

@@ -311,7 +311,7 @@ def train_eagle3(
         heldout.to(device)
         tracker = HeldOutTracker(lambda m: eagle3_acceptance(m, heldout, spec.eval_depth), spec.eval_every)
         tracker.restore(saved_extra(state_path))
-    bar = step_bar(spec, start, spec.method, progress)
+    bar = step_bar(spec, start, spec.method, progress, ranks)
     t0 = time.time()
     for step in bar:
         if distilled:

@@ -282,7 +282,7 @@ def train_head(
         )
         tracker.restore(saved_extra(state_path))
     gen = torch.Generator().manual_seed(spec.seed + start)
-    bar = step_bar(spec, start, spec.method, progress)
+    bar = step_bar(spec, start, spec.method, progress, ranks)
     t0 = time.time()
     for step in bar:
         tokens, feats, logits, masks = on_device(source.batch_for(step, spec), device)

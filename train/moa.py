@@ -186,7 +186,7 @@ def train_moa(
     params, opt, start, history = optimizer_and_state(draft, spec, state_path, sharded)
     saved = sharded.plain if sharded is not None else draft
     gen = torch.Generator().manual_seed(spec.seed + start)
-    bar = step_bar(spec, start, what, progress)
+    bar = step_bar(spec, start, what, progress, ranks)
     t0 = time.time()
     for step in bar:
         tokens = data[spec.batch_rows(step, len(data))]

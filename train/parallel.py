@@ -61,17 +61,28 @@ class Ranks:
         positions, scaled so that DDP's averaging of the gradients gives the mean's gradient."""
         if self.world == 1:
             return total / max(count, 1)
-        counts = torch.tensor([float(count)])
-        dist.all_reduce(counts)
-        return total * self.world / max(float(counts), 1.0)
+        return total * self.world / max(float(self.reduced([float(count)])[0]), 1.0)
 
     def average(self, value: float) -> float:
         """A logged quantity (a rank's part of the loss) summed over the ranks and divided by their number."""
         if self.world == 1:
             return value
-        out = torch.tensor([value])
-        dist.all_reduce(out)
-        return float(out) / self.world
+        return float(self.reduced([value])[0]) / self.world
+
+    def any(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on any rank (every rank gets the same answer: a decision they must take together)."""
+        if self.world == 1:
+            return flag
+        return bool(self.reduced([float(flag)], dist.ReduceOp.MAX)[0])
+
+    @staticmethod
+    def reduced(values: list[float], op=dist.ReduceOp.SUM) -> list[float]:
+        """``values`` reduced over the ranks; on the rank's GPU where the process group is NCCL's (it reduces GPU
+        tensors only), on the CPU under gloo."""
+        device = torch.cuda.current_device() if dist.get_backend() == "nccl" else "cpu"
+        out = torch.tensor(values, device=device)
+        dist.all_reduce(out, op=op)
+        return out.tolist()
 
     @staticmethod
     @contextlib.contextmanager

@@ -158,18 +158,12 @@ class TimedSteps:
     saved) and what it writes after its loop (the saved spec, the steps it reports) is what happened. The learning
     rate is constant after warm-up, so a shortened run is the longer run's first steps, and a rerun goes on from it."""
 
-    def __init__(self, bar, schedule: Schedule):
-        self.bar, self.schedule = bar, schedule
+    def __init__(self, bar, schedule: Schedule, ranks):
+        self.bar, self.schedule, self.ranks = bar, schedule, ranks
         self.began = time.monotonic()
 
     def out_of_time(self) -> bool:
-        over = time.monotonic() - self.began > 60 * self.schedule.time_limit
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            nccl = torch.distributed.get_backend() == "nccl"  # NCCL reduces GPU tensors only
-            flag = torch.tensor([float(over)], device=torch.cuda.current_device() if nccl else "cpu")
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-            over = bool(flag.item())
-        return over
+        return self.ranks.any(time.monotonic() - self.began > 60 * self.schedule.time_limit)
 
     def __iter__(self):
         for step in self.bar:
@@ -188,9 +182,9 @@ class TimedSteps:
         self.bar.set_postfix(**values)
 
 
-def step_bar(schedule: Schedule, start: int, desc: str, progress: bool = True):
+def step_bar(schedule: Schedule, start: int, desc: str, progress: bool = True, ranks=None):
     """The training steps from ``start`` (a resumed run starts there) under a tqdm bar on stderr; with a time
-    limit, ``TimedSteps`` over them."""
+    limit, ``TimedSteps`` over them (``ranks``, a ``train.parallel.Ranks``: who must stop at the same step)."""
     from tqdm import tqdm
 
     bar = tqdm(
@@ -201,4 +195,8 @@ def step_bar(schedule: Schedule, start: int, desc: str, progress: bool = True):
         disable=not progress,
         file=sys.stderr,
     )
-    return TimedSteps(bar, schedule) if schedule.time_limit > 0 else bar
+    if schedule.time_limit <= 0:
+        return bar
+    from specdec_kit.train.parallel import Ranks
+
+    return TimedSteps(bar, schedule, ranks or Ranks())
