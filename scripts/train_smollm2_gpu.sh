@@ -3,7 +3,7 @@
 #   1. the data: every conversation answered by the target with Hugging Face's batched generate (no vLLM needed;
 #      GROUP chunks of the pool answered together in batches of BATCH rows), then its teacher-forced features;
 #   2. the heads and the learning curve: one process at a time on one GPU, or one process per GPU (GRIFFIN,
-#      EAGLE-3, P-EAGLE, DFlash, the curve, round-robin) where there are several.
+#      EAGLE-3, P-EAGLE, DFlash, the curve, in waves of one a GPU) where there are several.
 # One GPU is never shared by several processes: measured on an H200, a launch-bound loop ran 4.6 ms alone and
 # 11-17 ms in each of four processes at once (14 ms under MPS), and CPU threads contend on top of that.
 # Every stage resumes (answer and feature shards, training states), so the script can be stopped and run again.
