@@ -11,12 +11,16 @@
 # itself, the llama.cpp tier runs llama-server on SmolLM2 with the kit's EAGLE-3 head, the client tier runs guidellm,
 # Locust and schemathesis against the kit's server. A missing tool fails the full run (SPECDEC_REQUIRE_TIERS=1).
 # The fast tier sets up .venv alone and leaves out the tiers that need more (markers: tests/tiers.py).
+# Both run the tests in SPECDEC_TEST_WORKERS processes (pytest-xdist; default 2, 0 for one process), a test module to
+# a process: most tests wait on a server, a subprocess or an import as much as they compute, so one process left a
+# 2-core machine half idle.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+WORKERS=(-n "${SPECDEC_TEST_WORKERS:-2}" --dist loadfile)
 if [ "${1:-}" = "--fast" ]; then
     shift
     bash scripts/setup.sh
-    exec .venv/bin/python -m pytest -m "not (vllm or sglang or helm or llamacpp or clients or slow)" "$@"
+    exec .venv/bin/python -m pytest "${WORKERS[@]}" -m "not (vllm or sglang or helm or llamacpp or clients or slow)" "$@"
 fi
 bash scripts/setup.sh
 bash scripts/setup_guidellm.sh
@@ -24,4 +28,4 @@ bash scripts/setup_vllm.sh
 bash scripts/setup_sglang.sh
 bash scripts/setup_helm.sh
 bash scripts/setup_llamacpp.sh
-SPECDEC_REQUIRE_TIERS=1 exec .venv/bin/python -m pytest "$@"
+SPECDEC_REQUIRE_TIERS=1 exec .venv/bin/python -m pytest "${WORKERS[@]}" "$@"

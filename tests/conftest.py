@@ -172,7 +172,12 @@ def griffin_inputs(paths: dict, tree=None, **options):
 def zoo_engines(tmp_path_factory) -> Path:
     """One directory of the demo zoo's engines for the whole run, as ``--engines`` of the benchmarks: an engine one
     test builds there (``<kind>-<backend>``) the next one reuses (the builder matches its inputs). Building the zoo's
-    20-layer target into ONNX takes minutes on 2 cores."""
+    20-layer target into ONNX takes minutes on 2 cores. Under pytest-xdist the test processes share it (the builder
+    locks an engine's directory while it builds, so a second process waits for the first and reuses its engine)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = tmp_path_factory.getbasetemp().parent / "zoo-engines"
+        shared.mkdir(exist_ok=True)
+        return shared
     return tmp_path_factory.mktemp("zoo-engines")
 
 

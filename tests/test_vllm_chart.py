@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from helm_cli import HelmChart
 from test_helm import build_job, check_speculation, pods_of, render_layout, server, speculation_script
-from test_vllm_engine import STARTUP_S
+from test_vllm_engine import ONE_PROCESS_ARGS, ONE_PROCESS_ENV, STARTUP_S
 from test_vllm_engine import build as build_zoo_engine
 
 from specdec_kit.bench.servers import start_vllm
@@ -194,7 +194,8 @@ def test_helm_tests_speculation_check_on_vllm(vllm_python, chart, tmp_path):
             max_model_len=1024,
             kv_cache_gib=1,
             log=tmp_path / f"vllm-{speculative}.log",
-            extra=["--enforce-eager"],
+            extra=["--enforce-eager", *ONE_PROCESS_ARGS],
+            extra_env=ONE_PROCESS_ENV,
         )
         try:
             srv.wait_ready("/health", STARTUP_S)
