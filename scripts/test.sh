@@ -11,12 +11,15 @@
 # itself, the llama.cpp tier runs llama-server on SmolLM2 with the kit's EAGLE-3 head, the client tier runs guidellm,
 # Locust and schemathesis against the kit's server. A missing tool fails the full run (SPECDEC_REQUIRE_TIERS=1).
 # The fast tier sets up .venv alone and leaves out the tiers that need more (markers: tests/tiers.py).
-# Both run the tests in SPECDEC_TEST_WORKERS processes (pytest-xdist; default 2, 0 for one process), a test module to
-# a process: most tests wait on a server, a subprocess or an import as much as they compute, so one process left a
-# 2-core machine half idle.
+# SPECDEC_TEST_WORKERS=N runs the tests in N processes (pytest-xdist, a test module to a process); the default, 0, is
+# one process: on 2 cores two processes ran the full run no faster (they compete for the same cores), so it pays only
+# on a machine with more of them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-WORKERS=(-n "${SPECDEC_TEST_WORKERS:-2}" --dist loadfile)
+WORKERS=()
+if [ "${SPECDEC_TEST_WORKERS:-0}" != 0 ]; then
+    WORKERS=(-n "$SPECDEC_TEST_WORKERS" --dist loadfile)
+fi
 if [ "${1:-}" = "--fast" ]; then
     shift
     bash scripts/setup.sh
