@@ -12,7 +12,7 @@
 # Locust and schemathesis against the kit's server. A missing tool fails the full run (SPECDEC_REQUIRE_TIERS=1).
 # The fast tier sets up .venv alone and leaves out the tiers that need more (markers: tests/tiers.py).
 # SPECDEC_TEST_WORKERS=N runs the tests in N processes (pytest-xdist, a test module to a process); the default, 0, is
-# one process: on 2 cores two processes ran the full run no faster (they compete for the same cores), so it pays only
+# one process: on 2 cores two processes ran the full run slower (they compete for the same cores), so it pays only
 # on a machine with more of them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
