@@ -11,14 +11,18 @@
 # itself, the llama.cpp tier runs llama-server on SmolLM2 with the kit's EAGLE-3 head, the client tier runs guidellm,
 # Locust and schemathesis against the kit's server. A missing tool fails the full run (SPECDEC_REQUIRE_TIERS=1).
 # The fast tier sets up .venv alone and leaves out the tiers that need more (markers: tests/tiers.py).
-# SPECDEC_TEST_WORKERS=N runs the tests in N processes (pytest-xdist, a test module to a process); the default, 0, is
-# one process: on 2 cores two processes ran the full run slower (they compete for the same cores), so it pays only
-# on a machine with more of them.
+# The tests run in one process per core, at most 4 (pytest-xdist, a test module to a process, the longest modules
+# first: tests/schedule.py); SPECDEC_TEST_WORKERS=N sets the number, 0 runs them in this process alone. Processes side
+# by side run one thread each (OMP_NUM_THREADS=1; vLLM-CPU unbound, VLLM_CPU_OMP_THREADS_BIND=nobind): the tests'
+# tiny models gain nothing from a second thread, and threads of two processes on the same cores only compete.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+CORES=$(nproc 2>/dev/null || echo 1)
+WORKERS_N=${SPECDEC_TEST_WORKERS:-$(( CORES < 4 ? CORES : 4 ))}
 WORKERS=()
-if [ "${SPECDEC_TEST_WORKERS:-0}" != 0 ]; then
-    WORKERS=(-n "$SPECDEC_TEST_WORKERS" --dist loadfile)
+if [ "$WORKERS_N" -gt 1 ]; then
+    WORKERS=(-n "$WORKERS_N" --dist loadfile --no-loadscope-reorder)
+    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_THREADS_BIND:-nobind}
 fi
 if [ "${1:-}" = "--fast" ]; then
     shift

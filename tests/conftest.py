@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from schedule import longest_first
 from scipy import stats
 from tiers import TIERS, missing_tool
 
@@ -33,6 +34,8 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the collection the processes share out, module by module
+        items[:] = longest_first(items)
     for item in items:
         for fixture, tier in TIER_OF_FIXTURE.items():
             if fixture in item.fixturenames and tier not in {m.name for m in item.iter_markers()}:
