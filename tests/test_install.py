@@ -61,7 +61,8 @@ def test_wheel_install_builds_and_serves_the_demo_engine(demo_checkpoints, tmp_p
     assert where.startswith(str(site)), where
     engine = work / "engines" / "griffin-onnxruntime"
     build = subprocess.run(
-        # level-by-level drafting: the one-call draft graph's export (about 100 s more here) is the ONNX tests' part
+        # level-by-level drafting: the one-call draft graph (an unrolled tree search, slow to export) is the ONNX
+        # tests' part
         [
             sys.executable,
             "-m",
