@@ -19,6 +19,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 CORES=$(nproc 2>/dev/null || echo 1)
 WORKERS_N=${SPECDEC_TEST_WORKERS:-$(( CORES < 4 ? CORES : 4 ))}
+if ! [[ "$WORKERS_N" =~ ^[0-9]+$ ]]; then
+    echo "test.sh: SPECDEC_TEST_WORKERS=$WORKERS_N: expected a whole number of test processes (0: pytest's own)" >&2
+    exit 2
+fi
 WORKERS=()
 if [ "$WORKERS_N" -gt 1 ]; then
     WORKERS=(-n "$WORKERS_N" --dist loadfile --no-loadscope-reorder)
