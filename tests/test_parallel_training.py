@@ -17,10 +17,13 @@ STEPS = 8
 def train(
     target: Path, out: Path, steps: int, ranks: int, sharding: str = "ddp", method: str = "griffin", accumulate: int = 1
 ) -> str:
+    """The CLI's run; FSDP2 runs shard the online target's decoder layers too (``--target-sharding fsdp``)."""
     python = Path(sys.executable)
     entry = [str(python.parent / "torchrun"), "--nproc-per-node", str(ranks)] if ranks > 1 else [str(python)]
     command = [*entry, "-m", "specdec_kit.train.cli", "--method", method, "--target", str(target)]
     command += ["--sharding", sharding, "--accumulate", str(accumulate)]
+    if sharding == "fsdp" and ranks > 1 and method != "moa":
+        command += ["--target-sharding", "fsdp"]
     if method == "eagle3":  # the demo target has 2 layers: the inputs of both and the last hidden state
         command += ["--feature-layers", "0,1,2", "--ttt-length", "3"]
     if method not in ("medusa", "moa"):  # they predict over the target's whole vocabulary
@@ -36,10 +39,12 @@ def losses(out: Path) -> list[float]:
     return [h["loss"] for h in torch.load(out / "training_state.pt", weights_only=True)["history"]]
 
 
-def held_share(log: str) -> tuple[int, int]:
-    """(parameters this rank holds, the head's trainable parameters) from an FSDP2 run's log."""
-    held, total = log.split("this rank holds ")[1].split(" trainable")[0].split(" of the head's ")
-    return int(held.replace(",", "")), int(total.replace(",", ""))
+def held_share(log: str, what: str = "the head's") -> tuple[int, int]:
+    """(parameters this rank holds, all of them) from an FSDP2 run's log: of ``what`` (the head's trainable
+    parameters, or the target's decoder-layer parameters)."""
+    line = next(line for line in log.splitlines() if f" of {what} " in line)
+    held, total = line.split("this rank holds ")[1].split(f" of {what} ")
+    return int(held.replace(",", "")), int(total.split()[0].replace(",", ""))
 
 
 def assert_same_run(one: Path, other: Path) -> None:
@@ -53,15 +58,19 @@ def assert_same_run(one: Path, other: Path) -> None:
 
 @pytest.mark.parametrize("method", ["griffin", "eagle3"])
 def test_two_ranks_follow_one_with_either_sharding_and_micro_batches(method, demo_checkpoints, tmp_path):
-    """The feature heads' trainer and EAGLE-3's on 2 ranks: DDP (a whole head on each) and FSDP2 (weights, gradients
-    and AdamW state sharded, the frozen LM head whole) follow one process's curve. EAGLE-3 also in two micro-batches
+    """The feature heads' trainer and EAGLE-3's on 2 ranks: DDP (a whole head on each, the online target replicated)
+    and FSDP2 (weights, gradients and AdamW state sharded, the frozen LM head whole, and the online target's decoder
+    layers sharded too) follow one process's curve; each rank runs its share of the rows through the target, replicated
+    or sharded. EAGLE-3 also in two micro-batches
     per step: they follow one batch (each averages over the same number of positions), on 1 rank and on 2 (the
     gradients reduced at the last micro-batch only). (GRIFFIN's and HASS's later passes count the positions still
     aligned, unevenly between micro-batches, each averaging over its own: close, not equal.)"""
     target = demo_checkpoints["target"]
     train(target, tmp_path / "one", STEPS, ranks=1, method=method)
-    held, total = held_share(train(target, tmp_path / "fsdp", STEPS, ranks=2, sharding="fsdp", method=method))
-    assert abs(held - total / 2) <= total * 0.01  # half the head's trainable parameters on each rank
+    log = train(target, tmp_path / "fsdp", STEPS, ranks=2, sharding="fsdp", method=method)
+    for what in ("the head's", "the target's"):  # half of each on each rank
+        held, total = held_share(log, what)
+        assert abs(held - total / 2) <= total * 0.01
     assert_same_run(tmp_path / "one", tmp_path / "fsdp")
     if method == "griffin":
         assert "FSDP2" not in train(target, tmp_path / "ddp", STEPS, ranks=2, method=method)

@@ -30,10 +30,18 @@ def test_each_plan_shards_its_head_across_its_ranks_and_fits(path):
     assert check.hours > 0 and check.training_tokens == plan.conversations * plan.answer_tokens
 
 
-def test_a_70b_target_cannot_be_replicated_for_online_hidden_states():
+def test_a_70b_target_cannot_be_replicated_for_online_hidden_states_but_fits_sharded():
+    """Replicated, the 70B target alone outgrows a GPU; its decoder layers sharded over the 16 GPUs by the trainer's
+    own code (each holding a sixteenth of them, the embedding and LM head whole) fit beside the head."""
     plan = Plan.read(PLANS / "llama-3.1-70b-eagle3-2x8xa100.json")
     online = check_plan(dataclasses.replace(plan, hidden_states="online"))
     assert online.memory["target weights (bf16, online)"] > plan.gpu_memory_gib * GIB and not online.fits
+    sharded = check_plan(Plan.read(PLANS / "llama-3.1-70b-eagle3-2x8xa100-online.json"))
+    whole = sharded.memory["target embed, norm, LM head (bf16)"]
+    assert whole == pytest.approx(2 * 2 * 128256 * 8192, rel=1e-3)  # the embedding and the LM head, bf16
+    layers = 2 * sharded.target_params - whole
+    assert sharded.memory["target layer shards (bf16)"] == pytest.approx(layers / plan.world, rel=1e-3)
+    assert sharded.fits and sharded.hours > check_plan(plan).hours  # the target's forward every epoch
 
 
 def test_the_command_prints_every_plan_and_refuses_a_broken_one(tmp_path, capsys):

@@ -193,7 +193,7 @@ def test_cached_features_match_streamed_and_train(tmp_path, target, data, capsys
     assert (tmp_path / "head" / "pytorch_model.bin").is_file()
 
 
-def test_train_head_cli(tmp_path):
+def test_train_head_cli(tmp_path, capsys):
     from specdec_kit.runtime.demo import write_char_tokenizer
     from specdec_kit.runtime.synthetic import tiny_hf_model
     from specdec_kit.train import cli
@@ -228,6 +228,18 @@ def test_train_head_cli(tmp_path):
     assert spec["steps"] == 3 and spec["time_limit"] == 5.0
     rc = cli.main(["--method", "hass", "--target", str(tmp_path / "nope"), "--out", str(tmp_path / "x")])
     assert rc == 2
+    # a sharded target needs several ranks and a target that runs in training; MoA's step holds the whole target
+    common = ["--target", str(tmp_path / "target"), "--data", str(tmp_path / "text.txt"), "--steps", "1"]
+    common += ["--batch", "2", "--seq-len", "32", "--out", str(tmp_path / "x"), "--target-sharding", "fsdp"]
+    capsys.readouterr()
+    for method, extra, named in (
+        ("hass", [], "needs several ranks"),
+        ("hass", ["--cache-features", str(tmp_path / "cache")], "with --cache-features"),
+        ("moa", [], "every rank holds the whole target"),
+    ):
+        assert cli.main(["--method", method, *common, *extra]) == 2
+        assert named in capsys.readouterr().err
+    assert not (tmp_path / "cache").exists()
 
 
 @pytest.mark.parametrize("method", ["griffin", "eagle3"])

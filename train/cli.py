@@ -5,7 +5,8 @@ Data: the stdlib corpus by default, or --data (a text file, a folder of .txt/.py
 .jsonl with a "text" field), tokenised with the target's tokenizer. The target's hidden states are online (the
 target runs in every training step) or offline with --cache-features DIR (written there once, the size printed
 before anything is written, then read by every step): online fits a target that fits beside the head, offline a
-target too large for that or data trained on for several epochs.
+target too large for that or data trained on for several epochs. Under torchrun, --target-sharding fsdp shards the
+online target's decoder layers across the ranks (a target too large for one device runs in the loop all the same).
 The head is written in its method's official layout, with a resumable training_state.pt.
 EAGLE-3 (--method eagle3) reads three target layers (--feature-layers, default the reference's 2, L/2, L-3),
 picks its draft vocabulary (--draft-vocab tokens, default a quarter of the target's) by token frequency in
@@ -124,6 +125,14 @@ def main(argv: list[str] | None = None) -> int:
         "shards its weights, gradients and optimizer state across the ranks (for heads of large targets)",
     )
     p.add_argument(
+        "--target-sharding",
+        choices=("replicated", "fsdp"),
+        default="replicated",
+        help="under torchrun with online hidden states: replicated keeps the whole frozen target on every rank; fsdp "
+        "shards its decoder layers across the ranks (FSDP2, one layer gathered at a time), for a target too large to "
+        "sit whole beside the head. Either way each rank runs its share of a batch's rows through it",
+    )
+    p.add_argument(
         "--time-limit",
         type=float,
         default=0.0,
@@ -146,11 +155,16 @@ def main(argv: list[str] | None = None) -> int:
         target = TargetModel.from_pretrained(args.target, dtype="float32", device=args.device)
         tokenizer = load_tokenizer(args.target)
         docs = read_documents(args.data) if args.data else load_corpus().train
-        schedule = ("steps", "batch", "seq_len", "lr", "seed", "sharding", "accumulate", "time_limit")
+        schedule = "steps batch seq_len lr seed accumulate time_limit sharding target_sharding".split()
         overrides = {name: getattr(args, name) for name in schedule}
         trainer = trainer_for(args.method)
         if args.cache_features and trainer.cached_features:
             raise ValueError(f"--cache-features: {trainer.cached_features}")
+        if args.cache_features and args.target_sharding != "replicated":
+            raise ValueError(
+                "--target-sharding fsdp shards the target that runs in every step (online hidden states); with "
+                "--cache-features it runs once before training, on one process"
+            )
         options = {name: getattr(args, name) for name in trainer.options if getattr(args, name) is not None}
         spec = trainer.make_spec(args.method, **overrides, **options)
         need = spec.steps * spec.batch * spec.seq_len

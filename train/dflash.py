@@ -34,6 +34,7 @@ from specdec_kit.train.heldout import HeldOutTracker, heldout_due
 from specdec_kit.train.methods import Trainer
 from specdec_kit.train.parallel import Ranks
 from specdec_kit.train.schedule import Schedule, accumulated_step, optimizer_and_state, saved_extra, step_bar
+from specdec_kit.train.sharded_target import prepare_target, rows_through_target
 from specdec_kit.train.sharding import distribute, save_training_state
 
 
@@ -157,6 +158,13 @@ class DFlashTrainingStep(torch.nn.Module):
         return self.blocks.forward(taps, tokens, top, anchors, real, self.ranks)
 
 
+def tapped_top(target: TargetModel, tokens: torch.Tensor, layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The hidden states entering ``layers`` side by side and the target's most likely next tokens (its slots'
+    targets), from one forward."""
+    taps, logits = tapped_outputs(target, tokens, layers)
+    return taps, logits.argmax(-1)
+
+
 def anchor_room(valid: torch.Tensor, counted: torch.Tensor | None) -> torch.Tensor:
     """Where an anchor may sit: a real position whose next token is known (and, in distilled data, an answer's)."""
     allowed = valid.clone()
@@ -219,6 +227,7 @@ def train_dflash(
         )
     if spec.block_size < 2 or spec.blocks_per_row < 1:
         raise ValueError(f"block_size {spec.block_size} (>= 2) and blocks_per_row {spec.blocks_per_row} (>= 1)")
+    prepare_target(target, spec.target_sharding, not distilled, ranks, progress)
     out_dir.mkdir(parents=True, exist_ok=True)
     draft = new_dflash(target, spec).float().to(device)
     embed = torch.nn.Embedding.from_pretrained(target.embed_tokens.weight.detach().float().to(device), freeze=True)
@@ -254,8 +263,9 @@ def train_dflash(
         else:
             rows = spec.batch_rows(step, len(data))
             tokens = data[rows]
-            taps, logits = tapped_outputs(target, tokens, draft.feature_layers)
-            top = logits.argmax(-1)
+            taps, top = rows_through_target(  # each rank runs its share of the rows; every rank gets the batch's
+                lambda part: tapped_top(target, part, draft.feature_layers), tokens, ranks
+            )
             tokens, taps, top = tokens.to(device), taps.to(device), top.to(device)
             allowed = anchor_room(torch.ones_like(tokens, dtype=torch.bool), None)
         anchors, real = draw_anchors(allowed, spec.blocks_per_row, generator)

@@ -40,6 +40,7 @@ from specdec_kit.train.heldout import HeldOutTracker, heldout_due
 from specdec_kit.train.methods import Trainer
 from specdec_kit.train.parallel import Ranks
 from specdec_kit.train.schedule import Schedule, accumulated_step, optimizer_and_state, saved_extra, step_bar
+from specdec_kit.train.sharded_target import prepare_target
 from specdec_kit.train.sharding import distribute, save_training_state
 
 
@@ -281,6 +282,7 @@ def train_eagle3(
             "eagle3 trains on token blocks (online: the target's tapped layers and logits from one forward per "
             f"batch), a feature cache holding its layers (offline) or distilled data, not {type(data).__name__}"
         )
+    prepare_target(target, spec.target_sharding, not (distilled or cached), ranks, progress)
     layers = cache_taps(spec, target.num_layers)
     if cached and data.taps != layers:
         raise ValueError(f"the feature cache holds the inputs of layers {data.taps}; this head reads {layers}")
@@ -322,7 +324,7 @@ def train_eagle3(
                 masks = masks.take(share)
         else:
             rows = spec.batch_rows(step, len(data))
-            if ranks.world > 1:  # this rank's share: only its rows go through the target
+            if ranks.world > 1:  # this rank's share: only its rows go through the (replicated or sharded) target
                 rows = rows[ranks.share(len(rows))]
             if cached:
                 tokens, taps, logits = data.batch(rows)

@@ -22,32 +22,31 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from specdec_kit.runtime.models.target import TargetModel
+from specdec_kit.train.parallel import Ranks
+from specdec_kit.train.sharded_target import rows_through_target
 
 
 def cache_bytes(blocks: int, seq_len: int, hidden: int, taps: int = 0) -> int:
     return blocks * seq_len * (hidden * 2 * (1 + taps) + 8)  # fp16 features (and taps) + int64 tokens
 
 
-@torch.no_grad()
-def target_outputs(target: TargetModel, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Post-norm last-layer features and logits of the frozen target over whole blocks."""
-    out = target.hf_model(tokens.to(target.device), output_hidden_states=True)
-    return out.hidden_states[-1].float().cpu(), out.logits.float().cpu()
-
-
 class StreamedFeatures:
-    """Runs the target on each batch as it is needed: no disk, one target forward per step."""
+    """Runs the target on each batch as it is needed: no disk, one target forward per step (under several ranks each
+    runs its share of the rows and the features are gathered: ``train/sharded_target.py``)."""
 
-    def __init__(self, target: TargetModel, data: torch.Tensor):
-        self.target, self.data = target, data
+    def __init__(self, target: TargetModel, data: torch.Tensor, ranks: Ranks = Ranks()):
+        self.target, self.data, self.ranks = target, data, ranks
 
     def __len__(self) -> int:
         return self.data.shape[0]
 
+    @torch.no_grad()
     def batch(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(tokens, the target's post-norm last-layer features, its logits: its LM head over them)."""
         tokens = self.data[idx]
-        feats, logits = target_outputs(self.target, tokens)
-        return tokens, feats, logits
+        (feats,) = rows_through_target(lambda rows: layer_outputs(self.target, rows, [])[:1], tokens, self.ranks)
+        lm_head = self.target.lm_head
+        return tokens, feats, lm_head(feats.to(lm_head.weight.device, lm_head.weight.dtype)).float().cpu()
 
     def batch_for(self, step: int, schedule) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None]:
         """The schedule's blocks of ``step`` (no masks: every position of a block is real and counts)."""

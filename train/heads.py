@@ -40,6 +40,7 @@ from specdec_kit.train.losses import (
 from specdec_kit.train.methods import Trainer, trainer_for
 from specdec_kit.train.parallel import Ranks
 from specdec_kit.train.schedule import Schedule, accumulated_step, optimizer_and_state, saved_extra, step_bar
+from specdec_kit.train.sharded_target import prepare_target
 from specdec_kit.train.sharding import distribute, save_training_state
 
 
@@ -240,7 +241,9 @@ def train_head(
     ranks = Ranks.from_environment(device)
     device = ranks.device(device)
     progress = progress and ranks.main
-    source = StreamedFeatures(target, data) if isinstance(data, torch.Tensor) else data
+    online = isinstance(data, torch.Tensor)
+    prepare_target(target, spec.target_sharding, online, ranks, progress)
+    source = StreamedFeatures(target, data, ranks) if online else data
     out_dir.mkdir(parents=True, exist_ok=True)
     vocab, coverage = None, None
     if spec.draft_vocab:

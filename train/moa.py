@@ -171,6 +171,11 @@ def train_moa(
     """Train on [N, seq_len] token blocks (the target runs on each batch); writes the checkpoint layout and
     a resumable training state to ``out_dir``. Under ``torchrun`` the ranks share each batch's rows (DDP, or FSDP2
     with ``spec.sharding``); rank 0 logs and writes."""
+    if spec.target_sharding != "replicated":
+        raise ValueError(
+            f"moa: target_sharding {spec.target_sharding!r}: its training step runs the target's attention and last "
+            "layers with the draft (the target is an argument of the step), so every rank holds the whole target"
+        )
     ranks = Ranks.from_environment(target.device)
     progress = progress and ranks.main
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -30,6 +30,8 @@ class Ranks:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world <= 1:
             return cls()
+        if device.type == "cuda" and "LOCAL_RANK" in os.environ:  # this rank's GPU is "cuda" from now on
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         if not dist.is_initialized():
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
         return cls(dist.get_rank(), dist.get_world_size())
@@ -79,10 +81,17 @@ class Ranks:
     def reduced(values: list[float], op=dist.ReduceOp.SUM) -> list[float]:
         """``values`` reduced over the ranks; on the rank's GPU where the process group is NCCL's (it reduces GPU
         tensors only), on the CPU under gloo."""
-        device = torch.cuda.current_device() if dist.get_backend() == "nccl" else "cpu"
-        out = torch.tensor(values, device=device)
+        out = torch.tensor(values, device=Ranks.collective_device())
         dist.all_reduce(out, op=op)
         return out.tolist()
+
+    @staticmethod
+    def collective_device() -> torch.device:
+        """Where a tensor in a collective must sit: the rank's GPU under NCCL (it moves GPU tensors only), the CPU
+        under gloo."""
+        if dist.get_backend() == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
 
     @staticmethod
     @contextlib.contextmanager

@@ -4,9 +4,10 @@ A plan (``train/recipes/scale/*.json``) names the target by its config (shapes a
 data, the GPUs and the batch. ``check_plan`` builds the target and the head on the meta device, shards the head's
 training step with FSDP2 exactly as the trainer does (``train/sharding.py``, over a fake process group of the
 plan's world size, so no GPU and no weights are needed), and reports per GPU what the shards, the gathered weights,
-the AdamW state, the frozen LM-head rows, the target (when its hidden states are online) and the step's tensors take,
-whether that fits, how much disk offline hidden states take, and the expected time (the step's FLOPs over the GPUs'
-bf16 peak at a stated utilisation: an estimate, not a measurement).
+the AdamW state, the frozen LM-head rows, the target (when its hidden states are online: whole, or its decoder
+layers sharded by the trainer's own code) and the step's tensors take, whether that fits, how much disk offline hidden
+states take, and the expected time (the step's FLOPs over the GPUs' bf16 peak at a stated utilisation: an estimate,
+not a measurement).
 
     python -m specdec_kit.train.scale_plan train/recipes/scale/llama-3.1-8b-griffin-8xa100.json
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 GIB = 1 << 30
 RESERVE = 0.1  # of a GPU's memory kept free: the allocator's fragmentation, NCCL's buffers, the CUDA context
 PLANS = Path(__file__).resolve().parent / "recipes" / "scale"
+HIDDEN_STATES = ("online", "online-sharded", "offline")
 
 
 @dataclass
@@ -40,7 +42,9 @@ class Plan:
     gpu_bf16_tflops: float
     utilization: float  # the share of the bf16 peak the step reaches (an assumption the plan states)
     tokens_per_gpu: int  # per micro-batch
-    hidden_states: str  # online (the target in the loop, replicated on every GPU) or offline (cached shards)
+    # online (the target in the loop, replicated on every GPU), online-sharded (its decoder layers sharded across the
+    # GPUs with FSDP2, ``train/sharded_target.py``) or offline (cached shards)
+    hidden_states: str
     why: str  # why this mode and this size fit this target
 
     @classmethod
@@ -148,16 +152,22 @@ def check_plan(plan: Plan) -> Check:
     """Shard the plan's head on the meta device as the trainer does and size what every GPU holds."""
     import torch.distributed as dist
 
+    from specdec_kit.train.sharded_target import shard_target
     from specdec_kit.train.sharding import ShardedStep
 
-    if plan.hidden_states not in ("online", "offline"):
-        raise ValueError(f"{plan.name}: hidden_states {plan.hidden_states!r}: expected online or offline")
+    if plan.hidden_states not in HIDDEN_STATES:
+        raise ValueError(f"{plan.name}: hidden_states {plan.hidden_states!r}: expected one of {list(HIDDEN_STATES)}")
     target, head, rows, step = meta_models(plan)
+    layers = target.hf_model.model.layers
+    layer_params = sum(p.numel() for p in layers.parameters())
     fake_process_group(plan.world)
     try:
         ShardedStep(step, head, rows, main=False)
         sharded = [(n, p) for n, p in step.named_parameters() if not n.startswith("lm_head.")]
         local = {n: tuple(p.to_local().shape) for n, p in sharded}
+        if plan.hidden_states == "online-sharded":  # the trainer's own sharding of the target
+            shard_target(target)
+            local_layers = sum(p.to_local().numel() for p in layers.parameters())
     finally:
         dist.destroy_process_group()
     trainable = sum(p.numel() for _, p in sharded if p.requires_grad)
@@ -165,6 +175,16 @@ def check_plan(plan: Plan) -> Check:
     local_all = sum(p.to_local().numel() for _, p in sharded)
     head_params = sum(p.numel() for _, p in sharded)
     target_params = sum(p.numel() for p in target.hf_model.parameters())
+    if plan.hidden_states == "online":
+        target_memory = {"target weights (bf16, online)": 2 * target_params}
+    elif plan.hidden_states == "online-sharded":  # layer shards, two layers gathered (one running, one prefetched)
+        target_memory = {
+            "target layer shards (bf16)": 2 * local_layers,
+            "target layers gathered (bf16, two)": 2 * 2 * layer_params // len(layers),
+            "target embed, norm, LM head (bf16)": 2 * (target_params - layer_params),
+        }
+    else:
+        target_memory = {}
     hidden, vocab = target.hidden_size, target.vocab_size
     tokens = plan.tokens_per_gpu
     memory = {
@@ -173,7 +193,7 @@ def check_plan(plan: Plan) -> Check:
         "AdamW state shards (2 x fp32)": 8 * local_trainable,
         "head gathered for the step (fp32)": 4 * (head_params - local_all),
         "frozen LM-head rows (fp32)": 4 * sum(p.numel() for p in rows.parameters()),
-        "target weights (bf16, online)": 2 * target_params if plan.hidden_states == "online" else 0,
+        **target_memory,
         "target logits and softmax (fp32)": 2 * 4 * tokens * vocab,
         "step activations (bf16, estimate)": tokens * plan.passes * (24 * hidden + 6 * target.config.intermediate_size)
         + tokens * plan.passes * 2 * 4 * plan.draft_vocab,
@@ -183,7 +203,7 @@ def check_plan(plan: Plan) -> Check:
     head_flops = 6 * (trainable + hidden * plan.draft_vocab) * plan.passes  # forward and backward, each pass
     target_flops = 2 * target_params  # a forward per token: every epoch online, once offline
     total = training_tokens * (
-        plan.epochs * head_flops + target_flops * (plan.epochs if plan.hidden_states == "online" else 1)
+        plan.epochs * head_flops + target_flops * (1 if plan.hidden_states == "offline" else plan.epochs)
     )
     seconds = total / (plan.world * plan.gpu_bf16_tflops * 1e12 * plan.utilization)
     names = [n for n, _ in sharded if n.endswith(("embed_tokens.weight", "fc.weight", "q_proj.weight"))][:3]

@@ -26,6 +26,9 @@ class Schedule:
     # device computes it natively)
     precision: str = "float32"
     sharding: str = "ddp"  # under torchrun: ddp (each rank a whole copy) or fsdp (FSDP2: weights, grads, AdamW sharded)
+    # under torchrun with online hidden states: the frozen target replicated on every rank, or its decoder layers
+    # sharded across them (fsdp: a target too large for one device beside the head; ``train/sharded_target.py``)
+    target_sharding: str = "replicated"
     accumulate: int = 1  # micro-batches per optimizer step: ``batch`` rows in all, batch / accumulate at a time
     # minutes this run may train (0: no limit): a lent machine's hour, a CI budget; see ``step_bar``
     time_limit: float = 0.0
