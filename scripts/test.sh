@@ -5,10 +5,12 @@
 #   bash scripts/test.sh --fast [pytest options]  the fast tier: the kit alone, a few minutes on 2 cores
 #
 # The full run sets up .venv, the guidellm client's .venv-guidellm, vLLM's .venv-vllm, SGLang's .venv-sglang, a
-# real Helm CLI in .tools/helm and llama.cpp's tools in .tools/llama.cpp (each reused when its inputs are unchanged:
+# real Helm CLI in .tools/helm, llama.cpp's tools in .tools/llama.cpp and SpecForge's and speculators' readers in
+# .venv-interchange (each reused when its inputs are unchanged:
 # scripts/steps.sh), then runs every test: the vLLM tier runs vLLM's server on the zoo's engines, the SGLang tier runs
 # SGLang's own argument checks on every command the kit and chart write, the chart tests render and lint with Helm
-# itself, the llama.cpp tier runs llama-server on SmolLM2 with the kit's EAGLE-3 head, the client tier runs guidellm,
+# itself, the llama.cpp tier runs llama-server on SmolLM2 with the kit's EAGLE-3 head, the interchange tier reads
+# hidden states in SpecForge's and speculators' layouts with their own readers, the client tier runs guidellm,
 # Locust and schemathesis against the kit's server. A missing tool fails the full run (SPECDEC_REQUIRE_TIERS=1).
 # The fast tier sets up .venv alone and leaves out the tiers that need more (markers: tests/tiers.py).
 # The tests run in one process per core, at most 4 (pytest-xdist, a test module to a process, the longest modules
@@ -31,7 +33,7 @@ fi
 if [ "${1:-}" = "--fast" ]; then
     shift
     bash scripts/setup.sh
-    exec .venv/bin/python -m pytest "${WORKERS[@]}" -m "not (vllm or sglang or helm or llamacpp or clients or slow)" "$@"
+    exec .venv/bin/python -m pytest "${WORKERS[@]}" -m "not (vllm or sglang or helm or llamacpp or interchange or clients or slow)" "$@"
 fi
 bash scripts/setup.sh
 bash scripts/setup_guidellm.sh
@@ -39,4 +41,5 @@ bash scripts/setup_vllm.sh
 bash scripts/setup_sglang.sh
 bash scripts/setup_helm.sh
 bash scripts/setup_llamacpp.sh
+bash scripts/setup_interchange.sh
 SPECDEC_REQUIRE_TIERS=1 exec .venv/bin/python -m pytest "${WORKERS[@]}" "$@"

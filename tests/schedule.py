@@ -33,6 +33,7 @@ MODULE_SECONDS = {
     "test_committed_zoo.py": 67,
     "test_install.py": 62,
     "test_sglang_commands.py": 62,
+    "test_foreign_features.py": 60,
     "test_llamacpp.py": 52,
     "test_cost_policy.py": 45,
     "test_third_party_clients.py": 35,

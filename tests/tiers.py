@@ -18,6 +18,7 @@ TIERS = {
     "sglang": "SGLang's own argument code (.venv-sglang, scripts/setup_sglang.sh)",
     "helm": "a real Helm CLI (.tools/helm, scripts/setup_helm.sh): the chart rendered, linted and refused by Helm",
     "llamacpp": "llama.cpp's llama-server and converter (.tools/llama.cpp, scripts/setup_llamacpp.sh)",
+    "interchange": "SpecForge's and speculators' own dataset readers (.venv-interchange, scripts/setup_interchange.sh)",
     "clients": "real third-party clients against the kit's server: guidellm, Locust, schemathesis",
     "slow": "whole benchmarks, installs and trainings: more than about 20 s each on 2 cores",
 }

@@ -54,6 +54,48 @@ def read_documents(path: Path) -> list[Document]:
     raise ValueError(f"{path}: no such file or folder")
 
 
+def text_data(args: argparse.Namespace, trainer, spec, target, tokenizer):
+    """Token blocks of the training text (online hidden states), or the feature cache written from them
+    (``--cache-features``: offline)."""
+    from specdec_kit.train.corpus import load_corpus
+    from specdec_kit.train.data import blocks, token_stream
+
+    docs = read_documents(args.data) if args.data else load_corpus().train
+    need = spec.steps * spec.batch * spec.seq_len
+    data = blocks(token_stream(tokenizer, docs, max_tokens=need + spec.seq_len), spec.seq_len, spec.seed)
+    if data.shape[0] == 0:
+        raise ValueError(f"not enough text for one block of {spec.seq_len} tokens")
+    if args.cache_features:  # offline: the target's hidden states written once, then read by every step
+        from specdec_kit.train.features import CachedFeatures, write_cache
+
+        taps = trainer.cache_taps(spec, target.num_layers) if trainer.cache_taps else None
+        write_cache(target, data, args.cache_features, taps=taps)
+        data = CachedFeatures(args.cache_features, target, taps)
+    return data
+
+
+def train_distilled(args: argparse.Namespace, trainer, spec, target) -> dict:
+    """A head trained on distilled data (``--distilled``), with the held-out split measured where asked."""
+    from specdec_kit.train.distilled import DistilledData
+    from specdec_kit.train.heldout import split
+
+    if args.data or args.cache_features:
+        raise ValueError("--distilled is the training data: leave out --data and --cache-features")
+    if trainer.distilled_layers is None:
+        raise ValueError(
+            f"--distilled: the {args.method} trainer streams its own target passes; it reads no distilled data"
+        )
+    layers = trainer.distilled_layers(spec, target.num_layers)
+    budget = {"tokens_per_batch": spec.batch * spec.seq_len}
+    heldout, for_training = None, None
+    if args.eval_every:
+        spec.eval_every = args.eval_every
+        for_training, for_evaluation = split()
+        heldout = DistilledData(args.distilled, layers, select=for_evaluation, **budget)
+    data = DistilledData(args.distilled, layers, seed=spec.seed, select=for_training, **budget)
+    return trainer.train(target, data, spec, args.out, base_model=str(args.target), heldout=heldout)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="specdec-train-head", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -105,6 +147,21 @@ def main(argv: list[str] | None = None) -> int:
         help="eagle3, peagle, dflash: target layer ids whose entering hidden states are fused, e.g. 2,16,29",
     )
     p.add_argument(
+        "--distilled",
+        type=Path,
+        help="train on distilled data instead of text: the kit's regenerated data (python -m "
+        "specdec_kit.train.recipe) or hidden states imported from SpecForge or speculators (python -m "
+        "specdec_kit.train.foreign_features); a batch holds at most --batch x --seq-len tokens of samples of similar "
+        "length",
+    )
+    p.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        help="with --distilled: hold out a fixed 2%% of its samples (by id) and measure the head's acceptance on them "
+        "every this many steps, keeping the best head",
+    )
+    p.add_argument(
         "--cache-features",
         type=Path,
         help="offline hidden states: write the target's features (EAGLE-3: the inputs of its three layers too) here "
@@ -143,8 +200,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from specdec_kit.runtime.loader import load_tokenizer, set_threads
     from specdec_kit.runtime.models.target import TargetLoadError, TargetModel
-    from specdec_kit.train.corpus import load_corpus
-    from specdec_kit.train.data import blocks, token_stream
     from specdec_kit.train.methods import trainer_for
 
     set_threads()
@@ -154,7 +209,6 @@ def main(argv: list[str] | None = None) -> int:
         args.target = resolve_target(args.target)
         target = TargetModel.from_pretrained(args.target, dtype="float32", device=args.device)
         tokenizer = load_tokenizer(args.target)
-        docs = read_documents(args.data) if args.data else load_corpus().train
         schedule = "steps batch seq_len lr seed accumulate time_limit sharding target_sharding".split()
         overrides = {name: getattr(args, name) for name in schedule}
         trainer = trainer_for(args.method)
@@ -167,17 +221,12 @@ def main(argv: list[str] | None = None) -> int:
             )
         options = {name: getattr(args, name) for name in trainer.options if getattr(args, name) is not None}
         spec = trainer.make_spec(args.method, **overrides, **options)
-        need = spec.steps * spec.batch * spec.seq_len
-        data = blocks(token_stream(tokenizer, docs, max_tokens=need + spec.seq_len), spec.seq_len, spec.seed)
-        if data.shape[0] == 0:
-            raise ValueError(f"not enough text for one block of {spec.seq_len} tokens")
-        if args.cache_features:  # offline: the target's hidden states written once, then read by every step
-            from specdec_kit.train.features import CachedFeatures, write_cache
-
-            taps = trainer.cache_taps(spec, target.num_layers) if trainer.cache_taps else None
-            write_cache(target, data, args.cache_features, taps=taps)
-            data = CachedFeatures(args.cache_features, target, taps)
-        result = trainer.train(target, data, spec, args.out, base_model=str(args.target))
+        if args.distilled:
+            result = train_distilled(args, trainer, spec, target)
+        else:
+            result = trainer.train(
+                target, text_data(args, trainer, spec, target, tokenizer), spec, args.out, base_model=str(args.target)
+            )
     except (TargetLoadError, ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -8,7 +8,9 @@ and handed over on ``device`` (the trainer's), where the target's logits are com
 draft's input features (the final hidden state for EAGLE/HASS/GRIFFIN, the three tapped layers side by side for
 EAGLE-3), the target's logits over the head's vocabulary (the target's LM-head rows of that vocabulary applied to the
 final state: exactly the target's logits there), and masks: ``valid`` (not padding) and ``counted`` (the position's
-next token is part of the answer, so its prediction counts in the loss).
+next token is part of an answer, so its prediction counts in the loss: where the target's next token is recorded,
+``top`` >= 0; the kit's own data records it from the last prompt position on, imported data after each answer's
+tokens: ``train/foreign_features.py``).
 """
 
 from __future__ import annotations
@@ -127,8 +129,9 @@ class DistilledData:
         return self.batch(step)  # the batches are planned by token budget, not the schedule's batch size
 
     def answer_tokens(self) -> torch.Tensor:
-        """Every answer token, for choosing a draft vocabulary by frequency."""
-        return torch.cat([t[s:] for t, s in zip(self.tokens, self.starts)])
+        """Every answer token (those after a position whose next token counts), for choosing a draft vocabulary by
+        frequency."""
+        return torch.cat([t[1:][top[:-1] >= 0] for t, top in zip(self.tokens, self.tops)])
 
     def stored_features(self, sample: int) -> torch.Tensor:
         """Sample ``sample``'s stored feature columns, read from its shard: [tokens, columns, D]."""
@@ -169,7 +172,7 @@ class DistilledData:
             if not self.inputs_are_final:
                 feats[r, :n] = columns[:, self.columns].flatten(1)
             top[r, :n], valid[r, :n] = self.tops[i], True
-            counted[r, max(self.starts[i] - 1, 0) : n] = True  # position t's next token t+1 is an answer token
+            counted[r, :n] = self.tops[i] >= 0  # the target's next token recorded: token t+1 is an answer token
         return tokens, feats, finals, top, valid, counted
 
     def on_device(self, host: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, BatchMasks]:
