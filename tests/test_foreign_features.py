@@ -206,6 +206,15 @@ def test_a_mismatched_import_is_refused_naming_the_file_and_key(foreign, capsys)
     assert shard.stat().st_mtime_ns == stamp and json.loads((out / "index.json").read_text()) == json.loads(before)
 
 
+@pytest.fixture(scope="module")
+def interchange_python() -> Path:
+    """The interpreter of .venv-interchange, where SpecForge and speculators are installed."""
+    python = Path(os.environ.get("SPECDEC_INTERCHANGE_VENV", REPO / ".venv-interchange")) / "bin" / "python"
+    if not python.exists():
+        missing_tool(f"{python} not found: run `bash scripts/setup_interchange.sh` (scripts/test.sh does it first)")
+    return python
+
+
 READERS = r"""
 import sys, torch
 from pathlib import Path
@@ -236,19 +245,16 @@ save_file(tensors, str(out), metadata={"names": "\n".join(names)})
 
 @pytest.mark.interchange
 @pytest.mark.parametrize("fmt", ["specforge", "speculators"])
-def test_their_own_readers_read_what_the_kit_imports(foreign, fmt, tmp_path):
+def test_their_own_readers_read_what_the_kit_imports(foreign, fmt, interchange_python, tmp_path):
     """SpecForge's ``OfflineEagle3Dataset`` and speculators' ``ArrowDataset`` (with its FP8 transfer) read the same
     files: the kit holds their tokens, their tapped states side by side in their order, their final state (normed by
     the target's norm where speculators keeps it before the norm), and counts a position where their loss mask puts
     the next token."""
-    python = Path(os.environ.get("SPECDEC_INTERCHANGE_VENV", REPO / ".venv-interchange")) / "bin" / "python"
-    if not python.exists():
-        missing_tool(f"{python} not found: run `bash scripts/setup_interchange.sh` (scripts/test.sh does it first)")
     script = tmp_path / "readers.py"
     script.write_text(READERS)
     read = tmp_path / "read.safetensors"
     proc = subprocess.run(
-        [str(python), str(script), str(foreign["root"] / fmt), fmt, str(read)],
+        [str(interchange_python), str(script), str(foreign["root"] / fmt), fmt, str(read)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -313,18 +319,17 @@ save_file({"taps": taps, "tokens": tokens, "logits": logits}, str(out / "forward
 
 
 @pytest.mark.interchange
-def test_a_head_saved_by_specforges_own_class_loads_and_computes_its_forward(tmp_path):
+def test_a_head_saved_by_specforges_own_class_loads_and_computes_its_forward(interchange_python, tmp_path):
     """SpecForge's EAGLE-3 draft class (``LlamaForCausalLMEagle3``), saved with its own ``save_pretrained``
     (safetensors, ``rope_parameters`` only, the maps as buffers), loads through the kit's strict loader, and the
     kit's draft step over the same taps and tokens gives SpecForge's logits."""
     from specdec_kit.runtime.checkpoint import load_draft
 
-    python = Path(os.environ.get("SPECDEC_INTERCHANGE_VENV", REPO / ".venv-interchange")) / "bin" / "python"
-    if not python.exists():
-        missing_tool(f"{python} not found: run `bash scripts/setup_interchange.sh` (scripts/test.sh does it first)")
     script = tmp_path / "head.py"
     script.write_text(SPECFORGE_HEAD)
-    proc = subprocess.run([str(python), str(script), str(tmp_path)], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [str(interchange_python), str(script), str(tmp_path)], capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     draft = load_draft(tmp_path / "head", "eagle3", 32, 75, target_shape=(8, 64))
     theirs = load_file(str(tmp_path / "forward.safetensors"))

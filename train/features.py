@@ -7,8 +7,8 @@ pipeline's 740 GB for 68k samples is what this avoids). A head that reads other 
 states entering three of them) gets those stored beside them (``taps``): the cache then holds (k + 1) x d per token.
 
 Streamed features are the online mode (the target runs in the training loop, nothing on disk: for targets that fit
-beside the head); a cache is the offline mode (the target runs once, before training: for targets too large to
-hold beside the head, or data trained on for several epochs).
+beside the head, or whose layers are sharded across the ranks: ``train/sharded_target.py``); a cache is the offline
+mode (the target runs once, before training: for data trained on for several epochs, where the disk is there).
 """
 
 from __future__ import annotations
