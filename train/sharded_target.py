@@ -3,8 +3,9 @@ FSDP2 (``target_sharding: fsdp``), and each rank running only its share of a bat
 
 Sharded, every decoder layer is its own ``fully_shard`` unit: a rank keeps 1/world of each layer's weights and gathers
 one layer at a time for the forward (resharding after it), so a target too large for one GPU beside the head still
-runs in the training loop (a 70B target in bfloat16, 141 GB, is 8.8 GB a GPU over 16). The embedding, the final norm
-and the LM head stay whole: the head copies the embedding, and the LM head scores every draft position. Every rank
+runs in the training loop (a 70B target in bfloat16, 141 GB: 8 GiB of layer shards a GPU over 16, beside its whole
+embedding and LM head, 4 GiB). The embedding, the final norm and the LM head stay whole: the head copies the
+embedding, and the LM head scores every draft position. Every rank
 runs the same number of target forwards (its share of each batch), as FSDP's collectives need.
 
 Replicated or sharded, splitting the rows divides the target's compute by the ranks; the features of the other ranks'
