@@ -7,6 +7,8 @@ target runs in every training step) or offline with --cache-features DIR (writte
 before anything is written, then read by every step): online fits a target that fits beside the head, offline a
 target too large for that or data trained on for several epochs. Under torchrun, --target-sharding fsdp shards the
 online target's decoder layers across the ranks (a target too large for one device runs in the loop all the same).
+Or --distilled DIR: data whose hidden states are already there, the kit's regenerated chat data or hidden states
+imported from SpecForge or speculators (python -m specdec_kit.train.foreign_features).
 The head is written in its method's official layout, with a resumable training_state.pt.
 EAGLE-3 (--method eagle3) reads three target layers (--feature-layers, default the reference's 2, L/2, L-3),
 picks its draft vocabulary (--draft-vocab tokens, default a quarter of the target's) by token frequency in
