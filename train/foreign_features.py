@@ -192,8 +192,7 @@ def import_features(
         raise ValueError(f"{src}: no such folder")
     target = TargetModel.from_pretrained(target_path, dtype="float32")
     layers = list(default_feature_layers(target.num_layers) if layers is None else layers)
-    if layers != sorted(set(layers)) or any(not 0 <= i < target.num_layers for i in layers):
-        raise ValueError(f"layers {layers}: expected ascending layer ids in 0..{target.num_layers - 1} of this target")
+    target.tapped(tuple(layers))  # refuses ids that are not distinct, ascending layers of this target
     reader = SpecForgeSource if fmt == "specforge" else SpeculatorsSource
     source = reader(src, len(layers), target.hidden_size)
     out.mkdir(parents=True, exist_ok=True)
@@ -220,10 +219,10 @@ def import_features(
             chunk = []
             for i in range(first, min(first + CHUNK, len(source))):
                 converted = kit_sample(source.sample(i), target, normed=fmt == "specforge", source=fmt)
-                if converted is None and f"{fmt}:{source.names[i]}" not in index["skipped"]:
-                    index["skipped"].append(f"{fmt}:{source.names[i]}")
-                elif converted is not None:
+                if converted is not None:
                     chunk.append(converted)
+                elif f"{fmt}:{source.names[i]}" not in index["skipped"]:  # a resumed shard lists it once
+                    index["skipped"].append(f"{fmt}:{source.names[i]}")
                 bar.update(1)
             if chunk:
                 index["shards"].append(write_shard(chunk, out / shard))

@@ -160,14 +160,14 @@ def check_plan(plan: Plan) -> Check:
     target, head, rows, step = meta_models(plan)
     layers = target.hf_model.model.layers
     layer_params = sum(p.numel() for p in layers.parameters())
+    local_layers = layer_params
     fake_process_group(plan.world)
     try:
         ShardedStep(step, head, rows, main=False)
         sharded = [(n, p) for n, p in step.named_parameters() if not n.startswith("lm_head.")]
         local = {n: tuple(p.to_local().shape) for n, p in sharded}
         if plan.hidden_states == "online-sharded":  # the trainer's own sharding of the target
-            shard_target(target)
-            local_layers = sum(p.to_local().numel() for p in layers.parameters())
+            local_layers, _ = shard_target(target)
     finally:
         dist.destroy_process_group()
     trainable = sum(p.numel() for _, p in sharded if p.requires_grad)

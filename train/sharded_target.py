@@ -26,9 +26,9 @@ from specdec_kit.train.parallel import Ranks
 TARGET_SHARDINGS = ("replicated", "fsdp")
 
 
-def shard_target(target: TargetModel) -> str:
-    """Shard ``target``'s decoder layers across the process group's ranks (FSDP2, frozen); says how much this rank
-    holds."""
+def shard_target(target: TargetModel) -> tuple[int, int]:
+    """Shard ``target``'s decoder layers across the process group's ranks (FSDP2, frozen); (decoder-layer parameters
+    this rank holds, all of them)."""
     from torch.distributed.fsdp import fully_shard
 
     layers = target.hf_model.model.layers
@@ -36,8 +36,7 @@ def shard_target(target: TargetModel) -> str:
     total = sum(p.numel() for p in layers.parameters())
     for layer in layers:
         fully_shard(layer)
-    held = sum(p.to_local().numel() for p in layers.parameters())
-    return f"this rank holds {held:,} of the target's {total:,} decoder-layer parameters"
+    return sum(p.to_local().numel() for p in layers.parameters()), total
 
 
 def check_target_sharding(target_sharding: str, online: bool, world: int) -> None:
@@ -62,9 +61,13 @@ def prepare_target(target: TargetModel, target_sharding: str, online: bool, rank
     if target.device.type == "cuda":
         target.to(ranks.device(target.device))
     if target_sharding == "fsdp":
-        described = shard_target(target)
+        held, total = shard_target(target)
         if progress:
-            print(f"target: FSDP2 over {ranks.world} ranks, {described}", file=sys.stderr)
+            print(
+                f"target: FSDP2 over {ranks.world} ranks, this rank holds {held:,} of the target's {total:,} "
+                "decoder-layer parameters",
+                file=sys.stderr,
+            )
 
 
 @torch.no_grad()
@@ -77,7 +80,7 @@ def rows_through_target(
         return forward(tokens)
     rows = tokens.shape[0]
     mine = forward(tokens[ranks.share(rows)])
-    counts = [rows * (r + 1) // ranks.world - rows * r // ranks.world for r in range(ranks.world)]  # as ``share``
+    counts = [len(range(rows)[Ranks(r, ranks.world).share(rows)]) for r in range(ranks.world)]
     device = Ranks.collective_device()
     gathered = []
     for out in mine:  # the shares differ by one row at most: each padded to the widest for the collective
