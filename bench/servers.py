@@ -1,5 +1,6 @@
-"""Server processes for the serving benchmarks: the kit's server and vLLM's OpenAI server, each in a process
-group of its own so that stopping it stops vLLM's engine and worker processes too."""
+"""Server processes for the serving benchmarks: the kit's server, vLLM's OpenAI server and llama.cpp's
+``llama-server``, each in a process group of its own so that stopping it stops vLLM's engine and worker processes
+too."""
 
 from __future__ import annotations
 
@@ -78,12 +79,14 @@ def acceptance_length(before: dict[str, float], after: dict[str, float], prefix:
 
 @dataclass
 class ServerProcess:
-    """One running server: its label, base URL, process (group leader) and log file."""
+    """One running server: its label, base URL, process (group leader), log file, and the prefix of its /metrics
+    names (the kit, vLLM and llama.cpp count speculation under the same names, each under its own prefix)."""
 
     label: str
     url: str
     proc: subprocess.Popen
     log: Path
+    metric_prefix: str
 
     def wait_ready(self, route: str, seconds: float) -> None:
         """Wait for ``route`` to answer 200; stop the server and raise (with its log's tail) if it dies or is late."""
@@ -101,8 +104,12 @@ class ServerProcess:
             self.stop()
             raise RuntimeError(f"{self.label}: {exc}\n(log {self.log})") from None
 
-    def counters(self, prefix: str) -> dict[str, float]:
-        return metric_sums(self.url, prefix)
+    def counters(self) -> dict[str, float]:
+        return metric_sums(self.url, self.metric_prefix)
+
+    def acceptance_length(self, before: dict[str, float]) -> float | None:
+        """1 + accepted / drafts since the ``counters()`` reading ``before``."""
+        return acceptance_length(before, self.counters(), self.metric_prefix)
 
     def stop(self) -> None:
         stop_group(self.proc)
@@ -119,10 +126,10 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 60) -> None:
             proc.wait()
 
 
-def _spawn(label: str, cmd: list[str], env: dict[str, str], log: Path, port: int) -> ServerProcess:
+def _spawn(label: str, cmd: list[str], env: dict[str, str], log: Path, port: int, prefix: str) -> ServerProcess:
     log.parent.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    return ServerProcess(label, f"http://127.0.0.1:{port}", proc, log)
+    return ServerProcess(label, f"http://127.0.0.1:{port}", proc, log, prefix)
 
 
 def start_kit(
@@ -149,7 +156,7 @@ def start_kit(
         "warning",
         *extra,
     ]
-    return _spawn(label, cmd, dict(os.environ), log, port)
+    return _spawn(label, cmd, dict(os.environ), log, port, "specdec:")
 
 
 def start_vllm(
@@ -207,4 +214,17 @@ def start_vllm(
             str(port),
             *extra,
         ]
-    return _spawn(label, cmd, env, log, port)
+    return _spawn(label, cmd, env, log, port, "vllm:")
+
+
+def start_llamacpp(
+    label: str, target: Path, draft: Path | None, streams: int, context_per_stream: int, log: Path, extra: list[str]
+) -> ServerProcess:
+    """``llama-server`` over a GGUF ``target`` with ``streams`` slots of ``context_per_stream`` tokens each, with
+    /metrics on, speculating with an EAGLE-3 GGUF ``draft`` when given; returns before it is ready."""
+    from specdec_kit.export.llamacpp import server_command
+
+    port = free_port()
+    cmd = server_command(target, draft, port, slots=streams, context=streams * context_per_stream)
+    cmd += ["--host", "127.0.0.1", "--metrics", "--alias", SERVED_NAME, *extra]
+    return _spawn(label, cmd, dict(os.environ), log, port, "llamacpp:")

@@ -37,14 +37,26 @@ def stream_request(client: httpx.Client, url: str, model: str, prompt: Prompt, m
         route, body["prompt"] = "/v1/completions", prompt
     start = time.perf_counter()
     meter = StreamMeter(start, max_tokens)
-    with client.stream("POST", url + route, json=body, timeout=600) as resp:
-        if resp.status_code != 200:
-            resp.read()
-            return {"ok": False, "error": f"HTTP {resp.status_code}: {resp.text[:300]}", "tokens": 0, "itl": []}
-        for line in resp.iter_lines():
-            meter.feed(line, time.perf_counter())
+    reconnects = 0
+    while True:
+        try:
+            with client.stream("POST", url + route, json=body, timeout=600) as resp:
+                if resp.status_code != 200:
+                    resp.read()
+                    error = f"HTTP {resp.status_code}: {resp.text[:300]}"
+                    return {"ok": False, "error": error, "tokens": 0, "itl": [], "reconnects": reconnects}
+                for line in resp.iter_lines():
+                    meter.feed(line, time.perf_counter())
+            break
+        except httpx.RemoteProtocolError:
+            # A kept-alive connection the server closed as the request went out (llama-server's HTTP library
+            # drops idle connections on its own clock): nothing was answered, so ask once more on a new one.
+            if meter.events or reconnects:
+                raise
+            reconnects += 1
     rec = meter.finish(time.perf_counter())
     return {
+        "reconnects": reconnects,
         "ok": rec.ok,
         "error": rec.error,
         "ttft": rec.ttft,
@@ -99,6 +111,7 @@ def run_level(url: str, model: str, prompts: list[Prompt], clients: int, total: 
         "requests": len(results),
         "failed": len(results) - len(ok),
         "errors": sorted({r["error"] for r in results if not r["ok"]})[:3],
+        "reconnects": sum(r.get("reconnects", 0) for r in results),
         "tokens": sum(r["tokens"] for r in ok),
         "wall_s": round(wall, 3),
         "throughput_tok_s": round(sum(r["tokens"] for r in ok) / wall, 1),

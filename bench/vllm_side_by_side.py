@@ -46,7 +46,6 @@ from pathlib import Path
 RESULTS = Path("bench/results")  # relative to where it runs (the repository root in the README)
 REPO = Path(__file__).resolve().parents[1]
 STARTUP_S = 1800  # vLLM's first start on 2 cores compiles the model (minutes)
-METRIC_PREFIX = {"kit": "specdec:", "vllm": "vllm:"}
 
 
 def parse_args(argv):
@@ -140,8 +139,9 @@ def start(spec: dict, args, max_streams: int):
 
 def measure(servers: dict, prompts, levels: list[int], args) -> list[dict]:
     """Interleaved rounds: repeat -> level -> every server (order rotated each round), each measurement started on
-    a quiet machine (the previous server's leftover work done)."""
-    from specdec_kit.bench.servers import SERVED_NAME, acceptance_length, wait_for_quiet_cpu
+    a quiet machine (the previous server's leftover work done). ``servers`` maps ``"<server>-<mode>"`` labels to
+    running servers; ``args`` gives ``repeats``, ``requests_per_stream`` and ``max_tokens``."""
+    from specdec_kit.bench.servers import SERVED_NAME, wait_for_quiet_cpu
     from specdec_kit.bench.streams import run_level
 
     labels = list(servers)
@@ -156,9 +156,9 @@ def measure(servers: dict, prompts, levels: list[int], args) -> list[dict]:
             for label in labels[shift:] + labels[:shift]:
                 server, (kind, mode) = servers[label], label.split("-", 1)
                 waited = wait_for_quiet_cpu()
-                before = server.counters(METRIC_PREFIX[kind])
+                before = server.counters()
                 row = run_level(server.url, SERVED_NAME, prompts, clients, total, args.max_tokens)
-                tau = acceptance_length(before, server.counters(METRIC_PREFIX[kind]), METRIC_PREFIX[kind])
+                tau = server.acceptance_length(before)
                 row.update(
                     server=kind,
                     mode=mode,
@@ -168,7 +168,7 @@ def measure(servers: dict, prompts, levels: list[int], args) -> list[dict]:
                 )
                 rows.append(row)
                 print(
-                    f"  round {repeat + 1}/{args.repeats}  {label:>13} x{clients:<3} {row['throughput_tok_s']:7.1f} tok/s  "
+                    f"  round {repeat + 1}/{args.repeats}  {label:>20} x{clients:<3} {row['throughput_tok_s']:7.1f} tok/s  "
                     f"TTFT p50 {row['ttft_p50_ms']} ms  ITL p50 {row['itl_p50_ms']} ms  tau {row['acceptance_length']}"
                     + (f"  FAILED {row['failed']}: {row['errors']}" if row["failed"] else ""),
                     flush=True,
@@ -176,13 +176,22 @@ def measure(servers: dict, prompts, levels: list[int], args) -> list[dict]:
     return rows
 
 
-def summarize(rows: list[dict]) -> list[dict]:
-    """One row per (server, mode, streams): medians over repeats; texts compared with the kit's plain decoding."""
-    reference: dict[int, str] = {}
+def kit_plain(server: str, mode: str) -> tuple[str, str]:
+    return ("kit", "plain")
+
+
+def kit_same_mode(server: str, mode: str) -> tuple[str, str]:
+    return ("kit", mode)
+
+
+def summarize(rows: list[dict], reference=kit_plain, compared_with=kit_same_mode) -> list[dict]:
+    """One row per (server, mode, streams): medians over repeats; each (server, mode)'s greedy texts compared with
+    those of ``reference(server, mode)``, its tokens/s paired round by round with its own plain decoding's and with
+    ``compared_with(server, mode)``'s (both functions give a (server, mode))."""
+    first_texts: dict[tuple[str, str], dict[int, str]] = {}
     for r in rows:
-        if (r["server"], r["mode"]) == ("kit", "plain"):
-            for i, text in r["texts"].items():
-                reference.setdefault(i, text)
+        for i, text in r["texts"].items():
+            first_texts.setdefault((r["server"], r["mode"]), {}).setdefault(i, text)
     out = []
     keys = sorted(
         {(r["server"], r["mode"], r["concurrency"]) for r in rows}, key=lambda k: (k[0], k[1] != "plain", k[1], k[2])
@@ -192,6 +201,7 @@ def summarize(rows: list[dict]) -> list[dict]:
         tps = [r["throughput_tok_s"] for r in sel]
         taus = [r["acceptance_length"] for r in sel if r["acceptance_length"] is not None]
         texts = {i: t for r in sel for i, t in r["texts"].items()}
+        expected = first_texts.get(reference(server, mode), {})
         out.append(
             {
                 "server": server,
@@ -206,15 +216,16 @@ def summarize(rows: list[dict]) -> list[dict]:
                 "itl_p99_ms": median_of(sel, "itl_p99_ms"),
                 "acceptance_length": round(statistics.median(taus), 2) if taus else None,
                 "failed": sum(r["failed"] for r in sel),
-                "same_text_as_kit_plain": f"{sum(texts[i] == reference.get(i) for i in texts)}/{len(texts)}",
+                "same_text_as_reference": f"{sum(texts[i] == expected.get(i) for i in texts)}/{len(texts)}",
             }
         )
     for row in out:
         ratios = paired_ratios(rows, (row["server"], row["mode"]), (row["server"], "plain"), row["streams"])
         row["over_own_plain"] = round(statistics.median(ratios), 2)
         row["over_own_plain_min"], row["over_own_plain_max"] = round(min(ratios), 2), round(max(ratios), 2)
-        kit = paired_ratios(rows, (row["server"], row["mode"]), ("kit", row["mode"]), row["streams"])
-        row["over_kit_same_mode"] = round(statistics.median(kit), 2) if kit else None
+        key = (row["server"], row["mode"])
+        base = paired_ratios(rows, key, compared_with(*key), row["streams"])
+        row["over_compared"] = round(statistics.median(base), 2) if base else None
     return out
 
 
@@ -283,18 +294,22 @@ def median_of(rows: list[dict], key: str) -> float | None:
     return round(statistics.median(values), 2) if values else None
 
 
-def table(summary: list[dict]) -> list[str]:
+def table(summary: list[dict], compared: str = "x kit", reference: str = "text = kit plain") -> list[str]:
+    """The summary as a Markdown table; ``compared`` and ``reference`` head the columns of ``over_compared`` and
+    ``same_text_as_reference``."""
     lines = [
-        "| server | mode | streams | tokens/s (median, min-max) | x own plain (min-max) | x kit | TTFT p50 ms "
-        "| ITL p50 ms | ITL p99 ms | acceptance length | text = kit plain |",
+        "| server | mode | streams | tokens/s (median, min-max) | x own plain (min-max) | "
+        + compared
+        + " | TTFT p50 ms "
+        "| ITL p50 ms | ITL p99 ms | acceptance length | " + reference + " |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in summary:
         lines.append(
             f"| {r['server']} | {r['mode']} | {r['streams']} | {r['tokens_per_s']} ({r['tokens_per_s_min']}-"
             f"{r['tokens_per_s_max']}) | {r['over_own_plain']} ({r['over_own_plain_min']}-"
-            f"{r['over_own_plain_max']}) | {r['over_kit_same_mode']} | {r['ttft_p50_ms']} | "
-            f"{r['itl_p50_ms']} | {r['itl_p99_ms']} | {r['acceptance_length'] or '-'} | {r['same_text_as_kit_plain']} |"
+            f"{r['over_own_plain_max']}) | {r['over_compared']} | {r['ttft_p50_ms']} | "
+            f"{r['itl_p50_ms']} | {r['itl_p99_ms']} | {r['acceptance_length'] or '-'} | {r['same_text_as_reference']} |"
         )
     return lines
 

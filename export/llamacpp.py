@@ -85,20 +85,34 @@ def eagle3_for_llamacpp(head: Path, target_dir: Path, out: Path) -> Path:
     return out
 
 
+def export_head(target_dir: Path, head: Path, out: Path, outtype: str = "f32") -> Path:
+    """An EAGLE-3 head's GGUF (``out/eagle3-<outtype>.gguf``) for the target in ``target_dir``."""
+    with tempfile.TemporaryDirectory(prefix="eagle3-") as tmp:
+        copy = eagle3_for_llamacpp(head, target_dir, Path(tmp) / "eagle3")
+        return convert(copy, out / f"eagle3-{outtype}.gguf", outtype, target_dir=target_dir)
+
+
 def export(target_dir: Path, head: Path | None, out: Path, outtype: str = "f32") -> dict[str, Path]:
     """The target's GGUF and (with ``head``) its EAGLE-3 head's, in ``out``."""
     files = {"target": convert(target_dir, out / f"target-{outtype}.gguf", outtype)}
     if head is not None:
-        with tempfile.TemporaryDirectory(prefix="eagle3-") as tmp:
-            copy = eagle3_for_llamacpp(head, target_dir, Path(tmp) / "eagle3")
-            files["draft"] = convert(copy, out / f"eagle3-{outtype}.gguf", outtype, target_dir=target_dir)
+        files["draft"] = export_head(target_dir, head, out, outtype)
     return files
 
 
-def server_command(target: Path, draft: Path | None, port: int, threads: int = 2, draft_tokens: int = 3) -> list[str]:
-    """``llama-server`` over ``target`` (one slot, greedy-ready), speculating with an EAGLE-3 ``draft`` when given."""
+def server_command(
+    target: Path,
+    draft: Path | None,
+    port: int,
+    threads: int = 2,
+    draft_tokens: int = 3,
+    slots: int = 1,
+    context: int = 4096,
+) -> list[str]:
+    """``llama-server`` over ``target`` with ``slots`` parallel sequences sharing ``context`` tokens of KV cache,
+    speculating with an EAGLE-3 ``draft`` when given."""
     command = [str(tool("llama-server")), "-m", str(target), "--port", str(port), "-t", str(threads)]
-    command += ["-c", "4096", "-np", "1", "--no-webui"]
+    command += ["-c", str(context), "-np", str(slots), "--no-webui"]
     if draft is not None:
         command += ["-md", str(draft), "--spec-type", "draft-eagle3", "--spec-draft-n-max", str(draft_tokens)]
     return command

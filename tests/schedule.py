@@ -34,7 +34,7 @@ MODULE_SECONDS = {
     "test_install.py": 62,
     "test_sglang_commands.py": 62,
     "test_foreign_features.py": 60,
-    "test_llamacpp.py": 52,
+    "test_llamacpp.py": 150,
     "test_cost_policy.py": 45,
     "test_third_party_clients.py": 35,
     "test_engine_cache.py": 31,

@@ -8,6 +8,7 @@ the kit's within a few tokens (the kit drafts the same chain of 3 with ``dynamic
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,64 @@ def test_the_kits_eagle3_head_runs_in_llama_server_losslessly_and_is_accepted_as
         f"greedy tokens equal to llama.cpp's: {same}/{NEW_TOKENS * len(prompts)}"
     )
     assert abs(accepted / drafted - kit_accepted / kit_drafted) < 0.05
+
+
+def test_the_cpu_side_by_side_benchmark_measures_the_kit_and_llama_server(tmp_path):
+    """``specdec-bench-cpu`` end to end at a smoke size (the kit on its PyTorch backend: the ONNX Runtime engines'
+    exports take minutes here): every server answers every request with every token, speculation reports its
+    acceptance (plain does not), greedy texts are compared within a precision, and the goals name both programs."""
+    import json
+
+    from specdec_kit.bench.cpu_side_by_side import main
+
+    try:
+        tool("llama-server")
+    except LlamaCppError as exc:
+        missing_tool(str(exc))
+    out = tmp_path / "results"
+    servers = "kit:f32:plain,kit:f32:eagle3,llama.cpp:f32:plain,llama.cpp:f32:eagle3,llama.cpp:q4_1:plain"
+    argv = ["--servers", servers, "--kit-backend", "torch", "--concurrency", "1,2", "--repeats", "1"]
+    argv += ["--prompts", "2", "--max-tokens", "16", "--engines", str(tmp_path / "engines"), "--out", str(out)]
+    assert main(argv) == 0
+    result = json.loads((out / "cpu_side_by_side.json").read_text())
+    rows = {(r["server"], r["mode"], r["streams"]): r for r in result["summary"]}
+    assert set(rows) == {
+        (server, mode, streams)
+        for server, mode in (
+            ("kit f32", "plain"),
+            ("kit f32", "eagle3"),
+            ("llama.cpp f32", "plain"),
+            ("llama.cpp f32", "eagle3"),
+            ("llama.cpp q4_1", "plain"),
+        )
+        for streams in (1, 2)
+    }
+    assert all(r["tokens"] == r["requests"] * 16 and r["failed"] == 0 for r in result["rows"])
+    for (server, mode, streams), row in rows.items():
+        assert (row["acceptance_length"] is None) == (mode == "plain"), row
+        if server.startswith("kit") or server == "llama.cpp q4_1":  # the kit lossless; Q4_1's reference is itself
+            assert row["same_text_as_reference"] == "2/2", row
+    assert [g["goal"] for g in result["goals"]] == [
+        "kit f32 best >= llama.cpp f32 best at 1 stream",
+        "kit f32 best >= llama.cpp f32 best at 2 streams",
+    ]
+    text = (out / "cpu_side_by_side.md").read_text()
+    assert "| llama.cpp q4_1 | plain | 2 |" in text and (out / "cpu_side_by_side.png").stat().st_size > 0
+
+
+def test_the_cpu_benchmark_refuses_servers_it_cannot_run():
+    from specdec_kit.bench.cpu_side_by_side import parse_servers
+
+    assert [s.label for s in parse_servers("kit:int4:griffin, llama.cpp:q8_0:eagle3")] == [
+        "kit int4-griffin",
+        "llama.cpp q8_0-eagle3",
+    ]
+    for bad, says in (
+        ("kit:q8_0:plain", "kit runs weights ['f32', 'int4'], not 'q8_0'"),
+        ("llama.cpp:f32:griffin", "llama.cpp modes are ['plain', 'eagle3'], not 'griffin'"),
+        ("sglang:f32:plain", "server 'sglang'"),
+        ("kit:f32", "is not server:weights:mode"),
+        ("kit:f32:plain,kit:f32:plain", "listed twice"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(says)):
+            parse_servers(bad)

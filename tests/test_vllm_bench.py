@@ -50,7 +50,7 @@ def test_side_by_side_benchmark_measures_every_server(vllm_python, zoo_engines, 
     }
     for row in summary:
         assert row["failed"] == 0 and row["tokens_per_s"] > 0
-        assert row["same_text_as_kit_plain"] == "2/2", row
+        assert row["same_text_as_reference"] == "2/2", row
         if row["mode"] == "plain":
             assert row["acceptance_length"] is None and row["over_own_plain"] == 1.0
         elif row["mode"] == "griffin":

@@ -22,7 +22,7 @@ import torch
 from conftest import chi_square_pvalue, hf_greedy
 from server_helpers import free_port
 
-from specdec_kit.bench.servers import SERVED_NAME, acceptance_length, start_vllm
+from specdec_kit.bench.servers import SERVED_NAME, start_vllm
 from specdec_kit.paths import default_zoo
 from specdec_kit.runtime.core.trees import parse_tree_spec
 from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
@@ -140,7 +140,7 @@ class VllmServer:
         return resp.json()["choices"][0]["token_ids"]
 
     def acceptance(self) -> float:
-        return acceptance_length({}, self.server.counters("vllm:"), "vllm:")
+        return self.server.acceptance_length({})
 
     def stop(self) -> None:
         self.server.stop()
