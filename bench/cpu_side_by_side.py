@@ -308,6 +308,18 @@ def settings(args, specs: list[Spec], runs: dict) -> dict:
         "kit_threads": f"{args.kit_backend}; intra-op threads one per physical core; speculation policy cost",
         "llamacpp_threads": f"-t {os.cpu_count()}; EAGLE-3 chains of {args.llamacpp_draft_tokens}",
         "vllm_threads": "VLLM_CPU_OMP_THREADS_BIND=" + os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),
+        "vllm_chains": {
+            s.label: json.loads((runs[s]["engine"] / "manifest.json").read_text())["vllm"]["speculative_config"][
+                "num_speculative_tokens"
+            ]
+            for s in specs
+            if s.server == "vllm" and s.mode != "plain"
+        },
+        "kit_trees": {
+            s.label: json.loads((runs[s]["engine"] / "manifest.json").read_text())["tree"]
+            for s in specs
+            if s.server == "kit" and s.mode != "plain"
+        },
         "kit_args": args.kit_arg,
         "llamacpp_args": args.llamacpp_arg,
         "vllm_args": args.vllm_arg,
@@ -382,7 +394,11 @@ def main(argv=None) -> int:
             f"MT-Bench prompts as token ids, {args.max_tokens} tokens each, T=0, {args.repeats} interleaved rounds "
             f"({meta['machine']})",
             "",
-            f"- kit: {meta['kit_threads']}; llama.cpp: {meta['llamacpp_threads']}; vLLM: {meta['vllm_threads']}",
+            f"- kit: {meta['kit_threads']}; trees "
+            + ", ".join(f"{label} {tree}" for label, tree in meta["kit_trees"].items()),
+            f"- llama.cpp: {meta['llamacpp_threads']}",
+            f"- vLLM: {meta['vllm_threads']}; chains "
+            + (", ".join(f"{label} K={k}" for label, k in meta["vllm_chains"].items()) or "-"),
             "- text: greedy texts equal to the kit's f32 plain decoding (f32 servers) or to the server's own plain "
             "decoding (other precisions)",
             "",

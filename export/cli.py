@@ -232,7 +232,12 @@ def summarize(result, args) -> str:
         for part, fmt in weights.items():
             counts = fmt["quantized_matmuls"]
             total = counts if isinstance(counts, int) else sum(counts.values())
-            lines.append(f"  {part} weights: {fmt['format']} in {total} MatMuls (MatMulNBits)")
+            grid = (
+                f", stored from the checkpoint's own 4-bit grid; {fmt['kept_float']} off it kept float"
+                if "stored_from_grid" in fmt
+                else ""
+            )
+            lines.append(f"  {part} weights: {fmt['format']} in {total} MatMuls (MatMulNBits{grid})")
         if "target" in weights:
             lines.append(
                 f"  checked: onnx.checker ok; speculation identical to this engine's plain decoding: "

@@ -221,9 +221,14 @@ def build_onnx(
             raise BuildError("greedy generation through the ONNX graphs differs from the PyTorch backend")
     weight_section = {}
     if target_weights:
-        weight_section["target"] = {**target_weights.manifest(), "quantized_matmuls": quantized["target_step"]}
+        found = quantized["target_step"]
+        weight_section["target"] = {
+            **target_weights.manifest(),
+            "quantized_matmuls": found["matmuls"],
+            **({"stored_from_grid": found["on_grid"], "kept_float": found["kept_float"]} if "on_grid" in found else {}),
+        }
     if draft_weights:
-        counts = {role: n for role, n in quantized.items() if role != "target_step"}
+        counts = {role: n["matmuls"] for role, n in quantized.items() if role != "target_step"}
         weight_section["draft"] = {**draft_weights.manifest(), "quantized_matmuls": counts}
     provider_names = [p[0] if isinstance(p, tuple) else p for p in providers]
     return {

@@ -17,6 +17,14 @@ decides the output:
 
 Why not ``quantize_dynamic``: it scales each call's activations by their largest value over the whole input tensor,
 so a token's result would depend on the other tokens and rows of the call even before any rounding.
+
+A checkpoint dequantized from a 4-bit file (SmolLM2's, from its Q4_1 GGUF) already holds its matrices on a 4-bit
+grid: each block of 32 weights is ``d * q + m`` with codes ``q`` in 0..15. Rounding those again onto a symmetric grid
+loses most of what the file kept (SmolLM2: 12.5% of the float model's greedy tokens), so a 4-bit target whose
+matrices lie on such a grid stores them as they are: the codes and scales in ``MatMulNBits``, the block minima as a
+small float product beside it (``x @ W.T = MatMulNBits(x) + (x @ E) @ M`` with ``E`` summing each block of ``x``
+and ``M`` the minima; ONNX Runtime's float zero points would say the same but run 10-30x slower here). Matrices off
+the grid (SmolLM2's embedding, tied to its LM head, was 8-bit) then stay float rather than be rounded again.
 """
 
 from __future__ import annotations
@@ -73,14 +81,110 @@ def untie_transposed_weights(model) -> int:
     return untied
 
 
-def quantize_graph(path: Path, fmt: WeightFormat) -> int:
+def grid_codes(weight, block_size: int, bits: int = 4):
+    """``weight`` [N, K] as ``(codes [N, K/block] x block, scales, minima)`` when every block of ``block_size``
+    along K is exactly ``scale * code + minimum`` with codes in 0..2^bits-1 and a float16 scale (how GGUF's Q4_1
+    stores and dequantizes it); None when any weight is off that grid."""
+    import numpy as np
+
+    rows, width = weight.shape
+    if width % block_size:
+        return None
+    blocks = weight.astype(np.float32).reshape(rows, width // block_size, block_size)
+    low, high = blocks.min(-1, keepdims=True), blocks.max(-1, keepdims=True)
+    scales = ((high - low) / (2**bits - 1)).astype(np.float16).astype(np.float32)
+    codes = np.rint((blocks - low) / np.where(scales > 0, scales, 1))
+    if codes.min() < 0 or codes.max() > 2**bits - 1 or not np.array_equal(scales * codes + low, blocks):
+        return None
+    return codes.astype(np.uint8), scales[..., 0], low[..., 0]
+
+
+def matmul_weights(model) -> list[tuple[object, object]]:
+    """(MatMul node, its constant weight initializer) for every MatMul that multiplies by a constant."""
+    constants = {init.name: init for init in model.graph.initializer}
+    return [(n, constants[n.input[1]]) for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in constants]
+
+
+def on_grid_nodes(model, node, codes, scales, minima, fmt: WeightFormat) -> list:
+    """The nodes that replace MatMul ``node`` (x @ W.T, W = scales * codes + minima per block): ``MatMulNBits`` over
+    the codes (its default zero point 8: W = scales * (codes - 8) + (minima + 8 * scales)) plus the block minima's
+    product; their constants are added to ``model``."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    rows, blocks, size = codes.shape
+    name = node.output[0]
+    packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)  # the first of each pair in the low bits
+    block_sums = np.kron(np.eye(blocks, dtype=np.float32), np.ones((size, 1), np.float32))  # [K, blocks]
+    shifted_minima = (minima + 8 * scales).T.astype(np.float32)  # [blocks, N]
+    for array, suffix in (
+        (packed, "codes"),
+        (scales.reshape(-1), "scales"),
+        (block_sums, "block_sums"),
+        (np.ascontiguousarray(shifted_minima), "minima"),
+    ):
+        model.graph.initializer.append(numpy_helper.from_array(array, f"{name}_{suffix}"))
+    x = node.input[0]
+    return [
+        helper.make_node(
+            "MatMulNBits",
+            [x, f"{name}_codes", f"{name}_scales"],
+            [f"{name}_scaled"],
+            domain="com.microsoft",
+            K=blocks * size,
+            N=rows,
+            bits=fmt.bits,
+            block_size=size,
+            accuracy_level=fmt.accuracy_level,
+        ),
+        helper.make_node("MatMul", [x, f"{name}_block_sums"], [f"{name}_sums"]),
+        helper.make_node("MatMul", [f"{name}_sums", f"{name}_minima"], [f"{name}_offsets"]),
+        helper.make_node("Add", [f"{name}_scaled", f"{name}_offsets"], [name]),
+    ]
+
+
+def quantize_on_grid(model, fmt: WeightFormat) -> dict[str, int] | None:
+    """Store every constant MatMul weight that lies on a ``fmt.bits`` grid as its codes; None (nothing changed)
+    when none does. The others stay float."""
+    from onnx import helper, numpy_helper
+
+    if fmt.bits != 4 or not fmt.symmetric:
+        return None
+    found = []
+    for node, init in matmul_weights(model):
+        grid = grid_codes(numpy_helper.to_array(init).T, fmt.block_size, fmt.bits)  # MatMul's weight is W.T
+        found.append((node, grid))
+    if not any(grid is not None for _, grid in found):
+        return None
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    replaced = {id(node): on_grid_nodes(model, node, *grid, fmt) for node, grid in found if grid is not None}
+    nodes = [new for node in model.graph.node for new in replaced.get(id(node), [node])]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    used = {name for node in model.graph.node for name in node.input}
+    for init in [i for i in model.graph.initializer if i.name not in used]:
+        model.graph.initializer.remove(init)
+    on_grid = sum(grid is not None for _, grid in found)
+    constants = {init.name for init in model.graph.initializer}
+    transposed = {n.output[0] for n in model.graph.node if n.op_type == "Transpose" and n.input[0] in constants}
+    tied = sum(n.op_type == "MatMul" and n.input[1] in transposed for n in model.graph.node)  # a tied LM head
+    return {"matmuls": on_grid, "on_grid": on_grid, "kept_float": len(found) - on_grid + tied}
+
+
+def quantize_graph(path: Path, fmt: WeightFormat) -> dict[str, int]:
     """Rewrite the graph at ``path`` (weights as external data beside it) with its constant MatMul weights in
-    ``fmt``; returns how many MatMuls were quantized (those multiplying activations by activations, e.g. attention,
-    stay float)."""
+    ``fmt``. Returns ``matmuls``, how many MatMuls became ``MatMulNBits`` (those multiplying activations by
+    activations, e.g. attention, stay float), and ``on_grid`` / ``kept_float`` where the weights already lay on a
+    4-bit grid (stored exactly; the others left float)."""
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     model = onnx.load(str(path))  # the external data too: the old data file is rewritten below
+    exact = quantize_on_grid(model, fmt)
+    if exact is not None:
+        save_quantized(model, path)
+        return exact
     untie_transposed_weights(model)
     quantizer = MatMulNBitsQuantizer(
         model,
@@ -98,9 +202,16 @@ def quantize_graph(path: Path, fmt: WeightFormat) -> int:
     finally:
         logger.setLevel(level)
     quantized = quantizer.model.model
+    save_quantized(quantized, path)
+    return {"matmuls": sum(node.op_type == "MatMulNBits" for node in quantized.graph.node)}
+
+
+def save_quantized(model, path: Path) -> None:
+    """``model`` over the graph at ``path``, its weights rewritten into the data file beside it."""
+    import onnx
+
     data = path.with_name(path.name + ".data")
     mode = data.stat().st_mode & 0o777
     data.unlink()  # onnx appends to an existing data file
-    onnx.save_model(quantized, str(path), save_as_external_data=True, location=data.name, size_threshold=1024)
+    onnx.save_model(model, str(path), save_as_external_data=True, location=data.name, size_threshold=1024)
     data.chmod(mode)  # onnx creates it private; keep the exporter's permissions
-    return sum(node.op_type == "MatMulNBits" for node in quantized.graph.node)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 import torch
@@ -129,3 +130,49 @@ def test_the_builder_refuses_unknown_formats_serving_engines_and_weightless_draf
     weightless = run_builder("--draft-weights", "int8", draft="ngram", cwd=tmp_path)
     assert weightless.returncode == 2 and "a ngram draft has no weights to quantize" in weightless.stderr
     assert not list(tmp_path.rglob("manifest.json"))  # nothing built
+
+
+def q4_1_weight(rows: int, width: int, rng) -> np.ndarray:
+    """A [rows, width] matrix as a dequantized Q4_1 file holds it: per block of 32, float16 scale x code + minimum."""
+    codes = rng.integers(0, 16, size=(rows, width // 32, 32))
+    codes[..., 0], codes[..., 1] = 0, 15  # Q4_1's grid runs from each block's minimum to its maximum
+    scales = (rng.random((rows, width // 32, 1)) * 0.02 + 1e-3).astype(np.float16).astype(np.float32)
+    minima = -(rng.random((rows, width // 32, 1)) * 0.1).astype(np.float32)
+    return (scales * codes + minima).astype(np.float32).reshape(rows, width)
+
+
+def test_weights_already_on_a_4_bit_grid_are_stored_as_they_are(tmp_path):
+    """A checkpoint dequantized from a 4-bit file keeps its own weights in an int4 engine (not rounded again onto
+    another grid); a matrix off the grid then stays float. Exact up to float rounding of the products."""
+    import onnxruntime as ort
+    from onnx import helper, numpy_helper
+
+    from specdec_kit.export.quantize import TARGET_WEIGHTS, grid_codes, quantize_graph
+
+    rng = np.random.default_rng(0)
+    on_grid, off_grid = q4_1_weight(48, 64, rng), rng.standard_normal((48, 48)).astype(np.float32)
+    assert grid_codes(off_grid, 32) is None
+    nudged = on_grid.copy()
+    nudged[3, 5] = np.nextafter(nudged[3, 5], np.float32(1))  # one weight one ulp off its grid
+    assert grid_codes(nudged, 32) is None
+    codes, scales, minima = grid_codes(on_grid, 32)
+    assert codes.shape == (48, 2, 32) and codes.max() == 15 and scales.shape == minima.shape == (48, 2)
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("MatMul", ["h", "v"], ["y"])],
+        "two",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [None, None, 64])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [None, None, 48])],
+        [numpy_helper.from_array(on_grid.T.copy(), "w"), numpy_helper.from_array(off_grid.T.copy(), "v")],
+    )
+    path = tmp_path / "two.onnx"
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save_model(model, str(path), save_as_external_data=True, location="two.onnx.data", size_threshold=0)
+    assert quantize_graph(path, TARGET_WEIGHTS["int4"]) == {"matmuls": 1, "on_grid": 1, "kept_float": 1}
+    onnx.checker.check_model(str(path))
+    ops = [n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node]
+    assert ops == ["MatMulNBits", "MatMul", "MatMul", "Add", "MatMul"]  # codes, the minima's product, float v
+    x = rng.standard_normal((2, 3, 64)).astype(np.float32)
+    got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    expected = x @ on_grid.T @ off_grid.T
+    assert np.abs(got - expected).max() < 1e-5 * np.abs(expected).max()
