@@ -268,37 +268,30 @@ def goals(summary: list[dict]) -> list[dict]:
 
 
 def plot(summary: list[dict], path: Path) -> None:
-    from specdec_kit.plots import concurrency_axis, legend_below, pyplot, save_figure
+    """Throughput and ITL over the levels: a color per server (program and weights), dashed where it speculates."""
+    from specdec_kit.bench.vllm_side_by_side import plot_levels
 
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    panels = (("tokens_per_s", "throughput (tokens/s, median)"), ("itl_p50_ms", "inter-token latency p50 (ms)"))
     names = list(dict.fromkeys(r["server"] for r in summary))
     palette = ("#4c72b0", "#8172b3", "#dd8452", "#c44e52", "#937860", "#55a868", "#7f7f7f")
     colors = dict(zip(names, palette * 2))
-    for name in names:
-        for mode in dict.fromkeys(r["mode"] for r in summary if r["server"] == name):
-            sel = [r for r in summary if (r["server"], r["mode"]) == (name, mode)]
-            for ax, (key, _) in zip(axes, panels):
-                ax.plot(
-                    [r["streams"] for r in sel],
-                    [r[key] for r in sel],
-                    "-" if mode == "plain" else "--",
-                    marker="o" if mode == "plain" else "^",
-                    color=colors[name],
-                    label=f"{name} {mode}",
-                )
-    levels = sorted({r["streams"] for r in summary})
-    for ax, (_, title) in zip(axes, panels):
-        concurrency_axis(ax, levels)
-        ax.set_ylim(bottom=0)
-        ax.set_title(title, fontsize=10)
-    legend_below(fig, axes[0], columns=4)
-    save_figure(fig, path, tight=False)
+    series = [
+        {
+            "server": name,
+            "mode": mode,
+            "style": "-" if mode == "plain" else "--",
+            "marker": "o" if mode == "plain" else "^",
+            "color": colors[name],
+        }
+        for name, mode in dict.fromkeys((r["server"], r["mode"]) for r in summary)
+    ]
+    panels = (("tokens_per_s", "throughput (tokens/s, median)"), ("itl_p50_ms", "inter-token latency p50 (ms)"))
+    plot_levels(summary, series, panels, path, (11, 4), 4)
 
 
 def settings(args, specs: list[Spec], runs: dict) -> dict:
     import onnxruntime
+
+    from specdec_kit.bench.vllm_side_by_side import kit_tree, load_settings, vllm_chain
 
     return {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores",
@@ -309,24 +302,13 @@ def settings(args, specs: list[Spec], runs: dict) -> dict:
         "llamacpp_threads": f"-t {os.cpu_count()}; EAGLE-3 chains of {args.llamacpp_draft_tokens}",
         "vllm_threads": "VLLM_CPU_OMP_THREADS_BIND=" + os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),
         "vllm_chains": {
-            s.label: json.loads((runs[s]["engine"] / "manifest.json").read_text())["vllm"]["speculative_config"][
-                "num_speculative_tokens"
-            ]
-            for s in specs
-            if s.server == "vllm" and s.mode != "plain"
+            s.label: vllm_chain(runs[s]["engine"]) for s in specs if s.server == "vllm" and s.mode != "plain"
         },
-        "kit_trees": {
-            s.label: json.loads((runs[s]["engine"] / "manifest.json").read_text())["tree"]
-            for s in specs
-            if s.server == "kit" and s.mode != "plain"
-        },
+        "kit_trees": {s.label: kit_tree(runs[s]["engine"]) for s in specs if s.server == "kit" and s.mode != "plain"},
         "kit_args": args.kit_arg,
         "llamacpp_args": args.llamacpp_arg,
         "vllm_args": args.vllm_arg,
-        "max_tokens": args.max_tokens,
-        "prompts": args.prompts,
-        "repeats": args.repeats,
-        "requests_per_stream": args.requests_per_stream,
+        **load_settings(args),
     }
 
 

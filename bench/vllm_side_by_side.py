@@ -314,11 +314,34 @@ def table(summary: list[dict], compared: str = "x kit", reference: str = "text =
     return lines
 
 
-def plot(summary: list[dict], path: Path) -> None:
+def plot_levels(summary: list[dict], series: list[dict], panels, path: Path, size, columns: int) -> None:
+    """One panel per (summary key, title), each series (``server``, ``mode``, ``style``, ``marker``, ``color``)
+    drawn over the concurrency levels; the legend below."""
     from specdec_kit.plots import concurrency_axis, legend_below, pyplot, save_figure
 
     plt = pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    fig, axes = plt.subplots(1, len(panels), figsize=size)
+    for line in series:
+        sel = [r for r in summary if (r["server"], r["mode"]) == (line["server"], line["mode"])]
+        for ax, (key, _) in zip(axes, panels):
+            ax.plot(
+                [r["streams"] for r in sel],
+                [r[key] for r in sel],
+                line["style"],
+                marker=line["marker"],
+                color=line["color"],
+                label=f"{line['server']} {line['mode']}",
+            )
+    levels = sorted({r["streams"] for r in summary})
+    for ax, (_, title) in zip(axes, panels):
+        concurrency_axis(ax, levels)
+        ax.set_ylim(bottom=0)
+        ax.set_title(title, fontsize=10)
+    legend_below(fig, axes[0], columns=columns)
+    save_figure(fig, path, tight=False)
+
+
+def plot(summary: list[dict], path: Path) -> None:
     panels = (
         ("tokens_per_s", "throughput (tokens/s, median)"),
         ("ttft_p50_ms", "time to first token p50 (ms)"),
@@ -326,27 +349,29 @@ def plot(summary: list[dict], path: Path) -> None:
     )
     modes = list(dict.fromkeys(r["mode"] for r in summary))
     colors = dict(zip(modes, ("#7f7f7f", "#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860")))
-    for server, style in (("kit", "-"), ("vllm", "--")):
-        for mode in modes:
-            sel = [r for r in summary if (r["server"], r["mode"]) == (server, mode)]
-            if not sel:  # a mode only the kit serves (a second policy): no empty series in the legend
-                continue
-            for ax, (key, _) in zip(axes, panels):
-                ax.plot(
-                    [r["streams"] for r in sel],
-                    [r[key] for r in sel],
-                    style,
-                    marker="o" if server == "kit" else "s",
-                    color=colors[mode],
-                    label=f"{server} {mode}",
-                )
-    levels = sorted({r["streams"] for r in summary})
-    for ax, (_, title) in zip(axes, panels):
-        concurrency_axis(ax, levels)
-        ax.set_ylim(bottom=0)
-        ax.set_title(title, fontsize=10)
-    legend_below(fig, axes[0], columns=len(modes))
-    save_figure(fig, path, tight=False)
+    present = {(r["server"], r["mode"]) for r in summary}  # a mode only the kit serves: no empty legend entry
+    series = [
+        {"server": server, "mode": mode, "style": style, "marker": marker, "color": colors[mode]}
+        for server, style, marker in (("kit", "-", "o"), ("vllm", "--", "s"))
+        for mode in modes
+        if (server, mode) in present
+    ]
+    plot_levels(summary, series, panels, path, (13, 3.8), len(modes))
+
+
+def load_settings(args) -> dict:
+    """What every server was sent: prompts, tokens a request, rounds, requests a stream."""
+    return {k: getattr(args, k) for k in ("max_tokens", "prompts", "repeats", "requests_per_stream")}
+
+
+def vllm_chain(engine: Path) -> int:
+    """The draft chain a ``--backend vllm`` engine's speculative config asks vLLM for."""
+    return json.loads((engine / "manifest.json").read_text())["vllm"]["speculative_config"]["num_speculative_tokens"]
+
+
+def kit_tree(engine: Path) -> dict:
+    """The draft tree an embedded engine was built for."""
+    return json.loads((engine / "manifest.json").read_text())["tree"]
 
 
 def settings(args, specs: list[dict]) -> dict:
@@ -363,22 +388,13 @@ def settings(args, specs: list[dict]) -> dict:
         "kit_args": args.kit_arg or ["(none)"],
         "prefix_caching": "each server's default (on in both) unless the arguments above turn it off",
         "vllm_chain": {
-            s["mode"]: json.loads((s["engine"] / "manifest.json").read_text())["vllm"]["speculative_config"][
-                "num_speculative_tokens"
-            ]
-            for s in specs
-            if s["server"] == "vllm" and s["speculation"] != "off"
+            s["mode"]: vllm_chain(s["engine"]) for s in specs if s["server"] == "vllm" and s["speculation"] != "off"
         },
         "kit_trees": {
-            s["mode"]: json.loads((s["engine"] / "manifest.json").read_text())["tree"]
-            for s in specs
-            if s["server"] == "kit" and s["speculation"] != "off"
+            s["mode"]: kit_tree(s["engine"]) for s in specs if s["server"] == "kit" and s["speculation"] != "off"
         },
         "kit_policies": {s["mode"]: s["speculation"] for s in specs if s["server"] == "kit"},
-        "max_tokens": args.max_tokens,
-        "prompts": args.prompts,
-        "repeats": args.repeats,
-        "requests_per_stream": args.requests_per_stream,
+        **load_settings(args),
     }
 
 
