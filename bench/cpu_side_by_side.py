@@ -221,6 +221,9 @@ def start(spec: Spec, runs: dict, args, streams: int, context_per_stream: int):
             None if speculative else args.vllm_kv_cache_gib,
             log,
             args.vllm_arg,
+            # a start from vLLM's compile cache failed here (its AOT artifact did not load; the recompilation that
+            # followed overflowed the stack): each server compiles afresh, as a first start does
+            {"VLLM_DISABLE_COMPILE_CACHE": "1"},
         )
         server.wait_ready("/health", STARTUP_S)
     return server

