@@ -124,6 +124,9 @@ def parse_args(argv):
     )
     p.add_argument("--vllm-kv-cache-gib", type=int, default=2, help="VLLM_CPU_KVCACHE_SPACE for plain vLLM")
     p.add_argument("--llamacpp-draft-tokens", type=int, default=3, help="llama.cpp's EAGLE-3 chain length")
+    p.add_argument(
+        "--kit-policy", default="cost", help="the speculative kit servers' --speculation (plain ones run 'off')"
+    )
     p.add_argument("--kit-arg", action="append", default=[], help="an extra option for every kit server (repeat)")
     p.add_argument("--vllm-arg", action="append", default=[], help="an extra option for every vLLM server (repeat)")
     p.add_argument(
@@ -201,7 +204,7 @@ def start(spec: Spec, runs: dict, args, streams: int, context_per_stream: int):
 
     log = args.out / "logs" / f"{spec.label.replace(' ', '-')}.log"
     if spec.server == "kit":
-        speculation = "off" if spec.mode == "plain" else "cost"
+        speculation = "off" if spec.mode == "plain" else args.kit_policy
         server = start_kit(spec.label, runs["engine"], speculation, streams, log, args.kit_arg)
         server.wait_ready("/health/ready", STARTUP_S)
     elif spec.server == "llama.cpp":
@@ -301,7 +304,8 @@ def settings(args, specs: list[Spec], runs: dict) -> dict:
         "onnxruntime": onnxruntime.__version__,
         "servers": [s.label for s in specs],
         "runs": {s.label: {k: str(v) for k, v in runs[s].items()} for s in specs},
-        "kit_threads": f"{args.kit_backend}; intra-op threads one per physical core; speculation policy cost",
+        "kit_threads": f"{args.kit_backend}; intra-op threads one per physical core; speculation policy "
+        f"{args.kit_policy}",
         "llamacpp_threads": f"-t {os.cpu_count()}; EAGLE-3 chains of {args.llamacpp_draft_tokens}",
         "vllm_threads": "VLLM_CPU_OMP_THREADS_BIND=" + os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),
         "vllm_chains": {

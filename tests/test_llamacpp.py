@@ -99,6 +99,7 @@ def test_the_cpu_side_by_side_benchmark_measures_the_kit_and_llama_server(tmp_pa
     servers = "kit:f32:plain,kit:f32:eagle3,llama.cpp:f32:plain,llama.cpp:f32:eagle3,llama.cpp:q4_1:plain"
     argv = ["--servers", servers, "--kit-backend", "torch", "--concurrency", "1,2", "--repeats", "1"]
     argv += ["--prompts", "2", "--max-tokens", "16", "--engines", str(tmp_path / "engines"), "--out", str(out)]
+    argv += ["--kit-policy", "fixed"]  # the engine's tree every cycle: the cost policy may pick plain
     assert main(argv) == 0
     result = json.loads((out / "cpu_side_by_side.json").read_text())
     rows = {(r["server"], r["mode"], r["streams"]): r for r in result["summary"]}
@@ -116,7 +117,7 @@ def test_the_cpu_side_by_side_benchmark_measures_the_kit_and_llama_server(tmp_pa
     assert all(r["tokens"] == r["requests"] * 16 and r["failed"] == 0 for r in result["rows"])
     for (server, mode, streams), row in rows.items():
         assert (row["acceptance_length"] is None) == (mode == "plain"), row
-        if server.startswith("kit") or server == "llama.cpp q4_1":  # the kit lossless; Q4_1's reference is itself
+        if server.startswith("kit"):  # lossless at every level; llama.cpp's batched kernels may round otherwise
             assert row["same_text_as_reference"] == "2/2", row
     assert [g["goal"] for g in result["goals"]] == [
         "kit f32 best >= llama.cpp f32 best at 1 stream",
