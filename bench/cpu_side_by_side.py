@@ -43,7 +43,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 RESULTS = Path("bench/results/smollm2")
-REPO = Path(__file__).resolve().parents[1]
 STARTUP_S = 1800  # vLLM's first start on 2 cores compiles the model (minutes)
 TARGET = "smollm2"
 WEIGHTS = {"kit": ("f32", "int4"), "llama.cpp": ("f32", "f16", "q8_0", "q4_1"), "vllm": ("f32",)}
@@ -99,6 +98,8 @@ def parse_servers(text: str) -> list[Spec]:
 
 
 def parse_args(argv):
+    from specdec_kit.bench.vllm_side_by_side import add_vllm_python_option
+
     p = argparse.ArgumentParser(
         prog="specdec-bench-cpu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -117,11 +118,7 @@ def parse_args(argv):
         help="the kit's engines: ONNX Runtime (its CPU default) or PyTorch eager (f32 only; quick to build)",
     )
     p.add_argument("--engines", type=Path, default=Path("engines"), help="where engines and GGUF files are built")
-    p.add_argument(
-        "--vllm-python",
-        default=os.environ.get("SPECDEC_VLLM_PYTHON") or str(REPO / ".venv-vllm/bin/python"),
-        help="vLLM's interpreter (default: $SPECDEC_VLLM_PYTHON, else .venv-vllm from scripts/setup_vllm.sh)",
-    )
+    add_vllm_python_option(p)
     p.add_argument("--vllm-kv-cache-gib", type=int, default=2, help="VLLM_CPU_KVCACHE_SPACE for plain vLLM")
     p.add_argument("--llamacpp-draft-tokens", type=int, default=3, help="llama.cpp's EAGLE-3 chain length")
     p.add_argument(

@@ -48,6 +48,15 @@ REPO = Path(__file__).resolve().parents[1]
 STARTUP_S = 1800  # vLLM's first start on 2 cores compiles the model (minutes)
 
 
+def add_vllm_python_option(p: argparse.ArgumentParser) -> None:
+    """``--vllm-python``: the interpreter of vLLM's environment, where the set-up script puts it by default."""
+    p.add_argument(
+        "--vllm-python",
+        default=os.environ.get("SPECDEC_VLLM_PYTHON") or str(REPO / ".venv-vllm/bin/python"),
+        help="vLLM's interpreter (default: $SPECDEC_VLLM_PYTHON, else .venv-vllm from scripts/setup_vllm.sh)",
+    )
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(
         prog="specdec-bench-vllm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -66,11 +75,7 @@ def parse_args(argv):
     )
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--engines", type=Path, default=Path("engines"), help="where the engines are built or reused")
-    p.add_argument(
-        "--vllm-python",
-        default=os.environ.get("SPECDEC_VLLM_PYTHON") or str(REPO / ".venv-vllm/bin/python"),
-        help="vLLM's interpreter (default: $SPECDEC_VLLM_PYTHON, else .venv-vllm from scripts/setup_vllm.sh)",
-    )
+    add_vllm_python_option(p)
     p.add_argument("--vllm-kv-cache-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE for each vLLM server")
     p.add_argument("--max-model-len", type=int, default=1024, help="vLLM's context limit")
     p.add_argument(
