@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import torch
 
+from specdec_kit.export.graph_fusions import fuse_graph
 from specdec_kit.export.inputs import BuildError
 from specdec_kit.export.onnx_graphs import OPSET, export_plan
 from specdec_kit.export.quantize import WeightFormat, quantize_graph
@@ -177,8 +178,10 @@ def build_onnx(
         plans.append(whole)
     with quiet_export():
         roles = [export_plan(plan, graphs).stem for plan in plans]
-    artifacts, quantized = {}, {}
+    artifacts, quantized, fused = {}, {}, {}
     for role in ("target_step", *roles):
+        step(f"fusing {role}.onnx's shared-input weight products and norms")
+        fused[role] = fuse_graph(graphs / f"{role}.onnx")
         fmt = target_weights if role == "target_step" else draft_weights
         if fmt is not None:
             step(f"quantizing {role}.onnx's weights to {fmt.name} (MatMulNBits)")
@@ -239,6 +242,7 @@ def build_onnx(
             "onnxruntime_version": ort.__version__,
             "optimized_for": provider_names[:1],
             "optimization_level": "ORT_ENABLE_EXTENDED",
+            "fusions": fused,
             "parity_max_abs": {k: float(f"{parity[k]:.3e}") for k in ("logits", "features")},
             "parity_max_relative": {k: float(f"{parity[f'{k}_relative']:.3e}") for k in ("logits", "features")},
             "parity_bound": bound,

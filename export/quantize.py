@@ -34,6 +34,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from specdec_kit.export.onnx_edit import consumers, replace_nodes, save_rewritten
+
 FLOAT_COMPUTE, INT8_COMPUTE = 1, 4  # MatMulNBits accuracy levels
 
 
@@ -62,15 +64,12 @@ def untie_transposed_weights(model) -> int:
     from onnx import numpy_helper
 
     constants = {init.name: init for init in model.graph.initializer}
-    consumers: dict[str, list] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    users = consumers(model)
     untied = 0
     for node in list(model.graph.node):
         if node.op_type != "Transpose" or node.input[0] not in constants:
             continue
-        if not all(user.op_type == "MatMul" and user.input[1] == node.output[0] for user in consumers[node.output[0]]):
+        if not all(user.op_type == "MatMul" and user.input[1] == node.output[0] for user in users[node.output[0]]):
             continue
         perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
         table = numpy_helper.to_array(constants[node.input[0]])
@@ -158,13 +157,7 @@ def quantize_on_grid(model, fmt: WeightFormat) -> dict[str, int] | None:
         return None
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    replaced = {id(node): on_grid_nodes(model, node, *grid, fmt) for node, grid in found if grid is not None}
-    nodes = [new for node in model.graph.node for new in replaced.get(id(node), [node])]
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-    used = {name for node in model.graph.node for name in node.input}
-    for init in [i for i in model.graph.initializer if i.name not in used]:
-        model.graph.initializer.remove(init)
+    replace_nodes(model, {id(node): on_grid_nodes(model, node, *grid, fmt) for node, grid in found if grid is not None})
     on_grid = sum(grid is not None for _, grid in found)
     constants = {init.name for init in model.graph.initializer}
     transposed = {n.output[0] for n in model.graph.node if n.op_type == "Transpose" and n.input[0] in constants}
@@ -183,7 +176,7 @@ def quantize_graph(path: Path, fmt: WeightFormat) -> dict[str, int]:
     model = onnx.load(str(path))  # the external data too: the old data file is rewritten below
     exact = quantize_on_grid(model, fmt)
     if exact is not None:
-        save_quantized(model, path)
+        save_rewritten(model, path)
         return exact
     untie_transposed_weights(model)
     quantizer = MatMulNBitsQuantizer(
@@ -202,16 +195,5 @@ def quantize_graph(path: Path, fmt: WeightFormat) -> dict[str, int]:
     finally:
         logger.setLevel(level)
     quantized = quantizer.model.model
-    save_quantized(quantized, path)
+    save_rewritten(quantized, path)
     return {"matmuls": sum(node.op_type == "MatMulNBits" for node in quantized.graph.node)}
-
-
-def save_quantized(model, path: Path) -> None:
-    """``model`` over the graph at ``path``, its weights rewritten into the data file beside it."""
-    import onnx
-
-    data = path.with_name(path.name + ".data")
-    mode = data.stat().st_mode & 0o777
-    data.unlink()  # onnx appends to an existing data file
-    onnx.save_model(model, str(path), save_as_external_data=True, location=data.name, size_threshold=1024)
-    data.chmod(mode)  # onnx creates it private; keep the exporter's permissions

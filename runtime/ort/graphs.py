@@ -71,26 +71,10 @@ class GraphWindow:
         c.new_keys.append(keys)
         c.new_values.append(values)
         i = layer - c.first_layer
-        past_keys, past_values = c.past_keys[i], c.past_values[i]
-        bsz, heads, q_len, dim = queries.shape
-        kv_heads, slots = keys.shape[1], past_keys.shape[2]
-        group = heads // kv_heads  # query heads g * j .. g * j + g - 1 share key head j
-        grouped = queries.reshape(bsz, kv_heads, group * q_len, dim) * dim**-0.5
+        slots = c.past_keys[i].shape[2]
         visible = self.mask[:, :, None]  # [B, 1, 1, Q, C + Q]: one mask for every head of a group
-        floor = torch.finfo(queries.dtype).min
-
-        def scores(against: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
-            s = (grouped @ against.transpose(-1, -2)).view(bsz, kv_heads, group, q_len, -1)
-            return s.masked_fill(~seen, floor)
-
-        on_past = scores(past_keys, visible[..., :slots])
-        on_new = scores(keys, visible[..., slots:])
-        top = torch.maximum(on_past.amax(-1, keepdim=True), on_new.amax(-1, keepdim=True))
-        w_past, w_new = (on_past - top).exp(), (on_new - top).exp()
-        total = w_past.sum(-1, keepdim=True) + w_new.sum(-1, keepdim=True)
-        flat = (bsz, kv_heads, group * q_len, -1)
-        out = (w_past / total).view(flat) @ past_values + (w_new / total).view(flat) @ values
-        return out.view(bsz, heads, q_len, dim)
+        past = (c.past_keys[i], c.past_values[i], visible[..., :slots])
+        return segment_attention(queries, [past, (keys, values, visible[..., slots:])])
 
 
 Segment = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # keys, values, visibility

@@ -1,0 +1,38 @@
+"""Editing an exported ONNX graph in place: who reads a value, swapping nodes, saving with its weights beside it.
+Shared by the rewrites that run between export and ONNX Runtime's optimizer (fusions, quantization)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+
+def consumers(model) -> dict[str, list]:
+    """Each value's reading nodes, by name."""
+    users: dict[str, list] = defaultdict(list)
+    for node in model.graph.node:
+        for name in node.input:
+            users[name].append(node)
+    return users
+
+
+def replace_nodes(model, replaced: dict[int, list]) -> None:
+    """Each node whose id is in ``replaced`` becomes that list of nodes, where it stood (the others keep their
+    order); constants no node reads any more are dropped."""
+    nodes = [new for node in model.graph.node for new in replaced.get(id(node), [node])]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    used = {name for node in model.graph.node for name in node.input}
+    for init in [i for i in model.graph.initializer if i.name not in used]:
+        model.graph.initializer.remove(init)
+
+
+def save_rewritten(model, path: Path) -> None:
+    """``model`` over the graph at ``path``, its weights rewritten into the data file beside it."""
+    import onnx
+
+    data = path.with_name(path.name + ".data")
+    mode = data.stat().st_mode & 0o777
+    data.unlink()  # onnx appends to an existing data file
+    onnx.save_model(model, str(path), save_as_external_data=True, location=data.name, size_threshold=1024)
+    data.chmod(mode)  # onnx creates it private; keep the exporter's permissions
