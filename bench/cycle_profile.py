@@ -5,7 +5,9 @@ under ``cProfile``, and sorts every function's own time into the stages of a cyc
 target and draft calls, the past keys/values gathered into graph inputs, attention masks, KV writes and
 compaction, the draft tree's search, verification, the per-row bookkeeping in Python, and the rest. A torch or
 ONNX Runtime builtin counts toward the stage of the runtime function that called it. The table gives
-milliseconds per cycle and shares; it says where to work, the benchmarks say what it gained.
+milliseconds per cycle and shares; it says where to work, the benchmarks say what it gained. ``--ops`` adds a pass
+under ONNX Runtime's own profiler: each graph's time per call by operator type, with the nodes a call runs (the
+profiler's own cost inflates the small ones, so read shares, not sums).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import cProfile
 import json
 import pstats
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -55,6 +58,9 @@ def parse_args(argv):
     p.add_argument("--batches", default="1,4,16", help="batch sizes")
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--plain", action="store_true", help="profile plain decoding (no draft) through the same loop")
+    p.add_argument(
+        "--ops", action="store_true", help="also profile each graph by operator type (ONNX Runtime's profiler)"
+    )
     p.add_argument("--out", type=Path, default=Path("bench/results/cycle_profile"))
     return p.parse_args(argv)
 
@@ -171,6 +177,49 @@ def profile_batch(gen, graphs: dict, prompts: list[list[int]], new_tokens: int) 
     }
 
 
+def operator_times(trace: Path) -> dict:
+    """One graph's ONNX Runtime profile (Chrome trace events) as calls and, per operator type, the milliseconds and
+    nodes per call, heaviest first."""
+    events = json.loads(trace.read_text())
+    calls = sum(e.get("cat") == "Session" and e.get("name") == "model_run" for e in events)
+    spent: dict[str, float] = {}
+    nodes: dict[str, int] = {}
+    for e in events:
+        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time"):
+            op = e["args"]["op_name"]
+            spent[op] = spent.get(op, 0.0) + e["dur"] / 1000
+            nodes[op] = nodes.get(op, 0) + 1
+    calls = max(calls, 1)
+    ops = {
+        op: {"ms": ms / calls, "nodes": nodes[op] // calls} for op, ms in sorted(spent.items(), key=lambda kv: -kv[1])
+    }
+    return {"calls": calls, "operators": ops}
+
+
+def profile_operators(gen, graphs: dict, prompts: list[list[int]], new_tokens: int, where: Path) -> dict[str, dict]:
+    """Each graph's operator times over one generation of ``prompts``."""
+    for role, graph in graphs.items():
+        graph.profile_nodes(str(where / role))
+    gen.generate(prompts, new_tokens)
+    return {role: operator_times(graph.end_node_profile()) for role, graph in graphs.items()}
+
+
+def operator_table(by_graph: dict[str, dict], batch: int) -> list[str]:
+    lines = []
+    for role, found in by_graph.items():
+        ops = found["operators"]
+        total, count = sum(o["ms"] for o in ops.values()), sum(o["nodes"] for o in ops.values())
+        lines += [
+            f"{role} at batch {batch}: {found['calls']} calls, {count} nodes and {total:.2f} ms of node time a call",
+            "",
+            "| operator | ms per call (share) | nodes per call |",
+            "|---|---:|---:|",
+        ]
+        lines += [f"| {op} | {o['ms']:.2f} ({o['ms'] / total:.0%}) | {o['nodes']} |" for op, o in ops.items()]
+        lines.append("")
+    return lines
+
+
 def table(rows: list[dict]) -> list[str]:
     stages = []
     for r in rows:
@@ -218,6 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     ]
     args.out.mkdir(parents=True, exist_ok=True)
     stem = "plain" if args.plain else "speculative"
+    if args.ops:
+        with tempfile.TemporaryDirectory() as traces:
+            for row, b in zip(rows, batches):
+                print(f"profiling batch {b}'s operators ...", file=sys.stderr)
+                row["operators"] = profile_operators(gen, graphs_of(engine), prompts[:b], args.new_tokens, Path(traces))
+                lines += ["", *operator_table(row["operators"], b)]
     (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     (args.out / f"{stem}.json").write_text(json.dumps(rows, indent=2))
     print("\n".join(lines))

@@ -12,9 +12,10 @@ grow in ``CACHE_BLOCK``-slot steps, so the slots a graph reads past the longest 
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -44,40 +45,75 @@ def providers_for(device: torch.device) -> list[str | tuple[str, dict[str, int]]
 
 
 class OrtGraph:
-    """One ``InferenceSession``; ``run`` binds torch tensors as inputs and preallocated outputs."""
+    """One ``InferenceSession``; ``run`` binds torch tensors as inputs and preallocated outputs.
+
+    Each thread keeps one I/O binding and rebinds only the inputs whose memory or shape changed: a step's cache
+    buffers (two per layer) stay where they are from call to call, so a decoding step binds its few new inputs."""
 
     def __init__(self, path: str | Path, device: torch.device, threads: int | None = None, optimize: bool = False):
+        self.path = Path(path)
+        self.device = device
+        self.threads, self.optimize = threads, optimize
+        self._open()
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self.seconds, self.calls = 0.0, 0  # inside the session's runs: what profiles split by graph
+
+    def _open(self, profile_prefix: str | None = None) -> None:
+        """(Re)create the session and forget the bindings; with ``profile_prefix``, ONNX Runtime's profiler records
+        every node's time into a JSON file of that prefix."""
         import onnxruntime as ort
 
         options = ort.SessionOptions()
         # The saved graphs are already optimized at build time; re-running the passes costs load time only.
         options.graph_optimization_level = (
-            ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+            ort.GraphOptimizationLevel.ORT_ENABLE_ALL if self.optimize else ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         )
-        if threads:
-            options.intra_op_num_threads = threads
+        if self.threads:
+            options.intra_op_num_threads = self.threads
         options.log_severity_level = 3
-        # ONNX Runtime's workers spin after each run by default; between runs the runtime's own torch ops
-        # (tree search, log-softmax, verification) need those cores, so the spinning would slow them down.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.path = Path(path)
-        self.device = device
-        self.session = ort.InferenceSession(str(path), options, providers=providers_for(device))
-        self.input_names = [i.name for i in self.session.get_inputs()]
-        self.output_names = [o.name for o in self.session.get_outputs()]
-        self.seconds, self.calls = 0.0, 0  # inside the session's runs: what profiles split by graph
+        # Workers spin between one node's parallel work and the next (a decoding step is a few hundred of them, and
+        # waking a sleeping worker for each costs SmolLM2-135M about 15% of its step on 2 cores), and stop spinning
+        # when the run ends: between runs the runtime's own torch ops (tree search, verification) need the cores.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1")
+        options.add_session_config_entry("session.force_spinning_stop", "1")
+        if profile_prefix:
+            options.enable_profiling = True
+            options.profile_file_prefix = profile_prefix
+        self.session = ort.InferenceSession(str(self.path), options, providers=providers_for(self.device))
+        self._per_thread = threading.local()
+
+    def profile_nodes(self, prefix: str) -> None:
+        """From now on, record every node's time (``end_node_profile`` returns the file)."""
+        self._open(profile_prefix=prefix)
+
+    def end_node_profile(self) -> Path:
+        """Stop recording node times; the profiler's JSON file (Chrome trace events)."""
+        written = Path(self.session.end_profiling())
+        self._open()
+        return written
+
+    def _binding(self) -> tuple[Any, dict[str, tuple]]:
+        """This thread's I/O binding and what each input name is bound to (address, shape, dtype)."""
+        local = self._per_thread
+        if not hasattr(local, "binding"):
+            local.binding, local.bound = self.session.io_binding(), {}
+        return local.binding, local.bound
 
     def run(
         self, inputs: dict[str, torch.Tensor], outputs: Mapping[str, tuple[Sequence[int], torch.dtype]]
     ) -> dict[str, torch.Tensor]:
-        binding = self.session.io_binding()
+        binding, bound = self._binding()
         dev_type = "cuda" if self.device.type == "cuda" else "cpu"
         dev_id = self.device.index or 0
-        keep = []
+        keep = []  # the inputs' memory (a contiguous copy's too) must outlive the run
         for name in self.input_names:
             tensor = inputs[name].contiguous()
             keep.append(tensor)
-            binding.bind_input(name, dev_type, dev_id, NUMPY_TYPES[tensor.dtype], list(tensor.shape), tensor.data_ptr())
+            where = (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype)
+            if bound.get(name) != where:
+                binding.bind_input(name, dev_type, dev_id, NUMPY_TYPES[tensor.dtype], list(tensor.shape), where[0])
+                bound[name] = where
         result = {}
         for name in self.output_names:
             shape, dtype = outputs[name]
