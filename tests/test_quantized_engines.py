@@ -176,3 +176,36 @@ def test_weights_already_on_a_4_bit_grid_are_stored_as_they_are(tmp_path):
     got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     expected = x @ on_grid.T @ off_grid.T
     assert np.abs(got - expected).max() < 1e-5 * np.abs(expected).max()
+
+
+def test_merged_products_of_4_bit_weights_stay_on_their_grid(tmp_path):
+    """The build merges q/k/v-like products before quantizing: their weights side by side are still each row's own
+    4-bit blocks, so an int4 target stores the merged product exactly too."""
+    import onnxruntime as ort
+    from onnx import helper, numpy_helper
+
+    from specdec_kit.export.graph_fusions import fuse_graph
+    from specdec_kit.export.quantize import TARGET_WEIGHTS, quantize_graph
+
+    rng = np.random.default_rng(1)
+    wide, narrow = q4_1_weight(48, 64, rng), q4_1_weight(16, 64, rng)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "a"], ["ya"]), helper.make_node("MatMul", ["x", "b"], ["yb"])],
+        "pair",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [None, None, 64])],
+        [
+            helper.make_tensor_value_info("ya", onnx.TensorProto.FLOAT, [None, None, 48]),
+            helper.make_tensor_value_info("yb", onnx.TensorProto.FLOAT, [None, None, 16]),
+        ],
+        [numpy_helper.from_array(wide.T.copy(), "a"), numpy_helper.from_array(narrow.T.copy(), "b")],
+    )
+    path = tmp_path / "pair.onnx"
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    onnx.save_model(model, str(path), save_as_external_data=True, location="pair.onnx.data", size_threshold=1024)
+    assert fuse_graph(path)["shared_input_matmuls"] == 1
+    assert quantize_graph(path, TARGET_WEIGHTS["int4"]) == {"matmuls": 1, "on_grid": 1, "kept_float": 0}
+    x = rng.standard_normal((2, 3, 64)).astype(np.float32)
+    got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    for out, weight in zip(got, (wide, narrow)):
+        expected = x @ weight.T
+        assert np.abs(out - expected).max() < 1e-5 * np.abs(expected).max()
