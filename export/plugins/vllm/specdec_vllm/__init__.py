@@ -8,7 +8,8 @@ from vLLM's own layers, and load their weights strictly (a missing or unexpected
 Their names start with ``Eagle`` so that vLLM's ``method: eagle`` keeps them as they are. EAGLE-3 heads run in
 vLLM's own ``Eagle3LlamaForCausalLM`` (it reads the official layout); with ``SPECDEC_VLLM_DRAFT_TRACE`` set, that
 class's logits are recorded too (``trace.instrument``). On vLLM's CPU build, registering also mends two CPU defects
-that make sampled speculative decoding lossy (``cpu_sampling_fixes``).
+that make sampled speculative decoding lossy (``cpu_sampling_fixes``), and the release of oneDNN matmul handles
+that can end a worker while ``torch.compile`` traces (``onednn_handles``).
 This package imports vLLM and torch only (it runs in vLLM's environment, without the kit installed).
 """
 
@@ -24,10 +25,11 @@ def register() -> None:
 
     from vllm import ModelRegistry
 
-    from specdec_vllm import cpu_sampling_fixes
+    from specdec_vllm import cpu_sampling_fixes, onednn_handles
     from specdec_vllm.trace import DraftTrace, instrument
 
     cpu_sampling_fixes.install()  # before the worker registers vLLM's CPU kernel fallbacks
+    onednn_handles.install()  # before the worker makes its layers' oneDNN handles
     if os.environ.get(DraftTrace.ENV):
         from vllm.model_executor.models.llama_eagle3 import Eagle3LlamaForCausalLM
         from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
