@@ -8,8 +8,10 @@ A CPU decoding step of a small model is bound by memory and by per-node cost: Sm
   wider products keep both cores busy longer per wake.
 - ``x * Reciprocal(Sqrt(v))``, how torch's exporter writes an RMSNorm's ``rsqrt``, becomes ``x / Sqrt(v)``: the form
   ONNX Runtime's ``SimplifiedLayerNormalization`` fusion recognizes, so each norm's seven nodes run as one kernel.
+- Rotary embeddings, ``x * cos + rotate_half(x) * sin`` (eight nodes for each of a layer's queries and keys), become
+  one ONNX Runtime ``RotaryEmbedding`` kernel each, reading the step's own cos/sin halves as its tables.
 
-Both keep the graph's inputs and outputs; the build's parity and greedy-identity checks run on the result.
+All keep the graph's inputs and outputs; the build's parity and greedy-identity checks run on the result.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from specdec_kit.export.onnx_edit import consumers, replace_nodes, save_rewritten
+
+CONTRIB = "com.microsoft"  # ONNX Runtime's own operators
 
 
 def fuse_shared_input_matmuls(model) -> int:
@@ -77,13 +81,172 @@ def rsqrt_as_division(model) -> int:
     return len(dropped)
 
 
+def _constant_ints(model) -> dict[str, list[int]]:
+    """Integer initializers and Constant nodes by name, as lists (the slice bounds and axes the rewrites check)."""
+    from onnx import TensorProto, numpy_helper
+
+    found = {
+        init.name: numpy_helper.to_array(init).reshape(-1).tolist()
+        for init in model.graph.initializer
+        if init.data_type in (TensorProto.INT64, TensorProto.INT32) and len(init.dims) <= 1
+    }
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            value = numpy_helper.to_array(node.attribute[0].t)
+            if value.dtype.kind == "i" and value.ndim <= 1:
+                found[node.output[0]] = value.reshape(-1).tolist()
+    return found
+
+
+def _last_dims(model) -> dict[str, int]:
+    """Each value's last dimension where the exporter recorded it as a number."""
+    dims = {}
+    for info in [*model.graph.value_info, *model.graph.input, *model.graph.output]:
+        shape = info.type.tensor_type.shape.dim
+        if shape and shape[-1].HasField("dim_value"):
+            dims[info.name] = shape[-1].dim_value
+    return dims
+
+
+class _RotaryMatcher:
+    """Finds ``Add(Mul(x, Unsqueeze(Cos(c))), Mul(Concat(Neg(Slice(x, h:)), Slice(x, :h)), Unsqueeze(Sin(c))))`` with
+    ``c = Concat(f, f)`` along the last axis and ``h`` half of ``x``'s last axis: transformers' rotary embedding,
+    whose cos and sin repeat one half, applied by ``rotate_half``."""
+
+    BIG = 2**62  # a Slice's "to the end"
+
+    def __init__(self, model):
+        self.producers = {out: node for node in model.graph.node for out in node.output}
+        self.users = consumers(model)
+        self.ints = _constant_ints(model)
+        self.last = _last_dims(model)
+        self.outputs = {o.name for o in model.graph.output}
+
+    def made_by(self, name: str, op: str):
+        node = self.producers.get(name)
+        return node if node is not None and node.op_type == op else None
+
+    def private(self, node) -> bool:
+        """Read by one node only and not a graph output: the rewrite may drop it."""
+        return len(self.users[node.output[0]]) == 1 and node.output[0] not in self.outputs
+
+    def table(self, name: str, op: str) -> str | None:
+        """``f`` when ``name`` is ``Unsqueeze(op(Concat(f, f)), axes=[1])``."""
+        unsqueeze = self.made_by(name, "Unsqueeze")
+        if unsqueeze is None or self.ints.get(unsqueeze.input[1]) != [1]:
+            return None
+        trig = self.made_by(unsqueeze.input[0], op)
+        both = self.made_by(trig.input[0], "Concat") if trig is not None else None
+        if both is None or len(both.input) != 2 or both.input[0] != both.input[1]:
+            return None
+        return both.input[0] if all(a.i in (-1, 2) for a in both.attribute if a.name == "axis") else None
+
+    def half_slice(self, node, x: str, start: int, end: int) -> bool:
+        if node is None or node.input[0] != x or not self.private(node):
+            return False
+        starts, ends = self.ints.get(node.input[1]), self.ints.get(node.input[2])
+        axes = self.ints.get(node.input[3]) if len(node.input) > 3 else None
+        steps = self.ints.get(node.input[4]) if len(node.input) > 4 else [1]
+        return (
+            starts == [start]
+            and ends is not None
+            and (ends == [end] or (end >= self.BIG and ends[0] >= self.BIG))
+            and axes in ([-1], [3])
+            and steps == [1]
+        )
+
+    def match(self, add) -> tuple[str, str, list] | None:
+        """``(x, f, nodes the rewrite replaces)`` for a rotary ``Add``, else None."""
+        products = [self.made_by(name, "Mul") for name in add.input]
+        if None in products or not all(self.private(p) for p in products):
+            return None
+        for direct, rotated in (products, products[::-1]):
+            for x, cos in (direct.input, direct.input[::-1]):
+                half = self.last.get(x, 0) // 2
+                f = self.table(cos, "Cos")
+                if not half or f is None or self.last.get(f) != half:
+                    continue
+                for turned, sin in (rotated.input, rotated.input[::-1]):
+                    join = self.made_by(turned, "Concat")
+                    if join is None or not self.private(join) or self.table(sin, "Sin") != f or len(join.input) != 2:
+                        continue
+                    neg = self.made_by(join.input[0], "Neg")
+                    upper = self.made_by(neg.input[0], "Slice") if neg is not None and self.private(neg) else None
+                    lower = self.made_by(join.input[1], "Slice")
+                    if self.half_slice(upper, x, half, self.BIG) and self.half_slice(lower, x, 0, half):
+                        return x, f, [direct, rotated, join, neg, upper, lower]
+        return None
+
+
+def fuse_rotary_embeddings(model) -> int:
+    """Each rotary embedding of a 4-D ``[batch, heads, tokens, head_dim]`` tensor becomes one ``RotaryEmbedding``
+    (ONNX Runtime's kernel, halves not interleaved). Its tables are the step's own ``cos(f)``/``sin(f)`` rows
+    ``[batch * tokens, head_dim / 2]``, each token reading its own row, so positions and any rope scaling stay as
+    the exporter computed them. Returns how many were fused."""
+    from onnx import helper, numpy_helper
+
+    matcher = _RotaryMatcher(model)
+    replaced: dict[int, list] = {}
+    tables: dict[str, tuple[str, str, str]] = {}  # f -> (row of each token, cos rows, sin rows)
+    for add in model.graph.node:
+        found = matcher.match(add) if add.op_type == "Add" else None
+        if found is None:
+            continue
+        x, f, dropped = found
+        made = []
+        if f not in tables:
+            made, tables[f] = _rotary_tables(f, matcher.last[f])
+        rows, cos, sin = tables[f]
+        rotate = helper.make_node(
+            "RotaryEmbedding", [x, rows, cos, sin], [add.output[0]], domain=CONTRIB, interleaved=0, name=add.name
+        )
+        replaced[id(add)] = [*made, rotate]
+        replaced.update({id(node): [] for node in dropped})
+    if not replaced:
+        return 0
+    import numpy as np
+
+    for name, value in (("rotary_zero", 0), ("rotary_one", 1)):
+        model.graph.initializer.append(numpy_helper.from_array(np.array(value, dtype=np.int64), name))
+    for f in tables:
+        half = matcher.last[f]
+        model.graph.initializer.append(numpy_helper.from_array(np.array([-1, half], dtype=np.int64), f"{f}_rows_shape"))
+    if not any(op.domain == CONTRIB for op in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(CONTRIB, 1))
+    replace_nodes(model, replaced)
+    return sum(1 for nodes in replaced.values() if nodes)
+
+
+def _rotary_tables(f: str, half: int) -> tuple[list, tuple[str, str, str]]:
+    """Nodes giving ``RotaryEmbedding`` its position ids ``arange(batch * tokens)`` as ``[batch, tokens]`` and the
+    cos/sin rows of ``f`` ``[batch, tokens, half]`` flattened to ``[batch * tokens, half]``."""
+    from onnx import helper
+
+    names = {part: f"{f}_rotary_{part}" for part in ("lead", "count", "range", "rows", "cos", "sin", "cos_rows", "sin_rows")}
+    nodes = [
+        helper.make_node("Shape", [f], [names["lead"]], start=0, end=2),
+        helper.make_node("ReduceProd", [names["lead"]], [names["count"]], keepdims=0),
+        helper.make_node("Range", ["rotary_zero", names["count"], "rotary_one"], [names["range"]]),
+        helper.make_node("Reshape", [names["range"], names["lead"]], [names["rows"]]),
+        helper.make_node("Cos", [f], [names["cos"]]),
+        helper.make_node("Sin", [f], [names["sin"]]),
+        helper.make_node("Reshape", [names["cos"], f"{f}_rows_shape"], [names["cos_rows"]]),
+        helper.make_node("Reshape", [names["sin"], f"{f}_rows_shape"], [names["sin_rows"]]),
+    ]
+    return nodes, (names["rows"], names["cos_rows"], names["sin_rows"])
+
+
 def fuse_graph(path: Path) -> dict[str, int]:
     """Apply every rewrite to the graph at ``path`` (weights as external data beside it) and save it in place.
     Returns how many of each were made (the engine's manifest records them)."""
     import onnx
 
     model = onnx.load(str(path))  # the external data too: the data file is rewritten below
-    counts = {"shared_input_matmuls": fuse_shared_input_matmuls(model), "rsqrt_divisions": rsqrt_as_division(model)}
+    counts = {
+        "shared_input_matmuls": fuse_shared_input_matmuls(model),
+        "rsqrt_divisions": rsqrt_as_division(model),
+        "rotary_embeddings": fuse_rotary_embeddings(model),
+    }
     if any(counts.values()):
         save_rewritten(model, path)
     return counts

@@ -18,8 +18,15 @@ def consumers(model) -> dict[str, list]:
 
 def replace_nodes(model, replaced: dict[int, list]) -> None:
     """Each node whose id is in ``replaced`` becomes that list of nodes, where it stood (the others keep their
-    order); constants no node reads any more are dropped."""
+    order); nodes and constants nothing reads any more are dropped."""
     nodes = [new for node in model.graph.node for new in replaced.get(id(node), [node])]
+    wanted = {o.name for o in model.graph.output}
+    while True:  # from the outputs back: a node whose values nothing reads goes, then what only it read
+        read = wanted | {name for node in nodes for name in node.input}
+        kept = [node for node in nodes if any(out in read for out in node.output)]
+        if len(kept) == len(nodes):
+            break
+        nodes = kept
     del model.graph.node[:]
     model.graph.node.extend(nodes)
     used = {name for node in model.graph.node for name in node.input}
@@ -32,7 +39,8 @@ def save_rewritten(model, path: Path) -> None:
     import onnx
 
     data = path.with_name(path.name + ".data")
-    mode = data.stat().st_mode & 0o777
-    data.unlink()  # onnx appends to an existing data file
+    mode = data.stat().st_mode & 0o777 if data.exists() else path.stat().st_mode & 0o777
+    data.unlink(missing_ok=True)  # onnx appends to an existing data file
     onnx.save_model(model, str(path), save_as_external_data=True, location=data.name, size_threshold=1024)
-    data.chmod(mode)  # onnx creates it private; keep the exporter's permissions
+    if data.exists():  # a graph without large constants has none
+        data.chmod(mode)  # onnx creates it private; keep the exporter's permissions

@@ -105,14 +105,18 @@ def test_manifest_records_the_build(engines):
     assert m["onnx"]["greedy_identical_to_torch"] is True
     assert m["onnx"]["parity_max_abs"]["logits"] < 1e-3
     # q/k/v and gate/up read one activation each: 3 products a layer merged away; every RMSNorm's rsqrt a division,
-    # which ONNX Runtime's optimizer then runs as one SimplifiedLayerNormalization kernel
+    # which ONNX Runtime's optimizer then runs as one SimplifiedLayerNormalization kernel; queries' and keys' rotary
+    # embeddings one RotaryEmbedding kernel each
     layers = m["target"]["num_hidden_layers"]
     assert m["onnx"]["fusions"]["target_step"] == {
         "shared_input_matmuls": 3 * layers,
         "rsqrt_divisions": 2 * layers + 1,
+        "rotary_embeddings": 2 * layers,
     }
     optimized = onnx.load(str(engines["griffin"] / m["artifacts"]["target_step_optimized"]), load_external_data=False)
-    assert [n.op_type for n in optimized.graph.node].count("SimplifiedLayerNormalization") == 2 * layers + 1
+    ops = [n.op_type for n in optimized.graph.node]
+    assert ops.count("SimplifiedLayerNormalization") == 2 * layers + 1 and ops.count("RotaryEmbedding") == 2 * layers
+    assert "Neg" not in ops  # no rotate_half left
     assert all(len(f["sha256"]) == 64 and f["bytes"] > 0 for f in m["files"].values())
     assert any(rel.startswith("tokenizer/") for rel in m["files"])
 

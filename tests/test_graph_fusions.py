@@ -1,17 +1,22 @@
-"""The build's graph rewrites (``export/graph_fusions.py``): fewer nodes, the same outputs, and the norm in the form
-ONNX Runtime's optimizer turns into one kernel."""
+"""The build's graph rewrites (``export/graph_fusions.py``): fewer nodes, the same outputs, the norm in the form
+ONNX Runtime's optimizer turns into one kernel, rotary embeddings as ONNX Runtime's own kernel."""
 
 from __future__ import annotations
 
 import numpy as np
 import onnx
 import onnxruntime as ort
+import torch
 from onnx import helper, numpy_helper
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from specdec_kit.export.graph_fusions import fuse_graph
 from specdec_kit.export.onnx_build import optimize_graph
+from specdec_kit.runtime.models.attention import apply_rope
 
 WIDTH = 64
+HEAD = 16
 
 
 def norm_then_projections(rng) -> onnx.ModelProto:
@@ -67,7 +72,7 @@ def test_shared_input_products_merge_and_the_norm_becomes_one_kernel(tmp_path):
     x = rng.standard_normal((2, 3, WIDTH)).astype(np.float32)
     before = run(path, x)
 
-    assert fuse_graph(path) == {"shared_input_matmuls": 2, "rsqrt_divisions": 1}
+    assert fuse_graph(path) == {"shared_input_matmuls": 2, "rsqrt_divisions": 1, "rotary_embeddings": 0}
     onnx.checker.check_model(str(path), full_check=True)
     ops = [n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node]
     assert ops.count("MatMul") == 2 and ops.count("Split") == 1  # q/k/v as one product; the shared weight alone
@@ -81,4 +86,56 @@ def test_shared_input_products_merge_and_the_norm_becomes_one_kernel(tmp_path):
     optimize_graph(path, optimized, ["CPUExecutionProvider"])
     ops = [n.op_type for n in onnx.load(str(optimized), load_external_data=False).graph.node]
     assert ops.count("SimplifiedLayerNormalization") == 1 and "Sqrt" not in ops and "Pow" not in ops
-    assert fuse_graph(path) == {"shared_input_matmuls": 0, "rsqrt_divisions": 0}  # nothing left to rewrite
+    assert fuse_graph(path) == {"shared_input_matmuls": 0, "rsqrt_divisions": 0, "rotary_embeddings": 0}
+
+
+class RotaryQueriesAndKeys(torch.nn.Module):
+    """Rotary embeddings as the runtime's attention applies them (transformers' cos/sin tables, ``apply_rope``) to
+    queries and keys, and a lookalike that rotates at a quarter of the head instead of its half (not RoPE: it must
+    stay as it is)."""
+
+    def __init__(self):
+        super().__init__()
+        config = LlamaConfig(hidden_size=4 * HEAD, num_attention_heads=4, rope_theta=10000.0)
+        self.rotary = LlamaRotaryEmbedding(config)
+
+    def forward(self, queries, keys, position_ids):
+        cos, sin = self.rotary(queries, position_ids)
+        quarter, other = HEAD // 4, keys + 1.0
+        lookalike = torch.cat((-other[..., quarter:], other[..., :quarter]), dim=-1)
+        return apply_rope(queries, cos, sin), apply_rope(keys, cos, sin), other * cos[:, None] + lookalike * sin[:, None]
+
+
+def test_rotary_embeddings_become_one_kernel_each_with_the_same_outputs(tmp_path):
+    rng = np.random.default_rng(1)
+    batch, tokens = torch.export.Dim("batch"), torch.export.Dim("tokens")
+    example = (torch.randn(2, 4, 3, HEAD), torch.randn(2, 2, 3, HEAD), torch.arange(6).reshape(2, 3))
+    path = tmp_path / "rope.onnx"
+    torch.onnx.export(
+        RotaryQueriesAndKeys().eval(),
+        example,
+        dynamo=True,
+        input_names=["queries", "keys", "position_ids"],
+        dynamic_shapes=({0: batch, 2: tokens}, {0: batch, 2: tokens}, {0: batch, 1: tokens}),
+        opset_version=18,
+        verbose=False,
+    ).save(str(path), external_data=True)
+    feeds = {  # two sequences at different positions, more tokens than the example had
+        "queries": rng.standard_normal((2, 4, 5, HEAD)).astype(np.float32),
+        "keys": rng.standard_normal((2, 2, 5, HEAD)).astype(np.float32),
+        "position_ids": np.array([[7, 8, 9, 10, 11], [300, 301, 302, 303, 304]]),
+    }
+    session = lambda p: ort.InferenceSession(str(p), providers=["CPUExecutionProvider"])  # noqa: E731
+    before = session(path).run(None, feeds)
+    nodes_before = len(onnx.load(str(path), load_external_data=False).graph.node)
+
+    assert fuse_graph(path)["rotary_embeddings"] == 2  # queries and keys; the lookalike stays
+    onnx.checker.check_model(str(path), full_check=True)
+    graph = onnx.load(str(path), load_external_data=False).graph
+    assert [n.op_type for n in graph.node].count("RotaryEmbedding") == 2
+    assert len(graph.node) < nodes_before
+    after = session(path).run(None, feeds)
+    for b, a in zip(before, after):
+        assert a.shape == b.shape
+        assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max()
+    assert fuse_graph(path)["rotary_embeddings"] == 0
