@@ -222,7 +222,9 @@ def _rotary_tables(f: str, half: int) -> tuple[list, tuple[str, str, str]]:
     cos/sin rows of ``f`` ``[batch, tokens, half]`` flattened to ``[batch * tokens, half]``."""
     from onnx import helper
 
-    names = {part: f"{f}_rotary_{part}" for part in ("lead", "count", "range", "rows", "cos", "sin", "cos_rows", "sin_rows")}
+    names = {
+        part: f"{f}_rotary_{part}" for part in ("lead", "count", "range", "rows", "cos", "sin", "cos_rows", "sin_rows")
+    }
     nodes = [
         helper.make_node("Shape", [f], [names["lead"]], start=0, end=2),
         helper.make_node("ReduceProd", [names["lead"]], [names["count"]], keepdims=0),

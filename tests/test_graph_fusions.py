@@ -103,7 +103,11 @@ class RotaryQueriesAndKeys(torch.nn.Module):
         cos, sin = self.rotary(queries, position_ids)
         quarter, other = HEAD // 4, keys + 1.0
         lookalike = torch.cat((-other[..., quarter:], other[..., :quarter]), dim=-1)
-        return apply_rope(queries, cos, sin), apply_rope(keys, cos, sin), other * cos[:, None] + lookalike * sin[:, None]
+        return (
+            apply_rope(queries, cos, sin),
+            apply_rope(keys, cos, sin),
+            other * cos[:, None] + lookalike * sin[:, None],
+        )
 
 
 def test_rotary_embeddings_become_one_kernel_each_with_the_same_outputs(tmp_path):

@@ -405,15 +405,7 @@ def test_vllm_cpu_build_has_the_sampling_defects_the_plugin_mends(vllm_python):
         "applied = f.install()\n"
         "print(applied, f.expand_is_broken(c._expand_kernel_impl))\n"
     )
-    proc = subprocess.run(
-        [vllm_python, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, PYTHONPATH=str(REPO / "export" / "plugins" / "vllm")),
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().splitlines()[-1] == "['expand_kernel', 'top_k_on_no_draft_rows'] False", proc.stdout
+    assert last_line_in_vllm(vllm_python, code) == "['expand_kernel', 'top_k_on_no_draft_rows'] False"
 
 
 def test_vllm_cpu_build_releases_onednn_handles_outside_tracing_once_mended(vllm_python):
@@ -426,6 +418,11 @@ def test_vllm_cpu_build_releases_onednn_handles_outside_tracing_once_mended(vllm
         "applied = m.install()\n"
         "print(applied, m.release_fails_while_tracing(ops))\n"
     )
+    assert last_line_in_vllm(vllm_python, code) == "['onednn_handle_release'] False"
+
+
+def last_line_in_vllm(vllm_python: str, code: str) -> str:
+    """What ``code`` prints last, run by vLLM's interpreter with the plugin importable."""
     proc = subprocess.run(
         [vllm_python, "-c", code],
         capture_output=True,
@@ -434,4 +431,4 @@ def test_vllm_cpu_build_releases_onednn_handles_outside_tracing_once_mended(vllm
         env=dict(os.environ, PYTHONPATH=str(REPO / "export" / "plugins" / "vllm")),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().splitlines()[-1] == "['onednn_handle_release'] False", proc.stdout
+    return proc.stdout.strip().splitlines()[-1]
