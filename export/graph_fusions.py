@@ -98,14 +98,15 @@ def _constant_ints(model) -> dict[str, list[int]]:
     return found
 
 
-def _last_dims(model) -> dict[str, int]:
-    """Each value's last dimension where the exporter recorded it as a number."""
-    dims = {}
+def _shapes(model) -> dict[str, list]:
+    """Each value's dimensions as the exporter recorded them: a number, a symbol's name, or None."""
+    shapes = {}
     for info in [*model.graph.value_info, *model.graph.input, *model.graph.output]:
-        shape = info.type.tensor_type.shape.dim
-        if shape and shape[-1].HasField("dim_value"):
-            dims[info.name] = shape[-1].dim_value
-    return dims
+        dims = info.type.tensor_type.shape.dim
+        shapes[info.name] = [
+            d.dim_value if d.HasField("dim_value") else (d.dim_param if d.HasField("dim_param") else None) for d in dims
+        ]
+    return shapes
 
 
 class _RotaryMatcher:
@@ -119,7 +120,7 @@ class _RotaryMatcher:
         self.producers = {out: node for node in model.graph.node for out in node.output}
         self.users = consumers(model)
         self.ints = _constant_ints(model)
-        self.last = _last_dims(model)
+        self.shapes = _shapes(model)
         self.outputs = {o.name for o in model.graph.output}
 
     def made_by(self, name: str, op: str):
@@ -155,6 +156,15 @@ class _RotaryMatcher:
             and steps == [1]
         )
 
+    def rotated_half(self, x: str, f: str) -> int | None:
+        """Half of ``x``'s head dimension when ``x`` is ``[batch, heads, tokens, head_dim]`` and ``f`` is
+        ``[batch, tokens, head_dim / 2]`` with the same batch and tokens (each token of ``x`` has its own row)."""
+        xs, fs = self.shapes.get(x), self.shapes.get(f)
+        if not xs or not fs or len(xs) != 4 or len(fs) != 3 or None in (xs[0], xs[2], xs[3]):
+            return None
+        half = xs[3] // 2 if isinstance(xs[3], int) and xs[3] % 2 == 0 else None
+        return half if half and fs == [xs[0], xs[2], half] else None
+
     def match(self, add) -> tuple[str, str, list] | None:
         """``(x, f, nodes the rewrite replaces)`` for a rotary ``Add``, else None."""
         products = [self.made_by(name, "Mul") for name in add.input]
@@ -162,9 +172,9 @@ class _RotaryMatcher:
             return None
         for direct, rotated in (products, products[::-1]):
             for x, cos in (direct.input, direct.input[::-1]):
-                half = self.last.get(x, 0) // 2
                 f = self.table(cos, "Cos")
-                if not half or f is None or self.last.get(f) != half:
+                half = self.rotated_half(x, f) if f is not None else None
+                if half is None:
                     continue
                 for turned, sin in (rotated.input, rotated.input[::-1]):
                     join = self.made_by(turned, "Concat")
@@ -195,7 +205,7 @@ def fuse_rotary_embeddings(model) -> int:
         x, f, dropped = found
         made = []
         if f not in tables:
-            made, tables[f] = _rotary_tables(f, matcher.last[f])
+            made, tables[f] = _rotary_tables(f, matcher.shapes[f][2])
         rows, cos, sin = tables[f]
         rotate = helper.make_node(
             "RotaryEmbedding", [x, rows, cos, sin], [add.output[0]], domain=CONTRIB, interleaved=0, name=add.name
@@ -209,7 +219,7 @@ def fuse_rotary_embeddings(model) -> int:
     for name, value in (("rotary_zero", 0), ("rotary_one", 1)):
         model.graph.initializer.append(numpy_helper.from_array(np.array(value, dtype=np.int64), name))
     for f in tables:
-        half = matcher.last[f]
+        half = matcher.shapes[f][2]
         model.graph.initializer.append(numpy_helper.from_array(np.array([-1, half], dtype=np.int64), f"{f}_rows_shape"))
     if not any(op.domain == CONTRIB for op in model.opset_import):
         model.opset_import.append(helper.make_opsetid(CONTRIB, 1))
