@@ -8,7 +8,7 @@ A CPU decoding step of a small model is bound by memory and by per-node cost: Sm
   wider products keep both cores busy longer per wake.
 - ``x * Reciprocal(Sqrt(v))``, how torch's exporter writes an RMSNorm's ``rsqrt``, becomes ``x / Sqrt(v)``: the form
   ONNX Runtime's ``SimplifiedLayerNormalization`` fusion recognizes, so each norm's seven nodes run as one kernel.
-- Rotary embeddings, ``x * cos + rotate_half(x) * sin`` (eight nodes for each of a layer's queries and keys), become
+- Rotary embeddings, ``x * cos + rotate_half(x) * sin`` (seven nodes for each of a layer's queries and keys), become
   one ONNX Runtime ``RotaryEmbedding`` kernel each, reading the step's own cos/sin halves as its tables.
 
 All keep the graph's inputs and outputs; the build's parity and greedy-identity checks run on the result.
@@ -216,11 +216,11 @@ def fuse_rotary_embeddings(model) -> int:
         return 0
     import numpy as np
 
-    for name, value in (("rotary_zero", 0), ("rotary_one", 1)):
-        model.graph.initializer.append(numpy_helper.from_array(np.array(value, dtype=np.int64), name))
-    for f in tables:
-        half = matcher.shapes[f][2]
-        model.graph.initializer.append(numpy_helper.from_array(np.array([-1, half], dtype=np.int64), f"{f}_rows_shape"))
+    constants = {"rotary_zero": 0, "rotary_one": 1, **{f"{f}_rows_shape": [-1, matcher.shapes[f][2]] for f in tables}}
+    present = {init.name for init in model.graph.initializer}
+    for name, value in constants.items():
+        if name not in present:
+            model.graph.initializer.append(numpy_helper.from_array(np.array(value, dtype=np.int64), name))
     if not any(op.domain == CONTRIB for op in model.opset_import):
         model.opset_import.append(helper.make_opsetid(CONTRIB, 1))
     replace_nodes(model, replaced)
