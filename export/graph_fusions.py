@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from specdec_kit.export.onnx_edit import consumers, replace_nodes, save_rewritten
+from specdec_kit.export.onnx_edit import consumers, producers, replace_nodes, save_rewritten
 
 CONTRIB = "com.microsoft"  # ONNX Runtime's own operators
 
@@ -61,12 +61,12 @@ def fuse_shared_input_matmuls(model) -> int:
 def rsqrt_as_division(model) -> int:
     """``Mul(x, Reciprocal(Sqrt(v)))`` becomes ``Div(x, Sqrt(v))`` where the reciprocal feeds that Mul alone.
     Returns how many were rewritten."""
-    producers = {out: node for node in model.graph.node for out in node.output}
+    writers = producers(model)
     users = consumers(model)
     graph_outputs = {o.name for o in model.graph.output}
     dropped: dict[int, list] = {}
     for node in model.graph.node:
-        if node.op_type != "Reciprocal" or getattr(producers.get(node.input[0]), "op_type", None) != "Sqrt":
+        if node.op_type != "Reciprocal" or getattr(writers.get(node.input[0]), "op_type", None) != "Sqrt":
             continue
         readers = users[node.output[0]]
         if len(readers) != 1 or readers[0].op_type != "Mul" or node.output[0] in graph_outputs:
@@ -117,14 +117,14 @@ class _RotaryMatcher:
     BIG = 2**62  # a Slice's "to the end"
 
     def __init__(self, model):
-        self.producers = {out: node for node in model.graph.node for out in node.output}
+        self.writers = producers(model)
         self.users = consumers(model)
         self.ints = _constant_ints(model)
         self.shapes = _shapes(model)
         self.outputs = {o.name for o in model.graph.output}
 
     def made_by(self, name: str, op: str):
-        node = self.producers.get(name)
+        node = self.writers.get(name)
         return node if node is not None and node.op_type == op else None
 
     def private(self, node) -> bool:

@@ -180,7 +180,7 @@ def build_onnx(
         roles = [export_plan(plan, graphs).stem for plan in plans]
     artifacts, quantized, fused = {}, {}, {}
     for role in ("target_step", *roles):
-        step(f"fusing {role}.onnx's shared-input weight products and norms")
+        step(f"fusing {role}.onnx's shared-input weight products, norms and rotary embeddings")
         fused[role] = fuse_graph(graphs / f"{role}.onnx")
         fmt = target_weights if role == "target_step" else draft_weights
         if fmt is not None:

@@ -1,5 +1,5 @@
-"""Editing an exported ONNX graph in place: who reads a value, swapping nodes, saving with its weights beside it.
-Shared by the rewrites that run between export and ONNX Runtime's optimizer (fusions, quantization)."""
+"""Editing an exported ONNX graph in place: who writes and who reads a value, swapping nodes, saving with its weights
+beside it. Shared by the rewrites that run between export and ONNX Runtime's optimizer (fusions, quantization)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,11 @@ def consumers(model) -> dict[str, list]:
         for name in node.input:
             users[name].append(node)
     return users
+
+
+def producers(model) -> dict[str, object]:
+    """The node that writes each value, by name."""
+    return {out: node for node in model.graph.node for out in node.output}
 
 
 def replace_nodes(model, replaced: dict[int, list]) -> None:
