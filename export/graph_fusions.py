@@ -19,9 +19,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from specdec_kit.export.onnx_edit import consumers, producers, replace_nodes, save_rewritten
-
-CONTRIB = "com.microsoft"  # ONNX Runtime's own operators
+from specdec_kit.export.onnx_edit import CONTRIB, consumers, producers, replace_nodes, save_rewritten, use_contrib_ops
 
 
 def fuse_shared_input_matmuls(model) -> int:
@@ -221,8 +219,7 @@ def fuse_rotary_embeddings(model) -> int:
     for name, value in constants.items():
         if name not in present:
             model.graph.initializer.append(numpy_helper.from_array(np.array(value, dtype=np.int64), name))
-    if not any(op.domain == CONTRIB for op in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(CONTRIB, 1))
+    use_contrib_ops(model)
     replace_nodes(model, replaced)
     return sum(1 for nodes in replaced.values() if nodes)
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
+CONTRIB = "com.microsoft"  # ONNX Runtime's own operators (MatMulNBits, RotaryEmbedding, ...)
+
 
 def consumers(model) -> dict[str, list]:
     """Each value's reading nodes, by name."""
@@ -14,6 +16,14 @@ def consumers(model) -> dict[str, list]:
         for name in node.input:
             users[name].append(node)
     return users
+
+
+def use_contrib_ops(model) -> None:
+    """Declare ONNX Runtime's operator domain, once, for the nodes a rewrite adds from it."""
+    from onnx import helper
+
+    if not any(op.domain == CONTRIB for op in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(CONTRIB, 1))
 
 
 def producers(model) -> dict[str, object]:

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from specdec_kit.export.onnx_edit import consumers, replace_nodes, save_rewritten
+from specdec_kit.export.onnx_edit import CONTRIB, consumers, replace_nodes, save_rewritten, use_contrib_ops
 
 FLOAT_COMPUTE, INT8_COMPUTE = 1, 4  # MatMulNBits accuracy levels
 
@@ -50,7 +50,7 @@ class WeightFormat:
     symmetric: bool = True
 
     def manifest(self) -> dict[str, Any]:
-        return {**asdict(self), "format": self.name, "operator": "com.microsoft.MatMulNBits"}
+        return {**asdict(self), "format": self.name, "operator": f"{CONTRIB}.MatMulNBits"}
 
 
 TARGET_WEIGHTS: dict[str, WeightFormat | None] = {"float": None, "int4": WeightFormat("int4", 4, FLOAT_COMPUTE)}
@@ -129,7 +129,7 @@ def on_grid_nodes(model, node, codes, scales, minima, fmt: WeightFormat) -> list
             "MatMulNBits",
             [x, f"{name}_codes", f"{name}_scales"],
             [f"{name}_scaled"],
-            domain="com.microsoft",
+            domain=CONTRIB,
             K=blocks * size,
             N=rows,
             bits=fmt.bits,
@@ -145,7 +145,7 @@ def on_grid_nodes(model, node, codes, scales, minima, fmt: WeightFormat) -> list
 def quantize_on_grid(model, fmt: WeightFormat) -> dict[str, int] | None:
     """Store every constant MatMul weight that lies on a ``fmt.bits`` grid as its codes; None (nothing changed)
     when none does. The others stay float."""
-    from onnx import helper, numpy_helper
+    from onnx import numpy_helper
 
     if fmt.bits != 4 or not fmt.symmetric:
         return None
@@ -155,8 +155,7 @@ def quantize_on_grid(model, fmt: WeightFormat) -> dict[str, int] | None:
         found.append((node, grid))
     if not any(grid is not None for _, grid in found):
         return None
-    if not any(o.domain == "com.microsoft" for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    use_contrib_ops(model)
     replace_nodes(model, {id(node): on_grid_nodes(model, node, *grid, fmt) for node, grid in found if grid is not None})
     on_grid = sum(grid is not None for _, grid in found)
     constants = {init.name for init in model.graph.initializer}
