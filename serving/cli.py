@@ -64,6 +64,15 @@ def parse_args(argv):
         "2:1,4:0.5,16:0.25,inf:0 (batch size: fraction of the engine's tree)",
     )
     p.add_argument(
+        "--cost-pool",
+        type=float,
+        default=0.25,
+        metavar="FRACTION",
+        help="with --speculation cost: a batch size a candidate has not run at is predicted from its cycles at the "
+        "nearest sizes within this fraction of it (batches pass through sizes just below their largest as requests "
+        "finish apart); 0: every batch size measured on its own (default: 0.25)",
+    )
+    p.add_argument(
         "--lookup",
         choices=["ngram", "suffix"],
         help="merge model-free drafting into a head engine's trees (as an engine built with --draft HEAD+KIND): "
@@ -272,7 +281,9 @@ def main(argv=None) -> int:
         if mode == "adaptive":
             policy = SpeculationPolicy(default_schedule(engine.tree))
         elif mode == "cost":
-            policy = CostPolicy(speculation_candidates(engine))
+            if args.cost_pool < 0:
+                raise ValueError(f"--cost-pool {args.cost_pool}: expected a fraction >= 0")
+            policy = CostPolicy(speculation_candidates(engine), pool=args.cost_pool)
         elif mode == "fixed":
             policy = SpeculationPolicy([(1 << 30, engine.tree)], adaptive=False)
         elif mode == "off":

@@ -10,7 +10,8 @@ the batch).
 A first guess treats every batch split alike (4 rows x 8 nodes as 32 rows x 1), so a cycle at batch 16 with a
 4-node tree also tells what plain decoding at batch 64 would cost; but rows cost apart from tokens (each
 row's cache is read), so once a batch size recurs (``settle`` cycles) plain decoding and each contender (a
-candidate predicted within ``contender`` of the best) are measured at that size a few times. A cost is extrapolated
+candidate predicted within ``contender`` of the best) are measured at that size a few times, unless their whole
+cycles at sizes beside it already predict it (``pool``, below). A cost is extrapolated
 at most ``reach`` times beyond the largest size it was measured at; further out, the candidate is measured. Once a
 candidate has run at a batch size, its own whole cycles there are its prediction (with its acceptance): the model
 of parts only ranks what has not run there, since its parts miss what differs between candidates beside draft and
@@ -18,6 +19,12 @@ target (streaming more tokens per cycle, accepting a longer path). Per batch siz
 with the most predicted tokens per second, measuring what it cannot yet predict and probing the others predicted
 within ``probe_within`` of the leader, in turn, now and then; a challenger must be predicted ``hold`` faster than the
 leader to replace it.
+
+Batch sizes come and go: at many streams requests finish apart, so a batch passes through sizes just below its
+largest for a few cycles each. A candidate's whole cycles at the nearest sizes it ran within ``pool`` of a batch size
+(a fraction of it, at least one row) predict it there until it has cycles of its own (between two such sizes, the
+line through them; beside one, that size's cycle scaled as the shared target curve rises or falls between them), so
+a transient size is neither explored on its own nor ranked by the model of parts when its neighbours were measured.
 
 Estimates go stale: the leader is measured every cycle, a candidate that does not lead only by its probes, so a
 sample after a long gap weighs what the cycles in between would have (``Ema``): a cost measured while the machine
@@ -176,6 +183,7 @@ class CostPolicy:
     hold: float = 1.05  # and any candidate this much faster than the leader: estimates from probes are noisy
     acceptance_most: float = 0.3  # the most one cycle's acceptance weighs after a long gap (see ``Ema``): it is noisy
     reach: float = 2.0  # a cost is extrapolated at most this far beyond the largest size measured; further, measured
+    pool: float = 0.25  # whole cycles at sizes within this fraction of a batch size predict it (0: each on its own)
     stale_after: int = 400  # cycles at a batch size after which a candidate too far behind to probe is measured again
     remeasuring: dict[int, tuple[int, int]] = field(default_factory=dict)  # per batch size: (candidate, cycles left)
     accepted: dict[int, Ema] = field(default_factory=dict)  # [candidate] -> accepted draft tokens per row
@@ -215,8 +223,8 @@ class CostPolicy:
         """Tokens/s the candidate would give at this batch size; None where a quantity is not measured enough."""
         shared, draft_points = points or self.trusted()
         reading = interpolate(self.reading, batch) or 0.0
-        if self.measured_at(k, batch):  # its own whole cycles at this batch size: no model needed
-            cycle = self.cycle_at[k][batch].value
+        cycle = self.cycle_estimate(k, batch, shared)
+        if cycle is not None:  # its own whole cycles at this batch size or beside it: no model needed
             if k == 0:
                 return batch / cycle
             acc = self.acceptance(k)
@@ -252,6 +260,25 @@ class CostPolicy:
             bottom = min(own)
             return max(shared_x, own[bottom].value - max(0.0, interpolate(shared, bottom) - shared_x))
         return shared_x
+
+    def cycle_estimate(self, k: int, batch: int, shared: dict[int, Ema]) -> float | None:
+        """Seconds of a whole cycle of candidate ``k`` at this batch size from its own cycles: measured there, or at the
+        nearest sizes measured within ``pool`` of it (see the module docstring); None where neither."""
+        own = {b: e for b, e in self.cycle_at.get(k, {}).items() if e.n >= self.warmup}
+        if batch in own:
+            return own[batch].value
+        radius = max(1, int(self.pool * batch)) if self.pool > 0 else 0
+        near = {b: e for b, e in own.items() if abs(b - batch) <= radius}
+        below, above = [b for b in near if b < batch], [b for b in near if b > batch]
+        if below and above:
+            return interpolate({max(below): near[max(below)], min(above): near[min(above)]}, batch)
+        if not near:
+            return None
+        nearest = min(near, key=lambda b: abs(b - batch))
+        width = self.nodes(k)
+        here, there = interpolate(shared, round(batch * width)), interpolate(shared, round(nearest * width))
+        scale = here / there if here and there else 1.0
+        return near[nearest].value * scale
 
     def acceptance(self, k: int) -> float | None:
         """Accepted draft tokens per row for candidate ``k``, once measured enough. A larger tree that holds a
@@ -292,7 +319,7 @@ class CostPolicy:
                 self.remeasuring[batch_size] = (self._last, left - 1)
             return None if self._last == 0 else self.trees[self._last - 1]
         # a candidate still lacking a measurement goes first: plain (its call is the cheapest point of the cost
-        # curve), then the trees, largest first; at a batch size that recurs, its contenders at that size
+        # curve), then the trees, largest first; at a batch size that recurs, its contenders at that size (or beside it)
         k = next((c for c, rate in enumerate(rates) if rate is None), None)
         if k is None and n > self.settle:  # those predicted close to the best, not the ones far behind
             best = max(rates)
@@ -300,7 +327,8 @@ class CostPolicy:
                 (
                     c
                     for c in range(len(rates))  # plain decoding always: speculation answers to it
-                    if (c == 0 or rates[c] >= self.contender * best) and not self.measured_at(c, batch_size)
+                    if (c == 0 or rates[c] >= self.contender * best)
+                    and self.cycle_estimate(c, batch_size, points[0]) is None
                 ),
                 None,
             )

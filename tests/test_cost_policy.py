@@ -261,6 +261,23 @@ def test_a_batch_size_near_measured_ones_is_predicted_and_one_far_beyond_them_is
     assert set(drive(policy, 8, 10)) == {policy.nodes(best)}
 
 
+def test_batch_sizes_beside_a_measured_one_are_predicted_from_its_cycles_not_explored():
+    """At many streams requests finish apart, so the batch passes through sizes just below its largest for a few
+    cycles each. Whole cycles at 16 rows predict 15 and 14 (``pool``): they run what leads at 16 at once; each size
+    on its own (``pool=0``), the policy spends cycles there measuring candidates it already knows beside it."""
+    explored = {}
+    for pool in (0.25, 0.0):
+        policy = cost_policy(warmup=3, settle=10, pool=pool)
+        drive(policy, 16, 100)
+        leader = policy.nodes(policy.leader[16])
+        transient = drive(policy, 15, 20) + drive(policy, 14, 20)
+        explored[pool] = sum(n != leader for n in transient)
+        if pool:
+            for k in range(len(CANDIDATES) + 1):  # predicted from the cycles at 16, moved by the target's curve
+                assert policy.predicted_rate(k, 15) == pytest.approx(policy.predicted_rate(k, 16) * 15 / 16, rel=0.1)
+    assert explored[0.25] == 0 and explored[0.0] >= 10, explored
+
+
 def test_plain_decoding_is_measured_at_every_batch_size_that_recurs():
     """Speculation answers to plain decoding: however far behind the model puts it (here after a call over 16 tokens
     measured while the machine was busy), plain decoding is measured at a batch size that recurs, and wins there
