@@ -121,6 +121,17 @@ def parse_args(argv):
         default=512.0,
         help="memory for the prefix cache; the least recently used blocks go first (default: 512)",
     )
+    p.add_argument(
+        "--fold-prompt-tokens",
+        type=int,
+        default=4,
+        metavar="N",
+        help="a request joining a running batch whose prompt leaves at most N tokens to compute (past its cached "
+        "blocks) is read by the next decode cycle's target call, beside the batch's draft trees, instead of a prefill "
+        "call of its own; longer prompts get their own prefill (every row of a shared call is padded to its widest "
+        "input: on the demo zoo at 16 streams N=4 gained 1.08x over 0, N=16 lost 0.91x); 0: every request "
+        "prefilled on its own (default: 4)",
+    )
     p.add_argument("--no-checksums", action="store_true", help="check file sizes only when opening the engine")
     p.add_argument("--log-level", default="info")
     p.add_argument(
@@ -272,6 +283,8 @@ def main(argv=None) -> int:
             engine = attach_lookup(engine, args.lookup, args.lookup_settings)
         elif args.lookup_settings is not None:
             raise ValueError("--lookup-settings: give --lookup KIND too")
+        if args.fold_prompt_tokens < 0:
+            raise ValueError(f"--fold-prompt-tokens {args.fold_prompt_tokens}: expected 0 or more")
         if args.max_model_len is not None and not 2 <= args.max_model_len <= engine.target.max_context:
             raise ValueError(
                 f"--max-model-len {args.max_model_len}: expected 2 to {engine.target.max_context} "
@@ -313,6 +326,7 @@ def main(argv=None) -> int:
             args.max_queue,
             args.max_unread_tokens,
             args.prefix_cache_mib if args.enable_prefix_caching else 0.0,
+            args.fold_prompt_tokens,
         )
     except ValueError as exc:
         print(f"error: --prefix-cache-mib: {exc}", file=sys.stderr)

@@ -368,17 +368,9 @@ class CostPolicy:
         tokens = outcome.rows * width
         if k:
             self.widths.setdefault(k, Ema()).add(width, self.smoothing)
-        self.verify.setdefault(tokens, Ema()).add(outcome.verify_s, self.smoothing)
-        self.verify_at.setdefault(outcome.rows, {}).setdefault(tokens, Ema()).add(outcome.verify_s, self.smoothing)
-        self.overhead.setdefault(outcome.rows, Ema()).add(
-            max(0.0, seconds - outcome.draft_s - outcome.verify_s), self.smoothing
-        )
         now = self.cycles.get(outcome.rows, 0)  # this batch size's clock
-        if not (k and outcome.caught_up):  # a catch-up over unread context is not a step's cost
-            self.cycle_at.setdefault(k, {}).setdefault(outcome.rows, Ema()).add(seconds, self.smoothing, now)
-        pending = self.remeasuring.get(outcome.rows)
-        if pending and pending[0] == self._last and not (k and outcome.caught_up):
-            del self.remeasuring[outcome.rows]  # measured again: its estimate now is what it costs now
+        if not outcome.joined:  # a target call that also read joining prompts costs more than the candidate's
+            self._observe_target_and_cycle(k, outcome, seconds, tokens, now)
         if k:
             if not outcome.caught_up:
                 self.draft.setdefault(k, {}).setdefault(outcome.rows, Ema()).add(outcome.draft_s, self.smoothing, now)
@@ -392,6 +384,18 @@ class CostPolicy:
             )
             self._credit_shorter_chains(k, outcome)
         self._previous = k
+
+    def _observe_target_and_cycle(self, k: int, outcome: CycleOutcome, seconds: float, tokens: int, now: int) -> None:
+        self.verify.setdefault(tokens, Ema()).add(outcome.verify_s, self.smoothing)
+        self.verify_at.setdefault(outcome.rows, {}).setdefault(tokens, Ema()).add(outcome.verify_s, self.smoothing)
+        self.overhead.setdefault(outcome.rows, Ema()).add(
+            max(0.0, seconds - outcome.draft_s - outcome.verify_s), self.smoothing
+        )
+        if not (k and outcome.caught_up):  # a catch-up over unread context is not a step's cost
+            self.cycle_at.setdefault(k, {}).setdefault(outcome.rows, Ema()).add(seconds, self.smoothing, now)
+        pending = self.remeasuring.get(outcome.rows)
+        if pending and pending[0] == self._last and not (k and outcome.caught_up):
+            del self.remeasuring[outcome.rows]  # measured again: its estimate now is what it costs now
 
     def _credit_shorter_chains(self, k: int, outcome: CycleOutcome) -> None:
         """A chain drafts the first tokens of every longer chain (one beam: the draft's likeliest token at each

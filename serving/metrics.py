@@ -81,6 +81,12 @@ class ServerMetrics:
             label,
             registry=r,
         )
+        self.folded_prompts = Counter(
+            "specdec:prompts_read_in_decode",
+            "Requests whose prompt a decode cycle's target call read (no prefill call of their own)",
+            label,
+            registry=r,
+        )
         self.generation_tokens = Counter("specdec:generation_tokens", "Tokens generated", label, registry=r)
         self.success = Counter("specdec:request_success", "Finished requests", label + ["finished_reason"], registry=r)
         self.errors = Counter("specdec:request_errors", "Failed requests by error type", label + ["type"], registry=r)

@@ -152,7 +152,10 @@ class SpeculationPolicy:
             b.plain, b.plain_n = new, b.plain_n + 1
 
     def observe(self, outcome: CycleOutcome, seconds: float) -> None:
-        """The scheduler's report of one cycle (the tokens it emitted in ``seconds``)."""
+        """The scheduler's report of one cycle (the tokens it emitted in ``seconds``); a cycle whose target call also
+        read joining prompts is slower than its mode and is left out."""
+        if outcome.joined:
+            return
         self.record(outcome.rows, outcome.speculative, outcome.emitted, seconds)
 
     @property

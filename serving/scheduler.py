@@ -89,6 +89,7 @@ class Scheduler:
         max_queue: int = 256,
         max_unread_tokens: int = 2048,
         prefix_cache_mib: float = 0.0,
+        fold_prompt_tokens: int = 0,
     ):
         tok = engine.tokenizer
         self.engine = engine
@@ -100,6 +101,7 @@ class Scheduler:
         if prefix_cache_mib > 0:
             self.gen.cache_prefixes(prefix_cache_mib)
         self.metrics, self.policy = metrics, policy
+        self.fold_prompt_tokens = fold_prompt_tokens
         self.max_num_seqs, self.max_queue, self.max_unread_tokens = max_num_seqs, max_queue, max_unread_tokens
         self.kv_budget = max_num_seqs * engine.target.max_context  # tokens the batch may hold at most
         self.pending: deque[ServerRequest] = deque()
@@ -178,11 +180,13 @@ class Scheduler:
                         continue
                     new.append(req)
                 self.metrics.labels(self.metrics.waiting).set(len(self.pending))
+            self._arrived(new)
             try:
-                if new:
-                    self._admit(new)
+                folded = self._foldable(new)
+                if len(folded) < len(new):
+                    self._admit([req for req in new if req not in folded])
                 if self.batch is not None and self.batch.size:
-                    self._cycle()
+                    self._cycle(folded)
             except Exception as exc:  # never leave requests hanging; the server keeps serving
                 self._fail_all(new, exc)
             self.metrics.labels(self.metrics.running).set(self.batch.size if self.batch is not None else 0)
@@ -198,23 +202,42 @@ class Scheduler:
         self.metrics.labels(self.metrics.errors, type="internal_error").inc(len(reqs))
         self.batch = None
 
-    def _prefill(self, reqs: list[ServerRequest]):
-        return self.gen.prefill(
+    def _foldable(self, new: list[ServerRequest]) -> list[ServerRequest]:
+        """The new requests the next cycle's target call reads beside the batch's trees (so their prefill costs no
+        call of its own): those whose uncached prompt tokens number at most ``fold_prompt_tokens``, when a batch is
+        running. A prompt read that way pads every row of the call to its width, so long ones get a prefill."""
+        if not new or not self.fold_prompt_tokens or self.batch is None or not self.batch.size:
+            return []
+        return [req for req in new if self.gen.uncached_tokens(req.prompt_ids) <= self.fold_prompt_tokens]
+
+    def _arguments(self, reqs: list[ServerRequest]) -> tuple:
+        """``SpeculativeGenerator.prefill``'s (and ``prepare``'s) arguments for these requests."""
+        return (
             [r.prompt_ids for r in reqs],
             [r.max_tokens for r in reqs],
             [r.params for r in reqs],
-            stops=[r.stop for r in reqs],
-            tags=reqs,
-            ignore_eos=[r.ignore_eos for r in reqs],
+            [r.stop for r in reqs],
+            reqs,
+            [r.ignore_eos for r in reqs],
         )
 
-    def _admit(self, reqs: list[ServerRequest]) -> None:
-        """One prefill for all new requests; when it fails, one per request, so only a request that fails
-        on its own is refused."""
+    def _prefill(self, reqs: list[ServerRequest]):
+        return self.gen.prefill(*self._arguments(reqs))
+
+    def _arrived(self, reqs: list[ServerRequest]) -> None:
         now = time.perf_counter()
         for req in reqs:
             self.metrics.labels(self.metrics.queue_time).observe(now - req.arrival)
             self.metrics.labels(self.metrics.prompt_tokens).inc(len(req.prompt_ids))
+
+    def _count_prefix_hits(self, rows) -> None:
+        for row in rows:
+            self.metrics.labels(self.metrics.prefix_queries).inc(row.stats.prompt_tokens)
+            self.metrics.labels(self.metrics.prefix_hits).inc(row.stats.cached_tokens)
+
+    def _admit(self, reqs: list[ServerRequest]) -> None:
+        """One prefill for all new requests; when it fails, one per request, so only a request that fails
+        on its own is refused."""
         try:
             fresh = [self._prefill(reqs)]
         except Exception as exc:  # noqa: BLE001 - find the request that caused it
@@ -228,9 +251,7 @@ class Scheduler:
                 except Exception as one:  # noqa: BLE001
                     self._fail_request(req, one)
         for part in fresh:
-            for row in part.rows:
-                self.metrics.labels(self.metrics.prefix_queries).inc(row.stats.prompt_tokens)
-                self.metrics.labels(self.metrics.prefix_hits).inc(row.stats.cached_tokens)
+            self._count_prefix_hits(part.rows)
             self.batch = self.gen.admit(self.batch, part)
         if fresh:
             self._report()
@@ -240,7 +261,9 @@ class Scheduler:
         self.metrics.labels(self.metrics.errors, type="internal_error").inc()
         req.fail(internal(req.request_id, exc))
 
-    def _cycle(self) -> None:
+    def _cycle(self, joining: list[ServerRequest]) -> None:
+        """One cycle over the running batch; ``joining`` requests are read by its target call and join after it
+        (prefilled on their own if that cannot be done)."""
         batch = self.batch
         for row in batch.rows:
             if row.finish is not None:
@@ -253,13 +276,27 @@ class Scheduler:
                 logger.warning("request %s stopped: %s", req.request_id, row.error.message)
         self._report()  # retire cancelled rows before spending a cycle on them
         if not batch.size:
+            if joining:
+                self._admit(joining)
             return
+        ready = None
+        if joining:
+            try:
+                ready = self.gen.prepare(*self._arguments(joining))
+            except Exception:  # noqa: BLE001 - a prompt that cannot be prepared gets the prefill path's isolation
+                self._admit(joining)
+                joining = []
         tree = self.policy.choose(batch.size)
         if tree is not None:
             self.gen.set_tree(tree)
         self.metrics.labels(self.metrics.tree_tokens).set(tree_nodes(tree))
         t0 = time.perf_counter()
-        outcome = self.gen.cycle(batch, speculate=tree is not None)
+        outcome = self.gen.cycle(batch, speculate=tree is not None, joining=ready)
+        if joining and outcome.joined:
+            self._count_prefix_hits(batch.rows[-outcome.joined :])
+            self.metrics.labels(self.metrics.folded_prompts).inc(outcome.joined)
+        elif joining:
+            self._admit(joining)
         self.metrics.record_speculation(
             outcome.rows if outcome.speculative else 0,
             outcome.draft_tokens,

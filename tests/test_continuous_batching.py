@@ -21,20 +21,30 @@ def generator(case) -> SpeculativeGenerator:
     return SpeculativeGenerator(case.target, drafter, eos_token_ids=[])
 
 
-def run_with_arrivals(gen: SpeculativeGenerator, prompts, arrivals: dict[int, list[int]], speculate=lambda c: True):
-    """Prompts join at the cycle numbers in ``arrivals``; returns each prompt's row."""
+def run_with_arrivals(
+    gen: SpeculativeGenerator, prompts, arrivals: dict[int, list[int]], speculate=lambda c: True, fold: bool = False
+):
+    """Prompts join at the cycle numbers in ``arrivals``; returns each prompt's row. With ``fold``, prompts that
+    arrive while a batch runs are read by that cycle's target call (``cycle(..., joining=)``), not prefilled."""
     greedy = SamplingParams()
     batch, rows, cycle = None, {}, 0
     pending = dict(arrivals)
     while pending or (batch is not None and batch.size):
+        joining = None
         if cycle in pending:
             ids = pending.pop(cycle)
-            new = gen.prefill([prompts[i] for i in ids], [NEW_TOKENS] * len(ids), [greedy] * len(ids), tags=ids)
-            rows.update({row.tag: row for row in new.rows})
-            batch = gen.admit(batch, new)
-            gen.retire(batch)
+            args = ([prompts[i] for i in ids], [NEW_TOKENS] * len(ids), [greedy] * len(ids))
+            if fold and batch is not None and batch.size:
+                joining = gen.prepare(*args, tags=ids)
+                rows.update({row.tag: row for row in joining.rows})
+            else:
+                new = gen.prefill(*args, tags=ids)
+                rows.update({row.tag: row for row in new.rows})
+                batch = gen.admit(batch, new)
+                gen.retire(batch)
         if batch is not None and batch.size:
-            gen.cycle(batch, speculate=speculate(cycle))
+            outcome = gen.cycle(batch, speculate=speculate(cycle), joining=joining)
+            assert outcome.joined == (len(joining.rows) if joining else 0)
             gen.retire(batch)
         cycle += 1
     return [rows[i] for i in sorted(rows)]
@@ -81,6 +91,39 @@ def test_joining_rows_stay_lossless_with_every_admission_pattern(predictable_cas
         generator(case), prompts, {0: [0], 1: [1, 2], 4: [3], 5: [4, 5]}, speculate=lambda c: c % 5 != 3
     )
     assert [r.tokens for r in rows] == case.references[:6]
+
+
+def test_prompts_read_by_a_running_cycles_target_call_stay_lossless(predictable_case):
+    """Prompts that join while a batch runs, read by the target call that verifies its trees (one call, rows padded
+    to the widest input), give the target's output, whether those cycles speculate or run plain, and the rows that
+    joined so speculate as well as rows prefilled on their own."""
+    case = predictable_case
+    prompts = case.prompts[:6]
+    arrivals = {0: [0], 1: [1, 2], 4: [3], 5: [4, 5]}
+    folded = run_with_arrivals(generator(case), prompts, arrivals, fold=True)
+    mixed = run_with_arrivals(generator(case), prompts, arrivals, speculate=lambda c: c % 5 != 3, fold=True)
+    assert [r.tokens for r in folded] == [r.tokens for r in mixed] == case.references[:6]
+    alone = run_with_arrivals(generator(case), prompts, arrivals)
+    assert sum(r.stats.accepted_tokens for r in folded) >= 0.9 * sum(r.stats.accepted_tokens for r in alone)
+    assert [r.stats.prompt_tokens for r in folded] == [len(p) for p in prompts]
+
+
+def test_prompts_a_cycle_cannot_read_are_handed_back_and_the_batch_goes_on(predictable_case):
+    """A target call over trees and joining prompts that fails (here: a prompt token outside the vocabulary) leaves
+    the running rows as they were: their trees are verified alone, the prompts come back unread (``joined`` 0), and
+    the output stays the target's."""
+    case = predictable_case
+    gen, greedy = generator(case), SamplingParams()
+    batch = gen.admit(None, gen.prefill(case.prompts[:2], [NEW_TOKENS] * 2, [greedy] * 2))
+    rows = list(batch.rows)
+    gen.cycle(batch)
+    bad = gen.prepare([[case.target.vocab_size + 5] * 3], [NEW_TOKENS], [greedy])
+    outcome = gen.cycle(batch, joining=bad)
+    assert outcome.joined == 0 and batch.size == 2 and batch.cache.batch == 2
+    while batch.size:
+        gen.cycle(batch)
+        gen.retire(batch)
+    assert [r.tokens for r in rows] == case.references[:2]
 
 
 def test_plain_cycles_keep_the_draft_context(predictable_case):

@@ -124,6 +124,29 @@ def test_sixteen_concurrent_streams_match_their_sequential_runs(server):
     assert got == expected
 
 
+def test_requests_read_by_a_running_batchs_decode_calls_get_the_runtimes_output(engine_dir, runtime_engine):
+    """Requests that join a running batch, their prompts read by its decode cycles' target calls
+    (``--fold-prompt-tokens``) beside the batch's trees, complete with the runtime's greedy output, and the server
+    counts them."""
+    srv = Server(engine_dir, "--fold-prompt-tokens", "64", "--max-num-seqs", "8")
+    try:
+        client = srv.client()
+        prompts = [f"{PROMPTS[i % len(PROMPTS)]} {i}" for i in range(12)]
+
+        def streamed(i: int) -> str:
+            time.sleep(0.05 * i)  # arrivals spread over the running batch's cycles
+            stream = client.completions.create(model="demo", prompt=prompts[i], max_tokens=32, temperature=0, stream=True)
+            return "".join(c.choices[0].text for c in stream if c.choices)
+
+        with ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(streamed, range(len(prompts))))
+        ids = [runtime_engine.tokenizer(p)["input_ids"] for p in prompts]
+        assert got == [runtime_greedy(runtime_engine, p, 32) for p in ids]
+        assert srv.metrics()["specdec:prompts_read_in_decode_total"] >= 3
+    finally:
+        srv.stop()
+
+
 def test_stop_strings_cut_the_stream(server):
     client = server.client()
     full = client.completions.create(model="demo", prompt="abc abc", max_tokens=30, temperature=0).choices[0].text

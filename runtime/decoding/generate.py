@@ -17,7 +17,7 @@ from specdec_kit.runtime.core.contract import TargetOutput, TargetStep
 from specdec_kit.runtime.core.device import now
 from specdec_kit.runtime.core.kv_cache import KVCache
 from specdec_kit.runtime.core.sampling import SamplingParams, request_seed, sampled_tokens
-from specdec_kit.runtime.core.verify import verify_batch
+from specdec_kit.runtime.core.verify import Verdict, verify_batch
 from specdec_kit.runtime.decoding.draft_context import DraftContext
 from specdec_kit.runtime.decoding.drafting import Drafter, DraftTree, NoDrafter, Tree
 from specdec_kit.runtime.decoding.prefix_cache import PrefixBlock, PrefixCache, joined
@@ -128,6 +128,7 @@ class CycleOutcome:
     draft_s: float
     verify_s: float
     caught_up: bool = False  # the draft also read context that plain cycles or a prefill left: not one step's time
+    joined: int = 0  # rows whose prompts the cycle's target call also read (they joined after it): not a step's time
     tree_width: int | None = None  # nodes per row verified (a model-free draft's trees vary from cycle to cycle)
 
 
@@ -186,6 +187,26 @@ class DecodeBatch:
     @property
     def ctx_counts(self) -> torch.Tensor:  # [B]
         return self.context.counts
+
+
+@dataclass
+class Prompts:
+    """Prompts on their way into a batch, prepared before the target call that reads them: their rows, the prompts
+    padded to one width (``whole`` [n, W]) with their lengths, and each one's prompt blocks found in the prefix cache
+    (``chains``, ``cached`` tokens) that need no computing."""
+
+    rows: list[_Row]
+    whole: torch.Tensor
+    counts: torch.Tensor
+    chains: list[list[PrefixBlock]]
+    cached: list[int]
+    capacity: int  # cache slots a row needs: the longest prompt and budget, and a tree's pending slots
+    first_tokens: Sequence[int | None] | None = None
+
+    @property
+    def fresh(self) -> torch.Tensor:
+        """[n] prompt tokens each row computes (past its cached blocks)."""
+        return self.counts - torch.tensor(self.cached, dtype=torch.long, device=self.counts.device)
 
 
 class SpeculativeGenerator:
@@ -257,6 +278,10 @@ class SpeculativeGenerator:
                         break
                 row.text, row.finish = text[:cut], "stop"
 
+    def uncached_tokens(self, prompt: Sequence[int]) -> int:
+        """The prompt tokens a prefill of ``prompt`` would compute: those past its blocks in the prefix cache."""
+        return len(prompt) - (self.prefix_cache.cached_length(prompt) if self.prefix_cache is not None else 0)
+
     def validate(self, prompts: Sequence[Sequence[int]], budgets: Sequence[int]) -> None:
         for i, (p, m) in enumerate(zip(prompts, budgets)):
             if len(p) == 0:
@@ -269,8 +294,7 @@ class SpeculativeGenerator:
                 )
 
     # -- the stages of continuous batching ----------------------------------------------------
-    @torch.inference_mode()
-    def prefill(
+    def prepare(
         self,
         prompts: Sequence[Sequence[int]],
         budgets: Sequence[int],
@@ -279,17 +303,17 @@ class SpeculativeGenerator:
         tags: Sequence[object] | None = None,
         ignore_eos: Sequence[bool] | None = None,
         first_tokens: Sequence[int | None] | None = None,
-    ) -> DecodeBatch:
-        """Run new prompts through the target on a cache of their own and pick each first token; the
-        result is a batch of its own, ready to run or to ``admit`` into a running one. ``stops`` and
-        ``tags`` (the caller's handles) are per prompt; a row's ``first_tokens`` entry, when given, is its
-        first token instead of the target's choice (a session resumed after its first token was chosen)."""
+    ) -> Prompts:
+        """Check new prompts and make their rows, and find their cached prompt blocks: what ``prefill`` or a cycle
+        that takes them in (``cycle(..., joining=)``) computes from. ``stops`` and ``tags`` (the caller's handles)
+        are per prompt; a row's ``first_tokens`` entry, when given, is its first token instead of the target's choice
+        (a session resumed after its first token was chosen)."""
         bsz = len(prompts)
         stops = stops or [()] * bsz
         if any(stops) and self.decode is None:
             raise ValueError("stop strings need a decode function (a tokenizer)")
         self.validate(prompts, budgets)
-        target, dev = self.target, self.target.device
+        dev = self.target.device
         rows = [
             _Row(
                 p,
@@ -302,7 +326,6 @@ class SpeculativeGenerator:
             for i, (p, m, st) in enumerate(zip(params, budgets, stops))
         ]
         lens = [len(p) for p in prompts]
-        start = now(dev)
         chains = [self.prefix_cache.match(p) for p in prompts] if self.prefix_cache else [[] for _ in prompts]
         cached = [sum(block.keys.shape[2] for block in chain) for chain in chains]
         for row, n, hit in zip(rows, lens, cached):
@@ -311,20 +334,42 @@ class SpeculativeGenerator:
         for b, p in enumerate(prompts):
             whole[b, : len(p)] = torch.as_tensor(list(p), dtype=torch.long)
         counts = torch.tensor(lens, dtype=torch.long, device=dev)
-        cache = target.new_cache(bsz, max(lens) + max(budgets) + self.drafter.max_nodes + 2)
-        out, feats = self._prompt_forward(whole, counts, chains, cached, cache)
+        capacity = max(lens) + max(budgets) + self.drafter.max_nodes + 2
+        return Prompts(rows, whole, counts, chains, cached, capacity, first_tokens)
+
+    @torch.inference_mode()
+    def prefill(self, prompts: Sequence[Sequence[int]], *args, **kwargs) -> DecodeBatch:
+        """Run new prompts through the target on a cache of their own and pick each first token; the result is a
+        batch of its own, ready to run or to ``admit`` into a running one. Takes ``prepare``'s arguments."""
+        ready = self.prepare(prompts, *args, **kwargs)
+        start = now(self.target.device)
+        cache = self.target.new_cache(len(ready.rows), ready.capacity)
+        out, feats = self._prompt_forward(ready, cache)
+        return self._started(ready, cache, 0, out.logits[:, 0], feats, start)
+
+    def _started(
+        self, ready: Prompts, cache: KVCache, first_row: int, logits: torch.Tensor, feats: torch.Tensor, start: float
+    ) -> DecodeBatch:
+        """Prompts the target has read (their rows from ``first_row`` on in ``cache``; ``logits`` [n, V] at each
+        one's last token, ``feats`` [n, W, F] at every prompt position): their blocks kept in the prefix cache, each
+        row's first token chosen and emitted; a batch of these rows over ``cache``."""
+        rows, whole, counts, dev = ready.rows, ready.whole, ready.counts, self.target.device
+        chains = ready.chains
         if self.prefix_cache is not None:
+            lengths = counts.tolist()
             chains = [
-                self.prefix_cache.store(p, cache.keys[:, b], cache.values[:, b], feats[b])
-                for b, p in enumerate(prompts)
+                self.prefix_cache.store(
+                    whole[b, : lengths[b]].tolist(), cache.keys[:, first_row + b], cache.values[:, first_row + b], feats[b]
+                )
+                for b in range(len(rows))
             ]
-        first = out.logits[:, 0].argmax(dim=-1)
+        first = logits.argmax(dim=-1)
         for b, row in enumerate(rows):
-            if first_tokens is not None and first_tokens[b] is not None:
-                first[b] = first_tokens[b]
+            if ready.first_tokens is not None and ready.first_tokens[b] is not None:
+                first[b] = ready.first_tokens[b]
             elif not row.params.greedy:
                 try:
-                    first[b] = sampled_tokens(out.logits[b, :1], row.params, row.seed, [0])[0]
+                    first[b] = sampled_tokens(logits[b : b + 1], row.params, row.seed, [0])[0]
                 except Exception as exc:  # noqa: BLE001 - one row's sampling fails that row alone
                     self.fail_row(row, exc)
         ctx_tokens = torch.cat([whole[:, 1:], torch.zeros_like(whole[:, :1])], dim=1)
@@ -339,23 +384,16 @@ class SpeculativeGenerator:
             rows, cache, DraftContext.of(feats, ctx_tokens, counts), chains if self.prefix_cache is not None else None
         )
 
-    def _prompt_forward(
-        self,
-        whole: torch.Tensor,
-        counts: torch.Tensor,
-        chains: list[list[PrefixBlock]],
-        cached: list[int],
-        cache: KVCache,
-    ) -> tuple[TargetOutput, torch.Tensor]:
-        """The target over each prompt (``whole`` [B, W], ``counts`` long) after its ``cached`` tokens (its
-        ``chains`` of blocks), on ``cache``; returns the forward's output (logits at each prompt's last token) and
-        every prompt position's features."""
+    def _prompt_forward(self, ready: Prompts, cache: KVCache) -> tuple[TargetOutput, torch.Tensor]:
+        """The target over each prompt after its cached blocks, on ``cache`` (a row per prompt); returns the
+        forward's output (logits at each prompt's last token) and every prompt position's features."""
+        whole, chains = ready.whole, ready.chains
         bsz, dev = whole.shape[0], whole.device
-        done = torch.tensor(cached, dtype=torch.long, device=dev)
+        done = torch.tensor(ready.cached, dtype=torch.long, device=dev)
         for b, chain in enumerate(chains):
             if chain:
                 cache.load_prefix(b, *joined(chain))
-        fresh = counts - done
+        fresh = ready.fresh
         width = int(fresh.max())
         ar = torch.arange(width, device=dev)
         ahead = (done[:, None] + ar[None, :]).clamp(max=whole.shape[1] - 1)  # padding past a prompt stays in range
@@ -366,15 +404,22 @@ class SpeculativeGenerator:
         )
         self.target_forward_s += now(dev) - t0
         cache.commit(ar.expand(bsz, width), fresh)
-        if not bool(done.any()):
-            return out, out.features
-        feats = out.features.new_zeros(bsz, whole.shape[1], out.features.shape[-1])
-        for b, chain in enumerate(chains):
-            n, hit = int(counts[b]), int(done[b])
+        return out, self._prompt_features(out.features, ready)
+
+    @staticmethod
+    def _prompt_features(computed: torch.Tensor, ready: Prompts) -> torch.Tensor:
+        """Every prompt position's features [n, W, F]: those of its cached blocks, then ``computed`` [n, W', F] (the
+        target's at its uncached positions)."""
+        if not any(ready.cached):
+            return computed
+        whole, counts = ready.whole, ready.counts.tolist()
+        feats = computed.new_zeros(whole.shape[0], whole.shape[1], computed.shape[-1])
+        for b, chain in enumerate(ready.chains):
+            n, hit = counts[b], ready.cached[b]
             if chain:
                 feats[b, :hit] = torch.cat([block.features for block in chain])
-            feats[b, hit:n] = out.features[b, : n - hit]
-        return out, feats
+            feats[b, hit:n] = computed[b, : n - hit]
+        return feats
 
     @torch.inference_mode()
     def admit(self, running: DecodeBatch | None, new: DecodeBatch) -> DecodeBatch:
@@ -382,18 +427,27 @@ class SpeculativeGenerator:
         starting = running is None or running.size == 0
         if starting:
             self.drafter.reset(0, new.cache.capacity)
-        pending = new.context
-        if self.drafter.join(pending.feats, pending.tokens, pending.counts, new.cache.capacity, new.prefix):
-            pending = pending.last_pairs()
-        new.prefix = None  # read: the blocks are the prefix cache's again
+        pending = self._draft_joins(new, new.cache.capacity)
         if starting:
             self.drafter.bind(new.cache)
             new.context = pending
             return new
         running.cache.extend_rows(new.cache)
+        self._append_rows(running, new, pending)
+        return running
+
+    def _draft_joins(self, new: DecodeBatch, capacity: int) -> DraftContext:
+        """The drafter takes in joining rows; returns the context they still owe it (see ``Drafter.join``)."""
+        pending = new.context
+        if self.drafter.join(pending.feats, pending.tokens, pending.counts, capacity, new.prefix):
+            pending = pending.last_pairs()
+        new.prefix = None  # read: the blocks are the prefix cache's again
+        return pending
+
+    @staticmethod
+    def _append_rows(running: DecodeBatch, new: DecodeBatch, pending: DraftContext) -> None:
         running.context = running.context.extend_rows(pending)
         running.rows.extend(new.rows)
-        return running
 
     @torch.inference_mode()
     def retire(self, batch: DecodeBatch) -> list[_Row]:
@@ -423,25 +477,33 @@ class SpeculativeGenerator:
         t0 = now(dev)
         out = self.target(tree.tokens, cache.lengths[:, None] + tree.depth, tree.tree_mask, cache)
         self.target_forward_s += now(dev) - t0
-        verdict = verify_batch(
+        verdict = self._verdict(batch, tree, out.logits)
+        cache.commit(verdict.path, verdict.counts)
+        return self._tree_result(tree, verdict, out.features)
+
+    def _verdict(self, batch: DecodeBatch, tree: DraftTree, logits: torch.Tensor) -> Verdict:
+        """Each row's accepted path through its tree, from the target's ``logits`` [B, N, V] at the nodes."""
+        return verify_batch(
             tree.tokens,
             tree.parents,
             tree.valid,
             tree.depth,
             tree.tree_mask,
-            out.logits,
+            logits,
             [row.params for row in batch.rows],
             [row.seed for row in batch.rows],
             self._next_indices(batch),
         )
-        cache.commit(verdict.path, verdict.counts)
-        feat_idx = verdict.path[..., None].expand(-1, -1, out.features.shape[-1])
+
+    @staticmethod
+    def _tree_result(tree: DraftTree, verdict: Verdict, features: torch.Tensor) -> TreeResult:
+        feat_idx = verdict.path[..., None].expand(-1, -1, features.shape[-1])
         return TreeResult(
             verdict.path,
             verdict.counts,
             verdict.next_tokens,
             torch.gather(tree.tokens, 1, verdict.path),
-            torch.gather(out.features, 1, feat_idx),
+            torch.gather(features, 1, feat_idx),
         )
 
     @staticmethod
@@ -454,9 +516,12 @@ class SpeculativeGenerator:
         return [n - row.stats.prompt_tokens + 1 for n, row in zip(lengths, batch.rows)]
 
     @torch.inference_mode()
-    def cycle(self, batch: DecodeBatch, speculate: bool = True) -> CycleOutcome:
+    def cycle(self, batch: DecodeBatch, speculate: bool = True, joining: Prompts | None = None) -> CycleOutcome:
         """One draft-verify-accept cycle over every row. ``speculate=False`` verifies the root alone
-        (plain decoding) and keeps the draft context for the next speculative cycle."""
+        (plain decoding) and keeps the draft context for the next speculative cycle. ``joining`` (from ``prepare``):
+        prompts the same target call reads beside the batch's trees; their rows join the batch after it, each with
+        its first token (``outcome.joined``). Should that call fail, the trees are verified alone and the prompts are
+        handed back unread (``outcome.joined`` 0), for the caller to prefill on their own."""
         dev = self.target.device
         drafted = speculate and not isinstance(self.drafter, NoDrafter)
         # after a speculative cycle each row's context is its accepted path, at most the tree's depth plus the root
@@ -464,12 +529,81 @@ class SpeculativeGenerator:
         t0 = now(dev)
         tree = (self.drafter if drafted else self._plain).draft(batch.ctx_feats, batch.ctx_tokens, batch.ctx_counts)
         t1 = now(dev)
-        result = self.verify_tree(batch, tree)
+        out = started = None
+        if joining is not None:
+            try:
+                out = self._forward_with_prompts(batch, tree, joining)
+            except Exception as exc:  # noqa: BLE001 - the prompts go their own way; the trees are verified alone
+                logger.warning(
+                    "a cycle's target call could not read %d joining prompts (%s: %s); verifying without them",
+                    len(joining.rows),
+                    type(exc).__name__,
+                    exc,
+                )
+                batch.cache.select_rows(torch.arange(batch.size, device=dev))
+        if out is None:
+            result = self.verify_tree(batch, tree)
+        else:
+            result, started = self._verify_with_prompts(batch, tree, joining, out, t1)
         t2 = now(dev)
         self._next_context(batch, result, replace=drafted or isinstance(self.drafter, NoDrafter))
         outcome = self._account(batch.rows, tree, result, drafted, t1 - t0, t2 - t1, t2)
         outcome.caught_up, outcome.tree_width = caught_up, tree.tokens.shape[1]
+        if started is not None:
+            self._append_rows(batch, started, self._draft_joins(started, batch.cache.capacity))
+            outcome.joined = started.size
         return outcome
+
+    def _forward_with_prompts(self, batch: DecodeBatch, tree: DraftTree, joining: Prompts) -> TargetOutput:
+        """One target call over the batch's trees and the joining prompts: their rows are added to the batch's cache
+        (cached blocks loaded) and every row padded to the wider of the tree and the prompts' uncached tokens (a
+        tree's padding sees the tree and itself, a prompt's padding what comes before it); logits at the trees'
+        nodes and at each prompt's last token. Nothing is committed yet."""
+        cache, dev = batch.cache, self.target.device
+        rows, nodes = tree.tokens.shape
+        joins = len(joining.rows)
+        cache.extend_rows(self.target.new_cache(joins, max(cache.capacity, joining.capacity)))
+        for i, chain in enumerate(joining.chains):
+            if chain:
+                cache.load_prefix(rows + i, *joined(chain))
+        fresh = joining.fresh
+        width = int(fresh.max())
+        span = max(nodes, width)
+        ar = torch.arange(span, device=dev)
+        # a prompt's padding repeats places inside it (as in a prefill)
+        ahead = (cache.lengths[rows:, None] + ar[None, :width]).clamp(max=joining.whole.shape[1] - 1)
+        tokens = torch.zeros(rows + joins, span, dtype=torch.long, device=dev)
+        tokens[:rows, :nodes] = tree.tokens
+        tokens[rows:, :width] = torch.gather(joining.whole, 1, ahead)
+        positions = (cache.lengths[:, None] + ar[None, :]).clamp(max=self.target.max_context - 1)
+        positions[:rows, :nodes] = cache.lengths[:rows, None] + tree.depth
+        positions[rows:, :width] = ahead
+        mask = (ar[None, :] <= ar[:, None]).expand(rows + joins, span, span).clone()
+        mask[:rows, :nodes, :nodes] = tree.tree_mask
+        logits_at = torch.cat([ar[:nodes].expand(rows, nodes), (fresh - 1)[:, None].expand(joins, nodes)])
+        t0 = now(dev)
+        out = self.target(tokens, positions, mask, cache, logits_at=logits_at)
+        self.target_forward_s += now(dev) - t0
+        return out
+
+    def _verify_with_prompts(
+        self, batch: DecodeBatch, tree: DraftTree, joining: Prompts, out: TargetOutput, start: float
+    ) -> tuple[TreeResult, DecodeBatch]:
+        """``verify_tree`` for a call that also read joining prompts (``_forward_with_prompts``): the trees' accepted
+        paths and the prompts are committed at once. Returns the trees' result and the joining rows as a batch over
+        the batch's cache, first tokens chosen (not yet joined to the batch's rows)."""
+        cache, dev = batch.cache, self.target.device
+        rows = tree.tokens.shape[0]
+        fresh = joining.fresh
+        width = int(fresh.max())
+        verdict = self._verdict(batch, tree, out.logits[:rows])
+        accepted = verdict.path.shape[1]
+        index = torch.arange(max(accepted, width), device=dev).repeat(rows + len(joining.rows), 1)
+        index[:rows, :accepted] = verdict.path
+        cache.commit(index, torch.cat([verdict.counts, fresh]))
+        result = self._tree_result(tree, verdict, out.features[:rows])
+        feats = self._prompt_features(out.features[rows:, :width], joining)
+        return result, self._started(joining, cache, rows, out.logits[rows:, 0], feats, start)
 
     @staticmethod
     def _next_context(batch: DecodeBatch, result: TreeResult, replace: bool) -> None:

@@ -108,6 +108,10 @@ class PrefixCache:
         self.hit_tokens += len(chain) * self.block_size
         return chain
 
+    def cached_length(self, prompt: Sequence[int]) -> int:
+        """The tokens of ``prompt`` that ``match`` would find, without counting a query or touching a block."""
+        return len(self._chain(prompt, (len(prompt) - 1) // self.block_size)) * self.block_size
+
     def store(
         self, prompt: Sequence[int], keys: torch.Tensor, values: torch.Tensor, features: torch.Tensor
     ) -> list[PrefixBlock]:
