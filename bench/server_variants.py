@@ -101,17 +101,15 @@ def plot(summary: list[dict], modes: list[str], path: Path) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from transformers import AutoTokenizer
-
     from specdec_kit.bench.engine_backends import engine_for
     from specdec_kit.bench.report import write_text_and_plot
     from specdec_kit.bench.servers import start_kit
     from specdec_kit.data.prompts import humaneval
-    from specdec_kit.paths import default_zoo
+    from specdec_kit.runtime.loader import load_tokenizer
 
     engine = args.engine or engine_for("griffin", "onnxruntime", Path("engines"))
     levels = [int(c) for c in args.concurrency.split(",")]
-    tokenizer = AutoTokenizer.from_pretrained(default_zoo() / "tokenizer")
+    tokenizer = load_tokenizer(engine / "tokenizer")  # the engine's own: prompts go as its token ids
     prompts = [tokenizer(p)["input_ids"] for p in humaneval(args.prompts)]
     variants = [(PLAIN, ["--speculation", "off"]), *args.variant]
     servers = {}

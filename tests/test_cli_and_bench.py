@@ -86,3 +86,33 @@ def test_benchmark_smoke(tmp_path):
     result = json.loads(out.read_text())
     assert result["greedy_outputs_identical"] is True
     assert 0.0 <= result["share_outside_forwards"] < 1.0 and result["runtime_plain_tok_s"] > 0
+
+
+@pytest.mark.slow
+def test_server_variants_are_measured_side_by_side_with_plain_decoding(demo_engine, tmp_path):
+    """``specdec-bench-variants`` serves each variant and plain decoding, measures every level in every round, and
+    reports each variant against plain and against the first variant, with the same greedy text as plain."""
+    from specdec_kit.bench.server_variants import main, parse_variant
+
+    assert parse_variant("pooled=--cost-pool 0.25") == ("pooled", ["--speculation", "cost", "--cost-pool", "0.25"])
+    assert parse_variant("x=--speculation=off --fold-prompt-tokens 0")[1] == [
+        "--speculation",
+        "off",
+        "--fold-prompt-tokens",
+        "0",
+    ]
+    for bad in ("plain=--speculation off", "no-options", "a-b=--cost-pool 0"):
+        with pytest.raises(Exception, match="LABEL=OPTIONS"):
+            parse_variant(bad)
+    args = ["--engine", str(demo_engine), "--concurrency", "1,2", "--repeats", "2", "--prompts", "2"]
+    args += ["--max-tokens", "8", "--requests-per-stream", "1", "--out", str(tmp_path)]
+    assert main([*args, "--variant", "each=--cost-pool 0", "--variant", "fold=--fold-prompt-tokens 64"]) == 0
+    result = json.loads((tmp_path / "server_variants.json").read_text())
+    assert {(r["mode"], r["streams"]) for r in result["summary"]} == {
+        (m, c) for m in ("plain", "each", "fold") for c in (1, 2)
+    }
+    assert len(result["rows"]) == 3 * 2 * 2 and not any(r["failed"] for r in result["rows"])
+    for row in result["summary"]:
+        assert row["same_text_as_reference"] == "2/2" and row["over_compared"] is not None
+        assert (row["acceptance_length"] is None) == (row["mode"] == "plain")
+    assert (tmp_path / "server_variants.md").read_text().count("| kit |") == 6
