@@ -36,6 +36,9 @@ Such a re-measurement runs the candidate until one of its cycles is not a catch-
 one reads the skipped context, which is not what its cycles cost). A chain's cycle also tells what every shorter
 chain would have accepted on the same text (a prefix of its path), so their acceptance follows the text now decoded.
 
+A cycle whose target call also read the prompts of joining requests (see the scheduler) is a sample of the draft's
+cost and of acceptance only: its call and its whole time hold the prompts' reading, which is no candidate's cost.
+
 A cycle also costs what is neither draft nor target: accepting, streaming the tokens out, the scheduler's
 bookkeeping. That overhead is measured per batch size (the cycle's whole time less its draft and target parts) and
 is part of every candidate's prediction: left out, it favours candidates with more cycles per token (plain

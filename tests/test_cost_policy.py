@@ -278,6 +278,24 @@ def test_batch_sizes_beside_a_measured_one_are_predicted_from_its_cycles_not_exp
     assert explored[0.25] == 0 and explored[0.0] >= 10, explored
 
 
+def test_a_cycle_that_also_read_joining_prompts_is_no_sample_of_the_targets_or_the_cycles_cost():
+    """A target call that read joining prompts beside the trees costs more than the candidate's step: its time joins
+    neither the target's curve nor the candidate's whole-cycle estimate; its acceptance still counts."""
+    policy = cost_policy(warmup=3)
+    drive(policy, 4, 40)
+    tree = policy.choose(4)
+    k = policy._last
+    verify, cycles = {t: e.value for t, e in policy.verify.items()}, {b: e.value for b, e in policy.cycle_at[k].items()}
+    accepted = policy.accepted[k].n if k else 0
+    nodes = tree_nodes(tree)
+    outcome = CycleOutcome(tree is not None, 4, 8, 4 * (nodes - 1), 4, [], 0.002, 1.0)
+    outcome.joined = 2
+    policy.observe(outcome, 1.5)
+    assert {t: e.value for t, e in policy.verify.items()} == verify
+    assert {b: e.value for b, e in policy.cycle_at[k].items()} == cycles
+    assert not k or policy.accepted[k].n == accepted + 1
+
+
 def test_plain_decoding_is_measured_at_every_batch_size_that_recurs():
     """Speculation answers to plain decoding: however far behind the model puts it (here after a call over 16 tokens
     measured while the machine was busy), plain decoding is measured at a batch size that recurs, and wins there
