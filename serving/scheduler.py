@@ -5,7 +5,9 @@ HTTP handlers (asyncio) ``submit`` requests into a bounded queue and read ``Delt
 own asyncio queue; the engine thread admits waiting requests up to ``max_num_seqs`` (one prefill for
 all of them), runs one speculative cycle over the whole batch with a tree per sequence (its size chosen
 by the speculation policy for the current batch size), hands each request its new tokens, and
-retires finished and cancelled rows, which frees their cache.
+retires finished and cancelled rows, which frees their cache. A request that joins a running batch with at most
+``fold_prompt_tokens`` prompt tokens left to compute (past its cached blocks) has no prefill of its own: the cycle's
+target call reads them beside the batch's trees, and it joins after that call.
 
 Failures stay with the request that caused them: a prefill that fails is retried one request at a
 time, so only the request that fails alone is refused; a row whose sampling, stop strings or
