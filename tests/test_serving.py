@@ -135,7 +135,9 @@ def test_requests_read_by_a_running_batchs_decode_calls_get_the_runtimes_output(
 
         def streamed(i: int) -> str:
             time.sleep(0.05 * i)  # arrivals spread over the running batch's cycles
-            stream = client.completions.create(model="demo", prompt=prompts[i], max_tokens=32, temperature=0, stream=True)
+            stream = client.completions.create(
+                model="demo", prompt=prompts[i], max_tokens=32, temperature=0, stream=True
+            )
             return "".join(c.choices[0].text for c in stream if c.choices)
 
         with ThreadPoolExecutor(8) as pool:
@@ -425,11 +427,11 @@ def test_an_error_after_the_stream_began_is_sent_in_band_and_the_server_recovers
     srv = InProcessServer(engine_dir)
     real_cycle, calls = srv.scheduler.gen.cycle, {"n": 0}
 
-    def flaky_cycle(batch, speculate=True):
+    def flaky_cycle(batch, speculate=True, joining=None):
         calls["n"] += 1
         if calls["n"] == 2:
             raise RuntimeError("injected fault")
-        return real_cycle(batch, speculate)
+        return real_cycle(batch, speculate, joining)
 
     srv.scheduler.gen.cycle = flaky_cycle
     try:

@@ -359,7 +359,10 @@ class SpeculativeGenerator:
             lengths = counts.tolist()
             chains = [
                 self.prefix_cache.store(
-                    whole[b, : lengths[b]].tolist(), cache.keys[:, first_row + b], cache.values[:, first_row + b], feats[b]
+                    whole[b, : lengths[b]].tolist(),
+                    cache.keys[:, first_row + b],
+                    cache.values[:, first_row + b],
+                    feats[b],
                 )
                 for b in range(len(rows))
             ]
