@@ -19,7 +19,11 @@ def train(
 ) -> str:
     """The CLI's run; FSDP2 runs shard the online target's decoder layers too (``--target-sharding fsdp``)."""
     python = Path(sys.executable)
-    entry = [str(python.parent / "torchrun"), "--nproc-per-node", str(ranks)] if ranks > 1 else [str(python)]
+    entry = (
+        [str(python.parent / "torchrun"), "--standalone", "--nproc-per-node", str(ranks)]
+        if ranks > 1
+        else [str(python)]
+    )
     command = [*entry, "-m", "specdec_kit.train.cli", "--method", method, "--target", str(target)]
     command += ["--sharding", sharding, "--accumulate", str(accumulate)]
     if sharding == "fsdp" and ranks > 1 and method != "moa":
@@ -115,7 +119,7 @@ def test_a_run_resumes_on_another_number_of_ranks(demo_checkpoints, tmp_path):
     target = str(demo_checkpoints["target"])
 
     def run(out: str, steps: int, ranks: int) -> None:
-        entry = [torchrun, "--nproc-per-node", str(ranks)] if ranks > 1 else [sys.executable]
+        entry = [torchrun, "--standalone", "--nproc-per-node", str(ranks)] if ranks > 1 else [sys.executable]
         command = [*entry, str(script), target, str(tmp_path / out), str(steps), sharding]
         proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]

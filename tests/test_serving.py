@@ -125,25 +125,33 @@ def test_sixteen_concurrent_streams_match_their_sequential_runs(server):
 
 
 def test_requests_read_by_a_running_batchs_decode_calls_get_the_runtimes_output(engine_dir, runtime_engine):
-    """Requests that join a running batch, their prompts read by its decode cycles' target calls
-    (``--fold-prompt-tokens``) beside the batch's trees, complete with the runtime's greedy output, and the server
-    counts them."""
+    """Requests that join a running batch (a long request holds it running while they arrive), their prompts read by
+    its decode cycles' target calls (``--fold-prompt-tokens``) beside the batch's trees, complete with the runtime's
+    greedy output, and the server counts them."""
     srv = Server(engine_dir, "--fold-prompt-tokens", "64", "--max-num-seqs", "8")
     try:
         client = srv.client()
-        prompts = [f"{PROMPTS[i % len(PROMPTS)]} {i}" for i in range(12)]
+        prompts = [f"{PROMPTS[i % len(PROMPTS)]} {i}" for i in range(8)]
+        budgets = [96] + [24] * (len(prompts) - 1)
+        running = threading.Event()
 
         def streamed(i: int) -> str:
-            time.sleep(0.05 * i)  # arrivals spread over the running batch's cycles
+            if i:
+                running.wait(60)  # the long request's first token is out: the batch is running
             stream = client.completions.create(
-                model="demo", prompt=prompts[i], max_tokens=32, temperature=0, stream=True
+                model="demo", prompt=prompts[i], max_tokens=budgets[i], temperature=0, stream=True
             )
-            return "".join(c.choices[0].text for c in stream if c.choices)
+            text = ""
+            for chunk in stream:
+                if chunk.choices:
+                    text += chunk.choices[0].text
+                    running.set()
+            return text
 
-        with ThreadPoolExecutor(8) as pool:
+        with ThreadPoolExecutor(len(prompts)) as pool:
             got = list(pool.map(streamed, range(len(prompts))))
         ids = [runtime_engine.tokenizer(p)["input_ids"] for p in prompts]
-        assert got == [runtime_greedy(runtime_engine, p, 32) for p in ids]
+        assert got == [runtime_greedy(runtime_engine, p, n) for p, n in zip(ids, budgets)]
         assert srv.metrics()["specdec:prompts_read_in_decode_total"] >= 3
     finally:
         srv.stop()
