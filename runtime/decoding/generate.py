@@ -196,6 +196,7 @@ class Prompts:
     (``chains``, ``cached`` tokens) that need no computing."""
 
     rows: list[_Row]
+    prompts: Sequence[Sequence[int]]
     whole: torch.Tensor
     counts: torch.Tensor
     chains: list[list[PrefixBlock]]
@@ -335,7 +336,7 @@ class SpeculativeGenerator:
             whole[b, : len(p)] = torch.as_tensor(list(p), dtype=torch.long)
         counts = torch.tensor(lens, dtype=torch.long, device=dev)
         capacity = max(lens) + max(budgets) + self.drafter.max_nodes + 2
-        return Prompts(rows, whole, counts, chains, cached, capacity, first_tokens)
+        return Prompts(rows, prompts, whole, counts, chains, cached, capacity, first_tokens)
 
     @torch.inference_mode()
     def prefill(self, prompts: Sequence[Sequence[int]], *args, **kwargs) -> DecodeBatch:
@@ -356,15 +357,9 @@ class SpeculativeGenerator:
         rows, whole, counts, dev = ready.rows, ready.whole, ready.counts, self.target.device
         chains = ready.chains
         if self.prefix_cache is not None:
-            lengths = counts.tolist()
             chains = [
-                self.prefix_cache.store(
-                    whole[b, : lengths[b]].tolist(),
-                    cache.keys[:, first_row + b],
-                    cache.values[:, first_row + b],
-                    feats[b],
-                )
-                for b in range(len(rows))
+                self.prefix_cache.store(p, cache.keys[:, first_row + b], cache.values[:, first_row + b], feats[b])
+                for b, p in enumerate(ready.prompts)
             ]
         first = logits.argmax(dim=-1)
         for b, row in enumerate(rows):
@@ -387,20 +382,25 @@ class SpeculativeGenerator:
             rows, cache, DraftContext.of(feats, ctx_tokens, counts), chains if self.prefix_cache is not None else None
         )
 
+    @staticmethod
+    def _uncached_inputs(ready: Prompts, cache: KVCache, first_row: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each prompt's cached blocks loaded into its row of ``cache`` (rows ``first_row`` on); returns the places
+        and the tokens [n, W'] of what is left to compute (a prompt's padding repeats places inside it)."""
+        for b, chain in enumerate(ready.chains):
+            if chain:
+                cache.load_prefix(first_row + b, *joined(chain))
+        done = torch.tensor(ready.cached, dtype=torch.long, device=ready.whole.device)
+        ar = torch.arange(int(ready.fresh.max()), device=done.device)
+        ahead = (done[:, None] + ar[None, :]).clamp(max=ready.whole.shape[1] - 1)
+        return ahead, torch.gather(ready.whole, 1, ahead)
+
     def _prompt_forward(self, ready: Prompts, cache: KVCache) -> tuple[TargetOutput, torch.Tensor]:
         """The target over each prompt after its cached blocks, on ``cache`` (a row per prompt); returns the
         forward's output (logits at each prompt's last token) and every prompt position's features."""
-        whole, chains = ready.whole, ready.chains
-        bsz, dev = whole.shape[0], whole.device
-        done = torch.tensor(ready.cached, dtype=torch.long, device=dev)
-        for b, chain in enumerate(chains):
-            if chain:
-                cache.load_prefix(b, *joined(chain))
-        fresh = ready.fresh
-        width = int(fresh.max())
+        ahead, tokens = self._uncached_inputs(ready, cache, 0)
+        bsz, width = tokens.shape
+        fresh, dev = ready.fresh, tokens.device
         ar = torch.arange(width, device=dev)
-        ahead = (done[:, None] + ar[None, :]).clamp(max=whole.shape[1] - 1)  # padding past a prompt stays in range
-        tokens = torch.gather(whole, 1, ahead)
         t0 = now(dev)
         out = self.target(
             tokens, ahead, (ar[None, :] <= ar[:, None]).expand(bsz, width, width), cache, logits_at=(fresh - 1)[:, None]
@@ -566,18 +566,13 @@ class SpeculativeGenerator:
         rows, nodes = tree.tokens.shape
         joins = len(joining.rows)
         cache.extend_rows(self.target.new_cache(joins, max(cache.capacity, joining.capacity)))
-        for i, chain in enumerate(joining.chains):
-            if chain:
-                cache.load_prefix(rows + i, *joined(chain))
-        fresh = joining.fresh
-        width = int(fresh.max())
+        ahead, prompt_tokens = self._uncached_inputs(joining, cache, rows)
+        fresh, width = joining.fresh, ahead.shape[1]
         span = max(nodes, width)
         ar = torch.arange(span, device=dev)
-        # a prompt's padding repeats places inside it (as in a prefill)
-        ahead = (cache.lengths[rows:, None] + ar[None, :width]).clamp(max=joining.whole.shape[1] - 1)
         tokens = torch.zeros(rows + joins, span, dtype=torch.long, device=dev)
         tokens[:rows, :nodes] = tree.tokens
-        tokens[rows:, :width] = torch.gather(joining.whole, 1, ahead)
+        tokens[rows:, :width] = prompt_tokens
         positions = (cache.lengths[:, None] + ar[None, :]).clamp(max=self.target.max_context - 1)
         positions[:rows, :nodes] = cache.lengths[:rows, None] + tree.depth
         positions[rows:, :width] = ahead
