@@ -17,7 +17,7 @@ import torch
 
 from specdec_kit.export.graph_fusions import fuse_graph
 from specdec_kit.export.inputs import BuildError
-from specdec_kit.export.onnx_graphs import OPSET, export_plan
+from specdec_kit.export.onnx_graphs import export_plan
 from specdec_kit.export.quantize import WeightFormat, quantize_graph
 from specdec_kit.runtime.core.manifest import ONNX_GRAPH_INTERFACE
 from specdec_kit.runtime.core.trees import tree_to_dict
@@ -169,8 +169,9 @@ def build_onnx(
     device = target.device
     providers = providers_for(device)
     step("exporting the target's tree-verification step to ONNX")
+    target_graph = target_plan(target)
     with quiet_export():
-        export_plan(target_plan(target), graphs)
+        export_plan(target_graph, graphs)
     step(f"exporting the {draft_kind_name} draft to ONNX")
     plans = family.graph_plans(draft_module, target)
     whole = family.whole_tree_plan(draft_module, target, tree) if draft_tree else None
@@ -178,6 +179,7 @@ def build_onnx(
         plans.append(whole)
     with quiet_export():
         roles = [export_plan(plan, graphs).stem for plan in plans]
+    opsets = {plan.role: plan.opset for plan in (target_graph, *plans)}
     artifacts, quantized, fused = {}, {}, {}
     for role in ("target_step", *roles):
         step(f"fusing {role}.onnx's shared-input weight products, norms and rotary embeddings")
@@ -237,7 +239,7 @@ def build_onnx(
     return {
         "artifacts": artifacts,
         "onnx": {
-            "opset": OPSET,
+            "opset": opsets,
             "graph_interface": ONNX_GRAPH_INTERFACE,
             "onnxruntime_version": ort.__version__,
             "optimized_for": provider_names[:1],

@@ -1,12 +1,11 @@
-"""Write an engine's graphs as ONNX (opset 18, torch's dynamo exporter) from the runtime's ``GraphPlan``s."""
+"""Write an engine's graphs as ONNX (torch's dynamo exporter, each at its plan's opset) from the runtime's
+``GraphPlan``s."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from specdec_kit.runtime.ort.graphs import GraphPlan
-
-OPSET = 18
 
 
 def argument_shapes(plan: GraphPlan) -> tuple:
@@ -30,7 +29,7 @@ def export_plan(plan: GraphPlan, graphs: Path) -> Path:
         input_names=list(spec.inputs),
         output_names=list(spec.outputs),
         dynamic_shapes=argument_shapes(plan),
-        opset_version=OPSET,
+        opset_version=plan.opset,
         optimize=True,
         verbose=False,
     )

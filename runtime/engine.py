@@ -102,7 +102,7 @@ def _ort_components(root: Path, manifest: dict, device: torch.device, tree):
     if interface != ONNX_GRAPH_INTERFACE:
         raise EngineError(
             f"{root}: its ONNX graphs have interface {interface} and this kit runs interface "
-            f"{ONNX_GRAPH_INTERFACE} (each layer's cache buffer bound in place); rebuild the engine with "
+            f"{ONNX_GRAPH_INTERFACE} (each layer's cache buffer bound in place and written by the target step); rebuild the engine with "
             f"{rebuild_command(manifest)}"
         )
     provider = providers_for(device)[0]

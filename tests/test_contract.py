@@ -45,6 +45,21 @@ def test_window_writes_after_each_rows_length_and_masks_pending_slots():
     assert mask[1].tolist() == [True, True, False, True, False, False]  # row 1 is shorter: its slots end earlier
 
 
+def test_slot_mask_puts_new_tokens_at_their_slots():
+    cache = filled_cache()
+    cache.lengths = torch.tensor([3, 1])
+    # one level pending (slot len+0); two new tokens: the first sees it and itself, the second (padding) nothing new
+    pending = torch.tensor([[[True, True, False], [False, False, False]]] * 2)
+    mask = cache.slot_mask(pending)
+    assert mask.shape == (2, 2, cache.capacity)
+    assert mask[0, 0].tolist() == [True, True, True, True, True, False, False, False]  # committed, pending, itself
+    assert mask[0, 1].tolist() == [True, True, True, False, False, False, False, False]
+    assert mask[1, 0].tolist() == [True, True, True, False, False, False, False, False]  # row 1's slots end earlier
+    assert mask[1, 1].tolist() == [True, False, False, False, False, False, False, False]
+    cache.lengths = torch.tensor([7, 1])
+    assert cache.slot_mask(pending).shape[2] >= 7 + 3  # grown so the new tokens' slots exist
+
+
 def test_single_token_window_needs_no_mask():
     cache = filled_cache(batch=1)
     cache.lengths = torch.tensor([4])

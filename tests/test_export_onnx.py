@@ -141,6 +141,34 @@ def test_target_graph_matches_pytorch_on_prefill_and_trees(engines, torch_target
     assert worst["logits"] < 1e-4 and worst["features"] < 1e-4, worst
 
 
+def test_target_step_writes_the_cache_in_place_and_keeps_padded_rows_finite(engines, torch_target):
+    """The target graph writes the new tokens' keys/values into the buffers the runtime binds (no other buffer is
+    made) at each row's slots; a padding token whose mask row is empty attends to nothing (ONNX Runtime gives it
+    zeros, not NaN, which would reach the batch's real tokens through the value products)."""
+    engine = open_engine(engines["griffin"], device="cpu")
+    ids = torch.randint(0, torch_target.vocab_size, (2, 6), generator=torch.Generator().manual_seed(7))
+    positions = torch.arange(6).expand(2, 6)
+    pending = (torch.arange(6)[None, :] <= torch.arange(6)[:, None]).expand(2, 6, 6).clone()
+    pending[1, 3:] = False  # row 1 has 3 real tokens; its padding sees nothing
+    cache, reference = engine.target.new_cache(2, 8), torch_target.new_cache(2, 8)
+    buffer = cache.keys.data_ptr()
+    got = engine.target(ids, positions, pending, cache)
+    want = torch_target(ids, positions, pending, reference)
+    assert cache.keys.data_ptr() == buffer and torch.isfinite(got.logits).all()
+    assert torch.allclose(got.logits[0], want.logits[0], atol=1e-4)
+    assert torch.allclose(got.logits[1, :3], want.logits[1, :3], atol=1e-4)
+    assert torch.allclose(cache.keys[:, 0, :, :6], reference.keys[:, 0, :, :6], atol=1e-4)
+    assert torch.allclose(cache.values[:, 1, :, :3], reference.values[:, 1, :, :3], atol=1e-4)
+    with torch.inference_mode():
+        cache.commit(torch.tensor([[0, 1, 2, 3, 4, 5], [0, 1, 2, 0, 0, 0]]), torch.tensor([6, 3]))
+        reference.commit(torch.tensor([[0, 1, 2, 3, 4, 5], [0, 1, 2, 0, 0, 0]]), torch.tensor([6, 3]))
+    step = torch.ones(2, 1, 1, dtype=torch.bool)  # then one token each, at different slots
+    got = engine.target(ids[:, :1], torch.tensor([[6], [3]]), step, cache)
+    want = torch_target(ids[:, :1], torch.tensor([[6], [3]]), step, reference)
+    assert torch.allclose(got.logits, want.logits, atol=1e-4)
+    assert torch.allclose(cache.keys[:, 1, :, 3], reference.keys[:, 1, :, 3], atol=1e-4)
+
+
 def test_draft_graph_matches_pytorch_with_pending_tree_slots(engines, demo_checkpoints, torch_target):
     """Second draft level: new tokens see committed slots and earlier pending slots through the mask."""
     engine = open_engine(engines["griffin"], device="cpu")
@@ -244,9 +272,13 @@ def test_corrupted_incomplete_or_mismatched_engines_are_refused(engines, tmp_pat
     (eng / "manifest.json").write_text(json.dumps(older))  # built before the per-layer buffers: graphs of interface 1
     with pytest.raises(
         EngineError,
-        match=r"interface 1 and this kit runs interface 2 .*rebuild the engine with "
+        match=r"interface 1 and this kit runs interface 3 .*rebuild the engine with "
         r"python export/build_engine.py .*--force",
     ):
+        open_engine(eng)
+    older = {**manifest, "onnx": {**manifest["onnx"], "graph_interface": 2}}
+    (eng / "manifest.json").write_text(json.dumps(older))  # a target step that leaves the cache writes to the runtime
+    with pytest.raises(EngineError, match=r"interface 2 and this kit runs interface 3 .*written by the target step"):
         open_engine(eng)
     (eng / "manifest.json").write_text(json.dumps({**manifest, "schema_version": 99}))
     with pytest.raises(EngineError, match="schema_version 99"):

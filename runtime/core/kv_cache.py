@@ -115,6 +115,14 @@ class KVCache:
         visible = self._visible_slots(pending_mask[..., :offset], self.capacity, offset)
         return torch.cat([visible, pending_mask[..., offset:]], dim=2)
 
+    def slot_mask(self, pending_mask: torch.Tensor) -> torch.Tensor:
+        """For graphs that write the new tokens into each layer's buffer themselves and attend over the whole buffer
+        (the ONNX target step): the mask [B, Q, capacity] over slots, after growing the cache so the new tokens'
+        slots exist. ``pending_mask`` [B, Q, offset + Q] as for ``attention_mask``."""
+        p_len = pending_mask.shape[2]
+        self.ensure_capacity(self.key_length(p_len))
+        return self._visible_slots(pending_mask, self.capacity, p_len)
+
     def window(self, pending_mask: torch.Tensor) -> "CacheWindow":
         """One forward of Q new tokens (``LayerCache``): their pending slots start at ``lengths + P - Q``; the
         cache grows first if they would not fit."""

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 SCHEMA_VERSION = 1
-ONNX_GRAPH_INTERFACE = 2  # the ONNX engines' graph I/O: 2 = one key and one value buffer input per layer, read in place
+# The ONNX engines' graph I/O: 2 = one key and one value buffer input per layer, read in place; 3 = the target step
+# also writes its new keys/values into those buffers (bound as its outputs too) and attends under a slot mask.
+ONNX_GRAPH_INTERFACE = 3
 MANIFEST_NAME = "manifest.json"
 BACKENDS = ("onnxruntime", "torch", "tensorrt-llm", "sglang", "vllm")
 # dtype names the kit accepts, by torch dtype name (``runtime/core/device.py`` maps them to torch dtypes)

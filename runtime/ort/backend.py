@@ -24,7 +24,7 @@ from specdec_kit.runtime.core.kv_cache import KVCache
 from specdec_kit.runtime.core.trees import DynamicTreeConfig
 from specdec_kit.runtime.decoding.moa_drafting import MoAStep
 from specdec_kit.runtime.models.target import TargetOutput
-from specdec_kit.runtime.ort.graphs import past_names
+from specdec_kit.runtime.ort.graphs import cache_names, past_names
 
 CACHE_BLOCK = 64  # slots a cache grows by: reading up to this many spare slots beats copying the past every call
 NUMPY_TYPES = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_}
@@ -101,8 +101,12 @@ class OrtGraph:
         return local.binding, local.bound
 
     def run(
-        self, inputs: dict[str, torch.Tensor], outputs: Mapping[str, tuple[Sequence[int], torch.dtype]]
+        self,
+        inputs: dict[str, torch.Tensor],
+        outputs: Mapping[str, tuple[Sequence[int], torch.dtype] | torch.Tensor],
     ) -> dict[str, torch.Tensor]:
+        """Run once: ``outputs`` gives each output's (shape, dtype), for a new tensor, or the (contiguous) tensor to
+        write it into, which may be an input's own memory (the target step's cache buffers)."""
         binding, bound = self._binding()
         dev_type = "cuda" if self.device.type == "cuda" else "cpu"
         dev_id = self.device.index or 0
@@ -116,10 +120,18 @@ class OrtGraph:
                 bound[name] = where
         result = {}
         for name in self.output_names:
-            shape, dtype = outputs[name]
-            tensor = torch.empty(tuple(shape), dtype=dtype, device=self.device)
+            given = outputs[name]
+            if isinstance(given, torch.Tensor):
+                if not given.is_contiguous():
+                    raise ValueError(f"{self.path.name}: output {name} must be written into contiguous memory")
+                tensor = given
+            else:
+                shape, dtype = given
+                tensor = torch.empty(tuple(shape), dtype=dtype, device=self.device)
             result[name] = tensor
-            binding.bind_output(name, dev_type, dev_id, NUMPY_TYPES[dtype], list(tensor.shape), tensor.data_ptr())
+            binding.bind_output(
+                name, dev_type, dev_id, NUMPY_TYPES[tensor.dtype], list(tensor.shape), tensor.data_ptr()
+            )
         started = time.perf_counter()
         self.session.run_with_iobinding(binding)
         self.seconds += time.perf_counter() - started
@@ -188,6 +200,23 @@ def _cached_call(
     return out["logits"], out[feature_name]
 
 
+def _run_in_place(
+    graph: OrtGraph, cache: KVCache, pending_mask: torch.Tensor, feeds: dict[str, torch.Tensor], outputs: dict
+) -> dict[str, torch.Tensor]:
+    """Run a graph that writes the new tokens' keys/values into each layer's buffer itself (the target step, see
+    ``SlotCache``): each buffer is bound as both the layer's input and its written output, so nothing is copied; the
+    new tokens land at ``cache.slots(Q, offset)`` as ``_run_over_cache`` would write them."""
+    q_len = pending_mask.shape[1]
+    offset = pending_mask.shape[2] - q_len
+    mask = cache.slot_mask(pending_mask)
+    layers = cache.keys.shape[0]
+    buffers = [cache.keys[i] for i in range(layers)] + [cache.values[i] for i in range(layers)]
+    return graph.run(
+        dict(feeds, attention_mask=mask, write_index=cache.lengths + offset, **dict(zip(past_names(layers), buffers))),
+        dict(outputs, **dict(zip(cache_names(layers), buffers))),
+    )
+
+
 def _all_positions(bsz: int, q_len: int, device: torch.device) -> torch.Tensor:
     return torch.arange(q_len, device=device).expand(bsz, q_len)
 
@@ -215,17 +244,17 @@ class OrtTarget:
     def __call__(self, tokens, positions, pending_mask, cache: KVCache, logits_at=None) -> TargetOutput:
         bsz, q_len = tokens.shape
         index = _all_positions(bsz, q_len, tokens.device) if logits_at is None else logits_at
-        logits, features = _cached_call(
+        out = _run_in_place(
             self.graph,
             cache,
             pending_mask,
-            {"input_ids": tokens, "position_ids": positions},
-            index,
-            self.feature_size,
-            self.vocab_size,
-            "features",
+            {"input_ids": tokens, "position_ids": positions, "logits_index": index},
+            {
+                "logits": ((bsz, index.shape[1], self.vocab_size), self.dtype),
+                "features": ((bsz, q_len, self.feature_size), self.dtype),
+            },
         )
-        return TargetOutput(logits=logits, features=features)
+        return TargetOutput(logits=out["logits"], features=out["features"])
 
 
 class OrtFeatureDraftStep:

@@ -34,6 +34,11 @@ def past_names(layers: int) -> tuple[str, ...]:
     return tuple(f"past_key_{i}" for i in range(layers)) + tuple(f"past_value_{i}" for i in range(layers))
 
 
+def cache_names(layers: int) -> tuple[str, ...]:
+    """The target step's per-layer outputs: each buffer written (bound to its ``past_names`` input's memory)."""
+    return tuple(f"cache_key_{i}" for i in range(layers)) + tuple(f"cache_value_{i}" for i in range(layers))
+
+
 class GraphCache:
     """``LayerCache`` for export. It has no committed slots: each layer's buffer of C slots is visible per the
     mask [B, Q, C + Q] a graph takes as input (its last Q columns for the new tokens), so the runtime's modules
@@ -101,6 +106,52 @@ def segment_attention(queries: torch.Tensor, segments: Sequence[Segment]) -> tor
     return out.view(bsz, heads, q_len, dim)
 
 
+class SlotCache:
+    """``LayerCache`` for the target's export: each layer's new keys/values are written into its buffer at the
+    row's first free slot (ONNX ``TensorScatter``; in place where the runtime binds the output to the input's
+    memory) and attention reads the whole buffer under a slot mask [B, Q, C] (ONNX ``Attention``, grouped-query
+    heads native). Attention runs as one kernel per layer instead of the score, mask, softmax and value products
+    of ``GraphWindow``, and a one-token step no longer scores the slots past a row's end one by one with masks.
+    Export-only: the two ONNX ops have no eager meaning here."""
+
+    def __init__(self, past_keys: Sequence[torch.Tensor], past_values: Sequence[torch.Tensor], write_index):
+        self.past_keys, self.past_values = past_keys, past_values  # per layer [B, H_kv, C, D]
+        self.write_index = write_index  # [B]: the slot of each row's first new token
+        self.keys_out: list[torch.Tensor] = []
+        self.values_out: list[torch.Tensor] = []
+
+    def window(self, slot_mask: torch.Tensor) -> "SlotWindow":
+        return SlotWindow(self, slot_mask[:, None])
+
+    def buffers(self) -> tuple[torch.Tensor, ...]:
+        """Every layer's written key buffer, then every value buffer (``cache_names`` order)."""
+        return (*self.keys_out, *self.values_out)
+
+
+def _written(buffer: torch.Tensor, new: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """ONNX ``TensorScatter`` (opset 24): ``buffer`` with ``new`` [B, H, Q, D] at slots ``index[b] + [0, Q)``."""
+    return torch.onnx.ops.symbolic(
+        "TensorScatter", (buffer, new, index), {"axis": 2}, dtype=buffer.dtype, shape=buffer.shape, version=24
+    )
+
+
+@dataclass
+class SlotWindow:
+    """``AttentionWindow`` of a ``SlotCache``."""
+
+    cache: SlotCache
+    mask: torch.Tensor  # [B, 1, Q, C]
+
+    def attend(self, layer: int, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        c = self.cache
+        all_keys = _written(c.past_keys[layer], keys, c.write_index)
+        all_values = _written(c.past_values[layer], values, c.write_index)
+        c.keys_out.append(all_keys)
+        c.values_out.append(all_values)
+        out, *_ = torch.onnx.ops.attention(queries, all_keys, all_values, attn_mask=self.mask)
+        return out
+
+
 class TreeLevelCache:
     """``LayerCache`` of one level of a tree search inside a graph: each layer attends over the engine cache's
     buffer and the context step's new keys as the root sees them (``root_visible`` [B, C + Q]), then over the earlier
@@ -141,17 +192,18 @@ class TreeLevelWindow:
 
 
 class TargetStepGraph(nn.Module):
-    """(ids, positions, mask, logits_index, each layer's K/V buffer) -> (logits, features, present K/V)."""
+    """(ids, positions, slot mask [B, Q, C], write index [B], logits_index, each layer's K/V buffer) -> (logits,
+    features, each layer's buffer with the new K/V written in): see ``SlotCache``."""
 
     def __init__(self, target: TargetModel):
         super().__init__()
         self.target = target
 
-    def forward(self, input_ids, position_ids, attention_mask, logits_index, *past):
-        cache = GraphCache.of(past)
+    def forward(self, input_ids, position_ids, attention_mask, write_index, logits_index, *past):
+        half = len(past) // 2
+        cache = SlotCache(past[:half], past[half:], write_index)
         out = self.target.cached_step(input_ids, position_ids, attention_mask, cache, logits_index)
-        present_keys, present_values = cache.present()
-        return out.logits, out.features, present_keys, present_values
+        return out.logits, out.features, *cache.buffers()
 
 
 class FeatureDraftStepGraph(nn.Module):
@@ -328,8 +380,8 @@ class GraphSpec:
 
 TARGET_SPEC = GraphSpec(
     "target_step",
-    ("input_ids", "position_ids", "attention_mask", "logits_index"),
-    ("logits", "features", "present_keys", "present_values"),
+    ("input_ids", "position_ids", "attention_mask", "write_index", "logits_index"),
+    ("logits", "features"),
 )
 DRAFT_SPEC = GraphSpec(
     "draft_step",
@@ -396,6 +448,7 @@ class GraphPlan:
     module: nn.Module
     args: tuple
     dims: dict
+    opset: int = 18  # the target step's in-place attention needs 24 (TensorScatter); the drafts stay at 18
 
     @property
     def role(self) -> str:
@@ -407,9 +460,22 @@ def _big(name: str) -> torch.export.Dim:
 
 
 def target_plan(target: TargetModel) -> GraphPlan:
+    """The target step over slot masks (``SlotCache``): the mask spans the buffers' C slots, the new tokens' own
+    among them from ``write_index`` on."""
     layers = target.num_layers
-    inputs, buffers = _cached_example(layers, target.num_kv_heads, target.head_dim, target.dtype, target.device)
-    return GraphPlan(TARGET_SPEC.with_layers(layers), TargetStepGraph(target), inputs + buffers, _cache_dims(layers))
+    (ids, pos, _, index), buffers = _cached_example(
+        layers, target.num_kv_heads, target.head_dim, target.dtype, target.device, past=8
+    )
+    batch, q = ids.shape
+    mask = torch.ones(batch, q, buffers[0].shape[2], dtype=torch.bool, device=ids.device)
+    write_index = torch.tensor([5, 3], device=ids.device)[:batch]
+    dims = _cache_dims(layers)
+    dims["attention_mask"] = {0: dims["input_ids"][0], 1: dims["input_ids"][1], 2: dims["past_key_0"][2]}
+    dims["write_index"] = {0: dims["input_ids"][0]}
+    spec = TARGET_SPEC.with_layers(layers)
+    spec = GraphSpec(spec.name, spec.inputs, spec.outputs + cache_names(layers))
+    args = (ids, pos, mask, write_index, index, *buffers)
+    return GraphPlan(spec, TargetStepGraph(target), args, dims, opset=24)
 
 
 def feature_draft_plans(draft: FeatureDraft, head: nn.Module) -> list[GraphPlan]:
