@@ -1,0 +1,62 @@
+"""Replaying model-free proposals over known answers: a cycle gains its accepted path and one token, a budget bounds
+the path, text never seen gains nothing, and a finished response teaches the suffix trees the next request's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdec_kit.bench.lookup_replay import main, replay
+from specdec_kit.runtime.core.lookup import Budget, NgramSettings, SuffixSettings
+from specdec_kit.runtime.decoding.lookup_drafting import NgramSource, SuffixSource
+
+PROMPT = list(range(100, 140))
+COPY = PROMPT[5:35]  # an answer that copies 30 tokens of its prompt
+NOVEL = list(range(200, 230))  # an answer of tokens the prompt never holds
+
+
+@pytest.mark.parametrize(
+    "fresh", [lambda: NgramSource(NgramSettings()), lambda: SuffixSource(SuffixSettings())], ids=["ngram", "suffix"]
+)
+def test_one_node_a_cycle_on_a_copy_gains_two_tokens_a_cycle(fresh):
+    source = fresh()
+    tokens, cycles = replay(source, PROMPT, COPY, Budget(1, 25, 2))
+    assert tokens == 29 and cycles == 15  # the first token is the prefill's; 14 cycles of two, the last of one
+
+
+@pytest.mark.parametrize(
+    "fresh", [lambda: NgramSource(NgramSettings()), lambda: SuffixSource(SuffixSettings())], ids=["ngram", "suffix"]
+)
+def test_a_wider_budget_accepts_longer_runs_of_a_copy_and_nothing_of_novel_text(fresh):
+    source = fresh()
+    tokens, cycles = replay(source, PROMPT, COPY, Budget(16, 25, 2))
+    assert tokens == 29 and cycles <= 6
+    assert replay(source, PROMPT, NOVEL, Budget(16, 25, 2)) == (29, 29)
+
+
+def test_suffix_trees_replay_a_finished_response_to_the_next_request():
+    source = SuffixSource(SuffixSettings(max_cached_requests=4))
+    assert replay(source, PROMPT, NOVEL, Budget(8, 25, 2)) == (29, 29)
+    tokens, cycles = replay(source, PROMPT, NOVEL, Budget(8, 25, 2))
+    assert tokens == 29 and cycles <= 8
+    alone = SuffixSource(SuffixSettings(max_cached_requests=0))  # each request's own text only
+    replay(alone, PROMPT, NOVEL, Budget(8, 25, 2))
+    assert replay(alone, PROMPT, NOVEL, Budget(8, 25, 2)) == (29, 29)
+
+
+@pytest.mark.slow
+def test_the_replay_writes_tau_per_category_kind_and_budget(tmp_path):
+    out = tmp_path / "replay"
+    argv = ["--target", "zoo", "--backend", "torch", "--smoke", "--engines", str(tmp_path), "--out", str(out)]
+    assert main([*argv, "--categories", "code_editing,summarization", "--budgets", "1,4"]) == 0
+    result = json.loads((out / "replay.json").read_text())
+    assert result["budgets"] == [1, 4]
+    assert set(result["tau"]) == {"code_editing", "summarization"}
+    for by_kind in result["tau"].values():
+        assert set(by_kind) == {"ngram", "suffix"}
+        assert all(1.0 <= tau <= 5.0 for taus in by_kind.values() for tau in taus.values())
+    assert "| code_editing | suffix |" in (out / "replay.md").read_text()
+    assert (out / "replay.png").stat().st_size > 0
+    with pytest.raises(SystemExit, match="--budgets: expected node budgets of at least 1"):
+        main([*argv, "--budgets", "0"])
