@@ -15,11 +15,11 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from specdec_kit.runtime.core.lookup import Budget
-from specdec_kit.runtime.decoding.lookup_drafting import LookupSource
-from specdec_kit.runtime.decoding.proposal_sizing import walk
+if TYPE_CHECKING:  # the runtime (torch) loads when a replay runs, so that --help answers at once
+    from specdec_kit.runtime.core.lookup import Budget
+    from specdec_kit.runtime.decoding.lookup_drafting import LookupSource
 
 KINDS = "ngram,suffix"
 BUDGETS = "1,2,4,8,16,24"
@@ -28,6 +28,8 @@ BUDGETS = "1,2,4,8,16,24"
 def replay(source: LookupSource, prompt: Sequence[int], answer: Sequence[int], budget: Budget) -> tuple[int, int]:
     """(tokens, cycles) of drafting ``answer`` after ``prompt`` with ``source`` under ``budget``: the answer's first
     token comes from the prefill, as in decoding, and every cycle after it gains its accepted path and one token."""
+    from specdec_kit.runtime.decoding.proposal_sizing import walk
+
     row = source.open()
     source.extend(row, list(prompt))
     source.prompt_read(row)
@@ -47,6 +49,7 @@ def category_taus(
     kind: str, prompts: Sequence[Sequence[int]], answers: Sequence[Sequence[int]], budgets: Sequence[int]
 ) -> dict[int, float]:
     """tau per node budget of ``kind`` (its default settings and tree depth) over one category's answers."""
+    from specdec_kit.runtime.core.lookup import Budget
     from specdec_kit.runtime.core.trees import parse_tree_spec
     from specdec_kit.runtime.decoding.lookup_drafting import lookup_budget, source_for
     from specdec_kit.runtime.registry import default_settings, draft_kind
