@@ -13,6 +13,7 @@ was chosen.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -173,6 +174,56 @@ def pivot(rows: list[dict], names: list[str]) -> list[str]:
     return lines
 
 
+def hybrids_against_parts(results: dict, rows: list[dict], head: str, lookup: str) -> list[dict]:
+    """Each hybrid against the better of its two parts (the part with the higher median speedup in that category),
+    prompt by prompt: the two ran the same prompt one after the other, so their ratio leaves out what moves every
+    method together (a slower minute of the machine). The spread of those ratios is the run's noise for this
+    comparison: a median below 1 with the range above 1 is no measured loss."""
+    from specdec_kit.bench.speedup import median
+
+    speedup = {(r["prompt_set"], r["temperature"], r["method"]): r["speedup"] for r in rows}
+    out = []
+    for (ps, temp, method), runs in results.items():
+        if not method.startswith(f"{head}+{lookup}"):
+            continue
+        parts = [m for m in (head, lookup) if (ps, temp, m) in results]
+        if not parts:
+            continue
+        better = max(parts, key=lambda m: speedup[(ps, temp, m)])
+        part_runs = results[(ps, temp, better)]
+        ratios = sorted(r["tps"] / part_runs[k]["tps"] for k, r in runs.items() if k in part_runs)
+        out.append(
+            {
+                "prompt_set": ps,
+                "temperature": temp,
+                "method": method,
+                "better_part": better,
+                "median_ratio": median(ratios),
+                "min_ratio": ratios[0],
+                "max_ratio": ratios[-1],
+                "prompts_faster": sum(r > 1 for r in ratios),
+                "prompts": len(ratios),
+            }
+        )
+    return out
+
+
+def paired_table(paired: list[dict]) -> list[str]:
+    lines = [
+        "Each hybrid against the better of its parts, prompt by prompt (tokens/s end to end, the two run one after the "
+        "other): median ratio [least, most], prompts where the hybrid was faster",
+        "",
+        "| category | T | hybrid | better part | hybrid / part | faster on |",
+        "|---|---:|---|---|---:|---:|",
+    ]
+    for p in paired:
+        lines.append(
+            f"| {p['prompt_set']} | {p['temperature']:g} | {p['method']} | {p['better_part']} | "
+            f"{p['median_ratio']:.2f} [{p['min_ratio']:.2f}, {p['max_ratio']:.2f}] | {p['prompts_faster']} of {p['prompts']} |"
+        )
+    return lines
+
+
 def plot_speedups(rows: list[dict], names: list[str], out: Path) -> None:
     """Bars: speedup over plain decoding per category, one bar per method (T=0)."""
     from specdec_kit.plots import pyplot
@@ -181,6 +232,8 @@ def plot_speedups(rows: list[dict], names: list[str], out: Path) -> None:
     temp = min(r["temperature"] for r in rows)
     sets = list(dict.fromkeys(r["prompt_set"] for r in rows))
     shown = [n for n in names if n != "plain"]
+    if not shown:
+        return
     fig, ax = plt.subplots(figsize=(1.4 * len(sets) + 3, 4))
     width = 0.8 / len(shown)
     for j, name in enumerate(shown):
@@ -237,6 +290,11 @@ def run(args) -> int:
     table = pivot(rows, names)
     (out / "by_category.md").write_text("\n".join(table))
     plot_speedups(rows, names, out)
+    paired = hybrids_against_parts(results, rows, engine.draft_kind, args.lookup)
+    if paired:
+        (out / "hybrid_vs_parts.json").write_text(json.dumps(paired, indent=1) + "\n")
+        table += ["", *paired_table(paired)]
+        (out / "hybrid_vs_parts.md").write_text("\n".join(paired_table(paired)) + "\n")
     print("\n".join(table))
     return 0
 

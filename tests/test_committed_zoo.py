@@ -109,7 +109,8 @@ def test_every_zoo_method_reports_identity_and_speedup_against_plain(tmp_path, c
 
 @pytest.mark.slow
 def test_the_model_free_benchmark_runs_every_method_on_every_category(tmp_path):
-    """At a smoke size on the PyTorch backend: each method on each task category, the tables and the plot written."""
+    """At a smoke size on the PyTorch backend: each method on each task category, the tables and the plot written,
+    and each hybrid set against the better of its parts."""
     from specdec_kit.bench.lookup_bench import CATEGORIES, main
 
     out = tmp_path / "lookup"
@@ -123,3 +124,7 @@ def test_the_model_free_benchmark_runs_every_method_on_every_category(tmp_path):
     assert all(r["acceptance_length"] >= 1 for r in rows if r["method"] != "plain")
     assert (out / "speedup_by_category.png").stat().st_size > 0
     assert "griffin+suffix" in (out / "by_category.md").read_text()
+    paired = json.loads((out / "hybrid_vs_parts.json").read_text())
+    hybrids = {"griffin+suffix", "griffin+suffix (lookup first)"}
+    assert {(p["prompt_set"], p["method"]) for p in paired} == {(c, m) for c in CATEGORIES.split(",") for m in hybrids}
+    assert all(p["better_part"] in ("griffin", "suffix") and p["min_ratio"] <= p["max_ratio"] for p in paired)

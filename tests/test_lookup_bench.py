@@ -1,5 +1,6 @@
-"""Replaying model-free proposals over known answers: a cycle gains its accepted path and one token, a budget bounds
-the path, text never seen gains nothing, and a finished response teaches the suffix trees the next request's."""
+"""The model-free benchmarks' own logic, on given numbers. Replaying proposals over known answers: a cycle gains its
+accepted path and one token, a budget bounds the path, text never seen gains nothing, and a finished response teaches
+the suffix trees the next request's. A hybrid against the better of its parts, prompt by prompt."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 
 import pytest
 
+from specdec_kit.bench.lookup_bench import hybrids_against_parts, paired_table
 from specdec_kit.bench.lookup_replay import main, replay
 from specdec_kit.runtime.core.lookup import Budget, NgramSettings, SuffixSettings
 from specdec_kit.runtime.decoding.lookup_drafting import NgramSource, SuffixSource
@@ -60,3 +62,25 @@ def test_the_replay_writes_tau_per_category_kind_and_budget(tmp_path):
     assert (out / "replay.png").stat().st_size > 0
     with pytest.raises(SystemExit, match="--budgets: expected node budgets of at least 1"):
         main([*argv, "--budgets", "0"])
+
+
+def test_a_hybrid_is_compared_prompt_by_prompt_with_the_better_of_its_parts():
+    def runs(*tps: float) -> dict:
+        return {(i, 0): {"tps": t} for i, t in enumerate(tps)}
+
+    results = {
+        ("rag", 0.0, "plain"): runs(10, 10, 10),
+        ("rag", 0.0, "griffin"): runs(9, 9, 9),
+        ("rag", 0.0, "suffix"): runs(12, 10, 11),
+        ("rag", 0.0, "griffin+suffix"): runs(12, 12, 9.9),
+    }
+    rows = [
+        {"prompt_set": "rag", "temperature": 0.0, "method": m, "speedup": s}
+        for m, s in [("plain", 1.0), ("griffin", 0.9), ("suffix", 1.1), ("griffin+suffix", 1.2)]
+    ]
+    (paired,) = hybrids_against_parts(results, rows, "griffin", "suffix")
+    assert paired["better_part"] == "suffix"
+    assert paired["median_ratio"] == pytest.approx(1.0) and paired["min_ratio"] == pytest.approx(0.9)
+    assert paired["max_ratio"] == pytest.approx(1.2) and (paired["prompts_faster"], paired["prompts"]) == (1, 3)
+    assert "| rag | 0 | griffin+suffix | suffix | 1.00 [0.90, 1.20] | 1 of 3 |" in paired_table([paired])
+    assert hybrids_against_parts({k: v for k, v in results.items() if "+" not in k[2]}, rows, "griffin", "suffix") == []
