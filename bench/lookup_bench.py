@@ -21,19 +21,14 @@ CATEGORIES = "summarization,rag,code_editing,multi_turn,qa,math_reasoning,transl
 METHODS = "plain,ngram,suffix,head,hybrid,hybrid-lookup-first"
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="specdec-bench-lookup", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def add_target_and_prompt_arguments(p: argparse.ArgumentParser) -> None:
+    """The options both lookup benchmarks share: which engine runs the target, and which prompts, how many, how long
+    (``head_engine`` and ``prompt_sets`` read them)."""
     p.add_argument("--target", default="smollm2", help="smollm2 (the named chat target) or zoo (the demo zoo's target)")
     p.add_argument("--head", default="griffin", help="the head kind (its engine is built or reused)")
-    p.add_argument("--lookup", default="suffix", choices=["ngram", "suffix"], help="the hybrid's model-free kind")
-    p.add_argument("--methods", default=METHODS, help=f"any of {METHODS}")
     p.add_argument("--categories", default=CATEGORIES)
     p.add_argument("--prompts", type=int, default=5, help="prompts per category")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperatures", default="0")
-    p.add_argument("--lookup-tree", help="the model-free drafts' tree, dynamic:TOTAL:DEPTH:TOP_K (default: the kind's)")
     p.add_argument(
         "--backend",
         default="onnxruntime",
@@ -43,6 +38,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--engines", type=Path, default=Path("engines"))
     p.add_argument("--out", type=Path, help="default bench/results/lookup/<target>")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, for the tests")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="specdec-bench-lookup", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_target_and_prompt_arguments(p)
+    p.add_argument("--lookup", default="suffix", choices=["ngram", "suffix"], help="the hybrid's model-free kind")
+    p.add_argument("--methods", default=METHODS, help=f"any of {METHODS}")
+    p.add_argument("--temperatures", default="0")
+    p.add_argument("--lookup-tree", help="the model-free drafts' tree, dynamic:TOTAL:DEPTH:TOP_K (default: the kind's)")
     return p.parse_args(argv)
 
 
@@ -292,9 +298,10 @@ def run(args) -> int:
     plot_speedups(rows, names, out)
     paired = hybrids_against_parts(results, rows, engine.draft_kind, args.lookup)
     if paired:
+        paired_lines = paired_table(paired)
         (out / "hybrid_vs_parts.json").write_text(json.dumps(paired, indent=1) + "\n")
-        table += ["", *paired_table(paired)]
-        (out / "hybrid_vs_parts.md").write_text("\n".join(paired_table(paired)) + "\n")
+        (out / "hybrid_vs_parts.md").write_text("\n".join(paired_lines) + "\n")
+        table += ["", *paired_lines]
     print("\n".join(table))
     return 0
 

@@ -34,15 +34,15 @@ def replay(source: LookupSource, prompt: Sequence[int], answer: Sequence[int], b
     source.extend(row, list(prompt))
     source.prompt_read(row)
     source.extend(row, list(answer[:1]))
-    at, tokens, cycles = min(1, len(answer)), 0, 0
+    first = at = min(1, len(answer))
+    cycles = 0
     while at < len(answer):
-        proposal = source.propose(row, budget)
-        accepted = len(walk(proposal, answer[at:])[0])
+        accepted = len(walk(source.propose(row, budget), answer[at:])[0])
         gained = min(accepted + 1, len(answer) - at)
         source.extend(row, list(answer[at : at + gained]))
-        at, tokens, cycles = at + gained, tokens + gained, cycles + 1
+        at, cycles = at + gained, cycles + 1
     source.finish(row)
-    return tokens, cycles
+    return len(answer) - first, cycles
 
 
 def category_taus(
@@ -67,24 +67,16 @@ def category_taus(
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from specdec_kit.bench.lookup_bench import CATEGORIES
+    from specdec_kit.bench.lookup_bench import add_target_and_prompt_arguments
 
     p = argparse.ArgumentParser(
         prog="python -m specdec_kit.bench.lookup_replay",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--target", default="smollm2", help="smollm2 (the named chat target) or zoo (the demo zoo's target)")
+    add_target_and_prompt_arguments(p)
     p.add_argument("--kinds", default=KINDS, help=f"model-free kinds to replay, any of {KINDS}")
     p.add_argument("--budgets", default=BUDGETS, help="node budgets (draft tokens per cycle at most)")
-    p.add_argument("--categories", default=CATEGORIES)
-    p.add_argument("--prompts", type=int, default=5, help="prompts per category")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--backend", default="onnxruntime", choices=["onnxruntime", "torch"], help="the target's backend")
-    p.add_argument("--head", default="griffin", help="the engine's head (its engine is built or reused; not drafted)")
-    p.add_argument("--engines", type=Path, default=Path("engines"))
-    p.add_argument("--out", type=Path, help="default bench/results/lookup/<target>")
-    p.add_argument("--smoke", action="store_true", help="tiny sizes, for the tests")
     return p.parse_args(argv)
 
 
