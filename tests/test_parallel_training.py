@@ -34,7 +34,7 @@ def train(
         command += ["--draft-vocab", "48"]
     command += ["--steps", str(steps), "--batch", "4", "--seq-len", "32", "--out", str(out)]
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return proc.stderr
 
@@ -121,7 +121,7 @@ def test_a_run_resumes_on_another_number_of_ranks(demo_checkpoints, tmp_path):
     def run(out: str, steps: int, ranks: int) -> None:
         entry = [torchrun, "--standalone", "--nproc-per-node", str(ranks)] if ranks > 1 else [sys.executable]
         command = [*entry, str(script), target, str(tmp_path / out), str(steps), sharding]
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
 
     run("one", STEPS // 2, 1)

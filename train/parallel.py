@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+# How long a rank waits, without the GIL, for gloo's worker threads to let go of its last collectives (``Ranks.close``).
+GLOO_DRAIN_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,13 @@ class Ranks:
             yield
 
     def close(self) -> None:
+        """Ends the process group once every rank is done. Under gloo a worker thread releases a finished collective's
+        tensors only after the caller has seen it complete, and releasing a tensor Python knows takes the GIL; the group
+        is destroyed on the thread that drops its last reference (the DDP reducer, FSDP2's mesh), which joins the
+        workers while it holds the GIL. If a worker is still releasing then, both wait for ever (seen under CPU
+        contention). So the rank first sleeps, which hands the GIL to the workers to finish."""
         if self.world > 1 and dist.is_initialized():
             dist.barrier()
+            if dist.get_backend() == "gloo":
+                time.sleep(GLOO_DRAIN_SECONDS)
             dist.destroy_process_group()
