@@ -16,6 +16,8 @@ import json
 import sys
 from pathlib import Path
 
+from specdec_kit.bench.head_engine import add_draft_weights_argument, build_head_engine, effective_draft_weights
+
 DEFAULT_TREES = "4:3:1,6:3:2,8:3:2,8:4:2,10:4:2,12:4:3,12:5:2,16:5:3"  # total_tokens:depth:top_k
 
 
@@ -39,13 +41,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=["onnxruntime", "torch"],
         help="the engines' backend (torch: PyTorch eager, no graph export)",
     )
-    p.add_argument(
-        "--draft-weights",
-        default="int8",
-        choices=["float", "int8"],
-        help="onnxruntime: the heads' weights (int8: 8-bit blocks with int8 dot products, a cheaper draft cycle on a "
-        "CPU; the output stays the float target's either way)",
-    )
+    add_draft_weights_argument(p)
     p.add_argument("--engines", type=Path, default=Path("engines"), help="where the engines are built (or reused)")
     p.add_argument("--out", type=Path, default=Path("bench/results/smollm2"))
     p.add_argument("--smoke", action="store_true", help="tiny sizes, for the tests")
@@ -54,31 +50,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def build_engines(args, methods: list[str]) -> dict[str, Path]:
     """Each head's engine, built by the kit's builder (an identical rebuild is reused)."""
-    from specdec_kit.export.builder import build_engine
-    from specdec_kit.export.cli import weights_suffix
-    from specdec_kit.export.inputs import BuildInputs, resolve_paths
-    from specdec_kit.runtime.core.trees import DynamicTreeConfig, tree_to_dict
-    from specdec_kit.runtime.models.pretrained import NAMED_TARGETS
-
-    paths = {}
-    for method in methods:
-        target, draft, tokenizer, _ = resolve_paths(method, Path(args.target), None, None)
-        inputs = BuildInputs(
-            draft=method,
-            target=target,
-            draft_path=draft,
-            tokenizer=tokenizer,
-            backend=args.backend,
-            dtype="float32",
-            draft_weights=args.draft_weights,
-            tree=tree_to_dict(DynamicTreeConfig(**NAMED_TARGETS[args.target].cpu_tree(method))),
-        )
-        out = args.engines / f"{args.target}-{method}-{args.backend}{weights_suffix('float', inputs.draft_weights)}"
-        print(f"{method}: engine {out}", file=sys.stderr)
-        paths[method] = build_engine(
-            inputs, out, step=lambda msg: print(f"  {msg}", file=sys.stderr), replace_other=True
-        ).path
-    return paths
+    return {
+        method: build_head_engine(args.target, method, args.backend, args.draft_weights, args.engines)
+        for method in methods
+    }
 
 
 def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
@@ -161,8 +136,7 @@ def run(args) -> int:
         args.prompts, args.max_new_tokens, args.repeats = 1, 8, 1
         args.calibration_prompts, args.calibration_tokens, args.trees = 1, 8, "4:3:1,8:3:2"
     set_threads()
-    if args.backend != "onnxruntime":
-        args.draft_weights = "float"  # quantized drafts are ONNX Runtime engines'
+    args.draft_weights = effective_draft_weights(args.backend, args.draft_weights)
     methods = [m for m in args.methods.split(",") if m]
     engines = {m: open_engine(path) for m, path in build_engines(args, methods).items()}
     first = engines[methods[0]]

@@ -17,6 +17,8 @@ import json
 import sys
 from pathlib import Path
 
+from specdec_kit.bench.head_engine import add_draft_weights_argument, build_head_engine, effective_draft_weights
+
 CATEGORIES = "summarization,rag,code_editing,multi_turn,qa,math_reasoning,translation"
 METHODS = "plain,ngram,suffix,head,hybrid,hybrid-lookup-first"
 
@@ -35,6 +37,7 @@ def add_target_and_prompt_arguments(p: argparse.ArgumentParser) -> None:
         choices=["onnxruntime", "torch"],
         help="the head engine's backend (torch: PyTorch eager, no graph export)",
     )
+    add_draft_weights_argument(p)
     p.add_argument("--engines", type=Path, default=Path("engines"))
     p.add_argument("--out", type=Path, help="default bench/results/lookup/<target>")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, for the tests")
@@ -54,26 +57,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def head_engine(args) -> Path:
     """The head's engine on the target (built by the kit's builder; an identical rebuild is reused)."""
-    from specdec_kit.export.builder import build_engine
-    from specdec_kit.export.inputs import BuildInputs, resolve_paths
-    from specdec_kit.runtime.core.trees import DynamicTreeConfig, tree_to_dict
-    from specdec_kit.runtime.models.pretrained import NAMED_TARGETS
-    from specdec_kit.runtime.presets import DEMO_TREE
-
-    named = args.target != "zoo"
-    target, draft, tokenizer, _ = resolve_paths(args.head, Path(args.target) if named else None, None, None)
-    tree = NAMED_TARGETS[args.target].cpu_tree(args.head) if named else DEMO_TREE
-    inputs = BuildInputs(
-        draft=args.head,
-        target=target,
-        draft_path=draft,
-        tokenizer=tokenizer,
-        backend=args.backend,
-        dtype="float32",
-        tree=tree_to_dict(DynamicTreeConfig(**tree)),
-    )
-    out = args.engines / f"{args.target}-{args.head}-{args.backend}"
-    return build_engine(inputs, out, step=lambda m: print(f"  {m}", file=sys.stderr), replace_other=True).path
+    return build_head_engine(args.target, args.head, args.backend, args.draft_weights, args.engines)
 
 
 def encode(tokenizer, messages: list[dict]) -> list[int]:
@@ -287,6 +271,7 @@ def run(args) -> int:
         "target": args.target,
         "head": args.head,
         "head_tree": [engine.tree.total_tokens, engine.tree.depth, engine.tree.top_k],
+        "draft_weights": effective_draft_weights(args.backend, args.draft_weights),
         "lookup_tree": [lookup_tree.total_tokens, lookup_tree.depth, lookup_tree.top_k],
         "batch": 1,
         "prompts_per_category": args.prompts,
