@@ -256,6 +256,19 @@ def test_a_hybrid_switching_between_its_parts_stays_lossless(predictable_case):
     assert drafter.head.tree == tree  # the head drafts plain trees (an engine's whole-tree graph matches them)
 
 
+def test_a_hybrid_judges_a_cycle_by_merged_trees_in_cycles_like_it(predictable_case):
+    """Merged trees measured only while the lookup was copying say nothing of a cycle where it found nothing (a
+    merged tree there is the head's alone): such a cycle tries a merged tree first, and is then judged by its own."""
+    drafter = lookup_drafter("griffin+suffix", predictable_case.target)
+    match, nothing = [Proposal([4, 5], [-1, 0], [0.9, 0.8])], [Proposal()]
+    drafter.gains, drafter.times = {True: 2.0}, {True: 0.05}  # merged trees, all in cycles with a match
+    assert drafter.lookup.sizing.rate(match) is None  # no lookup-only cycle timed yet: the lookup's trees are tried
+    assert drafter.lookup_suffices(match)
+    assert not drafter.lookup_suffices(nothing)
+    drafter.gains[False], drafter.times[False] = 0.1, 0.05
+    assert drafter.lookup_suffices(nothing)
+
+
 def test_a_hybrid_whose_lookup_leads_leaves_a_joining_prompt_to_the_heads_next_draft(predictable_case):
     """While lookup-only trees lead, a joining row's prompt is not read by the head at the join (its draft cache
     stays empty); the head's next merged draft reads it; the output stays the target's throughout."""

@@ -287,10 +287,12 @@ class HybridDrafter(Drafter):
             raise ValueError(f"hybrid merge rule {rule!r}: expected one of {MERGE_RULES}")
         self.head, self.lookup, self.rule = head, lookup, rule
         self.feature_layers = head.feature_layers
-        self.gains: dict[str, float] = {}  # merged trees' accepted tokens per cycle
-        self.times: dict[str, float] = {}  # merged trees' seconds per cycle
+        # merged trees' accepted tokens and seconds per cycle, apart for cycles where the lookup found a proposal and
+        # cycles where it found none (``_matched``): each is set against the lookup's estimate for its own kind of cycle
+        self.gains: dict[bool, float] = {}
+        self.times: dict[bool, float] = {}
         self._since_merged = 0  # lookup-only cycles since the last merged one
-        self._last: tuple = (None, None)  # the last merged cycle's start, and whether the head caught up in it
+        self._last: tuple = (None, None, None)  # the last merged cycle's start, whether the head caught up, its kind
         self.max_nodes = self.max_depth = 0
         self.source = HYBRID
         self.unread: DraftContext | None = None  # per row, pairs the head has not read (after lookup-only cycles)
@@ -318,7 +320,7 @@ class HybridDrafter(Drafter):
     def reset(self, batch: int, capacity: int) -> None:
         self.head.reset(batch, capacity)
         self.lookup.reset(batch, capacity)
-        self.unread, self._last = None, (None, None)
+        self.unread, self._last = None, (None, None, None)
 
     def select_rows(self, rows: torch.Tensor) -> None:
         self.head.select_rows(rows)
@@ -396,7 +398,7 @@ class HybridDrafter(Drafter):
         catching_up = self.unread is not None
         heads = head_proposals(self.head.scored_draft(*self._head_context(features, tokens, counts)))
         budget = self.head.tree.total_tokens - 1
-        self._last = (started, catching_up)
+        self._last = (started, catching_up, self._matched(found))
         trees = [merged(h, f, budget, self.rule) for h, f in zip(heads, found)]
         self.lookup.sizing.begin([verified_part(f, t) for f, t in zip(found, trees)], None, trees)
         return padded_tree(roots, trees, tokens.device)
@@ -408,23 +410,32 @@ class HybridDrafter(Drafter):
         self.unread = self.unread.append(features, tokens, counts)
         return padded_tree(roots, self.lookup.sized(found), tokens.device)
 
+    @staticmethod
+    def _matched(found: list[Proposal]) -> bool:
+        """Whether this cycle's lookup found a proposal (for most of the rows)."""
+        return 2 * sum(1 for f in found if len(f)) >= max(len(found), 1)
+
     def lookup_suffices(self, found: list[Proposal]) -> bool:
-        """Whether the lookup's trees alone promise more tokens per second than merged trees have been giving: the
-        lookup's sizing's estimate (its nodes' acceptance as verification has found it, over the measured time of a
-        lookup-only cycle that wide) against the merged trees' accepted tokens over their cycles' time. A cycle's time
-        runs from one draft to the next (the draft, its verification, what the loop does beside); a lookup-only cycle
-        without a proposal is plain decoding, so a head slower than plain decoding loses to it. What is not measured
-        yet is tried first: merged trees, then lookup-only trees; and after ``probe_gap`` lookup-only cycles a merged
-        one, whose estimate would otherwise never change again once it lost (a head's acceptance follows the text).
-        Each probe that the lookup goes on winning doubles the gap (up to ``max_probe_gap``): a probe pays the head's
-        reading of every pair it skipped."""
-        if HYBRID not in self.times:
+        """Whether the lookup's trees alone promise more tokens per second than merged trees have been giving in
+        cycles like this one: the lookup's sizing's estimate (its nodes' acceptance as verification has found it, over
+        the measured time of a lookup-only cycle that wide) against the merged trees' accepted tokens over their
+        cycles' time, taken over the cycles where the lookup found a proposal too, or over those where it found none.
+        (One average over both would set a cycle without a match, where a merged tree is the head's alone, against
+        what merged trees gave while the lookup was copying.) A cycle's time runs from one draft to the next (the
+        draft, its verification, what the loop does beside); a lookup-only cycle without a proposal is plain decoding,
+        so a head slower than plain decoding loses to it. What is not measured yet is tried first: merged trees, then
+        lookup-only trees; and after ``probe_gap`` lookup-only cycles a merged one, whose estimate would otherwise
+        never change again once it lost (a head's acceptance follows the text). Each probe that the lookup goes on
+        winning doubles the gap (up to ``max_probe_gap``): a probe pays the head's reading of every pair it
+        skipped."""
+        kind = self._matched(found)
+        if kind not in self.times:
             return False
         if self._since_merged >= self.probe_gap:
             self.probe_gap = min(2 * self.probe_gap, self.max_probe_gap)
             return False
         lookup_rate = self.lookup.sizing.rate(found)
-        if lookup_rate is None or lookup_rate >= (1 + self.gains[HYBRID]) / self.times[HYBRID]:
+        if lookup_rate is None or lookup_rate >= (1 + self.gains[kind]) / self.times[kind]:
             return True
         self.probe_gap = type(self).probe_gap  # merged trees lead: probe the lookup's lead soon again if it returns
         return False
@@ -434,16 +445,16 @@ class HybridDrafter(Drafter):
         (a lookup-only cycle's go to the lookup's sizing). A merged cycle whose head also read the pairs lookup-only
         cycles left counts its acceptance, not its time; a gap far longer than the cycles so far (a new batch's
         prefill between them) is not a cycle's time."""
-        started, catching_up = self._last
-        self._last = (None, None)
+        started, catching_up, kind = self._last
+        self._last = (None, None, None)
         if started is None:
             return
         accepted = float((counts - 1).float().mean())
         seconds = time.perf_counter() - started
-        known = self.times.get(HYBRID)
+        known = self.times.get(kind)
         if not catching_up and (known is None or seconds < 3 * known):
-            self._average(self.times, HYBRID, seconds)
-        self._average(self.gains, HYBRID, accepted)
+            self._average(self.times, kind, seconds)
+        self._average(self.gains, kind, accepted)
 
     @staticmethod
     def _average(into: dict, key, value: float, smoothing: float = 0.1) -> None:
