@@ -29,7 +29,7 @@ from specdec_kit.train.prompt_pool import (
 )
 from specdec_kit.train.recipe import RECIPES
 from specdec_kit.train.regenerate import ANSWERS_INDEX, BackendSpec, RegenSpec, read_answers, regenerate, template_ids
-from specdec_kit.train.teacher_features import FeatureSpec, teacher_features
+from specdec_kit.train.teacher_features import FeatureSpec, features_for, shared_forwards, teacher_features
 
 SPEC = RegenSpec(max_prompt_tokens=200, max_new_tokens=24, max_turns=2, chunk=2)
 CONVERSATIONS = [
@@ -128,17 +128,48 @@ def test_features_are_the_targets_hidden_states_and_next_tokens(smollm2, regener
             first = len(s["prompt"]) - 16
             start = int(data["answer_start"][n])
             assert data["tokens"][a:b].tolist() == whole[first:] and start == 16
-            with torch.no_grad():
+            with torch.no_grad():  # each sample alone, where the pass shares a conversation's forward
                 ref = target.hf_model(torch.tensor([whole]), output_hidden_states=True)
             expected = torch.stack([ref.hidden_states[i][0, first:] for i in spec.hidden_indices], dim=1)
             assert torch.allclose(data["features"][a:b].float(), expected, atol=3e-2, rtol=1e-2)  # float16 storage
             top = data["top"][a:b].tolist()
             assert top[: start - 1] == [-1] * (start - 1)
             assert top[start - 1 :] == s["answer"]  # greedy answers: the target's argmax at every answer position
+            assert ref.logits[0, len(s["prompt"]) - 1 :].argmax(-1).tolist() == s["answer"]
             checked += 1
     assert checked == sum(len(sh["samples"]) for sh in index["shards"]) >= 4
+    # each follow-up shared its first turn's forward: one pass per conversation, over its last turn
+    one_by_one = sum(len(s["prompt"]) + len(s["answer"]) - 1 for s in samples.values())
+    last = {}
+    for s in sorted(samples.values(), key=lambda s: s["turn"]):
+        last[s["conversation"]] = s
+    shared = sum(len(s["prompt"]) + len(s["answer"]) - 1 for s in last.values())
+    follow_ups = [s for s in samples.values() if s["turn"] > 0]
+    assert follow_ups and sum(sh["forward_tokens"] for sh in index["shards"]) == shared < one_by_one
+    # the LM head's argmax, where answers are not known to be greedy, gives the same next tokens
+    first_shard = read_answers(sorted((regenerated / "answers").glob("answers-*.jsonl"))[0])
+    computed, _ = features_for(target, first_shard, spec, greedy=False)
+    assert [x.top for x in computed] == [x.top for x in features_for(target, first_shard, spec, greedy=True)[0]]
     reader = DistilledData(regenerated / "data", [27], target.lm_head.weight.data, tokens_per_batch=512)
     assert sum(len(b) for b in reader.batches) == checked
+
+
+def test_a_follow_up_shares_its_conversations_forward_only_where_its_prompt_extends_the_history():
+    def sample(conversation: str, turn: int, prompt: list[int], answer: list[int]) -> dict:
+        return {"conversation": conversation, "turn": turn, "prompt": prompt, "answer": answer}
+
+    samples = [
+        sample("a", 0, [1, 2], [3, 4]),
+        sample("b", 0, [1, 5], [6]),
+        sample("a", 1, [1, 2, 3, 4, 7], [8, 9]),  # extends a's turn 0
+        sample("b", 1, [1, 5, 60, 7], [8]),  # b's answer tokenized otherwise in the history: a forward of its own
+        sample("a", 2, [1, 2, 3, 4, 7, 8, 9, 10], [11]),
+    ]
+    assert shared_forwards(samples) == [
+        ([1, 2, 3, 4, 7, 8, 9, 10], [0, 2, 4]),
+        ([1, 5], [1]),
+        ([1, 5, 60, 7], [3]),
+    ]
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """The target's features for regenerated samples (``train/regenerate.py``), from one teacher-forced forward over each
-finished prompt + answer: the hidden states the heads read and the target's most likely next token, written as the
-same shards and ``index.json`` that ``train/distill.py`` writes, so every trainer reads them unchanged.
+finished prompt + answer (a conversation's turns that continue one another share one): the hidden states the heads
+read and the target's most likely next token, written as the same shards and ``index.json`` that
+``train/distill.py`` writes, so every trainer reads them unchanged.
 
 A sample keeps its answer whole and the last ``context_tokens`` of its prompt (the target saw the whole prompt; the
 draft learns from the window before the answer, which bounds the features a long multi-turn history would cost).
@@ -32,46 +33,74 @@ class FeatureSpec:
     hidden_indices: list[int] = field(default_factory=list)  # default: EAGLE-3's taps and the final state
 
 
+def shared_forwards(samples: list[dict]) -> list[tuple[list[int], list[int]]]:
+    """The sequences to run and the samples each holds. A follow-up whose prompt begins with the turn before's
+    prompt and answer shares that turn's forward: a causal model's states at a position depend on the tokens before
+    it alone, so one pass over a conversation's last turn gives every earlier turn's states too (a history whose
+    re-templated answer tokenizes differently starts a pass of its own)."""
+    by_conversation: dict[str, list[int]] = {}
+    for i, sample in enumerate(samples):
+        by_conversation.setdefault(sample["conversation"], []).append(i)
+    groups: list[list[int]] = []
+    for members in by_conversation.values():
+        members.sort(key=lambda i: samples[i]["turn"])
+        groups.append([members[0]])
+        for i in members[1:]:
+            before = samples[groups[-1][-1]]
+            seen = before["prompt"] + before["answer"]
+            if samples[i]["turn"] == before["turn"] + 1 and samples[i]["prompt"][: len(seen)] == seen:
+                groups[-1].append(i)
+            else:
+                groups.append([i])
+    return [(samples[g[-1]]["prompt"] + samples[g[-1]]["answer"][:-1], g) for g in groups]
+
+
 @torch.inference_mode()
-def features_for(target, samples: list[dict], spec: FeatureSpec) -> list[Sample]:
-    """Teacher-forced features of ``samples`` (dicts with prompt and answer ids), in their order."""
+def features_for(target, samples: list[dict], spec: FeatureSpec, greedy: bool = False) -> tuple[list[Sample], int]:
+    """Teacher-forced features of ``samples`` (dicts with prompt and answer ids), in their order, and the tokens run
+    through the target. ``greedy``: the answers are the target's greedy choices, so its most likely next token at
+    each answer position is the answer's token, and the LM head (about 15% of the pass) is not run."""
     model, device, idx = target.hf_model, target.device, spec.hidden_indices
     base, head = model.model, model.get_output_embeddings()
-    seqs = [s["prompt"] + s["answer"][:-1] for s in samples]
-    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+    forwards = shared_forwards(samples)
+    order = sorted(range(len(forwards)), key=lambda f: len(forwards[f][0]))
     out: dict[int, Sample] = {}
     start = 0
     while start < len(order):
         end = start + 1
-        while end < len(order) and (end - start + 1) * len(seqs[order[end]]) <= spec.tokens_per_batch:
+        while end < len(order) and (end - start + 1) * len(forwards[order[end]][0]) <= spec.tokens_per_batch:
             end += 1
         rows = order[start:end]
         start = end
-        width = len(seqs[rows[-1]])
+        width = len(forwards[rows[-1]][0])
         ids = torch.zeros(len(rows), width, dtype=torch.long)
         mask = torch.zeros(len(rows), width, dtype=torch.long)
-        for r, i in enumerate(rows):
-            ids[r, : len(seqs[i])] = torch.tensor(seqs[i])
-            mask[r, : len(seqs[i])] = 1
+        for r, f in enumerate(rows):
+            ids[r, : len(forwards[f][0])] = torch.tensor(forwards[f][0])
+            mask[r, : len(forwards[f][0])] = 1
         hidden = base(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True).hidden_states
-        for r, i in enumerate(rows):
-            sample, n = samples[i], len(seqs[i])
-            first = max(len(sample["prompt"]) - spec.context_tokens, 0)
-            answer_start = len(sample["prompt"]) - first
-            feats = torch.stack([hidden[k][r, first:n] for k in idx], dim=1).half().cpu()
-            final = hidden[-1][r, len(sample["prompt"]) - 1 : n]  # from the last prompt position: the answer's tokens
-            top = head(final).argmax(-1).tolist()
-            out[i] = Sample(
-                sample["conversation"],
-                f"turn{sample['turn']}",
-                seqs[i][first:],
-                answer_start,
-                feats,
-                [-1] * (answer_start - 1) + top,
-                sample["finish"],
-                len(sample["answer"]),
-            )
-    return [out[i] for i in range(len(samples))]
+        for r, f in enumerate(rows):
+            for i in forwards[f][1]:
+                sample = samples[i]
+                seq = sample["prompt"] + sample["answer"][:-1]
+                n, first = len(seq), max(len(sample["prompt"]) - spec.context_tokens, 0)
+                answer_start = len(sample["prompt"]) - first
+                feats = torch.stack([hidden[k][r, first:n] for k in idx], dim=1).half().cpu()
+                if greedy:
+                    top = list(sample["answer"])
+                else:  # from the last prompt position: the answer's tokens
+                    top = head(hidden[-1][r, len(sample["prompt"]) - 1 : n]).argmax(-1).tolist()
+                out[i] = Sample(
+                    sample["conversation"],
+                    f"turn{sample['turn']}",
+                    seq[first:],
+                    answer_start,
+                    feats,
+                    [-1] * (answer_start - 1) + top,
+                    sample["finish"],
+                    len(sample["answer"]),
+                )
+    return [out[i] for i in range(len(samples))], sum(len(seq) for seq, _ in forwards)
 
 
 def teacher_features(target_path: Path, answers: Path, out: Path, spec: FeatureSpec, progress: bool = True) -> dict:
@@ -85,6 +114,7 @@ def teacher_features(target_path: Path, answers: Path, out: Path, spec: FeatureS
             "specdec_kit.train.regenerate"
         )
     answers_index = json.loads((answers / ANSWERS_INDEX).read_text())
+    greedy = answers_index["spec"].get("temperature", 0.0) == 0.0
     target = TargetModel.from_pretrained(target_path, dtype="float32")
     spec.hidden_indices = spec.hidden_indices or default_hidden_indices(target)
     out.mkdir(parents=True, exist_ok=True)
@@ -113,9 +143,10 @@ def teacher_features(target_path: Path, answers: Path, out: Path, spec: FeatureS
     )
     for shard in todo:
         t0 = time.time()
-        samples = features_for(target, read_answers(answers / shard["file"]), spec)
+        samples, forwarded = features_for(target, read_answers(answers / shard["file"]), spec, greedy)
         entry = write_shard(samples, out / shard["file"].replace(".jsonl", ".safetensors"))
         entry["answers_sha256"] = shard["sha256"]
+        entry["forward_tokens"] = forwarded
         index["shards"].append(entry)
         index["fingerprint"] = fingerprint(index)
         index_path.write_text(json.dumps(index, indent=1))
