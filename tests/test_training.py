@@ -67,6 +67,18 @@ def test_trainer_reduces_loss_and_checkpoint_loads(tmp_path, target, data, metho
     assert [r.tokens for r in spec_out] == [r.tokens for r in plain]
 
 
+def test_the_learning_rate_warms_up_holds_and_decays_to_zero_over_the_last_share():
+    spec = HeadSpec.defaults("griffin", steps=10, lr=1e-3, warmup=2, decay=0.4)
+    rates = [spec.lr_at(step) for step in range(10)]
+    assert rates == pytest.approx([5e-4, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3, 7.5e-4, 5e-4, 2.5e-4])
+    assert [HeadSpec.defaults("griffin", steps=10, warmup=2).lr_at(s) for s in (1, 9)] == [1e-3, 1e-3]
+    with pytest.raises(ValueError, match="decay 1.5"):
+        HeadSpec.defaults("griffin", decay=1.5).lr_at(0)
+    lm = LMSpec(hidden_size=16, layers=1, intermediate=32, heads=2, kv_heads=1, seq_len=8, batch=2, steps=1, decay=0.2)
+    with pytest.raises(ValueError, match="own cosine schedule"):
+        train_lm(build_lm(lm, 40, 0), torch.zeros(2, 8, dtype=torch.long), lm, desc="lm-test")
+
+
 def test_unknown_precision_is_refused(tmp_path, target, data):
     spec = HeadSpec.defaults("griffin", steps=1, batch=4, seq_len=32, precision="float16")
     with pytest.raises(ValueError, match="precision 'float16': expected float32, bfloat16 or auto"):
@@ -220,12 +232,14 @@ def test_train_head_cli(tmp_path, capsys):
             "32",
             "--time-limit",
             "5",
+            "--decay",
+            "0.5",
         ]
     )
     assert rc == 0
     load_draft(tmp_path / "hass", "hass", 32, 75)
     spec = json.loads((tmp_path / "hass" / "training_spec.json").read_text())
-    assert spec["steps"] == 3 and spec["time_limit"] == 5.0
+    assert spec["steps"] == 3 and spec["time_limit"] == 5.0 and spec["decay"] == 0.5
     rc = cli.main(["--method", "hass", "--target", str(tmp_path / "nope"), "--out", str(tmp_path / "x")])
     assert rc == 2
     # a sharded target needs several ranks and a target that runs in training; MoA's step holds the whole target

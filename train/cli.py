@@ -121,6 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument(
+        "--decay",
+        type=float,
+        default=0.0,
+        help="the last share of the steps over which the learning rate falls linearly to zero (e.g. 0.2; default 0: "
+        "constant after warm-up)",
+    )
     p.add_argument("--passes", type=int, help="forward passes per batch (default: HASS/GRIFFIN 3, EAGLE 1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -211,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         args.target = resolve_target(args.target)
         target = TargetModel.from_pretrained(args.target, dtype="float32", device=args.device)
         tokenizer = load_tokenizer(args.target)
-        schedule = "steps batch seq_len lr seed accumulate time_limit sharding target_sharding".split()
+        schedule = "steps batch seq_len lr decay seed accumulate time_limit sharding target_sharding".split()
         overrides = {name: getattr(args, name) for name in schedule}
         trainer = trainer_for(args.method)
         if args.cache_features and trainer.cached_features:

@@ -45,6 +45,9 @@ def build_lm(spec: LMSpec, vocab_size: int, eos_id: int) -> LlamaForCausalLM:
 
 
 def lr_at(step: int, spec: LMSpec) -> float:
+    """Warm-up, then a cosine down to a tenth of ``lr`` (the draft LM's own schedule: ``decay`` is the heads')."""
+    if spec.decay:
+        raise ValueError(f"decay {spec.decay}: the draft LM follows its own cosine schedule; decay is for the heads")
     if step < spec.warmup:
         return spec.lr * (step + 1) / spec.warmup
     progress = (step - spec.warmup) / max(1, spec.steps - spec.warmup)

@@ -196,7 +196,7 @@ def train_moa(
     for step in bar:
         tokens = data[spec.batch_rows(step, len(data))]
         for group in opt.param_groups:
-            group["lr"] = spec.lr * min(1.0, (step + 1) / spec.warmup)
+            group["lr"] = spec.lr_at(step)
         loss, kl, l1, top1 = model(target, tokens, gen, ranks)
         spec.check_finite(loss, "moa", step)
         opt.zero_grad(set_to_none=True)

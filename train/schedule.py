@@ -19,6 +19,9 @@ class Schedule:
     seq_len: int = 256
     lr: float = 1e-3
     warmup: int = 30
+    # the last share of the planned steps over which the learning rate falls linearly to zero (0: constant after
+    # warm-up): warm-up, stable, decay, whose last phase takes the loss down where a constant rate levels off
+    decay: float = 0.0
     seed: int = 0
     eval_every: int = 0  # held-out acceptance every this many steps (0: never; needs held-out data)
     eval_depth: int = 3  # draft depths it counts
@@ -32,6 +35,17 @@ class Schedule:
     accumulate: int = 1  # micro-batches per optimizer step: ``batch`` rows in all, batch / accumulate at a time
     # minutes this run may train (0: no limit): a lent machine's hour, a CI budget; see ``step_bar``
     time_limit: float = 0.0
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of ``step``: a linear warm-up, constant, then with ``decay`` a linear fall to zero over
+        the last share of ``steps``."""
+        if not 0.0 <= self.decay <= 1.0:
+            raise ValueError(f"decay {self.decay}: expected a share of the steps, 0 to 1")
+        lr = self.lr * min(1.0, (step + 1) / self.warmup)
+        decay_steps = self.decay * self.steps
+        if decay_steps > 0 and step >= self.steps - decay_steps:
+            lr *= max(0.0, (self.steps - step) / decay_steps)
+        return lr
 
     def micro_batches(self, rows: int) -> list[slice]:
         """The consecutive row ranges of a step's micro-batches (``accumulate`` of them, as even as the rows allow)."""
@@ -137,7 +151,7 @@ def accumulated_step(
     its rows, under the schedule's autocast; the ranks' gradients synchronised on the last one) backward at its share,
     then clipping and the step -> (each micro-batch's loss, each one's statistics as ``forward`` returned them)."""
     for group in opt.param_groups:
-        group["lr"] = schedule.lr * min(1.0, (step + 1) / schedule.warmup)
+        group["lr"] = schedule.lr_at(step)
     opt.zero_grad(set_to_none=True)
     pieces = schedule.micro_batches(rows)
     losses, parts = [], []
@@ -158,8 +172,9 @@ class TimedSteps:
     """The steps of ``step_bar`` under a time limit: the first step that begins past the limit is the last one (every
     rank agrees, so none waits on a collective another has left). ``schedule.steps`` becomes the steps run before
     that step's body, so the trainer treats it as a planned last step (measured on the held-out set, its state
-    saved) and what it writes after its loop (the saved spec, the steps it reports) is what happened. The learning
-    rate is constant after warm-up, so a shortened run is the longer run's first steps, and a rerun goes on from it."""
+    saved) and what it writes after its loop (the saved spec, the steps it reports) is what happened. Without a
+    decay the learning rate is constant after warm-up, so a shortened run is the longer run's first steps, and a rerun
+    goes on from it; with one, a run cut before its decay has not decayed (its last step's rate is the cut plan's)."""
 
     def __init__(self, bar, schedule: Schedule, ranks):
         self.bar, self.schedule, self.ranks = bar, schedule, ranks
