@@ -72,15 +72,16 @@ def features_for(target, samples: list[dict], spec: FeatureSpec, greedy: bool = 
             end += 1
         rows = order[start:end]
         start = end
-        width = len(forwards[rows[-1]][0])
+        batch = [forwards[f] for f in rows]
+        width = len(batch[-1][0])
         ids = torch.zeros(len(rows), width, dtype=torch.long)
         mask = torch.zeros(len(rows), width, dtype=torch.long)
-        for r, f in enumerate(rows):
-            ids[r, : len(forwards[f][0])] = torch.tensor(forwards[f][0])
-            mask[r, : len(forwards[f][0])] = 1
+        for r, (tokens, _) in enumerate(batch):
+            ids[r, : len(tokens)] = torch.tensor(tokens)
+            mask[r, : len(tokens)] = 1
         hidden = base(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True).hidden_states
-        for r, f in enumerate(rows):
-            for i in forwards[f][1]:
+        for r, (_, members) in enumerate(batch):
+            for i in members:
                 sample = samples[i]
                 seq = sample["prompt"] + sample["answer"][:-1]
                 n, first = len(seq), max(len(sample["prompt"]) - spec.context_tokens, 0)
