@@ -16,7 +16,7 @@ from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.runtime.synthetic import tiny_hf_model
 
 # A test that asks for one of these fixtures is in that tier, whatever its module says.
-TIER_OF_FIXTURE = {"vllm_python": "vllm", "chart": "helm"}
+TIER_OF_FIXTURE = {"vllm_python": "vllm", "interchange_python": "interchange", "chart": "helm"}
 
 
 def pytest_configure(config):
@@ -212,6 +212,13 @@ def tier_python(env: str, venv: str, setup: str) -> str:
 def vllm_python() -> str:
     """vLLM's interpreter for the vLLM tier (vLLM's CPU build)."""
     return tier_python("SPECDEC_VLLM_PYTHON", ".venv-vllm", "setup_vllm.sh")
+
+
+@pytest.fixture(scope="session")
+def interchange_python() -> str:
+    """The interchange tier's interpreter, where SpecForge and speculators are installed."""
+    venv = os.environ.get("SPECDEC_INTERCHANGE_VENV", ".venv-interchange")  # where its set-up script makes it
+    return tier_python("SPECDEC_INTERCHANGE_PYTHON", venv, "setup_interchange.sh")
 
 
 def sglang_python() -> str:

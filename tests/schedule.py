@@ -39,7 +39,7 @@ MODULE_SECONDS = {
     "test_cli_and_bench.py": 45,
     "test_third_party_clients.py": 35,
     "test_engine_cache.py": 31,
-    "test_speculators_format.py": 26,
+    "test_speculators_format.py": 60,
     "test_verify_cost.py": 24,
 }
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import gzip
 import io
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -18,7 +17,6 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from tiers import missing_tool
 
 from specdec_kit.runtime.demo import write_char_tokenizer
 from specdec_kit.runtime.drafts.eagle3 import default_feature_layers
@@ -204,15 +202,6 @@ def test_a_mismatched_import_is_refused_naming_the_file_and_key(foreign, capsys)
     stamp = shard.stat().st_mtime_ns
     imported(foreign, "specforge", layers=[], name="-final")
     assert shard.stat().st_mtime_ns == stamp and json.loads((out / "index.json").read_text()) == json.loads(before)
-
-
-@pytest.fixture(scope="module")
-def interchange_python() -> Path:
-    """The interpreter of .venv-interchange, where SpecForge and speculators are installed."""
-    python = Path(os.environ.get("SPECDEC_INTERCHANGE_VENV", REPO / ".venv-interchange")) / "bin" / "python"
-    if not python.exists():
-        missing_tool(f"{python} not found: run `bash scripts/setup_interchange.sh` (scripts/test.sh does it first)")
-    return python
 
 
 READERS = r"""

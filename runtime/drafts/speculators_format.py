@@ -1,11 +1,15 @@
-"""EAGLE-3 and P-EAGLE heads written in the speculators format (vLLM's training project) read as the official layout.
+"""EAGLE-3, P-EAGLE and DFlash heads written in the speculators format (vLLM's training project) read as the
+official layout.
 
-A speculators head keeps its decoder layer's config in ``transformer_layer_config`` and the EAGLE-3 fields beside it
-(``draft_vocab_size``, ``eagle_aux_hidden_state_layer_ids``, ``target_hidden_size``, ``norm_before_residual``), and
-names its decoder layers as a list (``layers.0.``) where the official EAGLE-3 says ``midlayer.``. Only one layer
-order exists in the kit's EAGLE-3 layer (the residual is the hidden state before its norm): a head trained with the
-other (``norm_before_residual: true``, speculators' default when unset) is refused, since it would compute something
-else.
+A speculators head keeps its decoder layer's config in ``transformer_layer_config`` and the method's fields beside
+it. EAGLE-3's (``draft_vocab_size``, ``eagle_aux_hidden_state_layer_ids``, ``target_hidden_size``,
+``norm_before_residual``) name its decoder layers as a list (``layers.0.``) where the official EAGLE-3 says
+``midlayer.``. Only one layer order exists in the kit's EAGLE-3 layer (the residual is the hidden state before its
+norm): a head trained with the other (``norm_before_residual: true``, speculators' default when unset) is refused,
+since it would compute something else. DFlash's (``block_size``, ``mask_token_id``, ``aux_hidden_state_layer_ids``:
+the hidden states *entering* those layers, so the official ``target_layer_ids`` are one less) keep the official
+weight names; the kit reads the plain DFlash of a draft over the target's whole vocabulary, and refuses speculators'
+variants that compute something else (a slot for the anchor's own token, Domino's correction head, shifted labels).
 """
 
 from __future__ import annotations
@@ -21,12 +25,19 @@ def is_speculators(config: dict[str, Any]) -> bool:
     return "speculators_model_type" in config
 
 
+def is_official_dflash(config: dict[str, Any]) -> bool:
+    """Whether ``config`` is the official DFlash layout's (a Qwen3 config with ``dflash_config``)."""
+    return "dflash_config" in config or "DFlashDraftModel" in (config.get("architectures") or [])
+
+
 def official_config(config: dict[str, Any], file: Path) -> dict[str, Any]:
     """The official EAGLE-3 config of a speculators head's ``config``; ValueError naming what does not fit."""
     kind = config["speculators_model_type"]
+    if kind == "dflash":
+        return official_dflash_config(config, file)
     if kind not in ("eagle3", "peagle"):
         raise ValueError(
-            f"{file}: a speculators head of type {kind!r}; the kit reads speculators' eagle3 and peagle heads"
+            f"{file}: a speculators head of type {kind!r}; the kit reads speculators' eagle3, peagle and dflash heads"
         )
     unset = kind == "eagle3"  # what speculators (and vLLM) take when the key is missing: eagle3 true, peagle false
     if config.get("norm_before_residual", unset):
@@ -49,6 +60,38 @@ def official_config(config: dict[str, Any], file: Path) -> dict[str, Any]:
         out["mask_token_id"] = config.get("mask_token_id")
         proposal = config.get("speculators_config", {}).get("proposal_methods", [{}])[0]
         out["parallel_draft_tokens"] = config.get("para_depths") or proposal.get("speculative_tokens")
+    return out
+
+
+# speculators' DFlash options the kit's DFlash does not compute, with the value it does
+DFLASH_VARIANTS = {"sample_from_anchor": False, "projector_type": "dflash", "shift_label": False}
+
+
+def official_dflash_config(config: dict[str, Any], file: Path) -> dict[str, Any]:
+    """The official DFlash config of a speculators DFlash head's ``config``; ValueError naming what does not fit."""
+    layer = config.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise ValueError(f"{file}: key 'transformer_layer_config' is missing or not an object")
+    for key, plain in DFLASH_VARIANTS.items():
+        if config.get(key) not in (None, plain):
+            raise ValueError(f"{file}: {key} is {config[key]!r}; the kit runs plain DFlash ({key}: {plain!r})")
+    vocab = layer.get("vocab_size")
+    if config.get("draft_vocab_size") not in (None, vocab):
+        raise ValueError(
+            f"{file}: draft_vocab_size is {config['draft_vocab_size']!r}, the target's vocabulary {vocab!r}: the kit's "
+            "DFlash scores with the target's own LM head over its whole vocabulary"
+        )
+    aux = config.get("aux_hidden_state_layer_ids")
+    if not isinstance(aux, list) or not aux or not all(isinstance(i, int) and i >= 1 for i in aux):
+        raise ValueError(
+            f"{file}: aux_hidden_state_layer_ids is {aux!r}, expected the ids (1 or more) of the target layers whose "
+            "entering hidden states the draft reads"
+        )
+    out = dict(layer, architectures=["DFlashDraftModel"], model_type=layer.get("model_type", "qwen3"))
+    out["block_size"] = config.get("block_size")
+    out["dflash_config"] = {"mask_token_id": config.get("mask_token_id"), "target_layer_ids": [i - 1 for i in aux]}
+    if config.get("target_hidden_size") is not None:
+        out["target_hidden_size"] = config["target_hidden_size"]
     return out
 
 
