@@ -42,7 +42,7 @@ from specdec_kit.runtime.core.manifest import (
 from specdec_kit.runtime.core.trees import tree_from_dict
 from specdec_kit.runtime.loader import load_draft_for, load_tokenizer
 from specdec_kit.runtime.models.target import TargetModel
-from specdec_kit.runtime.registry import draft_kind
+from specdec_kit.runtime.registry import draft_kind, kinds_for_engine
 
 PARITY_PROMPTS = ["def add(a, b):\n    return", "import os\n\n\nclass Config:\n"]
 
@@ -149,6 +149,25 @@ def check_weights(inputs: BuildInputs) -> tuple[WeightFormat | None, WeightForma
     return formats[0], formats[1]
 
 
+def check_draft_format(inputs: BuildInputs) -> None:
+    """The speculators format is a vLLM engine's, for the kinds whose draft vLLM reads in it."""
+    if inputs.draft_format == "official":
+        return
+    if inputs.draft_format != "speculators":
+        raise BuildError(f"--draft-format {inputs.draft_format}: expected official or speculators")
+    if inputs.backend != "vllm":
+        raise BuildError(
+            f"--draft-format speculators: a vLLM engine's draft layout; --backend {inputs.backend} reads the official "
+            "layout"
+        )
+    kinds = [k for k in kinds_for_engine("vllm") if draft_kind(k).engines["vllm"].speculators]
+    if inputs.draft not in kinds or inputs.lookup:
+        raise BuildError(
+            f"--draft-format speculators: vLLM reads {', '.join(kinds)} drafts in the speculators format, not "
+            f"{inputs.draft_spec}"
+        )
+
+
 def _existing(output: Path, digest: str) -> dict | None:
     """The manifest at ``output`` if it is a valid engine built from these exact inputs, else None."""
     if not (output / MANIFEST_NAME).is_file():
@@ -212,6 +231,7 @@ def build_engine(
     check_output(output)
     check_target_store(inputs)
     weights = check_weights(inputs)
+    check_draft_format(inputs)
     with output_lock(output, step):
         return _build_locked(inputs, output, digest, force, device, step, start, weights, replace_other)
 

@@ -117,6 +117,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="onnxruntime: the draft's weights. int8: 8-bit blocks with int8 dot products (the LM head a draft "
         "step runs over the vocabulary gets cheaper); the output stays the target's whatever the draft computes",
     )
+    p.add_argument(
+        "--draft-format",
+        default="official",
+        choices=["official", "speculators"],
+        help="vllm: the draft's layout. official: the reference implementation's, which vLLM's own classes (or the "
+        "kit's plugin) read; speculators (EAGLE-3, P-EAGLE, DFlash): the format vLLM's training project publishes "
+        "heads in, whose config vLLM reads itself",
+    )
     p.add_argument("--output", type=Path, help="engine directory (default engines/<draft>-<backend>[-<weights>])")
     p.add_argument("--force", action="store_true", help="rebuild even if the output holds an engine from these inputs")
     p.add_argument(
@@ -317,8 +325,10 @@ def main(argv: list[str] | None = None) -> int:
             target_store=args.target_store,
             weights=args.weights,
             draft_weights=args.draft_weights,
+            draft_format=args.draft_format,
         )
         quantized = weights_suffix(args.weights, args.draft_weights)
+        quantized += "-speculators" if args.draft_format == "speculators" else ""
         output = args.output or Path("engines") / (
             f"{f'{args.target}-' if named else ''}{args.draft}-{args.backend}{quantized}"
         )

@@ -43,6 +43,7 @@ class BuildInputs:
     target_store: Path | None = None  # server backends: the target written once there, the engine links to it
     weights: str = "float"  # onnxruntime: the target's weights, float (the dtype's) or int4
     draft_weights: str = "float"  # onnxruntime: the draft's weights, float or int8
+    draft_format: str = "official"  # vllm: the draft's layout, official or speculators (vLLM reads both)
     file_hashes: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
@@ -73,6 +74,7 @@ class BuildInputs:
             **({"trtllm_legacy_engine": self.trtllm_legacy_engine} if self.trtllm_legacy_engine else {}),
             **({"weights": self.weights} if self.weights != "float" else {}),  # float engines keep their old digests
             **({"draft_weights": self.draft_weights} if self.draft_weights != "float" else {}),
+            **({"draft_format": self.draft_format} if self.draft_format != "official" else {}),
             **(
                 {"graph_interface": ONNX_GRAPH_INTERFACE, "draft_tree": self.draft_tree}
                 if self.backend == "onnxruntime"

@@ -110,11 +110,25 @@ def dflash_speculators_config(official: dict[str, Any], tokens: int, verifier: s
     return out
 
 
+def speculators_weights(state: dict) -> dict:
+    """An official head's weights under speculators' names: EAGLE-3's decoder layer in a list, as DFlash's already is."""
+    return {k.replace(OFFICIAL_LAYER, SPECULATORS_LAYER, 1): v.contiguous() for k, v in state.items()}
+
+
+def write_speculators_files(out: Path, config: dict[str, Any], state: dict) -> None:
+    """``out``/config.json and model.safetensors of a speculators head (``config`` as ``speculators_config`` gives it,
+    ``state`` under the official names)."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(speculators_weights(state), str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
 def write_speculators_head(head: Path, out: Path, target: Path, tokens: int) -> Path:
     """``out``: the head at ``head`` (official EAGLE-3 or DFlash layout) as a speculators head for the target at
     ``target``."""
     import torch
-    from safetensors.torch import save_file
 
     official = json.loads((head / "config.json").read_text())
     target_config = json.loads((target / "config.json").read_text())
@@ -128,10 +142,7 @@ def write_speculators_head(head: Path, out: Path, target: Path, tokens: int) -> 
         state = torch.load(head / "pytorch_model.bin", map_location="cpu", weights_only=True)
     else:
         raise FileNotFoundError(f"{head}: no model.safetensors or pytorch_model.bin")
-    out.mkdir(parents=True, exist_ok=True)  # speculators' own names: EAGLE-3's decoder layer in a list as DFlash's
-    renamed = {k.replace(OFFICIAL_LAYER, SPECULATORS_LAYER, 1): v.contiguous() for k, v in state.items()}
-    save_file(renamed, str(out / "model.safetensors"))
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    write_speculators_files(out, config, state)
     return out
 
 

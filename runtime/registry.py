@@ -72,6 +72,7 @@ class EngineForm:
     architecture: str | None = None  # the draft config's ``architectures`` entry (None: the official layout's own)
     plugin: bool = False  # the engine loads the draft through the kit's plugin or drafter package
     official_layout: bool = False  # the engine's own class reads the official layout as the kit writes it
+    speculators: bool = False  # the engine also reads the draft in the speculators format (its config names the kind)
     options: dict[str, Any] = field(default_factory=dict)  # further keys of the engine's speculative config
 
 
@@ -808,7 +809,7 @@ def _register_builtin() -> None:
             _loader("build_eagle3"),
             "EAGLE-3: three target layers fused, own reduced-vocabulary head, training-time test",
             engines={  # every engine's own EAGLE-3 class reads the official layout
-                "vllm": EngineForm("eagle3", "Eagle3LlamaForCausalLM", official_layout=True),
+                "vllm": EngineForm("eagle3", "Eagle3LlamaForCausalLM", official_layout=True, speculators=True),
                 "sglang": EngineForm("EAGLE3", "LlamaForCausalLMEagle3", official_layout=True),
                 "tensorrt-llm": EngineForm("Eagle3", official_layout=True),
             },
@@ -825,7 +826,11 @@ def _register_builtin() -> None:
             refused_backends={"sglang": PEAGLE_SGLANG, "tensorrt-llm": PEAGLE_TRTLLM},
             engines={  # vLLM's own EAGLE-3 class with parallel drafting on reads mask_hidden and mask_token_id
                 "vllm": EngineForm(
-                    "eagle3", "Eagle3LlamaForCausalLM", official_layout=True, options={"parallel_drafting": True}
+                    "eagle3",
+                    "Eagle3LlamaForCausalLM",
+                    official_layout=True,
+                    speculators=True,
+                    options={"parallel_drafting": True},
                 ),
             },
             trainer=_trainer("eagle3"),
@@ -840,7 +845,7 @@ def _register_builtin() -> None:
             default_tree="dynamic:8:6:1",
             refused_backends={"tensorrt-llm": DFLASH_TRTLLM},
             engines={  # vLLM's and SGLang's own DFlash classes read the official layout
-                "vllm": EngineForm("dflash", "DFlashDraftModel", official_layout=True),
+                "vllm": EngineForm("dflash", "DFlashDraftModel", official_layout=True, speculators=True),
                 "sglang": EngineForm("DFLASH", "DFlashDraftModel", official_layout=True),
             },
             trainer=_trainer("dflash"),

@@ -26,7 +26,7 @@ from specdec_vllm import cpu_sampling_fixes  # noqa: E402
 from specdec_vllm.weights import parameter_for  # noqa: E402
 
 
-def build(paths, kind, tmp: Path, tree=DynamicTreeConfig(12, 3, 3), draft_path=None):
+def build(paths, kind, tmp: Path, tree=DynamicTreeConfig(12, 3, 3), draft_path=None, **options):
     inputs = BuildInputs(
         draft=kind,
         target=paths["target"],
@@ -35,6 +35,7 @@ def build(paths, kind, tmp: Path, tree=DynamicTreeConfig(12, 3, 3), draft_path=N
         backend="vllm",
         dtype="float32",
         tree=tree_to_dict(tree),
+        **options,
     )
     return build_engine(inputs, tmp / f"{kind}-vllm")
 
@@ -84,6 +85,53 @@ def test_drafts_vllm_cannot_run_are_refused_with_the_reason(demo_checkpoints, tm
     with pytest.raises(BuildError, match=reason):
         build(demo_checkpoints, kind, tmp_path, tree, draft_path=head)
     assert not (tmp_path / f"{kind}-vllm").exists()
+
+
+def test_a_speculators_format_engine_holds_the_speculators_head_and_the_same_chain(tmp_path):
+    """``--draft-format speculators``: the draft is the speculators export of the head (config and weights as
+    ``export/speculators.py`` writes them for the engine's target), the speculative config is the official engine's,
+    and the format is part of the engine's identity."""
+    from specdec_kit.export.speculators import speculators_config
+
+    zoo = default_zoo()
+    paths = {"target": zoo / "target", "dflash": zoo / "dflash"}
+    tree = parse_tree_spec("dynamic:4:2:1")
+    official = build(paths, "dflash", tmp_path / "official", tree).path
+    result = build(paths, "dflash", tmp_path / "speculators", tree, draft_format="speculators")
+    manifest, before = read_manifest(result.path), read_manifest(official)
+    assert manifest["vllm"]["speculative_config"] == before["vllm"]["speculative_config"]
+    assert manifest["vllm"]["draft_format"] == "speculators" and before["vllm"]["draft_format"] == "official"
+    assert manifest["inputs"]["sha256"] != before["inputs"]["sha256"]
+    draft = result.path / "vllm" / "draft"
+    config = json.loads((draft / "config.json").read_text())
+    official_config = json.loads((official / "vllm" / "draft" / "config.json").read_text())
+    assert config == speculators_config(official_config, 3, "target", "LlamaForCausalLM")
+    written, source = (load_file(str(p / "model.safetensors")) for p in (draft, official / "vllm" / "draft"))
+    assert written.keys() == source.keys() and all(torch.equal(written[k], source[k]) for k in source)
+
+
+@pytest.mark.parametrize(
+    "kind, backend, message",
+    [
+        ("griffin", "vllm", "vLLM reads eagle3, peagle, dflash drafts in the speculators format, not griffin"),
+        ("dflash", "onnxruntime", "--backend onnxruntime reads the official layout"),
+    ],
+)
+def test_a_speculators_format_vllm_cannot_read_is_refused(tmp_path, kind, backend, message):
+    zoo = default_zoo()
+    inputs = BuildInputs(
+        draft=kind,
+        target=zoo / "target",
+        draft_path=zoo / kind,
+        tokenizer=zoo / "target",
+        backend=backend,
+        dtype="float32",
+        tree=tree_to_dict(DynamicTreeConfig(4, 2, 1)),
+        draft_format="speculators",
+    )
+    with pytest.raises(BuildError, match=message):
+        build_engine(inputs, tmp_path / "engine")
+    assert not (tmp_path / "engine").exists()
 
 
 def test_a_head_with_a_tensor_the_engine_would_drop_is_refused(demo_checkpoints, tmp_path):

@@ -1,6 +1,7 @@
-"""The vLLM tier: the zoo's EAGLE-2, HASS, GRIFFIN and EAGLE-3 heads exported with ``--backend vllm`` and RUN in
-vLLM's server (vLLM's CPU build, in .venv-vllm from scripts/setup_vllm.sh, which the README's test command runs);
-EAGLE-3 in vLLM's own ``Eagle3LlamaForCausalLM``, the others in the kit's plugin classes.
+"""The vLLM tier: the zoo's EAGLE-2, HASS, GRIFFIN, EAGLE-3, P-EAGLE and DFlash heads exported with ``--backend vllm``
+and RUN in vLLM's server (vLLM's CPU build, in .venv-vllm from scripts/setup_vllm.sh, which the README's test command
+runs); EAGLE-3 and P-EAGLE in vLLM's own ``Eagle3LlamaForCausalLM`` (P-EAGLE from the speculators format), DFlash in
+its ``DFlashQwen3ForCausalLM``, the others in the kit's plugin classes.
 
 For each head: greedy output through vLLM's OpenAI server equals ``transformers`` greedy decoding of the target;
 the draft's logits at every proposal step of a recorded prompt equal the kit's own draft logits within 1e-4 (so a
@@ -55,6 +56,9 @@ ZOO_HEAD = {
 }
 # the chain each kind drafts: a parallel draft grows dynamic trees only (a top-1 chain of CHAIN tokens)
 CHAIN_TREE = {kind: f"dynamic:{CHAIN + 1}:{CHAIN - 1}:1" for kind in ("peagle", "dflash")}
+# kinds served from the speculators format (--draft-format speculators: vLLM converts the config and reads speculators'
+# weight names); the others from the official layout
+SPECULATORS_FORMAT = ("peagle",)
 STARTUP_S = 900
 # vLLM's engine core and its worker in one process (on the CPU, vLLM allows its in-process executor only without V1
 # multiprocessing): a start without a worker process to spawn and import, 15-20 s less on 2 cores. The plugin, its
@@ -221,10 +225,13 @@ def logit_difference(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("kind", ["griffin", "eagle2", "hass", "eagle3", "peagle", "dflash"])
 def test_the_head_runs_in_vllm_exactly_as_in_the_kit(kind, vllm_python, zoo_target, prompts, references, tmp_path):
-    """P-EAGLE: vLLM's EAGLE-3 class with parallel drafting, the whole chain from one forward. DFlash: vLLM's
+    """P-EAGLE: vLLM's EAGLE-3 class with parallel drafting, the whole chain from one forward, its draft written in
+    the speculators format (vLLM reads the config and speculators' weight names itself). DFlash: vLLM's
     ``DFlashQwen3ForCausalLM``, a block of the root and CHAIN masked slots. GRIFFIN runs on the path users serve
     (compiled, worker processes, a fresh compile cache); the others eagerly in one process."""
-    engine = build(kind, tmp_path / f"{kind}-vllm", CHAIN_TREE.get(kind, f"static:chain-{CHAIN}"))
+    layout = ("--draft-format", "speculators") if kind in SPECULATORS_FORMAT else ()
+    engine = build(kind, tmp_path / f"{kind}-vllm", CHAIN_TREE.get(kind, f"static:chain-{CHAIN}"), layout)
+    assert ("speculators_model_type" in (engine / "vllm" / "draft" / "config.json").read_text()) == bool(layout)
     kit_tokens, kit_tau, kit_rows = kit_run(kind, zoo_target, prompts)
     assert kit_tokens == references  # the kit itself is lossless on these prompts
     trace = tmp_path / "trace"

@@ -420,8 +420,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     recipe = json.loads(path.read_text())
     from specdec_kit.runtime.loader import set_threads
+    from specdec_kit.train.background import nice_own_session_and_say
 
     set_threads()
+    nice_own_session_and_say()
     out = args.out or Path(recipe["out"])
     data = data_dir(recipe, args.data)
     features = training_data(recipe, data)

@@ -380,9 +380,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from specdec_kit.runtime.loader import set_threads
     from specdec_kit.runtime.models.pretrained import cache_root, resolve_target
+    from specdec_kit.train.background import nice_own_session_and_say
     from specdec_kit.train.distill import run_stage
 
     set_threads()
+    nice_own_session_and_say()
     spec = RegenSpec(**json.loads(args.spec.read_text())) if args.spec else RegenSpec()
     return run_stage(
         lambda: regenerate(

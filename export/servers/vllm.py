@@ -12,7 +12,10 @@ which reads the official layout as the kit writes it (``midlayer.*``, ``d2t``; t
 ``eagle_config.eagle_aux_hidden_state_layer_ids``); P-EAGLE heads run in the same class with ``"parallel_drafting":
 true`` (it loads ``mask_hidden`` and reads ``mask_token_id`` from the config), proposing the chain in one forward. The plugin is registered through a ``vllm.general_plugins``
 entry point declared by a ``.dist-info`` directory beside it, so putting ``vllm/plugin`` on ``PYTHONPATH``
-(``serve.sh`` does) registers it in every vLLM process without installing anything.
+(``serve.sh`` does) registers it in every vLLM process without installing anything. DFlash heads run in vLLM's
+``DFlashQwen3ForCausalLM`` (``"method": "dflash"``). With ``--draft-format speculators`` an EAGLE-3, P-EAGLE or DFlash
+draft is written in the speculators format instead (``export/speculators.py``), which vLLM converts to the same
+official config itself; the speculative config keeps its explicit method.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from specdec_kit.export.servers.common import (
     serve_script,
     write_target,
 )
+from specdec_kit.export.speculators import speculators_config, write_speculators_files
 from specdec_kit.runtime.core.trees import DynamicTreeConfig, StaticTree
 from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.runtime.registry import EngineForm, draft_kind
@@ -136,11 +140,17 @@ def build_vllm(
     if not form.official_layout:
         checked_weight_map(module, kind, state, "vLLM")
     draft_dir = staging / "vllm" / "draft"
-    draft_dir.mkdir(parents=True)
-    (draft_dir / "config.json").write_text(json.dumps(_draft_config(module, kind, form, inputs.dtype), indent=2))
-    save_safetensors(state, draft_dir / "model.safetensors")
-    write_plugin(staging / "vllm" / "plugin")
+    config = _draft_config(module, kind, form, inputs.dtype)
     spec = speculative_config(tree, form, getattr(module, "parallel_tokens", None))
+    if inputs.draft_format == "speculators":  # vLLM converts the config itself; the method stays explicit
+        architecture = (target.config.architectures or ["LlamaForCausalLM"])[0]
+        config = speculators_config(config, spec["num_speculative_tokens"], "target", architecture)
+        write_speculators_files(draft_dir, config, state)
+    else:
+        draft_dir.mkdir(parents=True)
+        (draft_dir / "config.json").write_text(json.dumps(config, indent=2))
+        save_safetensors(state, draft_dir / "model.safetensors")
+    write_plugin(staging / "vllm" / "plugin")
     serve = serve_script(staging / "vllm" / "serve.sh", serve_command(spec, inputs), SERVE_ENV)
     proposal = proposal_text(tree)
     step(proposal)
@@ -166,5 +176,6 @@ def build_vllm(
             "proposal": "chain",
             "plugin": PLUGIN,
             "weight_map_checked": not form.official_layout,
+            "draft_format": inputs.draft_format,
         },
     }
