@@ -31,7 +31,8 @@ def is_official_dflash(config: dict[str, Any]) -> bool:
 
 
 def official_config(config: dict[str, Any], file: Path) -> dict[str, Any]:
-    """The official EAGLE-3 config of a speculators head's ``config``; ValueError naming what does not fit."""
+    """The official config (EAGLE-3's, P-EAGLE's or DFlash's) of a speculators head's ``config``; ValueError naming
+    what does not fit."""
     kind = config["speculators_model_type"]
     if kind == "dflash":
         return official_dflash_config(config, file)
