@@ -26,7 +26,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from specdec_kit.runtime.drafts.speculators_format import OFFICIAL_LAYER, SPECULATORS_LAYER, is_official_dflash
+from specdec_kit.runtime.drafts.speculators_format import (
+    DFLASH_LAYOUT_KEYS,
+    OFFICIAL_LAYER,
+    SPECULATORS_LAYER,
+    is_official_dflash,
+)
 
 LAYER_KEYS_LEFT_OUT = (
     "draft_vocab_size",
@@ -81,9 +86,6 @@ def speculators_config(official: dict[str, Any], tokens: int, verifier: str, ver
     return out
 
 
-DFLASH_KEYS_LEFT_OUT = ("architectures", "block_size", "dflash_config", "num_target_layers", "auto_map")
-
-
 def dflash_speculators_config(official: dict[str, Any], tokens: int, verifier: str, verifier_architecture: str) -> dict:
     """The speculators config of the official DFlash config ``official``.
 
@@ -92,11 +94,11 @@ def dflash_speculators_config(official: dict[str, Any], tokens: int, verifier: s
     the draft causal from its negation, which would be another model than the one trained."""
     dflash = official["dflash_config"]
     block = int(official["block_size"])
-    layer = {k: v for k, v in official.items() if k not in DFLASH_KEYS_LEFT_OUT}
+    layer = {k: v for k, v in official.items() if k not in DFLASH_LAYOUT_KEYS}  # the decoder layer's own keys
     out = {
         "architectures": ["DFlashSpeculator"],
         "speculators_model_type": "dflash",
-        "transformer_layer_config": dict(layer, model_type=layer.get("model_type", "qwen3")),
+        "transformer_layer_config": dict(layer, model_type=official.get("model_type", "qwen3")),
         "draft_vocab_size": official["vocab_size"],
         "block_size": block,
         "aux_hidden_state_layer_ids": [int(i) + 1 for i in dflash["target_layer_ids"]],

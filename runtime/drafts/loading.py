@@ -42,7 +42,7 @@ from specdec_kit.runtime.drafts.layers import FeatureDraft
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
 from specdec_kit.runtime.drafts.moa import MoADraft
 from specdec_kit.runtime.drafts.peagle import PEagleDraft
-from specdec_kit.runtime.drafts.speculators_format import is_speculators, official_config
+from specdec_kit.runtime.drafts.speculators_format import DFLASH_LAYOUT_KEYS, is_speculators, official_config
 
 if TYPE_CHECKING:
     from specdec_kit.runtime.models.target import TargetModel
@@ -364,9 +364,6 @@ def build_peagle(
     if not isinstance(tokens, int) or tokens < 2:
         raise DraftLoadError(f"{file}: parallel_draft_tokens is {tokens!r}, expected an integer >= 2")
     return PEagleDraft(*arguments, mask, tokens)
-
-
-DFLASH_LAYOUT_KEYS = ("architectures", "model_type", "block_size", "num_target_layers", "dflash_config", "auto_map")
 
 
 def build_dflash(

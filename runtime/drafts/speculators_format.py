@@ -25,6 +25,10 @@ def is_speculators(config: dict[str, Any]) -> bool:
     return "speculators_model_type" in config
 
 
+# the official DFlash config's keys beside its Qwen3 decoder layer's
+DFLASH_LAYOUT_KEYS = ("architectures", "model_type", "block_size", "num_target_layers", "dflash_config", "auto_map")
+
+
 def is_official_dflash(config: dict[str, Any]) -> bool:
     """Whether ``config`` is the official DFlash layout's (a Qwen3 config with ``dflash_config``)."""
     return "dflash_config" in config or "DFlashDraftModel" in (config.get("architectures") or [])
