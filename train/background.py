@@ -6,7 +6,9 @@ processes of its own session. A regeneration started as ``setsid nice -n 19 pyth
 then still takes half of a 2-core machine from a benchmark run in another session (measured here: its nice-19 vLLM
 worker at 159% CPU against 24% for a nice-0 test; 94% each once its session's group was niced too). Giving the
 job's own session the job's nice value restores what ``nice`` promises. A job that shares its session with an
-interactive shell is left alone: niceing that session would slow the shell's other jobs as well.
+interactive shell is left alone: niceing that session would slow the shell's other jobs as well. Where the kernel
+does not group this process by session (autogroup switched off, or the process placed in a CPU cgroup of its own, as
+in most containers: its ``/proc/self/autogroup`` then reads empty), nice already holds and nothing is changed.
 """
 
 from __future__ import annotations
@@ -15,13 +17,29 @@ import os
 from pathlib import Path
 
 AUTOGROUP = Path("/proc/self/autogroup")
+AUTOGROUP_ENABLED = Path("/proc/sys/kernel/sched_autogroup_enabled")
 
 
-def nice_own_session(autogroup: Path = AUTOGROUP) -> int | None:
-    """Give this process's session (its autogroup) the process's nice value, when the process runs niced and leads
-    its session (``setsid``). The value set, or None where nothing was changed."""
+def session_nice(autogroup: Path = AUTOGROUP, enabled: Path = AUTOGROUP_ENABLED) -> int | None:
+    """The nice value the kernel shares the CPU at between this process's session and others, or None where it
+    does not share by session (no autogroup, switched off, or the process in a CPU cgroup of its own)."""
+    try:
+        if enabled.read_text().strip() != "1":
+            return None
+        fields = autogroup.read_text().split()  # "/autogroup-987 nice 0"; empty outside the root CPU cgroup
+    except OSError:
+        return None
+    if len(fields) != 3 or fields[1] != "nice":
+        return None
+    return int(fields[2])
+
+
+def nice_own_session(autogroup: Path = AUTOGROUP, enabled: Path = AUTOGROUP_ENABLED) -> int | None:
+    """Give this process's session (its autogroup) the process's nice value, when the process runs niced, leads
+    its session (``setsid``) and the kernel shares the CPU by session. The value set, or None where nothing was
+    changed."""
     niceness = os.nice(0)
-    if niceness <= 0 or os.getsid(0) != os.getpid() or not autogroup.exists():
+    if niceness <= 0 or os.getsid(0) != os.getpid() or session_nice(autogroup, enabled) is None:
         return None
     try:
         autogroup.write_text(str(niceness))
