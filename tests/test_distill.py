@@ -330,6 +330,77 @@ def test_the_recipe_goes_on_training_a_head_when_asked_more_epochs(
     assert run_without_state == 0 and "no training_state.pt to go on from" in capsys.readouterr().err
 
 
+JUDGED = SPEC["max_new_tokens"] - 4  # tokens decoded: every chain of 3 they judge lies within the stored answers
+
+
+def decoded_counts(target: TargetModel, kind: str, head, out) -> tuple[int, list[int]]:
+    """(cycles, cycles accepting depth 1..3) of greedy decoding of the data's greedy prompts with a chain of 3."""
+    from specdec_kit.runtime.decoding.generate import RequestStats
+
+    generator = SpeculativeGenerator(
+        target, make_drafter(target, kind, head, DynamicTreeConfig(4, 3, 1)), eos_token_ids=[]
+    )
+    stats = RequestStats.combined(
+        [
+            generator.generate([tokens[: meta["answer_start"]].tolist()], JUDGED)[0].stats
+            for meta, tokens, _, _ in samples(out)
+            if meta["variant"] == "greedy"
+        ]
+    )
+    return stats.cycles, stats.accepted_per_depth[:3]
+
+
+def test_heldout_acceptance_per_cycle_is_what_greedy_decoding_measures(chat_target, distilled, tmp_path):
+    """The trainers' held-out acceptance counts as the benchmark counts: greedy decoding of the data's prompts with a
+    chain of the same depth runs, cycle by cycle, the walk ``ChainCounts`` makes over the stored answers (the same
+    number of cycles, the same cycles reaching each depth), which the mean over every position does not."""
+    import shutil
+
+    from specdec_kit.train.heldout import feature_draft_acceptance
+
+    out, _ = distilled
+    target = TargetModel.from_pretrained(chat_target, dtype="float32")
+    lm_head = target.lm_head.float()
+    data = DistilledData(out, [4], tokens_per_batch=128, variants=("greedy",))
+    data.lm_rows = lm_head.weight.data
+    head = shutil.copytree(chat_target.parent / "griffin", tmp_path / "griffin")  # the demo's constructed GRIFFIN,
+    weights = torch.load(head / "pytorch_model.bin", weights_only=True)  # blurred so that it predicts only in part
+    fc = weights["fc.fc.weight"]
+    fc += 0.01 * fc.std() * torch.randn(fc.shape, generator=torch.Generator().manual_seed(0))
+    torch.save(weights, head / "pytorch_model.bin")
+    draft = load_draft_for(target, "griffin", head).float()
+    counts = feature_draft_acceptance(draft, "griffin", lm_head, None, data, max_new_tokens=JUDGED)
+    assert 0 < counts.cycle_hits[1] < counts.cycle_hits[0] < counts.cycles
+    assert decoded_counts(target, "griffin", head, out) == (counts.cycles, counts.cycle_hits)
+    assert counts.per_position() != pytest.approx(counts.per_cycle(), abs=0.05)
+
+
+def test_the_heldout_report_measures_saved_heads_on_the_recipes_split(chat_target, distilled, tmp_path):
+    """``train.heldout_report`` measures a saved head on a recipe's held-out conversations, per decoding cycle and per
+    position, as the trainer's own measure does; a head the recipe does not name is refused, naming its heads."""
+    from specdec_kit.train.heldout import feature_draft_acceptance, split
+    from specdec_kit.train.heldout_report import main
+
+    out, _ = distilled
+    recipe = tmp_path / "tiny.json"
+    settings = {"tokens_per_batch": 128, "heldout_percent": 50}
+    recipe.write_text(
+        json.dumps({"target": str(chat_target), "out": str(chat_target.parent), "heads": {"griffin": settings}})
+    )
+    assert main([str(recipe), "--heads", "griffin", "--data", str(out), "--out", str(tmp_path / "r.json")]) == 0
+    measured = json.loads((tmp_path / "r.json").read_text())["heads"]["griffin"]
+    target = TargetModel.from_pretrained(chat_target, dtype="float32")
+    heldout = DistilledData(out, [4], tokens_per_batch=128, select=split(50)[1])
+    heldout.lm_rows = target.lm_head.weight.data.float()
+    draft = load_draft_for(target, "griffin", chat_target.parent / "griffin").float()
+    counts = feature_draft_acceptance(draft, "griffin", target.lm_head.float(), None, heldout)
+    assert measured["cycles"] == counts.cycles and measured["positions"] == counts.positions > 0
+    assert measured["acceptance"] == [round(a, 4) for a in counts.per_cycle()]
+    assert measured["per_position"] == [round(a, 4) for a in counts.per_position()]
+    with pytest.raises(SystemExit, match="no head 'eagle3'; it has \\['griffin'\\]"):
+        main([str(recipe), "--heads", "eagle3", "--data", str(out)])
+
+
 @pytest.mark.parametrize("kind", ["griffin", "eagle3"])
 def test_heldout_acceptance_counts_chains_and_the_best_head_is_kept(chat_target, distilled, tmp_path, kind):
     """Training measures the held-out acceptance every ``eval_every`` steps, logs it, and saves the head of the best
@@ -386,10 +457,13 @@ def test_heldout_acceptance_counts_chains_and_the_best_head_is_kept(chat_target,
         ]
         firsts = [(accuracy, positions) for accuracy, _, positions, _ in firsts]
         draft_acceptance = measure(everything, oracle)  # the demo's constructed GRIFFIN predicts this target well
-        assert draft_acceptance[0] > 0.5
-    acceptance = draft_acceptance if kind == "griffin" else measure(everything)
+        assert draft_acceptance.per_position()[0] > 0.5
+    counts = draft_acceptance if kind == "griffin" else measure(everything)
+    acceptance = counts.per_position()
     assert acceptance[0] == pytest.approx(sum(a * n for a, n in firsts) / sum(n for _, n in firsts), abs=0.02)
     assert acceptance[0] >= acceptance[1] >= acceptance[2]
+    per_cycle = counts.per_cycle()
+    assert per_cycle[0] >= per_cycle[1] >= per_cycle[2] and 0 < counts.cycles < counts.positions
     measured = [
         (r["step"] + 1, r["heldout"]["tau"], r["heldout"]["acceptance"])
         for r in torch.load(tmp_path / "training_state.pt", weights_only=True)["history"]
@@ -399,4 +473,13 @@ def test_heldout_acceptance_counts_chains_and_the_best_head_is_kept(chat_target,
     best_step, best_tau, best_acceptance = max(measured, key=lambda m: (m[1], -m[0]))
     assert result["heldout_best"] == {"step": best_step, "tau": best_tau, "acceptance": best_acceptance}
     heldout.lm_rows = everything.lm_rows
-    assert 1 + sum(measure(heldout)) == pytest.approx(best_tau, abs=1e-3)
+    assert 1 + sum(measure(heldout).per_cycle()) == pytest.approx(best_tau, abs=1e-3)
+    # counted as greedy decoding counts, cycle by cycle, on the greedy answers' prompts
+    greedy = DistilledData(out, layers, tokens_per_batch=128, variants=("greedy",))
+    greedy.lm_rows = everything.lm_rows
+    counts = (
+        eagle3_acceptance(draft, greedy, max_new_tokens=JUDGED)
+        if kind == "eagle3"
+        else feature_draft_acceptance(draft, "griffin", lm_head, None, greedy, max_new_tokens=JUDGED)
+    )
+    assert decoded_counts(target, kind, tmp_path, out) == (counts.cycles, counts.cycle_hits)

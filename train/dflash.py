@@ -30,7 +30,7 @@ from specdec_kit.runtime.drafts.loading import dflash_config
 from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.train.distilled import DistilledData
 from specdec_kit.train.eagle3 import StepResult, merged_step_results, tapped_outputs
-from specdec_kit.train.heldout import HeldOutTracker, heldout_due
+from specdec_kit.train.heldout import ChainCounts, HeldOutTracker, heldout_due
 from specdec_kit.train.methods import Trainer
 from specdec_kit.train.parallel import Ranks
 from specdec_kit.train.schedule import Schedule, accumulated_step, optimizer_and_state, saved_extra, step_bar
@@ -176,26 +176,30 @@ def anchor_room(valid: torch.Tensor, counted: torch.Tensor | None) -> torch.Tens
 
 
 @torch.no_grad()
-def dflash_acceptance(draft: DFlashDraft, embed, lm_head, data: DistilledData, depth: int = 3) -> list[float]:
+def dflash_acceptance(
+    draft: DFlashDraft, embed, lm_head, data: DistilledData, depth: int = 3, max_new_tokens: int | None = None
+) -> ChainCounts:
     """Chain acceptance per depth on held-out data: at every answer position a, the block's greedy proposals
-    x_{a+1..a+depth} against the target's own tokens, counted as the benchmark counts (depth d needs 1..d)."""
+    x_{a+1..a+depth} against the target's own tokens (depth d needs 1..d), counted per decoding cycle as the
+    benchmark counts and per position."""
     blocks = BlockTraining(draft, embed, lm_head, DFlashSpec(block_size=draft.block_size))
     depth = min(depth, draft.block_size - 1)
-    hits, starts = [0] * depth, 0
+    counts = ChainCounts(depth, max_new_tokens)
     for b in range(len(data)):
         tokens, taps, _, masks = data.batch(b)
         allowed = anchor_room(masks.valid, masks.counted) & (masks.top >= 0)
+        lengths = torch.zeros_like(allowed, dtype=torch.long)
         for row in range(tokens.shape[0]):
             for anchors in allowed[row].nonzero().flatten().split(64):
                 hidden = blocks.hidden(taps[row : row + 1], tokens[row : row + 1], anchors[None])[0]
                 alive = torch.ones(len(anchors), dtype=torch.bool, device=anchors.device)
-                starts += len(anchors)
                 for j in range(depth):
                     at = anchors + j
                     want = masks.top[row, at.clamp(max=tokens.shape[1] - 1)]
                     alive &= (at < tokens.shape[1]) & (lm_head(hidden[:, j + 1]).argmax(-1) == want)
-                    hits[j] += int(alive.sum())
-    return [h / max(starts, 1) for h in hits]
+                    lengths[row, anchors] += alive.long()
+        counts.add(lengths, allowed)
+    return counts
 
 
 def train_dflash(

@@ -36,7 +36,7 @@ from specdec_kit.runtime.models.attention import apply_rope
 from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.train.distilled import BatchMasks, DistilledData
 from specdec_kit.train.features import CachedFeatures
-from specdec_kit.train.heldout import HeldOutTracker, heldout_due
+from specdec_kit.train.heldout import ChainCounts, HeldOutTracker, heldout_due
 from specdec_kit.train.methods import Trainer
 from specdec_kit.train.parallel import Ranks
 from specdec_kit.train.schedule import Schedule, accumulated_step, optimizer_and_state, saved_extra, step_bar
@@ -224,22 +224,22 @@ def eagle3_losses(
 
 
 @torch.no_grad()
-def eagle3_acceptance(draft, data: DistilledData, depth: int = 3) -> list[float]:
+def eagle3_acceptance(draft, data: DistilledData, depth: int = 3, max_new_tokens: int | None = None) -> ChainCounts:
     """Chain acceptance per depth of an EAGLE-3 head (its training-time test, step j drafting x_{t+j+2})."""
-    hits, starts = [0] * depth, 0
+    counts = ChainCounts(depth, max_new_tokens)
     for b in range(len(data)):
         tokens, taps, logits, masks = data.batch(b)
         ttt = TrainingTimeTest(draft, taps, tokens, logits, masks)
         # position t drafts x_{t+2}, the target's choice after x_{t+1}: a chain starts where that one is known
-        alive = shift_left(masks.valid & masks.counted & (masks.top >= 0), 1)
-        starts += int(alive.sum())
+        starts = shift_left(masks.valid & masks.counted & (masks.top >= 0), 1)
+        alive, lengths = starts, torch.zeros_like(starts, dtype=torch.long)
         for j in range(depth):
             ttt.step(j)
             guess = draft.target_ids(draft.logits(ttt.hidden).argmax(-1))
-            hit = alive & (guess == shift_left(masks.top, j + 1))
-            hits[j] += int(hit.sum())
-            alive = hit
-    return [h / max(starts, 1) for h in hits]
+            alive = alive & (guess == shift_left(masks.top, j + 1))
+            lengths += alive.long()
+        counts.add(lengths, starts)
+    return counts
 
 
 class Eagle3TrainingStep(torch.nn.Module):

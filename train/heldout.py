@@ -1,10 +1,15 @@
 """Held-out acceptance while a head trains: how far a chain of the head's greedy drafts would be accepted on samples
-it never trains on, counted as the benchmark counts acceptance (the share of drafting cycles whose first d drafts are
-all the target's greedy tokens: ``acceptance[d-1]``; tau = 1 + their sum for a chain).
+it never trains on, counted as the benchmark counts acceptance: the share of drafting *cycles* whose first d drafts
+are all the target's greedy tokens (``acceptance[d-1]``; tau = 1 + their sum for a chain).
 
-Every position of a held-out answer starts a chain. Depth 1 is the draft's first step from the target's features;
-depth d > 1 feeds the draft its own earlier steps, as decoding does (the multi-pass forward of EAGLE/HASS/GRIFFIN,
-EAGLE-3's training-time test); a chain ends at its first miss. The held-out samples are a fixed hash bucket of the
+A chain is drafted from every position of a held-out answer. Depth 1 is the draft's first step from the target's
+features; depth d > 1 feeds the draft its own earlier steps, as decoding does (the multi-pass forward of
+EAGLE/HASS/GRIFFIN, EAGLE-3's training-time test); a chain ends at its first miss. Decoding does not draft from every
+position: a cycle that accepts L drafts is followed by one that starts L + 1 positions later, so the positions that
+start cycles are more often the hard ones right after a miss. ``ChainCounts`` walks each held-out answer as greedy
+decoding would (the first cycle after the prefill's token, then L + 1 on) and counts per cycle, which is what the
+runtime reports on the same prompts; the mean over every position is kept beside it (``per_position``: the
+first-step accuracy, and the number earlier logs recorded). The held-out samples are a fixed hash bucket of the
 data's prompt ids, so the split is the same on every run and every data size.
 """
 
@@ -36,6 +41,52 @@ def split(percent: int = HELD_OUT_PERCENT) -> tuple[Callable[[dict], bool], Call
     )
 
 
+@dataclass
+class ChainCounts:
+    """Chain lengths drafted from held-out answer positions, counted per position and per decoding cycle."""
+
+    depth: int
+    max_new_tokens: int | None = None  # decode no further into an answer (the benchmark's limit); None: all of it
+    position_hits: list[int] = field(default_factory=list)  # [d-1]: positions whose chain reached depth d
+    positions: int = 0
+    cycle_hits: list[int] = field(default_factory=list)  # [d-1]: walked cycles that accepted depth d
+    cycles: int = 0
+
+    def __post_init__(self):
+        self.position_hits = self.position_hits or [0] * self.depth
+        self.cycle_hits = self.cycle_hits or [0] * self.depth
+
+    def add(self, lengths: torch.Tensor, starts: torch.Tensor) -> None:
+        """``lengths`` [B, T]: the chain length (0..depth) drafted from each position; ``starts`` [B, T]: the
+        positions of an answer a chain can start from (contiguous in each row). Each row is walked as greedy decoding
+        walks it: its first start drafts for the prefill (which gives the first answer token itself), so the first
+        cycle starts one position later; a cycle accepting L drafts moves the next one L + 1 positions on, until
+        ``max_new_tokens`` are decoded."""
+        lengths, starts = lengths.cpu(), starts.cpu()
+        self.positions += int(starts.sum())
+        for d in range(self.depth):
+            self.position_hits[d] += int(((lengths > d) & starts).sum())
+        for row_lengths, row_starts in zip(lengths.tolist(), starts.tolist()):
+            if True not in row_starts:
+                continue
+            first = row_starts.index(True)
+            at, end = first + 1, len(row_starts) if self.max_new_tokens is None else first + self.max_new_tokens
+            while at < min(end, len(row_starts)) and row_starts[at]:
+                accepted = row_lengths[at]
+                self.cycles += 1
+                for d in range(accepted):
+                    self.cycle_hits[d] += 1
+                at += accepted + 1
+
+    def per_cycle(self) -> list[float]:
+        """Acceptance per depth as the benchmark counts it (the share of decoding cycles reaching depth d)."""
+        return [h / max(self.cycles, 1) for h in self.cycle_hits]
+
+    def per_position(self) -> list[float]:
+        """Acceptance per depth over every answer position (depth 1: the draft's first-step accuracy)."""
+        return [h / max(self.positions, 1) for h in self.position_hits]
+
+
 def wanted_ids(top: torch.Tensor, to_head: torch.Tensor | None) -> torch.Tensor:
     """The target's greedy next tokens in the head's vocabulary (-1 where unknown or outside it: never hit)."""
     known = top.clamp(min=0)
@@ -45,10 +96,16 @@ def wanted_ids(top: torch.Tensor, to_head: torch.Tensor | None) -> torch.Tensor:
 
 @torch.no_grad()
 def feature_draft_acceptance(
-    draft, method: str, lm_head, to_head: torch.Tensor | None, data: DistilledData, depth: int = 3
-) -> list[float]:
+    draft,
+    method: str,
+    lm_head,
+    to_head: torch.Tensor | None,
+    data: DistilledData,
+    depth: int = 3,
+    max_new_tokens: int | None = None,
+) -> ChainCounts:
     """Chain acceptance per depth of an EAGLE/HASS/GRIFFIN head over every batch of ``data``."""
-    hits, starts = [0] * depth, 0
+    counts = ChainCounts(depth, max_new_tokens)
     for b in range(len(data)):
         tokens, feats, _, masks = data.batch(b)
         inputs = feats[:, :-1]
@@ -57,14 +114,15 @@ def feature_draft_acceptance(
         known = valid & masks.counted[:, 1:] & (masks.top[:, 1:] >= 0)
         runner = PassRunner(draft, tokens[:, 1:], valid)
         alive, pass_in = known, inputs
-        starts += int(known.sum())
+        lengths = torch.zeros_like(known, dtype=torch.long)  # by the position the chain started from
         for d in range(depth):
             pred, reg = runner.run(pass_in)
-            hit = alive & (lm_head(pred).argmax(-1) == want)
-            hits[d] += int(hit.sum())
+            hit = alive & (lm_head(pred).argmax(-1) == want)  # at position start + d
+            lengths[:, : lengths.shape[1] - d] += hit[:, d:].long()
             alive = shift_right(hit) & known  # the chain goes on one position later, from its own output
             pass_in = next_pass_features(inputs, reg if method == "griffin" else pred)
-    return [h / max(starts, 1) for h in hits]
+        counts.add(lengths, known)
+    return counts
 
 
 def heldout_due(step: int, last: int, every: int) -> bool:
@@ -76,7 +134,7 @@ def heldout_due(step: int, last: int, every: int) -> bool:
 class HeldOutTracker:
     """Measures a head every ``every`` steps, logs it beside the loss and keeps the best weights by tau."""
 
-    measure: Callable[[torch.nn.Module], list[float]]
+    measure: Callable[[torch.nn.Module], ChainCounts]
     every: int
     best_tau: float = 0.0
     best_step: int = -1
@@ -88,14 +146,20 @@ class HeldOutTracker:
 
     def record(self, module: torch.nn.Module, step: int) -> dict:
         module.eval()
-        acceptance = self.measure(module)
+        counts = self.measure(module)
         module.train()
+        acceptance = counts.per_cycle()
         tau = 1.0 + sum(acceptance)
         rounded = [round(a, 4) for a in acceptance]
         if tau > self.best_tau:
             self.best_tau, self.best_step, self.best_acceptance = tau, step + 1, rounded
             self.best_weights = copy.deepcopy(module.state_dict())
-        return {"acceptance": rounded, "tau": round(tau, 4)}
+        return {
+            "acceptance": rounded,
+            "tau": round(tau, 4),
+            "cycles": counts.cycles,
+            "per_position": [round(a, 4) for a in counts.per_position()],
+        }
 
     def state(self) -> dict:
         return {
