@@ -324,6 +324,13 @@ def test_the_recipe_goes_on_training_a_head_when_asked_more_epochs(
     assert main([str(path), "--data", str(fewer), "--stages", "heads"]) == 0 and state.stat().st_mtime_ns == before
     assert "the data now is" in capsys.readouterr().err
     assert run(1, "--force") == list(range(batches))  # from the start, the old state discarded
+    assert log["heads"]["griffin"]["answer_tokens"] == json.loads((out / INDEX).read_text())["answer_tokens"]
+    shards = sorted(json.loads((out / INDEX).read_text())["shards"], key=lambda shard: shard["file"])
+    first = sum(sample["answer_tokens"] for sample in shards[0]["samples"])
+    recipe["heads"]["griffin"]["answer_tokens"] = first  # a head limited to the first shards holding that many
+    fewer_batches = len(DistilledData(out, [4], tokens_per_batch=128, answer_tokens=first))
+    assert len(shards) > 1 and run(1, "--force") == list(range(fewer_batches)) and fewer_batches < batches
+    assert json.loads((heads / "training_log.json").read_text())["heads"]["griffin"]["answer_tokens"] == first
     state.unlink()  # a head trained elsewhere (the committed ones): nothing to go on from, and it says so
     capsys.readouterr()
     run_without_state = main([str(path), "--data", str(out), "--stages", "heads"])

@@ -123,6 +123,7 @@ class HeadSettings:
     epochs: float | None  # passes over the data, in place of a step count
     variants: tuple[str, ...] | None
     heldout_percent: int | None  # of the prompt ids (default: heldout's), with eval_every
+    answer_tokens: int | None  # train on the first shards holding this many answer tokens (None: all the data)
     schedule: dict
 
     @classmethod
@@ -134,6 +135,7 @@ class HeadSettings:
             epochs=rest.pop("epochs", None),
             variants=tuple(rest.pop("variants")) if "variants" in rest else None,
             heldout_percent=rest.pop("heldout_percent", None),
+            answer_tokens=rest.pop("answer_tokens", None),
             schedule=rest,
         )
 
@@ -153,7 +155,8 @@ def run_head(
     ``training_state.pt``); None when it is already trained as far as the recipe asks. A head goes on only over
     the data it was trained on (``trained_on``, a fingerprint): other data means another draft vocabulary and
     another batch plan, which its state does not fit. ``answer_tokens``: train on the first shards holding that many
-    (the held-out prompts are measured over all the data either way). ``deadline``: the head trains until then at
+    (default: the head's own ``answer_tokens`` setting, else all; the held-out prompts are measured over all the data
+    either way). ``deadline``: the head trains until then at
     most (the schedule's time limit), and is not started when it has passed."""
     import torch
 
@@ -184,6 +187,7 @@ def run_head(
         print(f"{name}: not started: the time limit has passed", file=sys.stderr)
         return None
     head = HeadSettings.of(name, settings if left is None else {**settings, "time_limit": left})
+    answer_tokens = head.answer_tokens if answer_tokens is None else answer_tokens
     target_path = resolve_target(recipe["target"])
     target = TargetModel.from_pretrained(target_path, dtype="float32", device="cpu")
     save_dtype = resolve_dtype(recipe.get("save_dtype", "float16"), torch.device("cpu"))
@@ -240,7 +244,6 @@ def run_learning_curve(recipe: dict, data: Path, out: Path, force: bool, deadlin
     counts; returns one point a run (head, answer tokens in the shards trained on, steps, best held-out tau and
     acceptance). A finished point is read back from its folder's ``curve_point.json``."""
     from specdec_kit.train.distill import INDEX
-    from specdec_kit.train.distilled import first_shards
 
     section = dict(recipe["learning_curve"])
     heads, sizes = section.pop("heads"), section.pop("answer_tokens")
@@ -266,9 +269,7 @@ def run_learning_curve(recipe: dict, data: Path, out: Path, force: bool, deadlin
                 held = result.get("heldout_best", {})
                 point = {
                     "head": name,
-                    "answer_tokens": sum(
-                        x["answer_tokens"] for shard in first_shards(shards, size) for x in shard["samples"]
-                    ),
+                    "answer_tokens": shards_answer_tokens(shards, size),
                     "epochs": settings.get("epochs"),
                     "steps": result["steps"],
                     "heldout_best": held,
@@ -277,6 +278,13 @@ def run_learning_curve(recipe: dict, data: Path, out: Path, force: bool, deadlin
             if saved.is_file():
                 points.append(json.loads(saved.read_text()))
     return points
+
+
+def shards_answer_tokens(shards: list[dict], answer_tokens: int | None) -> int:
+    """Answer tokens in the first shards holding ``answer_tokens`` (None: in all): what a head limited so trains on."""
+    from specdec_kit.train.distilled import first_shards
+
+    return sum(x["answer_tokens"] for shard in first_shards(shards, answer_tokens) for x in shard["samples"])
 
 
 def update_log(path: Path, recipe_name: str, change: Callable[[dict], None]) -> dict:
@@ -466,9 +474,13 @@ def main(argv: list[str] | None = None) -> int:
                 import torch
 
                 result["minutes"] = round(before + result["minutes"], 2)  # a continued head's minutes add up
+                index = json.loads((features / "index.json").read_text())
                 entry = {
                     "settings": recipe["heads"][name],
-                    "data_fingerprint": data_fingerprint(features),
+                    "data_fingerprint": index["fingerprint"],
+                    "answer_tokens": shards_answer_tokens(
+                        index["shards"], HeadSettings.of(name, recipe["heads"][name]).answer_tokens
+                    ),
                     **{k: v for k, v in result.items() if k != "last"},
                 }
                 history = torch.load(state, weights_only=True, map_location="cpu")["history"]
@@ -488,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
                     points.append(
                         {
                             "head": name,
-                            "answer_tokens": everything,
+                            "answer_tokens": head.get("answer_tokens", everything),
                             "epochs": head["settings"].get("epochs"),
                             "steps": head["steps"],
                             "heldout_best": head["heldout_best"],
