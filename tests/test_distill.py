@@ -384,7 +384,10 @@ def test_heldout_acceptance_per_cycle_is_what_greedy_decoding_measures(chat_targ
 
 def test_the_heldout_report_measures_saved_heads_on_the_recipes_split(chat_target, distilled, tmp_path):
     """``train.heldout_report`` measures a saved head on a recipe's held-out conversations, per decoding cycle and per
-    position, as the trainer's own measure does; a head the recipe does not name is refused, naming its heads."""
+    position, as the trainer's own measure does, also a head trained elsewhere under a label of its own; a head the
+    recipe does not name is refused, naming its heads."""
+    import shutil
+
     from specdec_kit.train.heldout import feature_draft_acceptance, split
     from specdec_kit.train.heldout_report import main
 
@@ -404,6 +407,14 @@ def test_the_heldout_report_measures_saved_heads_on_the_recipes_split(chat_targe
     assert measured["cycles"] == counts.cycles and measured["positions"] == counts.positions > 0
     assert measured["acceptance"] == [round(a, 4) for a in counts.per_cycle()]
     assert measured["per_position"] == [round(a, 4) for a in counts.per_position()]
+    elsewhere = shutil.copytree(chat_target.parent / "griffin", tmp_path / "elsewhere")  # a head trained elsewhere
+    assert (
+        main(
+            [str(recipe), "--heads", f"mine=griffin@{elsewhere}", "--data", str(out), "--out", str(tmp_path / "r.json")]
+        )
+        == 0
+    )
+    assert json.loads((tmp_path / "r.json").read_text())["heads"]["mine"] == {**measured, "folder": str(elsewhere)}
     with pytest.raises(SystemExit, match="no head 'eagle3'; it has \\['griffin'\\]"):
         main([str(recipe), "--heads", "eagle3", "--data", str(out)])
 

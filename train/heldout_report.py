@@ -30,7 +30,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="a recipe (train/recipes/NAME.json, or a recipe file): its target, data, held-out split",
     )
     p.add_argument(
-        "--heads", default="griffin,eagle3", help=f"the recipe's heads to measure (of {', '.join(MEASURED)})"
+        "--heads",
+        default="griffin,eagle3",
+        help=f"the recipe's heads to measure (of {', '.join(MEASURED)}), comma-separated; an entry LABEL=NAME@DIR "
+        "measures the head in DIR (trained elsewhere, e.g. on part of the data) with the recipe's NAME settings and "
+        "reports it as LABEL",
     )
     p.add_argument("--heads-dir", type=Path, default=None, help="where the heads are (default: the recipe's out)")
     p.add_argument("--data", type=Path, default=None, help="the recipe's data folder (default: the kit's cache)")
@@ -38,6 +42,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=None, help="decode no further into an answer (default: all)")
     p.add_argument("--out", type=Path, default=None, help="write the measurements here (JSON)")
     return p.parse_args(argv)
+
+
+def head_entry(entry: str, heads_dir: Path) -> tuple[str, str, Path]:
+    """``NAME`` or ``LABEL=NAME@DIR`` -> (label, the recipe's head name, the head's folder)."""
+    label, rest = entry.split("=", 1) if "=" in entry else (entry, entry)
+    name, folder = rest.split("@", 1) if "@" in rest else (rest, str(heads_dir / rest))
+    return label, name, Path(folder).expanduser()
 
 
 def measure_head(kind: str, folder: Path, target, data: Path, layers: list[int], settings, args):
@@ -82,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
     target = TargetModel.from_pretrained(resolve_target(recipe["target"]), dtype="float32", device="cpu")
     rows = {}
     torch.set_grad_enabled(False)
-    for name in [h for h in args.heads.split(",") if h]:
+    for entry in [h for h in args.heads.split(",") if h]:
+        label, name, folder = head_entry(entry, heads_dir)
         if name not in recipe["heads"]:
             raise SystemExit(f"{recipe_file}: no head {name!r}; it has {sorted(recipe['heads'])}")
         settings = HeadSettings.of(name, recipe["heads"][name])
@@ -90,19 +102,20 @@ def run(args: argparse.Namespace) -> int:
             raise SystemExit(f"{name}: a {settings.method} head is measured while it trains; this measures {MEASURED}")
         trainer = trainer_for(settings.method)
         layers = trainer.distilled_layers(trainer.make_spec(settings.method, **settings.schedule), target.num_layers)
-        counts = measure_head(settings.method, heads_dir / name, target, data, layers, settings, args)
+        counts = measure_head(settings.method, folder, target, data, layers, settings, args)
         per_cycle, per_position = counts.per_cycle(), counts.per_position()
-        rows[name] = {
+        rows[label] = {
             "acceptance": [round(a, 4) for a in per_cycle],
             "tau": round(1 + sum(per_cycle), 4),
             "cycles": counts.cycles,
             "per_position": [round(a, 4) for a in per_position],
             "tau_per_position": round(1 + sum(per_position), 4),
             "positions": counts.positions,
+            **({"folder": str(folder)} if folder != heads_dir / name else {}),
         }
         print(
-            f"{name}: tau {rows[name]['tau']:.3f} per cycle ({counts.cycles} cycles, acceptance "
-            f"{' '.join(f'{a:.3f}' for a in per_cycle)}); {rows[name]['tau_per_position']:.3f} per position "
+            f"{label}: tau {rows[label]['tau']:.3f} per cycle ({counts.cycles} cycles, acceptance "
+            f"{' '.join(f'{a:.3f}' for a in per_cycle)}); {rows[label]['tau_per_position']:.3f} per position "
             f"({counts.positions} positions, {' '.join(f'{a:.3f}' for a in per_position)})"
         )
     result = {
