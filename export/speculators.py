@@ -99,7 +99,7 @@ def dflash_speculators_config(official: dict[str, Any], tokens: int, verifier: s
         "architectures": ["DFlashSpeculator"],
         "speculators_model_type": "dflash",
         "transformer_layer_config": dict(layer, model_type=official.get("model_type", "qwen3")),
-        "draft_vocab_size": official["vocab_size"],
+        "draft_vocab_size": official.get("draft_vocab_size", official["vocab_size"]),
         "block_size": block,
         "aux_hidden_state_layer_ids": [int(i) + 1 for i in dflash["target_layer_ids"]],
         "mask_token_id": dflash["mask_token_id"],

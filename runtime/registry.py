@@ -371,6 +371,8 @@ class DFlashFamily(DraftFamily):
         }
         if module.num_target_layers is not None:
             out["num_target_layers"] = module.num_target_layers
+        if module.has_own_head:
+            out["draft_vocab_size"] = module.draft_vocab_size
         return out
 
     def manifest_spec(self, module):
@@ -378,12 +380,14 @@ class DFlashFamily(DraftFamily):
             "feature_layers": list(module.feature_layers),
             "mask_token_id": module.mask_token_id,
             "block_size": module.block_size,
+            "draft_vocab_size": module.draft_vocab_size,
         }
 
     def torch_drafter(self, module, target, tree):
         from specdec_kit.runtime.decoding.parallel_drafting import BlockDrafter, TorchBlockStep
+        from specdec_kit.runtime.drafts.dflash import dflash_scoring_head
 
-        step = TorchBlockStep(module, target.embed_tokens, target.lm_head)
+        step = TorchBlockStep(module, target.embed_tokens, dflash_scoring_head(module, target.lm_head))
         return BlockDrafter(step, tree, module.feature_layers, module.mask_token_id, module.block_size)
 
     def ort_drafter(self, graph, manifest, target, tree):
@@ -395,9 +399,10 @@ class DFlashFamily(DraftFamily):
         return BlockDrafter(step, tree, tuple(spec["feature_layers"]), spec["mask_token_id"], spec["block_size"])
 
     def graph_plans(self, module, target):
+        from specdec_kit.runtime.drafts.dflash import dflash_scoring_head
         from specdec_kit.runtime.ort.graphs import dflash_plans
 
-        return dflash_plans(module, target.embed_tokens, target.lm_head)
+        return dflash_plans(module, target.embed_tokens, dflash_scoring_head(module, target.lm_head))
 
 
 class MedusaFamily(DraftFamily):

@@ -166,6 +166,23 @@ def random_dflash(target: TargetModel, seed: int = 6, block_size: int = 5, layer
     return draft.to(target.dtype).eval()
 
 
+@torch.no_grad()
+def dflash_with_draft_vocab(draft: DFlashDraft, target: TargetModel, size: int, seed: int = 7) -> DFlashDraft:
+    """The same DFlash draft over ``size`` random target tokens, with an LM head of its own: the target's LM-head
+    rows of those tokens, so that within its vocabulary it scores exactly as the full draft does."""
+    reduced = DFlashDraft(
+        draft.config, draft.target_hidden_size, draft.feature_layers, draft.mask_token_id, draft.block_size, size
+    ).to(draft.fc.weight.dtype)
+    reduced.load_state_dict(draft.state_dict(), strict=False)  # every block weight; the head and maps come next
+    reduced.num_target_layers = draft.num_target_layers
+    used = torch.randperm(draft.config.vocab_size, generator=torch.Generator().manual_seed(seed))[:size].sort().values
+    reduced.lm_head.weight.copy_(target.lm_head.weight[used])
+    reduced.d2t.copy_(used - torch.arange(size))
+    reduced.t2d.zero_()
+    reduced.t2d[used] = True
+    return reduced.eval()
+
+
 def random_medusa(target: TargetModel, heads: int = 4, layers: int = 1, seed: int = 3) -> MedusaHeads:
     torch.manual_seed(seed)
     medusa = MedusaHeads(target.hidden_size, target.vocab_size, heads, layers).to(target.dtype)

@@ -292,3 +292,91 @@ def test_a_saved_head_is_the_official_layout_and_loads_back(tmp_path, target):
     back = load(tmp_path / "saved", target)
     for (name, a), (_, b) in zip(draft.state_dict().items(), back.state_dict().items()):
         assert torch.equal(a, b), name
+
+
+@torch.no_grad()
+def test_a_head_over_a_reduced_vocabulary_scores_with_its_own_head(tmp_path, target):
+    """A DFlash head whose ``draft_vocab_size`` is below the target's (speculators trains them so by default)
+    scores the block with an LM head of its own, its draft id i being target id i + d2t[i]: with the target's rows of
+    those tokens as its head, each slot's distribution is the full head's renormalised over the draft vocabulary and
+    -inf outside it. It saves in the official layout (``lm_head.weight``, ``d2t``, ``t2d``, ``draft_vocab_size``)
+    and loads back; a file with ``d2t`` alone gets ``t2d`` from it; maps outside the vocabulary are refused."""
+    from safetensors.torch import load_file, save_file
+
+    from specdec_kit.runtime.synthetic import dflash_with_draft_vocab
+
+    full = random_dflash(target, block_size=4, layers=2).float()
+    reduced = dflash_with_draft_vocab(full, target, 50)
+    save_draft(reduced, tmp_path / "reduced", "dflash", safetensors=True)
+    config = json.loads((tmp_path / "reduced" / "config.json").read_text())
+    state = load_file(str(tmp_path / "reduced" / "model.safetensors"))
+    assert config["draft_vocab_size"] == 50 and state["lm_head.weight"].shape == (50, 64)
+    assert state["d2t"].shape == (50,) and int(state["t2d"].sum()) == 50
+    back = load(tmp_path / "reduced", target)
+    assert back.has_own_head and torch.equal(back.d2t, reduced.d2t) and torch.equal(back.t2d, reduced.t2d)
+    tree = DynamicTreeConfig(4, 2, 1)
+    b, n = 2, 7
+    ids = torch.randint(0, 80, (b, n + 1), generator=torch.Generator().manual_seed(1))
+    _, states = target_states(target, ids[:, :n], full.target_layer_ids)
+    proposed = []
+    for draft in (full, back):
+        drafter = drafter_for("dflash", draft, target, tree)
+        drafter.reset(b, 32)
+        proposed.append(drafter.proposals(states, ids[:, 1:], torch.full((b,), n)))
+    inside = back.t2d
+    assert (proposed[1][..., inside] - torch.log_softmax(proposed[0][..., inside], dim=-1)).abs().max() < 1e-5
+    assert torch.isneginf(proposed[1][..., ~inside]).all()
+    del state["t2d"]  # vLLM reads d2t alone
+    save_file(state, str(tmp_path / "reduced" / "model.safetensors"))
+    assert torch.equal(load(tmp_path / "reduced", target).t2d, reduced.t2d)
+    state["d2t"] = state["d2t"] + 40  # draft ids mapped past the vocabulary
+    save_file(state, str(tmp_path / "reduced" / "model.safetensors"))
+    with pytest.raises(DraftLoadError, match="d2t maps draft ids outside the target vocabulary"):
+        load(tmp_path / "reduced", target)
+
+
+def test_a_reduced_vocabulary_head_builds_an_onnx_runtime_engine_that_decodes_losslessly(demo_checkpoints, tmp_path):
+    """The ONNX Runtime engine folds the head's own LM head into its block graph; decoding is the target's greedy
+    decoding, and each cycle's drafts are the PyTorch drafter's."""
+    from conftest import hf_greedy
+
+    from specdec_kit.export.builder import build_engine
+    from specdec_kit.export.inputs import BuildInputs
+    from specdec_kit.runtime.core.trees import tree_to_dict
+    from specdec_kit.runtime.engine import open_engine
+    from specdec_kit.runtime.models.target import TargetModel
+    from specdec_kit.runtime.synthetic import dflash_with_draft_vocab
+
+    target = TargetModel.from_pretrained(demo_checkpoints["target"], dtype="float32", device="cpu")
+    head = dflash_with_draft_vocab(random_dflash(target, block_size=4), target, 3 * target.vocab_size // 4)
+    save_draft(head, tmp_path / "head", "dflash", safetensors=True)
+    tree = DynamicTreeConfig(6, 2, 2)
+    inputs = BuildInputs(
+        draft="dflash",
+        target=demo_checkpoints["target"],
+        draft_path=tmp_path / "head",
+        tokenizer=demo_checkpoints["target"],
+        backend="onnxruntime",
+        dtype="float32",
+        tree=tree_to_dict(tree),
+    )
+    engine = open_engine(build_engine(inputs, tmp_path / "engine").path, device="cpu")
+    prompt = torch.randint(0, target.vocab_size, (9,), generator=torch.Generator().manual_seed(4)).tolist()
+    drafts = []
+    for decoder, drafter in (
+        (engine.target, engine.drafter_for(tree)),
+        (target, drafter_for("dflash", head, target, tree)),
+    ):
+        seen, original = [], drafter.draft
+
+        def recording(*args, original=original, seen=seen):
+            tree = original(*args)
+            seen.append(tree.tokens[0].tolist())
+            return tree
+
+        drafter.draft = recording
+        assert SpeculativeGenerator(decoder, drafter).generate([prompt], 20)[0].tokens == hf_greedy(
+            target.hf_model, prompt, 20
+        )
+        drafts.append(seen)
+    assert len(drafts[0]) > 3 and drafts[0] == drafts[1]

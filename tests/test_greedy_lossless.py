@@ -21,6 +21,7 @@ from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
 from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.runtime.registry import drafter_for
 from specdec_kit.runtime.synthetic import (
+    dflash_with_draft_vocab,
     eagle3_layers,
     fitted_medusa,
     oracle_eagle,
@@ -128,6 +129,15 @@ CASES = {
     # DFlash: one block of 4 masked slots; a tree of each position's top-4, and the official chain
     "dflash": ("dflash", (trained_dflash, random_dflash), DYNAMIC),
     "dflash-chain": ("dflash", (trained_dflash, random_dflash), DynamicTreeConfig(5, 3, 1)),
+    # a reduced draft vocabulary with the head's own LM head (speculators' default DFlash)
+    "dflash-vocab": (
+        "dflash",
+        (
+            lambda t: dflash_with_draft_vocab(trained_dflash(t), t, 3 * t.vocab_size // 4),
+            lambda t: dflash_with_draft_vocab(random_dflash(t), t, 3 * t.vocab_size // 4),
+        ),
+        DYNAMIC,
+    ),
     "medusa": (
         "medusa",
         (lambda t: fitted_medusa(t, heads=4), lambda t: random_medusa(t, heads=4)),

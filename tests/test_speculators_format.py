@@ -133,7 +133,7 @@ def test_the_kit_reads_a_speculators_head_as_the_official_one(tmp_path, kind):
     [
         ({"projector_type": "domino"}, "projector_type is 'domino'"),
         ({"shift_label": True}, "shift_label is True"),
-        ({"draft_vocab_size": 1024}, "draft_vocab_size is 1024, the target's vocabulary 2048"),
+        ({"draft_vocab_size": 1024}, r"key 'd2t' is missing \(expected shape \[1024\]\); 2 more"),  # and lm_head, t2d
         ({"aux_hidden_state_layer_ids": [0, 9]}, r"aux_hidden_state_layer_ids is \[0, 9\]"),
     ],
 )
@@ -183,20 +183,29 @@ save_file({"logits": logits[0].contiguous()}, out, metadata=read)
 
 
 @pytest.mark.interchange
-def test_speculators_own_dflash_class_loads_the_head_and_computes_the_kits_block(interchange_python, tmp_path):
-    """speculators' ``DFlashDraftModel`` (0.9.0 from PyPI) reads the zoo's DFlash head as the kit writes it: its
-    config class accepts the config, every tensor lands in one of its modules (none missing, none left over), and its
-    anchored-block forward over the target's states gives, at each anchor, the kit's drafter's distributions of the
-    block's masked slots (the context before the anchor, the anchor's token as the block's root)."""
-    from specdec_kit.runtime.checkpoint import load_draft
+@pytest.mark.parametrize("vocabulary", ["full", "reduced"])
+def test_speculators_own_dflash_class_loads_the_head_and_computes_the_kits_block(
+    interchange_python, tmp_path, vocabulary
+):
+    """speculators' ``DFlashDraftModel`` (0.9.0 from PyPI) reads the zoo's DFlash head as the kit writes it, also
+    over a reduced draft vocabulary with its own LM head (speculators' default way to train one): its config class
+    accepts the config, every tensor lands in one of its modules (none missing, none left over), and its anchored-block
+    forward over the target's states gives, at each anchor, the kit's drafter's distributions of the block's masked
+    slots (the context before the anchor, the anchor's token as the block's root) over the draft's vocabulary."""
+    from specdec_kit.runtime.checkpoint import load_draft, save_draft
     from specdec_kit.runtime.core.trees import DynamicTreeConfig
     from specdec_kit.runtime.models.target import TargetModel
     from specdec_kit.runtime.registry import drafter_for
+    from specdec_kit.runtime.synthetic import dflash_with_draft_vocab
 
     zoo = default_zoo()
-    assert main([str(zoo / "dflash"), str(tmp_path / "head"), "--target", str((zoo / "target").resolve())]) == 0
     target = TargetModel.from_pretrained(zoo / "target", dtype=torch.float32)
     draft = load_draft(zoo / "dflash", "dflash", target.hidden_size, target.vocab_size, target_shape=(20, 0))
+    official = zoo / "dflash"
+    if vocabulary == "reduced":
+        draft, official = dflash_with_draft_vocab(draft, target, 1536), tmp_path / "official"
+        save_draft(draft, official, "dflash", safetensors=True)
+    assert main([str(official), str(tmp_path / "head"), "--target", str((zoo / "target").resolve())]) == 0
     block = draft.block_size
     ids = torch.randint(0, target.vocab_size, (1, 40), generator=torch.Generator().manual_seed(0))
     anchors = torch.tensor([3, 17, 30])  # the last anchor leaves a block's room before the end, as theirs must
@@ -231,5 +240,6 @@ def test_speculators_own_dflash_class_loads_the_head_and_computes_the_kits_block
     # the layers their data generation taps (hidden states as transformers numbers them) are the kit's
     assert json.loads(read["layers"]) == list(draft.feature_layers) and int(read["block"]) == block
     theirs = torch.log_softmax(logits.view(len(anchors), block, -1)[:, 1:], dim=-1)
-    assert logits.abs().max() > 1.0  # a trained head's logits, not a degenerate one
-    torch.testing.assert_close(torch.stack(kit), theirs, atol=1e-4, rtol=1e-4)
+    assert logits.abs().max() > 1.0 and theirs.shape[-1] == draft.draft_vocab_size  # a trained head's logits
+    kit = torch.stack(kit)[..., draft.target_ids(torch.arange(draft.draft_vocab_size))]  # in draft-id order
+    torch.testing.assert_close(kit, theirs, atol=1e-4, rtol=1e-4)

@@ -14,7 +14,10 @@ LM head, is the draft's distribution of the token at the root's position + k. On
 Keys (per layer i): ``layers.i.self_attn.{q,k,v,o}_proj.weight`` (and ``.bias`` with ``attention_bias``),
 ``layers.i.self_attn.{q,k}_norm.weight``, ``layers.i.mlp.{gate,up,down}_proj.weight``,
 ``layers.i.{input_layernorm,post_attention_layernorm}.weight``; then ``fc.weight`` [d, n x d_target],
-``hidden_norm.weight``, ``norm.weight``. No embedding and no LM head: both are the target's.
+``hidden_norm.weight``, ``norm.weight``. No embedding and no LM head: both are the target's. A head over a reduced
+draft vocabulary (``draft_vocab_size`` in its config, as speculators trains DFlash by default) scores the block with an
+LM head of its own, ``lm_head.weight`` [draft_V, d], whose draft id i is target id ``i + d2t[i]`` (``d2t``
+[draft_V] int64; ``t2d`` [V] bool marks those target ids), as EAGLE-3's and vLLM's ``DFlashQwen3ForCausalLM``.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEm
 
 from specdec_kit.runtime.core.contract import AttentionWindow
 from specdec_kit.runtime.core.kv_cache import KVCache
-from specdec_kit.runtime.drafts.layers import DraftMLP
+from specdec_kit.runtime.drafts.layers import DraftMLP, DraftVocab, OnTargetVocab
 from specdec_kit.runtime.models.attention import apply_rope
 
 
@@ -97,9 +100,10 @@ class DFlashDecoderLayer(nn.Module):
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
-class DFlashDraft(nn.Module):
+class DFlashDraft(DraftVocab, nn.Module):
     """See the module docstring. ``feature_layers`` are the kit's tapped layers (``target_layer_ids`` + 1: the
-    hidden states entering those decoder layers); ``block_size`` is the root slot plus the masked slots."""
+    hidden states entering those decoder layers); ``block_size`` is the root slot plus the masked slots;
+    ``draft_vocab_size`` below the target's vocabulary gives the draft an LM head of its own over that many tokens."""
 
     def __init__(
         self,
@@ -108,6 +112,7 @@ class DFlashDraft(nn.Module):
         feature_layers: tuple[int, ...],
         mask_token_id: int,
         block_size: int,
+        draft_vocab_size: int | None = None,
     ):
         super().__init__()
         if not 0 <= mask_token_id < config.vocab_size:
@@ -126,6 +131,14 @@ class DFlashDraft(nn.Module):
         self.norm = LlamaRMSNorm(d, eps=config.rms_norm_eps)
         self.rotary_emb = LlamaRotaryEmbedding(config=config)  # non-persistent buffers: no checkpoint keys
         self.num_target_layers: int | None = None  # the target's depth where known (the official config records it)
+        self._init_draft_vocab(config, draft_vocab_size)
+        if self.has_own_head:
+            self.lm_head = nn.Linear(d, self.draft_vocab_size, bias=False)
+
+    @property
+    def has_own_head(self) -> bool:
+        """Whether the draft scores with an LM head of its own (a reduced vocabulary), not the target's."""
+        return getattr(self, "d2t", None) is not None
 
     @property
     def target_layer_ids(self) -> list[int]:
@@ -166,3 +179,20 @@ class DFlashDraft(nn.Module):
         for i, layer in enumerate(self.layers):
             hidden = layer(hidden, cos, sin, window, i)
         return self.norm(hidden)
+
+
+class DFlashOwnHead(OnTargetVocab):
+    """A reduced-vocabulary DFlash draft's own LM head, its logits placed on the target's vocabulary (-inf outside)."""
+
+    def __init__(self, draft: DFlashDraft):
+        super().__init__(draft)
+        self.draft = draft
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.place(self.draft.lm_head(hidden))
+
+
+def dflash_scoring_head(draft: DFlashDraft, target_lm_head: nn.Module) -> nn.Module:
+    """What turns the block's outputs into logits over the target's vocabulary: the draft's own head where it has
+    a reduced vocabulary, else the target's LM head."""
+    return DFlashOwnHead(draft) if draft.has_own_head else target_lm_head

@@ -71,26 +71,12 @@ class DraftDecoderLayer(nn.Module):
         return residual + self.mlp(self.post_attention_layernorm(hidden))
 
 
-class FeatureDraft(nn.Module):
-    """Common body of feature-level drafts (EAGLE/HASS, GRIFFIN): fuse, run the layers, split.
-
-    Subclasses define ``fuse(features, embeds)`` and ``split(hidden) -> (prediction, regression)``:
-    the prediction feature goes through the target's LM head, the regression feature is the next
-    draft step's feature input (the same tensor for EAGLE).
-    """
-
-    config: LlamaConfig
-    layers: nn.ModuleList
-    embed_tokens: nn.Embedding
-
-    def _init_rotary(self, config: LlamaConfig) -> None:
-        # Non-persistent buffers only: not part of the checkpoint's keys.
-        self.rotary_emb = LlamaRotaryEmbedding(config=config)
+class DraftVocab:
+    """A reduced draft vocabulary: the draft proposes only some target tokens. Stored as EAGLE-3 stores its own:
+    ``d2t`` (draft id i is target id i + d2t[i]) and ``t2d`` (which target ids are in it)."""
 
     def _init_draft_vocab(self, config: LlamaConfig, draft_vocab_size: int | None) -> None:
-        """A reduced draft vocabulary: the draft proposes only these target tokens, scored by the target's own LM-head
-        rows (``TargetRowsHead``). Stored as EAGLE-3 stores its own: ``d2t`` (draft id i is target id i + d2t[i])
-        and ``t2d`` (which target ids are in it)."""
+        """The vocabulary maps of a draft of ``draft_vocab_size`` tokens (none where that is the whole vocabulary)."""
         if draft_vocab_size is not None and draft_vocab_size < config.vocab_size:
             self.register_buffer("d2t", torch.zeros(draft_vocab_size, dtype=torch.long))
             self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
@@ -104,6 +90,24 @@ class FeatureDraft(nn.Module):
         """Target token ids of draft ids (the identity without a reduced vocabulary)."""
         d2t = getattr(self, "d2t", None)
         return draft_ids if d2t is None else draft_ids + d2t[draft_ids]
+
+
+class FeatureDraft(DraftVocab, nn.Module):
+    """Common body of feature-level drafts (EAGLE/HASS, GRIFFIN): fuse, run the layers, split.
+
+    Subclasses define ``fuse(features, embeds)`` and ``split(hidden) -> (prediction, regression)``:
+    the prediction feature goes through the target's LM head, the regression feature is the next
+    draft step's feature input (the same tensor for EAGLE). With a reduced vocabulary (``DraftVocab``) the target's
+    LM-head rows of that vocabulary score it (``TargetRowsHead``).
+    """
+
+    config: LlamaConfig
+    layers: nn.ModuleList
+    embed_tokens: nn.Embedding
+
+    def _init_rotary(self, config: LlamaConfig) -> None:
+        # Non-persistent buffers only: not part of the checkpoint's keys.
+        self.rotary_emb = LlamaRotaryEmbedding(config=config)
 
     @property
     def attention_shape(self) -> tuple[int, int, int]:
@@ -159,7 +163,7 @@ class OnTargetVocab(nn.Module):
     target id at -inf, so trees, verification and sampling run unchanged and never propose a token outside the draft
     vocabulary (vLLM maps EAGLE-3's the same way)."""
 
-    def __init__(self, draft: FeatureDraft):
+    def __init__(self, draft: DraftVocab):
         super().__init__()
         self.vocab_size = draft.config.vocab_size
         self.register_buffer(

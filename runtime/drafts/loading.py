@@ -13,7 +13,8 @@ Layouts (as the reference implementations write them):
   including the ``d2t`` / ``t2d`` vocabulary maps (optional when the draft vocabulary is the target's).
 * DFlash: the official ``DFlashDraftModel`` layout: ``config.json`` (a Qwen3 config with ``block_size`` and
   ``dflash_config`` {``mask_token_id``, ``target_layer_ids``}) + ``model.safetensors`` (or ``pytorch_model.bin``),
-  no embedding and no LM head (the target's).
+  no embedding and no LM head (the target's), or, with a reduced ``draft_vocab_size``, an LM head of its own and
+  ``d2t``/``t2d``.
 * Medusa: ``config.json`` with ``medusa_num_heads`` / ``medusa_num_layers`` + ``medusa_lm_head.pt`` or
   ``medusa_lm_head.safetensors`` whose keys lack the ``medusa_head.`` prefix (the legacy layout), or a
   ``model.safetensors`` / ``pytorch_model.bin`` holding ``medusa_head.*`` keys beside base weights.
@@ -190,6 +191,8 @@ def official_key_map(module: nn.Module, file: Path, state: dict[str, torch.Tenso
     }
     if isinstance(module, Eagle3Draft):
         return _identity_vocab_maps(module, state)
+    if isinstance(module, DFlashDraft):
+        return _derived_t2d(module, state)
     if not isinstance(module, MedusaHeads):  # the other layouts store the module's own keys
         return state
     if file.name.startswith("medusa_lm_head"):
@@ -422,7 +425,10 @@ def build_dflash(
         )
     if not isinstance(block, int) or block < 2:
         raise DraftLoadError(f"{file}: block_size is {block!r}, expected an integer >= 2")
-    draft = DFlashDraft(cfg, target_hidden, tuple(i + 1 for i in ids), mask, block)
+    vocab = config.get("draft_vocab_size", cfg.vocab_size)
+    if not isinstance(vocab, int) or not 1 <= vocab <= cfg.vocab_size:
+        raise DraftLoadError(f"{file}: draft_vocab_size is {vocab!r}, expected 1..{cfg.vocab_size} (vocab_size)")
+    draft = DFlashDraft(cfg, target_hidden, tuple(i + 1 for i in ids), mask, block, vocab)
     draft.num_target_layers = layers
     return draft
 
@@ -438,6 +444,17 @@ def _identity_vocab_maps(module: Eagle3Draft, state: dict[str, torch.Tensor]) ->
     """The reference drops ``d2t``/``t2d`` when the draft vocabulary is the target's: fill in the identity."""
     if module.draft_vocab_size == module.config.vocab_size and not {"d2t", "t2d"} & set(state):
         state = dict(state, d2t=torch.zeros_like(module.d2t), t2d=torch.ones_like(module.t2d))
+    return state
+
+
+def _derived_t2d(module: DFlashDraft, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A reduced-vocabulary DFlash file may carry ``d2t`` alone (vLLM reads nothing else): ``t2d`` is what it maps to."""
+    if module.has_own_head and "d2t" in state and "t2d" not in state:
+        t2d = torch.zeros(module.config.vocab_size, dtype=torch.bool)
+        mapped = torch.arange(len(state["d2t"])) + state["d2t"].long()
+        if len(mapped) and 0 <= int(mapped.min()) and int(mapped.max()) < len(t2d):  # else check_vocab_maps says
+            t2d[mapped] = True
+        state = dict(state, t2d=t2d)
     return state
 
 

@@ -8,8 +8,9 @@ it. EAGLE-3's (``draft_vocab_size``, ``eagle_aux_hidden_state_layer_ids``, ``tar
 norm): a head trained with the other (``norm_before_residual: true``, speculators' default when unset) is refused,
 since it would compute something else. DFlash's (``block_size``, ``mask_token_id``, ``aux_hidden_state_layer_ids``:
 the hidden states *entering* those layers, so the official ``target_layer_ids`` are one less) keep the official
-weight names; the kit reads the plain DFlash of a draft over the target's whole vocabulary, and refuses speculators'
-variants that compute something else (a slot for the anchor's own token, Domino's correction head, shifted labels).
+weight names (a reduced ``draft_vocab_size`` with its own ``lm_head`` and ``d2t``/``t2d``, as speculators trains by
+default, included); the kit refuses speculators' variants that compute something else (a slot for the anchor's own
+token, Domino's correction head, shifted labels).
 """
 
 from __future__ import annotations
@@ -26,7 +27,15 @@ def is_speculators(config: dict[str, Any]) -> bool:
 
 
 # the official DFlash config's keys beside its Qwen3 decoder layer's
-DFLASH_LAYOUT_KEYS = ("architectures", "model_type", "block_size", "num_target_layers", "dflash_config", "auto_map")
+DFLASH_LAYOUT_KEYS = (
+    "architectures",
+    "model_type",
+    "block_size",
+    "num_target_layers",
+    "dflash_config",
+    "auto_map",
+    "draft_vocab_size",
+)
 
 
 def is_official_dflash(config: dict[str, Any]) -> bool:
@@ -80,12 +89,6 @@ def official_dflash_config(config: dict[str, Any], file: Path) -> dict[str, Any]
     for key, plain in DFLASH_VARIANTS.items():
         if config.get(key) not in (None, plain):
             raise ValueError(f"{file}: {key} is {config[key]!r}; the kit runs plain DFlash ({key}: {plain!r})")
-    vocab = layer.get("vocab_size")
-    if config.get("draft_vocab_size") not in (None, vocab):
-        raise ValueError(
-            f"{file}: draft_vocab_size is {config['draft_vocab_size']!r}, the target's vocabulary {vocab!r}: the kit's "
-            "DFlash scores with the target's own LM head over its whole vocabulary"
-        )
     aux = config.get("aux_hidden_state_layer_ids")
     if not isinstance(aux, list) or not aux or not all(isinstance(i, int) and i >= 1 for i in aux):
         raise ValueError(
@@ -95,6 +98,8 @@ def official_dflash_config(config: dict[str, Any], file: Path) -> dict[str, Any]
     out = dict(layer, architectures=["DFlashDraftModel"], model_type=layer.get("model_type", "qwen3"))
     out["block_size"] = config.get("block_size")
     out["dflash_config"] = {"mask_token_id": config.get("mask_token_id"), "target_layer_ids": [i - 1 for i in aux]}
+    if config.get("draft_vocab_size") is not None:  # below the vocabulary: the head's own LM head and d2t/t2d
+        out["draft_vocab_size"] = config["draft_vocab_size"]
     if config.get("target_hidden_size") is not None:
         out["target_hidden_size"] = config["target_hidden_size"]
     return out
