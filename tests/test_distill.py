@@ -398,6 +398,7 @@ def test_the_heldout_report_measures_saved_heads_on_the_recipes_split(chat_targe
         json.dumps({"target": str(chat_target), "out": str(chat_target.parent), "heads": {"griffin": settings}})
     )
     assert main([str(recipe), "--heads", "griffin", "--data", str(out), "--out", str(tmp_path / "r.json")]) == 0
+    assert torch.is_grad_enabled()  # measured without gradients, and the caller's mode left as it was
     measured = json.loads((tmp_path / "r.json").read_text())["heads"]["griffin"]
     target = TargetModel.from_pretrained(chat_target, dtype="float32")
     heldout = DistilledData(out, [4], tokens_per_batch=128, select=split(50)[1])

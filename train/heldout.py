@@ -5,8 +5,8 @@ are all the target's greedy tokens (``acceptance[d-1]``; tau = 1 + their sum for
 A chain is drafted from every position of a held-out answer. Depth 1 is the draft's first step from the target's
 features; depth d > 1 feeds the draft its own earlier steps, as decoding does (the multi-pass forward of
 EAGLE/HASS/GRIFFIN, EAGLE-3's training-time test); a chain ends at its first miss. Decoding does not draft from every
-position: a cycle that accepts L drafts is followed by one that starts L + 1 positions later, so the positions that
-start cycles are more often the hard ones right after a miss. ``ChainCounts`` walks each held-out answer as greedy
+position: a cycle that accepts L drafts is followed by one that starts L + 1 positions later, so which positions
+start cycles depends on the head's own hits and misses. ``ChainCounts`` walks each held-out answer as greedy
 decoding would (the first cycle after the prefill's token, then L + 1 on) and counts per cycle, which is what the
 runtime reports on the same prompts; the mean over every position is kept beside it (``per_position``: the
 first-step accuracy, and the number earlier logs recorded). The held-out samples are a fixed hash bucket of the
@@ -167,10 +167,13 @@ class HeldOutTracker:
             "best_step": self.best_step,
             "best_acceptance": self.best_acceptance,
             "best_weights": self.best_weights,
+            "counted": "per_cycle",
         }
 
     def restore(self, state: dict | None) -> None:
-        if state:
+        """Go on from a saved run's best measurement; one counted per position (a run saved before the count per
+        decoding cycle) is not comparable, so the run measures its best anew."""
+        if state and state.get("counted") == "per_cycle":
             self.best_tau, self.best_step, self.best_weights = (
                 state["best_tau"],
                 state["best_step"],

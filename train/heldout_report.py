@@ -92,7 +92,6 @@ def run(args: argparse.Namespace) -> int:
     heads_dir = args.heads_dir or Path(recipe["out"])
     target = TargetModel.from_pretrained(resolve_target(recipe["target"]), dtype="float32", device="cpu")
     rows = {}
-    torch.set_grad_enabled(False)
     for entry in [h for h in args.heads.split(",") if h]:
         label, name, folder = head_entry(entry, heads_dir)
         if name not in recipe["heads"]:
@@ -102,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
             raise SystemExit(f"{name}: a {settings.method} head is measured while it trains; this measures {MEASURED}")
         trainer = trainer_for(settings.method)
         layers = trainer.distilled_layers(trainer.make_spec(settings.method, **settings.schedule), target.num_layers)
-        counts = measure_head(settings.method, folder, target, data, layers, settings, args)
+        with torch.no_grad():
+            counts = measure_head(settings.method, folder, target, data, layers, settings, args)
         per_cycle, per_position = counts.per_cycle(), counts.per_position()
         rows[label] = {
             "acceptance": [round(a, 4) for a in per_cycle],
