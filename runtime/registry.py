@@ -73,6 +73,7 @@ class EngineForm:
     plugin: bool = False  # the engine loads the draft through the kit's plugin or drafter package
     official_layout: bool = False  # the engine's own class reads the official layout as the kit writes it
     speculators: bool = False  # the engine also reads the draft in the speculators format (its config names the kind)
+    target_head_only: bool = False  # its class scores with the target's LM head alone: no reduced draft vocabulary
     options: dict[str, Any] = field(default_factory=dict)  # further keys of the engine's speculative config
 
 
@@ -849,9 +850,9 @@ def _register_builtin() -> None:
             "DFlash: block diffusion, a block of masked slots drafted in one forward over the target's states",
             default_tree="dynamic:8:6:1",
             refused_backends={"tensorrt-llm": DFLASH_TRTLLM},
-            engines={  # vLLM's and SGLang's own DFlash classes read the official layout
+            engines={  # vLLM's and SGLang's own DFlash classes read the official layout (SGLang's: no draft vocabulary)
                 "vllm": EngineForm("dflash", "DFlashDraftModel", official_layout=True, speculators=True),
-                "sglang": EngineForm("DFLASH", "DFlashDraftModel", official_layout=True),
+                "sglang": EngineForm("DFLASH", "DFlashDraftModel", official_layout=True, target_head_only=True),
             },
             trainer=_trainer("dflash"),
         )

@@ -13,6 +13,7 @@ slot proposed, the block verified by the target, the accepted tokens' target sta
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -337,11 +338,12 @@ def test_a_head_over_a_reduced_vocabulary_scores_with_its_own_head(tmp_path, tar
 
 def test_a_reduced_vocabulary_head_builds_an_onnx_runtime_engine_that_decodes_losslessly(demo_checkpoints, tmp_path):
     """The ONNX Runtime engine folds the head's own LM head into its block graph; decoding is the target's greedy
-    decoding, and each cycle's drafts are the PyTorch drafter's."""
+    decoding, and each cycle's drafts are the PyTorch drafter's. SGLang's DFLASH drafter scores with the target's LM
+    head alone: an SGLang engine of the head is refused, saying so."""
     from conftest import hf_greedy
 
     from specdec_kit.export.builder import build_engine
-    from specdec_kit.export.inputs import BuildInputs
+    from specdec_kit.export.inputs import BuildError, BuildInputs
     from specdec_kit.runtime.core.trees import tree_to_dict
     from specdec_kit.runtime.engine import open_engine
     from specdec_kit.runtime.models.target import TargetModel
@@ -361,6 +363,8 @@ def test_a_reduced_vocabulary_head_builds_an_onnx_runtime_engine_that_decodes_lo
         tree=tree_to_dict(tree),
     )
     engine = open_engine(build_engine(inputs, tmp_path / "engine").path, device="cpu")
+    with pytest.raises(BuildError, match="proposes a reduced vocabulary .*which sglang's own DFLASH drafter does not"):
+        build_engine(dataclasses.replace(inputs, backend="sglang", file_hashes={}), tmp_path / "sglang")
     prompt = torch.randint(0, target.vocab_size, (9,), generator=torch.Generator().manual_seed(4)).tolist()
     drafts = []
     for decoder, drafter in (

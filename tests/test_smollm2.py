@@ -71,10 +71,12 @@ def test_the_committed_heads_fit_their_budget_and_record_their_training():
     weights = [
         p for p in folder.rglob("*") if p.suffix in (".bin", ".safetensors") and p.is_file()
     ]  # state stays local
-    assert {p.parent.name for p in weights} == {"griffin", "eagle3"}
-    assert sum(p.stat().st_size for p in weights) < 40e6
     log = json.loads((folder / "training_log.json").read_text())
-    assert set(log["heads"]) == {"griffin", "eagle3"} and len(log["data"]["fingerprint"]) == 64
+    heads = {p.parent.name for p in weights}
+    assert {"griffin", "eagle3"} <= heads <= {"griffin", "eagle3", "peagle", "dflash"} and set(log["heads"]) == heads
+    assert sum(p.stat().st_size for p in weights if p.parent.name in ("griffin", "eagle3")) < 40e6
+    assert sum(p.stat().st_size for p in weights) < 80e6
+    assert len(log["data"]["fingerprint"]) == 64
     assert all(len(log["histories"][k]) == log["heads"][k]["steps"] for k in log["heads"])
     assert (folder / "training_curves.png").stat().st_size > 0
 

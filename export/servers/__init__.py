@@ -29,11 +29,13 @@ def build_server_export(
     if draft_kind(inputs.draft).model_free:
         return build_lookup_export(staging, inputs, target, module, tree, step)
     form = draft_kind(inputs.draft).engines.get(inputs.backend)
-    if form is not None and not form.official_layout and getattr(module, "d2t", None) is not None:
+    reads_vocab = form is not None and form.official_layout and not form.target_head_only
+    if form is not None and not reads_vocab and getattr(module, "d2t", None) is not None:
+        drafter = f"the kit's {inputs.backend}" if not form.official_layout else f"{inputs.backend}'s own {form.method}"
         raise BuildError(
             f"{inputs.draft_path}: this {inputs.draft} head proposes a reduced vocabulary "
             f"({module.draft_vocab_size} of {module.config.vocab_size} tokens, draft_vocab_size in its "
-            f"config), which the kit's {inputs.backend} drafter does not read: it scores the target's "
+            f"config), which {drafter} drafter does not read: it scores the target's "
             "whole vocabulary with the target's LM head; build it with --backend onnxruntime or torch, "
             "or train a head without --draft-vocab"
         )
