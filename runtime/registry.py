@@ -261,7 +261,7 @@ class Eagle3Family(FeatureFamily):
         }
 
     def head(self, module, target):
-        from specdec_kit.runtime.drafts.eagle3 import DraftVocabHead
+        from specdec_kit.runtime.drafts.layers import DraftVocabHead
 
         return DraftVocabHead(module)
 

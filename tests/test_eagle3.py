@@ -24,7 +24,8 @@ from specdec_kit.export.inputs import BuildError, BuildInputs
 from specdec_kit.runtime.checkpoint import load_draft, save_draft
 from specdec_kit.runtime.core.trees import DynamicTreeConfig, tree_to_dict
 from specdec_kit.runtime.demo import write_demo
-from specdec_kit.runtime.drafts.eagle3 import DraftVocabHead, default_feature_layers
+from specdec_kit.runtime.drafts.eagle3 import default_feature_layers
+from specdec_kit.runtime.drafts.layers import DraftVocabHead
 from specdec_kit.runtime.drafts.loading import DraftLoadError
 from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.runtime.synthetic import random_eagle3, tiny_target

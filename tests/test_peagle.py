@@ -20,7 +20,7 @@ from specdec_kit.runtime.checkpoint import load_draft
 from specdec_kit.runtime.core.trees import DynamicTreeConfig
 from specdec_kit.runtime.decoding.drafting import TorchFeatureStep
 from specdec_kit.runtime.decoding.parallel_drafting import ParallelDrafter, parallel_tree
-from specdec_kit.runtime.drafts.eagle3 import DraftVocabHead
+from specdec_kit.runtime.drafts.layers import DraftVocabHead
 from specdec_kit.runtime.drafts.loading import DraftLoadError
 from specdec_kit.runtime.synthetic import random_peagle, tiny_target
 from specdec_kit.train.eagle3 import TrainingTimeTest, tapped_outputs

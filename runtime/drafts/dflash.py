@@ -29,7 +29,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEm
 
 from specdec_kit.runtime.core.contract import AttentionWindow
 from specdec_kit.runtime.core.kv_cache import KVCache
-from specdec_kit.runtime.drafts.layers import DraftMLP, DraftVocab, OnTargetVocab
+from specdec_kit.runtime.drafts.layers import DraftMLP, DraftVocab, DraftVocabHead
 from specdec_kit.runtime.models.attention import apply_rope
 
 
@@ -135,6 +135,10 @@ class DFlashDraft(DraftVocab, nn.Module):
         if self.has_own_head:
             self.lm_head = nn.Linear(d, self.draft_vocab_size, bias=False)
 
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits over its own draft vocabulary (index i is target token ``i + d2t[i]``); a reduced head's only."""
+        return self.lm_head(hidden)
+
     @property
     def has_own_head(self) -> bool:
         """Whether the draft scores with an LM head of its own (a reduced vocabulary), not the target's."""
@@ -181,18 +185,7 @@ class DFlashDraft(DraftVocab, nn.Module):
         return self.norm(hidden)
 
 
-class DFlashOwnHead(OnTargetVocab):
-    """A reduced-vocabulary DFlash draft's own LM head, its logits placed on the target's vocabulary (-inf outside)."""
-
-    def __init__(self, draft: DFlashDraft):
-        super().__init__(draft)
-        self.draft = draft
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.place(self.draft.lm_head(hidden))
-
-
 def dflash_scoring_head(draft: DFlashDraft, target_lm_head: nn.Module) -> nn.Module:
     """What turns the block's outputs into logits over the target's vocabulary: the draft's own head where it has
     a reduced vocabulary, else the target's LM head."""
-    return DFlashOwnHead(draft) if draft.has_own_head else target_lm_head
+    return DraftVocabHead(draft) if draft.has_own_head else target_lm_head

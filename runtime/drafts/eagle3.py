@@ -20,7 +20,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from specdec_kit.runtime.core.contract import AttentionWindow, LayerCache
-from specdec_kit.runtime.drafts.layers import DraftAttention, DraftMLP, FeatureDraft, OnTargetVocab
+from specdec_kit.runtime.drafts.layers import DraftAttention, DraftMLP, FeatureDraft
 from specdec_kit.runtime.models.attention import cached_attention
 
 
@@ -100,14 +100,3 @@ class Eagle3Draft(FeatureDraft):
     def logits(self, prediction: torch.Tensor) -> torch.Tensor:
         """Logits over the draft vocabulary (index i is target token ``i + d2t[i]``)."""
         return self.lm_head(self.norm(prediction))
-
-
-class DraftVocabHead(OnTargetVocab):
-    """An EAGLE-3 draft's logits (its own head over its draft vocabulary) placed on the target's vocabulary."""
-
-    def __init__(self, draft: Eagle3Draft):
-        super().__init__(draft)
-        self.draft = draft
-
-    def forward(self, prediction: torch.Tensor) -> torch.Tensor:
-        return self.place(self.draft.logits(prediction))

@@ -175,6 +175,18 @@ class OnTargetVocab(nn.Module):
         return full.scatter(-1, self.ids.expand(logits.shape), logits)
 
 
+class DraftVocabHead(OnTargetVocab):
+    """A draft's logits from its own LM head over its draft vocabulary (``draft.logits``: EAGLE-3's, P-EAGLE's, a
+    reduced-vocabulary DFlash's) placed on the target's vocabulary."""
+
+    def __init__(self, draft: DraftVocab):
+        super().__init__(draft)
+        self.draft = draft
+
+    def forward(self, prediction: torch.Tensor) -> torch.Tensor:
+        return self.place(self.draft.logits(prediction))
+
+
 class TargetRowsHead(OnTargetVocab):
     """An EAGLE/HASS/GRIFFIN draft with a reduced vocabulary: the target's LM head over that vocabulary's rows only
     (a draft step computes draft-vocabulary x d products instead of the target's vocabulary x d), placed on the
