@@ -426,7 +426,7 @@ def test_heldout_acceptance_counts_chains_and_the_best_head_is_kept(chat_target,
     measurement (whose acceptance it reproduces); the held-out prompts are never trained on. Depth-1 acceptance is
     the draft's first-step agreement with the target's greedy token, as the trainer's own accuracy counts it through
     another path; deeper chains never accept more."""
-    from specdec_kit.train.eagle3 import eagle3_acceptance
+    from specdec_kit.train.eagle3 import draft_vocab_rows, eagle3_acceptance
     from specdec_kit.train.heldout import feature_draft_acceptance, split
 
     for_training, for_evaluation = split(50)  # six prompts: half of them held out
@@ -452,7 +452,7 @@ def test_heldout_acceptance_counts_chains_and_the_best_head_is_kept(chat_target,
         )  # every target token countable, as the step accuracy needs
         result = train_eagle3(target, source, spec, tmp_path, progress=False, heldout=heldout)
         draft = load_draft_for(target, kind, tmp_path).float()
-        everything.lm_rows = target.lm_head.weight.data.float()[draft.target_ids(torch.arange(draft.draft_vocab_size))]
+        everything.lm_rows = draft_vocab_rows(target, draft)
         measure = lambda data: eagle3_acceptance(draft, data)  # noqa: E731
         firsts = [
             eagle3_losses(draft, spec, taps, tokens, logits, masks)[1][0]
@@ -502,3 +502,49 @@ def test_heldout_acceptance_counts_chains_and_the_best_head_is_kept(chat_target,
         else feature_draft_acceptance(draft, "griffin", lm_head, None, greedy, max_new_tokens=JUDGED)
     )
     assert decoded_counts(target, kind, tmp_path, out) == (counts.cycles, counts.cycle_hits)
+
+
+def test_a_reduced_vocabulary_dflash_head_trains_and_its_heldout_count_is_what_decoding_measures(
+    chat_target, distilled, tmp_path
+):
+    """DFlash with ``draft_vocab``: an LM head of its own over the answers' most frequent tokens, starting as the
+    target's rows of them (the full head's logits of those tokens), trained with the rest and saved in the official
+    layout; its held-out chains, walked as greedy decoding walks the answers, are what the runtime's decoding with
+    the saved head counts, cycle by cycle."""
+    from specdec_kit.train.dflash import DFlashSpec, dflash_acceptance, new_dflash, train_dflash
+    from specdec_kit.train.eagle3 import draft_vocabulary
+
+    out, _ = distilled
+    target = TargetModel.from_pretrained(chat_target, dtype="float32")
+    layers, size = [1, 2, 3], target.vocab_size // 2
+    source = DistilledData(out, layers, tokens_per_batch=128)
+    greedy = DistilledData(out, layers, tokens_per_batch=128, variants=("greedy",))
+    spec = DFlashSpec(steps=12, lr=3e-3, warmup=1, block_size=4, feature_layers=layers, draft_vocab=size, eval_every=4)
+    result = train_dflash(target, source, spec, tmp_path, progress=False, heldout=greedy)
+    d2t, t2d = draft_vocabulary(source.answer_tokens(), target.vocab_size, size)
+    assert result["draft_vocab_coverage"] == round(float(t2d[source.answer_tokens()].float().mean()), 4) < 1
+    start = new_dflash(target, spec, (d2t, t2d))
+    states = torch.randn(3, target.hidden_size)
+    assert torch.allclose(start.logits(states), target.lm_head(states)[:, t2d])
+    draft = load_draft_for(target, "dflash", tmp_path).float()
+    assert draft.has_own_head and torch.equal(draft.d2t, d2t) and torch.equal(draft.t2d, t2d)
+    assert not torch.allclose(draft.lm_head.weight, start.lm_head.weight)  # its head trained
+    history = torch.load(tmp_path / "training_state.pt", weights_only=True)["history"]
+    assert [r["step"] + 1 for r in history if "heldout" in r] == [4, 8, 12]
+    greedy.lm_rows = target.lm_head.weight.data[:1]
+    counts = dflash_acceptance(draft, target.embed_tokens, target.lm_head, greedy, max_new_tokens=JUDGED)
+    assert counts.cycles > 0 and counts.cycle_hits[0] > 0
+    assert decoded_counts(target, "dflash", tmp_path, out) == (counts.cycles, counts.cycle_hits)
+    # the held-out report measures the saved head the same way, on the recipe's held-out split
+    from specdec_kit.train.heldout import split
+    from specdec_kit.train.heldout_report import main
+
+    recipe = tmp_path / "tiny.json"
+    settings = {"method": "dflash", "tokens_per_batch": 128, "heldout_percent": 50, "feature_layers": layers}
+    recipe.write_text(json.dumps({"target": str(chat_target), "out": str(tmp_path.parent), "heads": {"d": settings}}))
+    report = tmp_path / "r.json"
+    assert main([str(recipe), "--heads", f"d=d@{tmp_path}", "--data", str(out), "--out", str(report)]) == 0
+    heldout = DistilledData(out, layers, tokens_per_batch=128, select=split(50)[1])
+    heldout.lm_rows = greedy.lm_rows
+    expected = dflash_acceptance(draft, target.embed_tokens, target.lm_head, heldout).per_cycle()
+    assert json.loads(report.read_text())["heads"]["d"]["acceptance"] == [round(a, 4) for a in expected]

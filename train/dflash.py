@@ -8,7 +8,10 @@ slots, and a mask lets block j see the context positions < a_j and its own slots
 order inside a block). Slot k of a block is scored by cross-entropy against the target's own next token there (the
 argmax of its logits after x_{a+k-1}: what greedy verification accepts), weighted ``step_decay ** (k - 1)`` as the
 later slots matter less (they are reached only when the earlier ones are accepted); the target's embedding and LM
-head stay frozen (the draft has neither of its own). Anchors are drawn where the root and at least its first
+head stay frozen (the draft has neither of its own). With ``draft_vocab`` the draft gets an LM head of its own over
+that many of the training answers' most frequent tokens (as speculators trains DFlash), starting from the target's
+rows of them and trained with the rest; a slot then counts only where the target's token is in that vocabulary (as
+EAGLE-3 counts), and a draft's block is scored over those rows instead of the whole vocabulary. Anchors are drawn where the root and at least its first
 target are in the sequence (in distilled data: in the answer), ``blocks_per_row`` of them per row and step.
 """
 
@@ -25,11 +28,17 @@ import torch.nn.functional as F
 
 from specdec_kit.runtime.checkpoint import save_draft
 from specdec_kit.runtime.core.device import resolve_device
-from specdec_kit.runtime.drafts.dflash import DFlashDraft, dflash_feature_layers
+from specdec_kit.runtime.drafts.dflash import DFlashDraft, dflash_feature_layers, dflash_scoring_head
 from specdec_kit.runtime.drafts.loading import dflash_config
 from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.train.distilled import DistilledData
-from specdec_kit.train.eagle3 import StepResult, merged_step_results, tapped_outputs
+from specdec_kit.train.eagle3 import (
+    StepResult,
+    chosen_vocabulary,
+    draft_vocab_rows,
+    merged_step_results,
+    tapped_outputs,
+)
 from specdec_kit.train.heldout import ChainCounts, HeldOutTracker, heldout_due
 from specdec_kit.train.methods import Trainer
 from specdec_kit.train.parallel import Ranks
@@ -46,18 +55,29 @@ class DFlashSpec(Schedule):
     step_decay: float = 0.8  # slot k's loss weight is step_decay ** (k - 1)
     feature_layers: list[int] | None = None  # the target layers (entering) it reads; None: ``dflash_feature_layers``
     mask_token_id: int = -1  # the masked slots' token; -1: the target's last vocabulary id
+    draft_vocab: int = 0  # 0: the target's LM head scores (frozen); else an own head over this many tokens
 
     @property
     def method(self) -> str:
         return "dflash"
 
 
-def new_dflash(target: TargetModel, spec: DFlashSpec) -> DFlashDraft:
+def new_dflash(
+    target: TargetModel, spec: DFlashSpec, vocabulary: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> DFlashDraft:
+    """A seeded draft; with ``vocabulary`` (d2t, t2d) a reduced one whose own LM head starts as the target's rows of
+    those tokens (the block's outputs are normed as the target's last states are, so those rows score them at once)."""
     torch.manual_seed(spec.seed)
     layers = tuple(spec.feature_layers or dflash_feature_layers(target.num_layers))
     mask = spec.mask_token_id if spec.mask_token_id >= 0 else target.vocab_size - 1
-    draft = DFlashDraft(dflash_config(target, spec.draft_layers), target.hidden_size, layers, mask, spec.block_size)
+    size = None if vocabulary is None else len(vocabulary[0])
+    config = dflash_config(target, spec.draft_layers)
+    draft = DFlashDraft(config, target.hidden_size, layers, mask, spec.block_size, draft_vocab_size=size)
     draft.num_target_layers = target.num_layers
+    if vocabulary is not None:
+        draft.d2t.copy_(vocabulary[0])
+        draft.t2d.copy_(vocabulary[1])
+        draft.lm_head.weight.data.copy_(draft_vocab_rows(target, draft))
     return draft
 
 
@@ -98,6 +118,16 @@ class BlockTraining:
 
     def __init__(self, draft: DFlashDraft, embed: torch.nn.Module, lm_head: torch.nn.Module, spec: DFlashSpec):
         self.draft, self.embed, self.lm_head, self.spec = draft, embed, lm_head, spec
+        self.score = draft.logits if draft.has_own_head else lm_head  # logits over the vocabulary the draft proposes
+
+    def scored_targets(self, want: torch.Tensor, counted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(counted, class ids): with an own head, only the target tokens its vocabulary holds, as draft ids."""
+        if not self.draft.has_own_head:
+            return counted, want[counted]
+        t2d = self.draft.t2d
+        counted = counted & t2d[want.clamp(min=0)]
+        draft_ids = torch.cumsum(t2d.long(), 0) - 1  # d2t lists its target ids ascending
+        return counted, draft_ids[want[counted]]
 
     def hidden(self, taps: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
         """The blocks at ``anchors`` [B, n] through the draft (``DFlashDraft.block``, as decoding runs it) -> their
@@ -134,9 +164,8 @@ class BlockTraining:
         for k in range(1, self.spec.block_size):
             at = anchors + k - 1  # slot k proposes x_{a+k}: the target's next token after position a + k - 1
             want = torch.gather(top, 1, at.clamp(max=seq - 1))
-            counted = real & (at < seq) & (want >= 0)
-            logits = self.lm_head(hidden[:, :, k][counted]).float()
-            target = want[counted]
+            counted, target = self.scored_targets(want, real & (at < seq) & (want >= 0))
+            logits = self.score(hidden[:, :, k][counted]).float()
             loss = ranks.mean(F.cross_entropy(logits, target, reduction="sum"), counted.numel())
             losses.append(self.spec.step_decay ** (k - 1) * loss)
             with torch.no_grad():
@@ -183,6 +212,7 @@ def dflash_acceptance(
     x_{a+1..a+depth} against the target's own tokens (depth d needs 1..d), counted per decoding cycle as the
     benchmark counts and per position."""
     blocks = BlockTraining(draft, embed, lm_head, DFlashSpec(block_size=draft.block_size))
+    scoring = dflash_scoring_head(draft, lm_head)  # the target's vocabulary, -inf outside a reduced draft's
     depth = min(depth, draft.block_size - 1)
     counts = ChainCounts(depth, max_new_tokens)
     for b in range(len(data)):
@@ -196,7 +226,7 @@ def dflash_acceptance(
                 for j in range(depth):
                     at = anchors + j
                     want = masks.top[row, at.clamp(max=tokens.shape[1] - 1)]
-                    alive &= (at < tokens.shape[1]) & (lm_head(hidden[:, j + 1]).argmax(-1) == want)
+                    alive &= (at < tokens.shape[1]) & (scoring(hidden[:, j + 1]).argmax(-1) == want)
                     lengths[row, anchors] += alive.long()
         counts.add(lengths, allowed)
     return counts
@@ -233,7 +263,12 @@ def train_dflash(
         raise ValueError(f"block_size {spec.block_size} (>= 2) and blocks_per_row {spec.blocks_per_row} (>= 1)")
     prepare_target(target, spec.target_sharding, not distilled, ranks, progress)
     out_dir.mkdir(parents=True, exist_ok=True)
-    draft = new_dflash(target, spec).float().to(device)
+    vocabulary, coverage = None, None
+    if 0 < spec.draft_vocab < target.vocab_size:
+        *vocabulary, coverage = chosen_vocabulary(
+            "dflash", data.answer_tokens() if distilled else data, target.vocab_size, spec.draft_vocab
+        )
+    draft = new_dflash(target, spec, vocabulary).float().to(device)
     embed = torch.nn.Embedding.from_pretrained(target.embed_tokens.weight.detach().float().to(device), freeze=True)
     lm_head = torch.nn.Linear(target.hidden_size, target.vocab_size, bias=False).to(device)
     lm_head.weight.data.copy_(target.lm_head.weight.detach().float())
@@ -318,6 +353,7 @@ def train_dflash(
     return {
         "steps": spec.steps,
         "minutes": round((time.time() - t0) / 60, 2),
+        **({"draft_vocab": spec.draft_vocab, "draft_vocab_coverage": round(coverage, 4)} if vocabulary else {}),
         "last": history[-1] if history else None,
         **(tracker.summary() if tracker else {}),
     }
@@ -335,7 +371,7 @@ def dflash_spec(method: str = "dflash", **settings) -> DFlashSpec:
 TRAINER = Trainer(
     make_spec=dflash_spec,
     train=train_dflash,
-    options=("feature_layers", "mask_token_id", "block_size", "draft_layers"),
+    options=("feature_layers", "mask_token_id", "block_size", "draft_layers", "draft_vocab"),
     cached_features="dflash reads the target's tapped layers online or from distilled data; a feature cache is not "
     "read yet",
     distilled_layers=dflash_layers,

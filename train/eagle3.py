@@ -30,6 +30,7 @@ import torch
 from specdec_kit.runtime.checkpoint import save_draft
 from specdec_kit.runtime.core.device import resolve_device
 from specdec_kit.runtime.drafts.eagle3 import Eagle3Draft, default_feature_layers
+from specdec_kit.runtime.drafts.layers import DraftVocab
 from specdec_kit.runtime.drafts.loading import draft_config
 from specdec_kit.runtime.drafts.peagle import PEagleDraft
 from specdec_kit.runtime.models.attention import apply_rope
@@ -80,6 +81,26 @@ def draft_vocabulary(tokens: torch.Tensor, vocab_size: int, size: int) -> tuple[
     t2d = torch.zeros(vocab_size, dtype=torch.bool)
     t2d[used] = True
     return used - torch.arange(size), t2d
+
+
+def chosen_vocabulary(
+    method: str, seen: torch.Tensor, vocab_size: int, size: int
+) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """``draft_vocabulary`` of the training tokens ``seen``, and the share of them it holds (said on stderr: a low
+    share caps what the head can ever accept)."""
+    d2t, t2d = draft_vocabulary(seen, vocab_size, size)
+    coverage = float(t2d[seen].float().mean())
+    print(
+        f"{method}: draft vocabulary {size} of {vocab_size} tokens covers {coverage:.1%} of the training tokens",
+        file=sys.stderr,
+    )
+    return d2t, t2d, coverage
+
+
+def draft_vocab_rows(target: TargetModel, draft: DraftVocab) -> torch.Tensor:
+    """The target's LM-head rows of the draft's vocabulary (float32): its logits over that vocabulary, which the
+    distilled data's soft targets and a reduced DFlash head's starting weights are made of."""
+    return target.lm_head.weight.data.float()[draft.target_ids(torch.arange(draft.draft_vocab_size))]
 
 
 def new_eagle3(target: TargetModel, spec: Eagle3Spec, d2t: torch.Tensor, t2d: torch.Tensor) -> Eagle3Draft:
@@ -289,14 +310,9 @@ def train_eagle3(
     out_dir.mkdir(parents=True, exist_ok=True)
     size = spec.draft_vocab or max(1, target.vocab_size // 4)
     seen = data.answer_tokens() if distilled else data.tokens_seen() if cached else data
-    d2t, t2d = draft_vocabulary(seen, target.vocab_size, size)
-    coverage = float(t2d[seen].float().mean())
-    print(
-        f"{spec.method}: draft vocabulary {size} of {target.vocab_size} tokens covers {coverage:.1%} of the training tokens",
-        file=sys.stderr,
-    )
+    d2t, t2d, coverage = chosen_vocabulary(spec.method, seen, target.vocab_size, size)
     draft = new_eagle3(target, spec, d2t, t2d).float()
-    rows = target.lm_head.weight.data.float()[draft.target_ids(torch.arange(size))]
+    rows = draft_vocab_rows(target, draft)
     draft.to(device)
     if distilled:  # the target's logits over the draft vocabulary: its LM-head rows of those ids
         data.lm_rows = rows

@@ -247,16 +247,10 @@ def train_head(
     out_dir.mkdir(parents=True, exist_ok=True)
     vocab, coverage = None, None
     if spec.draft_vocab:
-        from specdec_kit.train.eagle3 import draft_vocabulary
+        from specdec_kit.train.eagle3 import chosen_vocabulary
 
         seen = source.answer_tokens() if isinstance(source, DistilledData) else source.tokens_seen()
-        vocab = draft_vocabulary(seen, target.vocab_size, spec.draft_vocab)
-        coverage = float(vocab[1][seen].float().mean())
-        print(
-            f"{spec.method}: draft vocabulary {spec.draft_vocab} of {target.vocab_size} tokens covers {coverage:.1%} "
-            "of the training tokens",
-            file=sys.stderr,
-        )
+        *vocab, coverage = chosen_vocabulary(spec.method, seen, target.vocab_size, spec.draft_vocab)
     head = new_head(spec.method, target, spec, vocab).float()
     lm_head, to_head = head_vocab(head, target) if spec.method != "medusa" else (target.lm_head.float(), None)
     head.to(device)

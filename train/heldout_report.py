@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 FEATURE_DRAFTS = ("eagle", "eagle2", "hass", "griffin")  # one-layer drafts of the final hidden state
-MEASURED = (*FEATURE_DRAFTS, "eagle3")
+MEASURED = (*FEATURE_DRAFTS, "eagle3", "peagle", "dflash")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -62,13 +62,16 @@ def measure_head(kind: str, folder: Path, target, data: Path, layers: list[int],
         data, layers, tokens_per_batch=settings.tokens_per_batch, variants=settings.variants, select=for_evaluation
     )
     draft = load_draft_for(target, kind, folder).float().eval()
-    if kind == "eagle3":
-        import torch
+    if kind in ("eagle3", "peagle"):
+        from specdec_kit.train.eagle3 import draft_vocab_rows, eagle3_acceptance
 
-        from specdec_kit.train.eagle3 import eagle3_acceptance
-
-        heldout.lm_rows = target.lm_head.weight.data.float()[draft.target_ids(torch.arange(draft.draft_vocab_size))]
+        heldout.lm_rows = draft_vocab_rows(target, draft)
         return eagle3_acceptance(draft, heldout, args.depth, args.max_new_tokens)
+    if kind == "dflash":
+        from specdec_kit.train.dflash import dflash_acceptance
+
+        heldout.lm_rows = target.lm_head.weight.data[:1]  # not read: the target's top tokens are the answers
+        return dflash_acceptance(draft, target.embed_tokens, target.lm_head, heldout, args.depth, args.max_new_tokens)
     from specdec_kit.train.heads import head_vocab
 
     lm_head, to_head = head_vocab(draft, target)
