@@ -17,7 +17,7 @@ from specdec_kit.runtime.drafts.dflash import DFlashDraft, dflash_feature_layers
 from specdec_kit.runtime.drafts.eagle import EagleDraft
 from specdec_kit.runtime.drafts.eagle3 import Eagle3Draft, default_feature_layers
 from specdec_kit.runtime.drafts.griffin import GriffinDraft
-from specdec_kit.runtime.drafts.layers import FeatureDraft
+from specdec_kit.runtime.drafts.layers import DraftVocab, FeatureDraft
 from specdec_kit.runtime.drafts.loading import dflash_config, draft_config
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
 from specdec_kit.runtime.drafts.moa import MoADraft
@@ -95,6 +95,18 @@ def random_griffin(target: TargetModel, seed: int = 2) -> GriffinDraft:
 
 
 @torch.no_grad()
+def random_ids(vocab_size: int, size: int, seed: int) -> torch.Tensor:
+    """``size`` distinct target ids drawn with ``seed``, ascending (as draft vocabularies list them)."""
+    return torch.randperm(vocab_size, generator=torch.Generator().manual_seed(seed))[:size].sort().values
+
+
+def propose_only(draft: DraftVocab, used: torch.Tensor) -> None:
+    """Point a reduced draft's vocabulary maps (``d2t``, ``t2d``) at the ascending target ids ``used``."""
+    draft.d2t.copy_(used - torch.arange(len(used)))
+    draft.t2d.zero_()
+    draft.t2d[used] = True
+
+
 def with_draft_vocab(draft: FeatureDraft, size: int, seed: int = 7) -> FeatureDraft:
     """The same EAGLE/GRIFFIN draft proposing only ``size`` random target tokens (its reduced draft vocabulary)."""
     config = draft.config
@@ -105,10 +117,7 @@ def with_draft_vocab(draft: FeatureDraft, size: int, seed: int = 7) -> FeatureDr
     )
     reduced = reduced.to(draft.embed_tokens.weight.dtype)
     reduced.load_state_dict(draft.state_dict(), strict=False)  # every weight; the vocabulary maps come next
-    used = torch.randperm(config.vocab_size, generator=torch.Generator().manual_seed(seed))[:size].sort().values
-    reduced.d2t.copy_(used - torch.arange(size))
-    reduced.t2d.zero_()
-    reduced.t2d[used] = True
+    propose_only(reduced, random_ids(config.vocab_size, size, seed))
     return reduced.eval()
 
 
@@ -125,9 +134,7 @@ def random_eagle3(
     size = draft_vocab or max(1, 2 * target.vocab_size // 3)
     draft = Eagle3Draft(draft_config(target), target.hidden_size, size, layers or eagle3_layers(target))
     draft.embed_tokens.weight.data.copy_(target.embed_tokens.weight.data.float())
-    used = torch.randperm(target.vocab_size)[:size].sort().values
-    draft.d2t.copy_(used - torch.arange(size))
-    draft.t2d[used] = True
+    propose_only(draft, torch.randperm(target.vocab_size)[:size].sort().values)  # drawn after the weights' seed
     return draft.to(target.dtype).eval()
 
 
@@ -175,11 +182,9 @@ def dflash_with_draft_vocab(draft: DFlashDraft, target: TargetModel, size: int, 
     ).to(draft.fc.weight.dtype)
     reduced.load_state_dict(draft.state_dict(), strict=False)  # every block weight; the head and maps come next
     reduced.num_target_layers = draft.num_target_layers
-    used = torch.randperm(draft.config.vocab_size, generator=torch.Generator().manual_seed(seed))[:size].sort().values
+    used = random_ids(draft.config.vocab_size, size, seed)
     reduced.lm_head.weight.copy_(target.lm_head.weight[used])
-    reduced.d2t.copy_(used - torch.arange(size))
-    reduced.t2d.zero_()
-    reduced.t2d[used] = True
+    propose_only(reduced, used)
     return reduced.eval()
 
 

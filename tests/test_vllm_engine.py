@@ -1,7 +1,8 @@
 """The vLLM tier: the zoo's EAGLE-2, HASS, GRIFFIN, EAGLE-3, P-EAGLE and DFlash heads exported with ``--backend vllm``
 and RUN in vLLM's server (vLLM's CPU build, in .venv-vllm from scripts/setup_vllm.sh, which the README's test command
 runs); EAGLE-3 and P-EAGLE in vLLM's own ``Eagle3LlamaForCausalLM`` (P-EAGLE from the speculators format), DFlash in
-its ``DFlashQwen3ForCausalLM``, the others in the kit's plugin classes.
+its ``DFlashQwen3ForCausalLM`` (also a head over a reduced vocabulary, from the speculators format), the others in the
+kit's plugin classes.
 
 For each head: greedy output through vLLM's OpenAI server equals ``transformers`` greedy decoding of the target;
 the draft's logits at every proposal step of a recorded prompt equal the kit's own draft logits within 1e-4 (so a
@@ -58,7 +59,7 @@ ZOO_HEAD = {
 CHAIN_TREE = {kind: f"dynamic:{CHAIN + 1}:{CHAIN - 1}:1" for kind in ("peagle", "dflash")}
 # kinds served from the speculators format (--draft-format speculators: vLLM converts the config and reads speculators'
 # weight names); the others from the official layout
-SPECULATORS_FORMAT = ("peagle",)
+SPECULATORS_FORMAT = ("peagle", "dflash-vocab")
 STARTUP_S = 900
 # vLLM's engine core and its worker in one process (on the CPU, vLLM allows its in-process executor only without V1
 # multiprocessing): a start without a worker process to spawn and import, 15-20 s less on 2 cores. The plugin, its
@@ -176,10 +177,10 @@ class RecordingStep:
         return out
 
 
-def kit_run(kind: str, target: TargetModel, prompts: list[list[int]]):
-    """The kit's own speculative decoding with the same head and the same top-1 chain -> (tokens per prompt,
-    acceptance length over all prompts, the first prompt's recorded draft rows)."""
-    module = load_draft_for(target, kind, default_zoo() / ZOO_HEAD[kind])
+def kit_run(kind: str, target: TargetModel, prompts: list[list[int]], head: Path | None = None):
+    """The kit's own speculative decoding with the same head (default: the zoo's) and the same top-1 chain ->
+    (tokens per prompt, acceptance length over all prompts, the first prompt's recorded draft rows)."""
+    module = load_draft_for(target, kind, head or default_zoo() / ZOO_HEAD[kind])
     drafter = drafter_for(kind, module, target, parse_tree_spec(CHAIN_TREE.get(kind, f"static:chain-{CHAIN}")))
     recorder = drafter.step = RecordingStep(drafter.step)
     generator = SpeculativeGenerator(target, drafter, eos_token_ids=[])
@@ -223,16 +224,32 @@ def logit_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a[finite] - b[finite]).abs().max())
 
 
-@pytest.mark.parametrize("kind", ["griffin", "eagle2", "hass", "eagle3", "peagle", "dflash"])
-def test_the_head_runs_in_vllm_exactly_as_in_the_kit(kind, vllm_python, zoo_target, prompts, references, tmp_path):
+def reduced_vocabulary_dflash(target: TargetModel, folder: Path) -> Path:
+    """The zoo's DFlash head over three quarters of the vocabulary, with an LM head of its own (``d2t``/``t2d``,
+    ``draft_vocab_size``: how speculators trains DFlash heads), saved in the official layout."""
+    from specdec_kit.runtime.checkpoint import save_draft
+    from specdec_kit.runtime.synthetic import dflash_with_draft_vocab
+
+    full = load_draft_for(target, "dflash", default_zoo() / ZOO_HEAD["dflash"])
+    save_draft(dflash_with_draft_vocab(full, target, 3 * target.vocab_size // 4), folder, "dflash", safetensors=True)
+    return folder
+
+
+@pytest.mark.parametrize("case", ["griffin", "eagle2", "hass", "eagle3", "peagle", "dflash", "dflash-vocab"])
+def test_the_head_runs_in_vllm_exactly_as_in_the_kit(case, vllm_python, zoo_target, prompts, references, tmp_path):
     """P-EAGLE: vLLM's EAGLE-3 class with parallel drafting, the whole chain from one forward, its draft written in
     the speculators format (vLLM reads the config and speculators' weight names itself). DFlash: vLLM's
-    ``DFlashQwen3ForCausalLM``, a block of the root and CHAIN masked slots. GRIFFIN runs on the path users serve
-    (compiled, worker processes, a fresh compile cache); the others eagerly in one process."""
-    layout = ("--draft-format", "speculators") if kind in SPECULATORS_FORMAT else ()
-    engine = build(kind, tmp_path / f"{kind}-vllm", CHAIN_TREE.get(kind, f"static:chain-{CHAIN}"), layout)
+    ``DFlashQwen3ForCausalLM``, a block of the root and CHAIN masked slots; ``dflash-vocab``: a head over a reduced
+    vocabulary in the speculators format, scored by its own LM head and mapped to target ids by ``d2t`` in vLLM as
+    in the kit. GRIFFIN runs on
+    the path users serve (compiled, worker processes, a fresh compile cache); the others eagerly in one process."""
+    kind = case.split("-")[0]
+    head = reduced_vocabulary_dflash(zoo_target, tmp_path / "head") if case == "dflash-vocab" else None
+    layout = ("--draft-format", "speculators") if case in SPECULATORS_FORMAT else ()
+    extra = (*layout, *(("--target", str(default_zoo() / "target"), "--draft-path", str(head)) if head else ()))
+    engine = build(kind, tmp_path / f"{kind}-vllm", CHAIN_TREE.get(kind, f"static:chain-{CHAIN}"), extra)
     assert ("speculators_model_type" in (engine / "vllm" / "draft" / "config.json").read_text()) == bool(layout)
-    kit_tokens, kit_tau, kit_rows = kit_run(kind, zoo_target, prompts)
+    kit_tokens, kit_tau, kit_rows = kit_run(kind, zoo_target, prompts, head)
     assert kit_tokens == references  # the kit itself is lossless on these prompts
     trace = tmp_path / "trace"
     compile_cache = tmp_path / "vllm-cache" if kind == "griffin" else None
@@ -246,18 +263,18 @@ def test_the_head_runs_in_vllm_exactly_as_in_the_kit(kind, vllm_python, zoo_targ
         tau = server.acceptance()
     finally:
         server.stop()
-    assert served == references, f"{kind}: vLLM's greedy output differs from transformers'"
+    assert served == references, f"{case}: vLLM's greedy output differs from transformers'"
     # the draft's logits at every proposal step of the recorded prompt
     # vLLM proposes once more after the last token (the request is finished before that proposal is verified)
     assert len(kit_rows) > NEW_TOKENS // (CHAIN + 1) and 0 <= len(rows) - len(kit_rows) <= CHAIN
     rows = rows[: len(kit_rows)]
     assert [(p, t) for p, t, _ in rows] == [(p, t) for p, t, _ in kit_rows]
     worst = max(logit_difference(a, b) for (_, _, a), (_, _, b) in zip(rows, kit_rows))
-    assert worst < 1e-4, f"{kind}: draft logits differ from the kit's by {worst:.2e}"
+    assert worst < 1e-4, f"{case}: draft logits differ from the kit's by {worst:.2e}"
     assert abs(tau - kit_tau) <= 0.03 * kit_tau, (
-        f"{kind}: acceptance length {tau:.3f} in vLLM vs {kit_tau:.3f} in the kit"
+        f"{case}: acceptance length {tau:.3f} in vLLM vs {kit_tau:.3f} in the kit"
     )
-    print(f"{kind}: acceptance length vLLM {tau:.3f}, kit {kit_tau:.3f}; max |draft logit diff| {worst:.1e}")
+    print(f"{case}: acceptance length vLLM {tau:.3f}, kit {kit_tau:.3f}; max |draft logit diff| {worst:.1e}")
 
 
 def test_prompt_lookup_runs_in_vllm_with_the_kits_greedy_output(vllm_python, zoo_target, prompts, references, tmp_path):

@@ -16,7 +16,8 @@ the training data, and trains with training-time test (--ttt-length draft steps 
 P-EAGLE (--method peagle) is an EAGLE-3 head trained to propose --ttt-length tokens from one forward: the context,
 then masked slots (a learned input and --mask-token-id) at the next positions. DFlash (--method dflash) proposes a
 block of --block-size - 1 tokens from one forward of its --draft-layers layers over the target's --feature-layers;
-its slots guess the target's continuation, so train it on text the target wrote (a recipe's regenerated data).
+its slots guess the target's continuation, so train it on text the target wrote (a recipe's regenerated data);
+with --draft-vocab it scores its block with an LM head of its own over that many tokens (speculators' way).
 EAGLE, HASS and GRIFFIN heads take --draft-vocab too: the head then proposes only those tokens, scored by the
 target's own LM-head rows (a cheaper draft step; the ONNX Runtime and PyTorch engines run it, the server engines'
 drafters do not). For a real target's heads from self-distilled data, see ``python -m specdec_kit.train.recipe``.
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=0,
         help="draft vocabulary size, the training data's most frequent tokens (eagle3: 0 is a quarter of "
-        "the target's; eagle, hass, griffin: 0 is the target's whole vocabulary)",
+        "the target's; eagle, hass, griffin, dflash: 0 is the target's whole vocabulary)",
     )
     p.add_argument(
         "--ttt-length",
