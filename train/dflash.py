@@ -11,8 +11,9 @@ later slots matter less (they are reached only when the earlier ones are accepte
 head stay frozen (the draft has neither of its own). With ``draft_vocab`` the draft gets an LM head of its own over
 that many of the training answers' most frequent tokens (as speculators trains DFlash), starting from the target's
 rows of them and trained with the rest; a slot then counts only where the target's token is in that vocabulary (as
-EAGLE-3 counts), and a draft's block is scored over those rows instead of the whole vocabulary. Anchors are drawn where the root and at least its first
-target are in the sequence (in distilled data: in the answer), ``blocks_per_row`` of them per row and step.
+EAGLE-3 counts), and a draft's block is scored over those rows instead of the whole vocabulary. Anchors are drawn
+where the root and at least its first target are in the sequence (in distilled data: in the answer),
+``blocks_per_row`` of them per row and step.
 """
 
 from __future__ import annotations
