@@ -241,8 +241,8 @@ def test_the_head_runs_in_vllm_exactly_as_in_the_kit(case, vllm_python, zoo_targ
     the speculators format (vLLM reads the config and speculators' weight names itself). DFlash: vLLM's
     ``DFlashQwen3ForCausalLM``, a block of the root and CHAIN masked slots; ``dflash-vocab``: a head over a reduced
     vocabulary in the speculators format, scored by its own LM head and mapped to target ids by ``d2t`` in vLLM as
-    in the kit. GRIFFIN runs on
-    the path users serve (compiled, worker processes, a fresh compile cache); the others eagerly in one process."""
+    in the kit. GRIFFIN runs on the path users serve (compiled, worker processes, a fresh compile cache); the others
+    eagerly in one process."""
     kind = case.split("-")[0]
     head = reduced_vocabulary_dflash(zoo_target, tmp_path / "head") if case == "dflash-vocab" else None
     layout = ("--draft-format", "speculators") if case in SPECULATORS_FORMAT else ()

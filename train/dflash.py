@@ -120,15 +120,15 @@ class BlockTraining:
     def __init__(self, draft: DFlashDraft, embed: torch.nn.Module, lm_head: torch.nn.Module, spec: DFlashSpec):
         self.draft, self.embed, self.lm_head, self.spec = draft, embed, lm_head, spec
         self.score = draft.logits if draft.has_own_head else lm_head  # logits over the vocabulary the draft proposes
+        # target id -> draft id (d2t lists its target ids ascending); the vocabulary is fixed while a head trains
+        self.draft_ids = torch.cumsum(draft.t2d.long(), 0) - 1 if draft.has_own_head else None
 
     def scored_targets(self, want: torch.Tensor, counted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(counted, class ids): with an own head, only the target tokens its vocabulary holds, as draft ids."""
-        if not self.draft.has_own_head:
+        if self.draft_ids is None:
             return counted, want[counted]
-        t2d = self.draft.t2d
-        counted = counted & t2d[want.clamp(min=0)]
-        draft_ids = torch.cumsum(t2d.long(), 0) - 1  # d2t lists its target ids ascending
-        return counted, draft_ids[want[counted]]
+        counted = counted & self.draft.t2d[want.clamp(min=0)]
+        return counted, self.draft_ids[want[counted]]
 
     def hidden(self, taps: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
         """The blocks at ``anchors`` [B, n] through the draft (``DFlashDraft.block``, as decoding runs it) -> their
