@@ -1,8 +1,8 @@
-"""README.md's results tables, from the benchmarks' result files (never typed by hand): GRIFFIN and EAGLE-3 against
-plain decoding at T=0, on SmolLM2 (``bench/results/smollm2``) and on the demo zoo (``bench/results/eagle3_rows``);
-model-free drafting and the hybrid by task category on SmolLM2 (``bench/results/lookup/smollm2``); the parallel
-drafts (P-EAGLE, DFlash) beside the sequential ones on the demo zoo, with each draft's milliseconds per cycle
-(``bench/results/dflash_rows``); each written between its markers in README.md.
+"""README.md's results tables, from the benchmarks' result files (never typed by hand): every head (GRIFFIN, EAGLE-3,
+and the parallel drafts P-EAGLE and DFlash) against plain decoding at T=0 with its draft's milliseconds per cycle, on
+SmolLM2 (``bench/results/smollm2``) and on the demo zoo (``bench/results/dflash_rows``); model-free drafting and the
+hybrid by task category on SmolLM2 (``bench/results/lookup/smollm2``); each written between its markers in
+README.md.
 
     python scripts/readme_results.py            # rewrite the table in README.md
     python scripts/readme_results.py --check    # exit 1 when the table is stale (the tests run this)
@@ -22,29 +22,28 @@ START, END = "<!-- results-table:start -->", "<!-- results-table:end -->"
 LOOKUP_START, LOOKUP_END = "<!-- lookup-table:start -->", "<!-- lookup-table:end -->"
 LOOKUP_RESULTS = "bench/results/lookup/smollm2/results.json"
 LOOKUP_METHODS = ("ngram", "suffix", "griffin", "griffin+suffix")
-PARALLEL_START, PARALLEL_END = "<!-- parallel-table:start -->", "<!-- parallel-table:end -->"
-PARALLEL_RESULTS = "bench/results/dflash_rows/results.json"
-PARALLEL_METHODS = {"griffin": "GRIFFIN", "eagle3": "EAGLE-3", "peagle": "P-EAGLE", "dflash": "DFlash"}
 # (label, result file, the prompt sets to show, in order)
 SOURCES = (
     ("SmolLM2-135M-Instruct", "bench/results/smollm2/results.json", ("chat", "humaneval", "spec_bench")),
-    ("demo zoo (9M)", "bench/results/eagle3_rows/results.json", ("heldout", "humaneval", "spec_bench")),
+    ("demo zoo (9M)", "bench/results/dflash_rows/results.json", ("heldout", "humaneval", "spec_bench")),
 )
-METHODS = ("griffin", "eagle3")
+METHODS = {"griffin": "GRIFFIN", "eagle3": "EAGLE-3", "peagle": "P-EAGLE", "dflash": "DFlash"}
 PROMPT_SETS = {"chat": "MT-Bench (chat)", "humaneval": "HumanEval", "spec_bench": "Spec-Bench", "heldout": "held-out"}
 
 
-def method_cells(rows: dict[str, dict], method: str) -> list[str]:
-    row = rows.get(method)
+def method_cell(row: dict | None) -> str:
+    """tau / draft milliseconds per cycle / speed over plain decoding."""
     if row is None:
-        return ["-", "-"]
-    return [f"{row['acceptance_length']:.2f}", f"{row['speedup']:.2f}x"]
+        return "-"
+    return f"{row['acceptance_length']:.2f} / {row['draft_ms']:.1f} / {row['speedup']:.2f}x"
 
 
 def table() -> str:
     lines = [
-        "| target | prompts | plain tokens/s | GRIFFIN tau | GRIFFIN speed | EAGLE-3 tau | EAGLE-3 speed |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| target | prompts | plain tokens/s | "
+        + " | ".join(f"{name} tau / draft ms / speed" for name in METHODS.values())
+        + " |",
+        "|---|---|---:|" + "---:|" * len(METHODS),
     ]
     for label, path, prompt_sets in SOURCES:
         results = json.loads((REPO / path).read_text())
@@ -53,8 +52,7 @@ def table() -> str:
             if "plain" not in rows:
                 raise SystemExit(f"{path}: no plain row for prompt set {prompt_set!r} at T=0")
             cells = [label, PROMPT_SETS[prompt_set], f"{rows['plain']['tokens_per_s']:.1f}"]
-            for method in METHODS:
-                cells += method_cells(rows, method)
+            cells += [method_cell(rows.get(method)) for method in METHODS]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -77,29 +75,8 @@ def lookup_table() -> str:
     return "\n".join(lines)
 
 
-def parallel_table() -> str:
-    """Per prompt set at T=0: each method's tau, its draft's milliseconds per cycle and its speed over plain."""
-    results = json.loads((REPO / PARALLEL_RESULTS).read_text())
-    rows = [r for r in results["rows"] if r["temperature"] == 0]
-    lines = [
-        "| prompts | " + " | ".join(f"{name} tau / draft ms / speed" for name in PARALLEL_METHODS.values()) + " |",
-        "|---|" + "---:|" * len(PARALLEL_METHODS),
-    ]
-    for prompt_set in dict.fromkeys(r["prompt_set"] for r in rows):
-        by_method = {r["method"]: r for r in rows if r["prompt_set"] == prompt_set}
-        cells = [PROMPT_SETS[prompt_set]]
-        for method in PARALLEL_METHODS:
-            r = by_method.get(method)
-            cells.append(
-                "-" if r is None else f"{r['acceptance_length']:.2f} / {r['draft_ms']:.1f} / {r['speedup']:.2f}x"
-            )
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 def both_tables(text: str) -> str:
     text = generated_table.between_markers(text, START, END, table(), README)
-    text = generated_table.between_markers(text, PARALLEL_START, PARALLEL_END, parallel_table(), README)
     return generated_table.between_markers(text, LOOKUP_START, LOOKUP_END, lookup_table(), README)
 
 

@@ -54,6 +54,8 @@ NAMED_TARGETS = {
             cpu_trees={
                 "griffin": {"total_tokens": 6, "depth": 3, "top_k": 2},
                 "eagle3": {"total_tokens": 4, "depth": 3, "top_k": 1},
+                "peagle": {"total_tokens": 6, "depth": 3, "top_k": 2},
+                "dflash": {"total_tokens": 6, "depth": 3, "top_k": 2},
                 "default": {"total_tokens": 6, "depth": 3, "top_k": 2},
             },
         ),
