@@ -19,20 +19,25 @@
 # tiny models gain nothing from a second thread, and threads of two processes on the same cores only compete.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-CORES=$(nproc 2>/dev/null || echo 1)
+CORES=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || echo 1)  # GNU nproc honours OMP_NUM_THREADS
 WORKERS_N=${SPECDEC_TEST_WORKERS:-$(( CORES < 4 ? CORES : 4 ))}
 if ! [[ "$WORKERS_N" =~ ^[0-9]+$ ]]; then
     echo "test.sh: SPECDEC_TEST_WORKERS=$WORKERS_N: expected a whole number of test processes (0: pytest's own)" >&2
     exit 2
 fi
 WORKERS=()
+one_thread_each() {  # after the set-up, whose builds use every core
+    [ "$WORKERS_N" -gt 1 ] &&
+        export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_THREADS_BIND:-nobind}
+    return 0
+}
 if [ "$WORKERS_N" -gt 1 ]; then
     WORKERS=(-n "$WORKERS_N" --dist loadfile --no-loadscope-reorder)
-    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_THREADS_BIND:-nobind}
 fi
 if [ "${1:-}" = "--fast" ]; then
     shift
     bash scripts/setup.sh
+    one_thread_each
     exec .venv/bin/python -m pytest "${WORKERS[@]}" -m "not (vllm or sglang or helm or llamacpp or interchange or clients or slow)" "$@"
 fi
 bash scripts/setup.sh
@@ -42,4 +47,5 @@ bash scripts/setup_sglang.sh
 bash scripts/setup_helm.sh
 bash scripts/setup_llamacpp.sh
 bash scripts/setup_interchange.sh
+one_thread_each
 SPECDEC_REQUIRE_TIERS=1 exec .venv/bin/python -m pytest "${WORKERS[@]}" "$@"
