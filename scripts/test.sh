@@ -26,19 +26,15 @@ if ! [[ "$WORKERS_N" =~ ^[0-9]+$ ]]; then
     exit 2
 fi
 WORKERS=()
-one_thread_each() {  # after the set-up, whose builds use every core
-    [ "$WORKERS_N" -gt 1 ] &&
-        export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_THREADS_BIND:-nobind}
-    return 0
-}
+ONE_THREAD=()  # for the test processes only: the set-up's builds use every core
 if [ "$WORKERS_N" -gt 1 ]; then
     WORKERS=(-n "$WORKERS_N" --dist loadfile --no-loadscope-reorder)
+    ONE_THREAD=("OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}" "VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_THREADS_BIND:-nobind}")
 fi
 if [ "${1:-}" = "--fast" ]; then
     shift
     bash scripts/setup.sh
-    one_thread_each
-    exec .venv/bin/python -m pytest "${WORKERS[@]}" -m "not (vllm or sglang or helm or llamacpp or interchange or clients or slow)" "$@"
+    exec env "${ONE_THREAD[@]}" .venv/bin/python -m pytest "${WORKERS[@]}" -m "not (vllm or sglang or helm or llamacpp or interchange or clients or slow)" "$@"
 fi
 bash scripts/setup.sh
 bash scripts/setup_guidellm.sh
@@ -47,5 +43,4 @@ bash scripts/setup_sglang.sh
 bash scripts/setup_helm.sh
 bash scripts/setup_llamacpp.sh
 bash scripts/setup_interchange.sh
-one_thread_each
-SPECDEC_REQUIRE_TIERS=1 exec .venv/bin/python -m pytest "${WORKERS[@]}" "$@"
+exec env "${ONE_THREAD[@]}" SPECDEC_REQUIRE_TIERS=1 .venv/bin/python -m pytest "${WORKERS[@]}" "$@"
