@@ -80,6 +80,38 @@ def untie_transposed_weights(model) -> int:
     return untied
 
 
+def gemms_as_matmuls(model) -> int:
+    """Every ``Gemm`` by a constant matrix (``torch.onnx`` exports a ``Linear`` over a 2-D input as one: a draft tree's
+    first LM head) rewritten as ``MatMul`` by that constant laid out as a MatMul weight (plus ``Add`` of its bias),
+    so the quantizer, which reads MatMuls, stores it like the others. Returns how many were rewritten."""
+    from onnx import helper, numpy_helper
+
+    constants = {init.name: init for init in model.graph.initializer}
+    rewritten, held = {}, []  # ``replace_nodes`` matches nodes by id: the wrappers must stay alive until then
+    for node in model.graph.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        plain = attrs.get("alpha", 1.0) == 1.0 and attrs.get("beta", 1.0) == 1.0 and not attrs.get("transA", 0)
+        if node.op_type != "Gemm" or node.input[1] not in constants or not plain:
+            continue
+        held.append(node)
+        weight = numpy_helper.to_array(constants[node.input[1]])
+        name = f"{node.name or node.output[0]}_weight"
+        model.graph.initializer.append(
+            numpy_helper.from_array((weight.T if attrs.get("transB", 0) else weight).copy(order="C"), name)
+        )
+        out = node.output[0]
+        if len(node.input) > 2 and node.input[2]:
+            rewritten[id(node)] = [
+                helper.make_node("MatMul", [node.input[0], name], [f"{out}_product"], name=node.name),
+                helper.make_node("Add", [f"{out}_product", node.input[2]], [out]),
+            ]
+        else:
+            rewritten[id(node)] = [helper.make_node("MatMul", [node.input[0], name], [out], name=node.name)]
+    if rewritten:
+        replace_nodes(model, rewritten)
+    return len(rewritten)
+
+
 def grid_codes(weight, block_size: int, bits: int = 4):
     """``weight`` [N, K] as ``(codes [N, K/block] x block, scales, minima)`` when every block of ``block_size``
     along K is exactly ``scale * code + minimum`` with codes in 0..2^bits-1 and a float16 scale (how GGUF's Q4_1
@@ -178,6 +210,7 @@ def quantize_graph(path: Path, fmt: WeightFormat) -> dict[str, int]:
         save_rewritten(model, path)
         return exact
     untie_transposed_weights(model)
+    gemms_as_matmuls(model)
     quantizer = MatMulNBitsQuantizer(
         model,
         bits=fmt.bits,

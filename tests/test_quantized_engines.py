@@ -16,9 +16,10 @@ import pytest
 import torch
 from conftest import griffin_inputs, make_prompts
 
+from specdec_kit.bench.cycle_profile import graphs_of
 from specdec_kit.export.builder import build_engine
 from specdec_kit.export.inputs import BuildInputs
-from specdec_kit.export.quantize import untie_transposed_weights
+from specdec_kit.export.quantize import gemms_as_matmuls, untie_transposed_weights
 from specdec_kit.runtime.core.manifest import read_manifest
 from specdec_kit.runtime.core.trees import DynamicTreeConfig
 from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
@@ -40,10 +41,11 @@ def quantized(demo_checkpoints, tmp_path_factory) -> Path:
 
 
 def matmuls(path: Path) -> tuple[int, list[tuple[int, int]]]:
-    """One graph's float MatMuls whose weight is a constant, and its MatMulNBits' (bits, accuracy level)."""
+    """One graph's float products by a constant matrix (MatMul or Gemm), and its MatMulNBits' (bits, accuracy
+    level)."""
     graph = onnx.load(str(path), load_external_data=False).graph
     constants = {init.name for init in graph.initializer}
-    float_weights = sum(n.op_type == "MatMul" and n.input[1] in constants for n in graph.node)
+    float_weights = sum(n.op_type in ("MatMul", "Gemm") and n.input[1] in constants for n in graph.node)
     attrs = [{a.name: a.i for a in n.attribute} for n in graph.node if n.op_type == "MatMulNBits"]
     return float_weights, [(a["bits"], a["accuracy_level"]) for a in attrs]
 
@@ -80,6 +82,28 @@ def test_speculation_equals_the_quantized_engines_own_plain_decoding(quantized):
     assert sum(r.stats.accepted_tokens for r in together) > 0  # quantized drafts still get accepted
 
 
+def test_an_onnx_runtime_engine_decodes_with_torch_on_one_thread(quantized):
+    """ONNX Runtime's pools own the cores while the loop runs; torch's count is restored after."""
+    engine = open_engine(quantized, device="cpu")
+    graphs = graphs_of(engine)
+    assert {"target_step", "draft_step", "draft_tree"} <= set(graphs)
+    seen: list[tuple[str, int]] = []
+    for role, graph in graphs.items():
+        graph.run = lambda *a, _run=graph.run, _role=role, **k: (
+            seen.append((_role, torch.get_num_threads())),
+            _run(*a, **k),
+        )[1]
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        engine.generator().generate(make_prompts(engine.target.vocab_size, 2, seed=3, lo=2, hi=9), 12)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert {role for role, _ in seen} == {"target_step", "draft_step", "draft_tree"}
+    assert {threads for _, threads in seen} == {1}
+
+
 def test_a_quantized_target_stores_its_matrices_in_a_sixth_of_the_room(quantized, demo_checkpoints):
     from onnx import numpy_helper
     from safetensors.torch import load_file
@@ -114,6 +138,37 @@ def test_a_tied_lm_head_is_untied_into_its_own_quantizable_weight():
     constants = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     assert constants["embed_t"].shape == (4, 10) and (constants["embed_t"] == constants["embed"].T).all()
     assert [n.op_type for n in model.graph.node] == ["Gather", "MatMul"]
+
+
+def test_a_gemm_by_a_constant_becomes_a_matmul_the_quantizer_reads():
+    import onnxruntime as ort
+    from onnx import helper, numpy_helper
+
+    weight, bias = torch.randn(6, 4).numpy(), torch.randn(6).numpy()
+    nodes = [
+        helper.make_node("Gemm", ["x", "w", "b"], ["with_bias"], transB=1),
+        helper.make_node("Gemm", ["x", "w"], ["without"], transB=1),
+        helper.make_node("Gemm", ["x", "w_t"], ["scaled"], alpha=2.0),  # not a plain product: left alone
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "gemms",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 4])],
+        [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [3, 6]) for n in ("with_bias", "without", "scaled")],
+        [numpy_helper.from_array(a, n) for a, n in ((weight, "w"), (bias, "b"), (weight.T.copy(), "w_t"))],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    x = torch.randn(3, 4).numpy()
+
+    def outputs(m):
+        return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+
+    before = outputs(model)
+    assert gemms_as_matmuls(model) == 2
+    onnx.checker.check_model(model)
+    assert [n.op_type for n in model.graph.node] == ["MatMul", "Add", "MatMul", "Gemm"]
+    for got, expected in zip(outputs(model), before):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
 def run_builder(*args: str, cwd: Path, draft: str = "griffin") -> subprocess.CompletedProcess:

@@ -61,6 +61,10 @@ class TargetStep(Protocol):
     vocab_size: int
     max_context: int
     feature_size: int  # the width F of the features a forward returns
+    # torch's intra-op threads while the loop drives this target (None: leave them): a target whose compute runs in
+    # pools of its own (ONNX Runtime on CPU) sets 1, so that torch's workers, spinning after the loop's small ops,
+    # do not take the cores from those pools' next call
+    glue_threads: int | None
 
     @property
     def device(self) -> torch.device: ...

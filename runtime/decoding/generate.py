@@ -7,6 +7,7 @@ from the start; finished ones leave it between cycles.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -14,7 +15,7 @@ from typing import Callable, Sequence
 import torch
 
 from specdec_kit.runtime.core.contract import TargetOutput, TargetStep
-from specdec_kit.runtime.core.device import now
+from specdec_kit.runtime.core.device import now, torch_threads
 from specdec_kit.runtime.core.kv_cache import KVCache
 from specdec_kit.runtime.core.sampling import SamplingParams, request_seed, sampled_tokens
 from specdec_kit.runtime.core.verify import Verdict, verify_batch
@@ -210,6 +211,17 @@ class Prompts:
         return self.counts - torch.tensor(self.cached, dtype=torch.long, device=self.counts.device)
 
 
+def _with_glue_threads(method: Callable) -> Callable:
+    """``method`` run with torch's threads at the target's ``glue_threads`` (restored after)."""
+
+    @functools.wraps(method)
+    def wrapped(self: "SpeculativeGenerator", *args, **kwargs):
+        with torch_threads(self.glue_threads):
+            return method(self, *args, **kwargs)
+
+    return wrapped
+
+
 class SpeculativeGenerator:
     """Batched speculative (or plain) generation over a ``TargetStep`` (PyTorch or ONNX Runtime) and a
     ``Drafter``; continuous batching drives its stages (``prefill``, ``admit``, ``cycle``, ``retire``)."""
@@ -225,6 +237,7 @@ class SpeculativeGenerator:
         self.drafter = drafter or NoDrafter()
         self.prefix_cache = prefix_cache  # prompts' cached blocks skip the prefill
         self.target = self.drafter.target_view(target)  # EAGLE-3 drafters read tapped layers
+        self.glue_threads = target.glue_threads
         self.eos = set(target.eos_token_ids() if eos_token_ids is None else eos_token_ids)
         self.decode = decode
         self.target_forward_s = 0.0  # cumulative time inside target forwards (overhead accounting)
@@ -338,6 +351,7 @@ class SpeculativeGenerator:
         capacity = max(lens) + max(budgets) + self.drafter.max_nodes + 2
         return Prompts(rows, prompts, whole, counts, chains, cached, capacity, first_tokens)
 
+    @_with_glue_threads
     @torch.inference_mode()
     def prefill(self, prompts: Sequence[Sequence[int]], *args, **kwargs) -> DecodeBatch:
         """Run new prompts through the target on a cache of their own and pick each first token; the result is a
@@ -518,6 +532,7 @@ class SpeculativeGenerator:
         lengths = batch.cache.lengths.tolist()
         return [n - row.stats.prompt_tokens + 1 for n, row in zip(lengths, batch.rows)]
 
+    @_with_glue_threads
     @torch.inference_mode()
     def cycle(self, batch: DecodeBatch, speculate: bool = True, joining: Prompts | None = None) -> CycleOutcome:
         """One draft-verify-accept cycle over every row. ``speculate=False`` verifies the root alone
@@ -654,6 +669,7 @@ class SpeculativeGenerator:
         return outcome
 
     # -- the whole loop for a fixed set of prompts --------------------------------------------
+    @_with_glue_threads
     @torch.inference_mode()
     def generate(
         self,

@@ -51,6 +51,7 @@ class TargetModel(nn.Module):
         use_window = getattr(config, "use_sliding_window", arch == "MistralForCausalLM")
         self.max_context = int(window) if (window and use_window) else int(config.max_position_embeddings)
         self.feature_layers: tuple[int, ...] | None = None  # None: the last layer's post-norm features
+        self.glue_threads: int | None = None  # torch runs the forward itself: every thread it has
 
     def tapped(self, layers: tuple[int, ...]) -> "TargetModel":
         """This target (the same weights, no copy) returning the hidden states entering ``layers`` (ascending, as

@@ -233,6 +233,9 @@ class OrtTarget:
         self.architecture = spec["architecture"]
         self.feature_layers = tuple(spec["feature_layers"]) if spec.get("feature_layers") else None
         self.feature_size = self.hidden_size * len(self.feature_layers or [None])
+        # On CPU the graphs' own pools do the compute; torch's workers, spinning after the loop's small ops, would
+        # take their cores (SmolLM2's draft_tree call: 13 ms a cycle beside them, 10 with torch on one thread)
+        self.glue_threads: int | None = 1 if self.device.type == "cpu" else None
 
     def eos_token_ids(self) -> list[int]:
         return list(self.spec.get("eos_token_ids", []))
