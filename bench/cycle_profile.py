@@ -129,9 +129,12 @@ def graphs_of(engine) -> dict[str, object]:
         if depth > 3 or obj is None:
             return
         for value in vars(obj).values() if hasattr(obj, "__dict__") else []:
-            items = (
-                value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else [value]
-            )
+            if isinstance(value, dict):
+                items = value.values()
+            elif isinstance(value, (tuple, list)):  # e.g. a drafter's (draft_tree graph, its tree)
+                items = value
+            else:
+                items = [value]
             for item in items:
                 if isinstance(item, OrtGraph):
                     found[item.path.stem.removesuffix(".optimized")] = item

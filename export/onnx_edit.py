@@ -33,7 +33,8 @@ def producers(model) -> dict[str, object]:
 
 def replace_nodes(model, replaced: dict[int, list]) -> None:
     """Each node whose id is in ``replaced`` becomes that list of nodes, where it stood (the others keep their
-    order); nodes and constants nothing reads any more are dropped."""
+    order); nodes and constants nothing reads any more are dropped. The ids are those of node objects the caller
+    still holds: protobuf makes a new wrapper for a node no one holds, and a freed one's id can name another."""
     nodes = [new for node in model.graph.node for new in replaced.get(id(node), [node])]
     wanted = {o.name for o in model.graph.output}
     while True:  # from the outputs back: a node whose values nothing reads goes, then what only it read

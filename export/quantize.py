@@ -87,13 +87,13 @@ def gemms_as_matmuls(model) -> int:
     from onnx import helper, numpy_helper
 
     constants = {init.name: init for init in model.graph.initializer}
-    rewritten, held = {}, []  # ``replace_nodes`` matches nodes by id: the wrappers must stay alive until then
-    for node in model.graph.node:
+    nodes = list(model.graph.node)  # held until ``replace_nodes``, which matches them by id
+    rewritten = {}
+    for node in nodes:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         plain = attrs.get("alpha", 1.0) == 1.0 and attrs.get("beta", 1.0) == 1.0 and not attrs.get("transA", 0)
         if node.op_type != "Gemm" or node.input[1] not in constants or not plain:
             continue
-        held.append(node)
         weight = numpy_helper.to_array(constants[node.input[1]])
         name = f"{node.name or node.output[0]}_weight"
         model.graph.initializer.append(
