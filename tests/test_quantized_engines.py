@@ -21,6 +21,7 @@ from specdec_kit.export.builder import build_engine
 from specdec_kit.export.inputs import BuildInputs
 from specdec_kit.export.quantize import gemms_as_matmuls, untie_transposed_weights
 from specdec_kit.runtime.core.manifest import read_manifest
+from specdec_kit.runtime.core.sampling import SamplingParams
 from specdec_kit.runtime.core.trees import DynamicTreeConfig
 from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
 from specdec_kit.runtime.engine import open_engine
@@ -83,20 +84,35 @@ def test_speculation_equals_the_quantized_engines_own_plain_decoding(quantized):
 
 
 def test_an_onnx_runtime_engine_decodes_with_torch_on_one_thread(quantized):
-    """ONNX Runtime's pools own the cores while the loop runs; torch's count is restored after."""
+    """ONNX Runtime's pools own the cores while the loop runs, through ``generate`` or through the stages the server's
+    scheduler drives one by one; torch's count is restored after each."""
     engine = open_engine(quantized, device="cpu")
     graphs = graphs_of(engine)
     assert {"target_step", "draft_step", "draft_tree"} <= set(graphs)
     seen: list[tuple[str, int]] = []
+
+    def recording(role: str, run):
+        def run_and_record(*args, **kwargs):
+            seen.append((role, torch.get_num_threads()))
+            return run(*args, **kwargs)
+
+        return run_and_record
+
     for role, graph in graphs.items():
-        graph.run = lambda *a, _run=graph.run, _role=role, **k: (
-            seen.append((_role, torch.get_num_threads())),
-            _run(*a, **k),
-        )[1]
+        graph.run = recording(role, graph.run)
+    prompts = make_prompts(engine.target.vocab_size, 2, seed=3, lo=2, hi=9)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        engine.generator().generate(make_prompts(engine.target.vocab_size, 2, seed=3, lo=2, hi=9), 12)
+        gen = engine.generator()
+        gen.generate(prompts, 12)
+        assert torch.get_num_threads() == 2
+        batch = gen.admit(None, gen.prefill(prompts[:1], [12], [SamplingParams()]))
+        batch = gen.admit(batch, gen.prefill(prompts[1:], [12], [SamplingParams()]))  # a prompt joining a running batch
+        assert torch.get_num_threads() == 2
+        while batch.size:
+            gen.cycle(batch)
+            gen.retire(batch)
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)

@@ -438,6 +438,7 @@ class SpeculativeGenerator:
             feats[b, hit:n] = computed[b, : n - hit]
         return feats
 
+    @_with_glue_threads
     @torch.inference_mode()
     def admit(self, running: DecodeBatch | None, new: DecodeBatch) -> DecodeBatch:
         """Join ``new`` rows (fresh from ``prefill``) to the running batch between cycles (or start one)."""
