@@ -48,10 +48,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def build_engines(args, methods: list[str]) -> dict[str, Path]:
-    """Each head's engine, built by the kit's builder (an identical rebuild is reused)."""
+def build_engines(args, methods: list[str], trees: list) -> dict[str, Path]:
+    """Each head's engine, built by the kit's builder (an identical rebuild is reused), carrying a one-call draft
+    graph for every candidate tree where its kind drafts trees in one call: the search compares the trees as each
+    would run if chosen, not the engine's own tree in one call against the others level by level."""
     return {
-        method: build_head_engine(args.target, method, args.backend, args.draft_weights, args.engines)
+        method: build_head_engine(args.target, method, args.backend, args.draft_weights, args.engines, trees)
         for method in methods
     }
 
@@ -138,7 +140,8 @@ def run(args) -> int:
     set_threads()
     args.draft_weights = effective_draft_weights(args.backend, args.draft_weights)
     methods = [m for m in args.methods.split(",") if m]
-    engines = {m: open_engine(path) for m, path in build_engines(args, methods).items()}
+    candidates = [DynamicTreeConfig(*map(int, spec.split(":"))) for spec in args.trees.split(",")]
+    engines = {m: open_engine(path) for m, path in build_engines(args, methods, candidates).items()}
     first = engines[methods[0]]
     tokenizer = first.tokenizer
     plain = SpeculativeGenerator(first.target, NoDrafter())
@@ -147,7 +150,6 @@ def run(args) -> int:
         : args.calibration_prompts
     ]  # the kit's prompts, never the benchmark's
     calibration = [chat_ids(tokenizer, [{"role": "user", "content": p.text}]) for p in training]
-    candidates = [DynamicTreeConfig(*map(int, spec.split(":"))) for spec in args.trees.split(",")]
     print(f"choosing the tree from measured costs ({len(candidates)} candidates)", file=sys.stderr)
     search = search_trees(engines, plain, calibration, candidates, args.calibration_tokens)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -39,7 +39,7 @@ from specdec_kit.runtime.core.manifest import (
     read_manifest,
     write_manifest,
 )
-from specdec_kit.runtime.core.trees import tree_from_dict
+from specdec_kit.runtime.core.trees import DynamicTreeConfig, tree_from_dict
 from specdec_kit.runtime.loader import load_draft_for, load_tokenizer
 from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.runtime.registry import draft_kind, kinds_for_engine
@@ -149,6 +149,21 @@ def check_weights(inputs: BuildInputs) -> tuple[WeightFormat | None, WeightForma
     return formats[0], formats[1]
 
 
+def check_extra_trees(inputs: BuildInputs) -> None:
+    """Extra trees are one-call draft graphs beside the engine's own: an ONNX Runtime engine of a kind that drafts a
+    dynamic tree in a graph, built with that graph."""
+    if not inputs.extra_trees:
+        return
+    family = draft_kind(inputs.draft).family
+    has_graph = inputs.backend == "onnxruntime" and inputs.draft_tree and family.tree_graphs
+    if not has_graph or not isinstance(tree_from_dict(inputs.tree), DynamicTreeConfig):
+        raise BuildError(
+            f"--extra-trees: one-call draft graphs beside the engine's own, which a {inputs.draft} draft on "
+            f"{inputs.backend} with tree {inputs.tree}{'' if inputs.draft_tree else ' and --no-draft-tree'} has not "
+            "(an onnxruntime engine of an EAGLE-style, HASS, GRIFFIN or EAGLE-3 draft with a dynamic tree)"
+        )
+
+
 def check_draft_format(inputs: BuildInputs) -> None:
     """The speculators format is a vLLM engine's, for the kinds whose draft vLLM reads in it."""
     if inputs.draft_format == "official":
@@ -232,6 +247,7 @@ def build_engine(
     check_target_store(inputs)
     weights = check_weights(inputs)
     check_draft_format(inputs)
+    check_extra_trees(inputs)
     with output_lock(output, step):
         return _build_locked(inputs, output, digest, force, device, step, start, weights, replace_other)
 
@@ -316,6 +332,7 @@ def _build_locked(
                 draft_tree=inputs.draft_tree,
                 target_weights=target_weights,
                 draft_weights=draft_weights,
+                extra_trees=[tree_from_dict(t) for t in inputs.extra_trees],
             )
         elif inputs.backend == "torch":
             step("writing the target and draft checkpoints (safetensors)")

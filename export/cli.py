@@ -102,6 +102,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "slower on a CPU)",
     )
     p.add_argument(
+        "--extra-trees",
+        metavar="T:D:K[,T:D:K...]",
+        help="onnxruntime, feature drafts with a dynamic tree: more dynamic trees (total_tokens:depth:top_k) whose "
+        "whole draft cycle gets a graph of its own beside the engine's tree, so a drafter on any of them drafts in "
+        "one call (a tree search compares them at their real cost; each adds a draft-sized graph)",
+    )
+    p.add_argument(
         "--weights",
         default="float",
         choices=["float", "int4"],
@@ -204,6 +211,21 @@ def resolve_tree_dict(
     if cpu_tree and spec is None and embedded and draft == "medusa":
         spec = CPU_MEDUSA_TREE
     return tree_to_dict(resolve_tree(draft, spec, total, depth, top_k, cpu_tree if embedded and spec is None else None))
+
+
+def parse_extra_trees(specs: str | None) -> tuple[dict, ...]:
+    """``--extra-trees 4:3:1,8:3:2`` -> the trees' manifest dicts (dynamic trees only: their one-call graphs)."""
+    from specdec_kit.export.inputs import BuildError
+    from specdec_kit.runtime.core.trees import parse_tree_spec, tree_to_dict
+
+    trees = []
+    for spec in (specs or "").split(","):
+        if spec.strip():
+            try:
+                trees.append(tree_to_dict(parse_tree_spec(f"dynamic:{spec.strip()}")))
+            except ValueError:
+                raise BuildError(f"--extra-trees {specs}: {spec.strip()!r} is not TOTAL_TOKENS:DEPTH:TOP_K") from None
+    return tuple(trees)
 
 
 def human(n: int) -> str:
@@ -320,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             demo=demo,
             trtllm_legacy_engine=args.trtllm_legacy_engine,
             draft_tree=args.draft_tree,
+            extra_trees=parse_extra_trees(args.extra_trees),
             lookup=lookup,
             lookup_path=args.lookup_settings,
             target_store=args.target_store,

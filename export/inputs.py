@@ -38,6 +38,7 @@ class BuildInputs:
     demo: bool = False
     trtllm_legacy_engine: str | None = None  # a TensorRT-LLM release <= 1.2: the legacy trtllm-build route
     draft_tree: bool = True  # onnxruntime: the draft's whole cycle as one graph, where the kind and tree allow it
+    extra_trees: tuple[dict[str, Any], ...] = ()  # onnxruntime: more dynamic trees with a one-call graph each
     lookup: str | None = None  # a hybrid's model-free kind (``--draft griffin+suffix``)
     lookup_path: Path | None = None  # a model-free kind's settings file (alone or in a hybrid); None: its defaults
     target_store: Path | None = None  # server backends: the target written once there, the engine links to it
@@ -75,6 +76,7 @@ class BuildInputs:
             **({"weights": self.weights} if self.weights != "float" else {}),  # float engines keep their old digests
             **({"draft_weights": self.draft_weights} if self.draft_weights != "float" else {}),
             **({"draft_format": self.draft_format} if self.draft_format != "official" else {}),
+            **({"extra_trees": list(self.extra_trees)} if self.extra_trees else {}),
             **(
                 {"graph_interface": ONNX_GRAPH_INTERFACE, "draft_tree": self.draft_tree}
                 if self.backend == "onnxruntime"

@@ -11,7 +11,7 @@ import io
 import logging
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -23,7 +23,7 @@ from specdec_kit.runtime.core.manifest import ONNX_GRAPH_INTERFACE
 from specdec_kit.runtime.core.trees import tree_to_dict
 from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
 from specdec_kit.runtime.models.target import TargetModel
-from specdec_kit.runtime.ort.graphs import target_plan
+from specdec_kit.runtime.ort.graphs import extra_tree_role, target_plan
 from specdec_kit.runtime.registry import draft_kind
 
 # float32 on CPU: the parity bound for logits/features (graph fusions reorder float sums).
@@ -152,10 +152,12 @@ def build_onnx(
     draft_tree: bool = True,
     target_weights: WeightFormat | None = None,
     draft_weights: WeightFormat | None = None,
+    extra_trees: Sequence[Any] = (),
 ) -> dict[str, Any]:
     """Write graphs/ under ``staging``; return the manifest's ``artifacts`` and ``onnx`` sections. ``draft_tree``:
     add the draft's whole cycle as one graph where the kind and tree allow it (its export takes longer than the
-    step's: the tree search is unrolled). ``target_weights`` / ``draft_weights``: the constant MatMuls of the target's
+    step's: the tree search is unrolled), and one more such graph for each of ``extra_trees`` (so that a drafter on
+    any of them drafts in one call, as a tree search must compare them). ``target_weights`` / ``draft_weights``: the constant MatMuls of the target's
     / the draft's graphs quantized in that format (None: float). A quantized target is its own reference: the build
     proves speculation against the quantized graphs' plain decoding and reports, without bounding, the distance from
     PyTorch's float model."""
@@ -175,8 +177,12 @@ def build_onnx(
     step(f"exporting the {draft_kind_name} draft to ONNX")
     plans = family.graph_plans(draft_module, target)
     whole = family.whole_tree_plan(draft_module, target, tree) if draft_tree else None
+    extras = {}  # role -> tree
     if whole is not None:
         plans.append(whole)
+        for extra in dict.fromkeys(t for t in extra_trees if t != tree):  # the builder checked the kind has them
+            plans.append(family.whole_tree_plan(draft_module, target, extra, extra_tree_role(extra)))
+            extras[plans[-1].role] = extra
     with quiet_export():
         roles = [export_plan(plan, graphs).stem for plan in plans]
     opsets = {plan.role: plan.opset for plan in (target_graph, *plans)}
@@ -201,12 +207,19 @@ def build_onnx(
     dtype = target.dtype
     ort_target = OrtTarget(OrtGraph(graphs / "target_step.optimized.onnx", device), manifest_target, dtype)
     parity = target_parity(target, ort_target, manifest_target["vocab_size"])
-    torch_drafter = family.torch_drafter(draft_module, target, tree)
     whole_tree = {"whole_tree": tree_to_dict(tree)} if whole is not None else {}
+    if extras:
+        whole_tree["extra_whole_trees"] = {role: tree_to_dict(t) for role, t in extras.items()}
     manifest = {"target": manifest_target, "draft": manifest_draft, "onnx": whole_tree}
-    ort_drafter = family.ort_drafter(
-        lambda role: OrtGraph(graphs / f"{role}.optimized.onnx", device), manifest, ort_target, tree
-    )
+    drafters = [
+        (
+            family.torch_drafter(draft_module, target, t),
+            family.ort_drafter(
+                lambda role: OrtGraph(graphs / f"{role}.optimized.onnx", device), manifest, ort_target, t
+            ),
+        )
+        for t in (tree, *extras.values())
+    ]
     bound = None if target_weights else PARITY_ATOL.get(dtype, 5e-2)
     if bound is not None and max(parity["logits_relative"], parity["features_relative"]) > bound:
         raise BuildError(
@@ -214,16 +227,19 @@ def build_onnx(
             f"({parity['logits_relative']:.2e} of their largest magnitude), |features diff| "
             f"{parity['features']:.2e} ({parity['features_relative']:.2e}), bound {bound:.0e} relative"
         )
-    if target_weights:
-        checks = quantized_greedy_checks(target, ort_target, ort_drafter, prompts)
-        if not checks["greedy_identical_to_plain"]:
-            raise BuildError(
-                f"greedy speculation through the {target_weights.name} target differs from its own plain decoding"
-            )
-    else:
-        checks = {"greedy_identical_to_torch": greedy_identity(target, torch_drafter, ort_target, ort_drafter, prompts)}
-        if not checks["greedy_identical_to_torch"]:
-            raise BuildError("greedy generation through the ONNX graphs differs from the PyTorch backend")
+    for torch_drafter, ort_drafter in drafters:  # the engine's tree, then each extra tree's one-call graph
+        if target_weights:
+            checks = quantized_greedy_checks(target, ort_target, ort_drafter, prompts)
+            if not checks["greedy_identical_to_plain"]:
+                raise BuildError(
+                    f"greedy speculation through the {target_weights.name} target differs from its own plain decoding"
+                )
+        else:
+            checks = {
+                "greedy_identical_to_torch": greedy_identity(target, torch_drafter, ort_target, ort_drafter, prompts)
+            }
+            if not checks["greedy_identical_to_torch"]:
+                raise BuildError("greedy generation through the ONNX graphs differs from the PyTorch backend")
     weight_section = {}
     if target_weights:
         found = quantized["target_step"]

@@ -91,6 +91,7 @@ class DraftFamily(ABC):
     saved_prefix: str = ""  # a prefix the official layout's keys lack (saving strips it from the module's keys)
     client_drafting: bool = True  # whether a client-server client can draft with it (``client_drafter``)
     one_call: bool = False  # whether it drafts a whole cycle in one draft call whatever the tree (no level calls)
+    tree_graphs: bool = False  # whether an ONNX Runtime engine drafts a dynamic tree's cycle in a graph of its own
 
     @abstractmethod
     def torch_drafter(self, module: nn.Module, target: TargetModel, tree: Tree) -> Drafter:
@@ -104,8 +105,10 @@ class DraftFamily(ABC):
     def graph_plans(self, module: nn.Module, target: TargetModel) -> list[GraphPlan]:
         """The draft's ONNX graphs (the target's step is exported for every kind)."""
 
-    def whole_tree_plan(self, module: nn.Module, target: TargetModel, tree: Tree) -> GraphPlan | None:
-        """A graph that drafts a whole cycle of ``tree`` in one call, where this family has one for it."""
+    def whole_tree_plan(
+        self, module: nn.Module, target: TargetModel, tree: Tree, role: str = "draft_tree"
+    ) -> GraphPlan | None:
+        """A graph (named ``role``) that drafts a whole cycle of ``tree`` in one call, where this family has one."""
         return None
 
     def client_drafter(self, module: nn.Module, tail: TargetModel, tree: Tree) -> Drafter:
@@ -175,6 +178,7 @@ class FeatureFamily(DraftFamily):
 
     name = "feature"
     manifest_keys = ("num_hidden_layers", "num_key_value_heads", "head_dim", "hidden_size", "vocab_size")
+    tree_graphs = True
 
     def config_dict(self, module, base_model=""):
         """EAGLE's config: the Llama fields, the q/k/v and fc biases, a reduced draft vocabulary's size."""
@@ -210,8 +214,11 @@ class FeatureFamily(DraftFamily):
 
         layers = manifest["draft"].get("feature_layers")
         fuse = graph("draft_fuse") if layers else None  # tapped layers are fused by the draft's fc, its own graph
-        whole_tree = manifest.get("onnx", {}).get("whole_tree")
-        whole = (graph("draft_tree"), tree_from_dict(whole_tree)) if whole_tree else None
+        onnx = manifest.get("onnx", {})
+        carried = {"draft_tree": onnx["whole_tree"]} if "whole_tree" in onnx else {}
+        carried.update(onnx.get("extra_whole_trees", {}))  # more trees' one-call graphs, by role
+        role = next((role for role, spec in carried.items() if tree_from_dict(spec) == tree), None)
+        whole = (graph(role), tree) if role else None  # only this tree's graph is opened
         step = OrtFeatureDraftStep(graph("draft_step"), manifest["draft"], target.dtype, fuse=fuse, whole=whole)
         return FeatureTreeDrafter(step, tree, tuple(layers) if layers else None)
 
@@ -220,12 +227,14 @@ class FeatureFamily(DraftFamily):
 
         return feature_draft_plans(module, self.head(module, target))
 
-    def whole_tree_plan(self, module, target, tree):
+    def whole_tree_plan(self, module, target, tree, role="draft_tree"):
         """The draft's whole cycle as one graph, for a dynamic tree (``DraftTreeGraph``)."""
         from specdec_kit.runtime.core.trees import DynamicTreeConfig
         from specdec_kit.runtime.ort.graphs import draft_tree_plan
 
-        return draft_tree_plan(module, self.head(module, target), tree) if isinstance(tree, DynamicTreeConfig) else None
+        if not isinstance(tree, DynamicTreeConfig):
+            return None
+        return draft_tree_plan(module, self.head(module, target), tree, role)
 
     def client_drafter(self, module, tail, tree):
         return self.torch_drafter(module, tail, tree)
@@ -284,6 +293,7 @@ class ParallelEagle3Family(Eagle3Family):
 
     name = "peagle"
     one_call = True
+    tree_graphs = False  # its one draft call per cycle is already the step graph's
     manifest_keys = Eagle3Family.manifest_keys + ("mask_token_id", "parallel_draft_tokens", "mask_hidden")
 
     def check_tree(self, tree):
@@ -327,7 +337,7 @@ class ParallelEagle3Family(Eagle3Family):
         layers = tuple(spec["feature_layers"])
         return ParallelDrafter(step, tree, layers, mask, spec["mask_token_id"], spec["parallel_draft_tokens"])
 
-    def whole_tree_plan(self, module, target, tree):
+    def whole_tree_plan(self, module, target, tree, role="draft_tree"):
         return None  # its one draft call per cycle is already the step graph's
 
 

@@ -55,13 +55,14 @@ def checkpoints(demo_checkpoints, eagle3_checkpoint) -> dict:
 
 
 ONE_CALL_TREE = tree_to_dict(DynamicTreeConfig(6, 2, 2))  # small: the one-call graph unrolls the search to export it
+EXTRA_TREE = DynamicTreeConfig(3, 1, 1)  # a tree the one-call engine carries beside its own (a tree search's candidate)
 
 
 class Engines(dict):
     """Each engine built on first use, then shared by the module: ``engines["eagle2"]`` (ONNX Runtime, drafting level
     by level; EAGLE-3 in one call per cycle, which its greedy test then checks against PyTorch's level-by-level
     drafts), ``engines["griffin-torch"]``, or ``engines["griffin-onecall"]`` (ONNX Runtime with the draft_tree graph
-    of ``ONE_CALL_TREE``). A test tier that opens one engine builds one."""
+    of ``ONE_CALL_TREE`` and one of ``EXTRA_TREE``). A test tier that opens one engine builds one."""
 
     def __init__(self, checkpoints: dict, root: Path):
         super().__init__()
@@ -70,7 +71,7 @@ class Engines(dict):
     def __missing__(self, name: str) -> Path:
         kind, _, variant = name.partition("-")
         if variant == "onecall":
-            inputs = inputs_for(self.checkpoints, kind, tree=ONE_CALL_TREE)
+            inputs = inputs_for(self.checkpoints, kind, tree=ONE_CALL_TREE, extra_trees=(tree_to_dict(EXTRA_TREE),))
         else:
             inputs = inputs_for(self.checkpoints, kind, variant or "onnxruntime", draft_tree=kind == "eagle3")
         path = build_engine(inputs, self.root / name).path
@@ -194,20 +195,31 @@ def test_draft_graph_matches_pytorch_with_pending_tree_slots(engines, demo_check
     assert torch.allclose(caches[0].keys[:, :, :, :7], caches[1].keys[:, :, :, :7], atol=1e-5)
 
 
-def test_a_dynamic_tree_engine_drafts_each_cycle_in_one_call(engines, kind="griffin"):
-    """The engine's tree is drafted by its draft_tree graph, one session call per cycle (the step graph runs only
-    for rows joining), with the same trees as the step graph's level-by-level search: same tokens, same acceptance."""
+@pytest.mark.parametrize("which", ["engine tree", "extra tree"])
+def test_a_dynamic_tree_engine_drafts_each_cycle_in_one_call(engines, which, kind="griffin"):
+    """The engine's tree, and each extra tree it was built with, is drafted by a graph of its own, one session call
+    per cycle (the step graph runs only for rows joining), with the same trees as the step graph's level-by-level
+    search: same tokens, same acceptance. A tree it carries no graph for drafts level by level."""
     engine = open_engine(engines[f"{kind}-onecall"], device="cpu")
-    assert engine.manifest["onnx"]["whole_tree"] == ONE_CALL_TREE
-    step = engine.drafter.step
+    onnx = engine.manifest["onnx"]
+    assert onnx["whole_tree"] == ONE_CALL_TREE
+    assert onnx["extra_whole_trees"] == {"draft_tree_3_1_1": tree_to_dict(EXTRA_TREE)}
+    tree = engine.tree if which == "engine tree" else EXTRA_TREE
+    drafter = engine.drafter_for(tree)
+    step = drafter.step
     tree_graph, step_graph = step.whole[0], step.graph
+    assert step.whole[1] == tree and tree_graph.path.name.startswith(
+        "draft_tree" if which == "engine tree" else "draft_tree_3_1_1"
+    )
+    assert engine.drafter_for(DynamicTreeConfig(5, 2, 2)).step.whole is None
     batch = prompts(engine.target.vocab_size)
-    whole = engine.generator().generate(batch, 40)
+    calls_before = step_graph.calls
+    whole = SpeculativeGenerator(engine.target, drafter).generate(batch, 40)
     cycles = sum(r.stats.cycles for r in whole)
     assert tree_graph.calls >= max(r.stats.cycles for r in whole)
-    assert step_graph.calls == 1  # the batch's prompts, read when it was admitted
+    assert step_graph.calls == calls_before + 1  # the batch's prompts, read when it was admitted
     step.whole = None
-    stepwise = engine.generator().generate(batch, 40)
+    stepwise = SpeculativeGenerator(engine.target, drafter).generate(batch, 40)
     assert step_graph.calls > tree_graph.calls and cycles > 0
     assert [r.tokens for r in whole] == [r.tokens for r in stepwise]
     assert [r.stats.accepted_tokens for r in whole] == [r.stats.accepted_tokens for r in stepwise]
@@ -525,3 +537,26 @@ def test_an_eagle3_engine_taps_the_target_and_fuses_in_a_graph_of_its_own(engine
     assert {"draft_fuse", "draft_fuse_optimized"} <= set(manifest["artifacts"])
     engine = open_engine(engines["eagle3"], device="cpu")
     assert engine.target.feature_size == len(layers) * torch_target.hidden_size
+
+
+def test_extra_trees_are_refused_where_no_one_call_graph_would_carry_them(checkpoints, tmp_path):
+    """Extra trees are one-call draft graphs beside the engine's own: a kind, backend or build without that graph
+    is told so before anything is built, and a malformed tree names itself."""
+    from specdec_kit.export.cli import parse_extra_trees
+
+    extra = (tree_to_dict(EXTRA_TREE),)
+    cases = {
+        "medusa": inputs_for(checkpoints, "medusa", extra_trees=extra),
+        "torch": inputs_for(checkpoints, "griffin", "torch", extra_trees=extra),
+        "no graph": inputs_for(checkpoints, "griffin", tree=ONE_CALL_TREE, draft_tree=False, extra_trees=extra),
+    }
+    for name, inputs in cases.items():
+        with pytest.raises(BuildError, match="--extra-trees: one-call draft graphs"):
+            build_engine(inputs, tmp_path / name)
+    assert not list(tmp_path.rglob("manifest.json"))
+    assert parse_extra_trees("4:3:1, 8:3:2") == (
+        tree_to_dict(DynamicTreeConfig(4, 3, 1)),
+        tree_to_dict(DynamicTreeConfig(8, 3, 2)),
+    )
+    with pytest.raises(BuildError, match="'4:3' is not TOTAL_TOKENS:DEPTH:TOP_K"):
+        parse_extra_trees("6:3:2,4:3")

@@ -495,8 +495,17 @@ def feature_draft_plans(draft: FeatureDraft, head: nn.Module) -> list[GraphPlan]
     ]
 
 
-def draft_tree_plan(draft: FeatureDraft, head: nn.Module, tree: DynamicTreeConfig) -> GraphPlan:
-    """A feature draft's whole cycle (context step and dynamic tree search, ``DraftTreeGraph``) for one tree."""
+def extra_tree_role(tree: DynamicTreeConfig) -> str:
+    """The graph (file stem, manifest artifact) that drafts the whole cycle of a tree an engine carries beside its own
+    (whose graph is ``draft_tree``)."""
+    return f"{DRAFT_TREE_SPEC.name}_{tree.total_tokens}_{tree.depth}_{tree.top_k}"
+
+
+def draft_tree_plan(
+    draft: FeatureDraft, head: nn.Module, tree: DynamicTreeConfig, role: str = DRAFT_TREE_SPEC.name
+) -> GraphPlan:
+    """A feature draft's whole cycle (context step and dynamic tree search, ``DraftTreeGraph``) for one tree, as the
+    graph ``role``."""
     layers, heads, dim = draft.attention_shape
     weight = draft.embed_tokens.weight
     (ids, pos, mask, _), buffers = _cached_example(layers, heads, dim, weight.dtype, weight.device)
@@ -505,8 +514,9 @@ def draft_tree_plan(draft: FeatureDraft, head: nn.Module, tree: DynamicTreeConfi
     dims = _cache_dims(layers)
     dims["root_index"] = {0: dims["input_ids"][0]}
     del dims["logits_index"]
+    spec = DRAFT_TREE_SPEC.with_layers(layers)
     return GraphPlan(
-        DRAFT_TREE_SPEC.with_layers(layers),
+        GraphSpec(role, spec.inputs, spec.outputs),
         DraftTreeGraph(draft, head, tree),
         (ids, feats, pos, mask, root, *buffers),
         dims,
