@@ -18,7 +18,7 @@ from pathlib import Path
 
 from specdec_kit.bench.head_engine import add_draft_weights_argument, build_head_engine, effective_draft_weights
 
-DEFAULT_TREES = "4:3:1,6:3:2,8:3:2,8:4:2,10:4:2,12:4:3,12:5:2,16:5:3"  # total_tokens:depth:top_k
+DEFAULT_TREES = "3:2:1,4:3:1,6:3:2,8:3:2,8:4:2,10:4:2,12:4:3,12:5:2,16:5:3"  # total_tokens:depth:top_k
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -7,6 +7,7 @@ beyond tolerance, or whose greedy generation differs from the PyTorch backend's 
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import warnings
@@ -157,10 +158,10 @@ def build_onnx(
     """Write graphs/ under ``staging``; return the manifest's ``artifacts`` and ``onnx`` sections. ``draft_tree``:
     add the draft's whole cycle as one graph where the kind and tree allow it (its export takes longer than the
     step's: the tree search is unrolled), and one more such graph for each of ``extra_trees`` (so that a drafter on
-    any of them drafts in one call, as a tree search must compare them). ``target_weights`` / ``draft_weights``: the constant MatMuls of the target's
-    / the draft's graphs quantized in that format (None: float). A quantized target is its own reference: the build
-    proves speculation against the quantized graphs' plain decoding and reports, without bounding, the distance from
-    PyTorch's float model."""
+    any of them drafts in one call, as a tree search must compare them). ``target_weights`` / ``draft_weights``: the
+    constant MatMuls of the target's / the draft's graphs quantized in that format (None: float). A quantized target
+    is its own reference: the build proves speculation against the quantized graphs' plain decoding and reports,
+    without bounding, the distance from PyTorch's float model."""
     import onnxruntime as ort
 
     from specdec_kit.runtime.ort.backend import OrtGraph, OrtTarget, providers_for
@@ -211,13 +212,9 @@ def build_onnx(
     if extras:
         whole_tree["extra_whole_trees"] = {role: tree_to_dict(t) for role, t in extras.items()}
     manifest = {"target": manifest_target, "draft": manifest_draft, "onnx": whole_tree}
+    opened = functools.cache(lambda role: OrtGraph(graphs / f"{role}.optimized.onnx", device))  # one session a graph
     drafters = [
-        (
-            family.torch_drafter(draft_module, target, t),
-            family.ort_drafter(
-                lambda role: OrtGraph(graphs / f"{role}.optimized.onnx", device), manifest, ort_target, t
-            ),
-        )
+        (family.torch_drafter(draft_module, target, t), family.ort_drafter(opened, manifest, ort_target, t))
         for t in (tree, *extras.values())
     ]
     bound = None if target_weights else PARITY_ATOL.get(dtype, 5e-2)
