@@ -28,11 +28,11 @@ def effective_draft_weights(backend: str, draft_weights: str) -> str:
 def build_head_engine(
     target: str, head: str, backend: str, draft_weights: str, engines: Path, extra_trees: Sequence = ()
 ) -> Path:
-    """``engines/<target>-<head>-<backend>[-draftint8][-trees]``: ``target`` a named target (``smollm2``, with the kit's
-    heads and its CPU tree) or ``zoo`` (the demo zoo's target and head, the demo tree). ``extra_trees``: more dynamic
-    trees whose draft cycle the engine carries as one graph each, where the head's kind has one (a tree search's
-    candidates, each then drafted as cheaply as the engine's own tree; ``-trees``: not the directory a plain build of
-    the head writes, which the demo then reuses)."""
+    """``engines/<target>-<head>-<backend>[-draftint8][-trees]``: ``target`` a named target (``smollm2``, with the
+    kit's heads and its CPU tree) or ``zoo`` (the demo zoo's target and head, the demo tree). ``extra_trees``: more
+    dynamic trees whose draft cycle the engine carries as one graph each, where the head's kind has one (a tree
+    search's candidates, each then drafted as cheaply as the engine's own tree; ``-trees``: not the directory a plain
+    build of the head writes, which the demo then reuses)."""
     from specdec_kit.export.builder import build_engine
     from specdec_kit.export.cli import weights_suffix
     from specdec_kit.export.inputs import BuildInputs, resolve_paths

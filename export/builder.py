@@ -158,9 +158,9 @@ def check_extra_trees(inputs: BuildInputs) -> None:
     has_graph = inputs.backend == "onnxruntime" and inputs.draft_tree and family.tree_graphs
     if not has_graph or not isinstance(tree_from_dict(inputs.tree), DynamicTreeConfig):
         raise BuildError(
-            f"--extra-trees: one-call draft graphs beside the engine's own, which a {inputs.draft} draft on "
-            f"{inputs.backend} with tree {inputs.tree}{'' if inputs.draft_tree else ' and --no-draft-tree'} has not "
-            "(an onnxruntime engine of an EAGLE-style, HASS, GRIFFIN or EAGLE-3 draft with a dynamic tree)"
+            f"--extra-trees: one-call draft graphs beside the engine's own, and a {inputs.draft} draft on "
+            f"{inputs.backend} with tree {inputs.tree}{'' if inputs.draft_tree else ' and --no-draft-tree'} has none "
+            "(an onnxruntime engine of an EAGLE-style, HASS, GRIFFIN or EAGLE-3 draft with a dynamic tree has)"
         )
 
 
