@@ -232,7 +232,7 @@ class FeatureFamily(DraftFamily):
         from specdec_kit.runtime.core.trees import DynamicTreeConfig
         from specdec_kit.runtime.ort.graphs import draft_tree_plan
 
-        if not isinstance(tree, DynamicTreeConfig):
+        if not self.tree_graphs or not isinstance(tree, DynamicTreeConfig):
             return None
         return draft_tree_plan(module, self.head(module, target), tree, role)
 
@@ -336,9 +336,6 @@ class ParallelEagle3Family(Eagle3Family):
         mask = torch.tensor(spec["mask_hidden"], dtype=torch.float32)
         layers = tuple(spec["feature_layers"])
         return ParallelDrafter(step, tree, layers, mask, spec["mask_token_id"], spec["parallel_draft_tokens"])
-
-    def whole_tree_plan(self, module, target, tree, role="draft_tree"):
-        return None  # its one draft call per cycle is already the step graph's
 
 
 class DFlashFamily(DraftFamily):
