@@ -55,7 +55,7 @@ def build_head_engine(
         dtype="float32",
         draft_weights=draft_weights,
         tree=tree_to_dict(tree),
-        extra_trees=tuple(tree_to_dict(t) for t in extra_trees if t != tree) if tree_graphs else (),
+        extra_trees=tuple(tree_to_dict(t) for t in extra_trees) if tree_graphs else (),
     )
     carried = "-trees" if inputs.extra_trees else ""
     out = engines / f"{target}-{head}-{backend}{weights_suffix('float', draft_weights)}{carried}"

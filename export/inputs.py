@@ -47,6 +47,15 @@ class BuildInputs:
     draft_format: str = "official"  # vllm: the draft's layout, official or speculators (vLLM reads both)
     file_hashes: dict[str, dict[str, str]] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        """Extra trees as a set beside the engine's own: the engine's tree and repeats dropped, so that naming them
+        changes neither the graphs nor the digest."""
+        extra: list[dict[str, Any]] = []
+        for tree in self.extra_trees:
+            if tree != self.tree and tree not in extra:
+                extra.append(tree)
+        self.extra_trees = tuple(extra)
+
     @property
     def draft_spec(self) -> str:
         """What ``--draft`` said: the kind, or ``head+lookup``."""

@@ -181,7 +181,7 @@ def build_onnx(
     extras = {}  # role -> tree
     if whole is not None:
         plans.append(whole)
-        for extra in dict.fromkeys(t for t in extra_trees if t != tree):  # the builder checked the kind has them
+        for extra in extra_trees:  # the builder checked the kind has them and left out the engine's own tree
             plans.append(family.whole_tree_plan(draft_module, target, extra, extra_tree_role(extra)))
             extras[plans[-1].role] = extra
     with quiet_export():

@@ -560,3 +560,14 @@ def test_extra_trees_are_refused_where_no_one_call_graph_would_carry_them(checkp
     )
     with pytest.raises(BuildError, match="'4:3' is not TOTAL_TOKENS:DEPTH:TOP_K"):
         parse_extra_trees("6:3:2,4:3")
+
+
+def test_extra_trees_leave_out_the_engines_own_tree_and_repeats(checkpoints):
+    """Naming the engine's own tree, or a tree twice, among the extra trees builds the same engine: the same graphs,
+    the same digest (a reuse, not a rebuild)."""
+    own, extra = ONE_CALL_TREE, tree_to_dict(EXTRA_TREE)
+    plain = inputs_for(checkpoints, "griffin", tree=own, extra_trees=(extra,))
+    named = inputs_for(checkpoints, "griffin", tree=own, extra_trees=(own, extra, extra))
+    assert named.extra_trees == (extra,)
+    assert named.digest() == plain.digest()
+    assert inputs_for(checkpoints, "griffin", tree=own, extra_trees=(own,)).extra_trees == ()
