@@ -22,6 +22,7 @@ import json
 import sys
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -40,12 +41,13 @@ from specdec_kit.train.eagle3 import (
     merged_step_results,
     tapped_outputs,
 )
-from specdec_kit.train.heldout import ChainCounts, HeldOutTracker, heldout_due
+from specdec_kit.train.heldout import ChainCounts
 from specdec_kit.train.methods import Trainer
 from specdec_kit.train.parallel import Ranks
-from specdec_kit.train.schedule import Schedule, accumulated_step, optimizer_and_state, saved_extra, step_bar
+from specdec_kit.train.schedule import Schedule, accumulated_step, optimizer_and_state, step_bar
 from specdec_kit.train.sharded_target import prepare_target, rows_through_target
-from specdec_kit.train.sharding import distribute, save_training_state
+from specdec_kit.train.sharding import distribute
+from specdec_kit.train.training_run import TrainingRun
 
 
 @dataclass(kw_only=True)
@@ -284,14 +286,13 @@ def train_dflash(
     )
     params, opt, start, history = optimizer_and_state(draft, spec, state_path, sharded)
     measured = sharded.plain if sharded is not None else draft
-    tracker = None
-    if heldout is not None and spec.eval_every and ranks.main:
-        heldout.lm_rows = lm_head.weight.data[:1]
-        heldout.to(device)
-        tracker = HeldOutTracker(
-            lambda m: dflash_acceptance(m, embed, lm_head, heldout, spec.eval_depth), spec.eval_every
-        )
-        tracker.restore(saved_extra(state_path))
+    measure = None
+    if heldout is not None and spec.eval_every:
+        if ranks.main:
+            heldout.lm_rows = lm_head.weight.data[:1]
+            heldout.to(device)
+        measure = partial(dflash_acceptance, embed=embed, lm_head=lm_head, data=heldout, depth=spec.eval_depth)
+    run = TrainingRun(spec, draft, measured, opt, ranks, sharded, history, state_path, measure)
     bar = step_bar(spec, start, "dflash", progress, ranks)
     t0 = time.time()
     for step in bar:
@@ -331,22 +332,12 @@ def train_dflash(
             "slot_accuracy": accuracy,
             "positions": positions,
         }
-        if sharded is not None and heldout is not None and heldout_due(step, spec.steps, spec.eval_every):
-            sharded.gather()  # every rank takes part; rank 0's whole draft is then measured
-        if tracker is not None and tracker.due(step, spec.steps):
-            record["heldout"] = tracker.record(measured, step)
-        history.append(record)
+        run.log(record, step)
         bar.set_postfix(
             loss=f"{record['loss']:.3f}",
             acc=" ".join(f"s{k + 1}:{a:.2f}" for k, a in enumerate(record["slot_accuracy"][:4])),
         )
-        if (step + 1) % 100 == 0 or step + 1 == spec.steps:
-            extra = tracker.state() if tracker else None
-            save_training_state(sharded, draft, opt, ranks, step + 1, history, state_path, extra)
-    if tracker is not None:
-        tracker.keep_best(measured)
-    ranks.close()
-    if not ranks.main:
+    if not run.finish():
         return {"steps": spec.steps, "rank": ranks.rank}
     save_draft(measured.cpu().to(save_dtype or target.dtype), out_dir, "dflash", base_model=base_model)
     (out_dir / "training_spec.json").write_text(json.dumps(dict(asdict(spec), method="dflash"), indent=2))
@@ -356,7 +347,7 @@ def train_dflash(
         "minutes": round((time.time() - t0) / 60, 2),
         **({"draft_vocab": spec.draft_vocab, "draft_vocab_coverage": round(coverage, 4)} if vocabulary else {}),
         "last": history[-1] if history else None,
-        **(tracker.summary() if tracker else {}),
+        **run.summary(),
     }
 
 

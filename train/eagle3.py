@@ -23,6 +23,7 @@ import math
 import sys
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -37,12 +38,13 @@ from specdec_kit.runtime.models.attention import apply_rope
 from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.train.distilled import BatchMasks, DistilledData
 from specdec_kit.train.features import CachedFeatures
-from specdec_kit.train.heldout import ChainCounts, HeldOutTracker, heldout_due
+from specdec_kit.train.heldout import ChainCounts
 from specdec_kit.train.methods import Trainer
 from specdec_kit.train.parallel import Ranks
-from specdec_kit.train.schedule import Schedule, accumulated_step, optimizer_and_state, saved_extra, step_bar
+from specdec_kit.train.schedule import Schedule, accumulated_step, optimizer_and_state, step_bar
 from specdec_kit.train.sharded_target import prepare_target
-from specdec_kit.train.sharding import distribute, save_training_state
+from specdec_kit.train.sharding import distribute
+from specdec_kit.train.training_run import TrainingRun
 
 
 @dataclass(kw_only=True)
@@ -323,12 +325,13 @@ def train_eagle3(
     )
     params, opt, start, history = optimizer_and_state(draft, spec, state_path, sharded)
     measured = sharded.plain if sharded is not None else draft  # the whole draft: what is measured and saved
-    tracker = None
-    if heldout is not None and spec.eval_every and ranks.main:  # held-out acceptance, the best head by it kept
-        heldout.lm_rows = rows
-        heldout.to(device)
-        tracker = HeldOutTracker(lambda m: eagle3_acceptance(m, heldout, spec.eval_depth), spec.eval_every)
-        tracker.restore(saved_extra(state_path))
+    measure = None
+    if heldout is not None and spec.eval_every:  # held-out acceptance, the best head by it kept
+        if ranks.main:
+            heldout.lm_rows = rows
+            heldout.to(device)
+        measure = partial(eagle3_acceptance, data=heldout, depth=spec.eval_depth)
+    run = TrainingRun(spec, draft, measured, opt, ranks, sharded, history, state_path, measure)
     bar = step_bar(spec, start, spec.method, progress, ranks)
     t0 = time.time()
     for step in bar:
@@ -367,22 +370,12 @@ def train_eagle3(
             "step_accuracy": accuracy,
             "positions": positions,
         }
-        if sharded is not None and heldout is not None and heldout_due(step, spec.steps, spec.eval_every):
-            sharded.gather()  # every rank takes part; rank 0's whole draft is then measured
-        if tracker is not None and tracker.due(step, spec.steps):
-            record["heldout"] = tracker.record(measured, step)
-        history.append(record)
+        run.log(record, step)
         bar.set_postfix(
             loss=f"{record['loss']:.3f}",
             acc=" ".join(f"s{j}:{a:.2f}" for j, a in enumerate(record["step_accuracy"][:4])),
         )
-        if (step + 1) % 100 == 0 or step + 1 == spec.steps:
-            extra = tracker.state() if tracker else None
-            save_training_state(sharded, draft, opt, ranks, step + 1, history, state_path, extra)
-    if tracker is not None:
-        tracker.keep_best(measured)
-    ranks.close()
-    if not ranks.main:
+    if not run.finish():
         return {"steps": spec.steps, "rank": ranks.rank}
     save_draft(
         measured.cpu().to(save_dtype or target.dtype),
@@ -398,7 +391,7 @@ def train_eagle3(
         "draft_vocab": size,
         "draft_vocab_coverage": round(coverage, 4),
         "last": history[-1] if history else None,
-        **(tracker.summary() if tracker else {}),
+        **run.summary(),
     }
 
 

@@ -14,6 +14,7 @@ import json
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -28,7 +29,7 @@ from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.train.distilled import BatchMasks, DistilledData
 from specdec_kit.train.draft_forward import PassRunner, next_pass_features
 from specdec_kit.train.features import StreamedFeatures
-from specdec_kit.train.heldout import HeldOutTracker, feature_draft_acceptance, heldout_due
+from specdec_kit.train.heldout import feature_draft_acceptance
 from specdec_kit.train.losses import (
     LossWeights,
     TargetSide,
@@ -39,9 +40,10 @@ from specdec_kit.train.losses import (
 )
 from specdec_kit.train.methods import Trainer, trainer_for
 from specdec_kit.train.parallel import Ranks
-from specdec_kit.train.schedule import Schedule, accumulated_step, optimizer_and_state, saved_extra, step_bar
+from specdec_kit.train.schedule import Schedule, accumulated_step, optimizer_and_state, step_bar
 from specdec_kit.train.sharded_target import prepare_target
-from specdec_kit.train.sharding import distribute, save_training_state
+from specdec_kit.train.sharding import distribute
+from specdec_kit.train.training_run import TrainingRun
 
 
 @dataclass(kw_only=True)
@@ -269,15 +271,20 @@ def train_head(
     if isinstance(source, DistilledData):
         source.lm_rows = lm_head.weight.data
         source.to(device)
-    tracker = None
-    if heldout is not None and spec.eval_every and spec.method != "medusa" and ranks.main:
-        heldout.lm_rows = lm_head.weight.data
-        heldout.to(device)
-        tracker = HeldOutTracker(
-            lambda m: feature_draft_acceptance(m, spec.method, lm_head, to_head, heldout, spec.eval_depth),
-            spec.eval_every,
+    measure = None
+    if heldout is not None and spec.eval_every and not medusa:
+        if ranks.main:
+            heldout.lm_rows = lm_head.weight.data
+            heldout.to(device)
+        measure = partial(
+            feature_draft_acceptance,
+            method=spec.method,
+            lm_head=lm_head,
+            to_head=to_head,
+            data=heldout,
+            depth=spec.eval_depth,
         )
-        tracker.restore(saved_extra(state_path))
+    run = TrainingRun(spec, head, measured, opt, ranks, sharded, history, state_path, measure)
     gen = torch.Generator().manual_seed(spec.seed + start)
     bar = step_bar(spec, start, spec.method, progress, ranks)
     t0 = time.time()
@@ -302,11 +309,7 @@ def train_head(
             record["head_top1"] = [sum(a) / len(a) for a in zip(*parts)]
         else:
             record.update(merged_pass_stats(parts, ranks))
-        if sharded is not None and heldout is not None and heldout_due(step, spec.steps, spec.eval_every):
-            sharded.gather()  # every rank takes part; rank 0's whole head is then measured
-        if tracker is not None and tracker.due(step, spec.steps):
-            record["heldout"] = tracker.record(measured, step)
-        history.append(record)
+        run.log(record, step)
         if "top1" in record:
             bar.set_postfix(
                 loss=f"{record['loss']:.3f}",
@@ -316,13 +319,7 @@ def train_head(
             )
         else:
             bar.set_postfix(loss=f"{record['loss']:.3f}", top1=" ".join(f"{a:.2f}" for a in record["head_top1"]))
-        if (step + 1) % 100 == 0 or step + 1 == spec.steps:
-            extra = tracker.state() if tracker else None
-            save_training_state(sharded, head, opt, ranks, step + 1, history, state_path, extra)
-    if tracker is not None:
-        tracker.keep_best(measured)
-    ranks.close()
-    if not ranks.main:
+    if not run.finish():
         return {"steps": spec.steps, "rank": ranks.rank}
     save_draft(
         measured.cpu().to(save_dtype or target.dtype),
@@ -337,7 +334,7 @@ def train_head(
         "minutes": round((time.time() - t0) / 60, 2),
         "last": history[-1] if history else None,
         **({"draft_vocab": spec.draft_vocab, "draft_vocab_coverage": round(coverage, 4)} if vocab else {}),
-        **(tracker.summary() if tracker else {}),
+        **run.summary(),
     }
 
 

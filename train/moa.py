@@ -28,7 +28,8 @@ from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.train.methods import Trainer
 from specdec_kit.train.parallel import Ranks
 from specdec_kit.train.schedule import Schedule, optimizer_and_state, step_bar
-from specdec_kit.train.sharding import distribute, save_training_state
+from specdec_kit.train.sharding import distribute
+from specdec_kit.train.training_run import TrainingRun
 
 
 @dataclass(kw_only=True)
@@ -190,6 +191,7 @@ def train_moa(
     )
     params, opt, start, history = optimizer_and_state(draft, spec, state_path, sharded)
     saved = sharded.plain if sharded is not None else draft
+    run = TrainingRun(spec, draft, saved, opt, ranks, sharded, history, state_path)
     gen = torch.Generator().manual_seed(spec.seed + start)
     bar = step_bar(spec, start, what, progress, ranks)
     t0 = time.time()
@@ -204,14 +206,10 @@ def train_moa(
         torch.nn.utils.clip_grad_norm_(params, 0.5)
         opt.step()
         kl, l1, top1 = (ranks.average(x) for x in (kl, l1, top1))
-        history.append(
-            {"step": step, "loss": spec.kl_weight * kl + spec.l1_weight * l1, "kl": kl, "smooth_l1": l1, "top1": top1}
-        )
+        loss = spec.kl_weight * kl + spec.l1_weight * l1
+        run.log({"step": step, "loss": loss, "kl": kl, "smooth_l1": l1, "top1": top1}, step)
         bar.set_postfix(kl=f"{kl:.3f}", l1=f"{l1:.3f}", top1=f"{top1:.2f}")
-        if (step + 1) % 100 == 0 or step + 1 == spec.steps:
-            save_training_state(sharded, draft, opt, ranks, step + 1, history, state_path)
-    ranks.close()
-    if not ranks.main:
+    if not run.finish():
         return {"steps": spec.steps, "rank": ranks.rank}
     save_draft(saved.to(save_dtype or torch.float32), out_dir, "moa", safetensors=True, base_model=base_model)
     (out_dir / "training_spec.json").write_text(json.dumps(asdict(spec), indent=2))
