@@ -98,7 +98,7 @@ def parse_servers(text: str) -> list[Spec]:
 
 
 def parse_args(argv):
-    from specdec_kit.bench.vllm_side_by_side import add_vllm_python_option
+    from specdec_kit.bench.vllm_side_by_side import add_quiet_wait_option, add_vllm_python_option
 
     p = argparse.ArgumentParser(
         prog="specdec-bench-cpu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -119,6 +119,7 @@ def parse_args(argv):
     )
     p.add_argument("--engines", type=Path, default=Path("engines"), help="where engines and GGUF files are built")
     add_vllm_python_option(p)
+    add_quiet_wait_option(p)
     p.add_argument("--vllm-kv-cache-gib", type=int, default=2, help="VLLM_CPU_KVCACHE_SPACE for plain vLLM")
     p.add_argument("--llamacpp-draft-tokens", type=int, default=3, help="llama.cpp's EAGLE-3 chain length")
     p.add_argument(

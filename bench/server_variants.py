@@ -23,7 +23,15 @@ import sys
 import time
 from pathlib import Path
 
-from specdec_kit.bench.vllm_side_by_side import RESULTS, load_settings, measure, plot_levels, summarize, table
+from specdec_kit.bench.vllm_side_by_side import (
+    RESULTS,
+    add_quiet_wait_option,
+    load_settings,
+    measure,
+    plot_levels,
+    summarize,
+    table,
+)
 
 PLAIN = "plain"
 
@@ -72,6 +80,7 @@ def parse_args(argv):
         "--requests-per-stream", type=int, default=4, help="a level sends max(prompts, this x streams) requests"
     )
     p.add_argument("--max-tokens", type=int, default=96)
+    add_quiet_wait_option(p)
     p.add_argument("--out", type=Path, default=RESULTS, help="writes server_variants.{json,md,png} and logs/ here")
     args = p.parse_args(argv)
     labels = [label for label, _ in args.variant]

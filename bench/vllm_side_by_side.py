@@ -57,6 +57,18 @@ def add_vllm_python_option(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_quiet_wait_option(p: argparse.ArgumentParser) -> None:
+    """``--quiet-wait``: how long a measurement waits for the machine to go idle before it starts."""
+    p.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=20.0,
+        metavar="SECONDS",
+        help="before each measurement, wait up to this long for the CPUs to go idle (another server's leftover "
+        "work); 0 measures at once (a smoke run beside other work, where they never go idle)",
+    )
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(
         prog="specdec-bench-vllm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -76,6 +88,7 @@ def parse_args(argv):
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--engines", type=Path, default=Path("engines"), help="where the engines are built or reused")
     add_vllm_python_option(p)
+    add_quiet_wait_option(p)
     p.add_argument("--vllm-kv-cache-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE for each vLLM server")
     p.add_argument("--max-model-len", type=int, default=1024, help="vLLM's context limit")
     p.add_argument(
@@ -145,7 +158,7 @@ def start(spec: dict, args, max_streams: int):
 def measure(servers: dict, prompts, levels: list[int], args) -> list[dict]:
     """Interleaved rounds: repeat -> level -> every server (order rotated each round), each measurement started on
     a quiet machine (the previous server's leftover work done). ``servers`` maps ``"<server>-<mode>"`` labels to
-    running servers; ``args`` gives ``repeats``, ``requests_per_stream`` and ``max_tokens``."""
+    running servers; ``args`` gives ``repeats``, ``requests_per_stream``, ``max_tokens`` and ``quiet_wait``."""
     from specdec_kit.bench.servers import SERVED_NAME, wait_for_quiet_cpu
     from specdec_kit.bench.streams import run_level
 
@@ -160,7 +173,7 @@ def measure(servers: dict, prompts, levels: list[int], args) -> list[dict]:
             shift = (repeat * len(levels) + levels.index(clients)) % len(labels)
             for label in labels[shift:] + labels[:shift]:
                 server, (kind, mode) = servers[label], label.split("-", 1)
-                waited = wait_for_quiet_cpu()
+                waited = wait_for_quiet_cpu(timeout_s=args.quiet_wait)
                 before = server.counters()
                 row = run_level(server.url, SERVED_NAME, prompts, clients, total, args.max_tokens)
                 tau = server.acceptance_length(before)
@@ -365,8 +378,9 @@ def plot(summary: list[dict], path: Path) -> None:
 
 
 def load_settings(args) -> dict:
-    """What every server was sent: prompts, tokens a request, rounds, requests a stream."""
-    return {k: getattr(args, k) for k in ("max_tokens", "prompts", "repeats", "requests_per_stream")}
+    """What every server was sent (prompts, tokens a request, rounds, requests a stream) and how long a measurement
+    waited for a quiet machine."""
+    return {k: getattr(args, k) for k in ("max_tokens", "prompts", "repeats", "requests_per_stream", "quiet_wait")}
 
 
 def vllm_chain(engine: Path) -> int:
