@@ -47,7 +47,7 @@ from specdec_kit.train.parallel import Ranks
 from specdec_kit.train.schedule import Schedule, accumulated_step, optimizer_and_state, step_bar
 from specdec_kit.train.sharded_target import prepare_target, rows_through_target
 from specdec_kit.train.sharding import distribute
-from specdec_kit.train.training_run import TrainingRun
+from specdec_kit.train.training_run import TrainingRun, heldout_measure
 
 
 @dataclass(kw_only=True)
@@ -286,12 +286,8 @@ def train_dflash(
     )
     params, opt, start, history = optimizer_and_state(draft, spec, state_path, sharded)
     measured = sharded.plain if sharded is not None else draft
-    measure = None
-    if heldout is not None and spec.eval_every:
-        if ranks.main:
-            heldout.lm_rows = lm_head.weight.data[:1]
-            heldout.to(device)
-        measure = partial(dflash_acceptance, embed=embed, lm_head=lm_head, data=heldout, depth=spec.eval_depth)
+    scored = partial(dflash_acceptance, embed=embed, lm_head=lm_head, depth=spec.eval_depth)
+    measure = heldout_measure(heldout, spec, ranks, lm_head.weight.data[:1], device, scored)
     run = TrainingRun(spec, draft, measured, opt, ranks, sharded, history, state_path, measure)
     bar = step_bar(spec, start, "dflash", progress, ranks)
     t0 = time.time()

@@ -44,7 +44,7 @@ from specdec_kit.train.parallel import Ranks
 from specdec_kit.train.schedule import Schedule, accumulated_step, optimizer_and_state, step_bar
 from specdec_kit.train.sharded_target import prepare_target
 from specdec_kit.train.sharding import distribute
-from specdec_kit.train.training_run import TrainingRun
+from specdec_kit.train.training_run import TrainingRun, heldout_measure
 
 
 @dataclass(kw_only=True)
@@ -325,12 +325,8 @@ def train_eagle3(
     )
     params, opt, start, history = optimizer_and_state(draft, spec, state_path, sharded)
     measured = sharded.plain if sharded is not None else draft  # the whole draft: what is measured and saved
-    measure = None
-    if heldout is not None and spec.eval_every:  # held-out acceptance, the best head by it kept
-        if ranks.main:
-            heldout.lm_rows = rows
-            heldout.to(device)
-        measure = partial(eagle3_acceptance, data=heldout, depth=spec.eval_depth)
+    # held-out acceptance, the best head by it kept
+    measure = heldout_measure(heldout, spec, ranks, rows, device, partial(eagle3_acceptance, depth=spec.eval_depth))
     run = TrainingRun(spec, draft, measured, opt, ranks, sharded, history, state_path, measure)
     bar = step_bar(spec, start, spec.method, progress, ranks)
     t0 = time.time()

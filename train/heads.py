@@ -43,7 +43,7 @@ from specdec_kit.train.parallel import Ranks
 from specdec_kit.train.schedule import Schedule, accumulated_step, optimizer_and_state, step_bar
 from specdec_kit.train.sharded_target import prepare_target
 from specdec_kit.train.sharding import distribute
-from specdec_kit.train.training_run import TrainingRun
+from specdec_kit.train.training_run import TrainingRun, heldout_measure
 
 
 @dataclass(kw_only=True)
@@ -271,19 +271,14 @@ def train_head(
     if isinstance(source, DistilledData):
         source.lm_rows = lm_head.weight.data
         source.to(device)
-    measure = None
-    if heldout is not None and spec.eval_every and not medusa:
-        if ranks.main:
-            heldout.lm_rows = lm_head.weight.data
-            heldout.to(device)
-        measure = partial(
-            feature_draft_acceptance,
-            method=spec.method,
-            lm_head=lm_head,
-            to_head=to_head,
-            data=heldout,
-            depth=spec.eval_depth,
-        )
+    measure = heldout_measure(
+        None if medusa else heldout,
+        spec,
+        ranks,
+        lm_head.weight.data,
+        device,
+        partial(feature_draft_acceptance, method=spec.method, lm_head=lm_head, to_head=to_head, depth=spec.eval_depth),
+    )
     run = TrainingRun(spec, head, measured, opt, ranks, sharded, history, state_path, measure)
     gen = torch.Generator().manual_seed(spec.seed + start)
     bar = step_bar(spec, start, spec.method, progress, ranks)

@@ -6,18 +6,39 @@ time-limited run must behave alike in all of them."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
 import torch
 from torch import nn
 
+from specdec_kit.train.distilled import DistilledData
 from specdec_kit.train.heldout import ChainCounts, HeldOutTracker, heldout_due
 from specdec_kit.train.parallel import Ranks
 from specdec_kit.train.schedule import Schedule, saved_extra
 from specdec_kit.train.sharding import ShardedStep, save_training_state
 
 STATE_EVERY = 100  # steps between saved training states (and after the last)
+
+
+def heldout_measure(
+    heldout: DistilledData | None,
+    schedule: Schedule,
+    ranks: Ranks,
+    lm_rows: torch.Tensor,
+    device: torch.device,
+    measure: Callable[..., ChainCounts],
+) -> Callable[[nn.Module], ChainCounts] | None:
+    """A run's held-out measurement (None without held-out data or ``eval_every``): ``measure(head, data=...)`` over
+    ``heldout``, which rank 0, the rank that measures, puts on ``device`` with the LM rows its targets are scored by.
+    Every rank gets the same answer, since every rank takes part in gathering a sharded head before it."""
+    if heldout is None or not schedule.eval_every:
+        return None
+    if ranks.main:
+        heldout.lm_rows = lm_rows
+        heldout.to(device)
+    return partial(measure, data=heldout)
 
 
 @dataclass
