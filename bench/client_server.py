@@ -135,7 +135,7 @@ def make_clients(args, names: list[str], port: int, tree) -> dict[str, EdgeClien
             port,
             drafter,
             act_dtype=args.act_dtype,
-            call_timeout=0.5,
+            call_timeout=args.call_timeout,
             retry_interval=0.2,
             reconnect_timeout=10.0,
             draft_digest=weights_digest(path) if kind == "moa" else None,
@@ -304,6 +304,7 @@ def run(args) -> int:
     args.zoo = args.zoo or default_zoo()
     if args.smoke:
         args.prompts, args.max_new_tokens, args.profiles, args.outage_after = 2, 16, "5g", 6
+        args.call_timeout, args.outage_s = 2.0, 4.0
     torch.set_num_threads(1)
     names = [m for m in args.methods.split(",") if m]
     for m in names:
@@ -350,6 +351,7 @@ def run(args) -> int:
         act_dtype=args.act_dtype,
         outage_after=args.outage_after,
         outage_s=args.outage_s,
+        call_timeout_s=args.call_timeout,
         profiles={p: PROFILES[p].describe() for p in profiles},
     )
     args.out.mkdir(parents=True, exist_ok=True)

@@ -48,7 +48,15 @@ def parse_args(argv):
         "--outage-after", type=int, default=24, help="verified tokens before the link is cut (0: no outage run)"
     )
     p.add_argument("--outage-s", type=float, default=1.5, help="seconds the link stays cut")
-    p.add_argument("--smoke", action="store_true", help="2 prompts x 16 tokens, 5G only (a quick check)")
+    p.add_argument(
+        "--call-timeout", type=float, default=0.5, help="seconds without an answer before a client goes offline"
+    )
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="2 prompts x 16 tokens, 5G only, a 2 s call timeout and a 4 s outage (a quick check that a busy "
+        "machine's slow call does not turn into an outage)",
+    )
     return p.parse_args(argv)
 
 

@@ -4,13 +4,14 @@ the CPU by session, leaves the session alone."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from specdec_kit.train.background import nice_own_session, session_nice
+from specdec_kit.train.background import nice_own_session, nice_worker_session, session_nice
 
 PROBE = """
 import sys
@@ -55,3 +56,31 @@ def test_no_session_sharing_is_read_where_the_kernel_does_not_group_by_session(t
     assert session_nice(tmp_path / "missing", enabled) is None
     assert nice_own_session(group, enabled) is None  # whatever this process's nice and session
     assert group.read_text() == ""
+
+
+WORKER_PROBE = """
+import subprocess, sys
+from specdec_kit.train.background import nice_worker_session
+worker = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE,
+                          start_new_session=True)
+given = nice_worker_session(worker.pid)
+print(given, open(f"/proc/{worker.pid}/autogroup").read().split()[-1])
+worker.stdin.close()
+worker.wait()
+"""
+
+
+@pytest.mark.skipif(session_nice() is None, reason="this kernel does not share the CPU by session here")
+def test_a_niced_jobs_worker_in_a_session_of_its_own_gets_the_jobs_nice():
+    """The regeneration's engine worker runs in a session of its own (one kill ends its engine's processes): without
+    this its session would share the CPU at nice 0, whatever the job's nice."""
+
+    def run(*prefix: str) -> tuple[str, ...]:
+        out = subprocess.run([*prefix, sys.executable, "-c", WORKER_PROBE], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return tuple(out.stdout.split())
+
+    assert run("setsid", "nice", "-n", "9") == ("9", "9")
+    assert run("nice", "-n", "9") == ("9", "9")  # the worker's own session, not this test's: niced all the same
+    if os.nice(0) == 0:
+        assert run() == ("None", "0")  # not niced: nothing to give

@@ -105,7 +105,7 @@ def test_server_variants_are_measured_side_by_side_with_plain_decoding(demo_engi
         with pytest.raises(Exception, match="LABEL=OPTIONS"):
             parse_variant(bad)
     args = ["--engine", str(demo_engine), "--concurrency", "1,2", "--repeats", "1", "--prompts", "2"]
-    args += ["--max-tokens", "8", "--requests-per-stream", "1", "--out", str(tmp_path)]
+    args += ["--max-tokens", "8", "--requests-per-stream", "1", "--quiet-wait", "0", "--out", str(tmp_path)]
     assert main([*args, "--variant", "each=--cost-pool 0", "--variant", "fold=--fold-prompt-tokens 64"]) == 0
     result = json.loads((tmp_path / "server_variants.json").read_text())
     assert {(r["mode"], r["streams"]) for r in result["summary"]} == {

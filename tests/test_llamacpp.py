@@ -100,8 +100,10 @@ def test_the_cpu_side_by_side_benchmark_measures_the_kit_and_llama_server(tmp_pa
     argv = ["--servers", servers, "--kit-backend", "torch", "--concurrency", "1,2", "--repeats", "1"]
     argv += ["--prompts", "2", "--max-tokens", "16", "--engines", str(tmp_path / "engines"), "--out", str(out)]
     argv += ["--kit-policy", "fixed"]  # the engine's tree every cycle: the cost policy may pick plain
+    argv += ["--quiet-wait", "0"]  # beside other tests the CPUs never go idle: no 20 s wait before each measurement
     assert main(argv) == 0
     result = json.loads((out / "cpu_side_by_side.json").read_text())
+    assert result["settings"]["quiet_wait"] == 0 and all(r["quiet_wait_s"] == 0 for r in result["rows"])
     rows = {(r["server"], r["mode"], r["streams"]): r for r in result["summary"]}
     assert set(rows) == {
         (server, mode, streams)

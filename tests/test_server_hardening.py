@@ -267,8 +267,10 @@ def test_health_answers_while_a_multi_megabyte_request_is_processed(server):
     worker.join()
     assert result["resp"].status_code == 400 and result["resp"].json()["error"]["code"] == "context_length_exceeded"
     assert len(latencies) >= 5, f"the big request took only {result['took']:.2f} s; nothing was measured"
-    # before, /health waited for the whole tokenization (seconds); now it answers between the worker's steps
-    assert statistics.median(latencies) < 0.1 and max(latencies) < 1.0, (result["took"], sorted(latencies)[-5:])
+    # before, /health waited for the whole tokenization (seconds); now it answers between the worker's steps.
+    # Relative to the big request's own time: a busy neighbour slows both alike.
+    assert statistics.median(latencies) < 0.1 * result["took"], (result["took"], statistics.median(latencies))
+    assert max(latencies) < 0.5 * result["took"], (result["took"], sorted(latencies)[-5:])
 
 
 # -- disconnects and slow readers -------------------------------------------------------------------------------

@@ -32,6 +32,8 @@ def test_side_by_side_benchmark_measures_every_server(vllm_python, zoo_engines, 
             "2",
             "--max-tokens",
             "16",
+            "--quiet-wait",  # beside other tests the CPUs never go idle: waiting would only add 20 s a measurement
+            "0",
             "--vllm-python",
             vllm_python,
             "--vllm-arg=--enforce-eager",

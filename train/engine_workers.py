@@ -16,6 +16,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+from specdec_kit.train.background import nice_worker_session
 from specdec_kit.train.generate_worker_protocol import MARKER
 
 HERE = Path(__file__).resolve().parent
@@ -47,6 +48,7 @@ class WorkerAnswers:
             env=env,
             start_new_session=True,
         )  # its engine processes share its group: one kill ends all
+        nice_worker_session(self.proc.pid)  # and its session yields the CPU as this (niced) process does
 
     def wait_ready(self) -> None:
         while self._line() != "READY":  # _line raises if the worker stops first
