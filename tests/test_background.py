@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec_kit.train.background import nice_own_session, nice_worker_session, session_nice
+from specdec_kit.train.background import nice_own_session, session_nice
 
 PROBE = """
 import sys
