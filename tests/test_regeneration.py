@@ -7,6 +7,7 @@ reader takes the result."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -152,6 +153,14 @@ def test_features_are_the_targets_hidden_states_and_next_tokens(smollm2, regener
     assert [x.top for x in computed] == [x.top for x in features_for(target, first_shard, spec, greedy=True)[0]]
     reader = DistilledData(regenerated / "data", [27], target.lm_head.weight.data, tokens_per_batch=512)
     assert sum(len(b) for b in reader.batches) == checked
+    # under bfloat16 autocast: the same samples, features within a few percent of the float32 pass's
+    exact = torch.cat([x.features.float() for x in computed])
+    fast_samples, _ = features_for(target, first_shard, replace(spec, compute_dtype="bfloat16"), greedy=False)
+    fast = torch.cat([x.features.float() for x in fast_samples])
+    tops = [(a, b) for x, y in zip(fast_samples, computed) for a, b in zip(x.top, y.top) if b >= 0]
+    assert fast.shape == exact.shape and sum(a == b for a, b in tops) >= 0.9 * len(tops)  # near-ties may flip
+    error = (fast - exact).pow(2).mean((0, 2)).sqrt() / exact.pow(2).mean((0, 2)).sqrt()
+    assert (error < 0.03).all() and (error > 0).all(), error  # computed otherwise, and close
 
 
 def test_a_follow_up_shares_its_conversations_forward_only_where_its_prompt_extends_the_history():
@@ -191,10 +200,13 @@ def test_both_stages_resume_and_refuse_other_settings(smollm2, regenerated):
         regenerate(
             smollm2, regenerated / "pool", answers, RegenSpec(max_new_tokens=8), BackendSpec("kit"), progress=False
         )
-    with pytest.raises(ValueError, match="written with another spec"):
-        teacher_features(
-            smollm2, answers, data, FeatureSpec(context_tokens=8, hidden_indices=[3, 15, 27, 30]), progress=False
-        )
+    for other in (dict(context_tokens=8), dict(context_tokens=16, compute_dtype="bfloat16")):
+        with pytest.raises(ValueError, match="written with another spec"):
+            teacher_features(
+                smollm2, answers, data, FeatureSpec(**other, hidden_indices=[3, 15, 27, 30]), progress=False
+            )
+    with pytest.raises(ValueError, match="compute_dtype is 'float16'; expected 'float32' or 'bfloat16'"):
+        FeatureSpec(compute_dtype="float16")
 
 
 def test_vllm_gives_the_same_answers_as_the_kit(smollm2, regenerated, vllm_python, monkeypatch, tmp_path):

@@ -7,11 +7,19 @@ A sample keeps its answer whole and the last ``context_tokens`` of its prompt (t
 draft learns from the window before the answer, which bounds the features a long multi-turn history would cost).
 Samples go through the target in batches of similar length under a token budget. Resumable: one features shard per
 answers shard, listed in ``index.json`` as it is written.
+
+``compute_dtype="bfloat16"`` runs the target's matrix products under bfloat16 autocast: on a CPU with AVX-512 BF16
+(and on any CUDA GPU) the pass takes about half the time (measured here on SmolLM2: 759 against 411 forwarded tokens
+a second), at a root-mean-square error of 0.02 in the final state (against EAGLE's training noise of 0.029) and about
+0.4% of the tapped layers' magnitude; for sampled answers the next-token labels, taken from the LM head, can flip
+at near-ties (greedy answers are their own labels). Whether heads trained on such features accept as many drafts is
+not measured: the default stays float32, the precision the runtime's target computes in.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import sys
@@ -31,6 +39,19 @@ class FeatureSpec:
     context_tokens: int = 128  # prompt tokens kept before each answer
     tokens_per_batch: int = 4096  # padded tokens per forward
     hidden_indices: list[int] = field(default_factory=list)  # default: EAGLE-3's taps and the final state
+    compute_dtype: str = "float32"  # or "bfloat16": the target's matrix products under autocast
+
+    def __post_init__(self):
+        if self.compute_dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"features: compute_dtype is {self.compute_dtype!r}; expected 'float32' or 'bfloat16'")
+
+    def identity(self) -> dict:
+        """What the features' values depend on (the batching changes none; float32, the only precision before the
+        choice existed, is left out so that data written then still resumes)."""
+        keep = {k: v for k, v in asdict(self).items() if k != "tokens_per_batch"}
+        if keep["compute_dtype"] == "float32":
+            del keep["compute_dtype"]
+        return keep
 
 
 def shared_forwards(samples: list[dict]) -> list[tuple[list[int], list[int]]]:
@@ -53,6 +74,11 @@ def shared_forwards(samples: list[dict]) -> list[tuple[list[int], list[int]]]:
             else:
                 groups.append([i])
     return [(samples[g[-1]]["prompt"] + samples[g[-1]]["answer"][:-1], g) for g in groups]
+
+
+def autocast(device: torch.device, dtype: str):
+    """bfloat16 autocast on ``device``'s kind, or nothing for float32."""
+    return contextlib.nullcontext() if dtype == "float32" else torch.autocast(device.type, dtype=torch.bfloat16)
 
 
 @torch.inference_mode()
@@ -79,7 +105,9 @@ def features_for(target, samples: list[dict], spec: FeatureSpec, greedy: bool = 
         for r, (tokens, _) in enumerate(batch):
             ids[r, : len(tokens)] = torch.tensor(tokens)
             mask[r, : len(tokens)] = 1
-        hidden = base(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True).hidden_states
+        with autocast(device, spec.compute_dtype):
+            hidden = base(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True)
+        hidden = hidden.hidden_states
         for r, (_, members) in enumerate(batch):
             for i in members:
                 sample = samples[i]
@@ -90,7 +118,7 @@ def features_for(target, samples: list[dict], spec: FeatureSpec, greedy: bool = 
                 if greedy:
                     top = list(sample["answer"])
                 else:  # from the last prompt position: the answer's tokens
-                    top = head(hidden[-1][r, len(sample["prompt"]) - 1 : n]).argmax(-1).tolist()
+                    top = head(hidden[-1][r, len(sample["prompt"]) - 1 : n].float()).argmax(-1).tolist()
                 out[i] = Sample(
                     sample["conversation"],
                     f"turn{sample['turn']}",
@@ -121,7 +149,7 @@ def teacher_features(target_path: Path, answers: Path, out: Path, spec: FeatureS
     out.mkdir(parents=True, exist_ok=True)
     index_path = out / INDEX
     source = {"pool_fingerprint": answers_index["pool_fingerprint"], "regen_spec": answers_index["spec"]}
-    identity = {k: v for k, v in asdict(spec).items() if k != "tokens_per_batch"}  # the batching changes no value
+    identity = spec.identity()
     settings = {
         "spec": {**identity, "source": "regenerated"},
         "target": answers_index["target"],
@@ -168,12 +196,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="data folder for the trainers (resumed when it exists)")
     p.add_argument("--context-tokens", type=int, default=FeatureSpec.context_tokens)
     p.add_argument("--tokens-per-batch", type=int, default=FeatureSpec.tokens_per_batch)
+    p.add_argument(
+        "--compute-dtype",
+        choices=["float32", "bfloat16"],
+        default=FeatureSpec.compute_dtype,
+        help="the target's matrix products in float32, or under bfloat16 autocast (about twice as fast)",
+    )
     args = p.parse_args(argv)
     from specdec_kit.runtime.loader import set_threads
     from specdec_kit.runtime.models.pretrained import resolve_target
 
     set_threads()
-    spec = FeatureSpec(context_tokens=args.context_tokens, tokens_per_batch=args.tokens_per_batch)
+    spec = FeatureSpec(args.context_tokens, args.tokens_per_batch, compute_dtype=args.compute_dtype)
     return run_stage(lambda: teacher_features(resolve_target(args.target), args.answers, args.out, spec))
 
 
