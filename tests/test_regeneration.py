@@ -30,6 +30,7 @@ from specdec_kit.train.prompt_pool import (
 )
 from specdec_kit.train.recipe import RECIPES
 from specdec_kit.train.regenerate import ANSWERS_INDEX, BackendSpec, RegenSpec, read_answers, regenerate, template_ids
+from specdec_kit.train.schedule import resolved_precision
 from specdec_kit.train.teacher_features import FeatureSpec, features_for, shared_forwards, teacher_features
 
 SPEC = RegenSpec(max_prompt_tokens=200, max_new_tokens=24, max_turns=2, chunk=2)
@@ -205,7 +206,14 @@ def test_both_stages_resume_and_refuse_other_settings(smollm2, regenerated):
             teacher_features(
                 smollm2, answers, data, FeatureSpec(**other, hidden_indices=[3, 15, 27, 30]), progress=False
             )
-    with pytest.raises(ValueError, match="compute_dtype is 'float16'; expected 'float32' or 'bfloat16'"):
+    # auto: bfloat16 where this machine computes it natively (another precision than the data's), else float32
+    auto = FeatureSpec(context_tokens=16, hidden_indices=[3, 15, 27, 30], compute_dtype="auto")
+    if resolved_precision("auto", torch.device("cpu")) == "bfloat16":
+        with pytest.raises(ValueError, match="written with another spec"):
+            teacher_features(smollm2, answers, data, auto, progress=False)
+    else:
+        assert teacher_features(smollm2, answers, data, auto, progress=False)["fingerprint"] == again["fingerprint"]
+    with pytest.raises(ValueError, match="features compute_dtype 'float16': expected float32, bfloat16 or auto"):
         FeatureSpec(compute_dtype="float16")
 
 

@@ -58,10 +58,7 @@ class Schedule:
         computes them natively (a CUDA GPU with bfloat16, a CPU with AVX-512 BF16 or AMX: there about half a float32
         step's time; a CPU without emulates them, about 70x slower than float32 on an AVX2 machine); the weights, the
         optimizer and the held-out measurement stay float32."""
-        if self.precision not in ("float32", "bfloat16", "auto"):
-            raise ValueError(f"precision {self.precision!r}: expected float32, bfloat16 or auto")
-        wanted = self.precision == "bfloat16" or (self.precision == "auto" and native_bfloat16(device))
-        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=wanted)
+        return bfloat16_autocast(self.precision, device)
 
     def batch_rows(self, step: int, num_blocks: int) -> torch.Tensor:
         """The blocks of ``step``: consecutive, wrapping around (so a resumed run sees the same data)."""
@@ -82,6 +79,21 @@ def cpu_flags() -> frozenset[str]:
     except OSError:
         return frozenset()
     return frozenset(word for line in text.splitlines() if line.startswith("flags") for word in line.split()[2:])
+
+
+def resolved_precision(precision: str, device: torch.device, what: str = "precision") -> str:
+    """``float32`` or ``bfloat16``: ``auto`` is bfloat16 where ``device`` computes it natively (``native_bfloat16``),
+    float32 where it would be emulated. ``what`` names the setting in the error."""
+    if precision not in ("float32", "bfloat16", "auto"):
+        raise ValueError(f"{what} {precision!r}: expected float32, bfloat16 or auto")
+    native = precision == "auto" and native_bfloat16(device)
+    return "bfloat16" if precision == "bfloat16" or native else "float32"
+
+
+def bfloat16_autocast(precision: str, device: torch.device) -> torch.autocast:
+    """Autocast to bfloat16 on ``device`` where ``precision`` resolves to it, else a disabled one."""
+    wanted = resolved_precision(precision, device) == "bfloat16"
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=wanted)
 
 
 def native_bfloat16(device: torch.device) -> bool:

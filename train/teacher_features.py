@@ -8,19 +8,19 @@ draft learns from the window before the answer, which bounds the features a long
 Samples go through the target in batches of similar length under a token budget. Resumable: one features shard per
 answers shard, listed in ``index.json`` as it is written.
 
-``compute_dtype="bfloat16"`` runs the target's matrix products under bfloat16 autocast: on a CPU with AVX-512 BF16
-(and on any CUDA GPU) the pass takes about half the time (measured here on SmolLM2: 759 against 411 forwarded tokens
+``compute_dtype="bfloat16"`` runs the target's matrix products under bfloat16 autocast (``"auto"``: where the device
+computes bfloat16 natively, as the trainers' ``precision``; elsewhere it is emulated, far slower than float32): on a
+CPU with AVX-512 BF16 (and on a CUDA GPU) the pass takes about half the time (measured here on SmolLM2: 759 against 411 forwarded tokens
 a second), at a root-mean-square error of 0.02 in the final state (against EAGLE's training noise of 0.029) and about
 0.4% of the tapped layers' magnitude; for sampled answers the next-token labels, taken from the LM head, can flip
 at near-ties (greedy answers are their own labels). GRIFFIN trained on either reached the same held-out acceptance
 (SmolLM2, 209k answer tokens: tau 1.327 against 1.325); the default stays float32, the precision the runtime's
-target computes in, and the SmolLM2 chat recipe asks for bfloat16.
+target computes in, and the SmolLM2 chat recipe asks for auto. The data's identity records the precision used.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import sys
@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from specdec_kit.train.distill import INDEX, Sample, fingerprint, finish_index, run_stage, write_shard
 from specdec_kit.train.regenerate import ANSWERS_INDEX, read_answers
+from specdec_kit.train.schedule import bfloat16_autocast, resolved_precision
 
 
 @dataclass
@@ -40,11 +41,10 @@ class FeatureSpec:
     context_tokens: int = 128  # prompt tokens kept before each answer
     tokens_per_batch: int = 4096  # padded tokens per forward
     hidden_indices: list[int] = field(default_factory=list)  # default: EAGLE-3's taps and the final state
-    compute_dtype: str = "float32"  # or "bfloat16": the target's matrix products under autocast
+    compute_dtype: str = "float32"  # "bfloat16": the target's matrix products under autocast; "auto": where native
 
     def __post_init__(self):
-        if self.compute_dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"features: compute_dtype is {self.compute_dtype!r}; expected 'float32' or 'bfloat16'")
+        resolved_precision(self.compute_dtype, torch.device("cpu"), what="features compute_dtype")
 
     def identity(self) -> dict:
         """What the features' values depend on (the batching changes none; float32, the only precision before the
@@ -77,11 +77,6 @@ def shared_forwards(samples: list[dict]) -> list[tuple[list[int], list[int]]]:
     return [(samples[g[-1]]["prompt"] + samples[g[-1]]["answer"][:-1], g) for g in groups]
 
 
-def autocast(device: torch.device, dtype: str):
-    """bfloat16 autocast on ``device``'s kind, or nothing for float32."""
-    return contextlib.nullcontext() if dtype == "float32" else torch.autocast(device.type, dtype=torch.bfloat16)
-
-
 @torch.inference_mode()
 def features_for(target, samples: list[dict], spec: FeatureSpec, greedy: bool = False) -> tuple[list[Sample], int]:
     """Teacher-forced features of ``samples`` (dicts with prompt and answer ids), in their order, and the tokens run
@@ -106,7 +101,7 @@ def features_for(target, samples: list[dict], spec: FeatureSpec, greedy: bool = 
         for r, (tokens, _) in enumerate(batch):
             ids[r, : len(tokens)] = torch.tensor(tokens)
             mask[r, : len(tokens)] = 1
-        with autocast(device, spec.compute_dtype):
+        with bfloat16_autocast(spec.compute_dtype, device):
             hidden = base(input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True)
         hidden = hidden.hidden_states
         for r, (_, members) in enumerate(batch):
@@ -147,6 +142,7 @@ def teacher_features(target_path: Path, answers: Path, out: Path, spec: FeatureS
     greedy = answers_index["spec"].get("temperature", 0.0) == 0.0
     target = TargetModel.from_pretrained(target_path, dtype="float32")
     spec.hidden_indices = spec.hidden_indices or default_hidden_indices(target)
+    spec.compute_dtype = resolved_precision(spec.compute_dtype, target.device)  # what the data's values depend on
     out.mkdir(parents=True, exist_ok=True)
     index_path = out / INDEX
     source = {"pool_fingerprint": answers_index["pool_fingerprint"], "regen_spec": answers_index["spec"]}
@@ -199,9 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens-per-batch", type=int, default=FeatureSpec.tokens_per_batch)
     p.add_argument(
         "--compute-dtype",
-        choices=["float32", "bfloat16"],
+        choices=["float32", "bfloat16", "auto"],
         default=FeatureSpec.compute_dtype,
-        help="the target's matrix products in float32, or under bfloat16 autocast (about twice as fast)",
+        help="the target's matrix products in float32, or under bfloat16 autocast (about twice as fast where the "
+        "device computes bfloat16 natively; auto: there only)",
     )
     args = p.parse_args(argv)
     from specdec_kit.runtime.loader import set_threads
