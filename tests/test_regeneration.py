@@ -7,7 +7,7 @@ reader takes the result."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -228,6 +228,58 @@ def test_vllm_gives_the_same_answers_as_the_kit(smollm2, regenerated, vllm_pytho
     assert [s["sha256"] for s in index["shards"]] == [s["sha256"] for s in kit["shards"]]
     assert {s["backend"] for s in index["shards"]} == {"vllm"}
     assert (tmp_path / "vllm-worker-0.log").is_file() and (tmp_path / "vllm-worker-1.log").is_file()
+
+
+def session_members(session: int) -> list[int]:
+    """The live processes of a session (from /proc: the fields after the command's closing parenthesis are state,
+    parent, process group, session)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if int(fields[3]) == session and fields[0] != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
+def test_a_stopped_regeneration_ends_its_engines_processes(smollm2, regenerated, vllm_python, tmp_path):
+    """SIGTERM to a regeneration (``kill``, a session's end) ends the vLLM worker it started in a session of its own,
+    engine processes and all: Python's default for SIGTERM would end the regeneration alone and leave them running."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({**asdict(SPEC), "max_new_tokens": 200}))
+    command = [sys.executable, "-m", "specdec_kit.train.regenerate", "--target", str(smollm2)]
+    command += ["--pool", str(regenerated / "pool"), "--out", str(tmp_path / "answers"), "--spec", str(spec)]
+    command += ["--backend", "vllm", "--enforce-eager"]
+    job = subprocess.Popen(command, env={**os.environ, "SPECDEC_VLLM_PYTHON": vllm_python}, stderr=subprocess.DEVNULL)
+    try:
+        worker, started = None, time.monotonic()
+        while time.monotonic() - started < 300:  # until the worker has started its engine's own process
+            assert job.poll() is None, "the regeneration stopped before its engine started"
+            children = [int(p) for p in Path(f"/proc/{job.pid}/task/{job.pid}/children").read_text().split()]
+            worker = next((c for c in children if os.getsid(c) == c), None)
+            if worker is not None and len(session_members(worker)) >= 2:
+                break
+            time.sleep(0.5)
+        assert worker is not None and len(session_members(worker)) >= 2, "no engine process in 300 s"
+        job.send_signal(signal.SIGTERM)
+        assert job.wait(timeout=60) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 10
+        while session_members(worker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert session_members(worker) == []
+    finally:
+        job.kill()
+        job.wait()
+        if worker is not None and session_members(worker):  # the test failed: leave nothing running
+            os.killpg(worker, signal.SIGKILL)
 
 
 @pytest.mark.slow

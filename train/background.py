@@ -9,11 +9,16 @@ job's own session the job's nice value restores what ``nice`` promises. A job th
 interactive shell is left alone: niceing that session would slow the shell's other jobs as well. Where the kernel
 does not group this process by session (autogroup switched off, or the process placed in a CPU cgroup of its own, as
 in most containers: its ``/proc/self/autogroup`` then reads empty), nice already holds and nothing is changed.
+
+Such a job is also stopped from outside (``kill``, the end of a login session) while it holds an engine's worker in a
+session of its own; ``exit_cleanly_on_signals`` lets it end that worker as it goes.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from pathlib import Path
 
 AUTOGROUP = Path("/proc/self/autogroup")
@@ -68,3 +73,20 @@ def nice_own_session_and_say() -> None:
     """``nice_own_session``, saying so on standard output (a long job's log) when it changed something."""
     if (niceness := nice_own_session()) is not None:
         print(f"nice {niceness}: this run's session shares the CPU at nice {niceness} too (autogroup)", flush=True)
+
+
+def exit_cleanly_on_signals(signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP)) -> None:
+    """Turn the first of ``signals`` into ``SystemExit(128 + signal)``, so that ``finally`` blocks run: Python's default
+    for SIGTERM and SIGHUP ends the process on the spot, which leaves an engine's worker (in a session of its own, so
+    not reached by a kill of this process's group) running with its engine: seen here, a killed regeneration's vLLM
+    processes went on taking both cores. A second signal ends the process at once, as the default would."""
+
+    def stop(signum: int, frame) -> None:
+        for each in signals:
+            signal.signal(each, signal.SIG_DFL)
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        return  # only the main thread may set handlers (a job's main run from a thread keeps the defaults)
+    for each in signals:
+        signal.signal(each, stop)

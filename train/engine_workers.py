@@ -71,11 +71,13 @@ class WorkerAnswers:
             line = self._line()
         return [(a["ids"], a["finish"]) for a in json.loads(line[len(MARKER) :])]
 
-    def close(self) -> None:
-        """Ask the worker to finish (end of input), then end its whole process group if it has not."""
+    def close(self, graceful: bool = True) -> None:
+        """End the worker and its engine's processes: ``graceful``, by asking it to finish (end of input) and waiting
+        a minute for it, then, or at once when the run was interrupted, by ending its whole process group."""
         try:
             self.proc.stdin.close()
-            self.proc.wait(timeout=60)
+            if graceful:
+                self.proc.wait(timeout=60)
         except (OSError, subprocess.TimeoutExpired):
             pass
         finally:
@@ -126,7 +128,7 @@ class EngineAnswers:
             for worker in self.workers:  # they load their engines at once
                 worker.wait_ready()
         except BaseException:
-            self.close()
+            self.close(graceful=False)
             raise
 
     def answer(
@@ -139,9 +141,9 @@ class EngineAnswers:
             worker.send(prompts[a:b], max_tokens[a:b], temperature, seed + a)
         return [answer for worker, _, _ in busy for answer in worker.receive()]
 
-    def close(self) -> None:
+    def close(self, graceful: bool = True) -> None:
         for worker in self.workers:
-            worker.close()
+            worker.close(graceful)
 
 
 def gpus_visible() -> bool:

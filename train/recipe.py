@@ -428,10 +428,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     recipe = json.loads(path.read_text())
     from specdec_kit.runtime.loader import set_threads
-    from specdec_kit.train.background import nice_own_session_and_say
+    from specdec_kit.train.background import exit_cleanly_on_signals, nice_own_session_and_say
 
     set_threads()
     nice_own_session_and_say()
+    exit_cleanly_on_signals()
     out = args.out or Path(recipe["out"])
     data = data_dir(recipe, args.data)
     features = training_data(recipe, data)

@@ -96,7 +96,7 @@ class KitAnswers:
                 answers[i] = (list(r.tokens), r.finish_reason)
         return [answers[i] for i in range(len(prompts))]
 
-    def close(self) -> None:
+    def close(self, graceful: bool = True) -> None:
         pass
 
 
@@ -147,7 +147,7 @@ class TransformersAnswers:
                 answers[i] = cut_at_eos(out[r, width:].tolist()[: max_tokens[i]], stops)
         return [answers[i] for i in range(len(prompts))]
 
-    def close(self) -> None:
+    def close(self, graceful: bool = True) -> None:
         pass
 
 
@@ -272,6 +272,7 @@ def regenerate(
         file=sys.stderr,
     )
     pending = [(c, convs) for c, convs in enumerate(chunks) if f"answers-{c:05d}.jsonl" not in done]
+    finished = False  # else interrupted (an error, or SIGTERM: exit_cleanly_on_signals): the engine ends at once
     try:
         for g in range(0, len(pending), max(how.group, 1)):
             if answer_tokens is not None and written >= answer_tokens:
@@ -298,10 +299,11 @@ def regenerate(
                 index_path.write_text(json.dumps(index, indent=1))
                 bar.update(entry["answer_tokens"])
                 bar.set_postfix(tok_s=f"{entry['answer_tokens'] / max(seconds, 1e-3):.0f}", shard=c)
+        finished = True
     finally:
         bar.close()
         if backend is not None:
-            backend.close()
+            backend.close(graceful=finished)
     return index
 
 
@@ -380,11 +382,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from specdec_kit.runtime.loader import set_threads
     from specdec_kit.runtime.models.pretrained import cache_root, resolve_target
-    from specdec_kit.train.background import nice_own_session_and_say
+    from specdec_kit.train.background import exit_cleanly_on_signals, nice_own_session_and_say
     from specdec_kit.train.distill import run_stage
 
     set_threads()
     nice_own_session_and_say()
+    exit_cleanly_on_signals()
     spec = RegenSpec(**json.loads(args.spec.read_text())) if args.spec else RegenSpec()
     return run_stage(
         lambda: regenerate(
