@@ -58,7 +58,7 @@ class BackendSpec:
     dtype: str = "float32"  # vllm, sglang: the engine's dtype
     engine: Path | None = None  # engine: the ONNX Runtime engine folder
     eager: bool = False  # vllm: skip torch.compile (starts in seconds instead of minutes, decodes slower)
-    group: int = 1  # chunks answered together (bigger batches on a GPU); each is still its own shard
+    group: int = 1  # chunks answered together, each still its own shard (bigger batches; vLLM-CPU's stay full longer)
     tp: int = 1  # vllm, sglang: tensor-parallel GPUs per replica
     replicas: int = 1  # vllm, sglang: data-parallel workers, each answering part of every request
 
