@@ -10,12 +10,13 @@ answers shard, listed in ``index.json`` as it is written.
 
 ``compute_dtype="bfloat16"`` runs the target's matrix products under bfloat16 autocast (``"auto"``: where the device
 computes bfloat16 natively, as the trainers' ``precision``; elsewhere it is emulated, far slower than float32): on a
-CPU with AVX-512 BF16 (and on a CUDA GPU) the pass takes about half the time (measured here on SmolLM2: 759 against 411 forwarded tokens
-a second), at a root-mean-square error of 0.02 in the final state (against EAGLE's training noise of 0.029) and about
-0.4% of the tapped layers' magnitude; for sampled answers the next-token labels, taken from the LM head, can flip
-at near-ties (greedy answers are their own labels). GRIFFIN trained on either reached the same held-out acceptance
-(SmolLM2, 209k answer tokens: tau 1.327 against 1.325); the default stays float32, the precision the runtime's
-target computes in, and the SmolLM2 chat recipe asks for auto. The data's identity records the precision used.
+CPU with AVX-512 BF16 (and on a CUDA GPU) the pass takes about half the time (measured here on SmolLM2: 759 against
+411 forwarded tokens a second), at a root-mean-square error of 0.02 in the final state (against EAGLE's training
+noise of 0.029) and about 0.4% of the tapped layers' magnitude; for sampled answers the next-token labels, taken from
+the LM head, can flip at near-ties (greedy answers are their own labels). GRIFFIN trained on either reached the
+same held-out acceptance (SmolLM2, 209k answer tokens: tau 1.327 against 1.325); the default stays float32, the
+precision the runtime's target computes in, and the SmolLM2 chat recipe asks for auto. The data's identity records
+the precision used.
 """
 
 from __future__ import annotations
