@@ -337,6 +337,35 @@ def test_the_recipe_goes_on_training_a_head_when_asked_more_epochs(
     assert run_without_state == 0 and "no training_state.pt to go on from" in capsys.readouterr().err
 
 
+def test_a_recipe_head_can_start_from_a_head_the_recipe_trained_before_it(chat_target, distilled, tmp_path):
+    """A recipe head's ``init_from`` naming another of its heads starts from that head's folder (its weights, its
+    draft vocabulary) and logs the start's held-out measurement; the learning curve's points start anew."""
+    from specdec_kit.train.recipe import main
+
+    out, _ = distilled
+    heads = tmp_path / "heads"
+    common = {"lr": 3e-3, "warmup": 1, "draft_vocab": 64, "tokens_per_batch": 128, "eval_every": 2}
+    recipe = {
+        "name": "tiny",
+        "target": str(chat_target),
+        "out": str(heads),
+        "save_dtype": "float32",
+        "heads": {
+            "stable": {"method": "griffin", "epochs": 1, "heldout_percent": 50, **common},
+            "griffin": {"epochs": 1, "decay": 1.0, "init_from": "stable", "heldout_percent": 50, **common},
+        },
+        "learning_curve": {"heads": ["griffin"], "answer_tokens": [10**9], "epochs": 1},
+    }
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(recipe))
+    assert main([str(path), "--data", str(out), "--stages", "heads,curve"]) == 0
+    log = json.loads((heads / "training_log.json").read_text())["heads"]
+    assert log["griffin"]["heldout_start"]["tau"] == log["stable"]["heldout_best"]["tau"]
+    assert log["griffin"]["heldout_best"]["tau"] >= log["stable"]["heldout_best"]["tau"]
+    curve = json.loads((heads / "curve" / "griffin-1000000000" / "training_spec.json").read_text())
+    assert curve["init_from"] == "" and "heldout_start" not in json.loads((heads / "learning_curve.json").read_text())[0]
+
+
 JUDGED = SPEC["max_new_tokens"] - 4  # tokens decoded: every chain of 3 they judge lies within the stored answers
 
 
@@ -502,6 +531,53 @@ def test_heldout_acceptance_counts_chains_and_the_best_head_is_kept(chat_target,
         else feature_draft_acceptance(draft, "griffin", lm_head, None, greedy, max_new_tokens=JUDGED)
     )
     assert decoded_counts(target, kind, tmp_path, out) == (counts.cycles, counts.cycle_hits)
+
+
+@pytest.mark.parametrize("kind", ["griffin", "eagle3"])
+def test_a_head_started_from_a_saved_one_is_measured_first_and_kept_unless_beaten(
+    chat_target, distilled, tmp_path, kind
+):
+    """``init_from``: the run starts from the saved head's weights and draft vocabulary (not a seeded new head's nor
+    the vocabulary its data would choose), measures it on the held-out set before its first step, and keeps it when
+    no step beats it; a saved head of other settings is refused with the tensor that differs."""
+    from specdec_kit.train.eagle3 import Eagle3Spec, train_eagle3
+    from specdec_kit.train.heads import HeadSpec, train_head
+    from specdec_kit.train.heldout import split
+
+    out, _ = distilled
+    target = TargetModel.from_pretrained(chat_target, dtype="float32")
+    layers = [1, 2, 3] if kind == "eagle3" else [4]
+    for_training, for_evaluation = split(50)
+    first = DistilledData(out, layers, tokens_per_batch=128, select=for_training, variants=("t1",))
+    source = DistilledData(out, layers, tokens_per_batch=128, select=for_training, variants=("greedy",))
+    heldout = DistilledData(out, layers, tokens_per_batch=128, select=for_evaluation)
+    size = target.vocab_size // 4
+
+    def train(data, folder, **settings):
+        settings = {"warmup": 1, "eval_every": 4, "draft_vocab": size, **settings}
+        if kind == "eagle3":
+            spec = Eagle3Spec(ttt_length=2, feature_layers=layers, **settings)
+            return train_eagle3(target, data, spec, folder, progress=False, heldout=heldout)
+        return train_head(target, data, HeadSpec.defaults(kind, **settings), folder, progress=False, heldout=heldout)
+
+    saved_folder = tmp_path / "saved"
+    saved_result = train(first, saved_folder, steps=8, lr=3e-3)
+    saved = load_draft_for(target, kind, saved_folder)
+    unchanged = train(source, tmp_path / "unchanged", steps=4, lr=0.0, init_from=str(saved_folder))
+    assert unchanged["heldout_start"]["tau"] == saved_result["heldout_best"]["tau"]  # the saved head, measured again
+    assert unchanged["heldout_best"]["step"] == 0  # no step beat it: the saved head is what is written
+    kept = load_draft_for(target, kind, tmp_path / "unchanged")
+    for key, value in saved.state_dict().items():
+        assert torch.equal(kept.state_dict()[key], value), key
+    train(source, tmp_path / "fresh", steps=1, lr=0.0)
+    assert not torch.equal(
+        load_draft_for(target, kind, tmp_path / "fresh").d2t, saved.d2t
+    )  # the data alone would have chosen another vocabulary
+    trained = train(source, tmp_path / "trained", steps=8, lr=3e-3, init_from=str(saved_folder))
+    assert trained["heldout_best"]["tau"] >= trained["heldout_start"]["tau"]
+    assert torch.equal(load_draft_for(target, kind, tmp_path / "trained").d2t, saved.d2t)
+    with pytest.raises(ValueError, match=f"init_from {saved_folder}: its {kind} head does not fit.*d2t: saved"):
+        train(source, tmp_path / "other", steps=1, draft_vocab=size // 2, init_from=str(saved_folder))
 
 
 def test_a_reduced_vocabulary_dflash_head_trains_and_its_heldout_count_is_what_decoding_measures(

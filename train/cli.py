@@ -206,6 +206,13 @@ def main(argv: list[str] | None = None) -> int:
         help="minutes of training at most (0: none): the first step that begins past them is the last, measured "
         "and saved like a planned one; a rerun goes on from it",
     )
+    p.add_argument(
+        "--init-from",
+        default="",
+        help="a saved head of --method (official layout, e.g. a zoo head) to start from instead of a new one: its "
+        "weights and draft vocabulary (--draft-vocab must match its size); to continue a head on more data or "
+        "fine-tune it on your own. With --eval-every it is measured before the first step and kept unless beaten",
+    )
     p.add_argument("--device", default="auto")
     args = p.parse_args(argv)
     from specdec_kit.runtime.loader import load_tokenizer, set_threads
@@ -219,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         args.target = resolve_target(args.target)
         target = TargetModel.from_pretrained(args.target, dtype="float32", device=args.device)
         tokenizer = load_tokenizer(args.target)
-        schedule = "steps batch seq_len lr decay seed accumulate time_limit sharding target_sharding".split()
+        schedule = "steps batch seq_len lr decay seed accumulate time_limit sharding target_sharding init_from".split()
         overrides = {name: getattr(args, name) for name in schedule}
         trainer = trainer_for(args.method)
         if args.cache_features and trainer.cached_features:

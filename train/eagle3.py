@@ -45,6 +45,7 @@ from specdec_kit.train.schedule import Schedule, accumulated_step, optimizer_and
 from specdec_kit.train.sharded_target import prepare_target
 from specdec_kit.train.sharding import distribute
 from specdec_kit.train.training_run import TrainingRun, heldout_measure
+from specdec_kit.train.warm_start import start_from, vocabulary_coverage
 
 
 @dataclass(kw_only=True)
@@ -314,6 +315,9 @@ def train_eagle3(
     seen = data.answer_tokens() if distilled else data.tokens_seen() if cached else data
     d2t, t2d, coverage = chosen_vocabulary(spec.method, seen, target.vocab_size, size)
     draft = new_eagle3(target, spec, d2t, t2d).float()
+    if spec.init_from:  # its weights and draft vocabulary
+        start_from(draft, spec.init_from, spec.method, target)
+        coverage = vocabulary_coverage(draft, seen)
     rows = draft_vocab_rows(target, draft)
     draft.to(device)
     if distilled:  # the target's logits over the draft vocabulary: its LM-head rows of those ids

@@ -140,6 +140,11 @@ class HeldOutTracker:
     best_step: int = -1
     best_acceptance: list = field(default_factory=list)
     best_weights: dict = field(default_factory=dict)
+    start: dict | None = None  # the measurement of the head a run started from (``init_from``), before its first step
+
+    def record_start(self, module: torch.nn.Module) -> None:
+        """Measure the head a run starts from: it is the best until a step beats it."""
+        self.start = self.record(module, -1)
 
     def due(self, step: int, last: int) -> bool:
         return heldout_due(step, last, self.every)
@@ -168,6 +173,7 @@ class HeldOutTracker:
             "best_acceptance": self.best_acceptance,
             "best_weights": self.best_weights,
             "counted": "per_cycle",
+            **({"start": self.start} if self.start else {}),
         }
 
     def restore(self, state: dict | None) -> None:
@@ -180,10 +186,16 @@ class HeldOutTracker:
                 state["best_weights"],
             )
             self.best_acceptance = state.get("best_acceptance", [])
+            self.start = state.get("start")
 
     def summary(self) -> dict:
         return {
-            "heldout_best": {"step": self.best_step, "tau": round(self.best_tau, 4), "acceptance": self.best_acceptance}
+            "heldout_best": {
+                "step": self.best_step,
+                "tau": round(self.best_tau, 4),
+                "acceptance": self.best_acceptance,
+            },
+            **({"heldout_start": self.start} if self.start else {}),
         }
 
     def keep_best(self, module: torch.nn.Module) -> None:

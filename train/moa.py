@@ -30,6 +30,7 @@ from specdec_kit.train.parallel import Ranks
 from specdec_kit.train.schedule import Schedule, optimizer_and_state, step_bar
 from specdec_kit.train.sharding import distribute
 from specdec_kit.train.training_run import TrainingRun
+from specdec_kit.train.warm_start import start_from
 
 
 @dataclass(kw_only=True)
@@ -184,6 +185,8 @@ def train_moa(
     for p in target.parameters():
         p.requires_grad_(False)
     draft = new_moa(target, spec).float()
+    if spec.init_from:
+        start_from(draft, spec.init_from, "moa", target)
     state_path = out_dir / "training_state.pt"
     what = f"moa tli={spec.tli}"
     model, sharded = distribute(

@@ -187,6 +187,9 @@ def run_head(
         print(f"{name}: not started: the time limit has passed", file=sys.stderr)
         return None
     head = HeadSettings.of(name, settings if left is None else {**settings, "time_limit": left})
+    start = head.schedule.get("init_from")
+    if start in recipe["heads"]:  # another head of the recipe, trained before this one: its folder
+        head.schedule["init_from"] = str(out / start)
     answer_tokens = head.answer_tokens if answer_tokens is None else answer_tokens
     target_path = resolve_target(recipe["target"])
     target = TargetModel.from_pretrained(target_path, dtype="float32", device="cpu")
@@ -254,6 +257,7 @@ def run_learning_curve(recipe: dict, data: Path, out: Path, force: bool, deadlin
             folder = out / "curve" / f"{name}-{size}"
             saved = folder / "curve_point.json"
             settings = {**recipe["heads"][name], **section}
+            settings.pop("init_from", None)  # each point a new head: what that much data alone teaches
             result = run_head(
                 folder.name,
                 {**settings, "method": name},

@@ -35,6 +35,9 @@ class Schedule:
     accumulate: int = 1  # micro-batches per optimizer step: ``batch`` rows in all, batch / accumulate at a time
     # minutes this run may train (0: no limit): a lent machine's hour, a CI budget; see ``step_bar``
     time_limit: float = 0.0
+    # a saved head (official layout) the run starts from instead of a seeded new one: a head continued on more or
+    # other data, or fine-tuned (``train/warm_start.py``); "" starts a new head
+    init_from: str = ""
 
     def lr_at(self, step: int) -> float:
         """The learning rate of ``step``: a linear warm-up, constant, then with ``decay`` a linear fall to zero over

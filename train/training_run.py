@@ -63,6 +63,8 @@ class TrainingRun:
         if self.measure is not None and self.schedule.eval_every and self.ranks.main:
             self.tracker = HeldOutTracker(self.measure, self.schedule.eval_every)
             self.tracker.restore(saved_extra(self.state_path))  # a resumed run keeps its best measurement
+            if self.schedule.init_from and not self.history:  # a run from a saved head keeps it unless beaten
+                self.tracker.record_start(self.measured)
 
     def log(self, record: dict, step: int) -> None:
         """After ``step``: measure on the held-out set when due (into ``record``), keep the record, save the state
