@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -145,6 +146,7 @@ class HeldOutTracker:
     def record_start(self, module: torch.nn.Module) -> None:
         """Measure the head a run starts from: it is the best until a step beats it."""
         self.start = self.record(module, -1)
+        print(f"held-out tau {self.start['tau']} before the first step", file=sys.stderr)
 
     def due(self, step: int, last: int) -> bool:
         return heldout_due(step, last, self.every)

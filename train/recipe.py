@@ -345,6 +345,19 @@ def plot_learning_curve(points: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def started_at(heads: dict, name: str) -> int:
+    """The steps before a head's own run: those of the logged head it started from (``init_from`` naming one), and
+    of the one that one started from; 0 for a new head."""
+    start = heads.get(name, {}).get("settings", {}).get("init_from")
+    return heads[start]["steps"] + started_at(heads, start) if start in heads and start != name else 0
+
+
+def heldout_records(head: dict, history: list[dict]) -> list[dict]:
+    """A head's held-out measurements in step order: the head it started from (``heldout_start``), then its own."""
+    start = [{"step": -1, "heldout": head["heldout_start"]}] if "heldout_start" in head else []
+    return start + [r for r in history if "heldout" in r]
+
+
 def plot_curves(log: dict, path: Path) -> None:
     """The training loss of each head (moving mean) and, where it was measured, its held-out acceptance per depth
     beside it."""
@@ -352,12 +365,14 @@ def plot_curves(log: dict, path: Path) -> None:
 
     plt = pyplot()
     histories = {name: h for name, h in log.get("histories", {}).items() if h}
-    measured = {name: [r for r in h if "heldout" in r] for name, h in histories.items()}
+    heads = log.get("heads", {})
+    offsets = {name: started_at(heads, name) for name in histories}  # a head continued from another goes on from it
+    measured = {name: heldout_records(heads.get(name, {}), h) for name, h in histories.items()}
     panels = 2 if any(measured.values()) else 1
     fig, axes = plt.subplots(1, panels, figsize=(7 * panels, 4), squeeze=False)
     loss_ax = axes[0][0]
     for name, history in histories.items():
-        steps = [h["step"] for h in history]
+        steps = [offsets[name] + h["step"] for h in history]
         losses = [h["loss"] for h in history]
         window = max(1, len(losses) // 50)
         smooth = [
@@ -373,7 +388,7 @@ def plot_curves(log: dict, path: Path) -> None:
     if panels == 2:
         ax = axes[0][1]
         for n, (name, records) in enumerate(item for item in measured.items() if item[1]):
-            steps = [r["step"] + 1 for r in records]
+            steps = [offsets[name] + r["step"] + 1 for r in records]
             for depth in range(len(records[0]["heldout"]["acceptance"])):
                 ax.plot(
                     steps,
