@@ -1,6 +1,7 @@
 """README.md's results tables, from the benchmarks' result files (never typed by hand): every head (GRIFFIN, EAGLE-3,
 and the parallel drafts P-EAGLE and DFlash) against plain decoding at T=0 with its draft's milliseconds per cycle, on
-SmolLM2 (``bench/results/smollm2``) and on the demo zoo (``bench/results/dflash_rows``); model-free drafting and the
+SmolLM2 (``bench/results/smollm2/decayed_griffin``, and the chat prompts of the earlier four-head run,
+``bench/results/smollm2``) and on the demo zoo (``bench/results/dflash_rows``); model-free drafting and the
 hybrid by task category on SmolLM2 (``bench/results/lookup/smollm2``); each written between its markers in
 README.md.
 
@@ -24,7 +25,12 @@ LOOKUP_RESULTS = "bench/results/lookup/smollm2/results.json"
 LOOKUP_METHODS = ("ngram", "suffix", "griffin", "griffin+suffix")
 # (label, result file, the prompt sets to show, in order)
 SOURCES = (
-    ("SmolLM2-135M-Instruct", "bench/results/smollm2/results.json", ("chat", "humaneval", "spec_bench")),
+    (
+        "SmolLM2-135M-Instruct",
+        "bench/results/smollm2/decayed_griffin/results.json",
+        ("chat", "humaneval", "spec_bench"),
+    ),
+    ("SmolLM2, 2026-12-01, GRIFFIN before its decay run", "bench/results/smollm2/results.json", ("chat",)),
     ("demo zoo (9M)", "bench/results/dflash_rows/results.json", ("heldout", "humaneval", "spec_bench")),
 )
 METHODS = {"griffin": "GRIFFIN", "eagle3": "EAGLE-3", "peagle": "P-EAGLE", "dflash": "DFlash"}

@@ -2,8 +2,8 @@
 # The SmolLM2 chat heads (train/recipes/smollm2-chat.json) on a machine with CUDA GPUs, in two steps:
 #   1. the data: every conversation answered by the target with Hugging Face's batched generate (no vLLM needed;
 #      GROUP chunks of the pool answered together in batches of BATCH rows), then its teacher-forced features;
-#   2. the heads and the learning curve: one process at a time on one GPU, or one process per GPU (GRIFFIN,
-#      EAGLE-3, P-EAGLE, DFlash, the curve, in waves of one a GPU) where there are several.
+#   2. the heads and the learning curve: one process at a time on one GPU, or one process per GPU (GRIFFIN's two
+#      runs, EAGLE-3, P-EAGLE, DFlash, the curve, in waves of one a GPU) where there are several.
 # One GPU is never shared by several processes: measured on an H200, a launch-bound loop ran 4.6 ms alone and
 # 11-17 ms in each of four processes at once (14 ms under MPS), and CPU threads contend on top of that.
 # Every stage resumes (answer and feature shards, training states), so the script can be stopped and run again.
@@ -33,14 +33,14 @@ if [ "${gpus:-0}" -le 1 ]; then
     recipe --stages heads,curve "$@" >"$LOGS/train.log" 2>&1
 else
     echo "train_smollm2_gpu: heads and the learning curve on $gpus GPUs, one process each (logs: $LOGS/*.log)"
-    jobs=(griffin eagle3 peagle dflash curve)
+    jobs=(griffin-stable,griffin eagle3 peagle dflash curve)  # griffin starts from griffin-stable: one process
     for ((first = 0; first < ${#jobs[@]}; first += gpus)); do  # in waves of one job per GPU
         pids=()
         for ((n = first; n < first + gpus && n < ${#jobs[@]}; n++)); do
             job=${jobs[$n]}
             stage=(--stages heads --heads "$job")
             [ "$job" = curve ] && stage=(--stages curve)
-            CUDA_VISIBLE_DEVICES=$((n - first)) recipe "${stage[@]}" "$@" >"$LOGS/$job.log" 2>&1 &
+            CUDA_VISIBLE_DEVICES=$((n - first)) recipe "${stage[@]}" "$@" >"$LOGS/${job%%,*}.log" 2>&1 &
             pids+=($!)
         done
         status=0
