@@ -8,6 +8,9 @@ those heads again on the first shards holding N answer tokens each (``<out>/curv
 held-out prompts as the full heads, and writes ``learning_curve.json`` and ``learning_curve.png``: how a head's
 held-out acceptance grows with data.
 
+A head's ``init_from`` naming another head of the recipe starts from that head's folder, trained first: one schedule
+in two runs (SmolLM2's GRIFFIN: a constant rate over all the data, then its decay from that head).
+
 Every stage resumes: the data generation skips the shards it has, each head continues from its
 ``training_state.pt``, and a finished head is left alone unless the recipe now asks more steps of it (more epochs:
 it goes on from its state); ``--force`` retrains it from the start. The output holds the heads
