@@ -48,7 +48,7 @@ from specdec_kit.train.schedule import Schedule, accumulated_step, optimizer_and
 from specdec_kit.train.sharded_target import prepare_target, rows_through_target
 from specdec_kit.train.sharding import distribute
 from specdec_kit.train.training_run import TrainingRun, heldout_measure
-from specdec_kit.train.warm_start import start_from, vocabulary_coverage
+from specdec_kit.train.warm_start import start_from
 
 
 @dataclass(kw_only=True)
@@ -274,8 +274,8 @@ def train_dflash(
         )
     draft = new_dflash(target, spec, vocabulary).float()
     if spec.init_from:  # its weights and draft vocabulary
-        start_from(draft, spec.init_from, "dflash", target)
-        coverage = vocabulary_coverage(draft, data.answer_tokens() if distilled else data) if vocabulary else None
+        seen = (data.answer_tokens() if distilled else data) if vocabulary else None
+        coverage = start_from(draft, spec.init_from, "dflash", target, seen)
     draft = draft.to(device)
     embed = torch.nn.Embedding.from_pretrained(target.embed_tokens.weight.detach().float().to(device), freeze=True)
     lm_head = torch.nn.Linear(target.hidden_size, target.vocab_size, bias=False).to(device)

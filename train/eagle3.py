@@ -92,7 +92,7 @@ def chosen_vocabulary(
     """``draft_vocabulary`` of the training tokens ``seen``, and the share of them it holds (said on stderr: a low
     share caps what the head can ever accept)."""
     d2t, t2d = draft_vocabulary(seen, vocab_size, size)
-    coverage = float(t2d[seen].float().mean())
+    coverage = vocabulary_coverage(t2d, seen)
     print(
         f"{method}: draft vocabulary {size} of {vocab_size} tokens covers {coverage:.1%} of the training tokens",
         file=sys.stderr,
@@ -316,8 +316,7 @@ def train_eagle3(
     d2t, t2d, coverage = chosen_vocabulary(spec.method, seen, target.vocab_size, size)
     draft = new_eagle3(target, spec, d2t, t2d).float()
     if spec.init_from:  # its weights and draft vocabulary
-        start_from(draft, spec.init_from, spec.method, target)
-        coverage = vocabulary_coverage(draft, seen)
+        coverage = start_from(draft, spec.init_from, spec.method, target, seen)
     rows = draft_vocab_rows(target, draft)
     draft.to(device)
     if distilled:  # the target's logits over the draft vocabulary: its LM-head rows of those ids

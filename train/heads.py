@@ -44,7 +44,7 @@ from specdec_kit.train.schedule import Schedule, accumulated_step, optimizer_and
 from specdec_kit.train.sharded_target import prepare_target
 from specdec_kit.train.sharding import distribute
 from specdec_kit.train.training_run import TrainingRun, heldout_measure
-from specdec_kit.train.warm_start import start_from, vocabulary_coverage
+from specdec_kit.train.warm_start import start_from
 
 
 @dataclass(kw_only=True)
@@ -256,8 +256,7 @@ def train_head(
         *vocab, coverage = chosen_vocabulary(spec.method, seen, target.vocab_size, spec.draft_vocab)
     head = new_head(spec.method, target, spec, vocab).float()
     if spec.init_from:  # its weights and draft vocabulary
-        start_from(head, spec.init_from, spec.method, target)
-        coverage = vocabulary_coverage(head, seen) if vocab else None
+        coverage = start_from(head, spec.init_from, spec.method, target, seen if vocab else None)
     lm_head, to_head = head_vocab(head, target) if spec.method != "medusa" else (target.lm_head.float(), None)
     head.to(device)
     state_path = out_dir / "training_state.pt"

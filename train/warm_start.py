@@ -14,10 +14,14 @@ from torch import nn
 from specdec_kit.runtime.models.target import TargetModel
 
 
-def start_from(head: nn.Module, init_from: str | Path, method: str, target: TargetModel) -> None:
+def start_from(
+    head: nn.Module, init_from: str | Path, method: str, target: TargetModel, seen: torch.Tensor | None = None
+) -> float | None:
     """Load the head saved at ``init_from`` (official layout, checked against ``target``) into ``head``, a new head of
     the run's settings; a ValueError naming the saved head and each tensor whose shape differs when it does not fit
-    (another draft vocabulary size, another number of Medusa heads)."""
+    (another draft vocabulary size, another number of Medusa heads). Returns the share of the training tokens
+    ``seen`` in the saved head's draft vocabulary, which replaces the one the data chose (None: no reduced vocabulary
+    or no tokens given)."""
     from specdec_kit.runtime.loader import load_draft_for
     from specdec_kit.train.methods import method_kind
 
@@ -38,11 +42,14 @@ def start_from(head: nn.Module, init_from: str | Path, method: str, target: Targ
     with torch.no_grad():
         for key, value in own.items():
             value.copy_(saved[key])
-    print(f"{method}: starts from the head in {init_from}", file=sys.stderr)
-
-
-def vocabulary_coverage(head: nn.Module, seen: torch.Tensor) -> float | None:
-    """The share of the training tokens ``seen`` in ``head``'s draft vocabulary (None: it proposes from the target's
-    whole vocabulary)."""
     t2d = getattr(head, "t2d", None)
-    return None if t2d is None else float(t2d.cpu()[seen.cpu()].float().mean())
+    coverage = None if t2d is None or seen is None else vocabulary_coverage(t2d, seen)
+    covers = "" if coverage is None else f"; its draft vocabulary covers {coverage:.1%} of the training tokens"
+    print(f"{method}: starts from the head in {init_from}{covers}", file=sys.stderr)
+    return coverage
+
+
+def vocabulary_coverage(t2d: torch.Tensor, seen: torch.Tensor) -> float:
+    """The share of the training tokens ``seen`` in a draft vocabulary (``t2d``: a mask over the target's ids); a low
+    share caps what the head can ever accept."""
+    return float(t2d.cpu()[seen.cpu()].float().mean())
