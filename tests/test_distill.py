@@ -212,8 +212,8 @@ def test_the_learning_curve_trains_on_growing_parts_of_the_data_and_measures_the
     chat_target, distilled, tmp_path
 ):
     """The recipe's learning curve: a head trained on the first shards holding N answer tokens, for each N, every
-    one measured on the held-out prompts of all the data; the full head is the last point; a finished point is
-    read back, not trained again."""
+    one measured on the same held-out prompts; the full head is the last point; a finished point is read back, not
+    trained again. The head's name is not its method (as SmolLM2's griffin-stable)."""
     from specdec_kit.train.recipe import main
 
     out, _ = distilled
@@ -236,25 +236,52 @@ def test_the_learning_curve_trains_on_growing_parts_of_the_data_and_measures_the
         "prompts": "unused.jsonl",
         "out": str(heads),
         "save_dtype": "float32",
-        "heads": {"griffin": settings},
-        "learning_curve": {"heads": ["griffin"], "answer_tokens": [1, first_tokens + 1]},
+        "heads": {"griffin-stable": {"method": "griffin", **settings}},
+        "learning_curve": {"heads": ["griffin-stable"], "answer_tokens": [1, first_tokens + 1]},
     }
     path = tmp_path / "tiny.json"
     path.write_text(json.dumps(recipe))
     assert main([str(path), "--data", str(out), "--stages", "heads,curve"]) == 0
     points = json.loads((heads / "learning_curve.json").read_text())
     sizes = [p["answer_tokens"] for p in points]
-    assert [p["head"] for p in points] == ["griffin"] * 3
+    assert [p["head"] for p in points] == ["griffin-stable"] * 3
     assert sizes[0] == first_tokens < sizes[1] <= sizes[2] == index["answer_tokens"]
     assert points[0]["steps"] < points[1]["steps"] <= points[2]["steps"]
     for point in points:
         best = point["heldout_best"]
         assert len(best["acceptance"]) == 3 and best["tau"] == pytest.approx(1 + sum(best["acceptance"]), abs=1e-3)
     assert (heads / "learning_curve.png").stat().st_size > 0
-    saved = heads / "curve" / "griffin-1" / "curve_point.json"
+    saved = heads / "curve" / "griffin-stable-1" / "curve_point.json"
     before = saved.stat().st_mtime_ns
     assert main([str(path), "--data", str(out), "--stages", "curve"]) == 0
     assert saved.stat().st_mtime_ns == before and json.loads((heads / "learning_curve.json").read_text()) == points
+
+
+def test_the_held_out_samples_are_those_of_the_first_shards_however_much_data_follows(distilled):
+    """Every head of a recipe is measured on the held-out bucket of the first shards holding the recipe's
+    ``heldout_answer_tokens``, so numbers measured before more data was written compare with those after."""
+    from specdec_kit.train.heldout import is_held_out
+    from specdec_kit.train.recipe import HeadSettings, heldout_split
+
+    out, _ = distilled
+    head = HeadSettings.of("griffin", {"heldout_percent": 50})
+    shards = sorted(json.loads((out / INDEX).read_text())["shards"], key=lambda s: s["file"])
+
+    def held_out_tokens(shard: dict) -> list[list[int]]:
+        data = read_shard(out / shard["file"])
+        bounds = data["offsets"].tolist()
+        return [
+            data["tokens"][bounds[n] : bounds[n + 1]].tolist()
+            for n, meta in enumerate(shard["samples"])
+            if is_held_out(meta["prompt_id"], 50)
+        ]
+
+    first_tokens = sum(s["answer_tokens"] for s in shards[0]["samples"])
+    _, limited = heldout_split({"heldout_answer_tokens": first_tokens}, out, SPEC["hidden_indices"][-1:], head)
+    _, everything = heldout_split({}, out, SPEC["hidden_indices"][-1:], head)
+    assert [t.tolist() for t in limited.tokens] == held_out_tokens(shards[0])
+    assert [t.tolist() for t in everything.tokens] == [t for shard in shards for t in held_out_tokens(shard)]
+    assert len(everything.tokens) > len(limited.tokens)
 
 
 def _add_entries(path: str, who: str) -> None:

@@ -51,16 +51,13 @@ def head_entry(entry: str, heads_dir: Path) -> tuple[str, str, Path]:
     return label, name, Path(folder).expanduser()
 
 
-def measure_head(kind: str, folder: Path, target, data: Path, layers: list[int], settings, args):
-    """A saved head's ``ChainCounts`` on the held-out samples of ``data``."""
+def measure_head(kind: str, folder: Path, target, recipe: dict, data: Path, layers: list[int], settings, args):
+    """A saved head's ``ChainCounts`` on the recipe's held-out samples of ``data`` (those its trainer measures)."""
     from specdec_kit.runtime.loader import load_draft_for
-    from specdec_kit.train.distilled import DistilledData
-    from specdec_kit.train.heldout import feature_draft_acceptance, split
+    from specdec_kit.train.heldout import feature_draft_acceptance
+    from specdec_kit.train.recipe import heldout_split
 
-    _, for_evaluation = split() if settings.heldout_percent is None else split(settings.heldout_percent)
-    heldout = DistilledData(
-        data, layers, tokens_per_batch=settings.tokens_per_batch, variants=settings.variants, select=for_evaluation
-    )
+    _, heldout = heldout_split(recipe, data, layers, settings)
     draft = load_draft_for(target, kind, folder).float().eval()
     if kind in ("eagle3", "peagle"):
         from specdec_kit.train.eagle3 import draft_vocab_rows, eagle3_acceptance
@@ -105,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         trainer = trainer_for(settings.method)
         layers = trainer.distilled_layers(trainer.make_spec(settings.method, **settings.schedule), target.num_layers)
         with torch.no_grad():
-            counts = measure_head(settings.method, folder, target, data, layers, settings, args)
+            counts = measure_head(settings.method, folder, target, recipe, data, layers, settings, args)
         per_cycle, per_position = counts.per_cycle(), counts.per_position()
         rows[label] = {
             "acceptance": [round(a, 4) for a in per_cycle],

@@ -8,6 +8,9 @@ those heads again on the first shards holding N answer tokens each (``<out>/curv
 held-out prompts as the full heads, and writes ``learning_curve.json`` and ``learning_curve.png``: how a head's
 held-out acceptance grows with data.
 
+Every head with ``eval_every`` is measured while it trains on the same held-out samples: a fixed bucket of prompt ids
+in the first shards holding the recipe's ``heldout_answer_tokens`` (``heldout_split``).
+
 A head's ``init_from`` naming another head of the recipe starts from that head's folder, trained first: one schedule
 in two runs (SmolLM2's GRIFFIN: a constant rate over all the data, then its decay from that head).
 
@@ -143,6 +146,26 @@ class HeadSettings:
         )
 
 
+def heldout_split(recipe: dict, data: Path, layers: list[int], head: HeadSettings):
+    """(the selector of the samples a head trains on, the held-out samples measured while it trains). The held-out
+    samples are a fixed bucket of prompt ids in the first shards holding the recipe's ``heldout_answer_tokens`` (all
+    the shards without it), so a head's numbers compare with every other head's however much data has been
+    regenerated since."""
+    from specdec_kit.train.distilled import DistilledData
+    from specdec_kit.train.heldout import split
+
+    for_training, for_evaluation = split() if head.heldout_percent is None else split(head.heldout_percent)
+    heldout = DistilledData(
+        data,
+        layers,
+        tokens_per_batch=head.tokens_per_batch,
+        variants=head.variants,
+        select=for_evaluation,
+        answer_tokens=recipe.get("heldout_answer_tokens"),
+    )
+    return for_training, heldout
+
+
 def run_head(
     name: str,
     settings: dict,
@@ -158,8 +181,8 @@ def run_head(
     ``training_state.pt``); None when it is already trained as far as the recipe asks. A head goes on only over
     the data it was trained on (``trained_on``, a fingerprint): other data means another draft vocabulary and
     another batch plan, which its state does not fit. ``answer_tokens``: train on the first shards holding that many
-    (default: the head's own ``answer_tokens`` setting, else all; the held-out prompts are measured over all the data
-    either way). ``deadline``: the head trains until then at
+    (default: the head's own ``answer_tokens`` setting, else all; the held-out prompts are the same either way:
+    ``heldout_split``). ``deadline``: the head trains until then at
     most (the schedule's time limit), and is not started when it has passed."""
     import torch
 
@@ -210,12 +233,7 @@ def run_head(
     layers = trainer.distilled_layers(spec, target.num_layers)
     heldout, for_training = None, None
     if spec.eval_every:  # a fixed bucket of prompts is held out from training and measured every eval_every steps
-        from specdec_kit.train.heldout import split
-
-        for_training, for_evaluation = split() if head.heldout_percent is None else split(head.heldout_percent)
-        heldout = DistilledData(
-            data, layers, tokens_per_batch=head.tokens_per_batch, variants=head.variants, select=for_evaluation
-        )
+        for_training, heldout = heldout_split(recipe, data, layers, head)
     source = DistilledData(
         data,
         layers,
@@ -263,7 +281,7 @@ def run_learning_curve(recipe: dict, data: Path, out: Path, force: bool, deadlin
             settings.pop("init_from", None)  # each point a new head: what that much data alone teaches
             result = run_head(
                 folder.name,
-                {**settings, "method": name},
+                {"method": name, **settings},  # a head named otherwise (griffin-stable) says its method
                 recipe,
                 data,
                 folder.parent,
