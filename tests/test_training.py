@@ -315,3 +315,23 @@ def test_ranks_decide_together_over_a_process_group():
         assert ranks.average(3.0) == 1.5 and Ranks.reduced([1.0, 2.0]) == [1.0, 2.0]
     finally:
         dist.destroy_process_group()
+
+
+def test_freed_host_memory_goes_back_to_the_system_between_training_steps():
+    """What a CPU training step frees is returned to the system (every trainer's step ends so), not kept by the heap
+    for shapes the next batches may never have: without it, a long run's memory grows step after step."""
+    from specdec_kit.train.host_memory import release_freed_host_memory
+
+    def resident_mb() -> float:
+        status = open("/proc/self/status").read()
+        return int(status.split("VmRSS:")[1].split()[0]) / 1024
+
+    large = torch.ones(24 * 2**20, dtype=torch.uint8)  # freeing it raises the heap's threshold for its own pages
+    del large
+    pieces = [torch.ones(2**18) for _ in range(300)]  # 300 MB of 1 MB blocks, now from the heap
+    last = pieces[-1]  # in use above the others: the heap cannot simply shrink from its top
+    del pieces
+    before = resident_mb()
+    assert release_freed_host_memory()
+    assert before - resident_mb() > 150, "the freed blocks stayed with the process"
+    assert float(last.sum()) == 2**18

@@ -11,6 +11,8 @@ from typing import Any, Callable
 
 import torch
 
+from specdec_kit.train.host_memory import release_freed_host_memory
+
 
 @dataclass(kw_only=True)
 class Schedule:
@@ -180,6 +182,8 @@ def accumulated_step(
         parts.append(stats)
     torch.nn.utils.clip_grad_norm_(params, 0.5)
     opt.step()
+    if device.type == "cpu":  # the step's freed activations back to the system, not kept by the heap
+        release_freed_host_memory()
     return losses, parts
 
 
