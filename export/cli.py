@@ -132,7 +132,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "kit's plugin) read; speculators (EAGLE-3, P-EAGLE, DFlash): the format vLLM's training project publishes "
         "heads in, whose config vLLM reads itself",
     )
-    p.add_argument("--output", type=Path, help="engine directory (default engines/<draft>-<backend>[-<weights>])")
+    p.add_argument(
+        "--output",
+        type=Path,
+        help="engine directory (default engines/[<target>-]<draft>-<backend>[-<weights>], rebuilt there when "
+        "its inputs changed, e.g. a committed head updated; a directory named here holding another engine is refused)",
+    )
     p.add_argument("--force", action="store_true", help="rebuild even if the output holds an engine from these inputs")
     p.add_argument(
         "--target-store",
@@ -355,7 +360,11 @@ def main(argv: list[str] | None = None) -> int:
         output = args.output or Path("engines") / (
             f"{f'{args.target}-' if named else ''}{args.draft}-{args.backend}{quantized}"
         )
-        result = build_engine(inputs, output, force=args.force, device=device, step=step)
+        # the kit's own folder for this target, draft and backend is rebuilt when its inputs changed (a head updated
+        # by a pull); a folder the user names is never replaced unasked
+        result = build_engine(
+            inputs, output, force=args.force, device=device, step=step, replace_other=args.output is None
+        )
     except (BuildError, DraftLoadError, TargetLoadError, EngineError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

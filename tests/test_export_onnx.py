@@ -342,6 +342,11 @@ def test_cli_builds_reuses_and_force_rebuilds(demo_checkpoints, tmp_path):
     other = run_cli(*args[:-2], "--tree", "static:chain-3", "--output", str(tmp_path / "eng"), cwd=tmp_path)
     assert other.returncode == 2 and "not an engine built from these inputs" in other.stderr
     assert left_in(tmp_path) == ["eng"]  # no staging directories left behind
+    default = run_cli(*args[:-2], cwd=tmp_path)  # the kit's own folder, engines/eagle-torch
+    assert default.returncode == 0 and "built torch engine" in default.stdout, default.stderr
+    changed = run_cli(*args[:-2], "--tree", "static:chain-3", cwd=tmp_path)  # e.g. a head updated by a pull
+    assert changed.returncode == 0 and "built torch engine" in changed.stdout, changed.stderr
+    assert read_manifest(tmp_path / "engines" / "eagle-torch")["tree"] != read_manifest(tmp_path / "eng")["tree"]
 
 
 def test_a_tools_own_engine_directory_is_rebuilt_when_its_inputs_changed(demo_checkpoints, tmp_path):
