@@ -250,6 +250,7 @@ def test_the_learning_curve_trains_on_growing_parts_of_the_data_and_measures_the
     for point in points:
         best = point["heldout_best"]
         assert len(best["acceptance"]) == 3 and best["tau"] == pytest.approx(1 + sum(best["acceptance"]), abs=1e-3)
+        assert len(point["per_position"]) == 3  # what the curve draws, as its earliest points were counted
     assert (heads / "learning_curve.png").stat().st_size > 0
     saved = heads / "curve" / "griffin-stable-1" / "curve_point.json"
     before = saved.stat().st_mtime_ns

@@ -298,11 +298,26 @@ def run_learning_curve(recipe: dict, data: Path, out: Path, force: bool, deadlin
                     "epochs": settings.get("epochs"),
                     "steps": result["steps"],
                     "heldout_best": held,
+                    "per_position": best_per_position(saved_history(folder)),
                 }
                 saved.write_text(json.dumps(point, indent=1))
             if saved.is_file():
                 points.append(json.loads(saved.read_text()))
     return points
+
+
+def best_per_position(history: list[dict]) -> list[float] | None:
+    """The per-position held-out acceptance of a head's best measurement (by tau per cycle) in its training history:
+    the count the learning curve draws, its earliest points having been measured so."""
+    measured = [r["heldout"] for r in history if "per_position" in r.get("heldout", {})]
+    return max(measured, key=lambda h: h["tau"])["per_position"] if measured else None
+
+
+def saved_history(folder: Path) -> list[dict]:
+    """A trained head's step records, from its ``training_state.pt``."""
+    import torch
+
+    return torch.load(folder / "training_state.pt", weights_only=True, map_location="cpu")["history"]
 
 
 def shards_answer_tokens(shards: list[dict], answer_tokens: int | None) -> int:
@@ -329,28 +344,32 @@ def update_log(path: Path, recipe_name: str, change: Callable[[dict], None]) -> 
     return log
 
 
+def curve_acceptance(point: dict) -> list[float]:
+    """A learning-curve point's held-out acceptance per depth counted over every answer position: its
+    ``per_position``, or, for a point measured before the count per decoding cycle (none recorded beside it), its
+    ``heldout_best``, which then counted so."""
+    return point.get("per_position") or point.get("heldout_best", {}).get("acceptance") or []
+
+
 def plot_learning_curve(points: list[dict], path: Path) -> None:
-    """Held-out tau (and first-draft acceptance) against the answer tokens a head was trained on, one line a head and
-    number of epochs."""
+    """Held-out tau (and first-draft acceptance) per answer position against the answer tokens a head was trained
+    on, one line a head and number of epochs."""
     from specdec_kit.plots import pyplot
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for n, (name, epochs) in enumerate(dict.fromkeys((p["head"], p.get("epochs")) for p in points)):
         mine = sorted(
-            (
-                p
-                for p in points
-                if (p["head"], p.get("epochs")) == (name, epochs) and p.get("heldout_best", {}).get("acceptance")
-            ),
+            (p for p in points if (p["head"], p.get("epochs")) == (name, epochs) and curve_acceptance(p)),
             key=lambda p: p["answer_tokens"],
         )
         tokens = [p["answer_tokens"] for p in mine]
         label = f"{name}, {epochs} epochs" if epochs else name
-        ax.plot(tokens, [p["heldout_best"]["tau"] for p in mine], marker="o", color=f"C{n}", label=f"{label}: tau")
+        taus = [1 + sum(curve_acceptance(p)) for p in mine]
+        ax.plot(tokens, taus, marker="o", color=f"C{n}", label=f"{label}: tau")
         ax.plot(
             tokens,
-            [1 + p["heldout_best"]["acceptance"][0] for p in mine],
+            [1 + curve_acceptance(p)[0] for p in mine],
             marker=".",
             linestyle="--",
             color=f"C{n}",
@@ -358,7 +377,7 @@ def plot_learning_curve(points: list[dict], path: Path) -> None:
         )
     ax.set_xscale("log")
     ax.set_xlabel("answer tokens trained on")
-    ax.set_ylabel("held-out tau (chain of 3, greedy)")
+    ax.set_ylabel("held-out tau per answer position (chain of 3, greedy)")
     ax.legend(fontsize=8)
     ax.set_title("learning curve: held-out acceptance against data")
     fig.tight_layout()
@@ -511,9 +530,6 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 if result is None:
                     continue
-                state = out / name / "training_state.pt"
-                import torch
-
                 result["minutes"] = round(before + result["minutes"], 2)  # a continued head's minutes add up
                 index = json.loads((features / "index.json").read_text())
                 entry = {
@@ -524,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
                     ),
                     **{k: v for k, v in result.items() if k != "last"},
                 }
-                history = torch.load(state, weights_only=True, map_location="cpu")["history"]
+                history = saved_history(out / name)
 
                 def add_head(log: dict, name=name, entry=entry, history=history) -> None:
                     log["heads"][name] = entry
@@ -545,6 +561,7 @@ def main(argv: list[str] | None = None) -> int:
                             "epochs": head["settings"].get("epochs"),
                             "steps": head["steps"],
                             "heldout_best": head["heldout_best"],
+                            "per_position": best_per_position(log.get("histories", {}).get(name, [])),
                         }
                     )
             (out / "learning_curve.json").write_text(json.dumps(points, indent=1))
