@@ -1,6 +1,6 @@
 """README.md's results tables, from the benchmarks' result files (never typed by hand): every head (GRIFFIN, EAGLE-3,
 and the parallel drafts P-EAGLE and DFlash) against plain decoding at T=0 with its draft's milliseconds per cycle, on
-SmolLM2 (``bench/results/smollm2/decayed_griffin``, and the chat prompts of the earlier four-head run,
+SmolLM2 (``bench/results/smollm2/griffin_1m``, and the chat prompts of the earlier four-head run,
 ``bench/results/smollm2``) and on the demo zoo (``bench/results/dflash_rows``); model-free drafting and the
 hybrid by task category on SmolLM2 (``bench/results/lookup/smollm2``); each written between its markers in
 README.md.
@@ -27,7 +27,7 @@ LOOKUP_METHODS = ("ngram", "suffix", "griffin", "griffin+suffix")
 SOURCES = (
     (
         "SmolLM2-135M-Instruct",
-        "bench/results/smollm2/decayed_griffin/results.json",
+        "bench/results/smollm2/griffin_1m/results.json",
         ("chat", "humaneval", "spec_bench"),
     ),
     ("SmolLM2, 2026-12-01, GRIFFIN before its decay run", "bench/results/smollm2/results.json", ("chat",)),
