@@ -29,7 +29,10 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from specdec_kit.train.distilled import DistilledData
 
 RECIPES = Path(__file__).resolve().parent / "recipes"
 
@@ -146,7 +149,9 @@ class HeadSettings:
         )
 
 
-def heldout_split(recipe: dict, data: Path, layers: list[int], head: HeadSettings):
+def heldout_split(
+    recipe: dict, data: Path, layers: list[int], head: HeadSettings
+) -> tuple[Callable[[dict], bool], DistilledData]:
     """(the selector of the samples a head trains on, the held-out samples measured while it trains). The held-out
     samples are a fixed bucket of prompt ids in the first shards holding the recipe's ``heldout_answer_tokens`` (all
     the shards without it), so a head's numbers compare with every other head's however much data has been
