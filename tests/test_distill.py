@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ from specdec_kit.runtime.engine import open_engine
 from specdec_kit.runtime.loader import load_draft_for, load_tokenizer, make_drafter
 from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.runtime.registry import draft_kind
-from specdec_kit.train.distill import INDEX, DistillSpec, Variant, chat_ids, distill, read_shard
+from specdec_kit.train.distill import INDEX, DistillSpec, Variant, chat_ids, distill, fingerprint, read_shard
 from specdec_kit.train.distilled import DistilledData
 from specdec_kit.train.prompt_sources import Prompt, read_prompts, write_prompts
 
@@ -359,6 +360,13 @@ def test_the_recipe_goes_on_training_a_head_when_asked_more_epochs(
     fewer_batches = len(DistilledData(out, [4], tokens_per_batch=128, answer_tokens=first))
     assert len(shards) > 1 and run(1, "--force") == list(range(fewer_batches)) and fewer_batches < batches
     assert json.loads((heads / "training_log.json").read_text())["heads"]["griffin"]["answer_tokens"] == first
+    growing = tmp_path / "growing"  # the same first shard, then a regeneration writes the others after it
+    growing.mkdir()
+    shutil.copy(out / shards[0]["file"], growing / shards[0]["file"])
+    index = {**json.loads((out / INDEX).read_text()), "shards": shards[:1]}
+    (growing / INDEX).write_text(json.dumps({**index, "fingerprint": fingerprint(index)}))
+    assert main([str(path), "--data", str(growing), "--stages", "heads", "--force"]) == 0
+    assert run(2) == list(range(2 * fewer_batches))  # went on over the grown data's first shard: the same batches
     state.unlink()  # a head trained elsewhere (the committed ones): nothing to go on from, and it says so
     capsys.readouterr()
     run_without_state = main([str(path), "--data", str(out), "--stages", "heads"])

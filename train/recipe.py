@@ -115,12 +115,20 @@ def trained_steps(folder: Path) -> int:
     return int(json.loads(spec.read_text())["steps"])
 
 
-def data_fingerprint(data: Path) -> str:
-    """The fingerprint of the distilled data in ``data`` (written by the distill stage)."""
-    index = data / "index.json"
-    if not index.is_file():
-        raise FileNotFoundError(f"{index}: no distilled data there; run the distill stage first")
-    return json.loads(index.read_text())["fingerprint"]
+def data_fingerprint(data: Path, answer_tokens: int | None = None) -> str:
+    """The fingerprint of the distilled data in ``data`` (written by the distill stage); with ``answer_tokens``, of
+    the first shards holding that many, all a head so limited reads: a regeneration writing more shards after them
+    leaves it unchanged, so such a head goes on training while the data grows."""
+    from specdec_kit.train.distill import fingerprint
+    from specdec_kit.train.distilled import first_shards
+
+    path = data / "index.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no distilled data there; run the distill stage first")
+    index = json.loads(path.read_text())
+    if answer_tokens is None:
+        return index["fingerprint"]
+    return fingerprint({**index, "shards": first_shards(index["shards"], answer_tokens)})
 
 
 @dataclass(frozen=True)
@@ -184,8 +192,8 @@ def run_head(
 ) -> dict | None:
     """Train one head, or go on training it when the recipe now asks more steps than it has (from its
     ``training_state.pt``); None when it is already trained as far as the recipe asks. A head goes on only over
-    the data it was trained on (``trained_on``, a fingerprint): other data means another draft vocabulary and
-    another batch plan, which its state does not fit. ``answer_tokens``: train on the first shards holding that many
+    the data it was trained on (``trained_on``, the fingerprint of the shards it reads): other data means another
+    draft vocabulary and another batch plan, which its state does not fit; shards written after those do not count. ``answer_tokens``: train on the first shards holding that many
     (default: the head's own ``answer_tokens`` setting, else all; the held-out prompts are the same either way:
     ``heldout_split``). ``deadline``: the head trains until then at
     most (the schedule's time limit), and is not started when it has passed."""
@@ -205,7 +213,8 @@ def run_head(
             file=sys.stderr,
         )
         return None
-    current = data_fingerprint(data) if done and not force else None
+    answer_tokens = HeadSettings.of(name, settings).answer_tokens if answer_tokens is None else answer_tokens
+    current = data_fingerprint(data, answer_tokens) if done and not force else None
     if current is not None and trained_on != current:
         print(
             f"{name}: {folder} was trained on distilled data {str(trained_on)[:12]}, the data now is "
@@ -221,7 +230,6 @@ def run_head(
     start = head.schedule.get("init_from")
     if start in recipe["heads"]:  # another head of the recipe, trained before this one: its folder
         head.schedule["init_from"] = str(out / start)
-    answer_tokens = head.answer_tokens if answer_tokens is None else answer_tokens
     target_path = resolve_target(recipe["target"])
     target = TargetModel.from_pretrained(target_path, dtype="float32", device="cpu")
     save_dtype = resolve_dtype(recipe.get("save_dtype", "float16"), torch.device("cpu"))
@@ -291,7 +299,7 @@ def run_learning_curve(recipe: dict, data: Path, out: Path, force: bool, deadlin
                 data,
                 folder.parent,
                 force,
-                trained_on=data_fingerprint(data),
+                trained_on=data_fingerprint(data, size),
                 answer_tokens=size,
                 deadline=deadline,
             )
@@ -537,12 +545,11 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 result["minutes"] = round(before + result["minutes"], 2)  # a continued head's minutes add up
                 index = json.loads((features / "index.json").read_text())
+                limit = HeadSettings.of(name, recipe["heads"][name]).answer_tokens
                 entry = {
                     "settings": recipe["heads"][name],
-                    "data_fingerprint": index["fingerprint"],
-                    "answer_tokens": shards_answer_tokens(
-                        index["shards"], HeadSettings.of(name, recipe["heads"][name]).answer_tokens
-                    ),
+                    "data_fingerprint": data_fingerprint(features, limit),
+                    "answer_tokens": shards_answer_tokens(index["shards"], limit),
                     **{k: v for k, v in result.items() if k != "last"},
                 }
                 history = saved_history(out / name)
