@@ -7,8 +7,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from specdec_kit.runtime.core.choices import EAGLE1_DEFAULT, MC_SIM_7B_63, chain
+from specdec_kit.runtime.core.sampling import SamplingParams, sampled_tokens
 from specdec_kit.runtime.core.trees import DynamicTreeConfig, StaticTree, buffers_from_parents, parse_tree_spec
-from specdec_kit.runtime.core.verify import verify_choices
+from specdec_kit.runtime.core.verify import accepted_draws, verify_batch, verify_choices
 from specdec_kit.runtime.registry import drafter_for
 from specdec_kit.runtime.synthetic import random_eagle, random_griffin, tiny_target
 
@@ -150,3 +151,37 @@ def test_greedy_verification_by_hand():
 
 def test_chain_helper():
     assert chain(3) == [[0], [0, 0], [0, 0, 0]]
+
+
+@given(
+    parent_lists,
+    st.integers(0, 2**31 - 1),
+    st.sampled_from([SamplingParams(0.7), SamplingParams(1.0, top_k=3), SamplingParams(1.3, top_p=0.8)]),
+)
+@settings(max_examples=150, deadline=None)
+def test_sampled_verification_draws_at_the_accepted_nodes_alone_and_agrees_with_drawing_at_every_node(
+    parents, seed, params
+):
+    """Drawing only where verification accepts gives the verdict of drawing at every node, even where siblings
+    repeat a token or padding nodes sit in the tree."""
+    n, vocab = len(parents), 4  # a tiny vocabulary: drafted tokens are often the draws, siblings often repeat
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, vocab, (1, n), generator=gen)
+    valid = torch.rand(1, n, generator=gen) < 0.9
+    valid[0, 0] = True
+    logits = torch.randn(1, n, vocab, generator=gen) * 2
+    buf = buffers_from_parents(parents)
+    parent_t, depth, mask = torch.tensor([parents]), buf.position_offsets[None], buf.tree_mask[None]
+    first = seed % 50
+    everywhere = sampled_tokens(logits[0], params, seed, [first + d for d in depth[0].tolist()])[None]
+    expected = verify_choices(tokens, parent_t, valid, depth, mask, everywhere)
+    lazy = verify_batch(tokens, parent_t, valid, depth, mask, logits, [params], [seed], [first])
+    assert lazy.path.tolist() == expected.path.tolist() and lazy.counts.tolist() == expected.counts.tolist()
+    assert lazy.next_tokens.tolist() == expected.next_tokens.tolist()
+    drawn = accepted_draws(tokens[0], parent_t[0], valid[0], depth[0], logits[0], params, seed, first)
+    accepted = {0}  # the nodes verification accepts, from drawing everywhere
+    for node in range(1, n):
+        if valid[0, node] and parents[node] in accepted and tokens[0, node] == everywhere[0, parents[node]]:
+            accepted.add(node)
+    assert {node for node in range(n) if drawn[node] >= 0} == accepted
+    assert all(drawn[node] == everywhere[0, node] for node in accepted)

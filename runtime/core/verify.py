@@ -70,9 +70,30 @@ def verify_batch(
     """Each row follows its own parameters: greedy rows by argmax, sampled rows by their seeded draws
     (``first_index[b]``: the generated index of the token the root's child takes)."""
     choices = logits.argmax(dim=-1)
-    depth_list = depth.tolist()
     for b, p in enumerate(params):
         if not p.greedy:
-            indices = [first_index[b] + d for d in depth_list[b]]
-            choices[b] = sampled_tokens(logits[b], p, seeds[b], indices)
+            choices[b] = accepted_draws(
+                tokens[b], parents[b], valid[b], depth[b], logits[b], p, seeds[b], first_index[b]
+            )
     return verify_choices(tokens, parents, valid, depth, tree_mask, choices)
+
+
+def accepted_draws(tokens, parents, valid, depth, logits, params: SamplingParams, seed: int, first_index: int):
+    """One sampled row's choices [N]: the target's draw at each node verification accepts, found from the root down
+    (a node is accepted when its token is its accepted parent's draw), and -1 at every other node, whose draw
+    cannot change the verdict. A seeded draw costs a softmax and a vocabulary of noise: drawing at the accepted
+    nodes alone (tau of them, not the tree's every node) is what keeps a sampled cycle near a greedy one's cost.
+    Each draw is plain decoding's own call, one row at its generated index."""
+    token_list, parent_list, depth_list, real = tokens.tolist(), parents.tolist(), depth.tolist(), valid.tolist()
+    children: dict[int, list[int]] = {}
+    for node, parent in enumerate(parent_list):
+        if real[node] and parent >= 0:
+            children.setdefault(parent, []).append(node)
+    choices = torch.full((len(token_list),), -1, dtype=torch.long, device=logits.device)
+    frontier = [node for node, parent in enumerate(parent_list) if parent < 0 and real[node]]
+    while frontier:
+        node = frontier.pop()
+        draw = int(sampled_tokens(logits[node : node + 1], params, seed, [first_index + depth_list[node]])[0])
+        choices[node] = draw
+        frontier += [child for child in children.get(node, []) if token_list[child] == draw]
+    return choices
