@@ -193,10 +193,10 @@ def run_head(
     """Train one head, or go on training it when the recipe now asks more steps than it has (from its
     ``training_state.pt``); None when it is already trained as far as the recipe asks. A head goes on only over
     the data it was trained on (``trained_on``, the fingerprint of the shards it reads): other data means another
-    draft vocabulary and another batch plan, which its state does not fit; shards written after those do not count. ``answer_tokens``: train on the first shards holding that many
-    (default: the head's own ``answer_tokens`` setting, else all; the held-out prompts are the same either way:
-    ``heldout_split``). ``deadline``: the head trains until then at
-    most (the schedule's time limit), and is not started when it has passed."""
+    draft vocabulary and another batch plan, which its state does not fit; shards written after those do not count.
+    ``answer_tokens``: train on the first shards holding that many (default: the head's own ``answer_tokens``
+    setting, else all; the held-out prompts are the same either way: ``heldout_split``). ``deadline``: the head
+    trains until then at most (the schedule's time limit), and is not started when it has passed."""
     import torch
 
     from specdec_kit.runtime.core.device import resolve_dtype
