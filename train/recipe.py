@@ -119,13 +119,17 @@ def data_fingerprint(data: Path, answer_tokens: int | None = None) -> str:
     """The fingerprint of the distilled data in ``data`` (written by the distill stage); with ``answer_tokens``, of
     the first shards holding that many, all a head so limited reads: a regeneration writing more shards after them
     leaves it unchanged, so such a head goes on training while the data grows."""
-    from specdec_kit.train.distill import fingerprint
-    from specdec_kit.train.distilled import first_shards
-
     path = data / "index.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no distilled data there; run the distill stage first")
-    index = json.loads(path.read_text())
+    return index_fingerprint(json.loads(path.read_text()), answer_tokens)
+
+
+def index_fingerprint(index: dict, answer_tokens: int | None = None) -> str:
+    """``data_fingerprint`` of an index already read."""
+    from specdec_kit.train.distill import fingerprint
+    from specdec_kit.train.distilled import first_shards
+
     if answer_tokens is None:
         return index["fingerprint"]
     return fingerprint({**index, "shards": first_shards(index["shards"], answer_tokens)})
@@ -548,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
                 limit = HeadSettings.of(name, recipe["heads"][name]).answer_tokens
                 entry = {
                     "settings": recipe["heads"][name],
-                    "data_fingerprint": data_fingerprint(features, limit),
+                    "data_fingerprint": index_fingerprint(index, limit),
                     "answer_tokens": shards_answer_tokens(index["shards"], limit),
                     **{k: v for k, v in result.items() if k != "last"},
                 }
