@@ -21,6 +21,7 @@ from specdec_kit.train.generate_worker_protocol import MARKER
 
 HERE = Path(__file__).resolve().parent
 WORKERS = {"vllm": HERE / "vllm_generate_worker.py", "sglang": HERE / "sglang_generate_worker.py"}
+STEP_TIMEOUT_S = 6 * 3600  # vLLM's limit on one model step (VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS), where not set
 
 
 def engine_python(engine: str) -> str:
@@ -116,6 +117,9 @@ class EngineAnswers:
         try:
             for r in range(replicas):
                 env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+                # a niced regeneration beside a busy foreground waits minutes for some model steps: vLLM's default
+                # limit of 300 s on a step stopped such a run (its engine declared dead, the shard in flight lost)
+                env.setdefault("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", str(STEP_TIMEOUT_S))
                 if gpus_visible():
                     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in range(r * tp, (r + 1) * tp))
                 else:  # vLLM-CPU: each replica its own cores, all of them its threads (it keeps one for its loop)
