@@ -16,7 +16,13 @@ import torch
 
 from specdec_kit.runtime.core.contract import TargetStep
 from specdec_kit.runtime.core.device import DTYPES, resolve_device
-from specdec_kit.runtime.core.manifest import ONNX_GRAPH_INTERFACE, EngineError, draft_label, read_manifest
+from specdec_kit.runtime.core.manifest import (
+    ONNX_GRAPH_INTERFACE,
+    ONNX_GRAPH_INTERFACE_NEWEST,
+    EngineError,
+    draft_label,
+    read_manifest,
+)
 from specdec_kit.runtime.core.trees import tree_from_dict
 from specdec_kit.runtime.decoding.drafting import Drafter, NoDrafter
 from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
@@ -102,7 +108,7 @@ def _ort_components(root: Path, manifest: dict, device: torch.device, tree):
     if interface != ONNX_GRAPH_INTERFACE:
         raise EngineError(
             f"{root}: its ONNX graphs have interface {interface} and this kit runs interface "
-            f"{ONNX_GRAPH_INTERFACE} (each layer's cache buffer bound in place and written by the target step); rebuild the engine with "
+            f"{ONNX_GRAPH_INTERFACE} ({ONNX_GRAPH_INTERFACE_NEWEST}); rebuild the engine with "
             f"{rebuild_command(manifest)}"
         )
     provider = providers_for(device)[0]

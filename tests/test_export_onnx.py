@@ -19,8 +19,9 @@ from specdec_kit.export.inputs import BuildError, BuildInputs
 from specdec_kit.export.onnx_build import target_parity
 from specdec_kit.runtime.checkpoint import load_draft
 from specdec_kit.runtime.core.manifest import EngineError, read_manifest
+from specdec_kit.runtime.core.sampling import SamplingParams
 from specdec_kit.runtime.core.trees import DynamicTreeConfig, parse_tree_spec, tree_to_dict
-from specdec_kit.runtime.decoding.drafting import TorchFeatureStep
+from specdec_kit.runtime.decoding.drafting import NoDrafter, TorchFeatureStep
 from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
 from specdec_kit.runtime.engine import open_engine
 from specdec_kit.runtime.loader import load_draft_for
@@ -199,7 +200,8 @@ def test_draft_graph_matches_pytorch_with_pending_tree_slots(engines, demo_check
 def test_a_dynamic_tree_engine_drafts_each_cycle_in_one_call(engines, which, kind="griffin"):
     """The engine's tree, and each extra tree it was built with, is drafted by a graph of its own, one session call
     per cycle (the step graph runs only for rows joining), with the same trees as the step graph's level-by-level
-    search: same tokens, same acceptance. A tree it carries no graph for drafts level by level."""
+    search: same tokens, same acceptance, greedy and sampled (the graph ranks a sampled row's children by its draws
+    as the runtime does). A tree it carries no graph for drafts level by level."""
     engine = open_engine(engines[f"{kind}-onecall"], device="cpu")
     onnx = engine.manifest["onnx"]
     assert onnx["whole_tree"] == ONE_CALL_TREE
@@ -213,17 +215,23 @@ def test_a_dynamic_tree_engine_drafts_each_cycle_in_one_call(engines, which, kin
     )
     assert engine.drafter_for(DynamicTreeConfig(5, 2, 2)).step.whole is None
     batch = prompts(engine.target.vocab_size)
+    sampled = [SamplingParams(temperature=0.8, seed=11 * i) for i in range(len(batch))]
     calls_before = step_graph.calls
     whole = SpeculativeGenerator(engine.target, drafter).generate(batch, 40)
     cycles = sum(r.stats.cycles for r in whole)
     assert tree_graph.calls >= max(r.stats.cycles for r in whole)
     assert step_graph.calls == calls_before + 1  # the batch's prompts, read when it was admitted
+    whole_sampled = SpeculativeGenerator(engine.target, drafter).generate(batch, 40, sampled)
     step.whole = None
     stepwise = SpeculativeGenerator(engine.target, drafter).generate(batch, 40)
+    stepwise_sampled = SpeculativeGenerator(engine.target, drafter).generate(batch, 40, sampled)
     assert step_graph.calls > tree_graph.calls and cycles > 0
-    assert [r.tokens for r in whole] == [r.tokens for r in stepwise]
-    assert [r.stats.accepted_tokens for r in whole] == [r.stats.accepted_tokens for r in stepwise]
-    assert sum(r.stats.accepted_tokens for r in whole) > 0
+    for one_call, level_by_level in ((whole, stepwise), (whole_sampled, stepwise_sampled)):
+        assert [r.tokens for r in one_call] == [r.tokens for r in level_by_level]
+        assert [r.stats.accepted_tokens for r in one_call] == [r.stats.accepted_tokens for r in level_by_level]
+        assert sum(r.stats.accepted_tokens for r in one_call) > 0
+    plain = SpeculativeGenerator(engine.target, NoDrafter()).generate(batch, 40, sampled)
+    assert [r.tokens for r in whole_sampled] == [r.tokens for r in plain]
 
 
 @pytest.mark.parametrize(
@@ -284,13 +292,13 @@ def test_corrupted_incomplete_or_mismatched_engines_are_refused(engines, tmp_pat
     (eng / "manifest.json").write_text(json.dumps(older))  # built before the per-layer buffers: graphs of interface 1
     with pytest.raises(
         EngineError,
-        match=r"interface 1 and this kit runs interface 3 .*rebuild the engine with "
+        match=r"interface 1 and this kit runs interface 4 .*rebuild the engine with "
         r"python export/build_engine.py .*--force",
     ):
         open_engine(eng)
-    older = {**manifest, "onnx": {**manifest["onnx"], "graph_interface": 2}}
-    (eng / "manifest.json").write_text(json.dumps(older))  # a target step that leaves the cache writes to the runtime
-    with pytest.raises(EngineError, match=r"interface 2 and this kit runs interface 3 .*written by the target step"):
+    older = {**manifest, "onnx": {**manifest["onnx"], "graph_interface": 3}}
+    (eng / "manifest.json").write_text(json.dumps(older))  # a draft_tree graph that does not read the draws' noise
+    with pytest.raises(EngineError, match=r"interface 3 and this kit runs interface 4 .*ranking sampled rows"):
         open_engine(eng)
     (eng / "manifest.json").write_text(json.dumps({**manifest, "schema_version": 99}))
     with pytest.raises(EngineError, match="schema_version 99"):

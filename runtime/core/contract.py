@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import torch
 
 if TYPE_CHECKING:
+    from specdec_kit.runtime.core.coupling import DrawCoupling
     from specdec_kit.runtime.core.kv_cache import KVCache
 
 
@@ -159,9 +160,11 @@ class WholeTreeStep(Protocol):
         pending_mask: torch.Tensor,
         cache: KVCache,
         root_index: torch.Tensor,
+        coupling: DrawCoupling | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The context pairs as for ``__call__`` (their keys/values written to the cache's pending slots), and from each
-        row's root pair (``root_index`` [B]) the tree -> (node tokens [B, N], node parents [B, N], node 0 the root)."""
+        row's root pair (``root_index`` [B]) the tree -> (node tokens [B, N], node parents [B, N], node 0 the root);
+        sampled rows' children ranked by their draws where a ``coupling`` is given and the step can read it."""
         ...
 
 

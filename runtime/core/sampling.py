@@ -13,6 +13,7 @@ whatever tree verified it, whether a cycle speculated at all, and whatever else 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -76,8 +77,10 @@ def request_seed(params: SamplingParams) -> int | None:
     return params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
 
 
+@lru_cache(maxsize=256)  # 16 sampled rows' draft levels of one cycle and the next
 def gumbel_noise(seed: int, index: int, vocab: int) -> torch.Tensor:
-    """Standard Gumbel noise [vocab] (CPU, float32) for the token at generated ``index`` of a request."""
+    """Standard Gumbel noise [vocab] (CPU, float32) for the token at generated ``index`` of a request. Read-only: the
+    recent indices' noise is kept, since a cycle's drafting (``coupling.py``) and verification draw the same."""
     gen = torch.Generator(device="cpu")
     gen.manual_seed(_mix64(_mix64(seed & _MASK64) ^ index))
     u = torch.rand(vocab, generator=gen).clamp_(min=torch.finfo(torch.float32).tiny)

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from specdec_kit.runtime.core.contract import FeatureStep, MedusaStep, WholeTreeStep
+from specdec_kit.runtime.core.coupling import DrawCoupling, ranked_children
 from specdec_kit.runtime.core.kv_cache import KVCache
 from specdec_kit.runtime.core.trees import DynamicTreeConfig, StaticTree, ancestor_masks
 from specdec_kit.runtime.decoding.draft_context import last_real
@@ -96,6 +97,7 @@ class Drafter:
     max_depth: int = 0
     tree: Tree | None = None
     feature_layers: tuple[int, ...] | None = None  # the target layers whose entering hidden states it reads
+    couples_draws: bool = False  # whether it ranks a sampled row's children by the row's draws (``coupling.py``)
 
     def target_view(self, target):
         """The target as this drafter reads it: itself, or (EAGLE-3) a view returning the tapped layers. An ONNX
@@ -114,6 +116,9 @@ class Drafter:
 
     def draft(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
         raise NotImplementedError
+
+    def couple_draws(self, coupling: DrawCoupling | None) -> None:
+        """The next draft's rows' draws (None: rank by the draft alone); a drafter that ``couples_draws`` uses them."""
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only ``rows`` of the batch (finished sequences leave)."""
@@ -227,6 +232,7 @@ class FeatureTreeDrafter(Drafter):
 
     catch_up_pairs: int = 512
     min_window: int = 16
+    couples_draws = True
 
     def __init__(self, step: FeatureStep, tree: Tree, feature_layers: tuple[int, ...] | None = None):
         self.step, self.feature_layers = step, feature_layers
@@ -234,6 +240,7 @@ class FeatureTreeDrafter(Drafter):
         self.set_tree(tree)
         self.cache: KVCache | None = None
         self.skipped: torch.Tensor | None = None  # [B] positions each row skipped unread
+        self.coupling: DrawCoupling | None = None  # the next draft's (``couple_draws``), used once
 
     def set_tree(self, tree: Tree) -> None:
         self.tree = tree
@@ -246,6 +253,9 @@ class FeatureTreeDrafter(Drafter):
 
     def owned_caches(self) -> list[KVCache]:
         return [self.cache]
+
+    def couple_draws(self, coupling: DrawCoupling | None) -> None:
+        self.coupling = coupling
 
     def reset(self, batch: int, capacity: int) -> None:
         self.cache = self.step.new_cache(batch, capacity)
@@ -376,18 +386,23 @@ class FeatureTreeDrafter(Drafter):
 
     @torch.inference_mode()
     def scored_draft(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
-        """The cycle's tree drafted step by step, with each node's path log-probability (``DraftTree.scores``) for
-        a dynamic tree (a hybrid ranks the head's nodes by them); a whole-tree graph returns no scores."""
+        """The cycle's tree drafted step by step, with each node's path log-score (``DraftTree.scores``: its
+        log-probability, or a sampled row's coupled score) for a dynamic tree (a hybrid ranks the head's nodes by
+        them); a whole-tree graph returns no scores."""
+        coupling, self.coupling = self.coupling, None
         roots = last_real(tokens, counts)
         root_logp, root_reg = self.context_step(features, tokens, counts)
         if isinstance(self.tree, StaticTree):
-            return self._static(roots, root_logp, root_reg)
-        return self._dynamic(roots, root_logp, root_reg)
+            return self._static(roots, root_logp, root_reg, coupling)
+        return self._dynamic(roots, root_logp, root_reg, coupling)
 
     def _whole_tree(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
         """The context step and the tree search in one call of the step (``WholeTreeStep``)."""
+        coupling, self.coupling = self.coupling, None
         features, tokens, counts, positions, causal = self._context(features, tokens, counts)
-        node_tokens, node_parents = self.step.whole_tree(features, tokens, positions, causal, self.cache, counts - 1)
+        node_tokens, node_parents = self.step.whole_tree(
+            features, tokens, positions, causal, self.cache, counts - 1, coupling
+        )
         self._commit_context(counts, tokens.shape[1])
         return DraftTree.from_parents(node_tokens, node_parents)
 
@@ -400,7 +415,9 @@ class FeatureTreeDrafter(Drafter):
     def _run_step(self, feats, tokens, positions, pending):
         return self.step(feats, tokens, positions, pending, self.cache)
 
-    def _static(self, roots: torch.Tensor, root_logp: torch.Tensor, root_reg: torch.Tensor) -> DraftTree:
+    def _static(
+        self, roots: torch.Tensor, root_logp: torch.Tensor, root_reg: torch.Tensor, coupling: DrawCoupling | None
+    ) -> DraftTree:
         tree = self.tree
         buf = tree.buffers
         n = buf.num_nodes
@@ -411,7 +428,7 @@ class FeatureTreeDrafter(Drafter):
         draft_mask = buf.tree_mask[1:, 1:].to(dev)  # among draft nodes (slot i-1 holds node i)
         node_tokens = torch.zeros(bsz, n, dtype=torch.long, device=dev)
         node_tokens[:, 0] = roots
-        topk = {0: torch.topk(root_logp, tree.max_rank, dim=-1).indices}  # node -> [B, R]
+        topk = {0: ranked_children(root_logp, tree.max_rank, coupling, 0)[1]}  # node -> [B, R]
         reg = {0: root_reg}
         for level in range(1, buf.max_depth + 1):
             nodes = [i for i in range(1, n) if depth[i] == level]
@@ -423,13 +440,15 @@ class FeatureTreeDrafter(Drafter):
             feats = torch.stack([reg[parents[i]] for i in nodes], dim=1)
             pending = draft_mask[start - 1 : end - 1, : end - 1].expand(bsz, -1, -1)
             logp, out_reg = self._step(feats, node_tokens[:, start:end], level - 1, pending)
-            top = torch.topk(logp, tree.max_rank, dim=-1).indices
+            top = ranked_children(logp, tree.max_rank, coupling, level)[1]
             for j, i in enumerate(nodes):
                 topk[i], reg[i] = top[:, j], out_reg[:, j]
         return DraftTree.from_static(node_tokens, tree)
 
-    def _dynamic(self, roots: torch.Tensor, root_logp: torch.Tensor, root_reg: torch.Tensor) -> DraftTree:
-        tokens, parents, scores = scored_tree_search(roots, root_logp, root_reg, self.tree, self._step)
+    def _dynamic(
+        self, roots: torch.Tensor, root_logp: torch.Tensor, root_reg: torch.Tensor, coupling: DrawCoupling | None
+    ) -> DraftTree:
+        tokens, parents, scores = scored_tree_search(roots, root_logp, root_reg, self.tree, self._step, coupling)
         return DraftTree.from_parents(tokens, parents, scores=scores)
 
 
@@ -437,19 +456,30 @@ LevelStep = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor], tuple[torc
 
 
 def dynamic_tree_search(
-    roots: torch.Tensor, root_logp: torch.Tensor, root_reg: torch.Tensor, cfg: DynamicTreeConfig, step: LevelStep
+    roots: torch.Tensor,
+    root_logp: torch.Tensor,
+    root_reg: torch.Tensor,
+    cfg: DynamicTreeConfig,
+    step: LevelStep,
+    coupling: DrawCoupling | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``scored_tree_search`` without the scores -> (node tokens [B, N], node parents [B, N])."""
-    tokens, parents, _ = scored_tree_search(roots, root_logp, root_reg, cfg, step)
+    tokens, parents, _ = scored_tree_search(roots, root_logp, root_reg, cfg, step, coupling)
     return tokens, parents
 
 
 def scored_tree_search(
-    roots: torch.Tensor, root_logp: torch.Tensor, root_reg: torch.Tensor, cfg: DynamicTreeConfig, step: LevelStep
+    roots: torch.Tensor,
+    root_logp: torch.Tensor,
+    root_reg: torch.Tensor,
+    cfg: DynamicTreeConfig,
+    step: LevelStep,
+    coupling: DrawCoupling | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """EAGLE-2's dynamic tree: ``cfg.top_k`` beams grown ``cfg.depth`` levels by cumulative log-probability, then the
     best ``cfg.total_tokens - 1`` candidates kept -> (node tokens [B, N], node parents [B, N], node path
-    log-probabilities [B, N]; node 0 is the root, scored 0).
+    log-probabilities [B, N]; node 0 is the root, scored 0). With a ``coupling`` a sampled row's children are ranked
+    and scored by their chances of being its draws (``ranked_children``).
 
     ``step(features [B, k, d], tokens [B, k], level - 1, visible [B, k, slots])`` drafts one level: the beams see
     the earlier levels' slots (and their own) through ``visible``. Pure tensor operations with ``cfg`` fixed, so an
@@ -457,7 +487,7 @@ def scored_tree_search(
     k = cfg.top_k
     bsz, dev = roots.shape[0], roots.device
     rows = torch.arange(bsz, device=dev)[:, None]
-    scores, beam_tokens = torch.topk(root_logp, k, dim=-1)  # level 1: the root's top-k
+    scores, beam_tokens = ranked_children(root_logp, k, coupling, 0)  # level 1: the root's top-k
     cand_tokens, cand_scores = [beam_tokens], [scores]
     cand_parents = [torch.full((bsz, k), -1, dtype=torch.long, device=dev)]
     cand_depth = [torch.ones(bsz, k, dtype=torch.long, device=dev)]
@@ -467,7 +497,7 @@ def scored_tree_search(
     base = k
     for level in range(1, cfg.depth + 1):
         logp, reg = step(beam_feats, beam_tokens, level - 1, beam_anc)
-        child_logp, child_tok = torch.topk(logp, k, dim=-1)  # [B, K, K]
+        child_logp, child_tok = ranked_children(logp, k, coupling, level)  # [B, K, K]
         cum = (child_logp + scores[:, :, None]).view(bsz, k * k)
         cand_tokens.append(child_tok.view(bsz, k * k))
         cand_scores.append(cum)

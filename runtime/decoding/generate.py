@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 import torch
 
 from specdec_kit.runtime.core.contract import TargetOutput, TargetStep
+from specdec_kit.runtime.core.coupling import DrawCoupling, draw_coupling
 from specdec_kit.runtime.core.device import now, torch_threads
 from specdec_kit.runtime.core.kv_cache import KVCache
 from specdec_kit.runtime.core.sampling import SamplingParams, request_seed, sampled_tokens
@@ -533,6 +534,20 @@ class SpeculativeGenerator:
         lengths = batch.cache.lengths.tolist()
         return [n - row.stats.prompt_tokens + 1 for n, row in zip(lengths, batch.rows)]
 
+    def _draw_coupling(self, batch: DecodeBatch) -> DrawCoupling | None:
+        """The draws this cycle's tree guesses, level by level (None when every row is greedy)."""
+        rows = batch.rows
+        if all(row.params.greedy for row in rows):
+            return None
+        return draw_coupling(
+            [row.params for row in rows],
+            [row.seed for row in rows],
+            self._next_indices(batch),
+            self.drafter.max_depth,
+            self.target.vocab_size,
+            self.target.device,
+        )
+
     @_with_glue_threads
     @torch.inference_mode()
     def cycle(self, batch: DecodeBatch, speculate: bool = True, joining: Prompts | None = None) -> CycleOutcome:
@@ -546,6 +561,8 @@ class SpeculativeGenerator:
         # after a speculative cycle each row's context is its accepted path, at most the tree's depth plus the root
         caught_up = drafted and batch.context.width > self.drafter.max_depth + 1
         t0 = now(dev)
+        if drafted and self.drafter.couples_draws:
+            self.drafter.couple_draws(self._draw_coupling(batch))
         tree = (self.drafter if drafted else self._plain).draft(batch.ctx_feats, batch.ctx_tokens, batch.ctx_counts)
         t1 = now(dev)
         out = started = None

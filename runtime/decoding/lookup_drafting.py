@@ -23,6 +23,7 @@ from typing import Sequence
 
 import torch
 
+from specdec_kit.runtime.core.coupling import DrawCoupling
 from specdec_kit.runtime.core.kv_cache import KVCache
 from specdec_kit.runtime.core.lookup import Budget, NgramIndex, NgramSettings, Proposal, SuffixCache, SuffixSettings
 from specdec_kit.runtime.core.trees import HEAD, HYBRID, LOOKUP, DynamicTreeConfig, source_of
@@ -281,6 +282,7 @@ class HybridDrafter(Drafter):
 
     probe_gap = 16  # lookup-only cycles before merged trees are measured again (doubling while the lookup leads)
     max_probe_gap = 512
+    couples_draws = True  # the head's part of a merged tree; the lookup proposes what the text holds
 
     def __init__(self, head: FeatureTreeDrafter, lookup: LookupDrafter, rule: str = "probability"):
         if rule not in MERGE_RULES:
@@ -316,6 +318,9 @@ class HybridDrafter(Drafter):
 
     def target_view(self, target):
         return self.head.target_view(target)
+
+    def couple_draws(self, coupling: DrawCoupling | None) -> None:
+        self.head.couple_draws(coupling)
 
     def reset(self, batch: int, capacity: int) -> None:
         self.head.reset(batch, capacity)

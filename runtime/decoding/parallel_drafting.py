@@ -59,6 +59,7 @@ class OneForwardDrafter(FeatureTreeDrafter):
 
     @torch.inference_mode()
     def scored_draft(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
+        coupling, self.coupling = self.coupling, None
         roots = last_real(tokens, counts)
         cfg = parallel_tree(self.tree, self.parallel_tokens)
         logp = self.proposals(features, tokens, counts, cfg.depth + 1)  # [B, depth + 1, V]
@@ -68,7 +69,7 @@ class OneForwardDrafter(FeatureTreeDrafter):
             beams = beam_tokens.shape[1]
             return logp[:, depth + 1, None, :].expand(-1, beams, -1), beam_feats
 
-        node_tokens, parents, scores = scored_tree_search(roots, logp[:, 0], no_features, cfg, level)
+        node_tokens, parents, scores = scored_tree_search(roots, logp[:, 0], no_features, cfg, level, coupling)
         return DraftTree.from_parents(node_tokens, parents, scores=scores)
 
     def proposals(

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 import torch
 
+from specdec_kit.runtime.core.coupling import DrawCoupling
 from specdec_kit.runtime.core.kv_cache import KVCache
 from specdec_kit.runtime.core.trees import DynamicTreeConfig
 from specdec_kit.runtime.decoding.moa_drafting import MoAStep
@@ -281,6 +282,7 @@ class OrtFeatureDraftStep:
             spec["head_dim"],
         )
         self.hidden_size, self.vocab_size = spec["hidden_size"], spec["vocab_size"]
+        self._greedy_coupling: DrawCoupling | None = None
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         return new_block_cache(self.layers, batch, self.heads, self.head_dim, self.dtype, self.graph.device)
@@ -306,16 +308,21 @@ class OrtFeatureDraftStep:
         return self.whole is not None and tree == self.whole[1]
 
     @torch.inference_mode()
-    def whole_tree(self, features, tokens, positions, pending_mask, cache, root_index):
+    def whole_tree(self, features, tokens, positions, pending_mask, cache, root_index, coupling=None):
         if self.whole is None:
             raise RuntimeError("this engine has no draft_tree graph for its tree (drafts_whole says so)")
         graph, tree = self.whole
-        nodes = (tokens.shape[0], tree.total_tokens)  # a dynamic tree always fills its budget
+        bsz = tokens.shape[0]
+        nodes = (bsz, tree.total_tokens)  # a dynamic tree always fills its budget
+        if coupling is None:  # every row greedy: inverse temperatures 0, and the noise is not read
+            coupling = self._uncoupled(bsz, tree.depth + 1)
         feeds = {
             "input_ids": tokens,
             "hidden_states": self._step_features(features),
             "position_ids": positions,
             "root_index": root_index,
+            "draw_noise": coupling.noise[:, : tree.depth + 1],
+            "draw_inv_temperature": coupling.inv_temperature,
         }
         out = _run_over_cache(
             graph,
@@ -325,6 +332,15 @@ class OrtFeatureDraftStep:
             {"tree_tokens": (nodes, torch.int64), "tree_parents": (nodes, torch.int64)},
         )
         return out["tree_tokens"], out["tree_parents"]
+
+    def _uncoupled(self, batch: int, levels: int) -> DrawCoupling:
+        """A greedy batch's coupling inputs, kept between calls (a graph without them never reads them)."""
+        kept = self._greedy_coupling
+        if kept is None or kept.noise.shape[:2] != (batch, levels):
+            dev = self.graph.device
+            kept = DrawCoupling(torch.zeros(batch, levels, self.vocab_size, device=dev), torch.zeros(batch, device=dev))
+            self._greedy_coupling = kept
+        return kept
 
 
 class OrtBlockStep:

@@ -18,6 +18,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from specdec_kit.runtime.core.coupling import DrawCoupling
 from specdec_kit.runtime.core.trees import DynamicTreeConfig
 from specdec_kit.runtime.decoding.drafting import dynamic_tree_search, log_probs
 from specdec_kit.runtime.decoding.moa_drafting import moa_hidden
@@ -226,11 +227,13 @@ class FeatureDraftStepGraph(nn.Module):
 
 
 class DraftTreeGraph(nn.Module):
-    """(ids, features, positions, mask, root_index, each layer's K/V buffer) -> (tree tokens, tree parents, the
-    context's present K/V): a feature draft's whole cycle as one session call. The context step reads the new pairs
-    (as ``FeatureDraftStepGraph`` does); from each row's root pair (``root_index``) the dynamic tree search of
-    ``tree`` runs its levels inside the graph (``dynamic_tree_search``, the runtime's own). Only the context's keys
-    and values come out: the levels' are scratch, as in the runtime's stepwise search."""
+    """(ids, features, positions, mask, root_index, draw noise, inverse temperatures, each layer's K/V buffer) ->
+    (tree tokens, tree parents, the context's present K/V): a feature draft's whole cycle as one session call. The
+    context step reads the new pairs (as ``FeatureDraftStepGraph`` does); from each row's root pair (``root_index``)
+    the dynamic tree search of ``tree`` runs its levels inside the graph (``dynamic_tree_search``, the runtime's own),
+    sampled rows ranking children by their draws (``DrawCoupling``; rows of inverse temperature 0 by the draft
+    alone). Only the context's keys and values come out: the levels' are scratch, as in the runtime's stepwise
+    search."""
 
     def __init__(self, draft: FeatureDraft, lm_head: nn.Module, tree: DynamicTreeConfig):
         super().__init__()
@@ -239,7 +242,17 @@ class DraftTreeGraph(nn.Module):
     def logp(self, prediction: torch.Tensor) -> torch.Tensor:
         return log_probs(self.lm_head(prediction))
 
-    def forward(self, input_ids, hidden_states, position_ids, attention_mask, root_index, *past):
+    def forward(
+        self,
+        input_ids,
+        hidden_states,
+        position_ids,
+        attention_mask,
+        root_index,
+        draw_noise,
+        draw_inv_temperature,
+        *past,
+    ):
         cache = GraphCache.of(past)
         pred, reg = self.draft.cached_step(hidden_states, input_ids, position_ids, attention_mask, cache)
         present_keys, present_values = cache.present()
@@ -254,8 +267,9 @@ class DraftTreeGraph(nn.Module):
             p, r = self.draft.cached_step(feats, toks, (first_level + level).expand_as(toks), visible, levels)
             return self.logp(p), r
 
+        coupling = DrawCoupling(draw_noise, draw_inv_temperature)
         tokens, parents = dynamic_tree_search(
-            torch.gather(input_ids, 1, at)[:, 0], self.logp(root_pred), root_reg, self.tree, step
+            torch.gather(input_ids, 1, at)[:, 0], self.logp(root_pred), root_reg, self.tree, step, coupling
         )
         return tokens, parents, present_keys, present_values
 
@@ -390,7 +404,15 @@ DRAFT_SPEC = GraphSpec(
 )
 DRAFT_TREE_SPEC = GraphSpec(
     "draft_tree",
-    ("input_ids", "hidden_states", "position_ids", "attention_mask", "root_index"),
+    (
+        "input_ids",
+        "hidden_states",
+        "position_ids",
+        "attention_mask",
+        "root_index",
+        "draw_noise",
+        "draw_inv_temperature",
+    ),
     ("tree_tokens", "tree_parents", "present_keys", "present_values"),
 )
 FUSE_SPEC = GraphSpec("draft_fuse", ("hidden_states",), ("fused",))
@@ -511,14 +533,17 @@ def draft_tree_plan(
     (ids, pos, mask, _), buffers = _cached_example(layers, heads, dim, weight.dtype, weight.device)
     feats = torch.zeros(ids.shape[0], ids.shape[1], draft.config.hidden_size, dtype=weight.dtype, device=weight.device)
     root = torch.full((ids.shape[0],), ids.shape[1] - 1, dtype=torch.long, device=ids.device)
+    noise = torch.zeros(ids.shape[0], tree.depth + 1, draft.config.vocab_size, device=ids.device)
+    inv_temperature = torch.tensor([0.0, 1.0], device=ids.device)  # a greedy row and a sampled one
     dims = _cache_dims(layers)
-    dims["root_index"] = {0: dims["input_ids"][0]}
+    for name in ("root_index", "draw_noise", "draw_inv_temperature"):
+        dims[name] = {0: dims["input_ids"][0]}
     del dims["logits_index"]
     spec = DRAFT_TREE_SPEC.with_layers(layers)
     return GraphPlan(
         GraphSpec(role, spec.inputs, spec.outputs),
         DraftTreeGraph(draft, head, tree),
-        (ids, feats, pos, mask, root, *buffers),
+        (ids, feats, pos, mask, root, noise, inv_temperature, *buffers),
         dims,
     )
 

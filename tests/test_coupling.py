@@ -1,0 +1,79 @@
+"""Drafts coupled to the target's seeded draws: a sampled row's children are ranked by their chances of being its draw.
+
+The emitted tokens never depend on the tree (``test_sampling_distribution.py`` runs every drafter with coupling on);
+these tests check what coupling changes: which tokens the tree holds.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec_kit.runtime.core.choices import chain
+from specdec_kit.runtime.core.coupling import draw_coupling, ranked_children
+from specdec_kit.runtime.core.sampling import SamplingParams, sampled_tokens
+from specdec_kit.runtime.core.trees import StaticTree
+from specdec_kit.runtime.decoding.drafting import FeatureTreeDrafter, TorchFeatureStep
+from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
+from specdec_kit.runtime.models.target import TargetModel
+from specdec_kit.runtime.synthetic import oracle_griffin, tiny_hf_model
+
+VOCAB = 24  # under the pool: every token's draw is compared
+
+
+def test_a_draft_with_the_targets_distribution_ranks_the_targets_draw_first():
+    """Where the draft's distribution is the target's, its first child at every level is the target's seeded draw
+    at that level's index; ranked by the draft's probabilities alone it is only the likeliest token."""
+    rows, levels, first = 200, 3, 11
+    logits = 3.0 * torch.randn(rows, levels, VOCAB, generator=torch.Generator().manual_seed(0))
+    for temperature in (0.7, 1.0):
+        params = [SamplingParams(temperature=temperature, seed=s) for s in range(rows)]
+        coupling = draw_coupling(params, [p.seed for p in params], [first] * rows, levels, VOCAB, torch.device("cpu"))
+        for level in range(levels):
+            logp = torch.log_softmax(logits[:, level], dim=-1)
+            draws = torch.stack(
+                [
+                    sampled_tokens(logits[b, level][None], params[b], params[b].seed, [first + level])[0]
+                    for b in range(rows)
+                ]
+            )
+            coupled = ranked_children(logp, 2, coupling, level)[1][:, 0]
+            alone = ranked_children(logp, 2, None, level)[1][:, 0]
+            assert torch.equal(coupled, draws)
+            assert (alone == draws).float().mean() < 0.8  # the argmax is often not the draw
+
+
+def test_greedy_rows_rank_by_the_draft_alone_beside_sampled_rows():
+    """A batch mixing greedy and sampled rows: the greedy rows' children and scores are exactly the draft's top-k."""
+    logp = torch.log_softmax(torch.randn(4, 3, 200, generator=torch.Generator().manual_seed(1)), dim=-1)
+    params = [SamplingParams(), SamplingParams(temperature=0.8, seed=5), SamplingParams(), SamplingParams(1.0, seed=9)]
+    coupling = draw_coupling(params, [None, 5, None, 9], [4, 7, 2, 0], 2, 200, torch.device("cpu"))
+    assert torch.equal(coupling.inv_temperature, torch.tensor([0.0, 1.25, 0.0, 1.0]))
+    scores, tokens = ranked_children(logp, 3, coupling, 1)
+    want_scores, want_tokens = torch.topk(logp, 3, dim=-1)
+    assert torch.equal(tokens[[0, 2]], want_tokens[[0, 2]]) and torch.equal(scores[[0, 2]], want_scores[[0, 2]])
+    assert not torch.equal(tokens[[1, 3]], want_tokens[[1, 3]])  # the sampled rows' noise reorders them
+    assert (scores <= 0).all()  # log-scores: a child never outranks its parent in the tree search
+    assert draw_coupling([SamplingParams()] * 2, [None, None], [0, 0], 2, 200, torch.device("cpu")) is None
+
+
+def oracle_chain_acceptance(target: TargetModel, couples: bool) -> tuple[int, list[list[int]]]:
+    drafter = FeatureTreeDrafter(
+        TorchFeatureStep(oracle_griffin(target), target.lm_head), StaticTree.from_choices(chain(3))
+    )
+    drafter.couples_draws = couples
+    gen = SpeculativeGenerator(target, drafter, eos_token_ids=[])
+    params = [SamplingParams(temperature=1.0, seed=s) for s in range(8)]
+    results = gen.generate([[1, 4, 2, s % 5] for s in range(8)], 16, params)
+    return sum(r.stats.accepted_tokens for r in results), [r.tokens for r in results]
+
+
+def test_coupled_drafting_accepts_more_of_an_oracle_drafts_chain_and_emits_the_same_tokens():
+    """An oracle GRIFFIN draft (the target's own next-token distribution at its first level) on a chain of 3 at T=1:
+    coupled, its chain's first token is the draw; uncoupled, only the likeliest token. Same tokens either way."""
+    target = TargetModel(
+        tiny_hf_model(hidden_size=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=VOCAB, seed=21)
+    )
+    coupled, coupled_tokens = oracle_chain_acceptance(target, True)
+    alone, alone_tokens = oracle_chain_acceptance(target, False)
+    assert coupled_tokens == alone_tokens
+    assert coupled > 3 * alone, (coupled, alone)  # 97 against 10 when written
