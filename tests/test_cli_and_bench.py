@@ -116,3 +116,18 @@ def test_server_variants_are_measured_side_by_side_with_plain_decoding(demo_engi
         assert row["same_text_as_reference"] == "2/2" and row["over_compared"] is not None
         assert (row["acceptance_length"] is None) == (row["mode"] == "plain")
     assert (tmp_path / "server_variants.md").read_text().count("| kit |") == 6
+
+
+def test_coupled_drafting_is_measured_against_uncoupled_and_plain_with_the_same_tokens(demo_engine, tmp_path):
+    """``python -m specdec_kit.bench.coupled_drafting`` decodes each prompt plainly, with the head ranking by its
+    probabilities and by the draws, and reports both drafts' acceptance against plain sampling's identical text."""
+    from specdec_kit.bench.coupled_drafting import main
+
+    out = tmp_path / "coupled"
+    args = [str(demo_engine), "--categories", "qa,translation", "--prompts", "2", "--new-tokens", "12"]
+    assert main([*args, "--temperature", "0.9", "--out", str(out)]) == 0
+    result = json.loads(out.with_suffix(".json").read_text())
+    assert result["identical"] is True and result["prompts"] == 4 and result["temperature"] == 0.9
+    assert set(result["modes"]) == {"plain", "uncoupled", "coupled"} and "tau" not in result["modes"]["plain"]
+    assert all(result["modes"][m]["tau"] >= 1.0 for m in ("uncoupled", "coupled"))
+    assert out.with_suffix(".md").read_text().count("| coupled |") == 1
