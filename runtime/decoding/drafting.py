@@ -455,19 +455,6 @@ class FeatureTreeDrafter(Drafter):
 LevelStep = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
-def dynamic_tree_search(
-    roots: torch.Tensor,
-    root_logp: torch.Tensor,
-    root_reg: torch.Tensor,
-    cfg: DynamicTreeConfig,
-    step: LevelStep,
-    coupling: DrawCoupling | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``scored_tree_search`` without the scores -> (node tokens [B, N], node parents [B, N])."""
-    tokens, parents, _ = scored_tree_search(roots, root_logp, root_reg, cfg, step, coupling)
-    return tokens, parents
-
-
 def scored_tree_search(
     roots: torch.Tensor,
     root_logp: torch.Tensor,

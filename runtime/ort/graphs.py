@@ -20,7 +20,7 @@ from torch import nn
 
 from specdec_kit.runtime.core.coupling import DrawCoupling
 from specdec_kit.runtime.core.trees import DynamicTreeConfig
-from specdec_kit.runtime.decoding.drafting import dynamic_tree_search, log_probs
+from specdec_kit.runtime.decoding.drafting import log_probs, scored_tree_search
 from specdec_kit.runtime.decoding.moa_drafting import moa_hidden
 from specdec_kit.runtime.drafts.dflash import DFlashDraft
 from specdec_kit.runtime.drafts.eagle3 import Eagle3Draft
@@ -230,7 +230,7 @@ class DraftTreeGraph(nn.Module):
     """(ids, features, positions, mask, root_index, draw noise, inverse temperatures, each layer's K/V buffer) ->
     (tree tokens, tree parents, the context's present K/V): a feature draft's whole cycle as one session call. The
     context step reads the new pairs (as ``FeatureDraftStepGraph`` does); from each row's root pair (``root_index``)
-    the dynamic tree search of ``tree`` runs its levels inside the graph (``dynamic_tree_search``, the runtime's own),
+    the dynamic tree search of ``tree`` runs its levels inside the graph (``scored_tree_search``, the runtime's own),
     sampled rows ranking children by their draws (``DrawCoupling``; rows of inverse temperature 0 by the draft
     alone). Only the context's keys and values come out: the levels' are scratch, as in the runtime's stepwise
     search."""
@@ -268,7 +268,7 @@ class DraftTreeGraph(nn.Module):
             return self.logp(p), r
 
         coupling = DrawCoupling(draw_noise, draw_inv_temperature)
-        tokens, parents = dynamic_tree_search(
+        tokens, parents, _ = scored_tree_search(
             torch.gather(input_ids, 1, at)[:, 0], self.logp(root_pred), root_reg, self.tree, step, coupling
         )
         return tokens, parents, present_keys, present_values
