@@ -36,10 +36,6 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def decoding_tokens_per_s(stats) -> float:
-    return stats.generated_tokens / (stats.total_s - stats.prefill_s)
-
-
 def measure(path: Path, categories: list[str], prompts: int, new_tokens: int, temperature: float) -> dict:
     from specdec_kit.bench.lookup_bench import prompt_sets
     from specdec_kit.runtime.core.sampling import SamplingParams
@@ -75,9 +71,9 @@ def measure(path: Path, categories: list[str], prompts: int, new_tokens: int, te
     for mode in MODES:
         total = RequestStats.combined(stats[mode])
         rows[mode] = {
-            "tokens_per_s": statistics.median(decoding_tokens_per_s(s) for s in stats[mode]),
+            "tokens_per_s": statistics.median(1 / s.decode_s_per_token for s in stats[mode]),
             "x_plain": statistics.median(
-                decoding_tokens_per_s(s) / decoding_tokens_per_s(p) for s, p in zip(stats[mode], stats["plain"])
+                p.decode_s_per_token / s.decode_s_per_token for s, p in zip(stats[mode], stats["plain"])
             ),
             **(
                 {

@@ -128,14 +128,16 @@ def add_decode_speedups(rows: list[dict], results: dict) -> None:
     method, left out): the median over prompts of plain's seconds per generated token over the method's."""
     from specdec_kit.bench.speedup import median
 
-    def per_token(run: dict) -> float:
-        st = run["stats"]
-        return (st.total_s - st.prefill_s) / max(st.generated_tokens, 1)
-
     for row in rows:
         runs = results[(row["prompt_set"], row["temperature"], row["method"])]
         plain = results[(row["prompt_set"], row["temperature"], "plain")]
-        row["decode_speedup"] = median([per_token(plain[k]) / per_token(r) for k, r in runs.items() if k in plain])
+        row["decode_speedup"] = median(
+            [
+                plain[k]["stats"].decode_s_per_token / r["stats"].decode_s_per_token
+                for k, r in runs.items()
+                if k in plain
+            ]
+        )
 
 
 def pivot(rows: list[dict], names: list[str]) -> list[str]:

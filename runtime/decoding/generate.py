@@ -83,6 +83,11 @@ class RequestStats:
     def tokens_per_s(self) -> float:
         return self.generated_tokens / self.total_s if self.total_s > 0 else 0.0
 
+    @property
+    def decode_s_per_token(self) -> float:
+        """Seconds per generated token in the decoding phase alone (the prompt's prefill left out)."""
+        return (self.total_s - self.prefill_s) / max(self.generated_tokens, 1)
+
     @classmethod
     def combined(cls, stats: Sequence["RequestStats"]) -> "RequestStats":
         """Counts and times summed over requests (so ``acceptance_length`` is their pooled tau)."""
@@ -537,8 +542,6 @@ class SpeculativeGenerator:
     def _draw_coupling(self, batch: DecodeBatch) -> DrawCoupling | None:
         """The draws this cycle's tree guesses, level by level (None when every row is greedy)."""
         rows = batch.rows
-        if all(row.params.greedy for row in rows):
-            return None
         return draw_coupling(
             [row.params for row in rows],
             [row.seed for row in rows],
