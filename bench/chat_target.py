@@ -3,8 +3,9 @@ ONNX Runtime engines, batch 1: plain decoding against each of the kit's heads (G
 Spec-Bench and MT-Bench (chat) prompts held out of the heads' training, sent through the target's chat template, at
 T=0 and T=0.7. Methods alternate prompt by prompt; medians over prompts and repeats.
 
-The tree is chosen first, from measured costs: on calibration prompts (the kit's own recipe prompts, never the
-benchmark's), each head decodes greedily with each candidate tree; the tree with the most tokens/s is kept, and the
+The tree is chosen first, from measured costs: on calibration prompts (the recipe's own prompts in the held-out
+bucket no head trains on, never the benchmark's: a trained prompt's answer is accepted more often than any new one's,
+which favours larger trees), each head decodes greedily with each candidate tree; the tree with the most tokens/s is kept, and the
 candidates' table (acceptance length, verification and draft time per cycle, tokens/s, the analytical bound
 tau x t_plain / (t_verify + t_draft)) is written beside the results (tree_search.md/.json).
 """
@@ -33,7 +34,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--trees", default=DEFAULT_TREES, help="candidate dynamic trees, total_tokens:depth:top_k")
-    p.add_argument("--calibration-prompts", type=int, default=4)
+    p.add_argument(
+        "--calibration-prompts", type=int, default=5, help="held-out recipe prompts, one source after another"
+    )
     p.add_argument("--calibration-tokens", type=int, default=64)
     p.add_argument(
         "--backend",
@@ -56,6 +59,30 @@ def build_engines(args, methods: list[str], trees: list) -> dict[str, Path]:
         method: build_head_engine(args.target, method, args.backend, args.draft_weights, args.engines, trees)
         for method in methods
     }
+
+
+def by_source_in_turn(prompts: list) -> list:
+    """``prompts`` reordered to take one of each source in turn (each source's own order kept): a few calibration
+    prompts then span the kinds of request (API questions, shell commands, Spec-Bench's tasks, code) rather than the
+    first source's."""
+    queues: dict[str, list] = {}
+    for p in prompts:
+        queues.setdefault(p.source.split(":")[0], []).append(p)
+    ordered = []
+    while any(queues.values()):
+        for queue in queues.values():
+            if queue:
+                ordered.append(queue.pop(0))
+    return ordered
+
+
+def calibration_prompts(recipe_prompts: Path, count: int) -> list:
+    """The first ``count`` of a recipe's prompts in the held-out bucket (no head trains on them), one source after
+    another."""
+    from specdec_kit.train.heldout import is_held_out
+    from specdec_kit.train.prompt_sources import read_prompts
+
+    return by_source_in_turn([p for p in read_prompts(recipe_prompts) if is_held_out(p.id)])[:count]
 
 
 def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
@@ -131,7 +158,6 @@ def run(args) -> int:
     from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
     from specdec_kit.runtime.engine import open_engine
     from specdec_kit.runtime.loader import set_threads
-    from specdec_kit.train.prompt_sources import read_prompts
     from specdec_kit.train.recipe import RECIPES
 
     if args.smoke:
@@ -146,10 +172,10 @@ def run(args) -> int:
     tokenizer = first.tokenizer
     plain = SpeculativeGenerator(first.target, NoDrafter())
     recipe = json.loads((RECIPES / f"{args.target}.json").read_text())
-    training = read_prompts(RECIPES / recipe["prompts"])[
-        : args.calibration_prompts
-    ]  # the kit's prompts, never the benchmark's
-    calibration = [chat_ids(tokenizer, [{"role": "user", "content": p.text}]) for p in training]
+    calibration = [
+        chat_ids(tokenizer, [{"role": "user", "content": p.text}])
+        for p in calibration_prompts(RECIPES / recipe["prompts"], args.calibration_prompts)
+    ]
     print(f"choosing the tree from measured costs ({len(candidates)} candidates)", file=sys.stderr)
     search = search_trees(engines, plain, calibration, candidates, args.calibration_tokens)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -59,6 +59,12 @@ def parse_args(argv):
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--plain", action="store_true", help="profile plain decoding (no draft) through the same loop")
     p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="sampling temperature of every row (0: greedy); sampled rows draw with seeds 0, 1, ...",
+    )
+    p.add_argument(
         "--ops", action="store_true", help="also profile each graph by operator type (ONNX Runtime's profiler)"
     )
     p.add_argument("--out", type=Path, default=Path("bench/results/cycle_profile"))
@@ -156,13 +162,21 @@ def split_graph_compute(by_stage: dict[str, float], graphs: dict, before: dict[s
         by_stage["ONNX Runtime graph compute"] = total
 
 
-def profile_batch(gen, graphs: dict, prompts: list[list[int]], new_tokens: int) -> dict:
-    gen.generate(prompts, 8)  # warm-up: sessions, allocations
+def row_sampling(count: int, temperature: float) -> list:
+    """Each row's sampling settings: greedy, or ``temperature`` with the row's index as its seed (reproducible)."""
+    from specdec_kit.runtime.core.sampling import SamplingParams
+
+    return [SamplingParams(temperature=temperature, seed=i if temperature > 0 else None) for i in range(count)]
+
+
+def profile_batch(gen, graphs: dict, prompts: list[list[int]], new_tokens: int, temperature: float = 0.0) -> dict:
+    sampling = row_sampling(len(prompts), temperature)
+    gen.generate(prompts, 8, sampling)  # warm-up: sessions, allocations
     before = {role: g.seconds for role, g in graphs.items()}
     profiler = cProfile.Profile()
     started = time.perf_counter()
     profiler.enable()
-    results = gen.generate(prompts, new_tokens)
+    results = gen.generate(prompts, new_tokens, sampling)
     profiler.disable()
     wall = time.perf_counter() - started
     stats = pstats.Stats(profiler)
@@ -201,11 +215,13 @@ def operator_times(trace: Path) -> dict:
     return {"calls": calls, "operators": ops}
 
 
-def profile_operators(gen, graphs: dict, prompts: list[list[int]], new_tokens: int, where: Path) -> dict[str, dict]:
+def profile_operators(
+    gen, graphs: dict, prompts: list[list[int]], new_tokens: int, where: Path, temperature: float = 0.0
+) -> dict[str, dict]:
     """Each graph's operator times over one generation of ``prompts``."""
     for role, graph in graphs.items():
         graph.profile_nodes(str(where / role))
-    gen.generate(prompts, new_tokens)
+    gen.generate(prompts, new_tokens, row_sampling(len(prompts), temperature))
     return {role: operator_times(graph.end_node_profile()) for role, graph in graphs.items()}
 
 
@@ -263,20 +279,23 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for b in batches:
         print(f"profiling batch {b} ...", file=sys.stderr)
-        rows.append(profile_batch(gen, graphs_of(engine), prompts[:b], args.new_tokens))
+        rows.append(profile_batch(gen, graphs_of(engine), prompts[:b], args.new_tokens, args.temperature))
     lines = [
         f"Engine {engine.path.name}, {'plain' if args.plain else 'speculative'} decoding, {args.new_tokens} new "
-        "tokens per row, rows in lockstep, cProfile (its overhead inflates Python-side stages)",
+        f"tokens per row, {f'T={args.temperature:g}' if args.temperature else 'greedy'}, rows in lockstep, cProfile "
+        "(its overhead inflates Python-side stages)",
         "",
         *table(rows),
     ]
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = "plain" if args.plain else "speculative"
+    stem = ("plain" if args.plain else "speculative") + (f"_t{args.temperature:g}" if args.temperature else "")
     if args.ops:
         with tempfile.TemporaryDirectory() as traces:
             for row, b in zip(rows, batches):
                 print(f"profiling batch {b}'s operators ...", file=sys.stderr)
-                row["operators"] = profile_operators(gen, graphs_of(engine), prompts[:b], args.new_tokens, Path(traces))
+                row["operators"] = profile_operators(
+                    gen, graphs_of(engine), prompts[:b], args.new_tokens, Path(traces), args.temperature
+                )
                 lines += ["", *operator_table(row["operators"], b)]
     (args.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     (args.out / f"{stem}.json").write_text(json.dumps(rows, indent=2))

@@ -137,6 +137,17 @@ def test_the_recipe_prompts_leave_the_benchmark_out():
     assert {p.source.split(":")[0] for p in used} == {"spec_bench", "humaneval", "pydoc", "stdlib", "man"}
 
 
+def test_the_tree_search_calibrates_on_prompts_no_head_trained_on():
+    from specdec_kit.bench.chat_target import calibration_prompts
+    from specdec_kit.train.heldout import is_held_out
+
+    recipe = json.loads((RECIPES / "smollm2.json").read_text())
+    chosen = calibration_prompts(RECIPES / recipe["prompts"], 5)
+    assert len(chosen) == 5 and all(is_held_out(p.id) for p in chosen)
+    assert not {p.id for p in chosen} & held_out_ids(DEFAULT_SPEC_BENCH)
+    assert len({p.source.split(":")[0] for p in chosen}) == 5  # one of each source before a second of any
+
+
 @pytest.mark.slow
 def test_the_chat_benchmark_runs(tmp_path):
     """At a smoke size on the PyTorch backend (the ONNX Runtime engines' exports take minutes on this CPU)."""
