@@ -1,12 +1,13 @@
 """Per-request sampling parameters, the target-distribution transform, and seeded draws.
 
-Plain decoding and speculative verification both call ``target_probs``: temperature, then top-k,
-then top-p (the order ``transformers`` applies its warpers in), so speculative sampling reproduces
-exactly the distribution plain sampling draws from.
+Plain decoding and speculative verification both draw through ``sampled_tokens``, over
+``processed_scores``: temperature, then top-k, then top-p (the order ``transformers`` applies its
+warpers in), so speculative sampling reproduces exactly the distribution plain sampling draws from.
 
 Draws are Gumbel-max samples keyed by the request's seed and the index of the token being chosen:
 the k-th generated token is ``argmax(log r_k + G(seed, k))`` with ``G`` standard Gumbel noise that
-depends on nothing else. So a request's text is a function of its prompt and seed alone: the same
+depends on nothing else; ``log r_k`` is the processed scores less their log-sum-exp, a constant the
+argmax does not see, so a draw never normalises (a softmax and a log over the vocabulary saved per draw). So a request's text is a function of its prompt and seed alone: the same
 whatever tree verified it, whether a cycle speculated at all, and whatever else shared the batch.
 """
 
@@ -47,6 +48,12 @@ class SamplingParams:
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Processed target distribution (float32) over the last axis of ``logits``."""
+    return processed_scores(logits, params).softmax(dim=-1)
+
+
+def processed_scores(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The processed distribution's log-probabilities up to a constant per row (float32): ``logits`` over the
+    temperature, tokens top-k or top-p leave out at -inf."""
     scores = logits.float() / params.temperature
     vocab = scores.shape[-1]
     if 0 < params.top_k < vocab:
@@ -59,7 +66,7 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         remove_sorted[..., -1] = False  # always keep the most likely token
         remove = remove_sorted.scatter(-1, order, remove_sorted)
         scores = scores.masked_fill(remove, float("-inf"))
-    return scores.softmax(dim=-1)
+    return scores
 
 
 def _mix64(x: int) -> int:
@@ -90,7 +97,11 @@ def gumbel_noise(seed: int, index: int, vocab: int) -> torch.Tensor:
 def sampled_tokens(logits: torch.Tensor, params: SamplingParams, seed: int, indices: list[int]) -> torch.Tensor:
     """The target's draw at each of ``logits``' rows [N, V], row n choosing the token at generated index
     ``indices[n]``: Gumbel-max over the processed distribution (an exact sample from it)."""
-    scores = target_probs(logits, params).log().cpu()
-    noise = {k: gumbel_noise(seed, k, scores.shape[-1]) for k in set(indices)}
-    perturbed = scores + torch.stack([noise[k] for k in indices])
-    return perturbed.argmax(dim=-1).to(logits.device)
+    scores = processed_scores(logits, params).cpu()
+    vocab = scores.shape[-1]
+    if len(indices) == 1:  # verification's and plain decoding's one draw at a time
+        noise = gumbel_noise(seed, indices[0], vocab)
+    else:
+        drawn = {k: gumbel_noise(seed, k, vocab) for k in set(indices)}
+        noise = torch.stack([drawn[k] for k in indices])
+    return (scores + noise).argmax(dim=-1).to(logits.device)
