@@ -5,9 +5,9 @@ T=0 and T=0.7. Methods alternate prompt by prompt; medians over prompts and repe
 
 The tree is chosen first, from measured costs: on calibration prompts (the recipe's own prompts in the held-out
 bucket no head trains on, never the benchmark's: a trained prompt's answer is accepted more often than any new one's,
-which favours larger trees), each head decodes greedily with each candidate tree; the tree with the most tokens/s is kept, and the
-candidates' table (acceptance length, verification and draft time per cycle, tokens/s, the analytical bound
-tau x t_plain / (t_verify + t_draft)) is written beside the results (tree_search.md/.json).
+which favours larger trees), each head decodes greedily with each candidate tree; the tree with the most tokens/s is
+kept, and the candidates' table (acceptance length, verification and draft time per cycle, tokens/s, the analytical
+bound tau x t_plain / (t_verify + t_draft)) is written beside the results (tree_search.md/.json).
 """
 
 from __future__ import annotations
