@@ -7,8 +7,9 @@ warpers in), so speculative sampling reproduces exactly the distribution plain s
 Draws are Gumbel-max samples keyed by the request's seed and the index of the token being chosen:
 the k-th generated token is ``argmax(log r_k + G(seed, k))`` with ``G`` standard Gumbel noise that
 depends on nothing else; ``log r_k`` is the processed scores less their log-sum-exp, a constant the
-argmax does not see, so a draw never normalises (a softmax and a log over the vocabulary saved per draw). So a request's text is a function of its prompt and seed alone: the same
-whatever tree verified it, whether a cycle speculated at all, and whatever else shared the batch.
+argmax does not see, so a draw never normalises (a softmax and a log over the vocabulary saved per
+draw). So a request's text is a function of its prompt and seed alone: the same whatever tree
+verified it, whether a cycle speculated at all, and whatever else shared the batch.
 """
 
 from __future__ import annotations
