@@ -36,11 +36,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from specdec_kit.runtime.core.cpu import cpu_description
 
 RESULTS = Path("bench/results/smollm2")
 STARTUP_S = 1800  # vLLM's first start on 2 cores compiles the model (minutes)
@@ -298,7 +299,7 @@ def settings(args, specs: list[Spec], runs: dict) -> dict:
     from specdec_kit.bench.vllm_side_by_side import kit_tree, load_settings, vllm_chain
 
     return {
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores",
+        "machine": f"{cpu_description()}, {os.cpu_count()} CPU cores",
         "onnxruntime": onnxruntime.__version__,
         "servers": [s.label for s in specs],
         "runs": {s.label: {k: str(v) for k, v in runs[s].items()} for s in specs},

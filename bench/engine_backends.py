@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 from specdec_kit.bench.report import write_text_and_plot
 from specdec_kit.data.prompts import humaneval
 from specdec_kit.plots import pyplot, save_figure
+from specdec_kit.runtime.core.cpu import cpu_description
 
 RESULTS = Path("bench/results")  # relative to where it runs (the repository root in the README)
 
@@ -133,7 +133,7 @@ def main(argv=None) -> int:
             get[("onnxruntime", "speculative")] / get[("torch", "plain")], 2
         ),
     }
-    machine = f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    machine = f"{cpu_description()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
     result = {
         "draft": args.draft,
         "prompts": args.prompts,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from specdec_kit.bench.servers import SERVED_NAME, start_kit
 from specdec_kit.bench.streams import run_level
 from specdec_kit.data.prompts import humaneval
 from specdec_kit.plots import concurrency_axis, legend_below, pyplot, save_figure
+from specdec_kit.runtime.core.cpu import cpu_description
 
 RESULTS = Path("bench/results")  # relative to where it runs (the repository root in the README)
 
@@ -113,7 +113,7 @@ def main(argv=None) -> int:
         )
         for c in levels
     }
-    machine = f"{platform.machine()}, CPU"
+    machine = f"{cpu_description()}, CPU"
     result = {
         "engine": str(engine),
         "speculation": args.speculation,

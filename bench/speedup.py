@@ -3,7 +3,6 @@ options are in ``speedup_cli.py`` (the command line, parsed before torch loads).
 
 from __future__ import annotations
 
-import platform
 import statistics
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from specdec_kit.bench.methods import SPEEDUP_METHODS as METHODS
 from specdec_kit.bench.report import write_all
 from specdec_kit.data import prompts as prompt_sets
 from specdec_kit.paths import default_zoo
+from specdec_kit.runtime.core.cpu import cpu_description
 from specdec_kit.runtime.core.sampling import SamplingParams
 from specdec_kit.runtime.core.trees import DynamicTreeConfig
 from specdec_kit.runtime.decoding.drafting import NoDrafter
@@ -106,7 +106,7 @@ def run(args) -> int:
 
 def machine() -> str:
     return (
-        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+        f"{cpu_description()}, {torch.get_num_threads()} threads, "
         f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU only'}, torch {torch.__version__}"
     )
 

@@ -37,11 +37,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
+
+from specdec_kit.runtime.core.cpu import cpu_description
 
 RESULTS = Path("bench/results")  # relative to where it runs (the repository root in the README)
 REPO = Path(__file__).resolve().parents[1]
@@ -397,7 +398,7 @@ def settings(args, specs: list[dict]) -> dict:
     import onnxruntime
 
     return {
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores",
+        "machine": f"{cpu_description()}, {os.cpu_count()} CPU cores",
         "onnxruntime": onnxruntime.__version__,
         "kit_threads": "ONNX Runtime intra-op threads: its default, one per physical core",
         "vllm_threads": "VLLM_CPU_OMP_THREADS_BIND="

@@ -99,6 +99,21 @@ def test_auto_precision_is_bfloat16_only_where_the_cpu_has_it(monkeypatch, flags
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize(
+    "flags,described",
+    [("fpu avx2 fma", "AMD EPYC (AVX2)"), ("avx2 avx512f avx512_bf16", "AMD EPYC (AVX-512)"), ("sse4_2", "AMD EPYC")],
+)
+def test_a_benchmark_names_the_cpu_and_its_widest_vector_instructions(monkeypatch, flags, described):
+    """Speedups on a CPU depend on its vector width (verification binds on compute sooner with AVX2): every result
+    file's machine line says which it was."""
+    from specdec_kit.runtime.core import cpu
+
+    monkeypatch.setattr(
+        cpu, "cpuinfo_lines", lambda: ["processor\t: 0", "model name\t: AMD EPYC", f"flags\t\t: {flags}"]
+    )
+    assert cpu.cpu_description() == described
+
+
 def test_training_resumes_from_state(tmp_path, target, data):
     spec = HeadSpec.defaults("griffin", steps=6, batch=4, seq_len=32, lr=1e-3, warmup=1)
     train_head(target, data, spec, tmp_path, progress=False)

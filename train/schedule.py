@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import functools
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
+from specdec_kit.runtime.core.cpu import cpu_flags
 from specdec_kit.train.host_memory import release_freed_host_memory
 
 
@@ -74,16 +73,6 @@ class Schedule:
             raise FloatingPointError(
                 f"{what}: loss is {float(loss)} at step {step}; lower the learning rate ({self.lr})"
             )
-
-
-@functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags (Linux's /proc/cpuinfo; empty elsewhere)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    return frozenset(word for line in text.splitlines() if line.startswith("flags") for word in line.split()[2:])
 
 
 def resolved_precision(precision: str, device: torch.device, what: str = "precision") -> str:
