@@ -3,11 +3,13 @@ ONNX Runtime engines, batch 1: plain decoding against each of the kit's heads (G
 Spec-Bench and MT-Bench (chat) prompts held out of the heads' training, sent through the target's chat template, at
 T=0 and T=0.7. Methods alternate prompt by prompt; medians over prompts and repeats.
 
-The tree is chosen first, from measured costs: on calibration prompts (the recipe's own prompts in the held-out
-bucket no head trains on, never the benchmark's: a trained prompt's answer is accepted more often than any new one's,
-which favours larger trees), each head decodes greedily with each candidate tree; the tree with the most tokens/s is
-kept, and the candidates' table (acceptance length, verification and draft time per cycle, tokens/s, the analytical
-bound tau x t_plain / (t_verify + t_draft)) is written beside the results (tree_search.md/.json).
+The tree is chosen first, from measured costs: on calibration prompts (held-out prompts of the benchmark's own sets
+that it does not measure, each set's after its first ``--prompts``: no head trains on them, and they ask what the
+measured ones ask; the recipe's held-out prompts, close to its training prompts, had GRIFFIN at tau 3.0 against
+2.0-2.3 on the measured sets, which favours larger trees), each head decodes greedily with each candidate tree; the
+tree with the most tokens/s is kept, and the candidates' table (acceptance length, verification and draft time per
+cycle, tokens/s, the analytical bound tau x t_plain / (t_verify + t_draft)) is written beside the results
+(tree_search.md/.json).
 """
 
 from __future__ import annotations
@@ -35,7 +37,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--trees", default=DEFAULT_TREES, help="candidate dynamic trees, total_tokens:depth:top_k")
     p.add_argument(
-        "--calibration-prompts", type=int, default=5, help="held-out recipe prompts, one source after another"
+        "--calibration-prompts",
+        type=int,
+        default=6,
+        help="held-out prompts the benchmark does not measure, one set after another",
     )
     p.add_argument("--calibration-tokens", type=int, default=64)
     p.add_argument(
@@ -61,28 +66,22 @@ def build_engines(args, methods: list[str], trees: list) -> dict[str, Path]:
     }
 
 
-def by_source_in_turn(prompts: list) -> list:
-    """``prompts`` reordered to take one of each source in turn (each source's own order kept): a few calibration
-    prompts then span the kinds of request (API questions, shell commands, Spec-Bench's tasks, code) rather than the
-    first source's."""
-    queues: dict[str, list] = {}
-    for p in prompts:
-        queues.setdefault(p.source.split(":")[0], []).append(p)
-    ordered = []
-    while any(queues.values()):
-        for queue in queues.values():
-            if queue:
-                ordered.append(queue.pop(0))
-    return ordered
+def calibration_messages(sets: list[str], measured: int, count: int) -> list[list[dict]]:
+    """``count`` held-out prompts of the benchmark's ``sets`` past the ``measured`` first of each, one set after
+    another: prompts no head trains on, from the distribution the benchmark measures, never one it measures."""
+    from specdec_kit.data.prompts import chat_messages
 
-
-def calibration_prompts(recipe_prompts: Path, count: int) -> list:
-    """The first ``count`` of a recipe's prompts in the held-out bucket (no head trains on them), one source after
-    another."""
-    from specdec_kit.train.heldout import is_held_out
-    from specdec_kit.train.prompt_sources import read_prompts
-
-    return by_source_in_turn([p for p in read_prompts(recipe_prompts) if is_held_out(p.id)])[:count]
+    per_set = -(-count // len(sets))
+    queues = []
+    for name in sets:
+        try:
+            queues.append(chat_messages(name, measured + per_set)[measured:])
+        except ValueError as exc:
+            raise ValueError(
+                f"{exc}: the tree search calibrates on {per_set} held-out prompts of each set past the {measured} "
+                "measured; lower --prompts or --calibration-prompts"
+            ) from exc
+    return [queue[i] for i in range(per_set) for queue in queues][:count]
 
 
 def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
@@ -132,8 +131,15 @@ def search_trees(engines: dict, plain, calibration: list[list[int]], candidates:
 
 
 def tree_table(search: dict) -> list[str]:
+    where = search.get("calibration")
+    which = (
+        f" ({where['prompts']} held-out prompts of {', '.join(where['sets'])}, past the {where['past_measured']} "
+        "of each the benchmark measures)"
+        if where
+        else ""
+    )
     lines = [
-        f"Plain decoding on the calibration prompts: {search['plain_tokens_per_s']:.1f} tokens/s "
+        f"Plain decoding on the calibration prompts{which}: {search['plain_tokens_per_s']:.1f} tokens/s "
         f"({search['t_plain_ms']:.1f} ms per token)",
         "",
         "| method | tree (total, depth, top-k) | tau | verify ms/cycle | draft ms/cycle | tokens/s | speedup | bound |",
@@ -158,7 +164,6 @@ def run(args) -> int:
     from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
     from specdec_kit.runtime.engine import open_engine
     from specdec_kit.runtime.loader import set_threads
-    from specdec_kit.train.recipe import RECIPES
 
     if args.smoke:
         args.prompts, args.max_new_tokens, args.repeats = 1, 8, 1
@@ -171,13 +176,13 @@ def run(args) -> int:
     first = engines[methods[0]]
     tokenizer = first.tokenizer
     plain = SpeculativeGenerator(first.target, NoDrafter())
-    recipe = json.loads((RECIPES / f"{args.target}.json").read_text())
+    set_names = args.sets.split(",")
     calibration = [
-        chat_ids(tokenizer, [{"role": "user", "content": p.text}])
-        for p in calibration_prompts(RECIPES / recipe["prompts"], args.calibration_prompts)
+        chat_ids(tokenizer, m) for m in calibration_messages(set_names, args.prompts, args.calibration_prompts)
     ]
     print(f"choosing the tree from measured costs ({len(candidates)} candidates)", file=sys.stderr)
     search = search_trees(engines, plain, calibration, candidates, args.calibration_tokens)
+    search["calibration"] = {"sets": set_names, "past_measured": args.prompts, "prompts": len(calibration)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "tree_search.json").write_text(json.dumps(search, indent=2))
     (args.out / "tree_search.md").write_text("\n".join(tree_table(search)) + "\n")
@@ -185,7 +190,7 @@ def run(args) -> int:
     for method, engine in engines.items():
         tree = DynamicTreeConfig(*search["methods"][method]["best"])
         generators[method] = SpeculativeGenerator(engine.target, engine.drafter_for(tree))
-    sets = {name: [chat_ids(tokenizer, m) for m in chat_messages(name, args.prompts)] for name in args.sets.split(",")}
+    sets = {name: [chat_ids(tokenizer, m) for m in chat_messages(name, args.prompts)] for name in set_names}
     temps = [float(t) for t in args.temperatures.split(",")]
     results = measure(generators, sets, temps, args.repeats, args.max_new_tokens)
     rows = summarize(results, list(generators))

@@ -137,15 +137,22 @@ def test_the_recipe_prompts_leave_the_benchmark_out():
     assert {p.source.split(":")[0] for p in used} == {"spec_bench", "humaneval", "pydoc", "stdlib", "man"}
 
 
-def test_the_tree_search_calibrates_on_prompts_no_head_trained_on():
-    from specdec_kit.bench.chat_target import calibration_prompts
-    from specdec_kit.train.heldout import is_held_out
+def test_the_tree_search_calibrates_on_held_out_prompts_the_benchmark_does_not_measure():
+    """Prompts of the benchmark's own sets (what it measures is asked so), past the measured ones, and none that
+    the training pool may hold."""
+    from specdec_kit.bench.chat_target import calibration_messages
+    from specdec_kit.data.prompts import chat_messages
+    from specdec_kit.train.prompt_pool import HeldOut, held_out_texts, normalise
 
-    recipe = json.loads((RECIPES / "smollm2.json").read_text())
-    chosen = calibration_prompts(RECIPES / recipe["prompts"], 5)
-    assert len(chosen) == 5 and all(is_held_out(p.id) for p in chosen)
-    assert not {p.id for p in chosen} & held_out_ids(DEFAULT_SPEC_BENCH)
-    assert len({p.source.split(":")[0] for p in chosen}) == 5  # one of each source before a second of any
+    sets = ["humaneval", "spec_bench", "chat"]
+    chosen = [m[0]["content"] for m in calibration_messages(sets, 8, 6)]
+    measured = {m[0]["content"] for name in sets for m in chat_messages(name, 8)}
+    assert len(set(chosen)) == 6 and not set(chosen) & measured
+    held_out = HeldOut(held_out_texts(DEFAULT_SPEC_BENCH))  # every turn matching one is left out of the pool
+    assert all(normalise(text) in held_out for text in chosen)
+    assert [chosen[i] for i in range(3)] == [chat_messages(name, 9)[8][0]["content"] for name in sets]
+    with pytest.raises(ValueError, match="lower --prompts or --calibration-prompts"):
+        calibration_messages(sets, 32, 6)
 
 
 @pytest.mark.slow
