@@ -1,9 +1,9 @@
 """README.md's results tables, from the benchmarks' result files (never typed by hand): every head (GRIFFIN, EAGLE-3,
 and the parallel drafts P-EAGLE and DFlash) against plain decoding at T=0 with its draft's milliseconds per cycle, on
-SmolLM2 (``bench/results/smollm2/griffin_1m``, and the chat prompts of the earlier four-head run,
-``bench/results/smollm2``) and on the demo zoo (``bench/results/dflash_rows``); model-free drafting and the
-hybrid by task category on SmolLM2 (``bench/results/lookup/smollm2``); each written between its markers in
-README.md.
+SmolLM2 (``bench/results/smollm2/eagle3_1m``, the run before it on a machine with AVX-512,
+``bench/results/smollm2/griffin_1m``, and the chat prompts of the earlier four-head run, ``bench/results/smollm2``)
+and on the demo zoo (``bench/results/dflash_rows``); model-free drafting and the hybrid by task category on SmolLM2
+(``bench/results/lookup/smollm2``); each written between its markers in README.md.
 
     python scripts/readme_results.py            # rewrite the table in README.md
     python scripts/readme_results.py --check    # exit 1 when the table is stale (the tests run this)
@@ -26,7 +26,12 @@ LOOKUP_METHODS = ("ngram", "suffix", "griffin", "griffin+suffix")
 # (label, result file, the prompt sets to show, in order)
 SOURCES = (
     (
-        "SmolLM2-135M-Instruct",
+        "SmolLM2-135M-Instruct (AVX2)",
+        "bench/results/smollm2/eagle3_1m/results.json",
+        ("chat", "humaneval", "spec_bench"),
+    ),
+    (
+        "SmolLM2, earlier 2026-12-03 (AVX-512), EAGLE-3 before its decay",
         "bench/results/smollm2/griffin_1m/results.json",
         ("chat", "humaneval", "spec_bench"),
     ),
