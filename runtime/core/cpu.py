@@ -22,9 +22,8 @@ def cpu_flags() -> frozenset[str]:
 
 
 def cpu_description() -> str:
-    """The CPU's model name and its widest vector instructions. A CPU benchmark's speedups depend on the latter: with
-    AVX-512 a target's weights stream faster than its products, so verifying 8 tokens costs a plain step and a
-    quarter; with AVX2 the products bind sooner, and the same tree costs more plain steps."""
+    """The CPU's model name and its widest vector instructions, which a CPU benchmark's speedups depend on: a tree's
+    verification and draft cost a different number of plain steps on an AVX2 machine than on an AVX-512 one."""
     names = [line.split(":", 1)[1].strip() for line in cpuinfo_lines() if line.startswith("model name")]
     name = names[0] if names else platform.processor() or platform.machine()
     flags = cpu_flags()
