@@ -1,6 +1,6 @@
 """README.md's results tables, from the benchmarks' result files (never typed by hand): every head (GRIFFIN, EAGLE-3,
 and the parallel drafts P-EAGLE and DFlash) against plain decoding at T=0 with its draft's milliseconds per cycle, on
-SmolLM2 (``bench/results/smollm2/eagle3_1m``, the run before it on a machine with AVX-512,
+SmolLM2 (``bench/results/smollm2/heldout_calibration``, an earlier run on a machine with AVX-512,
 ``bench/results/smollm2/griffin_1m``, and the chat prompts of the earlier four-head run, ``bench/results/smollm2``)
 and on the demo zoo (``bench/results/dflash_rows``); model-free drafting and the hybrid by task category on SmolLM2
 (``bench/results/lookup/smollm2``); each written between its markers in README.md.
@@ -27,7 +27,7 @@ LOOKUP_METHODS = ("ngram", "suffix", "griffin", "griffin+suffix")
 SOURCES = (
     (
         "SmolLM2-135M-Instruct (AVX2)",
-        "bench/results/smollm2/eagle3_1m/results.json",
+        "bench/results/smollm2/heldout_calibration/results.json",
         ("chat", "humaneval", "spec_bench"),
     ),
     (
