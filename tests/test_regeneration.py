@@ -60,6 +60,23 @@ def test_the_pool_holds_20k_distinct_user_turns_and_none_of_the_benchmarks(pool,
     assert read_pool(tmp_path) == conversations and len(written["fingerprint"]) == 64
 
 
+def test_the_documents_recipe_asks_the_long_turns_the_chat_pool_leaves_out(pool):
+    """The long-document recipe's pool: prompts of the length summarization and RAG send, none in the chat pool and
+    none of the benchmark's, and its answers and prompt windows sized for them."""
+    recipe = json.loads((RECIPES / "smollm2-documents.json").read_text())
+    section = recipe["regenerate"]
+    spec = PoolSpec(**section["pool"])
+    documents, manifest = build_pool(spec, RECIPES / "smollm2_prompts.jsonl", DEFAULT_SPEC_BENCH)
+    turns = [normalise(t) for c in documents for t in c.turns]
+    assert len(turns) >= 800 and all(len(c.turns) == 1 and 3000 < len(c.turns[0]) <= 8000 for c in documents)
+    assert manifest["mix"]["recipe"]["conversations"] >= 50  # Spec-Bench's summarization and RAG questions
+    assert not set(turns) & {normalise(t) for c in pool[0] for t in c.turns}
+    joined = "\n".join(turns)
+    assert not [t for t in held_out_texts(DEFAULT_SPEC_BENCH) if t and t in joined]
+    answers, features = RegenSpec(**section["answers"]), FeatureSpec(**section["features"])
+    assert answers.max_prompt_tokens >= 2048 and features.context_tokens >= 1024
+
+
 @pytest.fixture(scope="module")
 def smollm2() -> Path:
     return resolve_target("smollm2")
@@ -180,6 +197,17 @@ def test_a_follow_up_shares_its_conversations_forward_only_where_its_prompt_exte
         ([1, 5], [1]),
         ([1, 5, 60, 7], [3]),
     ]
+
+
+def test_prompts_and_answers_longer_than_the_targets_context_are_refused_before_an_engine_starts(smollm2, tmp_path):
+    context = json.loads((smollm2 / "config.json").read_text())["max_position_embeddings"]
+    write_pool(CONVERSATIONS, {"source": "test"}, tmp_path / "pool")
+    spec = RegenSpec(max_prompt_tokens=context, max_new_tokens=16)
+    with pytest.raises(
+        ValueError, match=f"max_prompt_tokens {context} \\+ max_new_tokens 16 exceeds the target's context"
+    ):
+        regenerate(smollm2, tmp_path / "pool", tmp_path / "answers", spec, BackendSpec("vllm"), progress=False)
+    assert not list((tmp_path / "answers").glob("*.log"))  # no vLLM worker was started
 
 
 @pytest.mark.slow

@@ -255,6 +255,7 @@ def regenerate(
                 f"{index_path}: written with another {key} ({index[key]!r}, now {settings[key]!r}); use "
                 "another --out, or remove it to start over"
             )
+    check_context(spec, target_path)
     tokenizer = load_tokenizer(target_path)
     eos: set[int] | None = None  # the backend's target says
     chunks = [pool[i : i + spec.chunk] for i in range(0, len(pool), spec.chunk)]
@@ -282,7 +283,7 @@ def regenerate(
                 break
             group = pending[g : g + max(how.group, 1)]
             if backend is None:
-                backend, eos = open_backend(how, target_path, out)
+                backend, eos = open_backend(how, target_path, out, spec.max_prompt_tokens + spec.max_new_tokens)
             t0 = time.time()
             # answered together, written chunk by chunk: a chunk's samples and their order are the same as alone
             samples = answer_conversations([x for _, convs in group for x in convs], tokenizer, backend, spec, eos)
@@ -307,6 +308,18 @@ def regenerate(
     return index
 
 
+def check_context(spec: RegenSpec, target_path: Path) -> None:
+    """A prompt of ``max_prompt_tokens`` and its answer must fit the target's context: refused before any engine
+    starts, rather than by the engine for the first long prompt."""
+    config = target_path / "config.json"
+    context = json.loads(config.read_text()).get("max_position_embeddings") if config.is_file() else None
+    if context and spec.max_prompt_tokens + spec.max_new_tokens > context:
+        raise ValueError(
+            f"answers: max_prompt_tokens {spec.max_prompt_tokens} + max_new_tokens {spec.max_new_tokens} exceeds "
+            f"the target's context of {context} tokens ({config}: max_position_embeddings)"
+        )
+
+
 def eos_ids(target_path: Path) -> set[int]:
     """The target's end-of-turn ids, as its generation config (else its config) gives them."""
     for name in ("generation_config.json", "config.json"):
@@ -317,8 +330,9 @@ def eos_ids(target_path: Path) -> set[int]:
     return set()
 
 
-def open_backend(how: BackendSpec, target_path: Path, out: Path):
-    """The backend and the end-of-turn ids its answers stop at."""
+def open_backend(how: BackendSpec, target_path: Path, out: Path, longest: int = 2048):
+    """The backend and the end-of-turn ids its answers stop at. ``longest``: the most tokens a prompt and its answer
+    take together (the engines' context length: vLLM and SGLang size their caches for it, 2048 at least)."""
     if how.name in ("kit", "engine"):
         if how.name == "engine" and how.engine is None:
             raise ValueError("the engine backend needs --engine DIR (an ONNX Runtime engine of the target)")
@@ -329,7 +343,9 @@ def open_backend(how: BackendSpec, target_path: Path, out: Path):
         return TransformersAnswers(target_path, eos, how.batch), eos
     if how.name in ("vllm", "sglang"):
         eos = eos_ids(target_path)
-        answers = EngineAnswers(how.name, target_path, sorted(eos), out, how.dtype, how.eager, how.tp, how.replicas)
+        answers = EngineAnswers(
+            how.name, target_path, sorted(eos), out, how.dtype, how.eager, how.tp, how.replicas, max(longest, 2048)
+        )
         return answers, eos
     raise ValueError(f"unknown backend {how.name!r}: expected kit, engine, vllm, sglang or transformers")
 
