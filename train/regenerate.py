@@ -330,7 +330,7 @@ def eos_ids(target_path: Path) -> set[int]:
     return set()
 
 
-def open_backend(how: BackendSpec, target_path: Path, out: Path, longest: int = 2048):
+def open_backend(how: BackendSpec, target_path: Path, out: Path, longest: int):
     """The backend and the end-of-turn ids its answers stop at. ``longest``: the most tokens a prompt and its answer
     take together (the engines' context length: vLLM and SGLang size their caches for it, 2048 at least)."""
     if how.name in ("kit", "engine"):
