@@ -10,6 +10,11 @@ measured ones ask; the recipe's held-out prompts, close to its training prompts,
 tree with the most tokens/s is kept, and the candidates' table (acceptance length, verification and draft time per
 cycle, tokens/s, the analytical bound tau x t_plain / (t_verify + t_draft)) is written beside the results
 (tree_search.md/.json).
+
+A method may also be a hybrid, ``griffin+suffix``: the head's trees merged with a model-free draft's (the runtime's
+``--draft griffin+suffix``), the head's tree chosen by the same search. Its suffix trees read each request's own
+prompt and output only (``max_cached_requests`` 0): the benchmark runs every prompt more than once, and a trie kept
+across requests would hold the same prompt's earlier answer.
 """
 
 from __future__ import annotations
@@ -29,7 +34,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="specdec-bench-chat", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--target", default="smollm2", help="a named target (its heads come with the kit)")
-    p.add_argument("--methods", default="griffin,eagle3", help="heads to compare with plain decoding")
+    p.add_argument(
+        "--methods",
+        default="griffin,eagle3",
+        help="heads to compare with plain decoding, or hybrids of a head and a model-free draft (griffin+suffix)",
+    )
     p.add_argument("--sets", default="humaneval,spec_bench,chat", help="prompt sets (held out of training)")
     p.add_argument("--temperatures", default="0,0.7")
     p.add_argument("--prompts", type=int, default=8, help="prompts per set")
@@ -59,11 +68,41 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def build_engines(args, methods: list[str], trees: list) -> dict[str, Path]:
     """Each head's engine, built by the kit's builder (an identical rebuild is reused), carrying a one-call draft
     graph for every candidate tree where its kind drafts trees in one call: the search compares the trees as each
-    would run if chosen, not the engine's own tree in one call against the others level by level."""
-    return {
-        method: build_head_engine(args.target, method, args.backend, args.draft_weights, args.engines, trees)
-        for method in methods
+    would run if chosen, not the engine's own tree in one call against the others level by level. A hybrid method
+    runs on its head's engine."""
+    from specdec_kit.runtime.registry import hybrid_parts
+
+    heads = {method: hybrid_parts(method)[0] for method in methods}
+    built = {
+        head: build_head_engine(args.target, head, args.backend, args.draft_weights, args.engines, trees)
+        for head in dict.fromkeys(heads.values())
     }
+    return {method: built[head] for method, head in heads.items()}
+
+
+def open_methods(paths: dict[str, Path]) -> dict:
+    """Each method's engine; methods on one head share its engine's sessions."""
+    from specdec_kit.runtime.engine import open_engine
+
+    opened = {path: open_engine(path) for path in dict.fromkeys(paths.values())}
+    return {method: with_method_draft(method, opened[path]) for method, path in paths.items()}
+
+
+def with_method_draft(method: str, engine):
+    """The engine a method drafts with: the head's engine, with a hybrid's model-free kind merged into its trees
+    (suffix trees over each request's own text: ``max_cached_requests`` 0)."""
+    import dataclasses
+
+    from specdec_kit.runtime.engine import hybrid_drafter_for
+    from specdec_kit.runtime.registry import default_settings, hybrid_parts
+
+    _, lookup = hybrid_parts(method)
+    if lookup is None:
+        return engine
+    settings = default_settings(lookup)
+    if hasattr(settings, "max_cached_requests"):
+        settings = dataclasses.replace(settings, max_cached_requests=0)
+    return dataclasses.replace(engine, drafter_for=hybrid_drafter_for(lookup, settings, engine.drafter_for))
 
 
 def calibration_messages(sets: list[str], measured: int, count: int) -> list[list[dict]]:
@@ -162,7 +201,6 @@ def run(args) -> int:
     from specdec_kit.runtime.core.trees import DynamicTreeConfig
     from specdec_kit.runtime.decoding.drafting import NoDrafter
     from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
-    from specdec_kit.runtime.engine import open_engine
     from specdec_kit.runtime.loader import set_threads
 
     if args.smoke:
@@ -172,7 +210,7 @@ def run(args) -> int:
     args.draft_weights = effective_draft_weights(args.backend, args.draft_weights)
     methods = [m for m in args.methods.split(",") if m]
     candidates = [DynamicTreeConfig(*map(int, spec.split(":"))) for spec in args.trees.split(",")]
-    engines = {m: open_engine(path) for m, path in build_engines(args, methods, candidates).items()}
+    engines = open_methods(build_engines(args, methods, candidates))
     first = engines[methods[0]]
     tokenizer = first.tokenizer
     plain = SpeculativeGenerator(first.target, NoDrafter())

@@ -5,9 +5,10 @@ translation, multi-turn chat (MT-Bench's second turns, asked after the target's 
 interleaved prompt by prompt, medians; every method runs on one target (the head's engine, ONNX Runtime by default).
 
 The suffix trees keep earlier responses, as a server's do: each prompt runs once per method (a repeat would find its
-own answer there), in category order. The hybrid runs under both merge rules (``probability``: the head's path
-probability against the lookup's share of earlier occurrences; ``lookup-first``), which is how the kit's default rule
-was chosen.
+own answer there), in category order. The hybrid runs under the kit's merge rule (``hybrid``: ``calibrated``, the
+head's path probability against the lookup node's measured chance of acceptance) and, as methods of their own, the
+alternatives it was chosen over (``hybrid-probability``: the lookup's raw share of earlier occurrences;
+``hybrid-lookup-first``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from pathlib import Path
 from specdec_kit.bench.head_engine import add_draft_weights_argument, build_head_engine, effective_draft_weights
 
 CATEGORIES = "summarization,rag,code_editing,multi_turn,qa,math_reasoning,translation"
-METHODS = "plain,ngram,suffix,head,hybrid,hybrid-lookup-first"
+METHODS = "plain,ngram,suffix,head,hybrid,hybrid-probability,hybrid-lookup-first"
+HYBRID_RULES = {"hybrid": "calibrated", "hybrid-probability": "probability", "hybrid-lookup-first": "lookup-first"}
+DEFAULT_METHODS = "plain,ngram,suffix,head,hybrid,hybrid-lookup-first"
 
 
 def add_target_and_prompt_arguments(p: argparse.ArgumentParser) -> None:
@@ -49,7 +52,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     add_target_and_prompt_arguments(p)
     p.add_argument("--lookup", default="suffix", choices=["ngram", "suffix"], help="the hybrid's model-free kind")
-    p.add_argument("--methods", default=METHODS, help=f"any of {METHODS}")
+    p.add_argument("--methods", default=DEFAULT_METHODS, help=f"any of {METHODS}")
     p.add_argument("--temperatures", default="0")
     p.add_argument("--lookup-tree", help="the model-free drafts' tree, dynamic:TOTAL:DEPTH:TOP_K (default: the kind's)")
     return p.parse_args(argv)
@@ -110,9 +113,9 @@ def generators(engine, methods: list[str], head_tree, lookup_kind: str, lookup_t
             drafter = lookup_drafter(method, tree=lookup_tree)
         elif method == "head":
             method, drafter = head, engine.drafter_for(head_tree)
-        elif method in ("hybrid", "hybrid-lookup-first"):
-            rule = "probability" if method == "hybrid" else "lookup-first"
-            name = f"{head}+{lookup_kind}" + ("" if rule == "probability" else " (lookup first)")
+        elif method in HYBRID_RULES:
+            rule = HYBRID_RULES[method]
+            name = f"{head}+{lookup_kind}" + ("" if method == "hybrid" else f" ({rule.replace('-', ' ')})")
             method, drafter = (
                 name,
                 HybridDrafter(engine.drafter_for(head_tree), lookup_drafter(lookup_kind, tree=lookup_tree), rule),

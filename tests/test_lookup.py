@@ -205,6 +205,25 @@ def test_a_hybrid_accepts_at_least_what_its_head_does_on_text_that_repeats(predi
     assert both.stats.acceptance_length > alone.stats.acceptance_length
 
 
+def test_a_calibrated_merge_ranks_lookup_nodes_by_what_verification_accepted(predictable_case):
+    """A continuation seen once scores 1.0 among the lookup's shares, above any head node; the kit's rule ranks it by
+    the acceptance its sizing measured for nodes like it, so once such nodes are known to fail, the head's keep
+    their place."""
+    drafter = lookup_drafter("griffin+suffix", predictable_case.target)
+    assert drafter.rule == "calibrated"
+    weak = Proposal([9, 10], [-1, 0], [1.0, 1.0], match=1)
+    assert drafter._ranked(weak).scores == [1.0, 1.0]  # nothing measured yet: its own scores
+    for _ in range(50):
+        drafter.lookup.sizing.calibration.observe(weak, set())  # verified, never accepted
+    ranked = drafter._ranked(weak)
+    assert ranked.tokens == weak.tokens and ranked.parents == weak.parents and max(ranked.scores) < 0.1
+    head = Proposal([4], [-1], [0.6])
+    assert paths(merged(head, ranked, nodes=1, rule="calibrated")) == {(4,)}
+    assert paths(merged(head, weak, nodes=1, rule="probability")) == {(9,)}
+    with pytest.raises(ValueError, match="expected one of \\('calibrated', 'probability', 'lookup-first'\\)"):
+        HybridDrafter(drafter.head, drafter.lookup, "frequency")
+
+
 def test_rows_joining_a_running_batch_read_their_prompts_as_they_join(random_case):
     """Continuous batching: rows join mid-flight and some cycles are plain; the output stays the target's and each
     row's lookup reads only its own text."""

@@ -161,19 +161,43 @@ def test_the_chat_benchmark_runs(tmp_path):
     from specdec_kit.bench.chat_target import main
 
     out = tmp_path / "results"
-    assert main(["--backend", "torch", "--smoke", "--engines", str(tmp_path / "engines"), "--out", str(out)]) == 0
+    argv = ["--backend", "torch", "--smoke", "--engines", str(tmp_path / "engines"), "--out", str(out)]
+    assert main([*argv, "--methods", "griffin,eagle3,griffin+suffix"]) == 0
     result = json.loads((out / "results.json").read_text())
     rows = {(r["prompt_set"], r["temperature"], r["method"]) for r in result["rows"]}
     assert rows == {
         (s, t, m)
         for s in ("humaneval", "spec_bench", "chat")
         for t in (0.0, 0.7)
-        for m in ("plain", "griffin", "eagle3")
+        for m in ("plain", "griffin", "eagle3", "griffin+suffix")
     }
+    assert sorted(p.name for p in (tmp_path / "engines").iterdir() if not p.name.startswith(".")) == [
+        "smollm2-eagle3-torch",
+        "smollm2-griffin-torch",
+    ]  # the hybrid runs on its head's engine
     search = json.loads((out / "tree_search.json").read_text())
-    assert set(search["methods"]) == {"griffin", "eagle3"} and result["meta"]["trees"]["griffin"] in (
-        [4, 3, 1],
-        [8, 3, 2],
-    )
+    assert set(search["methods"]) == {"griffin", "eagle3", "griffin+suffix"}
+    assert all(result["meta"]["trees"][m] in ([4, 3, 1], [8, 3, 2]) for m in ("griffin", "griffin+suffix"))
     assert (out / "speedup.png").stat().st_size > 0 and "(chosen)" in (out / "tree_search.md").read_text()
     assert all(r["acceptance_length"] > 1 for r in result["rows"] if r["method"] != "plain" and r["temperature"] == 0)
+
+
+@pytest.mark.slow
+def test_the_merge_rule_comparison_runs_and_keeps_the_output(tmp_path):
+    """Every rule's merged trees decode the held-out prompts to the head's own greedy output (the tool refuses any
+    other), and the calibration counts every node the kit's rule placed."""
+    from specdec_kit.bench.merge_rules import main
+
+    out = tmp_path / "results"
+    argv = ["--backend", "torch", "--smoke", "--engines", str(tmp_path / "engines"), "--out", str(out)]
+    assert main([*argv, "--sets", "humaneval,chat"]) == 0
+    result = json.loads((out / "merge_rules.json").read_text())
+    methods = ["griffin", *(f"griffin+suffix ({r})" for r in ("calibrated", "probability", "lookup-first"))]
+    assert [(r["set"], r["method"]) for r in result["rows"]] == [(s, m) for s in ("humaneval", "chat") for m in methods]
+    assert all(r["tau"] >= 1 and r["cycles"] > 0 for r in result["rows"])
+    placed = sum(cell[0] for part in result["calibration"].values() for cell in part)
+    accepted = sum(cell[1] for part in result["calibration"].values() for cell in part)
+    assert placed > accepted >= 0 and len(result["calibration"]["head"]) == 10
+    assert "| humaneval |" in (out / "merge_rules.md").read_text()
+    with pytest.raises(SystemExit, match="unknown merge rules \\['frequency'\\]"):
+        main([*argv, "--rules", "calibrated,frequency"])

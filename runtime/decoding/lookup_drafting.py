@@ -210,19 +210,22 @@ class LookupDrafter(Drafter):
         return padded_tree(roots, self.sized(proposals), tokens.device)
 
 
-# How a hybrid ranks the two kinds of node under one budget: ``probability`` takes both scores as what they estimate
-# (the chance the target emits the path: the head's product of draft probabilities, the lookup's share of earlier
-# occurrences); ``lookup-first`` places every lookup node above every head node (its score + 1), the head's filling
-# what is left.
-MERGE_RULES = ("probability", "lookup-first")
+# How a hybrid ranks the two kinds of node under one budget: ``calibrated`` takes the head's path probability against
+# the lookup node's chance of acceptance as verification has found it for nodes like it (its depth, its share of
+# earlier occurrences, the match length, what the row's last cycle accepted: ``NodeCalibration``), both estimates of
+# the chance the target emits the path; ``probability`` takes the lookup's raw share of earlier occurrences instead
+# (a continuation seen once scores 1.0, above every head node, whatever such continuations are worth);
+# ``lookup-first`` places every lookup node above every head node (its score + 1), the head's filling what is left.
+MERGE_RULES = ("calibrated", "probability", "lookup-first")
 
 
 def merged(head: Proposal, lookup: Proposal, nodes: int, rule: str = "probability") -> Proposal:
     """The union of two tries (a path both hold keeps the higher score), cut to the ``nodes`` best-scored nodes.
-    Scores fall along every path in both, and so in their union, so the best nodes form a trie."""
+    Scores fall along every path in both, and so in their union, so the best nodes form a trie. (``calibrated``
+    ranks as ``probability`` does, the lookup's scores calibrated first: ``HybridDrafter``.)"""
     if rule == "lookup-first":
         lookup = Proposal(lookup.tokens, lookup.parents, [1.0 + s for s in lookup.scores])
-    elif rule != "probability":
+    elif rule not in ("probability", "calibrated"):
         raise ValueError(f"hybrid merge rule {rule!r}: expected one of {MERGE_RULES}")
     index: dict[tuple[int, int], int] = {}
     out = Proposal()
@@ -284,7 +287,7 @@ class HybridDrafter(Drafter):
     max_probe_gap = 512
     couples_draws = True  # the head's part of a merged tree; the lookup proposes what the text holds
 
-    def __init__(self, head: FeatureTreeDrafter, lookup: LookupDrafter, rule: str = "probability"):
+    def __init__(self, head: FeatureTreeDrafter, lookup: LookupDrafter, rule: str = "calibrated"):
         if rule not in MERGE_RULES:
             raise ValueError(f"hybrid merge rule {rule!r}: expected one of {MERGE_RULES}")
         self.head, self.lookup, self.rule = head, lookup, rule
@@ -404,9 +407,21 @@ class HybridDrafter(Drafter):
         heads = head_proposals(self.head.scored_draft(*self._head_context(features, tokens, counts)))
         budget = self.head.tree.total_tokens - 1
         self._last = (started, catching_up, self._matched(found))
-        trees = [merged(h, f, budget, self.rule) for h, f in zip(heads, found)]
+        trees = self.merge(heads, found, budget)
         self.lookup.sizing.begin([verified_part(f, t) for f, t in zip(found, trees)], None, trees)
         return padded_tree(roots, trees, tokens.device)
+
+    def merge(self, heads: list[Proposal], found: list[Proposal], nodes: int) -> list[Proposal]:
+        """Each row's merged tree of ``nodes`` nodes under the drafter's rule."""
+        return [merged(h, self._ranked(f), nodes, self.rule) for h, f in zip(heads, found)]
+
+    def _ranked(self, found: Proposal) -> Proposal:
+        """The lookup's proposal as the merge ranks it: under ``calibrated``, each node scored by its chance of
+        acceptance as the lookup's sizing has measured it (before any measurement, its own score)."""
+        if self.rule != "calibrated" or not len(found):
+            return found
+        chances = self.lookup.sizing.calibration.expected(found)
+        return Proposal(found.tokens, found.parents, chances, found.match, found.last_accepted)
 
     def _lookup_only(self, features, tokens, counts, roots, found) -> DraftTree:
         """The lookup's trees alone (as its sizing cuts them); this cycle's pairs wait for the head's next draft."""
