@@ -288,6 +288,28 @@ def test_a_hybrid_judges_a_cycle_by_merged_trees_in_cycles_like_it(predictable_c
     assert drafter.lookup_suffices(nothing)
 
 
+def test_a_hybrid_probes_each_kind_of_cycle_on_its_own(predictable_case):
+    """Where the lookup leads in cycles with a match, merged trees are measured again in such a cycle after
+    ``probe_gap`` of them, however many merged cycles without a match ran between; and a kind's first measurement,
+    often its slowest, weighs no more than the next."""
+    drafter = lookup_drafter("griffin+suffix", predictable_case.target)
+    match, nothing = [Proposal([4, 5], [-1, 0], [0.9, 0.8])], [Proposal()]
+    drafter.gains, drafter.times = {True: 0.5, False: 1.0}, {True: 1.0, False: 0.01}  # merged: 1.5 and 200 tokens/s
+    drafter.lookup.sizing.rate = lambda found: 10.0  # the lookup's trees alone: 10 tokens/s
+    without, with_match = [], []
+    for _ in range(40):
+        without.append(drafter._lookup_alone(nothing))
+        with_match.append(drafter._lookup_alone(match))
+    assert not any(without)
+    gap = drafter.probe_gap
+    assert with_match == [True] * gap + [False] + [True] * (39 - gap)  # probed once, then the gap doubles
+    assert drafter.probe_gaps == {True: 2 * gap, False: gap}
+    fresh = lookup_drafter("griffin+suffix", predictable_case.target)
+    for seconds in (1.0, 0.1, 0.1):
+        fresh._average("times", True, seconds)
+    assert fresh.times[True] == pytest.approx(0.4)  # the mean of three, not 1.0 decaying by a tenth a cycle
+
+
 def test_a_hybrid_whose_lookup_leads_leaves_a_joining_prompt_to_the_heads_next_draft(predictable_case):
     """While lookup-only trees lead, a joining row's prompt is not read by the head at the join (its draft cache
     stays empty); the head's next merged draft reads it; the output stays the target's throughout."""

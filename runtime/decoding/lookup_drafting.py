@@ -8,11 +8,11 @@ is not free, so each cycle keeps only as much of the proposal as its measured ac
 invalid nodes (verification never accepts them).
 
 ``HybridDrafter`` drafts a head's dynamic tree and a lookup's proposal for every row and keeps, under the head's
-token budget, the nodes with the highest estimated path probability from either: the head's own (the product of its
-draft probabilities along the path) or the lookup's (the share of earlier occurrences that continued so). A path
-both propose keeps the higher estimate. Both estimate the same thing, the chance the target emits that path, so
-one ranking serves both. Where the lookup alone promises more tokens per second than merged trees have been giving,
-the cycle drafts its tree alone and saves the head's draft.
+token budget, the nodes with the highest estimated chance that the target emits their path, from either: the head's
+own path probability (the product of its draft probabilities along the path) or, for the lookup's nodes, the share
+of nodes like them that verification accepted (its sizing's calibration; a raw share of earlier occurrences rates a
+continuation seen once at 1.0). A path both propose keeps the higher estimate. Where the lookup alone promises more
+tokens per second than merged trees have been giving, the cycle drafts its tree alone and saves the head's draft.
 """
 
 from __future__ import annotations
@@ -283,8 +283,9 @@ class HybridDrafter(Drafter):
     forward. The lookup reads every cycle's tokens whichever part drafts; the pairs a lookup-only cycle verified wait
     for the head's next draft (as a plain cycle's do), so the head reads its context whole."""
 
-    probe_gap = 16  # lookup-only cycles before merged trees are measured again (doubling while the lookup leads)
-    max_probe_gap = 512
+    probe_gap = 16  # lookup-only cycles of a kind before merged trees are measured again in it (doubling while the
+    max_probe_gap = 512  # lookup leads there)
+    smoothing = 0.1  # the weight of each new measurement once 1 / its count is below it
     couples_draws = True  # the head's part of a merged tree; the lookup proposes what the text holds
 
     def __init__(self, head: FeatureTreeDrafter, lookup: LookupDrafter, rule: str = "calibrated"):
@@ -296,7 +297,10 @@ class HybridDrafter(Drafter):
         # cycles where it found none (``_matched``): each is set against the lookup's estimate for its own kind of cycle
         self.gains: dict[bool, float] = {}
         self.times: dict[bool, float] = {}
+        self._measured: dict[tuple[str, bool], int] = {}  # how many cycles each of those averages holds
         self._since_merged = 0  # lookup-only cycles since the last merged one
+        self._lookup_runs: dict[bool, int] = {}  # per kind of cycle, lookup-only ones since its last merged one
+        self.probe_gaps: dict[bool, int] = {}  # per kind of cycle, its probe gap (``probe_gap`` until it grows)
         self._last: tuple = (None, None, None)  # the last merged cycle's start, whether the head caught up, its kind
         self.max_nodes = self.max_depth = 0
         self.source = HYBRID
@@ -399,10 +403,8 @@ class HybridDrafter(Drafter):
             self.lookup.read(tokens, counts)
             return self.head.draft(*self._head_context(features, tokens, counts))
         roots, found = self.lookup.proposals(tokens, counts)
-        if self.lookup_suffices(found):
-            self._since_merged += 1
+        if self._lookup_alone(found):
             return self._lookup_only(features, tokens, counts, roots, found)
-        self._since_merged = 0
         catching_up = self.unread is not None
         heads = head_proposals(self.head.scored_draft(*self._head_context(features, tokens, counts)))
         budget = self.head.tree.total_tokens - 1
@@ -430,6 +432,17 @@ class HybridDrafter(Drafter):
         self.unread = self.unread.append(features, tokens, counts)
         return padded_tree(roots, self.lookup.sized(found), tokens.device)
 
+    def _lookup_alone(self, found: list[Proposal]) -> bool:
+        """This cycle's choice (``lookup_suffices``), counted per kind of cycle for its probes."""
+        kind = self._matched(found)
+        alone = self.lookup_suffices(found)
+        if alone:
+            self._since_merged += 1
+            self._lookup_runs[kind] = self._lookup_runs.get(kind, 0) + 1
+        else:
+            self._since_merged = self._lookup_runs[kind] = 0
+        return alone
+
     @staticmethod
     def _matched(found: list[Proposal]) -> bool:
         """Whether this cycle's lookup found a proposal (for most of the rows)."""
@@ -444,20 +457,23 @@ class HybridDrafter(Drafter):
         what merged trees gave while the lookup was copying.) A cycle's time runs from one draft to the next (the
         draft, its verification, what the loop does beside); a lookup-only cycle without a proposal is plain decoding,
         so a head slower than plain decoding loses to it. What is not measured yet is tried first: merged trees, then
-        lookup-only trees; and after ``probe_gap`` lookup-only cycles a merged one, whose estimate would otherwise
-        never change again once it lost (a head's acceptance follows the text). Each probe that the lookup goes on
-        winning doubles the gap (up to ``max_probe_gap``): a probe pays the head's reading of every pair it
-        skipped."""
+        lookup-only trees; and after ``probe_gap`` lookup-only cycles of a kind a merged one of that kind, whose
+        estimate would otherwise never change again once it lost (a head's acceptance follows the text). Each probe
+        that the lookup goes on winning doubles that kind's gap (up to ``max_probe_gap``): a probe pays the head's
+        reading of every pair it skipped. (With one count over both kinds, the probes fell on whichever kind came
+        next, and the other's estimate could stay at its first, slow measurement: on SmolLM2's chat prompts merged
+        trees in cycles with a match were held at 17 tokens/s against the lookup's 35-70 for hundreds of cycles.)"""
         kind = self._matched(found)
         if kind not in self.times:
             return False
-        if self._since_merged >= self.probe_gap:
-            self.probe_gap = min(2 * self.probe_gap, self.max_probe_gap)
+        gap = self.probe_gaps.get(kind, self.probe_gap)
+        if self._lookup_runs.get(kind, 0) >= gap:
+            self.probe_gaps[kind] = min(2 * gap, self.max_probe_gap)
             return False
         lookup_rate = self.lookup.sizing.rate(found)
         if lookup_rate is None or lookup_rate >= (1 + self.gains[kind]) / self.times[kind]:
             return True
-        self.probe_gap = type(self).probe_gap  # merged trees lead: probe the lookup's lead soon again if it returns
+        self.probe_gaps[kind] = self.probe_gap  # merged trees lead: probe the lookup's lead soon again if it returns
         return False
 
     def _credit(self, counts: torch.Tensor) -> None:
@@ -473,10 +489,13 @@ class HybridDrafter(Drafter):
         seconds = time.perf_counter() - started
         known = self.times.get(kind)
         if not catching_up and (known is None or seconds < 3 * known):
-            self._average(self.times, kind, seconds)
-        self._average(self.gains, kind, accepted)
+            self._average("times", kind, seconds)
+        self._average("gains", kind, accepted)
 
-    @staticmethod
-    def _average(into: dict, key, value: float, smoothing: float = 0.1) -> None:
-        old = into.get(key)
-        into[key] = value if old is None else old + smoothing * (value - old)
+    def _average(self, name: str, kind: bool, value: float) -> None:
+        """The running mean of a kind's first measurements, then an exponential average (``smoothing``): the first
+        cycle measured, often the slowest, weighs no more than any other."""
+        into = getattr(self, name)
+        n = self._measured[(name, kind)] = self._measured.get((name, kind), 0) + 1
+        old = into.get(kind)
+        into[kind] = value if old is None else old + max(self.smoothing, 1 / n) * (value - old)
