@@ -283,8 +283,8 @@ class HybridDrafter(Drafter):
     forward. The lookup reads every cycle's tokens whichever part drafts; the pairs a lookup-only cycle verified wait
     for the head's next draft (as a plain cycle's do), so the head reads its context whole."""
 
-    probe_gap = 16  # lookup-only cycles of a kind before merged trees are measured again in it (doubling while the
-    max_probe_gap = 512  # lookup leads there)
+    probe_gap = 16  # lookup-only cycles of a kind before a merged one of it (the gap doubles while the lookup leads)
+    max_probe_gap = 512
     smoothing = 0.1  # the weight of each new measurement once 1 / its count is below it
     couples_draws = True  # the head's part of a merged tree; the lookup proposes what the text holds
 
