@@ -93,7 +93,7 @@ def with_method_draft(method: str, engine):
     (suffix trees over each request's own text: ``max_cached_requests`` 0)."""
     import dataclasses
 
-    from specdec_kit.runtime.engine import hybrid_drafter_for
+    from specdec_kit.runtime.engine import merge_lookup
     from specdec_kit.runtime.registry import default_settings, hybrid_parts
 
     _, lookup = hybrid_parts(method)
@@ -102,7 +102,14 @@ def with_method_draft(method: str, engine):
     settings = default_settings(lookup)
     if hasattr(settings, "max_cached_requests"):
         settings = dataclasses.replace(settings, max_cached_requests=0)
-    return dataclasses.replace(engine, drafter_for=hybrid_drafter_for(lookup, settings, engine.drafter_for))
+    return merge_lookup(engine, lookup, settings)
+
+
+def parse_trees(spec: str) -> list:
+    """``total_tokens:depth:top_k,...`` -> dynamic trees (``--trees``)."""
+    from specdec_kit.runtime.core.trees import DynamicTreeConfig
+
+    return [DynamicTreeConfig(*map(int, tree.split(":"))) for tree in spec.split(",")]
 
 
 def calibration_messages(sets: list[str], measured: int, count: int) -> list[list[dict]]:
@@ -209,7 +216,7 @@ def run(args) -> int:
     set_threads()
     args.draft_weights = effective_draft_weights(args.backend, args.draft_weights)
     methods = [m for m in args.methods.split(",") if m]
-    candidates = [DynamicTreeConfig(*map(int, spec.split(":"))) for spec in args.trees.split(",")]
+    candidates = parse_trees(args.trees)
     engines = open_methods(build_engines(args, methods, candidates))
     first = engines[methods[0]]
     tokenizer = first.tokenizer

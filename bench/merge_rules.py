@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specdec_kit.bench.chat_target import DEFAULT_TREES
+from specdec_kit.bench.chat_target import DEFAULT_TREES, parse_trees
 from specdec_kit.bench.head_engine import add_draft_weights_argument, build_head_engine, effective_draft_weights
 
 if TYPE_CHECKING:  # the runtime (torch) loads when a run starts, so that --help answers at once
@@ -71,11 +71,9 @@ def every_cycle_merged(head, lookup, rule: str):
             super().reset(batch, capacity)
             self.placed = None
 
-        def merge(self, heads, found, nodes):
-            trees = super().merge(heads, found, nodes)
-            self.placed = [
-                (verified_part(h, t), verified_part(self._ranked(f), t)) for h, f, t in zip(heads, found, trees)
-            ]
+        def merge(self, heads, ranked, nodes):
+            trees = super().merge(heads, ranked, nodes)
+            self.placed = [(verified_part(h, t), verified_part(r, t)) for h, r, t in zip(heads, ranked, trees)]
             return trees
 
         def draft(self, features, tokens, counts):
@@ -102,19 +100,21 @@ def held_out_prompts(tokenizer, sets: list[str], past: int, count: int) -> dict[
 
 
 def decode(generator, prompts: list[list[int]], max_new: int) -> tuple[list[list[int]], dict]:
-    """Greedy outputs and the acceptance they had: tau and the share of cycles accepting the first draft."""
-    outputs, accepted, first, cycles = [], 0, 0, 0
-    for ids in prompts:
-        result = generator.generate([ids], max_new)[0]
-        st = result.stats
-        outputs.append(result.tokens)
-        accepted, cycles = accepted + st.accepted_tokens, cycles + st.spec_cycles
-        first += st.accepted_per_depth[0] if st.accepted_per_depth else 0
-    return outputs, {"tau": 1 + accepted / max(cycles, 1), "first": first / max(cycles, 1), "cycles": cycles}
+    """Greedy outputs and the acceptance they had: tau and the share of cycles accepting the first draft (every
+    cycle drafts here)."""
+    from specdec_kit.runtime.decoding.generate import RequestStats
+
+    results = [generator.generate([ids], max_new)[0] for ids in prompts]
+    st = RequestStats.combined([r.stats for r in results])
+    first = st.accepted_per_depth[0] if st.accepted_per_depth else 0
+    return [r.tokens for r in results], {
+        "tau": st.acceptance_length,
+        "first": first / max(st.cycles, 1),
+        "cycles": st.cycles,
+    }
 
 
 def run(args) -> dict:
-    from specdec_kit.runtime.core.trees import DynamicTreeConfig
     from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
     from specdec_kit.runtime.decoding.lookup_drafting import MERGE_RULES
     from specdec_kit.runtime.engine import open_engine
@@ -128,7 +128,7 @@ def run(args) -> dict:
     if args.smoke:
         args.prompts, args.max_new_tokens = 1, 8
     set_threads()
-    trees = [DynamicTreeConfig(*map(int, spec.split(":"))) for spec in DEFAULT_TREES.split(",")]
+    trees = parse_trees(DEFAULT_TREES)
     weights = effective_draft_weights(args.backend, args.draft_weights)
     # the chat benchmark's candidate trees: the same engine as its tree search, reused
     engine = open_engine(build_head_engine(args.target, args.head, args.backend, weights, args.engines, trees))

@@ -156,7 +156,12 @@ def attach_lookup(engine: Engine, lookup_kind: str, settings_path: Path | None =
     from specdec_kit.runtime.registry import hybrid_parts
 
     head, lookup = hybrid_parts(f"{engine.draft_kind}+{lookup_kind}")
-    settings = load_lookup_settings(settings_path, lookup)
+    return merge_lookup(engine, lookup, load_lookup_settings(settings_path, lookup))
+
+
+def merge_lookup(engine: Engine, lookup: str, settings: Any) -> Engine:
+    """``engine`` with the model-free kind ``lookup``, on ``settings``, merged into its head's trees (the pair
+    checked by the caller: ``hybrid_parts``)."""
     drafter_for = hybrid_drafter_for(lookup, settings, engine.drafter_for)
     draft = dict(engine.manifest["draft"], lookup={"kind": lookup, **draft_kind(lookup).family.manifest_spec(settings)})
     return replace(

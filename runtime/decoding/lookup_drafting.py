@@ -409,13 +409,14 @@ class HybridDrafter(Drafter):
         heads = head_proposals(self.head.scored_draft(*self._head_context(features, tokens, counts)))
         budget = self.head.tree.total_tokens - 1
         self._last = (started, catching_up, self._matched(found))
-        trees = self.merge(heads, found, budget)
+        trees = self.merge(heads, [self._ranked(f) for f in found], budget)
         self.lookup.sizing.begin([verified_part(f, t) for f, t in zip(found, trees)], None, trees)
         return padded_tree(roots, trees, tokens.device)
 
-    def merge(self, heads: list[Proposal], found: list[Proposal], nodes: int) -> list[Proposal]:
-        """Each row's merged tree of ``nodes`` nodes under the drafter's rule."""
-        return [merged(h, self._ranked(f), nodes, self.rule) for h, f in zip(heads, found)]
+    def merge(self, heads: list[Proposal], ranked: list[Proposal], nodes: int) -> list[Proposal]:
+        """Each row's merged tree of ``nodes`` nodes under the drafter's rule (``ranked``: the lookup's proposals as
+        ``_ranked`` scores them)."""
+        return [merged(h, r, nodes, self.rule) for h, r in zip(heads, ranked)]
 
     def _ranked(self, found: Proposal) -> Proposal:
         """The lookup's proposal as the merge ranks it: under ``calibrated``, each node scored by its chance of
