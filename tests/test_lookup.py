@@ -7,6 +7,8 @@ batch; the sampled case is in ``test_sampling_distribution.py``.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from conftest import NEW_TOKENS, hf_greedy
@@ -34,6 +36,7 @@ from specdec_kit.runtime.core.trees import (
 )
 from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
 from specdec_kit.runtime.decoding.lookup_drafting import HybridDrafter, LookupDrafter, merged
+from specdec_kit.runtime.decoding.proposal_sizing import RunningMean
 from specdec_kit.runtime.drafts.loading import DraftLoadError
 from specdec_kit.runtime.loader import make_drafter, resolve_tree
 from specdec_kit.runtime.registry import draft_choices, draft_kind, hybrid_parts, lookup_kinds, zoo_heads
@@ -280,12 +283,37 @@ def test_a_hybrid_judges_a_cycle_by_merged_trees_in_cycles_like_it(predictable_c
     merged tree there is the head's alone): such a cycle tries a merged tree first, and is then judged by its own."""
     drafter = lookup_drafter("griffin+suffix", predictable_case.target)
     match, nothing = [Proposal([4, 5], [-1, 0], [0.9, 0.8])], [Proposal()]
-    drafter.gains, drafter.times = {True: 2.0}, {True: 0.05}  # merged trees, all in cycles with a match
+    measured(drafter, {True: 2.0}, 0.05)  # merged trees, all in cycles with a match
     assert drafter.lookup.sizing.rate(match) is None  # no lookup-only cycle timed yet: the lookup's trees are tried
     assert drafter.lookup_suffices(match)
     assert not drafter.lookup_suffices(nothing)
-    drafter.gains[False], drafter.times[False] = 0.1, 0.05
+    measured(drafter, {False: 0.1}, 0.05)
     assert drafter.lookup_suffices(nothing)
+
+
+def measured(drafter, gains: dict[bool, float], seconds: float) -> None:
+    """``drafter`` has measured merged trees giving ``gains`` accepted tokens a cycle (per kind) in ``seconds``."""
+    for kind, gain in gains.items():
+        drafter.gains[kind] = RunningMean()
+        drafter.gains[kind].add(gain)
+    drafter.seconds = RunningMean()
+    drafter.seconds.add(seconds)
+
+
+def test_a_hybrid_times_merged_cycles_of_both_kinds_as_one(predictable_case):
+    """A merged tree costs the same whether the lookup found something or not (one head draft, one node budget): a
+    merged cycle timed where the lookup found nothing sets the time a cycle with a match is judged by. (A probe, the
+    only merged cycle of a kind the lookup leads in, reads the skipped pairs and is never timed.)"""
+    drafter = lookup_drafter("griffin+suffix", predictable_case.target)
+    match = [Proposal([4, 5], [-1, 0], [0.9, 0.8])]
+    measured(drafter, {True: 1.0, False: 1.0}, 1.0)  # merged trees: 2 tokens/s, from one slow first cycle
+    drafter.lookup.sizing.rate = lambda found: 3.0
+    assert drafter.lookup_suffices(match)
+    for _ in range(20):  # merged cycles without a match, the head not catching up, each started 10 ms before
+        drafter._last = (time.perf_counter() - 0.01, False, False)
+        drafter._credit(torch.tensor([2]))
+    assert drafter.seconds.count == 21 and drafter.gains[True].count == 1
+    assert not drafter.lookup_suffices(match)
 
 
 def test_a_hybrid_probes_each_kind_of_cycle_on_its_own(predictable_case):
@@ -294,8 +322,8 @@ def test_a_hybrid_probes_each_kind_of_cycle_on_its_own(predictable_case):
     often its slowest, weighs no more than the next."""
     drafter = lookup_drafter("griffin+suffix", predictable_case.target)
     match, nothing = [Proposal([4, 5], [-1, 0], [0.9, 0.8])], [Proposal()]
-    drafter.gains, drafter.times = {True: 0.5, False: 1.0}, {True: 1.0, False: 0.01}  # merged: 1.5 and 200 tokens/s
-    drafter.lookup.sizing.rate = lambda found: 10.0  # the lookup's trees alone: 10 tokens/s
+    measured(drafter, {True: 0.05, False: 1.0}, 0.1)  # merged: 10.5 and 20 tokens/s
+    drafter.lookup.sizing.rate = lambda found: 15.0  # the lookup's trees alone: 15 tokens/s
     without, with_match = [], []
     for _ in range(40):
         without.append(drafter._lookup_alone(nothing))
@@ -304,10 +332,10 @@ def test_a_hybrid_probes_each_kind_of_cycle_on_its_own(predictable_case):
     gap = drafter.probe_gap
     assert with_match == [True] * gap + [False] + [True] * (39 - gap)  # probed once, then the gap doubles
     assert drafter.probe_gaps == {True: 2 * gap, False: gap}
-    fresh = lookup_drafter("griffin+suffix", predictable_case.target)
-    for seconds in (1.0, 0.1, 0.1):
-        fresh._average("times", True, seconds)
-    assert fresh.times[True] == pytest.approx(0.4)  # the mean of three, not 1.0 decaying by a tenth a cycle
+    seconds = RunningMean(smoothing=0.1)
+    for value in (1.0, 0.1, 0.1):
+        seconds.add(value)
+    assert seconds.value == pytest.approx(0.4)  # the mean of three, not 1.0 decaying by a tenth a cycle
 
 
 def test_a_hybrid_whose_lookup_leads_leaves_a_joining_prompt_to_the_heads_next_draft(predictable_case):

@@ -30,7 +30,7 @@ from specdec_kit.runtime.core.trees import HEAD, HYBRID, LOOKUP, DynamicTreeConf
 from specdec_kit.runtime.decoding.draft_context import DraftContext
 from specdec_kit.runtime.decoding.drafting import DraftCheckpoint, Drafter, DraftTree, FeatureTreeDrafter, Tree
 from specdec_kit.runtime.decoding.prefix_cache import PrefixBlock
-from specdec_kit.runtime.decoding.proposal_sizing import ProposalSizing
+from specdec_kit.runtime.decoding.proposal_sizing import ProposalSizing, RunningMean
 
 
 def lookup_budget(tree: Tree) -> Budget:
@@ -285,7 +285,7 @@ class HybridDrafter(Drafter):
 
     probe_gap = 16  # lookup-only cycles of a kind before a merged one of it (the gap doubles while the lookup leads)
     max_probe_gap = 512
-    smoothing = 0.1  # the weight of each new measurement once 1 / its count is below it
+    smoothing = 0.1  # the weight of each new measurement once 1 / its count is below it (``RunningMean``)
     couples_draws = True  # the head's part of a merged tree; the lookup proposes what the text holds
 
     def __init__(self, head: FeatureTreeDrafter, lookup: LookupDrafter, rule: str = "calibrated"):
@@ -293,11 +293,11 @@ class HybridDrafter(Drafter):
             raise ValueError(f"hybrid merge rule {rule!r}: expected one of {MERGE_RULES}")
         self.head, self.lookup, self.rule = head, lookup, rule
         self.feature_layers = head.feature_layers
-        # merged trees' accepted tokens and seconds per cycle, apart for cycles where the lookup found a proposal and
-        # cycles where it found none (``_matched``): each is set against the lookup's estimate for its own kind of cycle
-        self.gains: dict[bool, float] = {}
-        self.times: dict[bool, float] = {}
-        self._measured: dict[tuple[str, bool], int] = {}  # how many cycles each of those averages holds
+        # merged trees' accepted tokens per cycle, apart for cycles where the lookup found a proposal and cycles where
+        # it found none (``_matched``): each is set against the lookup's estimate for its own kind of cycle; and their
+        # seconds per cycle, one average over both kinds (the same head draft, the same node budget to verify)
+        self.gains: dict[bool, RunningMean] = {}
+        self.seconds = RunningMean(self.smoothing)
         self._since_merged = 0  # lookup-only cycles since the last merged one
         self._lookup_runs: dict[bool, int] = {}  # per kind of cycle, lookup-only ones since its last merged one
         self.probe_gaps: dict[bool, int] = {}  # per kind of cycle, its probe gap (``probe_gap`` until it grows)
@@ -420,10 +420,12 @@ class HybridDrafter(Drafter):
 
     def _ranked(self, found: Proposal) -> Proposal:
         """The lookup's proposal as the merge ranks it: under ``calibrated``, each node scored by its chance of
-        acceptance as the lookup's sizing has measured it (before any measurement, its own score)."""
+        acceptance as the lookup's sizing has measured it, scaled by its ``trust`` (before any measurement, its own
+        score)."""
         if self.rule != "calibrated" or not len(found):
             return found
-        chances = self.lookup.sizing.calibration.expected(found)
+        sizing = self.lookup.sizing
+        chances = [sizing.trust * c for c in sizing.calibration.expected(found)]
         return Proposal(found.tokens, found.parents, chances, found.match, found.last_accepted)
 
     def _lookup_only(self, features, tokens, counts, roots, found) -> DraftTree:
@@ -451,9 +453,10 @@ class HybridDrafter(Drafter):
 
     def lookup_suffices(self, found: list[Proposal]) -> bool:
         """Whether the lookup's trees alone promise more tokens per second than merged trees have been giving in
-        cycles like this one: the lookup's sizing's estimate (its nodes' acceptance as verification has found it, over
-        the measured time of a lookup-only cycle that wide) against the merged trees' accepted tokens over their
-        cycles' time, taken over the cycles where the lookup found a proposal too, or over those where it found none.
+        cycles like this one: the lookup's sizing's estimate (its nodes' acceptance as verification has found it,
+        scaled by its measured ``trust``, over the measured time of a lookup-only cycle that wide) against the merged
+        trees' accepted tokens per cycle, taken over the cycles where the lookup found a proposal too, or over those
+        where it found none, over a merged cycle's time.
         (One average over both would set a cycle without a match, where a merged tree is the head's alone, against
         what merged trees gave while the lookup was copying.) A cycle's time runs from one draft to the next (the
         draft, its verification, what the loop does beside); a lookup-only cycle without a proposal is plain decoding,
@@ -461,18 +464,19 @@ class HybridDrafter(Drafter):
         lookup-only trees; and after ``probe_gap`` lookup-only cycles of a kind a merged one of that kind, whose
         estimate would otherwise never change again once it lost (a head's acceptance follows the text). Each probe
         that the lookup goes on winning doubles that kind's gap (up to ``max_probe_gap``): a probe pays the head's
-        reading of every pair it skipped. (With one count over both kinds, the probes fell on whichever kind came
-        next, and the other's estimate could stay at its first, slow measurement: on SmolLM2's chat prompts merged
-        trees in cycles with a match were held at 17 tokens/s against the lookup's 35-70 for hundreds of cycles.)"""
+        reading of every pair it skipped, and its time is not a cycle's. A merged cycle's time is one average over
+        both kinds: timed per kind, the kind the lookup led in kept its first, slow measurements (a probe is never
+        timed), and on SmolLM2's chat prompts merged trees in cycles with a match stayed half as slow again as in the
+        others, so the lookup won nearly every such cycle on that alone."""
         kind = self._matched(found)
-        if kind not in self.times:
+        if kind not in self.gains or self.seconds.value is None:
             return False
         gap = self.probe_gaps.get(kind, self.probe_gap)
         if self._lookup_runs.get(kind, 0) >= gap:
             self.probe_gaps[kind] = min(2 * gap, self.max_probe_gap)
             return False
         lookup_rate = self.lookup.sizing.rate(found)
-        if lookup_rate is None or lookup_rate >= (1 + self.gains[kind]) / self.times[kind]:
+        if lookup_rate is None or lookup_rate >= (1 + self.gains[kind].value) / self.seconds.value:
             return True
         self.probe_gaps[kind] = self.probe_gap  # merged trees lead: probe the lookup's lead soon again if it returns
         return False
@@ -486,17 +490,8 @@ class HybridDrafter(Drafter):
         self._last = (None, None, None)
         if started is None:
             return
-        accepted = float((counts - 1).float().mean())
         seconds = time.perf_counter() - started
-        known = self.times.get(kind)
+        known = self.seconds.value
         if not catching_up and (known is None or seconds < 3 * known):
-            self._average("times", kind, seconds)
-        self._average("gains", kind, accepted)
-
-    def _average(self, name: str, kind: bool, value: float) -> None:
-        """The running mean of a kind's first measurements, then an exponential average (``smoothing``): the first
-        cycle measured, often the slowest, weighs no more than any other."""
-        into = getattr(self, name)
-        n = self._measured[(name, kind)] = self._measured.get((name, kind), 0) + 1
-        old = into.get(kind)
-        into[kind] = value if old is None else old + max(self.smoothing, 1 / n) * (value - old)
+            self.seconds.add(seconds)
+        self.gains.setdefault(kind, RunningMean(self.smoothing)).add(float((counts - 1).float().mean()))
