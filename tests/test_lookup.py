@@ -25,6 +25,7 @@ from specdec_kit.runtime.core.lookup import (
     SuffixTrie,
     settings_from,
 )
+from specdec_kit.runtime.core.sampling import SamplingParams
 from specdec_kit.runtime.core.trees import (
     HEAD,
     HYBRID,
@@ -291,12 +292,15 @@ def test_a_hybrid_judges_a_cycle_by_merged_trees_in_cycles_like_it(predictable_c
     assert drafter.lookup_suffices(nothing)
 
 
-def measured(drafter, gains: dict[bool, float], seconds: float) -> None:
-    """``drafter`` has measured merged trees giving ``gains`` accepted tokens a cycle (per kind) in ``seconds``."""
-    for kind, gain in gains.items():
-        drafter.gains[kind] = RunningMean()
-        drafter.gains[kind].add(gain)
-    drafter.seconds = RunningMean()
+def measured(drafter, gains: dict[bool, float], seconds: float, cycles: int = 32) -> None:
+    """``drafter`` has measured merged trees giving ``gains`` accepted tokens a greedy cycle (per kind: whether the
+    lookup found a proposal, ``cycles`` of each) in ``seconds``; all greedy cycles together, their mean."""
+    for matched, gain in gains.items():
+        drafter.gains[(matched, False)] = RunningMean(drafter.smoothing)
+        for _ in range(cycles):
+            drafter.gains[(matched, False)].add(gain)
+    drafter.sampled_gains, drafter.seconds = {False: RunningMean()}, RunningMean()
+    drafter.sampled_gains[False].add(sum(gains.values()) / len(gains))
     drafter.seconds.add(seconds)
 
 
@@ -306,14 +310,46 @@ def test_a_hybrid_times_merged_cycles_of_both_kinds_as_one(predictable_case):
     only merged cycle of a kind the lookup leads in, reads the skipped pairs and is never timed.)"""
     drafter = lookup_drafter("griffin+suffix", predictable_case.target)
     match = [Proposal([4, 5], [-1, 0], [0.9, 0.8])]
-    measured(drafter, {True: 1.0, False: 1.0}, 1.0)  # merged trees: 2 tokens/s, from one slow first cycle
+    measured(drafter, {True: 1.0, False: 1.0}, 1.0)  # merged trees: 2-2.7 tokens/s, from one slow first cycle
     drafter.lookup.sizing.rate = lambda found: 3.0
     assert drafter.lookup_suffices(match)
+    with_match = drafter.gains[(True, False)].count
     for _ in range(20):  # merged cycles without a match, the head not catching up, each started 10 ms before
-        drafter._last = (time.perf_counter() - 0.01, False, False)
+        drafter._last = (time.perf_counter() - 0.01, False, (False, False))
         drafter._credit(torch.tensor([2]))
-    assert drafter.seconds.count == 21 and drafter.gains[True].count == 1
+    assert drafter.seconds.count == 21 and drafter.gains[(True, False)].count == with_match
     assert not drafter.lookup_suffices(match)
+
+
+def test_a_hybrid_weighs_merged_trees_by_what_the_lookups_best_nodes_promise_and_by_both_kinds(predictable_case):
+    """A merged tree holds the lookup's best nodes that fit its budget (or head nodes more likely still): it promises
+    at least what they promise, whatever a few probes of its kind measured; and a kind measured in few cycles leans
+    on both kinds' average."""
+    drafter = lookup_drafter("griffin+suffix", predictable_case.target)
+    strong, weak = [Proposal([4, 5], [-1, 0], [0.9, 0.8])], [Proposal([4, 5], [-1, 0], [0.02, 0.02])]
+    measured(drafter, {True: 0.0, False: 1.0}, 0.1)
+    assert drafter.merged_gain((True, False), strong) == pytest.approx(0.9 + 0.8)  # unmeasured: the scores themselves
+    assert drafter.merged_gain((True, False), weak) == pytest.approx((32 * 0.0 + 8 * 0.5) / 40)
+    measured(drafter, {True: 0.0, False: 1.0}, 0.1, cycles=2)
+    assert drafter.merged_gain((False, False), [Proposal()]) == pytest.approx((2 * 1.0 + 8 * 0.5) / 10)
+
+
+def test_a_hybrid_keeps_sampled_cycles_apart_from_greedy_ones(predictable_case):
+    """A sampled cycle accepts a lookup's node only where the draw picks it, while the head's guesses follow the
+    draws: merged trees measured in greedy cycles do not judge sampled ones, which try merged trees first."""
+    drafter = lookup_drafter("griffin+suffix", predictable_case.target)
+    gen = SpeculativeGenerator(predictable_case.target, drafter)
+    gen.generate(predictable_case.prompts[:1], 24)
+    assert drafter.gains and all(not sampled for _, sampled in drafter.gains)
+    measured(drafter, {True: 1.0, False: 1.0}, 0.05)
+    match = [Proposal([4, 5], [-1, 0], [0.02, 0.02])]
+    drafter.lookup.sizing.rate = lambda found: float("inf")  # the lookup alone beats any merged tree measured
+    assert drafter.lookup_suffices(match)
+    drafter.sampled = True  # as the loop's draw coupling for sampled rows sets it
+    assert not drafter.lookup_suffices(match)  # no sampled cycle measured: merged trees first
+    drafter.lookup.sizing.rate = lambda found: 0.0
+    gen.generate(predictable_case.prompts[:1], 24, SamplingParams(temperature=0.7, seed=0))
+    assert any(sampled for _, sampled in drafter.gains)
 
 
 def test_a_hybrid_probes_each_kind_of_cycle_on_its_own(predictable_case):
@@ -321,8 +357,8 @@ def test_a_hybrid_probes_each_kind_of_cycle_on_its_own(predictable_case):
     ``probe_gap`` of them, however many merged cycles without a match ran between; and a kind's first measurement,
     often its slowest, weighs no more than the next."""
     drafter = lookup_drafter("griffin+suffix", predictable_case.target)
-    match, nothing = [Proposal([4, 5], [-1, 0], [0.9, 0.8])], [Proposal()]
-    measured(drafter, {True: 0.05, False: 1.0}, 0.1)  # merged: 10.5 and 20 tokens/s
+    match, nothing = [Proposal([4, 5], [-1, 0], [0.1, 0.1])], [Proposal()]
+    measured(drafter, {True: 0.05, False: 1.0}, 0.1)  # merged: 12 and 19 tokens/s (both kinds' mean counted in)
     drafter.lookup.sizing.rate = lambda found: 15.0  # the lookup's trees alone: 15 tokens/s
     without, with_match = [], []
     for _ in range(40):
@@ -331,7 +367,7 @@ def test_a_hybrid_probes_each_kind_of_cycle_on_its_own(predictable_case):
     assert not any(without)
     gap = drafter.probe_gap
     assert with_match == [True] * gap + [False] + [True] * (39 - gap)  # probed once, then the gap doubles
-    assert drafter.probe_gaps == {True: 2 * gap, False: gap}
+    assert drafter.probe_gaps == {(True, False): 2 * gap, (False, False): gap}
     seconds = RunningMean(smoothing=0.1)
     for value in (1.0, 0.1, 0.1):
         seconds.add(value)

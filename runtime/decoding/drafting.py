@@ -120,6 +120,12 @@ class Drafter:
     def couple_draws(self, coupling: DrawCoupling | None) -> None:
         """The next draft's rows' draws (None: rank by the draft alone); a drafter that ``couples_draws`` uses them."""
 
+    @property
+    def coupled_depth(self) -> int:
+        """How many levels of draws ``couple_draws`` needs: the tree's depth, or fewer where part of the tree does not
+        follow the draws (each level is a row's Gumbel noise over the whole vocabulary)."""
+        return self.max_depth
+
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only ``rows`` of the batch (finished sequences leave)."""
 

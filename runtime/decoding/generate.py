@@ -546,7 +546,7 @@ class SpeculativeGenerator:
             [row.params for row in rows],
             [row.seed for row in rows],
             self._next_indices(batch),
-            self.drafter.max_depth,
+            self.drafter.coupled_depth,
             self.target.vocab_size,
             self.target.device,
         )

@@ -32,6 +32,8 @@ from specdec_kit.runtime.decoding.drafting import DraftCheckpoint, Drafter, Draf
 from specdec_kit.runtime.decoding.prefix_cache import PrefixBlock
 from specdec_kit.runtime.decoding.proposal_sizing import ProposalSizing, RunningMean
 
+Kind = tuple[bool, bool]  # a hybrid's kind of cycle: the lookup found a proposal; the rows sample
+
 
 def lookup_budget(tree: Tree) -> Budget:
     """The proposal a dynamic tree's numbers allow: ``total_tokens - 1`` nodes, paths of ``depth + 1`` tokens,
@@ -284,8 +286,9 @@ class HybridDrafter(Drafter):
     for the head's next draft (as a plain cycle's do), so the head reads its context whole."""
 
     probe_gap = 16  # lookup-only cycles of a kind before a merged one of it (the gap doubles while the lookup leads)
-    max_probe_gap = 512
-    smoothing = 0.1  # the weight of each new measurement once 1 / its count is below it (``RunningMean``)
+    max_probe_gap = 64
+    smoothing = 1 / 32  # the weight of each new measurement once 1 / its count is below it (``RunningMean``)
+    prior_cycles = 8  # a kind's average of merged trees leans on its sampling's as much as on that many of its own
     couples_draws = True  # the head's part of a merged tree; the lookup proposes what the text holds
 
     def __init__(self, head: FeatureTreeDrafter, lookup: LookupDrafter, rule: str = "calibrated"):
@@ -293,14 +296,16 @@ class HybridDrafter(Drafter):
             raise ValueError(f"hybrid merge rule {rule!r}: expected one of {MERGE_RULES}")
         self.head, self.lookup, self.rule = head, lookup, rule
         self.feature_layers = head.feature_layers
-        # merged trees' accepted tokens per cycle, apart for cycles where the lookup found a proposal and cycles where
-        # it found none (``_matched``): each is set against the lookup's estimate for its own kind of cycle; and their
-        # seconds per cycle, one average over both kinds (the same head draft, the same node budget to verify)
-        self.gains: dict[bool, RunningMean] = {}
+        # merged trees' accepted tokens per cycle, per kind of cycle (``_kind``: whether the lookup found a proposal,
+        # whether the rows sample): each is set against the lookup's estimate for its own kind of cycle; and their
+        # seconds per cycle, one average over all kinds (the same head draft, the same node budget to verify)
+        self.gains: dict[Kind, RunningMean] = {}
+        self.sampled_gains: dict[bool, RunningMean] = {}  # greedy cycles', sampled cycles', found a match or not
         self.seconds = RunningMean(self.smoothing)
+        self.sampled = False  # whether this cycle's rows sample (the draw coupling the loop hands over says so)
         self._since_merged = 0  # lookup-only cycles since the last merged one
-        self._lookup_runs: dict[bool, int] = {}  # per kind of cycle, lookup-only ones since its last merged one
-        self.probe_gaps: dict[bool, int] = {}  # per kind of cycle, its probe gap (``probe_gap`` until it grows)
+        self._lookup_runs: dict[Kind, int] = {}  # per kind of cycle, lookup-only ones since its last merged one
+        self.probe_gaps: dict[Kind, int] = {}  # per kind of cycle, its probe gap (``probe_gap`` until it grows)
         self._last: tuple = (None, None, None)  # the last merged cycle's start, whether the head caught up, its kind
         self.max_nodes = self.max_depth = 0
         self.source = HYBRID
@@ -327,7 +332,14 @@ class HybridDrafter(Drafter):
         return self.head.target_view(target)
 
     def couple_draws(self, coupling: DrawCoupling | None) -> None:
+        self.sampled = coupling is not None
         self.head.couple_draws(coupling)
+
+    @property
+    def coupled_depth(self) -> int:
+        """The head's depth: the lookup's deeper nodes propose what the text holds, whatever the draws (on SmolLM2 the
+        draws of 17 levels cost 4 ms a cycle, of the head's 3 levels 1 ms)."""
+        return self.head.max_depth
 
     def reset(self, batch: int, capacity: int) -> None:
         self.head.reset(batch, capacity)
@@ -408,7 +420,7 @@ class HybridDrafter(Drafter):
         catching_up = self.unread is not None
         heads = head_proposals(self.head.scored_draft(*self._head_context(features, tokens, counts)))
         budget = self.head.tree.total_tokens - 1
-        self._last = (started, catching_up, self._matched(found))
+        self._last = (started, catching_up, self._kind(found))
         trees = self.merge(heads, [self._ranked(f) for f in found], budget)
         self.lookup.sizing.begin([verified_part(f, t) for f, t in zip(found, trees)], None, trees)
         return padded_tree(roots, trees, tokens.device)
@@ -437,7 +449,7 @@ class HybridDrafter(Drafter):
 
     def _lookup_alone(self, found: list[Proposal]) -> bool:
         """This cycle's choice (``lookup_suffices``), counted per kind of cycle for its probes."""
-        kind = self._matched(found)
+        kind = self._kind(found)
         alone = self.lookup_suffices(found)
         if alone:
             self._since_merged += 1
@@ -445,6 +457,13 @@ class HybridDrafter(Drafter):
         else:
             self._since_merged = self._lookup_runs[kind] = 0
         return alone
+
+    def _kind(self, found: list[Proposal]) -> Kind:
+        """A cycle's kind: whether the lookup found a proposal, and whether the rows sample. A sampled cycle accepts a
+        lookup's node only where the draw picks its token, while the head's guesses follow the draws (``couple_draws``):
+        on SmolLM2 at T=0.7 merged trees without a match accepted 0.7 tokens a cycle against 1.0-1.2 greedy, and one
+        average over both took the one for the other."""
+        return self._matched(found), self.sampled
 
     @staticmethod
     def _matched(found: list[Proposal]) -> bool:
@@ -455,9 +474,10 @@ class HybridDrafter(Drafter):
         """Whether the lookup's trees alone promise more tokens per second than merged trees have been giving in
         cycles like this one: the lookup's sizing's estimate (its nodes' acceptance as verification has found it,
         scaled by its measured ``trust``, over the measured time of a lookup-only cycle that wide) against the merged
-        trees' accepted tokens per cycle, taken over the cycles where the lookup found a proposal too, or over those
-        where it found none, over a merged cycle's time.
-        (One average over both would set a cycle without a match, where a merged tree is the head's alone, against
+        trees' accepted tokens per cycle in cycles of its kind (``_kind``: with a proposal or none, greedy or
+        sampled), over a merged cycle's time.
+        (One average over cycles with and without a proposal would set one without, where a merged tree is the head's
+        alone, against
         what merged trees gave while the lookup was copying.) A cycle's time runs from one draft to the next (the
         draft, its verification, what the loop does beside); a lookup-only cycle without a proposal is plain decoding,
         so a head slower than plain decoding loses to it. What is not measured yet is tried first: merged trees, then
@@ -465,10 +485,10 @@ class HybridDrafter(Drafter):
         estimate would otherwise never change again once it lost (a head's acceptance follows the text). Each probe
         that the lookup goes on winning doubles that kind's gap (up to ``max_probe_gap``): a probe pays the head's
         reading of every pair it skipped, and its time is not a cycle's. A merged cycle's time is one average over
-        both kinds: timed per kind, the kind the lookup led in kept its first, slow measurements (a probe is never
+        all kinds: timed per kind, the kind the lookup led in kept its first, slow measurements (a probe is never
         timed), and on SmolLM2's chat prompts merged trees in cycles with a match stayed half as slow again as in the
         others, so the lookup won nearly every such cycle on that alone."""
-        kind = self._matched(found)
+        kind = self._kind(found)
         if kind not in self.gains or self.seconds.value is None:
             return False
         gap = self.probe_gaps.get(kind, self.probe_gap)
@@ -476,10 +496,27 @@ class HybridDrafter(Drafter):
             self.probe_gaps[kind] = min(2 * gap, self.max_probe_gap)
             return False
         lookup_rate = self.lookup.sizing.rate(found)
-        if lookup_rate is None or lookup_rate >= (1 + self.gains[kind].value) / self.seconds.value:
+        if lookup_rate is None or lookup_rate >= (1 + self.merged_gain(kind, found)) / self.seconds.value:
             return True
         self.probe_gaps[kind] = self.probe_gap  # merged trees lead: probe the lookup's lead soon again if it returns
         return False
+
+    def merged_gain(self, kind: Kind, found: list[Proposal]) -> float:
+        """The accepted tokens a merged tree promises this cycle: what merged trees gave in cycles of its kind, leaning
+        on what they gave in all cycles greedy or sampled as this one while its own are few (``prior_cycles``), and at
+        least what the
+        lookup's best nodes that fit its budget promise (the merge ranks them by the same chances, and keeps a head's
+        node before one only where the head's probability, which is calibrated, is the higher). A kind's average
+        holds few cycles where the lookup leads (one probe in ``probe_gap``), and an estimate that loses is measured
+        again only at the next probe: on SmolLM2's chat prompts four probes that accepted nothing had set merged
+        trees in cycles with a match at 0.0, where merged every cycle they accepted 1.78 (and 0.98 without a match)."""
+        own = self.gains[kind]
+        weight = min(own.count, 1 / self.smoothing)
+        pooled = self.sampled_gains[kind[1]].value
+        average = (weight * own.value + self.prior_cycles * pooled) / (weight + self.prior_cycles)
+        nodes = self.head.tree.total_tokens - 1
+        promised = sum(self.lookup.sizing.expected(f, nodes) for f in found) / max(len(found), 1)
+        return max(average, promised)
 
     def _credit(self, counts: torch.Tensor) -> None:
         """What the last merged cycle accepted per row (each row's pending pairs less its root) and how long it took
@@ -494,4 +531,6 @@ class HybridDrafter(Drafter):
         known = self.seconds.value
         if not catching_up and (known is None or seconds < 3 * known):
             self.seconds.add(seconds)
-        self.gains.setdefault(kind, RunningMean(self.smoothing)).add(float((counts - 1).float().mean()))
+        accepted = float((counts - 1).float().mean())
+        self.gains.setdefault(kind, RunningMean(self.smoothing)).add(accepted)
+        self.sampled_gains.setdefault(kind[1], RunningMean(self.smoothing)).add(accepted)

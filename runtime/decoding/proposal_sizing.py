@@ -181,12 +181,14 @@ class ProposalSizing:
     2.1 against 1.4). ``trust`` is that measured ratio, and every estimate of what a proposal will give is scaled by
     it."""
 
-    least_trusted = 8  # lookup-only cycles with a proposal before ``trust`` leaves 1
+    least_trusted = 16  # lookup-only cycles with a proposal before ``trust`` leaves 1
+    trust_smoothing = 1 / 64  # a cycle's accepted nodes vary from none to the whole copy: a long average
 
     def __init__(self, cuts: bool = True, probe_every: int = 16):
         self.cost, self.calibration = CycleCost(), NodeCalibration()
         self.cuts, self.probe_every = cuts, probe_every
-        self.predicted, self.achieved = RunningMean(), RunningMean()  # per lookup-only cycle with a proposal, per row
+        # per lookup-only cycle with a proposal, per row: the calibration's expected accepted nodes, and the accepted
+        self.predicted, self.achieved = RunningMean(self.trust_smoothing), RunningMean(self.trust_smoothing)
         self._cycles = 0
         self._pending: _Pending | None = None
 
@@ -224,6 +226,11 @@ class ProposalSizing:
         for p in self.calibration.expected(proposal):
             out.append(out[-1] + p)
         return out
+
+    def expected(self, proposal: Proposal, nodes: int) -> float:
+        """The accepted nodes the first ``nodes`` of ``proposal`` promise, scaled by ``trust``."""
+        gains = self.cumulative(proposal)
+        return self.trust * gains[min(nodes, len(gains) - 1)]
 
     def rate(self, proposals: Sequence[Proposal]) -> float | None:
         """Expected tokens per second per row of what ``cut`` makes of ``proposals`` (None before costs are known)."""
