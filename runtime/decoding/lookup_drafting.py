@@ -475,12 +475,11 @@ class HybridDrafter(Drafter):
         cycles like this one: the lookup's sizing's estimate (its nodes' acceptance as verification has found it,
         scaled by its measured ``trust``, over the measured time of a lookup-only cycle that wide) against the merged
         trees' accepted tokens per cycle in cycles of its kind (``_kind``: with a proposal or none, greedy or
-        sampled), over a merged cycle's time.
-        (One average over cycles with and without a proposal would set one without, where a merged tree is the head's
-        alone, against
-        what merged trees gave while the lookup was copying.) A cycle's time runs from one draft to the next (the
-        draft, its verification, what the loop does beside); a lookup-only cycle without a proposal is plain decoding,
-        so a head slower than plain decoding loses to it. What is not measured yet is tried first: merged trees, then
+        sampled), over a merged cycle's time. (One average over cycles with and without a proposal would set one
+        without, where a merged tree is the head's alone, against what merged trees gave while the lookup was
+        copying.) A cycle's time runs from one draft to the next (the draft, its verification, what the loop does
+        beside); a lookup-only cycle without a proposal is plain decoding, so a head slower than plain decoding loses
+        to it. What is not measured yet is tried first: merged trees, then
         lookup-only trees; and after ``probe_gap`` lookup-only cycles of a kind a merged one of that kind, whose
         estimate would otherwise never change again once it lost (a head's acceptance follows the text). Each probe
         that the lookup goes on winning doubles that kind's gap (up to ``max_probe_gap``): a probe pays the head's
@@ -504,12 +503,12 @@ class HybridDrafter(Drafter):
     def merged_gain(self, kind: Kind, found: list[Proposal]) -> float:
         """The accepted tokens a merged tree promises this cycle: what merged trees gave in cycles of its kind, leaning
         on what they gave in all cycles greedy or sampled as this one while its own are few (``prior_cycles``), and at
-        least what the
-        lookup's best nodes that fit its budget promise (the merge ranks them by the same chances, and keeps a head's
-        node before one only where the head's probability, which is calibrated, is the higher). A kind's average
-        holds few cycles where the lookup leads (one probe in ``probe_gap``), and an estimate that loses is measured
-        again only at the next probe: on SmolLM2's chat prompts four probes that accepted nothing had set merged
-        trees in cycles with a match at 0.0, where merged every cycle they accepted 1.78 (and 0.98 without a match)."""
+        least what the lookup's best nodes that fit its budget promise (the merge ranks them by the same chances, and
+        keeps a head's node before one only where the head's probability, which is calibrated, is the higher). A
+        kind's average holds few cycles where the lookup leads (one probe in ``probe_gap``), and an estimate that
+        loses is measured again only at the next probe: on SmolLM2's chat prompts four probes that accepted nothing
+        had set merged trees in cycles with a match at 0.0, where merged every cycle they accepted 1.78 (and 0.98
+        without a match)."""
         own = self.gains[kind]
         weight = min(own.count, 1 / self.smoothing)
         pooled = self.sampled_gains[kind[1]].value
