@@ -321,10 +321,10 @@ def test_a_hybrid_times_merged_cycles_of_both_kinds_as_one(predictable_case):
     assert not drafter.lookup_suffices(match)
 
 
-def test_a_hybrid_weighs_merged_trees_by_what_the_lookups_best_nodes_promise_and_by_both_kinds(predictable_case):
+def test_a_hybrid_weighs_merged_trees_by_what_the_lookups_best_nodes_promise_and_by_cycles_like_it(predictable_case):
     """A merged tree holds the lookup's best nodes that fit its budget (or head nodes more likely still): it promises
     at least what they promise, whatever a few probes of its kind measured; and a kind measured in few cycles leans
-    on both kinds' average."""
+    on the average of every cycle as greedy (or sampled) as it."""
     drafter = lookup_drafter("griffin+suffix", predictable_case.target)
     strong, weak = [Proposal([4, 5], [-1, 0], [0.9, 0.8])], [Proposal([4, 5], [-1, 0], [0.02, 0.02])]
     measured(drafter, {True: 0.0, False: 1.0}, 0.1)
