@@ -436,8 +436,7 @@ class HybridDrafter(Drafter):
         score)."""
         if self.rule != "calibrated" or not len(found):
             return found
-        sizing = self.lookup.sizing
-        chances = [sizing.trust * c for c in sizing.calibration.expected(found)]
+        chances = self.lookup.sizing.chances(found)
         return Proposal(found.tokens, found.parents, chances, found.match, found.last_accepted)
 
     def _lookup_only(self, features, tokens, counts, roots, found) -> DraftTree:
@@ -514,7 +513,7 @@ class HybridDrafter(Drafter):
         pooled = self.sampled_gains[kind[1]].value
         average = (weight * own.value + self.prior_cycles * pooled) / (weight + self.prior_cycles)
         nodes = self.head.tree.total_tokens - 1
-        promised = sum(self.lookup.sizing.expected(f, nodes) for f in found) / max(len(found), 1)
+        promised = sum(self.lookup.sizing.promised(f, nodes) for f in found) / max(len(found), 1)
         return max(average, promised)
 
     def _credit(self, counts: torch.Tensor) -> None:

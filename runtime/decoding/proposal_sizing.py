@@ -166,7 +166,7 @@ class _Pending:
     proposals: list[Proposal]  # the lookup's nodes the cycle verified, per row
     verified: list[Proposal]  # the whole tree each row verified (the lookup's alone, or merged with a head's)
     started: float | None  # None: the cycle's time is not a lookup cycle's (a head drafted too)
-    expected: list[float]  # per row, the calibration's expected accepted nodes of its proposal (before the cycle)
+    expected: float  # a lookup-only cycle's: its rows' accepted nodes as the calibration expected them (unscaled)
 
 
 class ProposalSizing:
@@ -211,7 +211,7 @@ class ProposalSizing:
         line = self.cost.line(batch)
         if line is None:
             return None
-        gains = [[self.trust * g for g in self.cumulative(p)] for p in proposals]
+        gains = [self.cumulative(p) for p in proposals]
         best = (1, 0.0)
         for width in range(1, max(len(g) for g in gains) + 1):
             tokens = sum(1 + g[min(width, len(g)) - 1] for g in gains)
@@ -220,17 +220,21 @@ class ProposalSizing:
                 best = (width, rate)
         return best
 
+    def chances(self, proposal: Proposal) -> list[float]:
+        """Each node's chance of acceptance: the calibration's, scaled by ``trust``."""
+        trust = self.trust
+        return [trust * c for c in self.calibration.expected(proposal)]
+
     def cumulative(self, proposal: Proposal) -> list[float]:
         """[k]: the expected accepted tokens of the first k nodes (k = 0 .. len)."""
         out = [0.0]
-        for p in self.calibration.expected(proposal):
+        for p in self.chances(proposal):
             out.append(out[-1] + p)
         return out
 
-    def expected(self, proposal: Proposal, nodes: int) -> float:
-        """The accepted nodes the first ``nodes`` of ``proposal`` promise, scaled by ``trust``."""
-        gains = self.cumulative(proposal)
-        return self.trust * gains[min(nodes, len(gains) - 1)]
+    def promised(self, proposal: Proposal, nodes: int) -> float:
+        """The accepted nodes the first ``nodes`` of ``proposal`` promise."""
+        return self.cumulative(proposal)[min(nodes, len(proposal))]
 
     def rate(self, proposals: Sequence[Proposal]) -> float | None:
         """Expected tokens per second per row of what ``cut`` makes of ``proposals`` (None before costs are known)."""
@@ -240,7 +244,7 @@ class ProposalSizing:
         seconds = self.cost.predict(len(proposals), 1 + max((len(p) for p in proposals), default=0))
         if seconds is None:
             return None
-        return sum(1 + self.trust * self.cumulative(p)[-1] for p in proposals) / len(proposals) / seconds
+        return sum(1 + self.cumulative(p)[-1] for p in proposals) / len(proposals) / seconds
 
     @property
     def trust(self) -> float:
@@ -254,7 +258,7 @@ class ProposalSizing:
         """The cycle that verifies ``proposals`` started drafting at ``started``; ``verified``: the trees it verifies
         when the proposals are part of them (merged with a head's, whose draft time is not the lookup's: no
         ``started``)."""
-        expected = [self.cumulative(p)[-1] for p in proposals] if started is not None else []
+        expected = sum(sum(self.calibration.expected(p)) for p in proposals) if started is not None else 0.0
         self._pending = _Pending(proposals, verified or proposals, started, expected)
 
     def settle(self, read: Sequence[Sequence[int]], now: float) -> None:
@@ -267,14 +271,14 @@ class ProposalSizing:
         if pending.started is not None:
             width = 1 + max((len(p) for p in pending.verified), default=0)
             self.cost.observe(len(read), width, now - pending.started)
-        expected = achieved = 0.0
-        for proposal, r, e in zip(pending.proposals, read, pending.expected or [0.0] * len(read)):
+        achieved = 0
+        for proposal, r in zip(pending.proposals, read):
             if len(proposal):
                 path = walk(proposal, r[:-1])[0]
                 self.calibration.observe(proposal, path)
-                expected, achieved = expected + e, achieved + len(path)
-        if expected > 0:
-            self.predicted.add(expected / len(read))
+                achieved += len(path)
+        if pending.expected > 0:
+            self.predicted.add(pending.expected / len(read))
             self.achieved.add(achieved / len(read))
 
     def forget_cycle(self) -> None:
