@@ -234,6 +234,47 @@ def test_a_dynamic_tree_engine_drafts_each_cycle_in_one_call(engines, which, kin
     assert [r.tokens for r in whole_sampled] == [r.tokens for r in plain]
 
 
+def test_a_hybrid_drafts_its_heads_scored_tree_in_one_call(engines, kind="griffin"):
+    """A hybrid ranks the head's nodes by their scores: the one-call graph gives them as the level-by-level search
+    does (same tokens, parents and scores, greedy and under a draw coupling), so merged cycles draft in one call too
+    (the step graph reads only the batch's prompts), the output the target's own. (Which cycles merge follows their
+    measured times, so acceptance is not compared run against run.)"""
+    from specdec_kit.runtime.core.coupling import DrawCoupling
+    from specdec_kit.runtime.decoding.lookup_drafting import HybridDrafter
+    from specdec_kit.runtime.registry import lookup_drafter
+
+    engine = open_engine(engines[f"{kind}-onecall"], device="cpu")
+    one_call, stepwise = engine.drafter_for(engine.tree), engine.drafter_for(engine.tree)
+    stepwise.step.whole = None
+    gen = torch.Generator().manual_seed(3)
+    feats = torch.randn(2, 5, engine.target.hidden_size, generator=gen)
+    toks = torch.randint(0, engine.target.vocab_size, (2, 5), generator=gen)
+    counts = torch.tensor([5, 3])
+    noise = torch.rand(2, 8, engine.target.vocab_size, generator=gen).clamp_min(1e-9).log().neg().log().neg()
+    for coupling in (None, DrawCoupling(noise, torch.tensor([0.0, 1.25]))):
+        trees = []
+        for drafter in (one_call, stepwise):
+            drafter.reset(2, 64)
+            drafter.couple_draws(coupling)
+            trees.append(drafter.scored_draft(feats, toks, counts))
+        assert trees[0].scores is not None and trees[1].scores is not None
+        assert torch.equal(trees[0].tokens, trees[1].tokens) and torch.equal(trees[0].parents, trees[1].parents)
+        assert torch.allclose(trees[0].scores, trees[1].scores, atol=1e-4)
+        assert (trees[0].scores[:, 1:] != 0).all()  # the nodes' path scores, not a placeholder
+    batch = prompts(engine.target.vocab_size)
+    sampled = [SamplingParams(temperature=0.8, seed=5 * i) for i in range(len(batch))]
+    head = engine.drafter_for(engine.tree)
+    tree_graph, step_graph = head.step.whole[0], head.step.graph
+    tree_calls, step_calls = tree_graph.calls, step_graph.calls
+    hybrid = SpeculativeGenerator(engine.target, HybridDrafter(head, lookup_drafter("suffix")))
+    greedy, drawn = hybrid.generate(batch, 40), hybrid.generate(batch, 40, sampled)
+    assert tree_graph.calls > tree_calls and step_graph.calls <= step_calls + 2
+    plain = SpeculativeGenerator(engine.target, NoDrafter())
+    assert [r.tokens for r in greedy] == [r.tokens for r in plain.generate(batch, 40)]
+    assert [r.tokens for r in drawn] == [r.tokens for r in plain.generate(batch, 40, sampled)]
+    assert sum(r.stats.accepted_tokens for r in greedy + drawn) > 0
+
+
 @pytest.mark.parametrize(
     "kind", ["griffin", *(pytest.param(k, marks=pytest.mark.slow) for k in ("eagle2", "eagle3", "medusa"))]
 )

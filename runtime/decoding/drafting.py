@@ -392,9 +392,11 @@ class FeatureTreeDrafter(Drafter):
 
     @torch.inference_mode()
     def scored_draft(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
-        """The cycle's tree drafted step by step, with each node's path log-score (``DraftTree.scores``: its
-        log-probability, or a sampled row's coupled score) for a dynamic tree (a hybrid ranks the head's nodes by
-        them); a whole-tree graph returns no scores."""
+        """The cycle's tree with each node's path log-score (``DraftTree.scores``: its log-probability, or a sampled
+        row's coupled score) for a dynamic tree (a hybrid ranks the head's nodes by them): in one call where the
+        step's whole-tree graph gives scores, otherwise step by step."""
+        if isinstance(self.step, WholeTreeStep) and self.step.drafts_whole(self.tree, scored=True):
+            return self._whole_tree(features, tokens, counts)
         coupling, self.coupling = self.coupling, None
         roots = last_real(tokens, counts)
         root_logp, root_reg = self.context_step(features, tokens, counts)
@@ -406,11 +408,11 @@ class FeatureTreeDrafter(Drafter):
         """The context step and the tree search in one call of the step (``WholeTreeStep``)."""
         coupling, self.coupling = self.coupling, None
         features, tokens, counts, positions, causal = self._context(features, tokens, counts)
-        node_tokens, node_parents = self.step.whole_tree(
+        node_tokens, node_parents, scores = self.step.whole_tree(
             features, tokens, positions, causal, self.cache, counts - 1, coupling
         )
         self._commit_context(counts, tokens.shape[1])
-        return DraftTree.from_parents(node_tokens, node_parents)
+        return DraftTree.from_parents(node_tokens, node_parents, scores=scores)
 
     def _step(self, feats, toks, level_pos, pending):
         """One tree level: ``toks`` [B, n] at ``level_pos`` past each row's cache, seeing ``pending``."""

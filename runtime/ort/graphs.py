@@ -228,11 +228,12 @@ class FeatureDraftStepGraph(nn.Module):
 
 class DraftTreeGraph(nn.Module):
     """(ids, features, positions, mask, root_index, draw noise, inverse temperatures, each layer's K/V buffer) ->
-    (tree tokens, tree parents, the context's present K/V): a feature draft's whole cycle as one session call. The
-    context step reads the new pairs (as ``FeatureDraftStepGraph`` does); from each row's root pair (``root_index``)
-    the dynamic tree search of ``tree`` runs its levels inside the graph (``scored_tree_search``, the runtime's own),
-    sampled rows ranking children by their draws (``DrawCoupling``; rows of inverse temperature 0 by the draft
-    alone). Only the context's keys and values come out: the levels' are scratch, as in the runtime's stepwise
+    (tree tokens, tree parents, the nodes' path scores, the context's present K/V): a feature draft's whole cycle as
+    one session call. The context step reads the new pairs (as ``FeatureDraftStepGraph`` does); from each row's root
+    pair (``root_index``) the dynamic tree search of ``tree`` runs its levels inside the graph (``scored_tree_search``,
+    the runtime's own), sampled rows ranking children by their draws (``DrawCoupling``; rows of inverse temperature 0
+    by the draft alone). The scores are the search's own (a hybrid ranks the head's nodes by them in its merged
+    tree). Only the context's keys and values come out: the levels' are scratch, as in the runtime's stepwise
     search."""
 
     def __init__(self, draft: FeatureDraft, lm_head: nn.Module, tree: DynamicTreeConfig):
@@ -268,10 +269,10 @@ class DraftTreeGraph(nn.Module):
             return self.logp(p), r
 
         coupling = DrawCoupling(draw_noise, draw_inv_temperature)
-        tokens, parents, _ = scored_tree_search(
+        tokens, parents, scores = scored_tree_search(
             torch.gather(input_ids, 1, at)[:, 0], self.logp(root_pred), root_reg, self.tree, step, coupling
         )
-        return tokens, parents, present_keys, present_values
+        return tokens, parents, scores.float(), present_keys, present_values
 
 
 class FuseGraph(nn.Module):
@@ -413,7 +414,7 @@ DRAFT_TREE_SPEC = GraphSpec(
         "draw_noise",
         "draw_inv_temperature",
     ),
-    ("tree_tokens", "tree_parents", "present_keys", "present_values"),
+    ("tree_tokens", "tree_parents", "tree_scores", "present_keys", "present_values"),
 )
 FUSE_SPEC = GraphSpec("draft_fuse", ("hidden_states",), ("fused",))
 DFLASH_CONTEXT_SPEC = GraphSpec("dflash_context", ("hidden_states", "position_ids"), ("context_keys", "context_values"))
