@@ -117,6 +117,43 @@ def test_calibration_learns_that_a_copy_under_way_goes_on():
     assert max(cal.expected(cold)) < 0.1 and min(cal.expected(warm)) > 0.9
 
 
+def test_calibration_keeps_sampled_rows_apart_from_greedy_ones():
+    """A sampled row accepts a node only where its draw picks the node's token: what sampled rows accepted does not
+    lower a greedy row's estimate, nor a greedy row's raise a sampled one's."""
+    cal = NodeCalibration()
+    greedy, drawn = chain([1, 2]), chain([1, 2])
+    drawn.sampled = True
+    for _ in range(64):
+        cal.observe(greedy, {0, 1})
+        cal.observe(drawn, set())
+    assert min(cal.expected(greedy)) > 0.9 and max(cal.expected(drawn)) < 0.1
+
+
+def test_a_lookup_drafter_learns_which_rows_sample_from_the_loop(random_case):
+    """The loop hands a lookup drafter its rows' sampling (no draws: it needs none), and each row's proposals say
+    it, greedy and sampled rows in one batch; the sampled output is plain sampling's."""
+    from specdec_kit.runtime.core.sampling import SamplingParams
+    from specdec_kit.runtime.decoding.drafting import NoDrafter
+
+    drafter = LookupDrafter.of(SuffixSettings(min_token_prob=0.0), parse_tree_spec("dynamic:8:4:2"))
+    assert drafter.couples_draws and drafter.coupled_depth == 0
+    seen: list[list[bool]] = []
+    propose = drafter.proposals
+
+    def recorded(tokens, counts):
+        roots, found = propose(tokens, counts)
+        seen.append([p.sampled for p in found])
+        return roots, found
+
+    drafter.proposals = recorded
+    prompts = random_case.prompts[:2]
+    params = [SamplingParams(), SamplingParams(temperature=0.9, seed=7)]
+    out = SpeculativeGenerator(random_case.target, drafter, eos_token_ids=[]).generate(prompts, 24, params)
+    assert seen and all(rows == [False, True] for rows in seen if len(rows) == 2)
+    plain = SpeculativeGenerator(random_case.target, NoDrafter(), eos_token_ids=[]).generate(prompts, 24, params)
+    assert [r.tokens for r in out] == [r.tokens for r in plain]
+
+
 def sized(acceptance: list[float], slope: float, nodes: int = 12) -> tuple[int, float]:
     """The width a sizing picks for a chain of ``nodes`` whose k-th node is accepted with ``acceptance[k]``, on a
     line of 10 ms + ``slope`` per token."""

@@ -55,7 +55,8 @@ def draw_coupling(
     inv_temperature = torch.zeros(len(params))
     for b, (p, seed, first) in enumerate(zip(params, seeds, first_indices)):
         if not p.greedy:
-            noise[b] = torch.stack([gumbel_noise(seed, first + level, vocab) for level in range(levels)])
+            if levels:  # none: the drafter needs only which rows sample (a lookup's)
+                noise[b] = torch.stack([gumbel_noise(seed, first + level, vocab) for level in range(levels)])
             inv_temperature[b] = 1.0 / p.temperature
     return DrawCoupling(noise.to(device), inv_temperature.to(device))
 

@@ -25,13 +25,15 @@ class Proposal:
     token ``tokens[i]``, parent ``parents[i]`` (-1: the root; parents come before children) and ``scores[i]``, the
     estimated probability of its whole path (never above its parent's). ``match``: how many of the sequence's last
     tokens the text matched where it came from (longer matches are better evidence of a copy in progress);
-    ``last_accepted``: the draft tokens the row's last cycle accepted (a copy under way goes on)."""
+    ``last_accepted``: the draft tokens the row's last cycle accepted (a copy under way goes on); ``sampled``: whether
+    the row samples (its draw, not the target's likeliest token, must match a node)."""
 
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)
     match: int = 0
     last_accepted: int = 0
+    sampled: bool = False
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -45,6 +47,7 @@ class Proposal:
             [self.scores[i] for i in keep],
             self.match,
             self.last_accepted,
+            self.sampled,
         )
 
     @property

@@ -17,6 +17,7 @@ tokens per second than merged trees have been giving, the cycle drafts its tree 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from abc import ABC, abstractmethod
 from typing import Sequence
@@ -136,10 +137,18 @@ def padded_tree(roots: list[int], proposals: Sequence[Proposal], device: torch.d
 
 class LookupDrafter(Drafter):
     """Model-free drafting over any ``LookupSource``; ``tree`` (dynamic) bounds each row's proposal. Its sizing learns
-    what each cycle's proposals got and cost; with ``size_by_cost`` it cuts them to what that promises to pay for."""
+    what each cycle's proposals got and cost; with ``size_by_cost`` it cuts them to what that promises to pay for.
+
+    It takes no draws (``coupled_depth`` 0), only which rows sample: a sampled row accepts a node where its draw picks
+    the node's token, a greedy row where the target's likeliest token is it, and the sizing learns the two apart
+    (``Proposal.sampled``)."""
+
+    couples_draws = True
+    coupled_depth = 0
 
     def __init__(self, source: LookupSource, tree: Tree, size_by_cost: bool = False):
         self.source, self.sizing = source, ProposalSizing(cuts=size_by_cost)
+        self.sampled_rows: list[bool] | None = None  # the next draft's rows that sample (None: every row greedy)
         self.rows: list[object] = []
         self.max_nodes = self.max_depth = 0
         self.read_at = 0.0  # when this cycle's tokens were read: the end of the last cycle, the start of this one
@@ -154,6 +163,9 @@ class LookupDrafter(Drafter):
         budget = lookup_budget(tree)
         self.tree, self.budget = tree, budget
         self.max_nodes, self.max_depth = max(self.max_nodes, budget.nodes + 1), max(self.max_depth, budget.depth)
+
+    def couple_draws(self, coupling: DrawCoupling | None) -> None:
+        self.sampled_rows = None if coupling is None else (coupling.inv_temperature > 0).tolist()
 
     def reset(self, batch: int, capacity: int) -> None:
         for row in self.rows:
@@ -195,8 +207,9 @@ class LookupDrafter(Drafter):
         """Each row's root and whole proposal (not sized)."""
         roots = self.read(tokens, counts)
         found = [self.source.propose(row, self.budget) for row in self.rows]
-        for proposal, n in zip(found, counts.tolist()):
-            proposal.last_accepted = n - 1
+        sampled, self.sampled_rows = self.sampled_rows or [False] * len(found), None
+        for proposal, n, samples in zip(found, counts.tolist(), sampled):
+            proposal.last_accepted, proposal.sampled = n - 1, samples
         return roots, found
 
     def sized(self, proposals: list[Proposal]) -> list[Proposal]:
@@ -334,6 +347,7 @@ class HybridDrafter(Drafter):
     def couple_draws(self, coupling: DrawCoupling | None) -> None:
         self.sampled = coupling is not None
         self.head.couple_draws(coupling)
+        self.lookup.couple_draws(coupling)
 
     @property
     def coupled_depth(self) -> int:
@@ -437,7 +451,7 @@ class HybridDrafter(Drafter):
         if self.rule != "calibrated" or not len(found):
             return found
         chances = self.lookup.sizing.chances(found)
-        return Proposal(found.tokens, found.parents, chances, found.match, found.last_accepted)
+        return dataclasses.replace(found, scores=chances)
 
     def _lookup_only(self, features, tokens, counts, roots, found) -> DraftTree:
         """The lookup's trees alone (as its sizing cuts them); this cycle's pairs wait for the head's next draft."""

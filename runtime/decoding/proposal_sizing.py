@@ -90,8 +90,9 @@ class NodeCalibration:
     """What share of proposed nodes verification accepted, by node depth and score (a lookup's scores are shares of
     earlier occurrences: a single earlier occurrence scores 1.0 whatever it is worth), within those by the
     proposal's match length (a long match is a copy in progress), and within those by what the row's last cycle
-    accepted (a copy goes on). Each estimate leans on the coarser one, worth ``prior`` nodes (the coarsest on the
-    score itself), and keeps its last ``horizon`` or so nodes' evidence, so it follows the text's changes."""
+    accepted (a copy goes on); a sampled row's nodes apart from a greedy row's (its draw must pick the node's token, so
+    it accepts fewer). Each estimate leans on the coarser one, worth ``prior`` nodes (the coarsest on the score
+    itself), and keeps its last ``horizon`` or so nodes' evidence, so it follows the text's changes."""
 
     def __init__(self, prior: float = 4.0, horizon: float = 400.0):
         self.prior, self.horizon = prior, horizon
@@ -100,9 +101,15 @@ class NodeCalibration:
 
     @staticmethod
     def cells(depth: int, score: float, proposal: Proposal) -> list[tuple]:
-        """The node's cells, coarsest first."""
-        key = (length_bin(depth), score_bin(score), length_bin(proposal.match), length_bin(proposal.last_accepted + 1))
-        return [key[:2], key[:3], key]
+        """The node's cells, coarsest first; a sampled row's apart from a greedy row's throughout."""
+        key = (
+            proposal.sampled,
+            length_bin(depth),
+            score_bin(score),
+            length_bin(proposal.match),
+            length_bin(proposal.last_accepted + 1),
+        )
+        return [key[:3], key[:4], key]
 
     def probability(self, depth: int, score: float, proposal: Proposal) -> float:
         p = score
