@@ -256,7 +256,7 @@ def test_a_hybrid_drafts_its_heads_scored_tree_in_one_call(engines, kind="griffi
         for drafter in (one_call, stepwise):
             drafter.reset(2, 64)
             drafter.couple_draws(coupling)
-            trees.append(drafter.scored_draft(feats, toks, counts))
+            trees.append(drafter.draft(feats, toks, counts))
         assert trees[0].scores is not None and trees[1].scores is not None
         assert torch.equal(trees[0].tokens, trees[1].tokens) and torch.equal(trees[0].parents, trees[1].parents)
         assert torch.allclose(trees[0].scores, trees[1].scores, atol=1e-4)
@@ -333,13 +333,13 @@ def test_corrupted_incomplete_or_mismatched_engines_are_refused(engines, tmp_pat
     (eng / "manifest.json").write_text(json.dumps(older))  # built before the per-layer buffers: graphs of interface 1
     with pytest.raises(
         EngineError,
-        match=r"interface 1 and this kit runs interface 4 .*rebuild the engine with "
+        match=r"interface 1 and this kit runs interface 5 .*rebuild the engine with "
         r"python export/build_engine.py .*--force",
     ):
         open_engine(eng)
-    older = {**manifest, "onnx": {**manifest["onnx"], "graph_interface": 3}}
-    (eng / "manifest.json").write_text(json.dumps(older))  # a draft_tree graph that does not read the draws' noise
-    with pytest.raises(EngineError, match=r"interface 3 and this kit runs interface 4 .*ranking sampled rows"):
+    older = {**manifest, "onnx": {**manifest["onnx"], "graph_interface": 4}}
+    (eng / "manifest.json").write_text(json.dumps(older))  # a draft_tree graph that gives no node scores
+    with pytest.raises(EngineError, match=r"interface 4 and this kit runs interface 5 .*giving its nodes' scores"):
         open_engine(eng)
     (eng / "manifest.json").write_text(json.dumps({**manifest, "schema_version": 99}))
     with pytest.raises(EngineError, match="schema_version 99"):

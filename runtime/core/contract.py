@@ -148,9 +148,8 @@ class WholeTreeStep(Protocol):
     dynamic tree search (an ONNX Runtime engine's ``draft_tree`` graph). Per-call overhead, not arithmetic, dominates
     small draft steps on a CPU; one call per cycle removes all but one."""
 
-    def drafts_whole(self, tree: object, scored: bool = False) -> bool:
-        """Whether ``whole_tree`` drafts ``tree`` (a graph is exported for one tree); ``scored``: with its nodes'
-        scores too."""
+    def drafts_whole(self, tree: object) -> bool:
+        """Whether ``whole_tree`` drafts ``tree`` (a graph is exported for one tree)."""
         ...
 
     def whole_tree(
@@ -162,11 +161,11 @@ class WholeTreeStep(Protocol):
         cache: KVCache,
         root_index: torch.Tensor,
         coupling: DrawCoupling | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The context pairs as for ``__call__`` (their keys/values written to the cache's pending slots), and from each
         row's root pair (``root_index`` [B]) the tree -> (node tokens [B, N], node parents [B, N], node path scores
-        [B, N] as ``scored_tree_search`` gives them or None where the graph has none, node 0 the root); sampled rows'
-        children ranked by their draws where a ``coupling`` is given and the step can read it."""
+        [B, N] as ``scored_tree_search`` gives them, node 0 the root); sampled rows' children ranked by their draws
+        where a ``coupling`` is given and the step can read it."""
         ...
 
 

@@ -386,16 +386,10 @@ class FeatureTreeDrafter(Drafter):
 
     @torch.inference_mode()
     def draft(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
+        """The cycle's tree, for a dynamic tree with each node's path log-score (``DraftTree.scores``: its
+        log-probability, or a sampled row's coupled score; a hybrid ranks the head's nodes by them): in one call where
+        the step has a whole-tree graph for the tree, otherwise step by step."""
         if isinstance(self.step, WholeTreeStep) and self.step.drafts_whole(self.tree):
-            return self._whole_tree(features, tokens, counts)
-        return self.scored_draft(features, tokens, counts)
-
-    @torch.inference_mode()
-    def scored_draft(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
-        """The cycle's tree with each node's path log-score (``DraftTree.scores``: its log-probability, or a sampled
-        row's coupled score) for a dynamic tree (a hybrid ranks the head's nodes by them): in one call where the
-        step's whole-tree graph gives scores, otherwise step by step."""
-        if isinstance(self.step, WholeTreeStep) and self.step.drafts_whole(self.tree, scored=True):
             return self._whole_tree(features, tokens, counts)
         coupling, self.coupling = self.coupling, None
         roots = last_real(tokens, counts)

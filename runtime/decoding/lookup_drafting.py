@@ -432,7 +432,7 @@ class HybridDrafter(Drafter):
         if self._lookup_alone(found):
             return self._lookup_only(features, tokens, counts, roots, found)
         catching_up = self.unread is not None
-        heads = head_proposals(self.head.scored_draft(*self._head_context(features, tokens, counts)))
+        heads = head_proposals(self.head.draft(*self._head_context(features, tokens, counts)))
         budget = self.head.tree.total_tokens - 1
         self._last = (started, catching_up, self._kind(found))
         trees = self.merge(heads, [self._ranked(f) for f in found], budget)

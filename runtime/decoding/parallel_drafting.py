@@ -55,10 +55,6 @@ class OneForwardDrafter(FeatureTreeDrafter):
 
     @torch.inference_mode()
     def draft(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
-        return self.scored_draft(features, tokens, counts)
-
-    @torch.inference_mode()
-    def scored_draft(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
         coupling, self.coupling = self.coupling, None
         roots = last_real(tokens, counts)
         cfg = parallel_tree(self.tree, self.parallel_tokens)

@@ -304,10 +304,8 @@ class OrtFeatureDraftStep:
             self.graph, cache, pending_mask, feeds, index, self.hidden_size, self.vocab_size, "hidden_states_out"
         )
 
-    def drafts_whole(self, tree: object, scored: bool = False) -> bool:
-        if self.whole is None or tree != self.whole[1]:
-            return False
-        return not scored or "tree_scores" in self.whole[0].output_names  # engines built before it have no scores
+    def drafts_whole(self, tree: object) -> bool:
+        return self.whole is not None and tree == self.whole[1]
 
     @torch.inference_mode()
     def whole_tree(self, features, tokens, positions, pending_mask, cache, root_index, coupling=None):
@@ -326,11 +324,18 @@ class OrtFeatureDraftStep:
             "draw_noise": coupling.noise[:, : tree.depth + 1],
             "draw_inv_temperature": coupling.inv_temperature,
         }
-        outputs = {"tree_tokens": (nodes, torch.int64), "tree_parents": (nodes, torch.int64)}
-        if "tree_scores" in graph.output_names:
-            outputs["tree_scores"] = (nodes, torch.float32)
-        out = _run_over_cache(graph, cache, pending_mask, feeds, outputs)
-        return out["tree_tokens"], out["tree_parents"], out.get("tree_scores")
+        out = _run_over_cache(
+            graph,
+            cache,
+            pending_mask,
+            feeds,
+            {
+                "tree_tokens": (nodes, torch.int64),
+                "tree_parents": (nodes, torch.int64),
+                "tree_scores": (nodes, torch.float32),
+            },
+        )
+        return out["tree_tokens"], out["tree_parents"], out["tree_scores"]
 
     def _uncoupled(self, batch: int, levels: int) -> DrawCoupling:
         """A greedy batch's coupling inputs, kept between calls (a graph without them never reads them)."""
