@@ -73,22 +73,27 @@ def test_a_merged_cycle_teaches_the_calibration_what_the_lookup_put_in_the_tree(
 
 def test_the_sizing_scales_its_estimates_by_what_its_own_cycles_accepted():
     """Chances measured cell by cell can still over-promise the nodes a cut keeps: the sizing learns the ratio of
-    accepted to expected nodes over its lookup-only cycles and scales every estimate by it; a merged cycle (a head's
-    nodes beside) does not count."""
+    accepted to expected nodes over the cycles that verified its nodes and scales every estimate by it. Merged cycles
+    (a head's nodes beside) count too, so a trust that fell while the lookup led recovers once merged trees lead."""
     sizing = ProposalSizing(cuts=False)
     for width in (1, 3, 6, 12):
         sizing.cost.observe(1, width, 0.010)
     sizing.calibration.expected = lambda proposal: [0.8] * len(proposal)  # a chain of 3: 2.4 nodes expected
     proposal = chain([1, 2, 3])
-    for cycle in range(2 * ProposalSizing.least_trusted):
-        sizing.begin([proposal], None, [proposal])  # merged cycles: not the sizing's own
-        sizing.settle([[1, 9]], now=float(cycle))
-    assert sizing.trust == 1.0
-    for cycle in range(ProposalSizing.least_trusted):
+    for cycle in range(ProposalSizing.least_trusted - 1):
         sizing.begin([proposal], started=float(cycle))
         sizing.settle([[1, 9]], now=cycle + 0.01)  # one node accepted
+    assert sizing.trust == 1.0  # too few cycles yet
+    sizing.begin([proposal], started=99.0)
+    sizing.settle([[1, 9]], now=99.01)
     assert sizing.trust == pytest.approx(1 / 2.4)
     assert sizing.rate([proposal]) == pytest.approx((1 + 1.0) / sizing.cost.predict(1, 4))
+    tree, timed = chain([1, 2, 3, 4]), list(sizing.cost.seen[1])
+    for cycle in range(8 * ProposalSizing.least_trusted):
+        sizing.begin([proposal], None, [tree])  # merged cycles that accept the lookup's whole chain
+        sizing.settle([[1, 2, 3, 9]], now=float(cycle))
+    assert sizing.trust > 0.9 * 3 / 2.4
+    assert list(sizing.cost.seen[1]) == timed  # a merged cycle's time is not the lookup's
 
 
 def test_calibration_learns_that_a_score_overstates_and_that_a_long_match_is_a_copy():

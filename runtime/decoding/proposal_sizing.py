@@ -173,7 +173,7 @@ class _Pending:
     proposals: list[Proposal]  # the lookup's nodes the cycle verified, per row
     verified: list[Proposal]  # the whole tree each row verified (the lookup's alone, or merged with a head's)
     started: float | None  # None: the cycle's time is not a lookup cycle's (a head drafted too)
-    expected: float  # a lookup-only cycle's: its rows' accepted nodes as the calibration expected them (unscaled)
+    expected: float  # its rows' accepted lookup nodes as the calibration expected them (unscaled)
 
 
 class ProposalSizing:
@@ -186,15 +186,17 @@ class ProposalSizing:
     a copy's cells move with the text: over lookup-only cycles the chances summed to more than verification accepted
     (on SmolLM2's chat prompts, in a hybrid, 1.6 expected accepted nodes a cycle against 1.2 accepted; on Spec-Bench's
     2.1 against 1.4). ``trust`` is that measured ratio, and every estimate of what a proposal will give is scaled by
-    it."""
+    it. A hybrid's merged cycles count too (the lookup's nodes in the merged tree): measured over lookup-only cycles
+    alone, a few long proposals that failed set it at 0.3, after which the lookup never led again and nothing
+    corrected it."""
 
-    least_trusted = 16  # lookup-only cycles with a proposal before ``trust`` leaves 1
+    least_trusted = 16  # cycles with a proposal before ``trust`` leaves 1
     trust_smoothing = 1 / 64  # a cycle's accepted nodes vary from none to the whole copy: a long average
 
     def __init__(self, cuts: bool = True, probe_every: int = 16):
         self.cost, self.calibration = CycleCost(), NodeCalibration()
         self.cuts, self.probe_every = cuts, probe_every
-        # per lookup-only cycle with a proposal, per row: the calibration's expected accepted nodes, and the accepted
+        # per cycle with a proposal, per row: the calibration's expected accepted nodes, and the accepted
         self.predicted, self.achieved = RunningMean(self.trust_smoothing), RunningMean(self.trust_smoothing)
         self._cycles = 0
         self._pending: _Pending | None = None
@@ -255,8 +257,8 @@ class ProposalSizing:
 
     @property
     def trust(self) -> float:
-        """Accepted nodes over the calibration's expected ones, per lookup-only cycle with a proposal (1 until
-        ``least_trusted`` such cycles)."""
+        """Accepted nodes over the calibration's expected ones, per cycle with a proposal (1 until ``least_trusted``
+        such cycles)."""
         if self.predicted.count < self.least_trusted or not self.predicted.value:
             return 1.0
         return self.achieved.value / self.predicted.value
@@ -265,7 +267,7 @@ class ProposalSizing:
         """The cycle that verifies ``proposals`` started drafting at ``started``; ``verified``: the trees it verifies
         when the proposals are part of them (merged with a head's, whose draft time is not the lookup's: no
         ``started``)."""
-        expected = sum(sum(self.calibration.expected(p)) for p in proposals) if started is not None else 0.0
+        expected = sum(sum(self.calibration.expected(p)) for p in proposals)
         self._pending = _Pending(proposals, verified or proposals, started, expected)
 
     def settle(self, read: Sequence[Sequence[int]], now: float) -> None:
