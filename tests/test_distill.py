@@ -210,11 +210,12 @@ def test_heads_trained_on_distilled_data_decode_losslessly(chat_target, distille
 
 
 def test_the_learning_curve_trains_on_growing_parts_of_the_data_and_measures_the_same_held_out_prompts(
-    chat_target, distilled, tmp_path
+    chat_target, distilled, tmp_path, capsys
 ):
     """The recipe's learning curve: a head trained on the first shards holding N answer tokens, for each N, every
     one measured on the same held-out prompts; the full head is the last point; a finished point is read back, not
-    trained again. The head's name is not its method (as SmolLM2's griffin-stable)."""
+    trained again; ``--curve-sizes`` trains only the points it names (a size the recipe lacks is refused before any
+    stage). The head's name is not its method (as SmolLM2's griffin-stable)."""
     from specdec_kit.train.recipe import main
 
     out, _ = distilled
@@ -242,7 +243,14 @@ def test_the_learning_curve_trains_on_growing_parts_of_the_data_and_measures_the
     }
     path = tmp_path / "tiny.json"
     path.write_text(json.dumps(recipe))
-    assert main([str(path), "--data", str(out), "--stages", "heads,curve"]) == 0
+    assert main([str(path), "--data", str(out), "--stages", "heads,curve", "--curve-sizes", "3,1"]) == 2
+    assert "[3] not among tiny.json's learning_curve answer_tokens" in capsys.readouterr().err
+    assert not heads.exists()
+    second = str(first_tokens + 1)
+    assert main([str(path), "--data", str(out), "--stages", "heads,curve", "--curve-sizes", second]) == 0
+    assert not (heads / "curve" / "griffin-stable-1").exists()
+    assert len(json.loads((heads / "learning_curve.json").read_text())) == 2  # that point and the full head
+    assert main([str(path), "--data", str(out), "--stages", "curve"]) == 0
     points = json.loads((heads / "learning_curve.json").read_text())
     sizes = [p["answer_tokens"] for p in points]
     assert [p["head"] for p in points] == ["griffin-stable"] * 3

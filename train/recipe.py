@@ -280,10 +280,13 @@ def run_head(
     )
 
 
-def run_learning_curve(recipe: dict, data: Path, out: Path, force: bool, deadline: float | None = None) -> list[dict]:
+def run_learning_curve(
+    recipe: dict, data: Path, out: Path, force: bool, deadline: float | None = None, only: set[int] | None = None
+) -> list[dict]:
     """Each head of the recipe's ``learning_curve`` trained on the first shards holding each of its answer-token
     counts; returns one point a run (head, answer tokens in the shards trained on, steps, best held-out tau and
-    acceptance). A finished point is read back from its folder's ``curve_point.json``."""
+    acceptance). A finished point is read back from its folder's ``curve_point.json``. ``only``: train those counts
+    alone (the others' finished points are still read back, so the curve stays whole)."""
     from specdec_kit.train.distill import INDEX
 
     section = dict(recipe["learning_curve"])
@@ -296,16 +299,21 @@ def run_learning_curve(recipe: dict, data: Path, out: Path, force: bool, deadlin
             saved = folder / "curve_point.json"
             settings = {**recipe["heads"][name], **section}
             settings.pop("init_from", None)  # each point a new head: what that much data alone teaches
-            result = run_head(
-                folder.name,
-                {"method": name, **settings},  # a head named otherwise (griffin-stable) says its method
-                recipe,
-                data,
-                folder.parent,
-                force,
-                trained_on=data_fingerprint(data, size),
-                answer_tokens=size,
-                deadline=deadline,
+            skipped = only is not None and size not in only
+            result = (
+                None
+                if skipped
+                else run_head(
+                    folder.name,
+                    {"method": name, **settings},  # a head named otherwise (griffin-stable) says its method
+                    recipe,
+                    data,
+                    folder.parent,
+                    force,
+                    trained_on=data_fingerprint(data, size),
+                    answer_tokens=size,
+                    deadline=deadline,
+                )
             )
             if result is not None:
                 held = result.get("heldout_best", {})
@@ -321,6 +329,21 @@ def run_learning_curve(recipe: dict, data: Path, out: Path, force: bool, deadlin
             if saved.is_file():
                 points.append(json.loads(saved.read_text()))
     return points
+
+
+def curve_sizes(arg: str | None, recipe: dict, path: Path) -> set[int] | None:
+    """``--curve-sizes`` as a set of the recipe's learning-curve answer-token counts (None: every one)."""
+    if not arg:
+        return None
+    named = recipe.get("learning_curve", {}).get("answer_tokens", [])
+    try:
+        sizes = {int(s) for s in arg.split(",")}
+    except ValueError:
+        raise ValueError(f"--curve-sizes {arg!r}: expected answer-token counts, comma-separated") from None
+    unknown = sorted(sizes - set(named))
+    if unknown:
+        raise ValueError(f"--curve-sizes: {unknown} not among {path.name}'s learning_curve answer_tokens {named}")
+    return sizes
 
 
 def best_per_position(history: list[dict]) -> list[float] | None:
@@ -494,6 +517,11 @@ def main(argv: list[str] | None = None) -> int:
         "features follow over what is written), a head stops training then and keeps its best held-out weights, "
         "and later heads are not started; a rerun goes on from there",
     )
+    p.add_argument(
+        "--curve-sizes",
+        help="train only these points of the learning curve, answer-token counts comma-separated as the recipe names "
+        "them (e.g. 1000000); the others' finished points stay in the curve",
+    )
     args = p.parse_args(argv)
     path = args.recipe if args.recipe.suffix == ".json" else RECIPES / f"{args.recipe}.json"
     if not path.is_file():
@@ -503,6 +531,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     recipe = json.loads(path.read_text())
+    try:
+        only = curve_sizes(args.curve_sizes, recipe, path)
+    except ValueError as exc:  # before any stage: a typo must not surface after hours of regeneration
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     from specdec_kit.runtime.loader import set_threads
     from specdec_kit.train.background import exit_cleanly_on_signals, nice_own_session_and_say
 
@@ -565,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
                 log = update_log(log_path, recipe["name"], add_head)
                 plot_curves(log, out / "training_curves.png")
         if "curve" in stages and "learning_curve" in recipe:
-            points = run_learning_curve(recipe, features, out, args.force, deadline)
+            points = run_learning_curve(recipe, features, out, args.force, deadline, only)
             log = update_log(log_path, recipe["name"], lambda log: None)  # heads trained meanwhile elsewhere
             everything = json.loads((features / "index.json").read_text())["answer_tokens"]
             for name, head in log["heads"].items():  # the full heads are the curve's last points
