@@ -207,7 +207,9 @@ class LookupDrafter(Drafter):
         """Each row's root and whole proposal (not sized)."""
         roots = self.read(tokens, counts)
         found = [self.source.propose(row, self.budget) for row in self.rows]
-        sampled, self.sampled_rows = self.sampled_rows or [False] * len(found), None
+        sampled, self.sampled_rows = self.sampled_rows, None
+        if sampled is None or len(sampled) != len(found):  # no coupling given for these rows: greedy ones
+            sampled = [False] * len(found)
         for proposal, n, samples in zip(found, counts.tolist(), sampled):
             proposal.last_accepted, proposal.sampled = n - 1, samples
         return roots, found
