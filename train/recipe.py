@@ -299,11 +299,9 @@ def run_learning_curve(
             saved = folder / "curve_point.json"
             settings = {**recipe["heads"][name], **section}
             settings.pop("init_from", None)  # each point a new head: what that much data alone teaches
-            skipped = only is not None and size not in only
-            result = (
-                None
-                if skipped
-                else run_head(
+            result = None
+            if only is None or size in only:
+                result = run_head(
                     folder.name,
                     {"method": name, **settings},  # a head named otherwise (griffin-stable) says its method
                     recipe,
@@ -314,7 +312,6 @@ def run_learning_curve(
                     answer_tokens=size,
                     deadline=deadline,
                 )
-            )
             if result is not None:
                 held = result.get("heldout_best", {})
                 point = {
