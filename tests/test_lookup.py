@@ -403,6 +403,52 @@ def test_a_hybrid_whose_lookup_leads_leaves_a_joining_prompt_to_the_heads_next_d
     assert int(drafter.head.positions_from()[0]) == len(prompts[0]) - 1
 
 
+def test_a_hybrids_probe_reads_a_short_window_and_then_forgets_it(predictable_case):
+    """A probe after lookup-only cycles reads only the last ``probe_window`` pairs; the next draft forgets that
+    reading: where the lookup goes on leading, the head stands where it stood before the probe; where merged trees
+    lead, the head reads every pair and its draft cache is then what a full catch-up at the probe would have left.
+    The output stays the target's."""
+    target = predictable_case.target
+    prompts, budget = predictable_case.prompts[:2], 40
+    states = {}
+    for window in (4, 10**6):
+        drafter = lookup_drafter("griffin+suffix", target)
+        drafter.probe_window = window
+        gen = SpeculativeGenerator(target, drafter)
+        gen.set_tree(SourcedTree(16, 4, 4, source=LOOKUP))
+        batch = gen.admit(None, gen.prefill(prompts, [budget] * 2, [gen_params()] * 2))
+        rows = list(batch.rows)
+        for _ in range(3):
+            gen.cycle(batch)
+        assert drafter.unread is not None and int(drafter.head.positions_from().max()) == 0
+        gen.set_tree(SourcedTree(16, 4, 4, source=HYBRID))
+        measured(drafter, {True: 1.0, False: 1.0}, 0.05)
+        kinds = [(matched, False) for matched in (True, False)]
+        drafter.lookup.sizing.rate = lambda found: float("inf")
+        drafter._lookup_runs = {kind: drafter.probe_gap for kind in kinds}  # a probe is due
+        gen.cycle(batch)
+        skipped = drafter.head.skipped.clone()
+        assert bool((skipped > 0).all()) == (window == 4), skipped
+        drafter._lookup_runs = {kind: 0 for kind in kinds}  # the lookup goes on leading
+        gen.cycle(batch)
+        if window == 4:
+            assert drafter._trial is None and int(drafter.head.positions_from().max()) == 0
+            assert int(drafter.head.skipped.max()) == 0
+        drafter.lookup.sizing.rate = lambda found: 0.0  # merged trees lead: the head catches up in full
+        gen.cycle(batch)
+        head = drafter.head
+        assert int(head.skipped.max()) == 0
+        lengths = head.cache.lengths.clone()
+        states[window] = [lengths] + [head.cache.keys[:, b, :, :n].clone() for b, n in enumerate(lengths.tolist())]
+        while batch.size:
+            gen.cycle(batch)
+            gen.retire(batch)
+        assert [row.tokens for row in rows] == [hf_greedy(predictable_case.hf, p, budget) for p in prompts]
+    trial, full = states[4], states[10**6]
+    assert torch.equal(trial[0], full[0])
+    assert all(torch.allclose(a, b) for a, b in zip(trial[1:], full[1:]))
+
+
 def gen_params():
     from specdec_kit.runtime.core.sampling import SamplingParams
 
