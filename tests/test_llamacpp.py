@@ -83,18 +83,18 @@ def test_the_kits_eagle3_head_runs_in_llama_server_losslessly_and_is_accepted_as
     assert abs(accepted / drafted - kit_accepted / kit_drafted) < 0.05
 
 
-def test_the_cpu_side_by_side_benchmark_measures_the_kit_and_llama_server(tmp_path):
+def test_the_cpu_side_by_side_benchmark_measures_the_kit_and_llama_server(gguf, tmp_path):
     """``specdec-bench-cpu`` end to end at a smoke size (the kit on its PyTorch backend: the ONNX Runtime engines'
     exports take minutes here): every server answers every request with every token, speculation reports its
-    acceptance (plain does not), greedy texts are compared within a precision, and the goals name both programs."""
+    acceptance (plain does not), greedy texts are compared within a precision, and the goals name both programs.
+    The f32 GGUF files are the module's, which the benchmark finds where it would have converted them and reuses."""
     import json
 
     from specdec_kit.bench.cpu_side_by_side import main
 
-    try:
-        tool("llama-server")
-    except LlamaCppError as exc:
-        missing_tool(str(exc))
+    _, files = gguf
+    (tmp_path / "engines").mkdir()
+    (tmp_path / "engines" / "smollm2-gguf-f32").symlink_to(files["target"].parent, target_is_directory=True)
     out = tmp_path / "results"
     servers = "kit:f32:plain,kit:f32:eagle3,llama.cpp:f32:plain,llama.cpp:f32:eagle3,llama.cpp:q4_1:plain"
     argv = ["--servers", servers, "--kit-backend", "torch", "--concurrency", "1,2", "--repeats", "1"]

@@ -403,17 +403,17 @@ def test_a_hybrid_whose_lookup_leads_leaves_a_joining_prompt_to_the_heads_next_d
     assert int(drafter.head.positions_from()[0]) == len(prompts[0]) - 1
 
 
-def test_a_hybrids_probe_reads_a_short_window_and_then_forgets_it(predictable_case):
-    """A probe after lookup-only cycles reads only the last ``probe_window`` pairs; the next draft forgets that
-    reading: where the lookup goes on leading, the head stands where it stood before the probe; where merged trees
-    lead, the head reads every pair and its draft cache is then what a full catch-up at the probe would have left.
-    The output stays the target's."""
+def test_a_hybrid_catching_up_reads_a_short_window_on_trial(predictable_case):
+    """A merged cycle after lookup-only ones reads only the last ``trial_window`` pairs, and the next draft forgets
+    that reading: where the lookup leads again the head stands where it stood before, and a second merged cycle in a
+    row reads every pair, its draft cache then what reading them all at once would have left. The output stays the
+    target's."""
     target = predictable_case.target
     prompts, budget = predictable_case.prompts[:2], 40
     states = {}
     for window in (4, 10**6):
         drafter = lookup_drafter("griffin+suffix", target)
-        drafter.probe_window = window
+        drafter.trial_window = window
         gen = SpeculativeGenerator(target, drafter)
         gen.set_tree(SourcedTree(16, 4, 4, source=LOOKUP))
         batch = gen.admit(None, gen.prefill(prompts, [budget] * 2, [gen_params()] * 2))
@@ -423,21 +423,15 @@ def test_a_hybrids_probe_reads_a_short_window_and_then_forgets_it(predictable_ca
         assert drafter.unread is not None and int(drafter.head.positions_from().max()) == 0
         gen.set_tree(SourcedTree(16, 4, 4, source=HYBRID))
         measured(drafter, {True: 1.0, False: 1.0}, 0.05)
-        kinds = [(matched, False) for matched in (True, False)]
-        drafter.lookup.sizing.rate = lambda found: float("inf")
-        drafter._lookup_runs = {kind: drafter.probe_gap for kind in kinds}  # a probe is due
-        gen.cycle(batch)
-        skipped = drafter.head.skipped.clone()
-        assert bool((skipped > 0).all()) == (window == 4), skipped
-        drafter._lookup_runs = {kind: 0 for kind in kinds}  # the lookup goes on leading
-        gen.cycle(batch)
-        if window == 4:
-            assert drafter._trial is None and int(drafter.head.positions_from().max()) == 0
-            assert int(drafter.head.skipped.max()) == 0
-        drafter.lookup.sizing.rate = lambda found: 0.0  # merged trees lead: the head catches up in full
-        gen.cycle(batch)
+        lookup_leads = {True: float("inf"), False: 0.0}
+        for leads, trial in ((False, True), (True, False), (False, True), (False, False)):
+            drafter.lookup.sizing.rate = lambda found, rate=lookup_leads[leads]: rate
+            gen.cycle(batch)
+            short = bool((drafter.head.skipped > 0).any())
+            assert short == (trial and window == 4), (leads, trial, drafter.head.skipped)
+            if leads and window == 4:  # the trial forgotten: the head has read nothing yet
+                assert drafter._trial is None and int(drafter.head.positions_from().max()) == 0
         head = drafter.head
-        assert int(head.skipped.max()) == 0
         lengths = head.cache.lengths.clone()
         states[window] = [lengths] + [head.cache.keys[:, b, :, :n].clone() for b, n in enumerate(lengths.tolist())]
         while batch.size:

@@ -309,7 +309,7 @@ class HybridDrafter(Drafter):
 
     probe_gap = 16  # lookup-only cycles of a kind before a merged one of it (the gap doubles while the lookup leads)
     max_probe_gap = 64
-    probe_window = 64  # pairs a probe's head reads of those lookup-only cycles left (``_head_context``)
+    trial_window = 64  # pairs a merged cycle's head reads, on trial, of those lookup-only cycles left
     smoothing = 1 / 32  # the weight of each new measurement once 1 / its count is below it (``RunningMean``)
     prior_cycles = 8  # a kind's average of merged trees leans on its sampling's as much as on that many of its own
     couples_draws = True  # the head's part of a merged tree; the lookup proposes what the text holds
@@ -329,8 +329,8 @@ class HybridDrafter(Drafter):
         self._since_merged = 0  # lookup-only cycles since the last merged one
         self._lookup_runs: dict[Kind, int] = {}  # per kind of cycle, lookup-only ones since its last merged one
         self.probe_gaps: dict[Kind, int] = {}  # per kind of cycle, its probe gap (``probe_gap`` until it grows)
-        self._probing = False  # whether this cycle's merged tree is a probe (``lookup_suffices``)
-        self._trial: tuple[DraftCheckpoint, DraftContext] | None = None  # a probe's short reading (``_end_trial``)
+        self._trial: tuple[DraftCheckpoint, DraftContext] | None = None  # a short reading to forget (``_end_trial``)
+        self._tried = False  # the last cycle read on trial: a merged one now reads every pair
         self._last: tuple = (None, None, None)  # the last merged cycle's start, whether the head caught up, its kind
         self.max_nodes = self.max_depth = 0
         self.source = HYBRID
@@ -370,7 +370,7 @@ class HybridDrafter(Drafter):
     def reset(self, batch: int, capacity: int) -> None:
         self.head.reset(batch, capacity)
         self.lookup.reset(batch, capacity)
-        self.unread, self._last, self._trial = None, (None, None, None), None
+        self.unread, self._last, self._trial, self._tried = None, (None, None, None), None, False
 
     def select_rows(self, rows: torch.Tensor) -> None:
         self._end_trial()
@@ -427,29 +427,34 @@ class HybridDrafter(Drafter):
         self.head.restore(checkpoint)
 
     def _head_context(self, features, tokens, counts):
-        """The pairs the head reads now: those lookup-only cycles left, then this cycle's. A probe reads only the last
-        ``probe_window`` of them, on trial: the next draft forgets that reading and finds them all unread again
-        (``_end_trial``). A probe the lookup goes on winning then costs a short reading, not a catch-up over the
-        whole request (on SmolLM2's RAG prompts 27 catch-ups read 3,188 pairs in 6 answers of 128 tokens, up to
-        512 a probe, 40-100 ms); one that merged trees win is followed by the head's full catch-up (read from
-        the last ``probe_window`` pairs alone, GRIFFIN accepted 1.99 tokens a cycle on code editing against 2.18)."""
+        """The pairs the head reads now: those lookup-only cycles left, then this cycle's. The first merged cycle
+        after lookup-only ones reads only the last ``trial_window`` of them, on trial: the next draft forgets that
+        reading and finds them all unread again (``_end_trial``); a second merged cycle in a row reads them all. A
+        merged cycle between lookup-only ones (a probe, or one proposal the lookup rated low) then costs a short
+        reading, not a catch-up over the request so far (on SmolLM2's RAG prompts 27 catch-ups read 3,188 pairs in
+        6 answers of 128 tokens, up to 512 each, 40-100 ms against a cycle of about 45); where merged trees go on
+        leading, the head reads it all one cycle later. The short reading is not kept: read from the last 64 pairs
+        alone, GRIFFIN accepted 1.99 tokens a cycle on code editing against 2.18."""
         if self.unread is None:
+            self._tried = False
             return features, tokens, counts
         pending = self.unread.append(features, tokens, counts)
         self.unread = None
-        if not self._probing or pending.width <= self.probe_window:
+        if self._tried or pending.width <= self.trial_window:
+            self._tried = False
             return pending.feats, pending.tokens, pending.counts
         self._trial = (self.head.checkpoint(), pending)
-        feats, tokens, counts, dropped = recent_pairs(pending.feats, pending.tokens, pending.counts, self.probe_window)
+        feats, tokens, counts, dropped = recent_pairs(pending.feats, pending.tokens, pending.counts, self.trial_window)
         self.head.skipped = self.head.skipped + dropped
         return feats, tokens, counts
 
     def _end_trial(self) -> None:
-        """Forget a probe's short reading: the head back where it stood, every pair the probe had unread again."""
+        """Forget a short reading: the head back where it stood, every pair it skipped unread again."""
         if self._trial is not None:
             mark, self.unread = self._trial
             self._trial = None
             self.head.restore(mark)
+            self._tried = True
 
     @torch.inference_mode()
     def draft(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
@@ -491,12 +496,12 @@ class HybridDrafter(Drafter):
         if self.unread is None:
             self.unread = DraftContext.of(features[:, :0], tokens[:, :0], torch.zeros_like(counts))
         self.unread = self.unread.append(features, tokens, counts)
+        self._tried = False  # the next merged cycle reads on trial again
         return padded_tree(roots, self.lookup.sized(found), tokens.device)
 
     def _lookup_alone(self, found: list[Proposal]) -> bool:
         """This cycle's choice (``lookup_suffices``), counted per kind of cycle for its probes."""
         kind = self._kind(found)
-        self._probing = False
         alone = self.lookup_suffices(found)
         if alone:
             self._since_merged += 1
@@ -530,7 +535,7 @@ class HybridDrafter(Drafter):
         lookup-only trees; and after ``probe_gap`` lookup-only cycles of a kind a merged one of that kind, whose
         estimate would otherwise never change again once it lost (a head's acceptance follows the text). Each probe
         that the lookup goes on winning doubles that kind's gap (up to ``max_probe_gap``): a probe pays the head's
-        reading of the pairs it skipped (its last ``probe_window``, on trial: ``_head_context``), and its time is
+        reading of the pairs it skipped (its last ``trial_window``, on trial: ``_head_context``), and its time is
         not a cycle's. A merged cycle's time is one average over
         all kinds: timed per kind, the kind the lookup led in kept its first, slow measurements (a probe is never
         timed), and on SmolLM2's chat prompts merged trees in cycles with a match stayed half as slow again as in the
@@ -541,7 +546,6 @@ class HybridDrafter(Drafter):
         gap = self.probe_gaps.get(kind, self.probe_gap)
         if self._lookup_runs.get(kind, 0) >= gap:
             self.probe_gaps[kind] = min(2 * gap, self.max_probe_gap)
-            self._probing = True
             return False
         lookup_rate = self.lookup.sizing.rate(found)
         if lookup_rate is None or lookup_rate >= (1 + self.merged_gain(kind, found)) / self.seconds.value:
