@@ -315,7 +315,7 @@ def test_a_hybrid_times_merged_cycles_of_both_kinds_as_one(predictable_case):
     assert drafter.lookup_suffices(match)
     with_match = drafter.gains[(True, False)].count
     for _ in range(20):  # merged cycles without a match, the head not catching up, each started 10 ms before
-        drafter._last = (time.perf_counter() - 0.01, False, (False, False))
+        drafter._last = (time.perf_counter() - 0.01, False, (False, False), 8)
         drafter._credit(torch.tensor([2]))
     assert drafter.seconds.count == 21 and drafter.gains[(True, False)].count == with_match
     assert not drafter.lookup_suffices(match)
@@ -401,6 +401,54 @@ def test_a_hybrid_whose_lookup_leads_leaves_a_joining_prompt_to_the_heads_next_d
     fresh = gen.prefill(prompts[:1], [budget], [gen_params()])
     batch = gen.admit(None, fresh)
     assert int(drafter.head.positions_from()[0]) == len(prompts[0]) - 1
+
+
+def test_a_hybrid_cuts_its_merged_tree_to_the_width_that_pays(predictable_case):
+    """Under ``calibrated`` each merged node's score is its chance of acceptance: the tree keeps its best nodes up to
+    the width with the most expected tokens per second (the merged cycles' measured time moved along the lookup's
+    measured cost of a node); nothing is cut before both are measured, nor under another rule. Cut trees stay
+    lossless."""
+    target = predictable_case.target
+    drafter = lookup_drafter("griffin+suffix", target)
+    tree = Proposal([5, 6, 7, 8, 9], [-1, 0, 0, 1, 3], [0.9, 0.5, 0.05, 0.04, 0.01])
+    assert drafter.sized([tree]) == [tree]  # nothing measured yet
+    for width in (2, 6, 10, 14):  # lookup-only cycles: 30 ms and 2 ms a token
+        for _ in range(2):
+            drafter.lookup.sizing.cost.observe(1, width, 0.03 + 0.002 * width)
+    drafter.seconds.add(0.06)  # merged cycles at width 10 took 60 ms: 40 ms and 2 ms a token
+    drafter.widths.add(10)
+    # 0, 1, 2, 3 nodes: about 1 / 0.043, 1.9 / 0.045, 2.4 / 0.047, 2.45 / 0.049 tokens a second: the first two
+    (cut,) = drafter.sized([tree])
+    assert cut.tokens == [5, 6] and cut.parents == [-1, 0] and cut.scores == [0.9, 0.5]
+    drafter.lookup.sizing.cost = type(drafter.lookup.sizing.cost)()
+    for width in (2, 6, 10, 14):  # a node costs about 18 ms: unlikely nodes do not pay, the root alone does
+        for _ in range(2):
+            drafter.lookup.sizing.cost.observe(1, width, 0.03 + 0.02 * width)
+    drafter.seconds, drafter.widths = RunningMean(), RunningMean()
+    drafter.seconds.add(0.25)
+    drafter.widths.add(10)
+    weak = Proposal([5, 6, 7], [-1, 0, 1], [0.2, 0.1, 0.05])
+    assert drafter.sized([weak]) == [weak.subset([])]
+    assert drafter.sized([tree])[0].tokens == [5, 6]
+    drafter.rule = "probability"
+    assert drafter.sized([weak]) == [weak]
+
+    drafter = lookup_drafter("griffin+suffix", target)
+    gen = SpeculativeGenerator(target, drafter)
+    prompts, budget = predictable_case.prompts[:3], 40
+    gen.generate(prompts[:1], 24)  # measures merged cycles; the lookup's cost line below: a node half a cycle's
+    seconds, width = drafter.seconds.value, drafter.widths.value  # time over the width, at every width
+    drafter.lookup.sizing.cost = type(drafter.lookup.sizing.cost)(prior_weight=0.0)
+    for w in (2, 6, 10, 14):
+        drafter.lookup.sizing.cost.observe(1, w, seconds / 2 + seconds / 2 / width * w)
+    drafter.lookup_suffices = lambda found: False  # merged trees every cycle, their time as measured above
+    drafter._credit = lambda counts: None
+    widths = []
+    sized = drafter.sized
+    drafter.sized = lambda trees: [widths.append(len(t)) or t for t in sized(trees)]
+    out = [r.tokens for r in gen.generate(prompts, budget)]
+    assert out == [hf_greedy(predictable_case.hf, p, budget) for p in prompts]
+    assert widths and min(widths) < drafter.head.tree.total_tokens - 1, widths
 
 
 def test_a_hybrid_catching_up_reads_a_short_window_on_trial(predictable_case):
