@@ -11,8 +11,9 @@ invalid nodes (verification never accepts them).
 token budget, the nodes with the highest estimated chance that the target emits their path, from either: the head's
 own path probability (the product of its draft probabilities along the path) or, for the lookup's nodes, the share
 of nodes like them that verification accepted (its sizing's calibration; a raw share of earlier occurrences rates a
-continuation seen once at 1.0). A path both propose keeps the higher estimate. Where the lookup alone promises more
-tokens per second than merged trees have been giving, the cycle drafts its tree alone and saves the head's draft.
+continuation seen once at 1.0). A path both propose keeps the higher estimate, and the merged tree keeps as many of
+its best nodes as their estimates pay for. Where the lookup alone promises more tokens per second than merged trees
+have been giving, the cycle drafts its tree alone and saves the head's draft.
 """
 
 from __future__ import annotations
@@ -299,8 +300,9 @@ def head_proposals(tree: DraftTree) -> list[Proposal]:
 
 
 class HybridDrafter(Drafter):
-    """A head's dynamic tree and a lookup's proposal merged into one tree under the head's node budget; where the
-    lookup alone promises more tokens per second (``lookup_suffices``), its tree alone, without the head's draft.
+    """A head's dynamic tree and a lookup's proposal merged into one tree under the head's node budget, cut to the
+    width that pays (``sized``); where the lookup alone promises more tokens per second (``lookup_suffices``), its
+    tree alone, without the head's draft.
 
     A ``SourcedTree`` may ask for one part alone (a server's cost policy weighs the three): ``head`` drafts the head's
     tree as the head alone would (its whole-tree graph included), ``lookup`` the lookup's proposal without a draft
