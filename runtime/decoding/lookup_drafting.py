@@ -19,6 +19,7 @@ have been giving, the cycle drafts its tree alone and saves the head's draft.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from abc import ABC, abstractmethod
 from typing import Sequence
@@ -39,7 +40,7 @@ from specdec_kit.runtime.decoding.drafting import (
     recent_pairs,
 )
 from specdec_kit.runtime.decoding.prefix_cache import PrefixBlock
-from specdec_kit.runtime.decoding.proposal_sizing import ProposalSizing, RunningMean
+from specdec_kit.runtime.decoding.proposal_sizing import ProposalSizing, RunningMean, best_width
 
 Kind = tuple[bool, bool]  # a hybrid's kind of cycle: the lookup found a proposal; the rows sample
 
@@ -505,21 +506,14 @@ class HybridDrafter(Drafter):
         if base <= 0:
             return trees
         orders = [sorted(range(len(t)), key=lambda i: (-t.scores[i], i)) for t in trees]
-        sums = []
-        for tree, order in zip(trees, orders):
-            sums.append([0.0])
-            for i in order:
-                sums[-1].append(sums[-1][-1] + tree.scores[i])
-        widest = max(len(order) for order in orders)
-        best, best_rate = widest, 0.0
-        for nodes in range(widest + 1):
-            tokens = sum(1 + total[min(nodes, len(total) - 1)] for total in sums)
-            rate = tokens / (base + slope * (nodes + 1))
-            if rate > best_rate:
-                best, best_rate = nodes, rate
-        if best >= widest:
+        sums = [
+            list(itertools.accumulate((tree.scores[i] for i in order), initial=0.0))
+            for tree, order in zip(trees, orders)
+        ]
+        nodes = best_width(sums, base, slope)[0] - 1
+        if nodes >= max(len(order) for order in orders):
             return trees
-        return [tree.subset(sorted(order[:best])) for tree, order in zip(trees, orders)]
+        return [tree.subset(sorted(order[:nodes])) for tree, order in zip(trees, orders)]
 
     def _ranked(self, found: Proposal) -> Proposal:
         """The lookup's proposal as the merge ranks it: under ``calibrated``, each node scored by its chance of

@@ -132,6 +132,19 @@ class NodeCalibration:
                     self.accepted[cell] /= 2
 
 
+def best_width(sums: Sequence[Sequence[float]], intercept: float, slope: float) -> tuple[int, float]:
+    """Of trees whose first k nodes promise ``sums[row][k]`` accepted tokens (k = 0 .. their nodes, best first), the
+    width (root included) with the most expected tokens per second per row, a cycle costing ``intercept + slope *
+    width`` seconds, and that rate; the narrowest of equal rates."""
+    best = (1, 0.0)
+    for width in range(1, max(len(s) for s in sums) + 1):
+        tokens = sum(1 + s[min(width, len(s)) - 1] for s in sums)
+        rate = tokens / len(sums) / (intercept + slope * width)
+        if rate > best[1]:
+            best = (width, rate)
+    return best
+
+
 def depths(proposal: Proposal) -> list[int]:
     out: list[int] = []
     for parent in proposal.parents:
@@ -216,18 +229,10 @@ class ProposalSizing:
     def best(self, proposals: Sequence[Proposal]) -> tuple[int, float] | None:
         """The tree width (root included) with the most expected tokens per second, and that rate per row; None before
         costs are known."""
-        batch = len(proposals)
-        line = self.cost.line(batch)
+        line = self.cost.line(len(proposals))
         if line is None:
             return None
-        gains = [self.cumulative(p) for p in proposals]
-        best = (1, 0.0)
-        for width in range(1, max(len(g) for g in gains) + 1):
-            tokens = sum(1 + g[min(width, len(g)) - 1] for g in gains)
-            rate = tokens / batch / (line[0] + line[1] * width)
-            if rate > best[1]:
-                best = (width, rate)
-        return best
+        return best_width([self.cumulative(p) for p in proposals], *line)
 
     def chances(self, proposal: Proposal) -> list[float]:
         """Each node's chance of acceptance: the calibration's, scaled by ``trust``."""
