@@ -36,11 +36,24 @@ if [ "${1:-}" = "--fast" ]; then
     bash scripts/setup.sh
     exec env "${ONE_THREAD[@]}" .venv/bin/python -m pytest "${WORKERS[@]}" -m "not (vllm or sglang or helm or llamacpp or interchange or clients or slow)" "$@"
 fi
+# llama.cpp's build (minutes of compiling on every core) runs beside the other set-ups, which mostly download and
+# unpack wheels: its output is shown once it ends, and the tests start only after both.
+LLAMACPP_LOG=$(mktemp)
+bash scripts/setup_llamacpp.sh >"$LLAMACPP_LOG" 2>&1 &
+LLAMACPP_PID=$!
+trap 'kill "$LLAMACPP_PID" 2>/dev/null; rm -f "$LLAMACPP_LOG"' EXIT
 bash scripts/setup.sh
 bash scripts/setup_guidellm.sh
 bash scripts/setup_vllm.sh
 bash scripts/setup_sglang.sh
 bash scripts/setup_helm.sh
-bash scripts/setup_llamacpp.sh
 bash scripts/setup_interchange.sh
+if ! wait "$LLAMACPP_PID"; then
+    cat "$LLAMACPP_LOG"
+    echo "test.sh: llama.cpp's set-up (scripts/setup_llamacpp.sh) failed" >&2
+    exit 1
+fi
+cat "$LLAMACPP_LOG"
+rm -f "$LLAMACPP_LOG"
+trap - EXIT
 exec env "${ONE_THREAD[@]}" SPECDEC_REQUIRE_TIERS=1 .venv/bin/python -m pytest "${WORKERS[@]}" "$@"
