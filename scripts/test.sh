@@ -38,10 +38,13 @@ if [ "${1:-}" = "--fast" ]; then
 fi
 # llama.cpp's build (minutes of compiling on every core) runs beside the other set-ups, which mostly download and
 # unpack wheels: its output is shown once it ends, and the tests start only after both.
+# It runs in a process group of its own (job control on for its start), so that a failed set-up stops the compilers too.
 LLAMACPP_LOG=$(mktemp)
+set -m
 bash scripts/setup_llamacpp.sh >"$LLAMACPP_LOG" 2>&1 &
 LLAMACPP_PID=$!
-trap 'kill "$LLAMACPP_PID" 2>/dev/null; rm -f "$LLAMACPP_LOG"' EXIT
+set +m
+trap 'kill -- -"$LLAMACPP_PID" 2>/dev/null; rm -f "$LLAMACPP_LOG"' EXIT
 bash scripts/setup.sh
 bash scripts/setup_guidellm.sh
 bash scripts/setup_vllm.sh
