@@ -5,7 +5,12 @@ is what the choice of tree size rests on (tau x t(1) / (t(N) + depth x t_draft))
 shape, the device and the dtype, not on its weights, so this builds a Llama model of a real model's shape with random
 weights (Llama-3-8B by default: no download), fills a KV cache of ``--context`` tokens, and times a forward of N new
 tokens over it (causal among the new tokens; a tree mask costs the same), the cache cut back to the context after
-each call. Medians over ``--repeats``; device synchronised around every call. Writes verify_cost.json, .md and .png.
+each call. Medians over ``--repeats`` rounds, each timing every N in turn (a slow stretch of a shared machine then
+falls on every N alike); device synchronised around every call. Writes verify_cost.json, .md and .png.
+
+``--engine`` times a built engine's own target step instead (ONNX Runtime or PyTorch backend; its weights, dtype and
+graph as it serves), the draft's tokens written into the cache's pending slots as verification writes them and never
+committed: the curve a tree search over that engine rests on.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 # Shapes of real models (layers, width, heads, FFN, vocabulary); "tiny" is for tests.
 SHAPES: dict[str, dict] = {
@@ -77,6 +83,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="specdec-verify-cost", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--shape", default="llama3-8b", choices=sorted(SHAPES), help="the model shape (random weights)")
+    p.add_argument(
+        "--engine",
+        type=Path,
+        default=None,
+        help="a built engine's folder: time its own target step (--shape and --dtype do not apply)",
+    )
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
     p.add_argument(
         "--dtype", default="auto", help="auto (bfloat16 on CUDA, float32 on CPU), float16, bfloat16, float32"
@@ -100,59 +112,106 @@ def build_model(shape: str, device, dtype):
     return model.eval()
 
 
+TIMED_PER_TURN = 3  # calls of one width timed one after another, after an untimed first
+
+
+def interleaved_curve(
+    steps: dict[int, Callable[[], None]], device, batch: int, repeats: int, progress, check: Callable[[], None]
+) -> list[dict]:
+    """Median milliseconds of each N's step (``steps``: N -> one call of N new tokens over the context), the Ns taking
+    turns within each round (a slower stretch of a shared machine then lands on every N alike); ``check`` after every
+    call (the cache back at the context's length). A turn is one untimed call, then ``TIMED_PER_TURN`` timed ones: a
+    decoding loop calls its target with one width cycle after cycle, and a call of another width than the last pays for
+    the change (ONNX Runtime plans its memory per shape), which a loop at a fixed tree never does. The first two
+    rounds warm up each shape and are not timed."""
+    from specdec_kit.runtime.core.device import synchronize
+
+    samples: dict[int, list[float]] = {n: [] for n in steps}
+    for r in range(repeats + 2):
+        for n, step in steps.items():
+            for call in range(1 + TIMED_PER_TURN):
+                synchronize(device)
+                start = time.perf_counter()
+                step()
+                synchronize(device)
+                if r > 1 and call:
+                    samples[n].append((time.perf_counter() - start) * 1000)
+                check()
+        progress.update(1)
+    first = statistics.median(samples[min(steps)])
+    return [
+        {
+            "batch": batch,
+            "tokens": n,
+            "ms": statistics.median(times),
+            "ms_min": min(times),
+            "ms_max": max(times),
+            "ratio_to_first": statistics.median(times) / first,
+        }
+        for n, times in samples.items()
+    ]
+
+
 def time_curve(model, context: int, tokens: list[int], batch: int, repeats: int, progress) -> list[dict]:
-    """Median milliseconds of one forward of N new tokens over a cache of ``context`` tokens, for each N."""
+    """Median milliseconds of one forward of N new tokens over a cache of ``context`` tokens, for each N (a
+    ``transformers`` model; the cache cut back to the context after each call)."""
     import torch
     from transformers import DynamicCache
-
-    from specdec_kit.runtime.core.device import synchronize
 
     device = next(model.parameters()).device
     vocab = model.config.vocab_size
     gen = torch.Generator(device="cpu").manual_seed(1)
     cache = DynamicCache()
+
+    def step(n: int) -> Callable[[], None]:
+        new = torch.randint(vocab, (batch, n), generator=gen).to(device)
+        positions = torch.arange(context, context + n, device=device).expand(batch, n)
+
+        def call() -> None:
+            model(input_ids=new, position_ids=positions, past_key_values=cache, use_cache=True)
+            cache.crop(-n)  # back to the context
+
+        return call
+
+    def check() -> None:
+        if cache.get_seq_length() != context:
+            raise RuntimeError(f"the KV cache holds {cache.get_seq_length()} tokens after a step, not {context}")
+
+    with torch.inference_mode():
+        model(input_ids=torch.randint(vocab, (batch, context), generator=gen).to(device), past_key_values=cache)
+        return interleaved_curve({n: step(n) for n in tokens}, device, batch, repeats, progress, check)
+
+
+def time_engine_curve(target, context: int, tokens: list[int], batch: int, repeats: int, progress) -> list[dict]:
+    """``time_curve`` for an engine's target step (``TargetStep``): a cache of ``context`` committed tokens, then each
+    call's N tokens written into the slots past them (causal among themselves) and left uncommitted, so every call
+    reads the same context."""
+    import torch
+
+    device, vocab = target.device, target.vocab_size
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    cache = target.new_cache(batch, context + max(tokens))
+
+    def causal(n: int) -> torch.Tensor:
+        ar = torch.arange(n, device=device)
+        return (ar[None, :] <= ar[:, None]).expand(batch, n, n)
+
+    def step(n: int) -> Callable[[], None]:
+        new = torch.randint(vocab, (batch, n), generator=gen).to(device)
+        positions = torch.arange(context, context + n, device=device).expand(batch, n)
+        mask = causal(n)
+        return lambda: target(new, positions, mask, cache)
+
+    def check() -> None:
+        if int(cache.lengths.max()) != context:
+            raise RuntimeError(f"the KV cache holds {int(cache.lengths.max())} tokens after a step, not {context}")
+
     with torch.inference_mode():
         prefix = torch.randint(vocab, (batch, context), generator=gen).to(device)
-        model(input_ids=prefix, past_key_values=cache, use_cache=True)
-        for _ in range(3):  # allocator and kernel choice settle before anything is timed
-            model(
-                input_ids=prefix[:, -1:],
-                position_ids=torch.full((batch, 1), context, device=device),
-                past_key_values=cache,
-                use_cache=True,
-            )
-            cache.crop(-1)
-        rows = []
-        for n in tokens:
-            new = torch.randint(vocab, (batch, n), generator=gen).to(device)
-            positions = torch.arange(context, context + n, device=device).expand(batch, n)
-            samples = []
-            for r in range(repeats + 1):  # the first call warms up this shape
-                synchronize(device)
-                start = time.perf_counter()
-                model(input_ids=new, position_ids=positions, past_key_values=cache, use_cache=True)
-                synchronize(device)
-                if r:
-                    samples.append((time.perf_counter() - start) * 1000)
-                cache.crop(-n)  # back to the context
-                if cache.get_seq_length() != context:
-                    raise RuntimeError(
-                        f"the KV cache holds {cache.get_seq_length()} tokens after a step, not {context}"
-                    )
-            rows.append(
-                {
-                    "batch": batch,
-                    "tokens": n,
-                    "ms": statistics.median(samples),
-                    "ms_min": min(samples),
-                    "ms_max": max(samples),
-                }
-            )
-            progress.update(1)
-    base = rows[0]["ms"]
-    for row in rows:
-        row["ratio_to_first"] = row["ms"] / base
-    return rows
+        places = torch.arange(context, device=device).expand(batch, context)
+        target(prefix, places, causal(context), cache, logits_at=torch.full((batch, 1), context - 1, device=device))
+        cache.commit(places, torch.full((batch,), context, device=device))
+        return interleaved_curve({n: step(n) for n in tokens}, device, batch, repeats, progress, check)
 
 
 def write_results(result: dict, out: Path) -> None:
@@ -162,8 +221,7 @@ def write_results(result: dict, out: Path) -> None:
     (out / "verify_cost.json").write_text(json.dumps(result, indent=1))
     first = result["tokens"][0]
     lines = [
-        f"# Verification cost: {result['shape']} (random weights), {result['device_name']}, {result['dtype']}, "
-        f"context {result['context']}",
+        f"# Verification cost: {result['model']}, {result['device_name']}, {result['dtype']}, context {result['context']}",
         "",
         f"| batch | N new tokens | ms (median) | t(N) / t({first}) |",
         "|---:|---:|---:|---:|",
@@ -179,7 +237,7 @@ def write_results(result: dict, out: Path) -> None:
     ax.set_ylabel("ms per step (median)")
     ax.set_ylim(bottom=0)
     ax.legend()
-    ax.set_title(f"{result['shape']} on {result['device_name']}, {result['dtype']}, context {result['context']}")
+    ax.set_title(f"{result['model']} on {result['device_name']}, {result['dtype']}, context {result['context']}")
     fig.tight_layout()
     fig.savefig(out / "verify_cost.png", dpi=120)
     plt.close(fig)
@@ -193,18 +251,39 @@ def run(args: argparse.Namespace) -> int:
 
     tokens = parse_tokens(args.tokens)
     batches = [int(b) for b in args.batch.split(",")]
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
-    print(f"{args.shape}: building with random weights on {device} ({dtype})", file=sys.stderr)
-    model = build_model(args.shape, device, dtype)
-    params = sum(p.numel() for p in model.parameters())
+    if args.engine is not None:
+        from specdec_kit.runtime.engine import open_engine
+        from specdec_kit.runtime.loader import set_threads
+
+        set_threads()
+        engine = open_engine(args.engine, device=args.device)
+        device, dtype, params = engine.target.device, engine.target.dtype, None
+        model = f"engine {args.engine.name} ({engine.backend} target step)"
+        print(f"{model}: timing on {device} ({dtype})", file=sys.stderr)
+
+        def curve(batch: int, progress) -> list[dict]:
+            return time_engine_curve(engine.target, args.context, tokens, batch, args.repeats, progress)
+    else:
+        device = resolve_device(args.device)
+        dtype = resolve_dtype(args.dtype, device)
+        print(f"{args.shape}: building with random weights on {device} ({dtype})", file=sys.stderr)
+        built = build_model(args.shape, device, dtype)
+        params = sum(p.numel() for p in built.parameters())
+        model = f"{args.shape} (random weights)"
+
+        def curve(batch: int, progress) -> list[dict]:
+            return time_curve(built, args.context, tokens, batch, args.repeats, progress)
+
     points = []
-    with tqdm(total=len(tokens) * len(batches), desc="verify cost", unit="point", file=sys.stderr) as progress:
+    rounds = (args.repeats + 2) * len(batches)
+    with tqdm(total=rounds, desc="verify cost", unit="round", file=sys.stderr) as progress:
         for batch in batches:
-            points += time_curve(model, args.context, tokens, batch, args.repeats, progress)
+            points += curve(batch, progress)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({torch.get_num_threads()} threads)"
     result = {
-        "shape": args.shape,
+        "shape": None if args.engine else args.shape,
+        "engine": str(args.engine) if args.engine else None,
+        "model": model,
         "parameters": params,
         "device": str(device),
         "device_name": name,

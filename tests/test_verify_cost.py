@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from specdec_kit.bench.verify_cost import main, parse_tokens
 
 
@@ -36,6 +38,33 @@ def test_the_curve_covers_every_batch_and_token_count(tmp_path):
     assert result["parameters"] > 0 and result["device"] == "cpu"
     assert "| 2 | 8 |" in (tmp_path / "verify_cost.md").read_text()
     assert (tmp_path / "verify_cost.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "torch"])
+def test_an_engines_own_target_step_is_timed_over_its_context(backend, demo_engine, demo_checkpoints, tmp_path):
+    """``--engine``: the built engine's target step (its backend, weights and dtype), each call over the same context
+    (the drafted tokens are never committed; the run checks the cache's length after every point)."""
+    from conftest import griffin_inputs
+
+    from specdec_kit.export.builder import build_engine
+
+    engine = demo_engine
+    if backend == "torch":
+        engine = build_engine(griffin_inputs(demo_checkpoints, backend="torch"), tmp_path / "torch-engine").path
+    out = tmp_path / "out"
+    argv = ["--engine", str(engine), "--tokens", "1,2,5", "--batch", "1,2", "--context", "20", "--repeats", "2"]
+    assert main([*argv, "--out", str(out)]) == 0
+    result = json.loads((out / "verify_cost.json").read_text())
+    assert result["engine"] == str(engine) and result["shape"] is None and result["dtype"] == "float32"
+    assert f"({backend} target step)" in result["model"]
+    assert [(p["batch"], p["tokens"]) for p in result["points"]] == [(b, n) for b in (1, 2) for n in (1, 2, 5)]
+    assert all(p["ms_min"] <= p["ms"] <= p["ms_max"] and p["ms"] > 0 for p in result["points"])
+    assert f"# Verification cost: engine {engine.name}" in (out / "verify_cost.md").read_text()
+
+
+def test_an_engine_that_is_not_there_is_named(tmp_path, capsys):
+    assert main(["--engine", str(tmp_path / "missing"), "--tokens", "1"]) == 2
+    assert str(tmp_path / "missing") in capsys.readouterr().err
 
 
 def test_token_counts_parse_and_bad_ones_are_named(capsys):
