@@ -77,3 +77,37 @@ def test_coupled_drafting_accepts_more_of_an_oracle_drafts_chain_and_emits_the_s
     alone, alone_tokens = oracle_chain_acceptance(target, False)
     assert coupled_tokens == alone_tokens
     assert coupled > 3 * alone, (coupled, alone)  # 97 against 10 when written
+
+
+def test_a_draft_vocabulary_ranks_the_same_trees_without_the_targets_vocabulary():
+    """The one-call draft graph of a reduced-vocabulary GRIFFIN head ranks over the draft vocabulary alone (its ids
+    mapped to the target's as they are chosen): the same tokens, parents and scores as ranking over the target's
+    vocabulary with every other id at -inf, for greedy and sampled rows alike."""
+    from specdec_kit.runtime.core.trees import DynamicTreeConfig
+    from specdec_kit.runtime.drafts.layers import TargetRowsHead
+    from specdec_kit.runtime.ort.graphs import draft_tree_plan
+    from specdec_kit.runtime.synthetic import random_griffin, with_draft_vocab
+
+    target = TargetModel(tiny_hf_model(hidden_size=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=96))
+    draft = with_draft_vocab(random_griffin(target), 40)
+    plan = draft_tree_plan(draft, TargetRowsHead(target.lm_head, draft), DynamicTreeConfig(8, 3, 3))
+    gen = torch.Generator().manual_seed(3)
+    ids, feats, pos, mask, root, noise, inv_t, *past = plan.args
+    args = (
+        torch.randint(0, 96, ids.shape, generator=gen),
+        torch.randn(feats.shape, generator=gen),
+        pos,
+        mask,
+        root,
+        -torch.log(-torch.log(torch.rand(noise.shape, generator=gen))),  # Gumbel noise
+        inv_t,  # a greedy row and a sampled one
+        *(torch.randn(b.shape, generator=gen) for b in past),
+    )
+    graph = plan.module
+    assert graph.reduced
+    reduced = graph(*args)
+    graph.reduced = False  # rank over the target's vocabulary, the draft's logits placed on it
+    placed = graph(*args)
+    for got, want in zip(reduced[:3], placed[:3]):
+        assert torch.equal(got, want)
+    assert bool(draft.t2d[reduced[0][:, 1:]].all())  # every drafted token is in the draft vocabulary

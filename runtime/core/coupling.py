@@ -62,18 +62,22 @@ def draw_coupling(
 
 
 def ranked_children(
-    logp: torch.Tensor, k: int, coupling: DrawCoupling | None, level: int
+    logp: torch.Tensor, k: int, coupling: DrawCoupling | None, level: int, vocab_ids: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A node's ``k`` best children -> (log-scores, tokens), each [..., k], from the draft's log-probabilities
     ``logp`` [B, V] or [B, n, V] of nodes whose children take level ``level``'s index: by ``logp`` itself without
-    coupling and for greedy rows, by the perturbed scores (module docstring) for sampled ones. Pure tensor
-    operations, so a draft graph runs it as the runtime does."""
+    coupling and for greedy rows, by the perturbed scores (module docstring) for sampled ones. ``vocab_ids`` [V']:
+    ``logp`` is over a draft vocabulary, index i being target id ``vocab_ids[i]`` (the tokens come out as target
+    ids). Pure tensor operations, so a draft graph runs it as the runtime does."""
     if coupling is None:
-        return torch.topk(logp, k, dim=-1)
+        top, at = torch.topk(logp, k, dim=-1)
+        return top, (at if vocab_ids is None else vocab_ids[at])
     squeeze = logp.dim() == 2
     if squeeze:
         logp = logp[:, None]
     pool_logp, pool_tokens = torch.topk(logp, min(max(POOL, k), logp.shape[-1]), dim=-1)  # [B, n, P]
+    if vocab_ids is not None:
+        pool_tokens = vocab_ids[pool_tokens]
     level_noise = coupling.noise[:, level, None, :].expand(-1, logp.shape[1], -1)
     noise = torch.gather(level_noise, -1, pool_tokens)
     inv_t = coupling.inv_temperature[:, None, None]

@@ -464,6 +464,7 @@ def scored_tree_search(
     cfg: DynamicTreeConfig,
     step: LevelStep,
     coupling: DrawCoupling | None = None,
+    vocab_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """EAGLE-2's dynamic tree: ``cfg.top_k`` beams grown ``cfg.depth`` levels by cumulative log-probability, then the
     best ``cfg.total_tokens - 1`` candidates kept -> (node tokens [B, N], node parents [B, N], node path
@@ -472,11 +473,12 @@ def scored_tree_search(
 
     ``step(features [B, k, d], tokens [B, k], level - 1, visible [B, k, slots])`` drafts one level: the beams see
     the earlier levels' slots (and their own) through ``visible``. Pure tensor operations with ``cfg`` fixed, so an
-    engine can export the whole search as one graph (``runtime/ort/graphs.py``, ``DraftTreeGraph``)."""
+    engine can export the whole search as one graph (``runtime/ort/graphs.py``, ``DraftTreeGraph``). ``vocab_ids``:
+    the log-probabilities are over a draft vocabulary (``ranked_children``)."""
     k = cfg.top_k
     bsz, dev = roots.shape[0], roots.device
     rows = torch.arange(bsz, device=dev)[:, None]
-    scores, beam_tokens = ranked_children(root_logp, k, coupling, 0)  # level 1: the root's top-k
+    scores, beam_tokens = ranked_children(root_logp, k, coupling, 0, vocab_ids)  # level 1: the root's top-k
     cand_tokens, cand_scores = [beam_tokens], [scores]
     cand_parents = [torch.full((bsz, k), -1, dtype=torch.long, device=dev)]
     cand_depth = [torch.ones(bsz, k, dtype=torch.long, device=dev)]
@@ -486,7 +488,7 @@ def scored_tree_search(
     base = k
     for level in range(1, cfg.depth + 1):
         logp, reg = step(beam_feats, beam_tokens, level - 1, beam_anc)
-        child_logp, child_tok = ranked_children(logp, k, coupling, level)  # [B, K, K]
+        child_logp, child_tok = ranked_children(logp, k, coupling, level, vocab_ids)  # [B, K, K]
         cum = (child_logp + scores[:, :, None]).view(bsz, k * k)
         cand_tokens.append(child_tok.view(bsz, k * k))
         cand_scores.append(cum)

@@ -24,7 +24,7 @@ from specdec_kit.runtime.decoding.drafting import log_probs, scored_tree_search
 from specdec_kit.runtime.decoding.moa_drafting import moa_hidden
 from specdec_kit.runtime.drafts.dflash import DFlashDraft
 from specdec_kit.runtime.drafts.eagle3 import Eagle3Draft
-from specdec_kit.runtime.drafts.layers import FeatureDraft
+from specdec_kit.runtime.drafts.layers import FeatureDraft, OnTargetVocab
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
 from specdec_kit.runtime.drafts.moa import MoADraft
 from specdec_kit.runtime.models.target import TargetModel
@@ -234,14 +234,17 @@ class DraftTreeGraph(nn.Module):
     the runtime's own), sampled rows ranking children by their draws (``DrawCoupling``; rows of inverse temperature 0
     by the draft alone). The scores are the search's own (a hybrid ranks the head's nodes by them in its merged
     tree). Only the context's keys and values come out: the levels' are scratch, as in the runtime's stepwise
-    search."""
+    search. A head over a draft vocabulary (``OnTargetVocab``) ranks over that vocabulary alone, its ids mapped to the
+    target's as they are chosen: the same tokens and scores as over the target's vocabulary with the rest at -inf,
+    without the passes over it (on SmolLM2 0.9 of a 6 ms draft call went to ops over 49,152-wide tensors)."""
 
     def __init__(self, draft: FeatureDraft, lm_head: nn.Module, tree: DynamicTreeConfig):
         super().__init__()
         self.draft, self.lm_head, self.tree = draft, lm_head, tree
+        self.reduced = isinstance(lm_head, OnTargetVocab)
 
     def logp(self, prediction: torch.Tensor) -> torch.Tensor:
-        return log_probs(self.lm_head(prediction))
+        return log_probs(self.lm_head.own(prediction) if self.reduced else self.lm_head(prediction))
 
     def forward(
         self,
@@ -270,7 +273,13 @@ class DraftTreeGraph(nn.Module):
 
         coupling = DrawCoupling(draw_noise, draw_inv_temperature)
         tokens, parents, scores = scored_tree_search(
-            torch.gather(input_ids, 1, at)[:, 0], self.logp(root_pred), root_reg, self.tree, step, coupling
+            torch.gather(input_ids, 1, at)[:, 0],
+            self.logp(root_pred),
+            root_reg,
+            self.tree,
+            step,
+            coupling,
+            self.lm_head.ids if self.reduced else None,
         )
         return tokens, parents, scores.float(), present_keys, present_values
 
