@@ -235,8 +235,9 @@ class DraftTreeGraph(nn.Module):
     by the draft alone). The scores are the search's own (a hybrid ranks the head's nodes by them in its merged
     tree). Only the context's keys and values come out: the levels' are scratch, as in the runtime's stepwise
     search. A head over a draft vocabulary (``OnTargetVocab``) ranks over that vocabulary alone, its ids mapped to the
-    target's as they are chosen: the same tokens and scores as over the target's vocabulary with the rest at -inf,
-    without the passes over it (on SmolLM2 0.9 of a 6 ms draft call went to ops over 49,152-wide tensors)."""
+    target's as they are chosen: the trees of ranking over the target's vocabulary with the rest at -inf (their scores
+    to float rounding), without the passes over it (on SmolLM2 0.9 of a 6 ms draft call went to ops over 49,152-wide
+    tensors)."""
 
     def __init__(self, draft: FeatureDraft, lm_head: nn.Module, tree: DynamicTreeConfig):
         super().__init__()
