@@ -73,7 +73,12 @@ def test_the_committed_heads_fit_their_budget_and_record_their_training():
     ]  # state stays local
     log = json.loads((folder / "training_log.json").read_text())
     heads = {p.parent.name for p in weights}
-    started_from = {log["heads"][k]["settings"].get("init_from") for k in heads} - {None}  # their first runs
+    started_from, start = set(), [log["heads"][k]["settings"].get("init_from") for k in heads]
+    while start:  # their earlier runs, each started from the one before it
+        name = start.pop()
+        if name is not None and name not in started_from:
+            started_from.add(name)
+            start.append(log["heads"][name]["settings"].get("init_from"))
     assert {"griffin", "eagle3"} <= heads <= {"griffin", "eagle3", "peagle", "dflash"}
     assert set(log["heads"]) == heads | started_from and not started_from & heads
     assert sum(p.stat().st_size for p in weights if p.parent.name in ("griffin", "eagle3")) < 40e6

@@ -472,12 +472,14 @@ def plot_curves(log: dict, path: Path) -> None:
                     [r["heldout"]["acceptance"][depth] for r in records],
                     color=f"C{n}",
                     linestyle=("-", "--", ":")[depth % 3],
-                    label=f"{name} depth {depth + 1}",
+                    label=name if depth == 0 else None,  # one entry a head; the depths' line styles below
                 )
+        for depth, style in enumerate(("-", "--", ":")):
+            ax.plot([], [], color="grey", linestyle=style, label=f"depth {depth + 1}")
         ax.set_xlabel("step")
         ax.set_ylabel("held-out acceptance (chain, greedy)")
         ax.set_ylim(0, 1)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7, ncol=2, loc="upper left")
         ax.set_title("held-out prompts: share of cycles accepting d drafts")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
