@@ -1,7 +1,8 @@
 """README.md's results tables, from the benchmarks' result files (never typed by hand): every head (GRIFFIN, EAGLE-3,
 and the parallel drafts P-EAGLE and DFlash) against plain decoding at T=0 with its draft's milliseconds per cycle, on
-SmolLM2 (``bench/results/smollm2/heldout_calibration``, an earlier run on a machine with AVX-512,
-``bench/results/smollm2/griffin_1m``, and the chat prompts of the earlier four-head run, ``bench/results/smollm2``)
+SmolLM2 (the GRIFFIN head continued over 3.26M answer tokens at its CPU tree, ``bench/results/smollm2/griffin_pool/
+tree_6_3_2``; the run before it with EAGLE-3, ``bench/results/smollm2/heldout_calibration``; and the chat prompts of the
+earlier four-head run, ``bench/results/smollm2``)
 and on the demo zoo (``bench/results/dflash_rows``); model-free drafting and the hybrid by task category on SmolLM2
 (``bench/results/lookup/smollm2``); each written between its markers in README.md.
 
@@ -26,13 +27,13 @@ LOOKUP_METHODS = ("ngram", "suffix", "griffin", "griffin+suffix")
 # (label, result file, the prompt sets to show, in order)
 SOURCES = (
     (
-        "SmolLM2-135M-Instruct (AVX2)",
-        "bench/results/smollm2/heldout_calibration/results.json",
+        "SmolLM2-135M-Instruct, GRIFFIN over 3.26M tokens (AVX-512)",
+        "bench/results/smollm2/griffin_pool/tree_6_3_2/results.json",
         ("chat", "humaneval", "spec_bench"),
     ),
     (
-        "SmolLM2, earlier 2026-12-03 (AVX-512), EAGLE-3 before its decay",
-        "bench/results/smollm2/griffin_1m/results.json",
+        "SmolLM2, 2026-12-03 (AVX2), GRIFFIN before its 3.26M run",
+        "bench/results/smollm2/heldout_calibration/results.json",
         ("chat", "humaneval", "spec_bench"),
     ),
     ("SmolLM2, 2026-12-01, GRIFFIN before its decay run", "bench/results/smollm2/results.json", ("chat",)),
