@@ -1,8 +1,9 @@
 """README.md's results tables, from the benchmarks' result files (never typed by hand): every head (GRIFFIN, EAGLE-3,
 and the parallel drafts P-EAGLE and DFlash) against plain decoding at T=0 with its draft's milliseconds per cycle, on
-SmolLM2 (the GRIFFIN head continued over 3.26M answer tokens at its CPU tree, ``bench/results/smollm2/griffin_pool/
-tree_6_3_2``; the run before it with EAGLE-3, ``bench/results/smollm2/heldout_calibration``; and the chat prompts of the
-earlier four-head run, ``bench/results/smollm2``)
+SmolLM2 (the GRIFFIN head continued over 3.26M answer tokens at its CPU tree,
+``bench/results/smollm2/griffin_pool/tree_6_3_2``; the run before it with EAGLE-3,
+``bench/results/smollm2/heldout_calibration``; and the chat prompts of the earlier four-head run,
+``bench/results/smollm2``)
 and on the demo zoo (``bench/results/dflash_rows``); model-free drafting and the hybrid by task category on SmolLM2
 (``bench/results/lookup/smollm2``); each written between its markers in README.md.
 

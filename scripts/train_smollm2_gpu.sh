@@ -33,7 +33,8 @@ if [ "${gpus:-0}" -le 1 ]; then
     recipe --stages heads,curve "$@" >"$LOGS/train.log" 2>&1
 else
     echo "train_smollm2_gpu: heads and the learning curve on $gpus GPUs, one process each (logs: $LOGS/*.log)"
-    jobs=(griffin-stable,griffin-decay,griffin eagle3-stable,eagle3 peagle dflash curve)  # each run from the one before: one process
+    # a head trained in runs, each from the one before it, is one process
+    jobs=(griffin-stable,griffin-decay,griffin eagle3-stable,eagle3 peagle dflash curve)
     for ((first = 0; first < ${#jobs[@]}; first += gpus)); do  # in waves of one job per GPU
         pids=()
         for ((n = first; n < first + gpus && n < ${#jobs[@]}; n++)); do

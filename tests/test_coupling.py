@@ -11,11 +11,13 @@ import torch
 from specdec_kit.runtime.core.choices import chain
 from specdec_kit.runtime.core.coupling import draw_coupling, ranked_children
 from specdec_kit.runtime.core.sampling import SamplingParams, sampled_tokens
-from specdec_kit.runtime.core.trees import StaticTree
+from specdec_kit.runtime.core.trees import DynamicTreeConfig, StaticTree
 from specdec_kit.runtime.decoding.drafting import FeatureTreeDrafter, TorchFeatureStep
 from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
+from specdec_kit.runtime.drafts.layers import TargetRowsHead
 from specdec_kit.runtime.models.target import TargetModel
-from specdec_kit.runtime.synthetic import oracle_griffin, tiny_hf_model
+from specdec_kit.runtime.ort.graphs import draft_tree_plan
+from specdec_kit.runtime.synthetic import oracle_griffin, random_griffin, tiny_hf_model, with_draft_vocab
 
 VOCAB = 24  # under the pool: every token's draw is compared
 
@@ -83,11 +85,6 @@ def test_a_draft_vocabulary_ranks_the_same_trees_without_the_targets_vocabulary(
     """The one-call draft graph of a reduced-vocabulary GRIFFIN head ranks over the draft vocabulary alone (its ids
     mapped to the target's as they are chosen): the same tokens, parents and scores as ranking over the target's
     vocabulary with every other id at -inf (the scores to float rounding), for greedy and sampled rows alike."""
-    from specdec_kit.runtime.core.trees import DynamicTreeConfig
-    from specdec_kit.runtime.drafts.layers import TargetRowsHead
-    from specdec_kit.runtime.ort.graphs import draft_tree_plan
-    from specdec_kit.runtime.synthetic import random_griffin, with_draft_vocab
-
     target = TargetModel(tiny_hf_model(hidden_size=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=96))
     draft = with_draft_vocab(random_griffin(target), 40)
     plan = draft_tree_plan(draft, TargetRowsHead(target.lm_head, draft), DynamicTreeConfig(8, 3, 3))
