@@ -46,6 +46,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--trees", default=DEFAULT_TREES, help="candidate dynamic trees, total_tokens:depth:top_k")
     p.add_argument(
+        "--width-cut",
+        choices=["on", "off"],
+        default="off",
+        help="on: cut each cycle's tree to the best nodes whose chances pay for their verification (the runtime's "
+        "WidthCut); off: verify each tree whole",
+    )
+    p.add_argument(
         "--calibration-prompts",
         type=int,
         default=6,
@@ -135,11 +142,21 @@ def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
-def search_trees(engines: dict, plain, calibration: list[list[int]], candidates: list, max_new: int) -> dict:
+def head_generator(engine, tree, width_cut: bool):
+    """The engine's head drafting ``tree``, each cycle's tree cut to the width that pays with ``width_cut``."""
+    from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
+    from specdec_kit.runtime.decoding.width_cut import WidthCut
+
+    return SpeculativeGenerator(engine.target, engine.drafter_for(tree), width_cut=WidthCut() if width_cut else None)
+
+
+def search_trees(
+    engines: dict, plain, calibration: list[list[int]], candidates: list, max_new: int, width_cut: bool
+) -> dict:
     """Per method, every candidate tree's measured costs on the calibration prompts; the fastest is ``best``."""
     import statistics
 
-    from specdec_kit.runtime.decoding.generate import RequestStats, SpeculativeGenerator
+    from specdec_kit.runtime.decoding.generate import RequestStats
 
     def timed(gen) -> tuple[float, RequestStats]:
         gen.generate(calibration[:1], 4)
@@ -152,7 +169,7 @@ def search_trees(engines: dict, plain, calibration: list[list[int]], candidates:
     for method, engine in engines.items():
         rows = []
         for tree in candidates:
-            tps, stats = timed(SpeculativeGenerator(engine.target, engine.drafter_for(tree)))
+            tps, stats = timed(head_generator(engine, tree, width_cut))
             verify, draft = stats.verify_s / stats.cycles, stats.draft_s / stats.cycles
             rows.append(
                 {
@@ -186,7 +203,12 @@ def tree_table(search: dict) -> list[str]:
     )
     lines = [
         f"Plain decoding on the calibration prompts{which}: {search['plain_tokens_per_s']:.1f} tokens/s "
-        f"({search['t_plain_ms']:.1f} ms per token)",
+        f"({search['t_plain_ms']:.1f} ms per token)"
+        + (
+            "; each cycle verifies the best nodes of its tree that pay for their verification (the width cut)"
+            if search.get("width_cut") == "on"
+            else ""
+        ),
         "",
         "| method | tree (total, depth, top-k) | tau | verify ms/cycle | draft ms/cycle | tokens/s | speedup | bound |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
@@ -226,15 +248,17 @@ def run(args) -> int:
         chat_ids(tokenizer, m) for m in calibration_messages(set_names, args.prompts, args.calibration_prompts)
     ]
     print(f"choosing the tree from measured costs ({len(candidates)} candidates)", file=sys.stderr)
-    search = search_trees(engines, plain, calibration, candidates, args.calibration_tokens)
+    width_cut = args.width_cut == "on"
+    search = search_trees(engines, plain, calibration, candidates, args.calibration_tokens, width_cut)
     search["calibration"] = {"sets": set_names, "past_measured": args.prompts, "prompts": len(calibration)}
+    search["width_cut"] = args.width_cut
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "tree_search.json").write_text(json.dumps(search, indent=2))
     (args.out / "tree_search.md").write_text("\n".join(tree_table(search)) + "\n")
     generators = {"plain": plain}
     for method, engine in engines.items():
         tree = DynamicTreeConfig(*search["methods"][method]["best"])
-        generators[method] = SpeculativeGenerator(engine.target, engine.drafter_for(tree))
+        generators[method] = head_generator(engine, tree, width_cut)
     sets = {name: [chat_ids(tokenizer, m) for m in chat_messages(name, args.prompts)] for name in set_names}
     temps = [float(t) for t in args.temperatures.split(",")]
     results = measure(generators, sets, temps, args.repeats, args.max_new_tokens)
@@ -248,6 +272,7 @@ def run(args) -> int:
         "max_new_tokens": args.max_new_tokens,
         "repeats": args.repeats,
         "trees": {m: search["methods"][m]["best"] for m in methods},
+        "width_cut": args.width_cut,
     }
     write_all(rows, args.out, machine(), meta)
     print("\n".join(tree_table(search)))

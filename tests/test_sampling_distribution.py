@@ -46,6 +46,12 @@ ALPHA = 1e-3
 
 @pytest.fixture(scope="module")
 def small_target() -> TargetModel:
+    return six_token_target()
+
+
+def six_token_target() -> TargetModel:
+    """A target of 6 tokens whose next-token distributions are neither flat nor peaked: every branch of
+    speculative sampling runs."""
     return TargetModel(
         tiny_hf_model(
             hidden_size=32,

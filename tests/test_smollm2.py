@@ -185,6 +185,10 @@ def test_the_chat_benchmark_runs(tmp_path):
     assert all(result["meta"]["trees"][m] in ([4, 3, 1], [8, 3, 2]) for m in ("griffin", "griffin+suffix"))
     assert (out / "speedup.png").stat().st_size > 0 and "(chosen)" in (out / "tree_search.md").read_text()
     assert all(r["acceptance_length"] > 1 for r in result["rows"] if r["method"] != "plain" and r["temperature"] == 0)
+    cut = tmp_path / "cut"  # the head's engine again, each cycle's tree cut to the width that pays
+    assert main([*argv[:-1], str(cut), "--methods", "griffin", "--width-cut", "on"]) == 0
+    assert json.loads((cut / "results.json").read_text())["meta"]["width_cut"] == "on"
+    assert "the width cut" in (cut / "tree_search.md").read_text()
 
 
 @pytest.mark.slow

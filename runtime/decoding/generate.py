@@ -23,6 +23,7 @@ from specdec_kit.runtime.core.verify import Verdict, verify_batch
 from specdec_kit.runtime.decoding.draft_context import DraftContext
 from specdec_kit.runtime.decoding.drafting import Drafter, DraftTree, NoDrafter, Tree
 from specdec_kit.runtime.decoding.prefix_cache import PrefixBlock, PrefixCache, joined
+from specdec_kit.runtime.decoding.width_cut import WidthCut
 
 logger = logging.getLogger(__name__)
 
@@ -239,8 +240,10 @@ class SpeculativeGenerator:
         eos_token_ids: Sequence[int] | None = None,
         decode: Callable[[list[int]], str] | None = None,
         prefix_cache: PrefixCache | None = None,
+        width_cut: WidthCut | None = None,
     ):
         self.drafter = drafter or NoDrafter()
+        self.width_cut = width_cut  # each cycle's tree cut to the width its chances pay for (``width_cut.py``)
         self.prefix_cache = prefix_cache  # prompts' cached blocks skip the prefill
         self.target = self.drafter.target_view(target)  # EAGLE-3 drafters read tapped layers
         self.glue_threads = target.glue_threads
@@ -567,6 +570,9 @@ class SpeculativeGenerator:
         if drafted and self.drafter.couples_draws:
             self.drafter.couple_draws(self._draw_coupling(batch))
         tree = (self.drafter if drafted else self._plain).draft(batch.ctx_feats, batch.ctx_tokens, batch.ctx_counts)
+        cut = drafted and self.width_cut is not None
+        if cut:
+            tree = self.width_cut.cut(tree, sampled=not all(row.params.greedy for row in batch.rows))
         t1 = now(dev)
         out = started = None
         if joining is not None:
@@ -588,6 +594,10 @@ class SpeculativeGenerator:
         self._next_context(batch, result, replace=drafted or isinstance(self.drafter, NoDrafter))
         outcome = self._account(batch.rows, tree, result, drafted, t1 - t0, t2 - t1, t2)
         outcome.caught_up, outcome.tree_width = caught_up, tree.tokens.shape[1]
+        if cut and started is None:  # a call that also read prompts is not a cycle's time
+            self.width_cut.observe(
+                batch.size, tree.tokens.shape[1], now(dev) - t0, outcome.accepted_tokens / batch.size
+            )
         if started is not None:
             self._append_rows(batch, started, self._draft_joins(started, batch.cache.capacity))
             outcome.joined = started.size
