@@ -350,3 +350,64 @@ def test_a_recipe_head_is_not_started_past_the_time_limit(tmp_path, capsys):
     recipe = {"name": "r", "target": "smollm2"}
     assert run_head("griffin", {"epochs": 1}, recipe, tmp_path, tmp_path, False, deadline=time.monotonic() - 1) is None
     assert "griffin: not started: the time limit has passed" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_sampled_passes_answer_the_pool_again_after_the_greedy_shards(smollm2, regenerated, tmp_path):
+    """A pass at a temperature answers every conversation again, into shards after the first pass's (which stay as
+    they are); its features carry the pass in the sample's variant, keep the conversation as the prompt id (the
+    held-out bucket is the same in every pass) and take the target's own next tokens, not the sampled ones."""
+    import shutil
+
+    answers, data = tmp_path / "answers", tmp_path / "data"
+    shutil.copytree(regenerated / "answers", answers)
+    greedy_index = json.loads((answers / ANSWERS_INDEX).read_text())
+    stamps = {p.name: p.stat().st_mtime_ns for p in answers.glob("answers-*.jsonl")}
+    sampled = replace(SPEC, passes=[{"temperature": 1.0, "seed": 3}])
+    index = regenerate(smollm2, regenerated / "pool", answers, sampled, BackendSpec("kit", batch=2), progress=False)
+    assert [s["file"] for s in index["shards"]] == [
+        *(s["file"] for s in greedy_index["shards"]),
+        "answers-p1-00000.jsonl",
+        "answers-p1-00001.jsonl",
+    ]
+    assert index["shards"][: len(greedy_index["shards"])] == greedy_index["shards"]
+    assert stamps == {p.name: p.stat().st_mtime_ns for p in answers.glob("answers-*.jsonl") if p.name in stamps}
+    greedy = {(s["conversation"], s["turn"]): s for f in stamps for s in read_answers(answers / f)}
+    later = [s for f in ("answers-p1-00000.jsonl", "answers-p1-00001.jsonl") for s in read_answers(answers / f)]
+    assert all(s["pass"] == 1 for s in later)
+    assert {(s["conversation"], 0) for s in later} == {k for k in greedy if k[1] == 0}
+    first_turns = [s for s in later if s["turn"] == 0]
+    assert all(s["prompt"] == greedy[(s["conversation"], 0)]["prompt"] for s in first_turns)
+    assert any(s["answer"] != greedy[(s["conversation"], 0)]["answer"] for s in first_turns)  # sampled, not greedy
+    with pytest.raises(ValueError, match="written with another spec"):  # passes may grow, not change
+        other = replace(SPEC, passes=[{"temperature": 0.7, "seed": 3}])
+        regenerate(smollm2, regenerated / "pool", answers, other, BackendSpec("kit", batch=2), progress=False)
+    with pytest.raises(ValueError, match=r"passes\[0\]"):
+        RegenSpec(passes=[{"temp": 0.7}])
+    index = teacher_features(
+        smollm2, answers, data, FeatureSpec(context_tokens=16, hidden_indices=[3, 15, 27, 30]), progress=False
+    )
+    assert index["answer_tokens"] == sum(
+        s["answer_tokens"] for s in json.loads((answers / ANSWERS_INDEX).read_text())["shards"]
+    )
+    target = TargetModel.from_pretrained(smollm2, dtype="float32")
+    by_key = {(s["conversation"], f"turn{s['turn']}-pass1"): s for s in later}
+    checked = 0
+    for shard in index["shards"][len(greedy_index["shards"]) :]:
+        tensors = read_shard(data / shard["file"])
+        for n, meta in enumerate(shard["samples"]):
+            s = by_key[(meta["prompt_id"], meta["variant"])]  # the conversation's id, the pass in the variant
+            a, b = int(tensors["offsets"][n]), int(tensors["offsets"][n + 1])
+            best = best_of(target, s)
+            assert tensors["top"][a:b].tolist()[-len(best) :] == best  # the target's choices, not the draws
+            checked += 1
+    assert checked == len(later) and any(
+        s["answer"][:-1] != best_of(target, s)[:-1] for s in later
+    )  # some sampled answer leaves the target's greedy path
+
+
+def best_of(target, sample: dict) -> list[int]:
+    """The target's most likely next token at each of a sample's answer positions."""
+    whole = sample["prompt"] + sample["answer"][:-1]
+    with torch.no_grad():
+        return target.hf_model(torch.tensor([whole])).logits[0, len(sample["prompt"]) - 1 :].argmax(-1).tolist()

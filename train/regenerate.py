@@ -28,7 +28,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tqdm import tqdm
@@ -47,6 +47,53 @@ class RegenSpec:
     chunk: int = 128  # conversations per shard
     temperature: float = 0.0
     seed: int = 0
+    # further passes over the whole pool, each {"temperature": T, "seed": S}: every conversation answered again, its
+    # shards (answers-p1-NNNNN.jsonl, ...) written after the first pass's; sampled answers put the head on the text a
+    # sampling request walks, which greedy answers never reach
+    passes: list[dict] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for i, extra in enumerate(self.passes, 1):
+            unknown = set(extra) - {"temperature", "seed"}
+            if unknown or "temperature" not in extra:
+                raise ValueError(
+                    f"answers: passes[{i - 1}] is {extra!r}; expected a temperature and optionally a seed, e.g. "
+                    '{"temperature": 0.7, "seed": 1}'
+                )
+
+    def answer_passes(self) -> list[tuple[float, int]]:
+        """(temperature, seed) of each pass over the pool: the spec's own first, then ``passes`` in order."""
+        return [(self.temperature, self.seed)] + [
+            (float(extra["temperature"]), int(extra.get("seed", i))) for i, extra in enumerate(self.passes, 1)
+        ]
+
+
+def shard_name(answer_pass: int, chunk: int) -> str:
+    """The answers shard of a pass's chunk (the first pass's names are those written before passes existed)."""
+    return f"answers-{chunk:05d}.jsonl" if answer_pass == 0 else f"answers-p{answer_pass}-{chunk:05d}.jsonl"
+
+
+def shard_pass(shard: dict) -> int:
+    """Which pass over the pool an answers shard (its ``answers.json`` entry) belongs to."""
+    return int(shard.get("pass", 0))
+
+
+def settings_differ(stored: dict, now: dict) -> str | None:
+    """The first setting an answers index was written with that this run's differs in (None: it may go on). A spec
+    key the index predates counts at its default, and ``passes`` may grow: a run adding passes goes on from the
+    shards written."""
+    for key in now:
+        if key != "spec":
+            if stored[key] != now[key]:
+                return key
+            continue
+        old = {**asdict(RegenSpec()), **stored[key]}
+        new = now[key]
+        if {k: v for k, v in old.items() if k != "passes"} != {k: v for k, v in new.items() if k != "passes"}:
+            return key
+        if new["passes"][: len(old["passes"])] != old["passes"]:
+            return key
+    return None
 
 
 @dataclass
@@ -164,9 +211,13 @@ def template_ids(tokenizer, messages: list[dict]) -> list[int]:
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
-def answer_conversations(convs: list[Conversation], tokenizer, backend, spec: RegenSpec, eos: set[int]) -> list[dict]:
+def answer_conversations(
+    convs: list[Conversation], tokenizer, backend, spec: RegenSpec, eos: set[int], answer_pass: int = 0
+) -> list[dict]:
     """Every conversation turn by turn: round t asks the t-th user turn of each conversation still going (its
-    previous answer ended by itself and the templated history fits)."""
+    previous answer ended by itself and the templated history fits); at the temperature and seed of ``answer_pass``
+    (a later pass's samples say which they are)."""
+    temperature, seed = spec.answer_passes()[answer_pass]
     histories: dict[int, list[dict]] = {i: [] for i in range(len(convs))}
     samples = []
     going = list(range(len(convs)))
@@ -183,9 +234,7 @@ def answer_conversations(convs: list[Conversation], tokenizer, backend, spec: Re
                 histories[i] = messages
         if not asked:
             break
-        answers = backend.answer(
-            prompts, [spec.max_new_tokens] * len(prompts), spec.temperature, spec.seed * 1_000_003 + turn
-        )
+        answers = backend.answer(prompts, [spec.max_new_tokens] * len(prompts), temperature, seed * 1_000_003 + turn)
         going = []
         for i, ids, (answer, finish) in zip(asked, prompts, answers):
             samples.append(
@@ -196,6 +245,7 @@ def answer_conversations(convs: list[Conversation], tokenizer, backend, spec: Re
                     "prompt": ids,
                     "answer": answer,
                     "finish": finish,
+                    **({"pass": answer_pass} if answer_pass else {}),
                 }
             )
             if finish == "stop":
@@ -249,12 +299,13 @@ def regenerate(
         "target": converted.read_text() if converted.is_file() else str(target_path),
     }
     index = json.loads(index_path.read_text()) if index_path.is_file() else {**settings, "shards": []}
-    for key in settings:
-        if index[key] != settings[key]:
-            raise ValueError(
-                f"{index_path}: written with another {key} ({index[key]!r}, now {settings[key]!r}); use "
-                "another --out, or remove it to start over"
-            )
+    key = settings_differ(index, settings)
+    if key is not None:
+        raise ValueError(
+            f"{index_path}: written with another {key} ({index[key]!r}, now {settings[key]!r}); use "
+            "another --out, or remove it to start over (passes may be added after those written)"
+        )
+    index["spec"] = settings["spec"]
     check_context(spec, target_path)
     tokenizer = load_tokenizer(target_path)
     eos: set[int] | None = None  # the backend's target says
@@ -272,25 +323,31 @@ def regenerate(
         disable=not progress,
         file=sys.stderr,
     )
-    pending = [(c, convs) for c, convs in enumerate(chunks) if f"answers-{c:05d}.jsonl" not in done]
+    passes = range(len(spec.answer_passes()))
+    pending = [(p, c, convs) for p in passes for c, convs in enumerate(chunks) if shard_name(p, c) not in done]
     finished = False  # else interrupted (an error, or SIGTERM: exit_cleanly_on_signals): the engine ends at once
     try:
-        for g in range(0, len(pending), max(how.group, 1)):
+        for group in pass_groups(pending, max(how.group, 1)):
             if answer_tokens is not None and written >= answer_tokens:
                 break
             if deadline is not None and time.monotonic() >= deadline:
                 print(f"regenerate: time limit reached with {written} answer tokens written", file=sys.stderr)
                 break
-            group = pending[g : g + max(how.group, 1)]
             if backend is None:
                 backend, eos = open_backend(how, target_path, out, spec.max_prompt_tokens + spec.max_new_tokens)
             t0 = time.time()
             # answered together, written chunk by chunk: a chunk's samples and their order are the same as alone
-            samples = answer_conversations([x for _, convs in group for x in convs], tokenizer, backend, spec, eos)
+            answer_pass = group[0][0]
+            convs_asked = [x for _, _, convs in group for x in convs]
+            samples = answer_conversations(convs_asked, tokenizer, backend, spec, eos, answer_pass)
             seconds = (time.time() - t0) / len(group)
-            for c, convs in group:
+            for _, c, convs in group:
                 ids = {x.id for x in convs}
-                entry = write_answers([s for s in samples if s["conversation"] in ids], out / f"answers-{c:05d}.jsonl")
+                entry = write_answers(
+                    [s for s in samples if s["conversation"] in ids], out / shard_name(answer_pass, c)
+                )
+                if answer_pass:
+                    entry["pass"] = answer_pass
                 entry["seconds"] = round(seconds, 1)
                 entry["backend"], entry["dtype"] = how.name, how.dtype if how.name == "vllm" else "float32"
                 index["shards"].append(entry)
@@ -306,6 +363,17 @@ def regenerate(
         if backend is not None:
             backend.close(graceful=finished)
     return index
+
+
+def pass_groups(pending: list[tuple], size: int) -> list[list[tuple]]:
+    """The pending (pass, chunk, conversations) in groups of ``size`` answered together, never two passes in one."""
+    groups: list[list[tuple]] = []
+    for item in pending:
+        if groups and len(groups[-1]) < size and groups[-1][0][0] == item[0]:
+            groups[-1].append(item)
+        else:
+            groups.append([item])
+    return groups
 
 
 def check_context(spec: RegenSpec, target_path: Path) -> None:

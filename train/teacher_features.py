@@ -33,7 +33,7 @@ import torch
 from tqdm import tqdm
 
 from specdec_kit.train.distill import INDEX, Sample, fingerprint, finish_index, run_stage, write_shard
-from specdec_kit.train.regenerate import ANSWERS_INDEX, read_answers
+from specdec_kit.train.regenerate import ANSWERS_INDEX, RegenSpec, read_answers, shard_pass
 from specdec_kit.train.schedule import bfloat16_autocast, resolved_precision
 
 
@@ -118,7 +118,7 @@ def features_for(target, samples: list[dict], spec: FeatureSpec, greedy: bool = 
                     top = head(hidden[-1][r, len(sample["prompt"]) - 1 : n].float()).argmax(-1).tolist()
                 out[i] = Sample(
                     sample["conversation"],
-                    f"turn{sample['turn']}",
+                    f"turn{sample['turn']}" + (f"-pass{sample['pass']}" if sample.get("pass") else ""),
                     seq[first:],
                     answer_start,
                     feats,
@@ -140,13 +140,15 @@ def teacher_features(target_path: Path, answers: Path, out: Path, spec: FeatureS
             "specdec_kit.train.regenerate"
         )
     answers_index = json.loads((answers / ANSWERS_INDEX).read_text())
-    greedy = answers_index["spec"].get("temperature", 0.0) == 0.0
+    passes = RegenSpec(**answers_index["spec"]).answer_passes()
     target = TargetModel.from_pretrained(target_path, dtype="float32")
     spec.hidden_indices = spec.hidden_indices or default_hidden_indices(target)
     spec.compute_dtype = resolved_precision(spec.compute_dtype, target.device)  # what the data's values depend on
     out.mkdir(parents=True, exist_ok=True)
     index_path = out / INDEX
-    source = {"pool_fingerprint": answers_index["pool_fingerprint"], "regen_spec": answers_index["spec"]}
+    # the passes over the pool are not part of it: the answers may gain passes, whose shards come after the others
+    regen_spec = {k: v for k, v in answers_index["spec"].items() if k != "passes"}
+    source = {"pool_fingerprint": answers_index["pool_fingerprint"], "regen_spec": regen_spec}
     identity = spec.identity()
     settings = {
         "spec": {**identity, "source": "regenerated"},
@@ -170,6 +172,7 @@ def teacher_features(target_path: Path, answers: Path, out: Path, spec: FeatureS
     )
     for shard in todo:
         t0 = time.time()
+        greedy = passes[shard_pass(shard)][0] == 0.0
         samples, forwarded = features_for(target, read_answers(answers / shard["file"]), spec, greedy)
         entry = write_shard(samples, out / shard["file"].replace(".jsonl", ".safetensors"))
         entry["answers_sha256"] = shard["sha256"]
