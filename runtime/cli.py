@@ -1,7 +1,8 @@
 """``specdec-generate``: speculative generation from a target checkpoint and a draft head.
 
 Prints the text and the acceptance statistics of each request; with ``--compare-plain`` it also runs
-plain decoding through the same loop, checks greedy outputs are identical and reports the speedup.
+plain decoding through the same loop, checks greedy outputs are identical and reports the speedup (``--rounds N``:
+the two in turns, the median of N rounds' speedups).
 ``--zoo`` runs every draft type on the demo model zoo (``train/zoo.py``); ``--demo`` does the same on a
 synthetic checkpoint set (``runtime/demo.py``) that needs no training.
 """
@@ -15,6 +16,13 @@ from pathlib import Path
 # Only light modules here: --help answers before torch loads (``generate_cli.py`` does the work).
 from specdec_kit.runtime.presets import ZOO_DEFAULT
 from specdec_kit.runtime.registry import draft_choices
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text}")
+    return value
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -85,6 +93,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--compare-plain", action="store_true", help="also run plain decoding; check identity, report speedup"
+    )
+    p.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=1,
+        help="with --compare-plain: run the method and plain decoding in turns this many times and report the median "
+        "of the rounds' speedups (each round sets the two side by side; one run of each is at the mercy of a "
+        "shared machine's slow minutes)",
     )
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (CUDA when present)")
     p.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto (fp32 on CPU, bf16 on CUDA)")

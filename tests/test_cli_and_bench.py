@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 
@@ -67,6 +68,27 @@ def test_generate_compare_plain(checkpoints, tmp_path, capsys):
     assert stats[0]["acceptance_length"] > 1.5
     printed = capsys.readouterr().out
     assert "acceptance length tau=" in printed and "'Hello there' ->" in printed
+
+
+def test_generate_compare_plain_in_rounds(checkpoints, tmp_path, capsys):
+    """``--rounds``: the method and plain decoding take turns; the speedup reported is the median of the rounds'."""
+    out = tmp_path / "stats.json"
+    args = ["--target", str(checkpoints / "target"), "--draft", "griffin", "--draft-path", str(checkpoints / "griffin")]
+    rc = cli.main(
+        args
+        + ["--prompt", "Hello there", "--one-by-one", "--max-new-tokens", "16", "--compare-plain", "--rounds", "3"]
+        + ["--json", str(out)]
+    )
+    assert rc == 0
+    method, plain = json.loads(out.read_text())
+    assert method["identical_to_plain"] is True and method["rounds"] == plain["rounds"] == 3
+    assert len(method["speedup_rounds"]) == 3
+    assert method["speedup_vs_plain"] == pytest.approx(statistics.median(method["speedup_rounds"]), abs=1e-3)
+    printed = capsys.readouterr().out
+    assert "median of 3 rounds taking turns" in printed and printed.count("== plain decoding") == 1
+    with pytest.raises(SystemExit):
+        cli.main(args + ["--compare-plain", "--rounds", "0"])
+    assert "--rounds: expected a whole number of at least 1, got 0" in capsys.readouterr().err
 
 
 def test_generate_refuses_mismatched_draft(checkpoints, tmp_path, capsys):
