@@ -14,6 +14,7 @@ import torch
 
 from specdec_kit.paths import default_zoo
 from specdec_kit.runtime.core.manifest import EngineError
+from specdec_kit.runtime.core.memory_bandwidth import copy_bandwidth_gbs
 from specdec_kit.runtime.core.sampling import SamplingParams
 from specdec_kit.runtime.core.trees import DynamicTreeConfig
 from specdec_kit.runtime.decoding.generate import GenerationResult, RequestStats, SpeculativeGenerator
@@ -64,6 +65,8 @@ class PairedRounds:
     method: list[list[GenerationResult]] = field(default_factory=list)  # each round's results
     plain: list[list[GenerationResult]] = field(default_factory=list)
     ratios: list[float] = field(default_factory=list)  # each round's tokens/s of the method over plain decoding's
+    copy_gbs: list[float] = field(default_factory=list)  # the memory bandwidth before each round (plain decoding's
+    # speed on a CPU follows it, a speculative cycle's verification much less: ``memory_bandwidth``)
 
     @classmethod
     def measure(
@@ -75,6 +78,7 @@ class PairedRounds:
     ) -> "PairedRounds":
         out = cls()
         for r in range(rounds):
+            out.copy_gbs.append(copy_bandwidth_gbs())
             if r % 2 == 0:
                 out.method.append(run_method())
                 out.plain.append(run_plain())
@@ -99,7 +103,10 @@ class PairedRounds:
         return statistics.median(self.ratios)
 
     def spread(self) -> str:
-        return f" (median of {len(self.ratios)} rounds taking turns; {min(self.ratios):.2f}-{max(self.ratios):.2f}x)"
+        return (
+            f" (median of {len(self.ratios)} rounds taking turns; {min(self.ratios):.2f}-{max(self.ratios):.2f}x; "
+            f"memory copy {statistics.median(self.copy_gbs):.0f} GB/s)"
+        )
 
 
 def tree_label(tree) -> str:
@@ -199,6 +206,7 @@ def run(
         spread = paired.spread() if paired is not None else ""
         if paired is not None:
             summaries[0]["speedup_rounds"] = [round(r, 3) for r in paired.ratios]
+            summaries[0]["copy_gbs_rounds"] = [round(g, 1) for g in paired.copy_gbs]
         if params.greedy:
             pairs = zip(paired.method, paired.plain) if paired is not None else [(results, base)]
             same = all(a.tokens == b.tokens for ours, theirs in pairs for a, b in zip(ours, theirs))

@@ -82,7 +82,8 @@ def test_generate_compare_plain_in_rounds(checkpoints, tmp_path, capsys):
     assert rc == 0
     method, plain = json.loads(out.read_text())
     assert method["identical_to_plain"] is True and method["rounds"] == plain["rounds"] == 3
-    assert len(method["speedup_rounds"]) == 3
+    assert len(method["speedup_rounds"]) == 3 and len(method["copy_gbs_rounds"]) == 3
+    assert all(gbs > 0 for gbs in method["copy_gbs_rounds"])
     assert method["speedup_vs_plain"] == pytest.approx(statistics.median(method["speedup_rounds"]), abs=1e-3)
     printed = capsys.readouterr().out
     assert "median of 3 rounds taking turns" in printed and printed.count("== plain decoding") == 1
