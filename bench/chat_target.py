@@ -274,7 +274,7 @@ def run(args) -> int:
         "trees": {m: search["methods"][m]["best"] for m in methods},
         "width_cut": args.width_cut,
     }
-    write_all(rows, args.out, machine(), meta)
+    write_all(rows, args.out, machine(results), meta)
     print("\n".join(tree_table(search)))
     print((args.out / "results.md").read_text())
     return 0

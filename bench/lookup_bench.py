@@ -282,7 +282,7 @@ def run(args) -> int:
         "prompts_per_category": args.prompts,
         "max_new_tokens": args.max_new_tokens,
     }
-    write_all(rows, out, machine(), meta)
+    write_all(rows, out, machine(results), meta)
     table = pivot(rows, names)
     (out / "by_category.md").write_text("\n".join(table))
     plot_speedups(rows, names, out)

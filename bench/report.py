@@ -14,6 +14,7 @@ COLUMNS = [
     "acceptance_length",
     "tokens_per_s",
     "speedup",
+    "copy_gbs",
     "bound",
     "draft_ms",
     "verify_ms",
@@ -22,20 +23,26 @@ COLUMNS = [
 
 
 def markdown(rows: list[dict], machine: str) -> str:
+    """The rows as a table; where they carry it, the memory bandwidth a copy got beside each row's prompts (its
+    median): on a shared CPU a row measured while it was high shows less speedup than one measured while it was low."""
+    copies = any(r.get("copy_gbs") for r in rows)
     lines = [
         f"Machine: {machine}",
         "",
-        "| prompts | T | method | tau | tokens/s | speedup | bound | draft ms/cycle | acceptance per depth |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| prompts | T | method | tau | tokens/s | speedup | "
+        + ("copy GB/s | " if copies else "")
+        + "bound | draft ms/cycle | acceptance per depth |",
+        "|---|---|---|---|---|---|---|---|---|" + ("---|" if copies else ""),
     ]
     for r in rows:
         depth = " ".join(f"{a:.2f}" for a in r["acceptance_per_depth"]) or "-"
         tau = f"{r['acceptance_length']:.2f}" if r["acceptance_length"] else "-"
         bound = f"{r['bound']:.2f}x" if r.get("bound") else "-"
         draft = f"{r['draft_ms']:.1f}" if r.get("draft_ms") is not None else "-"
+        copy = f"{r['copy_gbs']:.0f} | " if copies else ""
         lines.append(
             f"| {r['prompt_set']} | {r['temperature']:g} | {r['method']} | {tau} | {r['tokens_per_s']:.1f} | "
-            f"{r['speedup']:.2f}x | {bound} | {draft} | {depth} |"
+            f"{r['speedup']:.2f}x | {copy}{bound} | {draft} | {depth} |"
         )
     return "\n".join(lines) + "\n"
 

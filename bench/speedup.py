@@ -15,6 +15,7 @@ from specdec_kit.bench.report import write_all
 from specdec_kit.data import prompts as prompt_sets
 from specdec_kit.paths import default_zoo
 from specdec_kit.runtime.core.cpu import cpu_description
+from specdec_kit.runtime.core.memory_bandwidth import copy_bandwidth_gbs
 from specdec_kit.runtime.core.sampling import SamplingParams
 from specdec_kit.runtime.core.trees import DynamicTreeConfig
 from specdec_kit.runtime.decoding.drafting import NoDrafter
@@ -99,16 +100,25 @@ def run(args) -> int:
         "repeats": args.repeats,
         "tree": {"total_tokens": args.total_tokens, "depth": args.depth, "top_k": args.top_k},
     }
-    write_all(rows, args.out, machine(), meta)
+    write_all(rows, args.out, machine(results), meta)
     print((args.out / "results.md").read_text())
     return 0
 
 
-def machine() -> str:
-    return (
+def machine(results: dict | None = None) -> str:
+    """The machine, and (given a run's ``results``) the memory bandwidth a copy got during it: on a shared CPU plain
+    decoding's speed, and so every speedup, moves with it."""
+    described = (
         f"{cpu_description()}, {torch.get_num_threads()} threads, "
         f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU only'}, torch {torch.__version__}"
     )
+    samples = [run["copy_gbs"] for runs in (results or {}).values() for run in runs.values() if "copy_gbs" in run]
+    if samples:
+        described += (
+            f"; memory copy {min(samples):.0f}-{max(samples):.0f} GB/s over the run "
+            f"(median {statistics.median(samples):.0f})"
+        )
+    return described
 
 
 def measure(
@@ -139,6 +149,7 @@ def measure(
                 for i, ids in enumerate(prompt_ids):
                     params = SamplingParams(temperature=temp, seed=1000 * rep + i)
                     order = names[i % len(names) :] + names[: i % len(names)]  # rotate: interleaved
+                    gbs = copy_bandwidth_gbs()  # the machine's state for this prompt's turns (``memory_bandwidth``)
                     for method in order:
                         if method in generators:
                             st = generators[method].generate([ids], max_new_tokens, params)[0].stats
@@ -151,6 +162,7 @@ def measure(
                         else:
                             n, secs = hf.run(method, ids, max_new_tokens, params)
                             run = {"tps": n / secs, "tokens": n, "total_s": secs}
+                        run["copy_gbs"] = gbs
                         results.setdefault((set_name, temp, method), {})[(i, rep)] = run
                         bar.update(1)
     bar.close()
@@ -171,6 +183,7 @@ def summarize(results: dict, names: list[str]) -> list[dict]:
             "requests": len(runs),
             "tokens_per_s": median([r["tps"] for r in runs.values()]),
             "speedup": median(ratios),
+            "copy_gbs": round(median([r["copy_gbs"] for r in runs.values() if "copy_gbs" in r]), 1),
             "acceptance_length": None,
             "bound": None,
             "draft_ms": None,  # the draft's time per speculative cycle

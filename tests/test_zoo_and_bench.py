@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -67,13 +68,14 @@ def test_benchmark_smoke(tiny_zoo, tmp_path):
     assert speedup_cli.main(["--zoo", str(tiny_zoo), "--out", str(out), "--smoke"]) == 0
     for name in ("results.md", "results.csv", "results.json", "acceptance_per_depth.png", "speedup.png"):
         assert (out / name).stat().st_size > 0
+    assert re.search(r"memory copy \d+-\d+ GB/s over the run \(median \d+\)", (out / "results.md").read_text())
     rows = json.loads((out / "results.json").read_text())["rows"]
     methods = {r["method"] for r in rows}
     assert methods == {"plain", "eagle2", "hass", "griffin", "medusa", "hf_generate", "hf_assisted", "hf_prompt_lookup"}
     assert {r["prompt_set"] for r in rows} == {"humaneval", "spec_bench", "heldout"}
     assert {r["temperature"] for r in rows} == {0.0, 1.0}
     for r in rows:
-        assert r["tokens_per_s"] > 0 and r["speedup"] > 0
+        assert r["tokens_per_s"] > 0 and r["speedup"] > 0 and r["copy_gbs"] > 0  # each prompt's turns: a copy's GB/s
         if r["method"] in ("eagle2", "hass", "griffin", "medusa"):
             assert r["acceptance_length"] >= 1.0 and r["bound"] > 0
 
