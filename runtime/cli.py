@@ -105,7 +105,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (CUDA when present)")
     p.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto (fp32 on CPU, bf16 on CUDA)")
     p.add_argument("--json", type=Path, help="also write results and statistics as JSON here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.rounds > 1 and not (args.compare_plain or args.demo or args.zoo):
+        p.error(f"--rounds {args.rounds}: the rounds take turns with plain decoding; add --compare-plain")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

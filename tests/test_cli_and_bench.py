@@ -90,6 +90,9 @@ def test_generate_compare_plain_in_rounds(checkpoints, tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli.main(args + ["--compare-plain", "--rounds", "0"])
     assert "--rounds: expected a whole number of at least 1, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(args + ["--rounds", "3"])
+    assert "--rounds 3: the rounds take turns with plain decoding; add --compare-plain" in capsys.readouterr().err
 
 
 def test_generate_refuses_mismatched_draft(checkpoints, tmp_path, capsys):
