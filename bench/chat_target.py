@@ -1,7 +1,8 @@
 """``specdec-bench-chat``: the speedup benchmark on a real chat target (SmolLM2-135M-Instruct by default) through its
 ONNX Runtime engines, batch 1: plain decoding against each of the kit's heads (GRIFFIN, EAGLE-3) on HumanEval,
 Spec-Bench and MT-Bench (chat) prompts held out of the heads' training, sent through the target's chat template, at
-T=0 and T=0.7. Methods alternate prompt by prompt; medians over prompts and repeats.
+T=0 and T=0.7. Methods alternate prompt by prompt, and the sets and temperatures take turns prompt by prompt too
+(each row meets the shared machine's memory-bandwidth states alike); medians over prompts and repeats.
 
 The tree is chosen first, from measured costs: on calibration prompts (held-out prompts of the benchmark's own sets
 that it does not measure, each set's after its first ``--prompts``: no head trains on them, and they ask what the
@@ -261,7 +262,7 @@ def run(args) -> int:
         generators[method] = head_generator(engine, tree, width_cut)
     sets = {name: [chat_ids(tokenizer, m) for m in chat_messages(name, args.prompts)] for name in set_names}
     temps = [float(t) for t in args.temperatures.split(",")]
-    results = measure(generators, sets, temps, args.repeats, args.max_new_tokens)
+    results = measure(generators, sets, temps, args.repeats, args.max_new_tokens, sets_take_turns=True)
     rows = summarize(results, list(generators))
     meta = {
         "target": args.target,

@@ -129,10 +129,15 @@ def measure(
     max_new_tokens: int,
     hf: HFPeers | None = None,
     peers: list[str] = (),
+    sets_take_turns: bool = False,
 ) -> dict:
     """Every prompt of every set, one at a time (batch 1), by every method, at every temperature, ``repeats``
     times; methods interleaved per prompt in a rotating order, each warmed once first so none pays first-call costs.
-    Returns {(set, T, method): {(prompt index, repeat): measurements}}; a prompt's seed is the same for every method."""
+    ``sets_take_turns``: the sets' prompts and the temperatures take turns too (a set's i-th prompt at each
+    temperature, then the next set's), so that every row meets the shared machine's memory-bandwidth states alike; set
+    after set, one set's rows can run in one state and the next's in another (SmolLM2's chat rows at 76-78 GB/s,
+    HumanEval's at 46 in one run). Returns {(set, T, method): {(prompt index, repeat): measurements}}; a prompt's seed
+    is the same for every method."""
     names = list(generators) + list(peers)
     results: dict = {}
     total = sum(len(v) for v in sets.values()) * len(temps) * repeats * len(names)
@@ -143,30 +148,48 @@ def measure(
             generators[method].generate([warm], 4)
         else:
             hf.run(method, warm, 4, SamplingParams())
-    for set_name, prompt_ids in sets.items():
-        for temp in temps:
-            for rep in range(repeats):
-                for i, ids in enumerate(prompt_ids):
-                    params = SamplingParams(temperature=temp, seed=1000 * rep + i)
-                    order = names[i % len(names) :] + names[: i % len(names)]  # rotate: interleaved
-                    gbs = copy_bandwidth_gbs()  # the machine's state for this prompt's turns (``memory_bandwidth``)
-                    for method in order:
-                        if method in generators:
-                            st = generators[method].generate([ids], max_new_tokens, params)[0].stats
-                            run = {
-                                "tps": st.tokens_per_s,
-                                "tokens": st.generated_tokens,
-                                "total_s": st.total_s,
-                                "stats": st,
-                            }
-                        else:
-                            n, secs = hf.run(method, ids, max_new_tokens, params)
-                            run = {"tps": n / secs, "tokens": n, "total_s": secs}
-                        run["copy_gbs"] = gbs
-                        results.setdefault((set_name, temp, method), {})[(i, rep)] = run
-                        bar.update(1)
+    for set_name, temp, rep, i in turns(sets, temps, repeats, sets_take_turns):
+        ids = sets[set_name][i]
+        params = SamplingParams(temperature=temp, seed=1000 * rep + i)
+        order = names[i % len(names) :] + names[: i % len(names)]  # rotate: interleaved
+        gbs = copy_bandwidth_gbs()  # the machine's state for this prompt's turns (``memory_bandwidth``)
+        for method in order:
+            if method in generators:
+                st = generators[method].generate([ids], max_new_tokens, params)[0].stats
+                run = {"tps": st.tokens_per_s, "tokens": st.generated_tokens, "total_s": st.total_s, "stats": st}
+            else:
+                n, secs = hf.run(method, ids, max_new_tokens, params)
+                run = {"tps": n / secs, "tokens": n, "total_s": secs}
+            run["copy_gbs"] = gbs
+            results.setdefault((set_name, temp, method), {})[(i, rep)] = run
+            bar.update(1)
     bar.close()
     return results
+
+
+def turns(
+    sets: dict[str, list[list[int]]], temps: list[float], repeats: int, sets_take_turns: bool
+) -> list[tuple[str, float, int, int]]:
+    """The order ``measure`` runs (set, temperature, repeat, prompt index) in: set after set, each temperature and
+    repeat in turn over its prompts; or, taking turns, repeat after repeat, prompt index after index, every set at
+    every temperature."""
+    if not sets_take_turns:
+        return [
+            (name, temp, rep, i)
+            for name, prompts in sets.items()
+            for temp in temps
+            for rep in range(repeats)
+            for i in range(len(prompts))
+        ]
+    longest = max((len(prompts) for prompts in sets.values()), default=0)
+    return [
+        (name, temp, rep, i)
+        for rep in range(repeats)
+        for i in range(longest)
+        for name, prompts in sets.items()
+        if i < len(prompts)
+        for temp in temps
+    ]
 
 
 def summarize(results: dict, names: list[str]) -> list[dict]:

@@ -8,6 +8,7 @@ import re
 import pytest
 
 from specdec_kit.bench import speedup_cli
+from specdec_kit.bench.speedup import turns
 from specdec_kit.runtime.checkpoint import load_draft
 from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.train import zoo
@@ -99,3 +100,15 @@ def test_generate_without_zoo_says_how_to_build_it(tmp_path, capsys):
 
     assert cli.main(["--zoo", str(tmp_path)]) == 2
     assert "python -m specdec_kit.train.zoo" in capsys.readouterr().err
+
+
+def test_sets_take_turns_over_the_same_runs():
+    """Taken in turns, every set meets each stretch of the run: its i-th prompt at each temperature, then the next
+    set's; the runs themselves are the same as set after set."""
+    sets = {"a": [[1], [2]], "b": [[3], [4], [5]]}
+    in_turns = turns(sets, [0.0, 0.7], 2, sets_take_turns=True)
+    set_after_set = turns(sets, [0.0, 0.7], 2, sets_take_turns=False)
+    assert sorted(in_turns) == sorted(set_after_set) and len(in_turns) == 2 * 2 * 5
+    assert in_turns[:5] == [("a", 0.0, 0, 0), ("a", 0.7, 0, 0), ("b", 0.0, 0, 0), ("b", 0.7, 0, 0), ("a", 0.0, 0, 1)]
+    assert in_turns[8:10] == [("b", 0.0, 0, 2), ("b", 0.7, 0, 2)]  # the longer set's last prompt, alone
+    assert set_after_set[:3] == [("a", 0.0, 0, 0), ("a", 0.0, 0, 1), ("a", 0.0, 1, 0)]
