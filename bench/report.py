@@ -6,6 +6,8 @@ import csv
 import json
 from pathlib import Path
 
+from specdec_kit.bench.bandwidth_split import state_table
+
 COLUMNS = [
     "prompt_set",
     "temperature",
@@ -44,6 +46,7 @@ def markdown(rows: list[dict], machine: str) -> str:
             f"| {r['prompt_set']} | {r['temperature']:g} | {r['method']} | {tau} | {r['tokens_per_s']:.1f} | "
             f"{r['speedup']:.2f}x | {copy}{bound} | {draft} | {depth} |"
         )
+    lines += state_table(rows)
     return "\n".join(lines) + "\n"
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from specdec_kit.bench.bandwidth_split import by_state, split_point
 from specdec_kit.bench.methods import SPEEDUP_METHODS as METHODS
 from specdec_kit.bench.report import write_all
 from specdec_kit.data import prompts as prompt_sets
@@ -194,6 +195,7 @@ def turns(
 
 def summarize(results: dict, names: list[str]) -> list[dict]:
     rows = []
+    split = split_point([run["copy_gbs"] for runs in results.values() for run in runs.values() if "copy_gbs" in run])
     for (set_name, temp, method), runs in sorted(
         results.items(), key=lambda kv: (kv[0][0], kv[0][1], names.index(kv[0][2]))
     ):
@@ -213,6 +215,8 @@ def summarize(results: dict, names: list[str]) -> list[dict]:
             "verify_ms": None,  # the target's verification time per cycle
             "acceptance_per_depth": [],
         }
+        if split is not None and method != "plain":
+            row["by_bandwidth"] = by_state(runs, plain, split)
         if "stats" in next(iter(runs.values())) and method != "plain":
             pooled = RequestStats.combined([r["stats"] for r in runs.values()])
             tau = pooled.acceptance_length

@@ -42,6 +42,7 @@ MODULE_SECONDS = {
     "test_speculators_format.py": 60,
     "test_verify_cost.py": 24,
     "test_bandwidth_state.py": 15,
+    "test_bandwidth_split.py": 2,
 }
 
 
