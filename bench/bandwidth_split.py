@@ -12,6 +12,12 @@ import math
 import statistics
 
 
+def copy_samples(results: dict) -> list[float]:
+    """The copy GB/s of every run in a benchmark's ``results`` ({(set, T, method): {key: run}}): each prompt's once per
+    method, as its runs carry it."""
+    return [run["copy_gbs"] for runs in results.values() for run in runs.values() if "copy_gbs" in run]
+
+
 def split_point(samples: list[float], least_gap: float = 1.3) -> float | None:
     """The copy GB/s between a run's two states: the geometric middle of the widest gap between consecutive samples
     (sorted), where that gap is a ratio of at least ``least_gap``; None where the run saw one state."""

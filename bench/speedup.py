@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from specdec_kit.bench.bandwidth_split import by_state, split_point
+from specdec_kit.bench.bandwidth_split import by_state, copy_samples, split_point
 from specdec_kit.bench.methods import SPEEDUP_METHODS as METHODS
 from specdec_kit.bench.report import write_all
 from specdec_kit.data import prompts as prompt_sets
@@ -113,7 +113,7 @@ def machine(results: dict | None = None) -> str:
         f"{cpu_description()}, {torch.get_num_threads()} threads, "
         f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU only'}, torch {torch.__version__}"
     )
-    samples = [run["copy_gbs"] for runs in (results or {}).values() for run in runs.values() if "copy_gbs" in run]
+    samples = copy_samples(results or {})
     if samples:
         described += (
             f"; memory copy {min(samples):.0f}-{max(samples):.0f} GB/s over the run "
@@ -195,7 +195,7 @@ def turns(
 
 def summarize(results: dict, names: list[str]) -> list[dict]:
     rows = []
-    split = split_point([run["copy_gbs"] for runs in results.values() for run in runs.values() if "copy_gbs" in run])
+    split = split_point(copy_samples(results))
     for (set_name, temp, method), runs in sorted(
         results.items(), key=lambda kv: (kv[0][0], kv[0][1], names.index(kv[0][2]))
     ):
