@@ -57,6 +57,7 @@ class OrtGraph:
         self.path = Path(path)
         self.device = device
         self.threads, self.optimize = threads, optimize
+        self.packed_matmul = "off"  # whether the session runs the kit's PackedMatMul, and if not, why
         self._open()
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
@@ -83,8 +84,31 @@ class OrtGraph:
         if profile_prefix:
             options.enable_profiling = True
             options.profile_file_prefix = profile_prefix
-        self.session = ort.InferenceSession(str(self.path), options, providers=providers_for(self.device))
+        self.session_path = self._packed_path(options) or self.path  # the graph the session reads
+        self.session = ort.InferenceSession(str(self.session_path), options, providers=providers_for(self.device))
         self._per_thread = threading.local()
+
+    def _packed_path(self, options) -> Path | None:
+        """On CPU, the graph with its constant-weight MatMuls as the kit's ``PackedMatMul`` (and its library
+        registered in ``options``), where the library builds here and the graph is one the build optimized; else
+        None, and the session reads the graph as built (``packed_matmul`` says which and why)."""
+        from specdec_kit.runtime.ort.custom_ops import custom_op_library
+        from specdec_kit.runtime.ort.packed_graphs import packed_graph
+
+        if self.device.type != "cpu" or self.optimize:
+            self.packed_matmul = "off: " + ("not on CPU" if self.device.type != "cpu" else "graph not yet optimized")
+            return None
+        ops = custom_op_library()
+        if ops.library is None:
+            self.packed_matmul = f"off: {ops.reason}"
+            return None
+        packed = packed_graph(self.path)
+        if packed is None:
+            self.packed_matmul = "off: no MatMul over constant float weights"
+            return None
+        options.register_custom_ops_library(str(ops.library))
+        self.packed_matmul = "on"
+        return packed
 
     def profile_nodes(self, prefix: str) -> None:
         """From now on, record every node's time (``end_node_profile`` returns the file)."""

@@ -1,0 +1,100 @@
+"""The kit's ONNX Runtime CPU operators, compiled once per machine from their C source and cached.
+
+The library holds ``specdec.PackedMatMul`` (``packed_matmul.c``): ONNX Runtime's float MatMul on a small x86 CPU
+costs about 1.3x for the handful of rows a speculative cycle verifies what it costs for one row, where a product
+that reads each weight once for all rows costs barely more, so speculation pays more. It is built with the
+machine's C compiler for the machine's own instruction set (``-march=native``); the cache key holds the source,
+the compiler and the CPU, so another machine sharing the cache builds its own. Where no compiler is found, or
+``SPECDEC_PACKED_MATMUL=0`` is set, ``custom_op_library`` says why and the engines run ONNX Runtime's own MatMul.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from specdec_kit.runtime.models.pretrained import cache_root
+
+SOURCE = Path(__file__).with_name("packed_matmul.c")
+SWITCH_ENV = "SPECDEC_PACKED_MATMUL"  # "0": ONNX Runtime's own MatMul everywhere
+FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-shared", "-fPIC")
+
+
+@dataclass(frozen=True)
+class CustomOps:
+    """The compiled library, or why there is none."""
+
+    library: Path | None
+    reason: str = ""
+
+
+def enabled() -> bool:
+    return os.environ.get(SWITCH_ENV, "1") != "0"
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def _cpu_identity() -> str:
+    """What ``-march=native`` compiles for: the CPU's model and flags where Linux tells them."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    wanted = ("model name", "flags", "Features", "CPU part")
+    return "\n".join(sorted({line for line in lines if line.split(":")[0].strip() in wanted}))
+
+
+@functools.cache
+def custom_op_library() -> CustomOps:
+    """The library's path, compiled on first use (a second or two) and kept under ``$SPECDEC_CACHE/kernels``."""
+    if not enabled():
+        return CustomOps(None, f"{SWITCH_ENV}=0")
+    compiler = _compiler()
+    if compiler is None:
+        return CustomOps(None, "no C compiler (cc, gcc or clang) on PATH")
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
+    key = hashlib.sha256(
+        "\0".join([SOURCE.read_text(), compiler, *version, *FLAGS, _cpu_identity()]).encode()
+    ).hexdigest()[:16]
+    library = cache_root() / "kernels" / key / "libspecdec_ort_ops.so"
+    if library.exists():
+        return CustomOps(library)
+    library.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=library.parent) as scratch:  # processes building at once each rename theirs
+        built = Path(scratch) / library.name
+        result = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True, text=True)
+        if result.returncode != 0:
+            return CustomOps(None, f"{compiler} could not build {SOURCE.name}: {result.stderr.strip()[-400:]}")
+        os.replace(built, library)
+    return CustomOps(library)
+
+
+@contextlib.contextmanager
+def packed_matmul_switched(on: bool) -> Iterator[None]:
+    """Sessions opened inside run the kit's ``PackedMatMul`` (``on``, where it builds) or ONNX Runtime's MatMul:
+    what a benchmark that sets the two side by side opens its engines under."""
+    before = os.environ.get(SWITCH_ENV)
+    os.environ[SWITCH_ENV] = "1" if on else "0"
+    custom_op_library.cache_clear()
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(SWITCH_ENV, None)
+        else:
+            os.environ[SWITCH_ENV] = before
+        custom_op_library.cache_clear()

@@ -1,0 +1,123 @@
+"""Graphs whose MatMuls over constant float weights run as the kit's ``specdec.PackedMatMul`` (``custom_ops``).
+
+A MatMul ``X[..., K] @ W[K, N]`` with ``W`` a float initializer becomes ``PackedMatMul(X, W_packed, n=N)``, where
+``W_packed`` holds the same numbers as ``[ceil(N / 32), K, 32]``: each block of 32 output columns contiguous, the
+order the kernel reads them in. Only graphs the build already optimized are rewritten (ONNX Runtime's optimizer
+would otherwise meet an operator it cannot fuse through). The rewritten graph is written once per source graph
+under ``$SPECDEC_CACHE/packed-graphs`` and reused: the engine directory stays as the build wrote it, read-only
+mounts included. Each copy names its source; a copy whose source is gone or was rebuilt is removed when the next one
+is written, so engines built and deleted (a test run builds dozens) leave nothing behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from specdec_kit.runtime.models.pretrained import cache_root
+
+DOMAIN = "specdec"
+OP = "PackedMatMul"
+COLUMNS = 32  # the kernel's block of output columns
+LAYOUT = "columns32-v1"  # in the cache key: a new layout never reads an old graph
+
+
+def pack_weight(weight: np.ndarray) -> np.ndarray:
+    """[K, N] -> [ceil(N / 32), K, 32], the last block's missing columns zero."""
+    k, n = weight.shape
+    blocks = -(-n // COLUMNS)
+    padded = np.zeros((k, blocks * COLUMNS), dtype=np.float32)
+    padded[:, :n] = weight
+    return np.ascontiguousarray(padded.reshape(k, blocks, COLUMNS).transpose(1, 0, 2))
+
+
+def _source_key(graph: Path) -> str:
+    """The graph file's bytes and its external data files' sizes and times: a rebuilt engine gets a new key."""
+    digest = hashlib.sha256(LAYOUT.encode())
+    digest.update(graph.read_bytes())
+    for data in sorted(graph.parent.glob(graph.name + "*")):
+        if data != graph:
+            stat = data.stat()
+            digest.update(f"{data.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:20]
+
+
+def rewrite(model) -> int:
+    """Rewrite ``model`` (an ``onnx.ModelProto`` with its weights loaded) in place; returns the MatMuls replaced."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    initializers = {init.name: init for init in model.graph.initializer}
+    packed: dict[str, tuple[str, int]] = {}
+    nodes, replaced = [], 0
+    for node in model.graph.node:
+        weight = (
+            initializers.get(node.input[1]) if node.op_type == "MatMul" and node.domain in ("", "ai.onnx") else None
+        )
+        if weight is None or weight.data_type != TensorProto.FLOAT or len(weight.dims) != 2:
+            nodes.append(node)
+            continue
+        if weight.name not in packed:
+            name = f"{weight.name}.packed{COLUMNS}"
+            model.graph.initializer.append(numpy_helper.from_array(pack_weight(numpy_helper.to_array(weight)), name))
+            packed[weight.name] = (name, int(weight.dims[1]))
+        name, n = packed[weight.name]
+        node_name = f"{node.name or f'matmul{replaced}'}.packed"
+        nodes.append(helper.make_node(OP, [node.input[0], name], list(node.output), name=node_name, domain=DOMAIN, n=n))
+        replaced += 1
+    if not replaced:
+        return 0
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    used = {name for node in model.graph.node for name in node.input}
+    kept = [init for init in model.graph.initializer if init.name in used]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    return replaced
+
+
+SOURCE_NOTE = "source.txt"  # the source graph's path, in each copy's folder
+
+
+def remove_orphans(root: Path) -> None:
+    """Delete the copies whose source graph is gone or no longer has the key they were written under."""
+    for folder in root.iterdir() if root.is_dir() else ():
+        note = folder / SOURCE_NOTE
+        try:
+            source = Path(note.read_text())
+            current = source.exists() and _source_key(source) == folder.name
+        except OSError:  # a copy being written (no note yet), or one removed beside us
+            continue
+        if not current:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def packed_graph(graph: Path) -> Path | None:
+    """The rewritten copy of ``graph`` (written on first use), or None where it has no MatMul to rewrite."""
+    import onnx
+
+    root = cache_root() / "packed-graphs"
+    folder = root / _source_key(graph)
+    done, nothing = folder / graph.name, folder / "nothing-to-pack"
+    if done.exists():
+        return done
+    if nothing.exists():
+        return None
+    remove_orphans(root)
+    model = onnx.load(str(graph))
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / SOURCE_NOTE).write_text(str(graph.resolve()))
+    if not rewrite(model):
+        nothing.touch()
+        return None
+    with tempfile.TemporaryDirectory(dir=folder) as scratch:  # written whole, then renamed into place
+        written = Path(scratch) / graph.name
+        onnx.save(model, str(written), save_as_external_data=True, location=graph.name + ".data")
+        os.replace(Path(scratch) / (graph.name + ".data"), folder / (graph.name + ".data"))
+        os.replace(written, done)
+    return done
