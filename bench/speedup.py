@@ -106,6 +106,15 @@ def run(args) -> int:
     return 0
 
 
+def matmul_kernel() -> str:
+    """Which product an ONNX Runtime engine's float MatMuls run here: the kit's ``PackedMatMul`` or ONNX Runtime's own
+    (and why), since verifying a tree costs much less with the first."""
+    from specdec_kit.runtime.ort.custom_ops import custom_op_library
+
+    ops = custom_op_library()
+    return "float MatMuls by the kit's PackedMatMul" if ops.library else f"float MatMuls by ONNX Runtime ({ops.reason})"
+
+
 def machine(results: dict | None = None) -> str:
     """The machine, and (given a run's ``results``) the memory bandwidth a copy got during it: on a shared CPU plain
     decoding's speed, and so every speedup, moves with it."""
@@ -113,6 +122,8 @@ def machine(results: dict | None = None) -> str:
         f"{cpu_description()}, {torch.get_num_threads()} threads, "
         f"{'CUDA ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU only'}, torch {torch.__version__}"
     )
+    if not torch.cuda.is_available():
+        described += f", {matmul_kernel()}"
     samples = copy_samples(results or {})
     if samples:
         described += (

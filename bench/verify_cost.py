@@ -21,7 +21,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 # Shapes of real models (layers, width, heads, FFN, vocabulary); "tiny" is for tests.
 SHAPES: dict[str, dict] = {
@@ -97,6 +97,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tokens", default="1-64", help="new-token counts N to time, e.g. 1-64 or 1,4,16")
     p.add_argument("--batch", default="1", help="batch sizes, comma-separated (each row checks N tokens)")
     p.add_argument("--repeats", type=int, default=10)
+    p.add_argument(
+        "--matmul",
+        default=None,
+        help="with --engine (ONNX Runtime, CPU): packed, onnxruntime or both as packed,onnxruntime: the engine's target "
+        "step with the kit's PackedMatMul and with ONNX Runtime's own MatMul, the two taking turns in every round "
+        "(default: the engine as it opens)",
+    )
     p.add_argument("--out", type=Path, default=Path("bench/results/verify_cost"))
     return p.parse_args(argv)
 
@@ -116,39 +123,48 @@ TIMED_PER_TURN = 3  # calls of one width timed one after another, after an untim
 
 
 def interleaved_curve(
-    steps: dict[int, Callable[[], None]], device, batch: int, repeats: int, progress, check: Callable[[], None]
+    steps: dict[tuple[str | None, int], Callable[[], None]],
+    device,
+    batch: int,
+    repeats: int,
+    progress,
+    check: Callable[[], None],
 ) -> list[dict]:
-    """Median milliseconds of each N's step (``steps``: N -> one call of N new tokens over the context), the Ns taking
-    turns within each round (a slower stretch of a shared machine then lands on every N alike); ``check`` after every
-    call (the cache back at the context's length). A turn is one untimed call, then ``TIMED_PER_TURN`` timed ones, as a
+    """Median milliseconds of each N's step (``steps``: (variant, N) -> one call of N new tokens over the context; a
+    variant is a MatMul kernel, or None), the steps taking turns within each round (a slower stretch of a shared
+    machine then lands on every N and variant alike); ``check`` after every call (the cache back at the context's
+    length). A turn is one untimed call, then ``TIMED_PER_TURN`` timed ones, as a
     decoding loop at a fixed tree calls its target with one width cycle after cycle (on SmolLM2's ONNX Runtime engine,
     one call per turn measured an 8-token step at 1024 tokens of context at 1.74 one-token steps, three per turn at
     1.41-1.53). The first two rounds warm up each shape and are not timed."""
     from specdec_kit.runtime.core.device import synchronize
 
-    samples: dict[int, list[float]] = {n: [] for n in steps}
+    samples: dict[tuple[str | None, int], list[float]] = {key: [] for key in steps}
     for r in range(repeats + 2):
-        for n, step in steps.items():
+        for key, step in steps.items():
             for call in range(1 + TIMED_PER_TURN):
                 synchronize(device)
                 start = time.perf_counter()
                 step()
                 synchronize(device)
                 if r > 1 and call:
-                    samples[n].append((time.perf_counter() - start) * 1000)
+                    samples[key].append((time.perf_counter() - start) * 1000)
                 check()
         progress.update(1)
-    first = statistics.median(samples[min(steps)])
+    first = {
+        variant: statistics.median(samples[(variant, min(n for v, n in steps if v == variant))]) for variant, _ in steps
+    }
     return [
         {
             "batch": batch,
             "tokens": n,
+            "matmul": variant,
             "ms": statistics.median(times),
             "ms_min": min(times),
             "ms_max": max(times),
-            "ratio_to_first": statistics.median(times) / first,
+            "ratio_to_first": statistics.median(times) / first[variant],
         }
-        for n, times in samples.items()
+        for (variant, n), times in samples.items()
     ]
 
 
@@ -179,15 +195,18 @@ def time_curve(model, context: int, tokens: list[int], batch: int, repeats: int,
 
     with torch.inference_mode():
         model(input_ids=torch.randint(vocab, (batch, context), generator=gen).to(device), past_key_values=cache)
-        return interleaved_curve({n: step(n) for n in tokens}, device, batch, repeats, progress, check)
+        return interleaved_curve({(None, n): step(n) for n in tokens}, device, batch, repeats, progress, check)
 
 
-def time_engine_curve(target, context: int, tokens: list[int], batch: int, repeats: int, progress) -> list[dict]:
-    """``time_curve`` for an engine's target step (``TargetStep``): a cache of ``context`` committed tokens, then each
-    call's N tokens written into the slots past them (causal among themselves) and left uncommitted, so every call
-    reads the same context."""
+def time_engine_curve(
+    targets: dict[str | None, Any], context: int, tokens: list[int], batch: int, repeats: int, progress
+) -> list[dict]:
+    """``time_curve`` for an engine's target step (``TargetStep``; ``targets``: variant -> the step, several where
+    kernels take turns): a cache of ``context`` committed tokens, then each call's N tokens written into the slots
+    past them (causal among themselves) and left uncommitted, so every call reads the same context."""
     import torch
 
+    target = next(iter(targets.values()))
     device, vocab = target.device, target.vocab_size
     gen = torch.Generator(device="cpu").manual_seed(1)
     cache = target.new_cache(batch, context + max(tokens))
@@ -196,11 +215,11 @@ def time_engine_curve(target, context: int, tokens: list[int], batch: int, repea
         ar = torch.arange(n, device=device)
         return (ar[None, :] <= ar[:, None]).expand(batch, n, n)
 
-    def step(n: int) -> Callable[[], None]:
+    def step(variant: str | None, n: int) -> Callable[[], None]:
         new = torch.randint(vocab, (batch, n), generator=gen).to(device)
         positions = torch.arange(context, context + n, device=device).expand(batch, n)
         mask = causal(n)
-        return lambda: target(new, positions, mask, cache)
+        return lambda: targets[variant](new, positions, mask, cache)
 
     def check() -> None:
         if int(cache.lengths.max()) != context:
@@ -211,7 +230,37 @@ def time_engine_curve(target, context: int, tokens: list[int], batch: int, repea
         places = torch.arange(context, device=device).expand(batch, context)
         target(prefix, places, causal(context), cache, logits_at=torch.full((batch, 1), context - 1, device=device))
         cache.commit(places, torch.full((batch,), context, device=device))
-        return interleaved_curve({n: step(n) for n in tokens}, device, batch, repeats, progress, check)
+        steps = {(variant, n): step(variant, n) for variant in targets for n in tokens}
+        return interleaved_curve(steps, device, batch, repeats, progress, check)
+
+
+MATMUL_KERNELS = ("packed", "onnxruntime")
+
+
+def engine_targets(path: Path, device: str | None, matmul: str | None) -> tuple[str, dict[str | None, Any]]:
+    """The engine's backend and its target step, opened once per MatMul kernel of ``matmul`` (``packed``: the kit's
+    ``PackedMatMul``; ``onnxruntime``: ONNX Runtime's own), or once as it opens (None)."""
+    from specdec_kit.runtime.engine import open_engine
+    from specdec_kit.runtime.ort.custom_ops import packed_matmul_switched
+
+    if not matmul:
+        engine = open_engine(path, device=device)
+        return engine.backend, {None: engine.target}
+    kernels = [k.strip() for k in matmul.split(",")]
+    unknown = [k for k in kernels if k not in MATMUL_KERNELS]
+    if unknown or len(set(kernels)) != len(kernels):
+        raise ValueError(f"--matmul {matmul!r}: expected distinct kernels of {', '.join(MATMUL_KERNELS)}")
+    targets = {}
+    for kernel in kernels:
+        with packed_matmul_switched(kernel == "packed"):
+            target = open_engine(path, device=device).target
+        graph = getattr(target, "graph", None)
+        if graph is None:
+            raise ValueError(f"--matmul: {path} is not an ONNX Runtime engine")
+        if kernel == "packed" and graph.packed_matmul != "on":
+            raise ValueError(f"--matmul packed: {path}'s target step cannot run it ({graph.packed_matmul})")
+        targets[kernel] = target
+    return "onnxruntime", targets
 
 
 def write_results(result: dict, out: Path) -> None:
@@ -220,19 +269,25 @@ def write_results(result: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "verify_cost.json").write_text(json.dumps(result, indent=1))
     first = result["tokens"][0]
+    variants = sorted({r.get("matmul") for r in result["points"]}, key=str)
+    kernel_column = variants != [None]
     lines = [
         f"# Verification cost: {result['model']}, {result['device_name']}, {result['dtype']}, context {result['context']}",
         "",
-        f"| batch | N new tokens | ms (median) | t(N) / t({first}) |",
-        "|---:|---:|---:|---:|",
+        f"| batch |{' MatMul |' if kernel_column else ''} N new tokens | ms (median) | t(N) / t({first}) |",
+        f"|---:|{'---|' if kernel_column else ''}---:|---:|---:|",
     ]
-    lines += [f"| {r['batch']} | {r['tokens']} | {r['ms']:.2f} | {r['ratio_to_first']:.2f} |" for r in result["points"]]
+    for r in result["points"]:
+        kernel = f" {r.get('matmul')} |" if kernel_column else ""
+        lines.append(f"| {r['batch']} |{kernel} {r['tokens']} | {r['ms']:.2f} | {r['ratio_to_first']:.2f} |")
     (out / "verify_cost.md").write_text("\n".join(lines) + "\n")
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for batch in result["batches"]:
-        pts = [r for r in result["points"] if r["batch"] == batch]
-        ax.plot([r["tokens"] for r in pts], [r["ms"] for r in pts], marker=".", label=f"batch {batch}")
+        for variant in variants:
+            pts = [r for r in result["points"] if r["batch"] == batch and r.get("matmul") == variant]
+            label = f"batch {batch}" + (f", {variant} MatMul" if kernel_column else "")
+            ax.plot([r["tokens"] for r in pts], [r["ms"] for r in pts], marker=".", label=label)
     ax.set_xlabel("new tokens checked in one step (N)")
     ax.set_ylabel("ms per step (median)")
     ax.set_ylim(bottom=0)
@@ -252,18 +307,20 @@ def run(args: argparse.Namespace) -> int:
     tokens = parse_tokens(args.tokens)
     batches = [int(b) for b in args.batch.split(",")]
     if args.engine is not None:
-        from specdec_kit.runtime.engine import open_engine
         from specdec_kit.runtime.loader import set_threads
 
         set_threads()
-        engine = open_engine(args.engine, device=args.device)
-        device, dtype, params = engine.target.device, engine.target.dtype, None
-        model = f"engine {args.engine.name} ({engine.backend} target step)"
+        backend, targets = engine_targets(args.engine, args.device, args.matmul)
+        engine_target = next(iter(targets.values()))
+        device, dtype, params = engine_target.device, engine_target.dtype, None
+        model = f"engine {args.engine.name} ({backend} target step)"
         print(f"{model}: timing on {device} ({dtype})", file=sys.stderr)
 
         def curve(batch: int, progress) -> list[dict]:
-            return time_engine_curve(engine.target, args.context, tokens, batch, args.repeats, progress)
+            return time_engine_curve(targets, args.context, tokens, batch, args.repeats, progress)
     else:
+        if args.matmul:
+            raise ValueError("--matmul applies to an engine's target step: give --engine too")
         device = resolve_device(args.device)
         dtype = resolve_dtype(args.dtype, device)
         print(f"{args.shape}: building with random weights on {device} ({dtype})", file=sys.stderr)
@@ -293,6 +350,7 @@ def run(args: argparse.Namespace) -> int:
         "repeats": args.repeats,
         "tokens": tokens,
         "batches": batches,
+        "matmul": args.matmul,
         "points": points,
     }
     write_results(result, args.out)
