@@ -1,9 +1,8 @@
 """README.md's results tables, from the benchmarks' result files (never typed by hand): every head (GRIFFIN, EAGLE-3,
 and the parallel drafts P-EAGLE and DFlash) against plain decoding at T=0 with its draft's milliseconds per cycle, on
-SmolLM2 (the GRIFFIN head continued over 3.26M answer tokens at its CPU tree,
-``bench/results/smollm2/griffin_pool/tree_6_3_2``; the run before it with EAGLE-3,
-``bench/results/smollm2/heldout_calibration``; and the chat prompts of the earlier four-head run,
-``bench/results/smollm2``)
+SmolLM2 (the GRIFFIN head continued over 3.26M answer tokens with the target's MatMuls run by the kit's operator,
+``bench/results/smollm2/griffin_packed``, and by ONNX Runtime's in the same memory-bandwidth state,
+``bench/results/smollm2/griffin_turns``; the earlier run with EAGLE-3, ``bench/results/smollm2/heldout_calibration``)
 and on the demo zoo (``bench/results/dflash_rows``); model-free drafting and the hybrid by task category on SmolLM2
 (``bench/results/lookup/smollm2``); each written between its markers in README.md.
 
@@ -28,8 +27,13 @@ LOOKUP_METHODS = ("ngram", "suffix", "griffin", "griffin+suffix")
 # (label, result file, the prompt sets to show, in order)
 SOURCES = (
     (
-        "SmolLM2-135M-Instruct, GRIFFIN over 3.26M tokens (AVX-512)",
-        "bench/results/smollm2/griffin_pool/tree_6_3_2/results.json",
+        "SmolLM2-135M-Instruct, GRIFFIN over 3.26M tokens, the kit's MatMul, tree (8, 4, 2) (AVX-512, copy 78 GB/s)",
+        "bench/results/smollm2/griffin_packed/results.json",
+        ("chat", "humaneval", "spec_bench"),
+    ),
+    (
+        "SmolLM2, the same head, ONNX Runtime's MatMul, tree (6, 3, 2) (AVX-512, copy 77 GB/s)",
+        "bench/results/smollm2/griffin_turns/results.json",
         ("chat", "humaneval", "spec_bench"),
     ),
     (
@@ -37,7 +41,6 @@ SOURCES = (
         "bench/results/smollm2/heldout_calibration/results.json",
         ("chat", "humaneval", "spec_bench"),
     ),
-    ("SmolLM2, 2026-12-01, GRIFFIN before its decay run", "bench/results/smollm2/results.json", ("chat",)),
     ("demo zoo (9M)", "bench/results/dflash_rows/results.json", ("heldout", "humaneval", "spec_bench")),
 )
 METHODS = {"griffin": "GRIFFIN", "eagle3": "EAGLE-3", "peagle": "P-EAGLE", "dflash": "DFlash"}
