@@ -332,8 +332,10 @@ def main(argv=None) -> int:
         print(f"error: --prefix-cache-mib: {exc}", file=sys.stderr)
         return 2
     app = create_app(engine, config, scheduler, metrics)
+    graph = getattr(engine.target, "graph", None)  # an ONNX Runtime target step: which MatMul it runs, and why
+    kernel = f", target MatMuls: kit's PackedMatMul {graph.packed_matmul}" if graph is not None else ""
     print(
-        f"serving {name} ({engine.backend} engine, {engine.draft_kind} draft, speculation {mode}) on "
+        f"serving {name} ({engine.backend} engine, {engine.draft_kind} draft, speculation {mode}{kernel}) on "
         f"http://{args.host}:{args.port}/v1",
         flush=True,
     )

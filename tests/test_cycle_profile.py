@@ -19,11 +19,13 @@ def test_the_profile_sorts_a_cycle_into_its_stages(demo_engine, tmp_path):
         assert stages["past K/V copied into graph inputs"] > 0 and stages["draft tree search"] > 0
         accounted = sum(stages.values()) * r["cycles"] / 1000
         assert 0.6 * r["wall_s"] < accounted < 1.1 * r["wall_s"]  # the stages hold the run's time, once
-        # ONNX Runtime's own profile, per operator: every norm of the target one fused kernel, its products timed
+        # ONNX Runtime's own profile, per operator: every norm of the target one fused kernel, its products timed (on
+        # the CPU the kit's PackedMatMul: each layer's four weight products and the LM head)
         layers = read_manifest(demo_engine)["target"]["num_hidden_layers"]
         target = r["operators"]["target_step"]
-        assert target["calls"] > 0 and target["operators"]["MatMul"]["ms"] > 0
+        assert target["calls"] > 0 and target["operators"]["PackedMatMul"]["ms"] > 0
+        assert target["operators"]["PackedMatMul"]["nodes"] == 4 * layers + 1 and "MatMul" not in target["operators"]
         assert target["operators"]["SimplifiedLayerNormalization"]["nodes"] == 2 * layers + 1
     table = (tmp_path / "speculative.md").read_text()
     assert "| ONNX Runtime: target_step |" in table and "batch 3" in table
-    assert "target_step at batch 3:" in table and "| MatMul |" in table
+    assert "target_step at batch 3:" in table and "| PackedMatMul |" in table
