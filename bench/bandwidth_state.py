@@ -2,9 +2,9 @@
 that moment, sampled for a while.
 
 A plain step of a small model on a CPU reads every weight once and little else, so its speed follows the memory
-bandwidth; a speculative cycle verifies several tokens at once, which the CPU's arithmetic bounds. On a shared machine
-the bandwidth a process gets moves with the other tenants' traffic, so one engine on the same prompts can show two
-different speedups minutes apart. Each sample here measures a copy's GB/s (``copy_bandwidth_gbs``), then the prompts
+bandwidth; a speculative cycle verifies several tokens at once, and with ONNX Runtime's MatMul moved less with it. On
+a shared machine the bandwidth a process gets moves with the other tenants' traffic, so one engine on the same
+prompts can show two different speedups minutes apart. Each sample here measures a copy's GB/s (``copy_bandwidth_gbs``), then the prompts
 with plain decoding and with the engine's head, taking turns (the one that goes first alternating), batch 1, greedy
 (output checked identical). Writes results.json, results.md (the samples grouped by bandwidth) and results.png
 (tokens/s and speedup against GB/s).

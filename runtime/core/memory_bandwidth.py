@@ -1,8 +1,8 @@
 """The memory bandwidth this process gets now, measured. On a shared machine it moves with the other tenants' traffic,
 and plain decoding's speed moves with it (a step of a small model reads every weight once), while a speculative
-cycle's verification of several tokens is bound by the CPU's arithmetic: on SmolLM2 over 2 cores, plain decoding's
-median was 68 tokens/s in the samples where a copy ran at 40-50 GB/s and 82 where it ran at 70-80, GRIFFIN's 104 and
-101 (``specdec-bench-bandwidth``). A CPU benchmark's speedups are read against it."""
+cycle's verification of several tokens moved less: on SmolLM2 over 2 cores with ONNX Runtime's MatMul, plain
+decoding's median was 68 tokens/s in the samples where a copy ran at 40-50 GB/s and 82 where it ran at 70-80,
+GRIFFIN's 104 and 101 (``specdec-bench-bandwidth``). A CPU benchmark's speedups are read against it."""
 
 from __future__ import annotations
 
