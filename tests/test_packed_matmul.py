@@ -177,3 +177,13 @@ def test_without_a_compiler_the_library_is_absent_with_its_reason(monkeypatch):
     monkeypatch.setattr(custom_ops.shutil, "which", lambda name: None)
     ops = custom_op_library()
     assert ops.library is None and "no C compiler" in ops.reason
+
+
+def test_the_benchmarks_machine_line_names_the_matmul_kernel(monkeypatch):
+    from specdec_kit.bench.speedup import machine
+
+    library()
+    assert "float MatMuls by the kit's PackedMatMul" in machine()
+    monkeypatch.setenv(custom_ops.SWITCH_ENV, "0")
+    custom_op_library.cache_clear()
+    assert f"float MatMuls by ONNX Runtime ({custom_ops.SWITCH_ENV}=0)" in machine()
