@@ -1,8 +1,8 @@
 """The kit's ONNX Runtime CPU operators, compiled once per machine from their C source and cached.
 
 The library holds ``specdec.PackedMatMul`` (``packed_matmul.c``): ONNX Runtime's float MatMul on a small x86 CPU
-costs about 1.3x for the handful of rows a speculative cycle verifies what it costs for one row, where a product
-that reads each weight once for all rows costs barely more, so speculation pays more. It is built with the
+costs 1.2-1.6x for the handful of rows a speculative cycle verifies what it costs for one row, where a product that
+reads each weight once for all rows costs barely more, so speculation pays more. It is built with the
 machine's C compiler for the machine's own instruction set (``-march=native``); the cache key holds the source,
 the compiler and the CPU, so another machine sharing the cache builds its own. Where no compiler is found, or
 ``SPECDEC_PACKED_MATMUL=0`` is set, ``custom_op_library`` says why and the engines run ONNX Runtime's own MatMul.
