@@ -151,9 +151,9 @@ def interleaved_curve(
                     samples[key].append((time.perf_counter() - start) * 1000)
                 check()
         progress.update(1)
-    first = {
-        variant: statistics.median(samples[(variant, min(n for v, n in steps if v == variant))]) for variant, _ in steps
-    }
+    first: dict[str | None, float] = {}  # each variant's median at its smallest N
+    for variant, n in sorted(steps, key=lambda key: key[1]):
+        first.setdefault(variant, statistics.median(samples[(variant, n)]))
     return [
         {
             "batch": batch,
