@@ -52,7 +52,7 @@ NAMED_TARGETS = {
             "SmolLM2-135M-Instruct (Apache-2.0), a Llama-architecture chat model; Q4_1 weights dequantized to float32",
             # chosen by specdec-bench-chat's tree search (bench/results/smollm2/tree_search.md)
             cpu_trees={
-                "griffin": {"total_tokens": 6, "depth": 3, "top_k": 2},
+                "griffin": {"total_tokens": 7, "depth": 2, "top_k": 4},
                 "eagle3": {"total_tokens": 4, "depth": 3, "top_k": 1},
                 "peagle": {"total_tokens": 6, "depth": 3, "top_k": 2},
                 "dflash": {"total_tokens": 6, "depth": 3, "top_k": 2},
