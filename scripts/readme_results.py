@@ -1,8 +1,8 @@
 """README.md's results tables, from the benchmarks' result files (never typed by hand): every head (GRIFFIN, EAGLE-3,
 and the parallel drafts P-EAGLE and DFlash) against plain decoding at T=0 with its draft's milliseconds per cycle, on
 SmolLM2 (the GRIFFIN head continued over 3.26M answer tokens with the target's MatMuls run by the kit's operator,
-``bench/results/smollm2/griffin_packed``, and by ONNX Runtime's in the same memory-bandwidth state,
-``bench/results/smollm2/griffin_turns``; the earlier run with EAGLE-3, ``bench/results/smollm2/heldout_calibration``)
+its tree chosen among wide, shallow ones too, ``bench/results/smollm2/griffin_wide``, and at (8, 4, 2) in an earlier
+run, ``bench/results/smollm2/griffin_packed``; the earlier run with EAGLE-3, ``bench/results/smollm2/heldout_calibration``)
 and on the demo zoo (``bench/results/dflash_rows``); model-free drafting and the hybrid by task category on SmolLM2
 (``bench/results/lookup/smollm2``); each written between its markers in README.md.
 
@@ -27,13 +27,13 @@ LOOKUP_METHODS = ("ngram", "suffix", "griffin", "griffin+suffix")
 # (label, result file, the prompt sets to show, in order)
 SOURCES = (
     (
-        "SmolLM2-135M-Instruct, GRIFFIN over 3.26M tokens, the kit's MatMul, tree (8, 4, 2) (AVX-512, copy 78 GB/s)",
-        "bench/results/smollm2/griffin_packed/results.json",
+        "SmolLM2-135M-Instruct, GRIFFIN over 3.26M tokens, the kit's MatMul, tree (6, 2, 3) (AVX-512, copy 46 GB/s)",
+        "bench/results/smollm2/griffin_wide/results.json",
         ("chat", "humaneval", "spec_bench"),
     ),
     (
-        "SmolLM2, the same head, ONNX Runtime's MatMul, tree (6, 3, 2) (AVX-512, copy 77 GB/s)",
-        "bench/results/smollm2/griffin_turns/results.json",
+        "SmolLM2, the same head at (8, 4, 2), an earlier run (AVX-512, copy 78 GB/s)",
+        "bench/results/smollm2/griffin_packed/results.json",
         ("chat", "humaneval", "spec_bench"),
     ),
     (
