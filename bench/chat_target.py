@@ -160,39 +160,45 @@ def head_generator(engine, tree, width_cut: bool):
     return SpeculativeGenerator(engine.target, engine.drafter_for(tree), width_cut=WidthCut() if width_cut else None)
 
 
+def at_tree(method: str, tree) -> str:
+    """A method at one tree, as rows that set trees side by side name it: ``griffin (7, 2, 4)``."""
+    return f"{method} ({tree.total_tokens}, {tree.depth}, {tree.top_k})"
+
+
 def search_trees(
     engines: dict, plain, calibration: list[list[int]], candidates: list, max_new: int, width_cut: bool
 ) -> dict:
     """Per method, every candidate tree's measured costs on the calibration prompts; the fastest is ``best``.
 
-    Prompt by prompt, plain decoding and every candidate take turns (the order rotating), and a candidate's speedup
-    is the median over prompts of its tokens/s over plain decoding's on the same prompt: the shared machine's memory
-    bandwidth moves between two states minutes apart, and candidates timed one after another met different ones
+    Prompt by prompt, plain decoding and every candidate take turns (``measure``'s rotating order), and a candidate's
+    speedup is the median over prompts of its tokens/s over plain decoding's on the same prompt: the shared machine's
+    memory bandwidth moves between two states minutes apart, and candidates timed one after another met different ones
     (on SmolLM2 one such search had (6, 3, 2) at 1.12x and (7, 2, 4) at 1.30x; measured side by side in the benchmark,
     1.28-1.55x against 1.34-1.57x at T=0)."""
     import statistics
 
+    from specdec_kit.bench.speedup import measure
     from specdec_kit.runtime.decoding.generate import RequestStats
 
-    runners = {("plain", None): plain}
-    for method, engine in engines.items():
-        for tree in candidates:
-            runners[(method, tree)] = head_generator(engine, tree, width_cut)
-    for gen in runners.values():
-        gen.generate(calibration[:1], 4)
-    keys = list(runners)
-    runs: dict = {key: [] for key in keys}
-    for i, ids in enumerate(calibration):
-        for key in keys[i % len(keys) :] + keys[: i % len(keys)]:
-            runs[key].append(runners[key].generate([ids], max_new)[0].stats)
-    plain_runs = runs[("plain", None)]
+    names = {(method, tree): at_tree(method, tree) for method in engines for tree in candidates}
+    generators = {"plain": plain}
+    for (method, tree), name in names.items():
+        generators[name] = head_generator(engines[method], tree, width_cut)
+    results = measure(generators, {"calibration": calibration}, [0.0], 1, max_new)
+
+    def runs(name: str) -> list[RequestStats]:
+        """The name's runs, calibration prompt by prompt."""
+        found = results[("calibration", 0.0, name)]
+        return [found[(i, 0)]["stats"] for i in range(len(calibration))]
+
+    plain_runs = runs("plain")
     plain_stats = RequestStats.combined(plain_runs)
     t_plain = plain_stats.total_s / max(plain_stats.generated_tokens, 1)
     out = {"plain_tokens_per_s": statistics.median(r.tokens_per_s for r in plain_runs), "methods": {}}
     for method in engines:
         rows = []
         for tree in candidates:
-            mine = runs[(method, tree)]
+            mine = runs(names[(method, tree)])
             ratios = [r.tokens_per_s / p.tokens_per_s for r, p in zip(mine, plain_runs)]
             stats = RequestStats.combined(mine)
             verify, draft = stats.verify_s / stats.cycles, stats.draft_s / stats.cycles
@@ -249,10 +255,6 @@ def tree_table(search: dict) -> list[str]:
     return lines
 
 
-def tree_label(tree) -> str:
-    return f"({tree.total_tokens}, {tree.depth}, {tree.top_k})"
-
-
 def chosen_trees(args, engines: dict, plain, tokenizer, set_names: list[str], candidates: list, width_cut: bool):
     """The tree search on the calibration prompts (its tables written to ``args.out``): (method, engine, best tree)
     for each method."""
@@ -293,9 +295,7 @@ def run(args) -> int:
     set_names = args.sets.split(",")
     width_cut = args.width_cut == "on"
     if args.measure == "all":
-        chosen = {
-            f"{method} {tree_label(tree)}": (engine, tree) for method, engine in engines.items() for tree in candidates
-        }
+        chosen = {at_tree(method, tree): (engine, tree) for method, engine in engines.items() for tree in candidates}
     else:
         chosen = {
             method: (engine, DynamicTreeConfig(*best))
