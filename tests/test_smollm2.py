@@ -218,3 +218,19 @@ def test_the_merge_rule_comparison_runs_and_keeps_the_output(tmp_path):
     assert "| humaneval |" in (out / "merge_rules.md").read_text()
     with pytest.raises(SystemExit, match="unknown merge rules \\['frequency'\\]"):
         main([*argv, "--rules", "calibrated,frequency"])
+
+
+@pytest.mark.slow
+def test_the_draft_vocabulary_measurement_runs_and_keeps_the_output(tmp_path):
+    """Every vocabulary's draft decodes to the target's greedy answer (the tool refuses any other); the committed
+    GRIFFIN head's draft vocabulary leaves out some of a summary's tokens, most of which its prompt holds."""
+    from specdec_kit.bench.draft_vocab import VARIANTS, main
+
+    out = tmp_path / "results"
+    argv = ["--smoke", "--categories", "summarization,qa", "--engines", str(tmp_path / "engines"), "--out", str(out)]
+    assert main(argv) == 0
+    rows = {r["category"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
+    assert set(rows) == {"summarization", "qa"}
+    assert all(r[v]["tau"] >= 1 for r in rows.values() for v in VARIANTS)
+    assert 0 < rows["summarization"]["outside_share"] < 1 and rows["summarization"]["outside_in_prompt_share"] > 0
+    assert "| summarization |" in (out / "results.md").read_text()
