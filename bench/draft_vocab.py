@@ -6,7 +6,8 @@ token outside it is never drafted: wherever the target emits one, the cycle's pa
 names, numbers and foreign words from its prompt (summaries, RAG answers, translations) emits more of them than chat.
 For each category this measures, on the target's own greedy answers: the share of answer tokens outside the draft
 vocabulary and, of those, the share the prompt holds; then the head's tau (greedy, batch 1, the kind's CPU tree) with
-its vocabulary as trained, with the prompt's tokens joined to it for that request, and with the target's whole
+its vocabulary as trained, with the request's own tokens joined to it as the runtime joins them (its prompt's and its
+verified output's outside the vocabulary: ``runtime/decoding/joined_vocab.py``), and with the target's whole
 vocabulary. The head itself is unchanged (the rows are the target's LM head's), so the gap between the three is what
 the vocabulary alone costs; what remains below the other categories is the head's. PyTorch eager (no engine graphs:
 acceptance does not depend on the backend); prompts as ``specdec-bench-lookup`` builds them.
@@ -20,7 +21,7 @@ import json
 import sys
 from pathlib import Path
 
-VARIANTS = ("draft vocabulary", "+ the prompt's tokens", "whole vocabulary")
+VARIANTS = ("draft vocabulary", "+ the request's tokens", "whole vocabulary")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -59,8 +60,8 @@ def measure(engine, sets: dict[str, list[list[int]]], max_new: int, tree) -> lis
     from specdec_kit.runtime.drafts.layers import TargetRowsHead
 
     drafter = engine.drafter_for(tree)
-    head = drafter.step.lm_head
-    if not isinstance(head, TargetRowsHead):
+    head, joined = drafter.step.lm_head, drafter.joined
+    if not isinstance(head, TargetRowsHead) or joined is None:
         raise ValueError(
             f"{engine.draft_kind}: its head ranks over {type(head).__name__}, not the target's LM head rows of a "
             "draft vocabulary (a GRIFFIN/EAGLE/HASS head with draft_vocab_size); nothing to measure"
@@ -77,19 +78,17 @@ def measure(engine, sets: dict[str, list[list[int]]], max_new: int, tree) -> lis
         for prompt in prompts:
             answer = plain.generate([prompt], max_new)[0].tokens
             counts = [a + b for a, b in zip(counts, answer_coverage(prompt, answer, draft_ids))]
-            joined = sorted(draft_ids | set(prompt))
-            vocabularies = {
-                VARIANTS[0]: head,
-                VARIANTS[1]: vocabulary_head(head, weight, torch.tensor(joined, device=head.ids.device)),
-                VARIANTS[2]: vocabulary_head(head, weight, every_id),
+            vocabularies = {  # (the head, the tokens joining it)
+                VARIANTS[0]: (head, None),
+                VARIANTS[1]: (head, joined),
+                VARIANTS[2]: (vocabulary_head(head, weight, every_id), None),
             }
-            for variant, vocab_head in vocabularies.items():
-                drafter.step.lm_head = vocab_head
+            for variant, (drafter.step.lm_head, drafter.joined) in vocabularies.items():
                 result = spec.generate([prompt], max_new)[0]
                 if result.tokens != answer:
                     raise AssertionError(f"{category}: the {variant} draft changed the greedy output (lossless broken)")
                 stats[variant].append(result.stats)
-            drafter.step.lm_head = head
+            drafter.step.lm_head, drafter.joined = head, joined
         row = {
             "category": category,
             "prompts": len(prompts),

@@ -8,7 +8,8 @@ The suffix trees keep earlier responses, as a server's do: each prompt runs once
 own answer there), in category order. The hybrid runs under the kit's merge rule (``hybrid``: ``calibrated``, the
 head's path probability against the lookup node's measured chance of acceptance) and, as methods of their own, the
 alternatives it was chosen over (``hybrid-probability``: the lookup's raw share of earlier occurrences;
-``hybrid-lookup-first``).
+``hybrid-lookup-first``). ``head-own-vocab``: the head without the request's own tokens joining its reduced draft
+vocabulary (``runtime/decoding/joined_vocab.py``), beside the head as the runtime drafts with it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from specdec_kit.bench.head_engine import add_draft_weights_argument, build_head_engine, effective_draft_weights
 
 CATEGORIES = "summarization,rag,code_editing,multi_turn,qa,math_reasoning,translation"
-METHODS = "plain,ngram,suffix,head,hybrid,hybrid-probability,hybrid-lookup-first"
+METHODS = "plain,ngram,suffix,head,head-own-vocab,hybrid,hybrid-probability,hybrid-lookup-first"
 HYBRID_RULES = {"hybrid": "calibrated", "hybrid-probability": "probability", "hybrid-lookup-first": "lookup-first"}
 DEFAULT_METHODS = "plain,ngram,suffix,head,hybrid,hybrid-lookup-first"
 
@@ -113,6 +114,11 @@ def generators(engine, methods: list[str], head_tree, lookup_kind: str, lookup_t
             drafter = lookup_drafter(method, tree=lookup_tree)
         elif method == "head":
             method, drafter = head, engine.drafter_for(head_tree)
+        elif method == "head-own-vocab":  # the head without the request's tokens joining its draft vocabulary
+            method, drafter = f"{head} (own vocabulary)", engine.drafter_for(head_tree)
+            if getattr(drafter, "joined", None) is None:
+                raise ValueError(f"--methods head-own-vocab: {head}'s drafter joins no tokens to its vocabulary")
+            drafter.joined = None
         elif method in HYBRID_RULES:
             rule = HYBRID_RULES[method]
             name = f"{head}+{lookup_kind}" + ("" if method == "hybrid" else f" ({rule.replace('-', ' ')})")

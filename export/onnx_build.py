@@ -23,6 +23,8 @@ from specdec_kit.export.quantize import WeightFormat, quantize_graph
 from specdec_kit.runtime.core.manifest import ONNX_GRAPH_INTERFACE
 from specdec_kit.runtime.core.trees import tree_to_dict
 from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
+from specdec_kit.runtime.decoding.joined_vocab import JOINED_VOCAB_FILE, write_joined_vocab
+from specdec_kit.runtime.drafts.layers import TargetRowsHead
 from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.runtime.ort.graphs import extra_tree_role, target_plan
 from specdec_kit.runtime.registry import draft_kind
@@ -187,6 +189,11 @@ def build_onnx(
     with quiet_export():
         roles = [export_plan(plan, graphs).stem for plan in plans]
     opsets = {plan.role: plan.opset for plan in (target_graph, *plans)}
+    joins = {}
+    head = family.head(draft_module, target) if hasattr(family, "head") else None
+    if isinstance(head, TargetRowsHead):  # the drafter joins each request's tokens to the draft vocabulary
+        write_joined_vocab(graphs / JOINED_VOCAB_FILE, head.ids, head.target_rows)
+        joins = {"joined_vocab": JOINED_VOCAB_FILE}
     artifacts, quantized, fused = {}, {}, {}
     for role in ("target_step", *roles):
         step(f"fusing {role}.onnx's shared-input weight products, norms and rotary embeddings")
@@ -211,7 +218,7 @@ def build_onnx(
     whole_tree = {"whole_tree": tree_to_dict(tree)} if whole is not None else {}
     if extras:
         whole_tree["extra_whole_trees"] = {role: tree_to_dict(t) for role, t in extras.items()}
-    manifest = {"target": manifest_target, "draft": manifest_draft, "onnx": whole_tree}
+    manifest = {"target": manifest_target, "draft": manifest_draft, "onnx": {**whole_tree, **joins}}
     opened = functools.cache(lambda role: OrtGraph(graphs / f"{role}.optimized.onnx", device))  # one session a graph
     drafters = [
         (family.torch_drafter(draft_module, target, t), family.ort_drafter(opened, manifest, ort_target, t))
@@ -264,5 +271,6 @@ def build_onnx(
             **checks,
             **({"weights": weight_section} if weight_section else {}),
             **whole_tree,  # the tree the draft_tree graph drafts in one call
+            **joins,  # beside the graphs: what a request's tokens join the draft vocabulary with
         },
     }

@@ -9,11 +9,17 @@ from specdec_kit.runtime.ort.graphs import GraphPlan
 
 
 def argument_shapes(plan: GraphPlan) -> tuple:
-    """The plan's dynamic axes in argument order; a cached graph's per-layer buffers are its ``*past``, one
-    argument to ``torch.export``."""
-    named = [plan.dims[name] for name in plan.spec.inputs if not name.startswith("past_")]
-    buffers = tuple(plan.dims[name] for name in plan.spec.inputs if name.startswith("past_"))
-    return (*named, buffers) if buffers else tuple(named)
+    """The plan's dynamic axes in argument order; the inputs past the module's named parameters (a cached graph's
+    per-layer buffers, after a draft graph's joined tokens where it takes them) are its ``*rest``, one argument to
+    ``torch.export``."""
+    import inspect
+
+    named = sum(
+        p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+        for p in inspect.signature(plan.module.forward).parameters.values()
+    )
+    dims = [plan.dims[name] for name in plan.spec.inputs]
+    return tuple(dims) if len(dims) == named else (*dims[:named], tuple(dims[named:]))
 
 
 def export_plan(plan: GraphPlan, graphs: Path) -> Path:

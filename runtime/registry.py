@@ -203,13 +203,17 @@ class FeatureFamily(DraftFamily):
 
     def torch_drafter(self, module, target, tree):
         from specdec_kit.runtime.decoding.drafting import FeatureTreeDrafter, TorchFeatureStep
+        from specdec_kit.runtime.decoding.joined_vocab import JoinedTokens
+        from specdec_kit.runtime.drafts.layers import TargetRowsHead
 
-        step = TorchFeatureStep(module, self.head(module, target))
-        return FeatureTreeDrafter(step, tree, self.feature_layers(module))
+        head = self.head(module, target)
+        joined = JoinedTokens(head.ids, head.target_rows) if isinstance(head, TargetRowsHead) else None
+        return FeatureTreeDrafter(TorchFeatureStep(module, head), tree, self.feature_layers(module), joined)
 
     def ort_drafter(self, graph, manifest, target, tree):
         from specdec_kit.runtime.core.trees import tree_from_dict
         from specdec_kit.runtime.decoding.drafting import FeatureTreeDrafter
+        from specdec_kit.runtime.decoding.joined_vocab import JoinedTokens
         from specdec_kit.runtime.ort.backend import OrtFeatureDraftStep
 
         layers = manifest["draft"].get("feature_layers")
@@ -220,7 +224,11 @@ class FeatureFamily(DraftFamily):
         role = next((role for role, spec in carried.items() if tree_from_dict(spec) == tree), None)
         whole = (graph(role), tree) if role else None  # only this tree's graph is opened
         step = OrtFeatureDraftStep(graph("draft_step"), manifest["draft"], target.dtype, fuse=fuse, whole=whole)
-        return FeatureTreeDrafter(step, tree, tuple(layers) if layers else None)
+        joined = None
+        if "joined_vocab" in onnx:  # the engine's draft ids and target rows, beside its graphs (``joined_vocab.py``)
+            path = step.graph.path.parent / onnx["joined_vocab"]
+            joined = JoinedTokens.of_engine(path, step.graph.device, target.dtype)
+        return FeatureTreeDrafter(step, tree, tuple(layers) if layers else None, joined)
 
     def graph_plans(self, module, target):
         from specdec_kit.runtime.ort.graphs import feature_draft_plans

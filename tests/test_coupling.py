@@ -6,6 +6,7 @@ these tests check what coupling changes: which tokens the tree holds.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from specdec_kit.runtime.core.choices import chain
@@ -81,15 +82,22 @@ def test_coupled_drafting_accepts_more_of_an_oracle_drafts_chain_and_emits_the_s
     assert coupled > 3 * alone, (coupled, alone)  # 97 against 10 when written
 
 
-def test_a_draft_vocabulary_ranks_the_same_trees_without_the_targets_vocabulary():
+@pytest.mark.parametrize("joined", [False, True], ids=["draft vocabulary", "with joined tokens"])
+def test_a_draft_vocabulary_ranks_the_same_trees_without_the_targets_vocabulary(joined):
     """The one-call draft graph of a reduced-vocabulary GRIFFIN head ranks over the draft vocabulary alone (its ids
     mapped to the target's as they are chosen): the same tokens, parents and scores as ranking over the target's
-    vocabulary with every other id at -inf (the scores to float rounding), for greedy and sampled rows alike."""
+    vocabulary with every other id at -inf (the scores to float rounding), for greedy and sampled rows alike; so do
+    each row's tokens joined to the vocabulary (a padding slot never drafted)."""
     target = TargetModel(tiny_hf_model(hidden_size=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=96))
     draft = with_draft_vocab(random_griffin(target), 40)
-    plan = draft_tree_plan(draft, TargetRowsHead(target.lm_head, draft), DynamicTreeConfig(8, 3, 3))
+    head = TargetRowsHead(target.lm_head, draft)
+    plan = draft_tree_plan(draft, head, DynamicTreeConfig(8, 3, 3))
     gen = torch.Generator().manual_seed(3)
-    ids, feats, pos, mask, root, noise, inv_t, *past = plan.args
+    ids, feats, pos, mask, root, noise, inv_t, _, _, *past = plan.args
+    outside = torch.tensor(sorted(set(range(96)) - set(head.ids.tolist())))
+    extra = outside[torch.randperm(len(outside), generator=gen)[:12]].view(2, 6) if joined else torch.full((2, 1), -1)
+    if joined:
+        extra[0, -2:] = -1  # the first row joined fewer
     args = (
         torch.randint(0, 96, ids.shape, generator=gen),
         torch.randn(feats.shape, generator=gen),
@@ -98,6 +106,8 @@ def test_a_draft_vocabulary_ranks_the_same_trees_without_the_targets_vocabulary(
         root,
         -torch.log(-torch.log(torch.rand(noise.shape, generator=gen))),  # Gumbel noise
         inv_t,  # a greedy row and a sampled one
+        extra,
+        target.lm_head.weight.detach()[extra.clamp(min=0)],
         *(torch.randn(b.shape, generator=gen) for b in past),
     )
     graph = plan.module
@@ -108,4 +118,8 @@ def test_a_draft_vocabulary_ranks_the_same_trees_without_the_targets_vocabulary(
         placed = graph(*args)
     assert torch.equal(reduced[0], placed[0]) and torch.equal(reduced[1], placed[1])  # tokens, parents
     torch.testing.assert_close(reduced[2], placed[2], rtol=0, atol=1e-5)  # a log-softmax over fewer terms rounds apart
-    assert bool(draft.t2d[reduced[0][:, 1:]].all())  # every drafted token is in the draft vocabulary
+    drafted = reduced[0][:, 1:]
+    in_vocab = draft.t2d[drafted] | (drafted[..., None] == extra[:, None, :]).any(-1)
+    assert bool(in_vocab.all())  # every drafted token is in the draft vocabulary or its row's joined tokens
+    if joined:
+        assert not bool(draft.t2d[drafted].all())  # and some are joined ones (a random head ranks them alike)

@@ -333,13 +333,15 @@ def test_corrupted_incomplete_or_mismatched_engines_are_refused(engines, tmp_pat
     (eng / "manifest.json").write_text(json.dumps(older))  # built before the per-layer buffers: graphs of interface 1
     with pytest.raises(
         EngineError,
-        match=r"interface 1 and this kit runs interface 5 .*rebuild the engine with "
+        match=r"interface 1 and this kit runs interface 6 .*rebuild the engine with "
         r"python export/build_engine.py .*--force",
     ):
         open_engine(eng)
-    older = {**manifest, "onnx": {**manifest["onnx"], "graph_interface": 4}}
-    (eng / "manifest.json").write_text(json.dumps(older))  # a draft_tree graph that gives no node scores
-    with pytest.raises(EngineError, match=r"interface 4 and this kit runs interface 5 .*giving its nodes' scores"):
+    older = {**manifest, "onnx": {**manifest["onnx"], "graph_interface": 5}}
+    (eng / "manifest.json").write_text(json.dumps(older))  # draft graphs that rank no joined tokens
+    with pytest.raises(
+        EngineError, match=r"interface 5 and this kit runs interface 6 .*rank each request's own tokens"
+    ):
         open_engine(eng)
     (eng / "manifest.json").write_text(json.dumps({**manifest, "schema_version": 99}))
     with pytest.raises(EngineError, match="schema_version 99"):
@@ -625,3 +627,39 @@ def test_extra_trees_leave_out_the_engines_own_tree_and_repeats(checkpoints):
     assert named.extra_trees == (extra,)
     assert named.digest() == plain.digest()
     assert inputs_for(checkpoints, "griffin", tree=own, extra_trees=(own,)).extra_trees == ()
+
+
+def test_a_reduced_vocabulary_engine_drafts_each_requests_own_tokens_beside_its_vocabulary(
+    demo_checkpoints, torch_target, tmp_path
+):
+    """A GRIFFIN head over a quarter-reduced vocabulary of the target's rows: its engine carries what the drafter joins
+    tokens with, and both its draft graphs (the one-call tree and the level-by-level step) draft tokens of the
+    request's own outside the vocabulary, the output staying the target's greedy decoding."""
+    from specdec_kit.runtime.checkpoint import save_draft
+    from specdec_kit.runtime.synthetic import with_draft_vocab
+
+    vocab = torch_target.vocab_size
+    reduced = with_draft_vocab(load_draft_for(torch_target, "griffin", demo_checkpoints["griffin"]), 3 * vocab // 4)
+    head = save_draft(reduced, tmp_path / "head", "griffin").parent
+    built = build_engine(
+        inputs_for(dict(demo_checkpoints, griffin=head), "griffin", tree=ONE_CALL_TREE), tmp_path / "eng"
+    ).path
+    manifest = read_manifest(built)
+    assert manifest["onnx"]["joined_vocab"] == "joined_vocab.safetensors"
+    engine = open_engine(built, device="cpu")
+    outside = ~reduced.t2d
+    asked = [p + torch.nonzero(outside)[::2, 0].tolist() for p in prompts(vocab, 3)]  # half the ids outside
+    plain = SpeculativeGenerator(engine.target, NoDrafter())
+    for tree in (engine.tree, DynamicTreeConfig(5, 2, 2)):  # one call; level by level
+        drafter = engine.drafter_for(tree)
+        assert drafter.joined is not None and drafter.step.drafts_whole(tree) == (tree == engine.tree)
+        drafted = []
+        original = drafter.draft
+        drafter.draft = lambda *a: drafted.append(original(*a)) or drafted[-1]
+        spec = SpeculativeGenerator(engine.target, drafter)
+        for p in asked:
+            assert spec.generate([p], 24)[0].tokens == plain.generate([p], 24)[0].tokens
+        tokens = torch.cat([t.tokens[:, 1:].flatten() for t in drafted])
+        own = {t for p in asked for t in p + plain.generate([p], 24)[0].tokens}
+        assert bool(outside[tokens].any())  # joined tokens were drafted
+        assert set(tokens[outside[tokens]].tolist()) <= own  # and only the requests' own

@@ -22,6 +22,7 @@ import torch
 if TYPE_CHECKING:
     from specdec_kit.runtime.core.coupling import DrawCoupling
     from specdec_kit.runtime.core.kv_cache import KVCache
+    from specdec_kit.runtime.drafts.layers import PromptVocab
 
 
 class AttentionWindow(Protocol):
@@ -107,10 +108,12 @@ class FeatureStep(Protocol):
         pending_mask: torch.Tensor,
         cache: KVCache,
         logits_at: torch.Tensor | None = None,
+        vocab: PromptVocab | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """features [B, Q, F] paired with the tokens [B, Q] after them -> (logits [B, Q' or Q, V], the regression
         features [B, Q, d] the next step takes as its feature input). F is the target's feature width on a context
-        step and the draft's own d on later steps (they differ for EAGLE-3, which fuses k target layers)."""
+        step and the draft's own d on later steps (they differ for EAGLE-3, which fuses k target layers). ``vocab``:
+        tokens that join a reduced draft vocabulary, per row (only a drafter whose head has one passes it)."""
         ...
 
 
@@ -161,6 +164,7 @@ class WholeTreeStep(Protocol):
         cache: KVCache,
         root_index: torch.Tensor,
         coupling: DrawCoupling | None = None,
+        vocab: PromptVocab | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The context pairs as for ``__call__`` (their keys/values written to the cache's pending slots), and from each
         row's root pair (``root_index`` [B]) the tree -> (node tokens [B, N], node parents [B, N], node path scores

@@ -68,16 +68,17 @@ def ranked_children(
     ``logp`` [B, V] or [B, n, V] of nodes whose children take level ``level``'s index: by ``logp`` itself without
     coupling and for greedy rows, by the perturbed scores (module docstring) for sampled ones. ``vocab_ids`` [V']:
     ``logp`` is over a draft vocabulary, index i being target id ``vocab_ids[i]`` (the tokens come out as target
-    ids). Pure tensor operations, so a draft graph runs it as the runtime does."""
+    ids; [B, V'] where each row's vocabulary differs). Pure tensor operations, so a draft graph runs it as the runtime
+    does."""
     if coupling is None:
         top, at = torch.topk(logp, k, dim=-1)
-        return top, (at if vocab_ids is None else vocab_ids[at])
+        return top, (at if vocab_ids is None else vocab_tokens(vocab_ids, at))
     squeeze = logp.dim() == 2
     if squeeze:
         logp = logp[:, None]
     pool_logp, pool_tokens = torch.topk(logp, min(max(POOL, k), logp.shape[-1]), dim=-1)  # [B, n, P]
     if vocab_ids is not None:
-        pool_tokens = vocab_ids[pool_tokens]
+        pool_tokens = vocab_tokens(vocab_ids, pool_tokens)
     level_noise = coupling.noise[:, level, None, :].expand(-1, logp.shape[1], -1)
     noise = torch.gather(level_noise, -1, pool_tokens)
     inv_t = coupling.inv_temperature[:, None, None]
@@ -86,3 +87,11 @@ def ranked_children(
     top, at = torch.topk(scores, k, dim=-1)
     tokens = torch.gather(pool_tokens, -1, at)
     return (top[:, 0], tokens[:, 0]) if squeeze else (top, tokens)
+
+
+def vocab_tokens(vocab_ids: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    """Target ids of draft-vocabulary indices ``at`` [B, ...]: ``vocab_ids`` [V'] shared, or [B, V'] per row."""
+    if vocab_ids.dim() == 1:
+        return vocab_ids[at]
+    flat = at.reshape(at.shape[0], -1)
+    return torch.gather(vocab_ids, 1, flat).view(at.shape)

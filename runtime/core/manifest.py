@@ -17,9 +17,10 @@ SCHEMA_VERSION = 1
 # The ONNX engines' graph I/O: 2 = one key and one value buffer input per layer, read in place; 3 = the target step
 # also writes its new keys/values into those buffers (bound as its outputs too) and attends under a slot mask; 4 = the
 # draft_tree graph also reads each row's draw noise and inverse temperature (its sampled rows' trees guess the draws);
-# 5 = the draft_tree graph also gives each node's path score (a hybrid ranks the head's nodes by them).
-ONNX_GRAPH_INTERFACE = 5
-ONNX_GRAPH_INTERFACE_NEWEST = "the one-call draft graph giving its nodes' scores, which a hybrid's merged trees rank"
+# 5 = the draft_tree graph also gives each node's path score (a hybrid ranks the head's nodes by them); 6 = the draft
+# graphs of a reduced vocabulary over the target's rows also rank each row's joined tokens (``joined_vocab.py``).
+ONNX_GRAPH_INTERFACE = 6
+ONNX_GRAPH_INTERFACE_NEWEST = "draft graphs that rank each request's own tokens beside a reduced draft vocabulary"
 MANIFEST_NAME = "manifest.json"
 BACKENDS = ("onnxruntime", "torch", "tensorrt-llm", "sglang", "vllm")
 # dtype names the kit accepts, by torch dtype name (``runtime/core/device.py`` maps them to torch dtypes)

@@ -21,6 +21,7 @@ from specdec_kit.runtime.core.coupling import DrawCoupling, ranked_children
 from specdec_kit.runtime.core.kv_cache import KVCache
 from specdec_kit.runtime.core.trees import DynamicTreeConfig, StaticTree, ancestor_masks
 from specdec_kit.runtime.decoding.draft_context import last_real
+from specdec_kit.runtime.decoding.joined_vocab import JoinedTokens
 from specdec_kit.runtime.decoding.prefix_cache import PrefixBlock, joined
 from specdec_kit.runtime.drafts.layers import FeatureDraft
 
@@ -219,10 +220,12 @@ class TorchFeatureStep:
         return self.draft.new_cache(batch, capacity)
 
     @torch.inference_mode()
-    def __call__(self, features, tokens, positions, pending_mask, cache, logits_at=None):
+    def __call__(self, features, tokens, positions, pending_mask, cache, logits_at=None, vocab=None):
         pred, reg = self.draft.step(features, tokens, positions, pending_mask, cache)
         if logits_at is not None:
             pred = torch.gather(pred, 1, logits_at[..., None].expand(-1, -1, pred.shape[-1]))
+        if vocab is not None:  # a reduced vocabulary's rows, then each row's joined tokens' (``TargetRowsHead``)
+            return self.lm_head.place_with(self.lm_head.own_with(pred, vocab), vocab), reg
         return self.lm_head(pred), reg
 
 
@@ -240,8 +243,15 @@ class FeatureTreeDrafter(Drafter):
     min_window: int = 16
     couples_draws = True
 
-    def __init__(self, step: FeatureStep, tree: Tree, feature_layers: tuple[int, ...] | None = None):
+    def __init__(
+        self,
+        step: FeatureStep,
+        tree: Tree,
+        feature_layers: tuple[int, ...] | None = None,
+        joined: JoinedTokens | None = None,
+    ):
         self.step, self.feature_layers = step, feature_layers
+        self.joined = joined  # the rows' own tokens joining a reduced draft vocabulary (``joined_vocab.py``)
         self.max_nodes = self.max_depth = 0
         self.set_tree(tree)
         self.cache: KVCache | None = None
@@ -266,14 +276,24 @@ class FeatureTreeDrafter(Drafter):
     def reset(self, batch: int, capacity: int) -> None:
         self.cache = self.step.new_cache(batch, capacity)
         self.skipped = torch.zeros(batch, dtype=torch.long, device=self.cache.lengths.device)
+        if self.joined is not None:
+            self.joined.reset(batch)
 
     def select_rows(self, rows: torch.Tensor) -> None:
         self.cache.select_rows(rows)
         self.skipped = self.skipped[rows]
+        if self.joined is not None:
+            self.joined.select_rows(rows)
 
     def add_rows(self, count: int, capacity: int) -> None:
         self.cache = KVCache.with_rows(self.cache, self.step.new_cache(count, capacity))
         self.skipped = torch.cat([self.skipped, self.skipped.new_zeros(count)])
+        if self.joined is not None:
+            self.joined.add_rows(count)
+
+    def _vocab(self) -> dict:
+        """The step's ``vocab`` argument where tokens join the draft vocabulary."""
+        return {} if self.joined is None else {"vocab": self.joined.vocab()}
 
     def join(
         self,
@@ -292,6 +312,7 @@ class FeatureTreeDrafter(Drafter):
         if not ahead.numel() or int(ahead.min()) < 1:
             return super().join(features, tokens, counts, capacity, prefix)
         running = self.cache, self.skipped
+        running_joined = None if self.joined is None else self.joined.take(counts.shape[0])
         self.cache = self.step.new_cache(counts.shape[0], capacity)
         self.skipped = torch.zeros_like(counts)
         try:
@@ -309,6 +330,8 @@ class FeatureTreeDrafter(Drafter):
             joining = self.cache, self.skipped
         finally:
             self.cache, self.skipped = running
+            if running_joined is not None:
+                self.joined.give(running_joined)
         self.cache = KVCache.with_rows(self.cache, joining[0])
         self.skipped = torch.cat([self.skipped, joining[1]])
         return True
@@ -364,6 +387,8 @@ class FeatureTreeDrafter(Drafter):
 
     def _context(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor):
         """What a context step reads (see ``_bounded``) -> (features, tokens, counts, positions, causal mask)."""
+        if self.joined is not None:
+            self.joined.read(tokens, counts)
         features, tokens, counts = self._bounded(features, tokens, counts)
         bsz, q_len = tokens.shape
         ar = torch.arange(q_len, device=tokens.device)
@@ -380,7 +405,9 @@ class FeatureTreeDrafter(Drafter):
         """Run the context pairs through the draft into its cache -> the root's next-token log-probs [B, V]
         and its predicted feature [B, d] (the tree grows from them; a client offline continues from them)."""
         features, tokens, counts, positions, causal = self._context(features, tokens, counts)
-        logits, reg = self.step(features, tokens, positions, causal, self.cache, logits_at=(counts - 1)[:, None])
+        logits, reg = self.step(
+            features, tokens, positions, causal, self.cache, logits_at=(counts - 1)[:, None], **self._vocab()
+        )
         self._commit_context(counts, tokens.shape[1])
         return self._logp(logits[:, 0]), last_real(reg, counts)
 
@@ -403,7 +430,7 @@ class FeatureTreeDrafter(Drafter):
         coupling, self.coupling = self.coupling, None
         features, tokens, counts, positions, causal = self._context(features, tokens, counts)
         node_tokens, node_parents, scores = self.step.whole_tree(
-            features, tokens, positions, causal, self.cache, counts - 1, coupling
+            features, tokens, positions, causal, self.cache, counts - 1, coupling, **self._vocab()
         )
         self._commit_context(counts, tokens.shape[1])
         return DraftTree.from_parents(node_tokens, node_parents, scores=scores)
@@ -415,7 +442,7 @@ class FeatureTreeDrafter(Drafter):
         return self._logp(logits), reg
 
     def _run_step(self, feats, tokens, positions, pending):
-        return self.step(feats, tokens, positions, pending, self.cache)
+        return self.step(feats, tokens, positions, pending, self.cache, **self._vocab())
 
     def _static(
         self, roots: torch.Tensor, root_logp: torch.Tensor, root_reg: torch.Tensor, coupling: DrawCoupling | None

@@ -7,6 +7,8 @@ whose residual is duplicated so that the output carries two features side by sid
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 from transformers import LlamaConfig
@@ -205,6 +207,37 @@ class TargetRowsHead(OnTargetVocab):
         if lm_head.bias is not None:
             raise ValueError("a reduced draft vocabulary reads the target's LM head rows; this head has a bias")
         self.register_buffer("rows", lm_head.weight.detach()[self.ids].clone(), persistent=False)
+        self.target_rows = lm_head.weight.detach()  # every row (not a buffer: the graphs take joined rows as inputs)
 
     def own(self, prediction: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.linear(prediction, self.rows.to(prediction.dtype))
+
+    def own_with(self, prediction: torch.Tensor, vocab: PromptVocab) -> torch.Tensor:
+        """Logits over the draft vocabulary, then over each row's joined tokens (``PromptVocab``; a padding slot at
+        -inf): prediction [B, ..., d] -> [B, ..., V' + E]."""
+        extra = torch.einsum("b...d,bed->b...e", prediction, vocab.rows.to(prediction.dtype))
+        valid = (vocab.ids >= 0).view(vocab.ids.shape[0], *([1] * (prediction.dim() - 2)), -1)
+        return torch.cat([self.own(prediction), extra.masked_fill(~valid, float("-inf"))], dim=-1)
+
+    def ids_with(self, vocab: PromptVocab) -> torch.Tensor:
+        """Each row's target id of every index of ``own_with``'s logits [B, V' + E] (padding slots as id 0: their
+        logits are -inf, so they are never chosen)."""
+        return torch.cat([self.ids.expand(vocab.ids.shape[0], -1), vocab.ids.clamp(min=0)], dim=1)
+
+    def place_with(self, logits: torch.Tensor, vocab: PromptVocab) -> torch.Tensor:
+        """``own_with``'s logits placed on the target's vocabulary, every other id at -inf."""
+        full = logits.new_full((*logits.shape[:-1], self.vocab_size + 1), float("-inf"))
+        spare = torch.where(vocab.ids >= 0, vocab.ids, self.vocab_size)  # padding slots land past the end
+        where = torch.cat([self.ids.expand(vocab.ids.shape[0], -1), spare], dim=1)
+        where = where.view(where.shape[0], *([1] * (logits.dim() - 2)), -1).expand(logits.shape)
+        return full.scatter(-1, where, logits)[..., : self.vocab_size]
+
+
+@dataclass
+class PromptVocab:
+    """Tokens that join a reduced draft vocabulary for some requests: per row, the target ids [B, E] (-1: padding)
+    and their LM head rows [B, E, d]. A request's prompt holds the names, numbers and words its answer copies, many of
+    them outside a vocabulary of the training answers' most frequent tokens, which the draft could never propose."""
+
+    ids: torch.Tensor
+    rows: torch.Tensor

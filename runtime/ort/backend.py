@@ -24,8 +24,9 @@ from specdec_kit.runtime.core.coupling import DrawCoupling
 from specdec_kit.runtime.core.kv_cache import KVCache
 from specdec_kit.runtime.core.trees import DynamicTreeConfig
 from specdec_kit.runtime.decoding.moa_drafting import MoAStep
+from specdec_kit.runtime.drafts.layers import PromptVocab
 from specdec_kit.runtime.models.target import TargetOutput
-from specdec_kit.runtime.ort.graphs import cache_names, past_names
+from specdec_kit.runtime.ort.graphs import VOCAB_INPUTS, cache_names, past_names
 
 CACHE_BLOCK = 64  # slots a cache grows by: reading up to this many spare slots beats copying the past every call
 NUMPY_TYPES = {torch.float32: np.float32, torch.float16: np.float16, torch.int64: np.int64, torch.bool: np.bool_}
@@ -323,19 +324,30 @@ class OrtFeatureDraftStep:
         return features
 
     @torch.inference_mode()
-    def __call__(self, features, tokens, positions, pending_mask, cache, logits_at=None):
+    def __call__(self, features, tokens, positions, pending_mask, cache, logits_at=None, vocab=None):
         bsz, q_len = tokens.shape
         index = _all_positions(bsz, q_len, tokens.device) if logits_at is None else logits_at
         feeds = {"input_ids": tokens, "hidden_states": self._step_features(features), "position_ids": positions}
+        feeds.update(self._vocab_feeds(self.graph, bsz, vocab))
         return _cached_call(
             self.graph, cache, pending_mask, feeds, index, self.hidden_size, self.vocab_size, "hidden_states_out"
         )
+
+    def _vocab_feeds(self, graph: OrtGraph, bsz: int, vocab: PromptVocab | None) -> dict:
+        """A graph's joined-token inputs, where it takes them (a reduced vocabulary over the target's rows): the
+        rows' own, or one padding slot each."""
+        if VOCAB_INPUTS[0] not in graph.input_names:
+            return {}
+        if vocab is None:
+            ids = torch.full((bsz, 1), -1, dtype=torch.long, device=graph.device)
+            vocab = PromptVocab(ids, torch.zeros(bsz, 1, self.hidden_size, dtype=self.dtype, device=graph.device))
+        return dict(zip(VOCAB_INPUTS, (vocab.ids, vocab.rows.to(self.dtype))))
 
     def drafts_whole(self, tree: object) -> bool:
         return self.whole is not None and tree == self.whole[1]
 
     @torch.inference_mode()
-    def whole_tree(self, features, tokens, positions, pending_mask, cache, root_index, coupling=None):
+    def whole_tree(self, features, tokens, positions, pending_mask, cache, root_index, coupling=None, vocab=None):
         if self.whole is None:
             raise RuntimeError("this engine has no draft_tree graph for its tree (drafts_whole says so)")
         graph, tree = self.whole
@@ -350,6 +362,7 @@ class OrtFeatureDraftStep:
             "root_index": root_index,
             "draw_noise": coupling.noise[:, : tree.depth + 1],
             "draw_inv_temperature": coupling.inv_temperature,
+            **self._vocab_feeds(graph, bsz, vocab),
         }
         out = _run_over_cache(
             graph,

@@ -24,7 +24,7 @@ from specdec_kit.runtime.decoding.drafting import log_probs, scored_tree_search
 from specdec_kit.runtime.decoding.moa_drafting import moa_hidden
 from specdec_kit.runtime.drafts.dflash import DFlashDraft
 from specdec_kit.runtime.drafts.eagle3 import Eagle3Draft
-from specdec_kit.runtime.drafts.layers import FeatureDraft, OnTargetVocab
+from specdec_kit.runtime.drafts.layers import FeatureDraft, OnTargetVocab, PromptVocab, TargetRowsHead
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
 from specdec_kit.runtime.drafts.moa import MoADraft
 from specdec_kit.runtime.models.target import TargetModel
@@ -207,23 +207,42 @@ class TargetStepGraph(nn.Module):
         return out.logits, out.features, *cache.buffers()
 
 
+def joins_prompt_tokens(lm_head: nn.Module) -> bool:
+    """Whether a draft graph over ``lm_head`` takes the tokens that join its vocabulary (``PromptVocab``) as inputs:
+    a reduced vocabulary over the target's LM head rows (an EAGLE-3 head's own LM head has no rows for them)."""
+    return isinstance(lm_head, TargetRowsHead)
+
+
+def _split_vocab(joins: bool, rest: tuple) -> tuple[PromptVocab | None, tuple]:
+    """A draft graph's inputs after its fixed ones: (``vocab_ids``, ``vocab_rows``, if it takes them), then the
+    per-layer buffers."""
+    return (PromptVocab(rest[0], rest[1]), rest[2:]) if joins else (None, rest)
+
+
 class FeatureDraftStepGraph(nn.Module):
-    """(ids, features, positions, mask, logits_index, each layer's K/V buffer) -> (logits, regression feature,
-    present K/V).
+    """(ids, features, positions, mask, logits_index[, vocab ids, vocab rows], each layer's K/V buffer) -> (logits,
+    regression feature, present K/V).
 
     The target's LM head is part of the graph so a draft step is one session call; ``logits_index``
-    keeps it to the positions that need logits (one per row when the context is long)."""
+    keeps it to the positions that need logits (one per row when the context is long). A reduced vocabulary over the
+    target's rows also ranks each row's joined tokens (``PromptVocab``)."""
 
     def __init__(self, draft: FeatureDraft, lm_head: nn.Linear):
         super().__init__()
         self.draft, self.lm_head = draft, lm_head
+        self.joins = joins_prompt_tokens(lm_head)
 
-    def forward(self, input_ids, hidden_states, position_ids, attention_mask, logits_index, *past):
+    def forward(self, input_ids, hidden_states, position_ids, attention_mask, logits_index, *rest):
+        vocab, past = _split_vocab(self.joins, rest)
         cache = GraphCache.of(past)
         pred, reg = self.draft.cached_step(hidden_states, input_ids, position_ids, attention_mask, cache)
         selected = torch.gather(pred, 1, logits_index[..., None].expand(-1, -1, pred.shape[-1]))
         present_keys, present_values = cache.present()
-        return self.lm_head(selected), reg, present_keys, present_values
+        if vocab is not None:
+            logits = self.lm_head.place_with(self.lm_head.own_with(selected, vocab), vocab)
+        else:
+            logits = self.lm_head(selected)
+        return logits, reg, present_keys, present_values
 
 
 class DraftTreeGraph(nn.Module):
@@ -243,8 +262,12 @@ class DraftTreeGraph(nn.Module):
         super().__init__()
         self.draft, self.lm_head, self.tree = draft, lm_head, tree
         self.reduced = isinstance(lm_head, OnTargetVocab)
+        self.joins = joins_prompt_tokens(lm_head)
 
-    def logp(self, prediction: torch.Tensor) -> torch.Tensor:
+    def logp(self, prediction: torch.Tensor, vocab: PromptVocab | None = None) -> torch.Tensor:
+        if vocab is not None:
+            logits = self.lm_head.own_with(prediction, vocab)
+            return log_probs(logits if self.reduced else self.lm_head.place_with(logits, vocab))
         return log_probs(self.lm_head.own(prediction) if self.reduced else self.lm_head(prediction))
 
     def forward(
@@ -256,8 +279,9 @@ class DraftTreeGraph(nn.Module):
         root_index,
         draw_noise,
         draw_inv_temperature,
-        *past,
+        *rest,
     ):
+        vocab, past = _split_vocab(self.joins, rest)
         cache = GraphCache.of(past)
         pred, reg = self.draft.cached_step(hidden_states, input_ids, position_ids, attention_mask, cache)
         present_keys, present_values = cache.present()
@@ -270,17 +294,20 @@ class DraftTreeGraph(nn.Module):
 
         def step(feats, toks, level, visible):
             p, r = self.draft.cached_step(feats, toks, (first_level + level).expand_as(toks), visible, levels)
-            return self.logp(p), r
+            return self.logp(p, vocab), r
 
         coupling = DrawCoupling(draw_noise, draw_inv_temperature)
+        vocab_ids = None  # ranked over the target's vocabulary
+        if self.reduced:
+            vocab_ids = self.lm_head.ids if vocab is None else self.lm_head.ids_with(vocab)
         tokens, parents, scores = scored_tree_search(
             torch.gather(input_ids, 1, at)[:, 0],
-            self.logp(root_pred),
+            self.logp(root_pred, vocab),
             root_reg,
             self.tree,
             step,
             coupling,
-            self.lm_head.ids if self.reduced else None,
+            vocab_ids,
         )
         return tokens, parents, scores.float(), present_keys, present_values
 
@@ -518,14 +545,35 @@ def feature_draft_plans(draft: FeatureDraft, head: nn.Module) -> list[GraphPlan]
     weight = draft.embed_tokens.weight
     (ids, pos, mask, index), buffers = _cached_example(layers, heads, dim, weight.dtype, weight.device)
     feats = torch.zeros(ids.shape[0], ids.shape[1], draft.config.hidden_size, dtype=weight.dtype, device=weight.device)
+    dims = _cache_dims(layers)
+    vocab_names, vocab_args = _vocab_inputs(head, feats, dims)
     return [
         GraphPlan(
-            DRAFT_SPEC.with_layers(layers),
+            _with_vocab(DRAFT_SPEC, vocab_names).with_layers(layers),
             FeatureDraftStepGraph(draft, head),
-            (ids, feats, pos, mask, index, *buffers),
-            _cache_dims(layers),
+            (ids, feats, pos, mask, index, *vocab_args, *buffers),
+            dims,
         )
     ]
+
+
+VOCAB_INPUTS = ("vocab_ids", "vocab_rows")  # a graph's joined tokens (``PromptVocab``), after its fixed inputs
+
+
+def _vocab_inputs(head: nn.Module, feats: torch.Tensor, dims: dict) -> tuple[tuple[str, ...], tuple]:
+    """The joined-token inputs a draft graph over ``head`` takes (none unless ``joins_prompt_tokens``): names and
+    example values (a row with a padding slot), their axes added to ``dims``."""
+    if not joins_prompt_tokens(head):
+        return (), ()
+    batch, extra = dims["input_ids"][0], _big("joined")
+    dims.update(vocab_ids={0: batch, 1: extra}, vocab_rows={0: batch, 1: extra})
+    ids = torch.tensor([[3, 5, -1], [7, 2, 4]], device=feats.device)[: feats.shape[0]]
+    rows = torch.zeros(ids.shape[0], ids.shape[1], head.rows.shape[1], dtype=head.rows.dtype, device=feats.device)
+    return VOCAB_INPUTS, (ids, rows)
+
+
+def _with_vocab(spec: GraphSpec, names: tuple[str, ...], role: str | None = None) -> GraphSpec:
+    return GraphSpec(role or spec.name, spec.inputs + names, spec.outputs)
 
 
 def extra_tree_role(tree: DynamicTreeConfig) -> str:
@@ -550,11 +598,11 @@ def draft_tree_plan(
     for name in ("root_index", "draw_noise", "draw_inv_temperature"):
         dims[name] = {0: dims["input_ids"][0]}
     del dims["logits_index"]
-    spec = DRAFT_TREE_SPEC.with_layers(layers)
+    vocab_names, vocab_args = _vocab_inputs(head, feats, dims)
     return GraphPlan(
-        GraphSpec(role, spec.inputs, spec.outputs),
+        _with_vocab(DRAFT_TREE_SPEC, vocab_names, role).with_layers(layers),
         DraftTreeGraph(draft, head, tree),
-        (ids, feats, pos, mask, root, noise, inv_temperature, *buffers),
+        (ids, feats, pos, mask, root, noise, inv_temperature, *vocab_args, *buffers),
         dims,
     )
 
