@@ -316,6 +316,8 @@ class FeatureTreeDrafter(Drafter):
         self.cache = self.step.new_cache(counts.shape[0], capacity)
         self.skipped = torch.zeros_like(counts)
         try:
+            if self.joined is not None:  # the whole prompt, a cached prefix's pairs included (loaded, not read)
+                self.joined.read(tokens, counts)
             loaded = self._load_prefix_pairs(prefix, ahead)
             rest = ahead - loaded
             width = int(rest.max())
