@@ -12,6 +12,7 @@ hidden state and the rows are the target's. The draft only proposes, so the outp
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
@@ -37,10 +38,10 @@ class JoinedTokens:
 
     @classmethod
     def of_engine(cls, path: Path, device: torch.device, dtype: torch.dtype) -> "JoinedTokens":
-        from safetensors.torch import load_file
-
-        tensors = load_file(str(path), device=str(device))
-        return cls(tensors["draft_ids"], tensors["target_rows"].to(dtype))
+        """A fresh state over an engine's file (read once per process: every drafter of the engine shares it)."""
+        path = Path(path).resolve()
+        stat = path.stat()  # a rebuilt engine's file is another file
+        return cls(*_engine_tensors(path, (stat.st_mtime_ns, stat.st_size), str(device), dtype))
 
     def reset(self, batch: int) -> None:
         self.rows, self._seen, self._vocab = [[] for _ in range(batch)], [set() for _ in range(batch)], None
@@ -89,6 +90,14 @@ class JoinedTokens:
             ids = ids.to(self.target_rows.device)
             self._vocab = PromptVocab(ids, self.target_rows[ids.clamp(min=0)])
         return self._vocab
+
+
+@functools.cache
+def _engine_tensors(path: Path, version: tuple, device: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(path), device=device)
+    return tensors["draft_ids"], tensors["target_rows"].to(dtype)
 
 
 def write_joined_vocab(path: Path, draft_ids: torch.Tensor, target_rows: torch.Tensor) -> None:
