@@ -59,7 +59,7 @@ class JoinedTokens:
         """Set aside the current rows' state for ``count`` fresh rows (a join reads its rows apart); ``give`` puts it
         back before them."""
         state = self.rows, self._seen
-        self.rows, self._seen, self._vocab = [[] for _ in range(count)], [set() for _ in range(count)], None
+        self.reset(count)
         return state
 
     def give(self, state: tuple[list, list]) -> None:
