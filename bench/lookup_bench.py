@@ -102,6 +102,7 @@ def generators(engine, methods: list[str], head_tree, lookup_kind: str, lookup_t
     """One generator per method over the engine's target (each model-free draft its own, with its own shared trie)."""
     from specdec_kit.runtime.decoding.drafting import NoDrafter
     from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
+    from specdec_kit.runtime.decoding.joined_vocab import keep_draft_vocabulary
     from specdec_kit.runtime.decoding.lookup_drafting import HybridDrafter
     from specdec_kit.runtime.registry import lookup_drafter
 
@@ -118,7 +119,7 @@ def generators(engine, methods: list[str], head_tree, lookup_kind: str, lookup_t
             method, drafter = f"{head} (own vocabulary)", engine.drafter_for(head_tree)
             if getattr(drafter, "joined", None) is None:
                 raise ValueError(f"--methods head-own-vocab: {head}'s drafter joins no tokens to its vocabulary")
-            drafter.joined = None
+            keep_draft_vocabulary(drafter)
         elif method in HYBRID_RULES:
             rule = HYBRID_RULES[method]
             name = f"{head}+{lookup_kind}" + ("" if method == "hybrid" else f" ({rule.replace('-', ' ')})")

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 # Only light modules here: --help answers before torch loads (``generate_cli.py`` does the work).
+from specdec_kit.runtime.engine_flags import add_joined_vocab_argument
 from specdec_kit.runtime.presets import ZOO_DEFAULT
 from specdec_kit.runtime.registry import draft_choices
 
@@ -102,6 +103,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "of the rounds' speedups (each round sets the two side by side; one run of each is at the mercy of a "
         "shared machine's slow minutes)",
     )
+    add_joined_vocab_argument(p)
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (CUDA when present)")
     p.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto (fp32 on CPU, bf16 on CUDA)")
     p.add_argument("--json", type=Path, help="also write results and statistics as JSON here")

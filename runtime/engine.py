@@ -26,6 +26,7 @@ from specdec_kit.runtime.core.manifest import (
 from specdec_kit.runtime.core.trees import tree_from_dict
 from specdec_kit.runtime.decoding.drafting import Drafter, NoDrafter
 from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
+from specdec_kit.runtime.decoding.joined_vocab import keep_draft_vocabulary
 from specdec_kit.runtime.loader import load_tokenizer
 from specdec_kit.runtime.registry import draft_kind, lookup_drafter
 
@@ -96,7 +97,7 @@ def rebuild_command(manifest: dict) -> str:
     return f"python export/build_engine.py --draft {manifest['draft']['kind']} ... --force"
 
 
-def _ort_components(root: Path, manifest: dict, device: torch.device, tree):
+def _ort_components(root: Path, manifest: dict, device: torch.device, tree, joined_vocab: bool):
     from specdec_kit.runtime.ort.backend import OrtGraph, OrtTarget, providers_for
 
     family = draft_kind(manifest["draft"]["kind"]).family
@@ -124,7 +125,18 @@ def _ort_components(root: Path, manifest: dict, device: torch.device, tree):
         return OrtGraph(root / arts[key], device, optimize=not use_optimized)
 
     target = OrtTarget(graph("target_step"), manifest["target"], dtype)
-    return target, lambda tree: family.ort_drafter(graph, manifest, target, tree)
+    drafts = manifest if joined_vocab else _without_joined_vocab(manifest)  # then its file is never read
+    return target, lambda tree: family.ort_drafter(graph, drafts, target, tree)
+
+
+def _keeping_vocabulary(drafter_for: Callable[[Any], Drafter]) -> Callable[[Any], Drafter]:
+    return lambda tree: keep_draft_vocabulary(drafter_for(tree))
+
+
+def _without_joined_vocab(manifest: dict) -> dict:
+    """The manifest as an ONNX Runtime engine's drafters read it when no request's tokens join the draft vocabulary."""
+    onnx = {key: value for key, value in manifest.get("onnx", {}).items() if key != "joined_vocab"}
+    return dict(manifest, onnx=onnx)
 
 
 def hybrid_drafter_for(
@@ -175,8 +187,11 @@ def open_engine(
     checksums: bool = True,
     expect_backend: str | None = None,
     expect_draft: str | None = None,
+    joined_vocab: bool = True,
 ) -> Engine:
-    """Verify and load an engine for the embedded runtime (ONNX Runtime or PyTorch backends)."""
+    """Verify and load an engine for the embedded runtime (ONNX Runtime or PyTorch backends). ``joined_vocab=False``:
+    a head with a reduced draft vocabulary keeps it as trained, no request's own tokens join it
+    (``decoding/joined_vocab.py``; the output is the target's either way, only acceptance and draft cost change)."""
     root = Path(path)
     manifest = read_manifest(root, checksums=checksums)
     _expect(manifest, root, "backend", manifest["backend"], expect_backend)
@@ -202,7 +217,7 @@ def open_engine(
     except (KeyError, TypeError, ValueError) as exc:
         raise EngineError(f"{root / 'manifest.json'}: key 'tree' is invalid ({exc})") from exc
     if backend == "onnxruntime":
-        target, drafter_for = _ort_components(root, manifest, dev, tree)
+        target, drafter_for = _ort_components(root, manifest, dev, tree, joined_vocab)
     else:
         from specdec_kit.runtime.loader import load_draft_for
         from specdec_kit.runtime.models.target import TargetModel
@@ -211,6 +226,8 @@ def open_engine(
         target = TargetModel.from_pretrained(root / arts["target"], dtype=manifest["dtype"], device=dev)
         module = load_draft_for(target, manifest["draft"]["kind"], root / arts["draft"])
         drafter_for = functools.partial(kind.family.torch_drafter, module, target)
+        if not joined_vocab:  # a PyTorch head's joined tokens come from the target already loaded, not a file
+            drafter_for = _keeping_vocabulary(drafter_for)
     if "lookup" in manifest["draft"]:
         drafter_for = with_lookup(root, manifest, drafter_for)
     tokenizer = load_tokenizer(root / manifest["tokenizer"]["path"])

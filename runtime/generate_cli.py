@@ -20,6 +20,7 @@ from specdec_kit.runtime.core.trees import DynamicTreeConfig
 from specdec_kit.runtime.decoding.generate import GenerationResult, RequestStats, SpeculativeGenerator
 from specdec_kit.runtime.drafts.loading import DraftLoadError
 from specdec_kit.runtime.engine import open_engine
+from specdec_kit.runtime.engine_flags import joined_vocab
 from specdec_kit.runtime.loader import (
     default_tree,
     head_kind,
@@ -285,7 +286,7 @@ def execute(args) -> int:
                     target,
                     tokenizer,
                     label,
-                    make_drafter(target, kind, paths[label], tree),
+                    make_drafter(target, kind, paths[label], tree, joined_vocab=joined_vocab(args)),
                     tree,
                     args,
                     prompts,
@@ -296,7 +297,7 @@ def execute(args) -> int:
         elif args.engine:
             summaries, plain = [], None
             for path in args.engine:  # several engines of one target: plain decoding is measured once, with the first
-                engine = open_engine(path, device=args.device)
+                engine = open_engine(path, device=args.device, joined_vocab=joined_vocab(args))
                 target, tokenizer = engine.target, engine.tokenizer
                 print(
                     f"engine: {path} ({engine.backend} backend, {engine.draft_kind} draft, {engine.manifest['dtype']})"
@@ -327,7 +328,7 @@ def execute(args) -> int:
             target = TargetModel.from_pretrained(args.target, args.dtype, args.device)
             tokenizer = load_tokenizer(args.target)
             tree = resolve_tree(args.draft, args.tree, args.total_tokens, args.depth, args.top_k, cpu_tree)
-            drafter = make_drafter(target, args.draft, draft_path, tree)
+            drafter = make_drafter(target, args.draft, draft_path, tree, joined_vocab=joined_vocab(args))
             default = CHAT_PROMPTS[:1] if getattr(tokenizer, "chat_template", None) else DEMO_PROMPTS[:1]
             summaries = run(
                 target, tokenizer, args.draft, drafter, tree, args, args.prompt or default, args.compare_plain

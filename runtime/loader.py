@@ -9,6 +9,7 @@ import torch
 from specdec_kit.runtime.checkpoint import load_draft
 from specdec_kit.runtime.core.trees import DynamicTreeConfig, StaticTree, parse_tree_spec
 from specdec_kit.runtime.decoding.drafting import Drafter, NoDrafter
+from specdec_kit.runtime.decoding.joined_vocab import keep_draft_vocabulary
 from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.runtime.registry import draft_choices, draft_kind, hybrid_parts, lookup_drafter
 
@@ -81,10 +82,16 @@ def load_draft_for(target: TargetModel, kind: str, draft_path: str | Path | None
 
 
 def make_drafter(
-    target: TargetModel, kind: str, draft_path: str | Path | None, tree, lookup_path: str | Path | None = None
+    target: TargetModel,
+    kind: str,
+    draft_path: str | Path | None,
+    tree,
+    lookup_path: str | Path | None = None,
+    joined_vocab: bool = True,
 ) -> Drafter:
     """The drafter of ``kind`` (a registered kind, ``none`` or a hybrid like ``griffin+suffix``). ``draft_path``: the
-    head's checkpoint, or a model-free kind's settings (optional); ``lookup_path``: a hybrid's model-free settings."""
+    head's checkpoint, or a model-free kind's settings (optional); ``lookup_path``: a hybrid's model-free settings;
+    ``joined_vocab=False``: a head's reduced draft vocabulary stays as trained (``decoding/joined_vocab.py``)."""
     if kind == "none":
         return NoDrafter()
     if kind not in draft_choices():
@@ -94,10 +101,12 @@ def make_drafter(
         from specdec_kit.runtime.decoding.lookup_drafting import HybridDrafter
 
         settings = load_draft_for(target, lookup, lookup_path)
-        return HybridDrafter(make_drafter(target, head, draft_path, tree), lookup_drafter(lookup, settings))
+        head_drafter = make_drafter(target, head, draft_path, tree, joined_vocab=joined_vocab)
+        return HybridDrafter(head_drafter, lookup_drafter(lookup, settings))
     if draft_path is None and not draft_kind(kind).model_free:
         raise ValueError(f"draft {kind!r} needs a checkpoint directory")
-    return draft_kind(kind).family.torch_drafter(load_draft_for(target, kind, draft_path), target, tree)
+    drafter = draft_kind(kind).family.torch_drafter(load_draft_for(target, kind, draft_path), target, tree)
+    return drafter if joined_vocab else keep_draft_vocabulary(drafter)
 
 
 def load_tokenizer(path: str | Path):

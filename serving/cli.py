@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from specdec_kit.runtime.core.manifest import EngineError, read_manifest
+from specdec_kit.runtime.engine_flags import add_joined_vocab_argument, joined_vocab
 from specdec_kit.serving.intake import DEFAULT_MAX_REQUEST_BYTES
 from specdec_kit.serving.vllm_memory import KvCacheError, is_cpu_build, kv_cache_flags
 
@@ -83,6 +84,7 @@ def parse_args(argv):
     p.add_argument(
         "--lookup-settings", type=Path, metavar="FILE", help="--lookup's settings as JSON (default: its own)"
     )
+    add_joined_vocab_argument(p)
     p.add_argument(
         "--drain-timeout",
         type=float,
@@ -278,7 +280,9 @@ def main(argv=None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     set_threads()
     try:
-        engine = open_engine(args.engine, device=args.device, checksums=False)  # read_manifest checked them
+        engine = open_engine(  # read_manifest checked the checksums
+            args.engine, device=args.device, checksums=False, joined_vocab=joined_vocab(args)
+        )
         if args.lookup:
             engine = attach_lookup(engine, args.lookup, args.lookup_settings)
         elif args.lookup_settings is not None:
@@ -334,6 +338,7 @@ def main(argv=None) -> int:
     app = create_app(engine, config, scheduler, metrics)
     graph = getattr(engine.target, "graph", None)  # an ONNX Runtime target step: which MatMul it runs, and why
     kernel = f", target MatMuls: kit's PackedMatMul {graph.packed_matmul}" if graph is not None else ""
+    kernel += ", draft vocabulary as trained (--joined-vocab off)" if not joined_vocab(args) else ""
     print(
         f"serving {name} ({engine.backend} engine, {engine.draft_kind} draft, speculation {mode}{kernel}) on "
         f"http://{args.host}:{args.port}/v1",

@@ -123,3 +123,35 @@ def test_a_draft_vocabulary_ranks_the_same_trees_without_the_targets_vocabulary(
     assert bool(in_vocab.all())  # every drafted token is in the draft vocabulary or its row's joined tokens
     if joined:
         assert not bool(draft.t2d[drafted].all())  # and some are joined ones (a random head ranks them alike)
+
+
+@pytest.mark.parametrize("kind", ["griffin", "griffin+suffix"])
+def test_joined_tokens_can_be_turned_off_for_a_reduced_vocabulary_head(kind, tmp_path):
+    """``make_drafter(..., joined_vocab=False)`` (``specdec-generate --joined-vocab off``): a reduced-vocabulary head,
+    alone or under a hybrid, keeps its vocabulary as trained (alone, it drafts inside it however many of the prompt's
+    tokens lie outside), with the target's greedy output; on by default."""
+    from specdec_kit.runtime.checkpoint import save_draft
+    from specdec_kit.runtime.decoding.drafting import NoDrafter
+    from specdec_kit.runtime.loader import make_drafter
+
+    target = TargetModel(tiny_hf_model(hidden_size=32, layers=2, heads=4, kv_heads=2, intermediate=64, vocab=96))
+    draft = with_draft_vocab(random_griffin(target), 40)
+    path = save_draft(draft, tmp_path / "head", "griffin").parent
+    tree = DynamicTreeConfig(6, 2, 3)
+
+    def head_of(drafter):
+        return getattr(drafter, "head", drafter)
+
+    assert head_of(make_drafter(target, kind, path, tree)).joined is not None
+    fixed = make_drafter(target, kind, path, tree, joined_vocab=False)
+    assert head_of(fixed).joined is None
+    trees = []
+    original = fixed.draft
+    fixed.draft = lambda *a: trees.append(original(*a)) or trees[-1]
+    outside = torch.nonzero(~draft.t2d)[:, 0]
+    prompt = outside[:12].tolist() + [5, 7, 9]  # the prompt's own tokens lie outside the vocabulary
+    plain = SpeculativeGenerator(target, NoDrafter()).generate([prompt], 16)[0].tokens
+    assert SpeculativeGenerator(target, fixed).generate([prompt], 16)[0].tokens == plain
+    if kind == "griffin":  # (a hybrid's lookup copies the prompt's tokens, whatever its head drafts)
+        drafted = torch.cat([t.tokens[:, 1:][t.valid[:, 1:]] for t in trees])  # a root is a verified token
+        assert not bool(torch.isin(drafted, outside).any())

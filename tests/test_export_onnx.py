@@ -629,13 +629,24 @@ def test_extra_trees_leave_out_the_engines_own_tree_and_repeats(checkpoints):
     assert inputs_for(checkpoints, "griffin", tree=own, extra_trees=(own,)).extra_trees == ()
 
 
+def _drafting(drafter) -> list:
+    """The trees ``drafter`` drafts from now on, recorded as it returns them."""
+    drafted = []
+    original = drafter.draft
+    drafter.draft = lambda *a: drafted.append(original(*a)) or drafted[-1]
+    return drafted
+
+
 def test_a_reduced_vocabulary_engine_drafts_each_requests_own_tokens_beside_its_vocabulary(
     demo_checkpoints, torch_target, tmp_path
 ):
     """A GRIFFIN head over a quarter-reduced vocabulary of the target's rows: its engine carries what the drafter joins
     tokens with, and both its draft graphs (the one-call tree and the level-by-level step) draft tokens of the
-    request's own outside the vocabulary, the output staying the target's greedy decoding."""
+    request's own outside the vocabulary, the output staying the target's greedy decoding. Opened with
+    ``joined_vocab=False`` (``--joined-vocab off``) the same engine drafts inside its vocabulary alone, never reading
+    the file, with the same output."""
     from specdec_kit.runtime.checkpoint import save_draft
+    from specdec_kit.runtime.decoding import joined_vocab
     from specdec_kit.runtime.synthetic import with_draft_vocab
 
     vocab = torch_target.vocab_size
@@ -653,9 +664,7 @@ def test_a_reduced_vocabulary_engine_drafts_each_requests_own_tokens_beside_its_
     for tree in (engine.tree, DynamicTreeConfig(5, 2, 2)):  # one call; level by level
         drafter = engine.drafter_for(tree)
         assert drafter.joined is not None and drafter.step.drafts_whole(tree) == (tree == engine.tree)
-        drafted = []
-        original = drafter.draft
-        drafter.draft = lambda *a: drafted.append(original(*a)) or drafted[-1]
+        drafted = _drafting(drafter)
         spec = SpeculativeGenerator(engine.target, drafter)
         for p in asked:
             assert spec.generate([p], 24)[0].tokens == plain.generate([p], 24)[0].tokens
@@ -663,3 +672,17 @@ def test_a_reduced_vocabulary_engine_drafts_each_requests_own_tokens_beside_its_
         own = {t for p in asked for t in p + plain.generate([p], 24)[0].tokens}
         assert bool(outside[tokens].any())  # joined tokens were drafted
         assert set(tokens[outside[tokens]].tolist()) <= own  # and only the requests' own
+
+    joined_vocab._engine_tensors.cache_clear()
+    fixed = open_engine(built, device="cpu", joined_vocab=False)
+    for tree in (fixed.tree, DynamicTreeConfig(5, 2, 2)):
+        drafter = fixed.drafter_for(tree)
+        assert drafter.joined is None
+        drafted = _drafting(drafter)
+        spec = SpeculativeGenerator(fixed.target, drafter)
+        for p in asked:
+            assert spec.generate([p], 24)[0].tokens == plain.generate([p], 24)[0].tokens
+        tokens = torch.cat([t.tokens[:, 1:].flatten() for t in drafted])
+        valid = torch.cat([t.valid[:, 1:].flatten() for t in drafted])
+        assert not bool(outside[tokens[valid]].any())  # the vocabulary as trained
+    assert joined_vocab._engine_tensors.cache_info().currsize == 0  # its file never read

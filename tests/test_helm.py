@@ -171,6 +171,18 @@ def test_rendered_output_matches_golden(chart, path):
     )
 
 
+def test_server_joined_vocab_false_keeps_the_draft_vocabulary_as_trained(chart):
+    """``server.joinedVocab: false`` gives the embedded server ``--joined-vocab=off``, which specdec-serve's own
+    parser takes; the default passes nothing (the server's default, on)."""
+    from specdec_kit.serving.cli import parse_args
+
+    default = server(pods_of(chart.render({}, api_versions=()))[0][1])["args"]
+    fixed = server(pods_of(chart.render({"server": {"joinedVocab": False}}, api_versions=()))[0][1])["args"]
+    assert not any(a.startswith("--joined-vocab") for a in default)
+    assert [a for a in fixed if a not in default] == ["--joined-vocab=off"]
+    assert parse_args(fixed).joined_vocab == "off" and parse_args(default).joined_vocab == "on"
+
+
 def test_defaults_are_the_cpu_demo(chart):
     docs = chart.render({}, api_versions=())  # the defaults need no custom resource
     [(role, spec)] = pods_of(docs)

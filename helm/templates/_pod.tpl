@@ -63,6 +63,9 @@ containers:
       - --max-num-seqs={{ $v.server.maxNumSeqs }}
       - --max-queue={{ $v.server.maxQueue }}
       - --speculation={{ $v.server.speculation }}
+      {{- if and (hasKey $v.server "joinedVocab") (not $v.server.joinedVocab) }}
+      - --joined-vocab=off
+      {{- end }}
       - --drain-timeout={{ $v.server.drainTimeoutSeconds }}
       {{- end }}
       {{- if or $multi $v.server.extraArgs }}

@@ -92,6 +92,14 @@ class JoinedTokens:
         return self._vocab
 
 
+def keep_draft_vocabulary(drafter):
+    """``drafter`` with its draft vocabulary as trained: no request's tokens join it (a drafter without a reduced
+    vocabulary is returned as it is)."""
+    if getattr(drafter, "joined", None) is not None:
+        drafter.joined = None
+    return drafter
+
+
 @functools.cache
 def _engine_tensors(path: Path, version: tuple, device: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     from safetensors.torch import load_file
