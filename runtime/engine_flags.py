@@ -20,4 +20,5 @@ def add_joined_vocab_argument(p: argparse.ArgumentParser) -> None:
 
 
 def joined_vocab(args: argparse.Namespace) -> bool:
+    """The parsed flag as ``open_engine`` and ``make_drafter`` take it."""
     return args.joined_vocab == "on"
