@@ -57,11 +57,11 @@ def measure(engine, sets: dict[str, list[list[int]]], max_new: int, tree) -> lis
 
     from specdec_kit.runtime.decoding.drafting import NoDrafter
     from specdec_kit.runtime.decoding.generate import RequestStats, SpeculativeGenerator
-    from specdec_kit.runtime.drafts.layers import TargetRowsHead
+    from specdec_kit.runtime.decoding.joined_vocab import joins_request_tokens
 
     drafter = engine.drafter_for(tree)
     head, joined = drafter.step.lm_head, drafter.joined
-    if not isinstance(head, TargetRowsHead) or joined is None:
+    if not joins_request_tokens(head) or joined is None:
         raise ValueError(
             f"{engine.draft_kind}: its head ranks over {type(head).__name__}, not the target's LM head rows of a "
             "draft vocabulary (a GRIFFIN/EAGLE/HASS head with draft_vocab_size); nothing to measure"

@@ -23,8 +23,7 @@ from specdec_kit.export.quantize import WeightFormat, quantize_graph
 from specdec_kit.runtime.core.manifest import ONNX_GRAPH_INTERFACE
 from specdec_kit.runtime.core.trees import tree_to_dict
 from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
-from specdec_kit.runtime.decoding.joined_vocab import JOINED_VOCAB_FILE, write_joined_vocab
-from specdec_kit.runtime.drafts.layers import TargetRowsHead
+from specdec_kit.runtime.decoding.joined_vocab import JOINED_VOCAB_FILE, joins_request_tokens, write_joined_vocab
 from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.runtime.ort.graphs import extra_tree_role, target_plan
 from specdec_kit.runtime.registry import draft_kind
@@ -191,7 +190,7 @@ def build_onnx(
     opsets = {plan.role: plan.opset for plan in (target_graph, *plans)}
     joins = {}
     head = family.head(draft_module, target) if hasattr(family, "head") else None
-    if isinstance(head, TargetRowsHead):  # the drafter joins each request's tokens to the draft vocabulary
+    if joins_request_tokens(head):  # the drafter joins each request's tokens to the draft vocabulary
         write_joined_vocab(graphs / JOINED_VOCAB_FILE, head.ids, head.target_rows)
         joins = {"joined_vocab": JOINED_VOCAB_FILE}
     artifacts, quantized, fused = {}, {}, {}

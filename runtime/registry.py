@@ -204,10 +204,9 @@ class FeatureFamily(DraftFamily):
     def torch_drafter(self, module, target, tree):
         from specdec_kit.runtime.decoding.drafting import FeatureTreeDrafter, TorchFeatureStep
         from specdec_kit.runtime.decoding.joined_vocab import JoinedTokens
-        from specdec_kit.runtime.drafts.layers import TargetRowsHead
 
         head = self.head(module, target)
-        joined = JoinedTokens(head.ids, head.target_rows) if isinstance(head, TargetRowsHead) else None
+        joined = JoinedTokens.for_head(head)
         return FeatureTreeDrafter(TorchFeatureStep(module, head), tree, self.feature_layers(module), joined)
 
     def ort_drafter(self, graph, manifest, target, tree):

@@ -17,9 +17,15 @@ from pathlib import Path
 
 import torch
 
-from specdec_kit.runtime.drafts.layers import PromptVocab
+from specdec_kit.runtime.drafts.layers import PromptVocab, TargetRowsHead
 
 JOINED_VOCAB_FILE = "joined_vocab.safetensors"  # an ONNX Runtime engine's draft ids and the target's LM head rows
+
+
+def joins_request_tokens(head: torch.nn.Module) -> bool:
+    """Whether a draft over ``head`` can rank requests' own tokens beside its vocabulary: a reduced vocabulary over
+    the target's LM head rows (an EAGLE-3 head's own LM head has no rows for the tokens outside it)."""
+    return isinstance(head, TargetRowsHead)
 
 
 class JoinedTokens:
@@ -35,6 +41,11 @@ class JoinedTokens:
         self.rows: list[list[int]] = []
         self._seen: list[set[int]] = []
         self._vocab: PromptVocab | None = None
+
+    @classmethod
+    def for_head(cls, head: torch.nn.Module) -> "JoinedTokens | None":
+        """A fresh state over a PyTorch head's rows, or None for a head that joins no tokens."""
+        return cls(head.ids, head.target_rows) if joins_request_tokens(head) else None
 
     @classmethod
     def of_engine(cls, path: Path, device: torch.device, dtype: torch.dtype) -> "JoinedTokens":

@@ -21,10 +21,11 @@ from torch import nn
 from specdec_kit.runtime.core.coupling import DrawCoupling
 from specdec_kit.runtime.core.trees import DynamicTreeConfig
 from specdec_kit.runtime.decoding.drafting import log_probs, scored_tree_search
+from specdec_kit.runtime.decoding.joined_vocab import joins_request_tokens
 from specdec_kit.runtime.decoding.moa_drafting import moa_hidden
 from specdec_kit.runtime.drafts.dflash import DFlashDraft
 from specdec_kit.runtime.drafts.eagle3 import Eagle3Draft
-from specdec_kit.runtime.drafts.layers import FeatureDraft, OnTargetVocab, PromptVocab, TargetRowsHead
+from specdec_kit.runtime.drafts.layers import FeatureDraft, OnTargetVocab, PromptVocab
 from specdec_kit.runtime.drafts.medusa import MedusaHeads
 from specdec_kit.runtime.drafts.moa import MoADraft
 from specdec_kit.runtime.models.target import TargetModel
@@ -207,12 +208,6 @@ class TargetStepGraph(nn.Module):
         return out.logits, out.features, *cache.buffers()
 
 
-def joins_prompt_tokens(lm_head: nn.Module) -> bool:
-    """Whether a draft graph over ``lm_head`` takes the tokens that join its vocabulary (``PromptVocab``) as inputs:
-    a reduced vocabulary over the target's LM head rows (an EAGLE-3 head's own LM head has no rows for them)."""
-    return isinstance(lm_head, TargetRowsHead)
-
-
 def _split_vocab(joins: bool, rest: tuple) -> tuple[PromptVocab | None, tuple]:
     """A draft graph's inputs after its fixed ones: (``vocab_ids``, ``vocab_rows``, if it takes them), then the
     per-layer buffers."""
@@ -230,7 +225,7 @@ class FeatureDraftStepGraph(nn.Module):
     def __init__(self, draft: FeatureDraft, lm_head: nn.Linear):
         super().__init__()
         self.draft, self.lm_head = draft, lm_head
-        self.joins = joins_prompt_tokens(lm_head)
+        self.joins = joins_request_tokens(lm_head)
 
     def forward(self, input_ids, hidden_states, position_ids, attention_mask, logits_index, *rest):
         vocab, past = _split_vocab(self.joins, rest)
@@ -262,7 +257,7 @@ class DraftTreeGraph(nn.Module):
         super().__init__()
         self.draft, self.lm_head, self.tree = draft, lm_head, tree
         self.reduced = isinstance(lm_head, OnTargetVocab)
-        self.joins = joins_prompt_tokens(lm_head)
+        self.joins = joins_request_tokens(lm_head)
 
     def logp(self, prediction: torch.Tensor, vocab: PromptVocab | None = None) -> torch.Tensor:
         if vocab is not None:
@@ -561,9 +556,9 @@ VOCAB_INPUTS = ("vocab_ids", "vocab_rows")  # a graph's joined tokens (``PromptV
 
 
 def _vocab_inputs(head: nn.Module, feats: torch.Tensor, dims: dict) -> tuple[tuple[str, ...], tuple]:
-    """The joined-token inputs a draft graph over ``head`` takes (none unless ``joins_prompt_tokens``): names and
+    """The joined-token inputs a draft graph over ``head`` takes (none unless ``joins_request_tokens``): names and
     example values (a row with a padding slot), their axes added to ``dims``."""
-    if not joins_prompt_tokens(head):
+    if not joins_request_tokens(head):
         return (), ()
     batch, extra = dims["input_ids"][0], _big("joined")
     dims.update(vocab_ids={0: batch, 1: extra}, vocab_rows={0: batch, 1: extra})
