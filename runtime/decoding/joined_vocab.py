@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
 from specdec_kit.runtime.drafts.layers import PromptVocab, TargetRowsHead
 
 JOINED_VOCAB_FILE = "joined_vocab.safetensors"  # an ONNX Runtime engine's draft ids and the target's LM head rows
+D = TypeVar("D")  # a drafter of any kind
 
 
 def joins_request_tokens(head: torch.nn.Module) -> bool:
@@ -103,7 +105,7 @@ class JoinedTokens:
         return self._vocab
 
 
-def keep_draft_vocabulary(drafter):
+def keep_draft_vocabulary(drafter: D) -> D:
     """``drafter`` with its draft vocabulary as trained: no request's tokens join it (a drafter without a reduced
     vocabulary is returned as it is)."""
     if getattr(drafter, "joined", None) is not None:
