@@ -8,7 +8,8 @@ The suffix trees keep earlier responses, as a server's do: each prompt runs once
 own answer there), in category order. The hybrid runs under the kit's merge rule (``hybrid``: ``calibrated``, the
 head's path probability against the lookup node's measured chance of acceptance) and, as methods of their own, the
 alternatives it was chosen over (``hybrid-probability``: the lookup's raw share of earlier occurrences;
-``hybrid-lookup-first``). ``head-own-vocab``: the head without the request's own tokens joining its reduced draft
+``hybrid-lookup-first``), and without its choice of cycles that draft the lookup's tree alone (``hybrid-merged``:
+every cycle merges). ``head-own-vocab``: the head without the request's own tokens joining its reduced draft
 vocabulary (``runtime/decoding/joined_vocab.py``), beside the head as the runtime drafts with it.
 """
 
@@ -22,8 +23,9 @@ from pathlib import Path
 from specdec_kit.bench.head_engine import add_draft_weights_argument, build_head_engine, effective_draft_weights
 
 CATEGORIES = "summarization,rag,code_editing,multi_turn,qa,math_reasoning,translation"
-METHODS = "plain,ngram,suffix,head,head-own-vocab,hybrid,hybrid-probability,hybrid-lookup-first"
+METHODS = "plain,ngram,suffix,head,head-own-vocab,hybrid,hybrid-probability,hybrid-lookup-first,hybrid-merged"
 HYBRID_RULES = {"hybrid": "calibrated", "hybrid-probability": "probability", "hybrid-lookup-first": "lookup-first"}
+ALWAYS_MERGED = "hybrid-merged"  # the default rule without lookup-only cycles: what choosing them is worth
 DEFAULT_METHODS = "plain,ngram,suffix,head,hybrid,hybrid-lookup-first"
 
 
@@ -127,6 +129,10 @@ def generators(engine, methods: list[str], head_tree, lookup_kind: str, lookup_t
                 name,
                 HybridDrafter(engine.drafter_for(head_tree), lookup_drafter(lookup_kind, tree=lookup_tree), rule),
             )
+        elif method == ALWAYS_MERGED:
+            lookup = lookup_drafter(lookup_kind, tree=lookup_tree)
+            method = f"{head}+{lookup_kind} (always merged)"
+            drafter = HybridDrafter(engine.drafter_for(head_tree), lookup, lookup_alone=False)
         else:
             raise ValueError(f"--methods: unknown method {method!r}; expected some of {METHODS}")
         out[method] = SpeculativeGenerator(engine.target, drafter)

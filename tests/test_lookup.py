@@ -292,6 +292,22 @@ def test_a_hybrid_judges_a_cycle_by_merged_trees_in_cycles_like_it(predictable_c
     assert drafter.lookup_suffices(nothing)
 
 
+def test_a_hybrid_without_lookup_only_cycles_merges_in_every_cycle(predictable_case):
+    """``lookup_alone=False`` (``specdec-bench-lookup --methods hybrid-merged``): where the lookup's trees alone would
+    lead, the cycle still merges, and the output stays the target's."""
+    drafter = lookup_drafter("griffin+suffix", predictable_case.target)
+    match, nothing = [Proposal([4, 5], [-1, 0], [0.9, 0.8])], [Proposal()]
+    measured(drafter, {True: 2.0, False: 0.1}, 0.05)
+    assert drafter.lookup_suffices(match) and drafter.lookup_suffices(nothing)
+    merging = HybridDrafter(drafter.head, drafter.lookup, lookup_alone=False)
+    measured(merging, {True: 2.0, False: 0.1}, 0.05)
+    assert not merging.lookup_suffices(match) and not merging.lookup_suffices(nothing)
+    gen = SpeculativeGenerator(predictable_case.target, merging)
+    results = gen.generate(predictable_case.prompts[:4], NEW_TOKENS)
+    assert [r.tokens for r in results] == predictable_case.references[:4]
+    assert merging._since_merged == 0  # no cycle drafted the lookup's tree alone
+
+
 def measured(drafter, gains: dict[bool, float], seconds: float, cycles: int = 32) -> None:
     """``drafter`` has measured merged trees giving ``gains`` accepted tokens a greedy cycle (per kind: whether the
     lookup found a proposal, ``cycles`` of each) in ``seconds``; all greedy cycles together, their mean."""

@@ -317,10 +317,15 @@ class HybridDrafter(Drafter):
     prior_cycles = 8  # a kind's average of merged trees leans on its sampling's as much as on that many of its own
     couples_draws = True  # the head's part of a merged tree; the lookup proposes what the text holds
 
-    def __init__(self, head: FeatureTreeDrafter, lookup: LookupDrafter, rule: str = "calibrated"):
+    def __init__(
+        self, head: FeatureTreeDrafter, lookup: LookupDrafter, rule: str = "calibrated", lookup_alone: bool = True
+    ):
         if rule not in MERGE_RULES:
             raise ValueError(f"hybrid merge rule {rule!r}: expected one of {MERGE_RULES}")
         self.head, self.lookup, self.rule = head, lookup, rule
+        # whether a cycle may draft the lookup's tree alone (``lookup_suffices``); False merges in every cycle, which
+        # measures what that choice is worth
+        self.lookup_alone = lookup_alone
         self.feature_layers = head.feature_layers
         # merged trees' accepted tokens per cycle, per kind of cycle (``_kind``: whether the lookup found a proposal,
         # whether the rows sample): each is set against the lookup's estimate for its own kind of cycle; and their
@@ -574,7 +579,7 @@ class HybridDrafter(Drafter):
         timed), and on SmolLM2's chat prompts merged trees in cycles with a match stayed half as slow again as in the
         others, so the lookup won nearly every such cycle on that alone."""
         kind = self._kind(found)
-        if kind not in self.gains or self.seconds.value is None:
+        if not self.lookup_alone or kind not in self.gains or self.seconds.value is None:
             return False
         gap = self.probe_gaps.get(kind, self.probe_gap)
         if self._lookup_runs.get(kind, 0) >= gap:
