@@ -24,8 +24,13 @@ from specdec_kit.bench.head_engine import add_draft_weights_argument, build_head
 
 CATEGORIES = "summarization,rag,code_editing,multi_turn,qa,math_reasoning,translation"
 METHODS = "plain,ngram,suffix,head,head-own-vocab,hybrid,hybrid-probability,hybrid-lookup-first,hybrid-merged"
-HYBRID_RULES = {"hybrid": "calibrated", "hybrid-probability": "probability", "hybrid-lookup-first": "lookup-first"}
-ALWAYS_MERGED = "hybrid-merged"  # the default rule without lookup-only cycles: what choosing them is worth
+# each hybrid method: its merge rule, whether cycles may draft the lookup's tree alone, and its label's suffix
+HYBRIDS = {
+    "hybrid": ("calibrated", True, ""),
+    "hybrid-probability": ("probability", True, " (probability)"),
+    "hybrid-lookup-first": ("lookup-first", True, " (lookup first)"),
+    "hybrid-merged": ("calibrated", False, " (always merged)"),  # what choosing lookup-only cycles is worth
+}
 DEFAULT_METHODS = "plain,ngram,suffix,head,hybrid,hybrid-lookup-first"
 
 
@@ -122,17 +127,11 @@ def generators(engine, methods: list[str], head_tree, lookup_kind: str, lookup_t
             if getattr(drafter, "joined", None) is None:
                 raise ValueError(f"--methods head-own-vocab: {head}'s drafter joins no tokens to its vocabulary")
             keep_draft_vocabulary(drafter)
-        elif method in HYBRID_RULES:
-            rule = HYBRID_RULES[method]
-            name = f"{head}+{lookup_kind}" + ("" if method == "hybrid" else f" ({rule.replace('-', ' ')})")
-            method, drafter = (
-                name,
-                HybridDrafter(engine.drafter_for(head_tree), lookup_drafter(lookup_kind, tree=lookup_tree), rule),
-            )
-        elif method == ALWAYS_MERGED:
+        elif method in HYBRIDS:
+            rule, lookup_alone, label = HYBRIDS[method]
             lookup = lookup_drafter(lookup_kind, tree=lookup_tree)
-            method = f"{head}+{lookup_kind} (always merged)"
-            drafter = HybridDrafter(engine.drafter_for(head_tree), lookup, lookup_alone=False)
+            method = f"{head}+{lookup_kind}{label}"
+            drafter = HybridDrafter(engine.drafter_for(head_tree), lookup, rule, lookup_alone)
         else:
             raise ValueError(f"--methods: unknown method {method!r}; expected some of {METHODS}")
         out[method] = SpeculativeGenerator(engine.target, drafter)
