@@ -138,23 +138,6 @@ def generators(engine, methods: list[str], head_tree, lookup_kind: str, lookup_t
     return out
 
 
-def add_decode_speedups(rows: list[dict], results: dict) -> None:
-    """Each row's speedup over plain decoding in the decoding phase alone (the prompt's prefill, the same for every
-    method, left out): the median over prompts of plain's seconds per generated token over the method's."""
-    from specdec_kit.bench.speedup import median
-
-    for row in rows:
-        runs = results[(row["prompt_set"], row["temperature"], row["method"])]
-        plain = results[(row["prompt_set"], row["temperature"], "plain")]
-        row["decode_speedup"] = median(
-            [
-                plain[k]["stats"].decode_s_per_token / r["stats"].decode_s_per_token
-                for k, r in runs.items()
-                if k in plain
-            ]
-        )
-
-
 def pivot(rows: list[dict], names: list[str]) -> list[str]:
     """Per category and method: the speedup over plain decoding end to end and in the decoding phase alone, and the
     acceptance length tau; one table per temperature."""
@@ -283,7 +266,6 @@ def run(args) -> int:
     results = measure(gens, sets, temps, 1, args.max_new_tokens)
     names = list(gens)
     rows = summarize(results, names)
-    add_decode_speedups(rows, results)
     meta = {
         "target": args.target,
         "head": args.head,

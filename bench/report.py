@@ -16,6 +16,7 @@ COLUMNS = [
     "acceptance_length",
     "tokens_per_s",
     "speedup",
+    "decode_speedup",
     "copy_gbs",
     "bound",
     "draft_ms",
@@ -31,10 +32,10 @@ def markdown(rows: list[dict], machine: str) -> str:
     lines = [
         f"Machine: {machine}",
         "",
-        "| prompts | T | method | tau | tokens/s | speedup | "
+        "| prompts | T | method | tau | tokens/s | speedup | decoding alone | "
         + ("copy GB/s | " if copies else "")
         + "bound | draft ms/cycle | acceptance per depth |",
-        "|---|---|---|---|---|---|---|---|---|" + ("---|" if copies else ""),
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if copies else ""),
     ]
     for r in rows:
         depth = " ".join(f"{a:.2f}" for a in r["acceptance_per_depth"]) or "-"
@@ -42,9 +43,10 @@ def markdown(rows: list[dict], machine: str) -> str:
         bound = f"{r['bound']:.2f}x" if r.get("bound") else "-"
         draft = f"{r['draft_ms']:.1f}" if r.get("draft_ms") is not None else "-"
         copy = f"{r['copy_gbs']:.0f} | " if copies else ""
+        decoding = f"{r['decode_speedup']:.2f}x" if r.get("decode_speedup") else "-"
         lines.append(
             f"| {r['prompt_set']} | {r['temperature']:g} | {r['method']} | {tau} | {r['tokens_per_s']:.1f} | "
-            f"{r['speedup']:.2f}x | {copy}{bound} | {draft} | {depth} |"
+            f"{r['speedup']:.2f}x | {decoding} | {copy}{bound} | {draft} | {depth} |"
         )
     lines += state_table(rows)
     return "\n".join(lines) + "\n"

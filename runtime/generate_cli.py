@@ -21,6 +21,7 @@ from specdec_kit.runtime.decoding.generate import GenerationResult, RequestStats
 from specdec_kit.runtime.drafts.loading import DraftLoadError
 from specdec_kit.runtime.engine import open_engine
 from specdec_kit.runtime.engine_flags import joined_vocab
+from specdec_kit.runtime.heap import freeze_heap
 from specdec_kit.runtime.loader import (
     default_tree,
     head_kind,
@@ -176,6 +177,7 @@ def run(
     if compare_plain and (plain is None or args.rounds > 1):
         decoder = SpeculativeGenerator(target, None, decode=decode)
         decoder.generate(ids[:1], 4, params)
+    freeze_heap()  # the process's start-up objects out of the collector's walks (``runtime/heap.py``)
     paired = None
     if decoder is not None and args.rounds > 1:
         paired = PairedRounds.measure(

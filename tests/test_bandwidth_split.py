@@ -50,3 +50,25 @@ def test_the_report_shows_both_states_under_the_table():
     assert "split at 59" in text
     assert "| chat | 0 | griffin | 1.60x (1 at 45 GB/s) | 1.10x (1 at 77 GB/s) |" in text
     assert state_table([dict(row, by_bandwidth=None)]) == []
+
+
+def test_the_report_sets_the_decoding_phase_beside_the_end_to_end_speedup():
+    """A long prompt's prefill is paid by every method: the end-to-end speedup adds it to both sides, the decoding
+    phase's leaves it out (a reference timed from outside has no per-request stats, so no decoding-phase ratio)."""
+    from specdec_kit.bench.speedup import summarize
+    from specdec_kit.runtime.decoding.generate import RequestStats
+
+    def run(prefill_s: float, total_s: float) -> dict:
+        stats = RequestStats(generated_tokens=100, cycles=50, accepted_tokens=50, prefill_s=prefill_s, total_s=total_s)
+        return {"tps": 100 / total_s, "tokens": 100, "total_s": total_s, "stats": stats, "copy_gbs": 45.0}
+
+    results = {
+        ("spec_bench", 0.0, "plain"): {(0, 0): run(1.0, 3.0)},  # 1 s of prefill, 2 s decoding
+        ("spec_bench", 0.0, "griffin"): {(0, 0): run(1.0, 2.0)},  # the same prefill, decoding in half the time
+        ("spec_bench", 0.0, "outside"): {(0, 0): {"tps": 40.0, "tokens": 100, "total_s": 2.5, "copy_gbs": 45.0}},
+    }
+    rows = {r["method"]: r for r in summarize(results, ["plain", "griffin", "outside"])}
+    assert rows["griffin"]["speedup"] == pytest.approx(1.5) and rows["griffin"]["decode_speedup"] == pytest.approx(2.0)
+    assert rows["plain"]["decode_speedup"] == pytest.approx(1.0) and rows["outside"]["decode_speedup"] is None
+    text = markdown(list(rows.values()), "a machine")
+    assert "| speedup | decoding alone |" in text and "| 1.50x | 2.00x |" in text

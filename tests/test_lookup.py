@@ -7,6 +7,7 @@ batch; the sampled case is in ``test_sampling_distribution.py``.
 
 from __future__ import annotations
 
+import gc
 import time
 
 import pytest
@@ -511,3 +512,20 @@ def gen_params():
     from specdec_kit.runtime.core.sampling import SamplingParams
 
     return SamplingParams()
+
+
+def test_a_frozen_heap_leaves_the_collector_only_what_came_after():
+    """Start-up's objects (here a thousand lists) leave the collector's generations, so a full collection no longer
+    walks them; a suffix trie built after is walked, and freed, as before."""
+    from specdec_kit.runtime.heap import freeze_heap
+
+    start_up = [[] for _ in range(1000)]
+    try:
+        assert freeze_heap() >= 1000
+        walked = {id(o) for o in gc.get_objects()}
+        assert not any(id(o) in walked for o in start_up)
+        trie = SuffixTrie(depth=4)
+        trie.extend(0, list(range(50)))
+        assert any(o is trie.root for o in gc.get_objects())
+    finally:
+        gc.unfreeze()
