@@ -21,7 +21,7 @@ from specdec_kit.runtime.core.sampling import SamplingParams
 from specdec_kit.runtime.core.trees import DynamicTreeConfig
 from specdec_kit.runtime.decoding.drafting import NoDrafter
 from specdec_kit.runtime.decoding.generate import RequestStats, SpeculativeGenerator
-from specdec_kit.runtime.heap import freeze_heap
+from specdec_kit.runtime.heap import CollectionClock, freeze_heap
 from specdec_kit.runtime.loader import default_tree, load_tokenizer, make_drafter, set_threads
 from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.train.corpus import heldout_prompts
@@ -131,6 +131,12 @@ def machine(results: dict | None = None) -> str:
             f"; memory copy {min(samples):.0f}-{max(samples):.0f} GB/s over the run "
             f"(median {statistics.median(samples):.0f})"
         )
+    runs = [r for runs in (results or {}).values() for r in runs.values() if "gc_s" in r]
+    if runs:
+        described += (
+            f"; garbage collection {1000 * sum(r['gc_s'] for r in runs):.0f} ms inside the {len(runs)} timed requests "
+            f"({sum(r['full_gcs'] for r in runs)} full collections)"
+        )
     return described
 
 
@@ -162,21 +168,23 @@ def measure(
         else:
             hf.run(method, warm, 4, SamplingParams())
     freeze_heap()  # start-up's objects out of the collector's walks, as a server's are (``runtime/heap.py``)
-    for set_name, temp, rep, i in turns(sets, temps, repeats, sets_take_turns):
-        ids = sets[set_name][i]
-        params = SamplingParams(temperature=temp, seed=1000 * rep + i)
-        order = names[i % len(names) :] + names[: i % len(names)]  # rotate: interleaved
-        gbs = copy_bandwidth_gbs()  # the machine's state for this prompt's turns (``memory_bandwidth``)
-        for method in order:
-            if method in generators:
-                st = generators[method].generate([ids], max_new_tokens, params)[0].stats
-                run = {"tps": st.tokens_per_s, "tokens": st.generated_tokens, "total_s": st.total_s, "stats": st}
-            else:
-                n, secs = hf.run(method, ids, max_new_tokens, params)
-                run = {"tps": n / secs, "tokens": n, "total_s": secs}
-            run["copy_gbs"] = gbs
-            results.setdefault((set_name, temp, method), {})[(i, rep)] = run
-            bar.update(1)
+    with CollectionClock() as clock:
+        for set_name, temp, rep, i in turns(sets, temps, repeats, sets_take_turns):
+            ids = sets[set_name][i]
+            params = SamplingParams(temperature=temp, seed=1000 * rep + i)
+            order = names[i % len(names) :] + names[: i % len(names)]  # rotate: interleaved
+            gbs = copy_bandwidth_gbs()  # the machine's state for this prompt's turns (``memory_bandwidth``)
+            for method in order:
+                collected, full = clock.seconds, clock.full
+                if method in generators:
+                    st = generators[method].generate([ids], max_new_tokens, params)[0].stats
+                    run = {"tps": st.tokens_per_s, "tokens": st.generated_tokens, "total_s": st.total_s, "stats": st}
+                else:
+                    n, secs = hf.run(method, ids, max_new_tokens, params)
+                    run = {"tps": n / secs, "tokens": n, "total_s": secs}
+                run.update(copy_gbs=gbs, gc_s=clock.seconds - collected, full_gcs=clock.full - full)
+                results.setdefault((set_name, temp, method), {})[(i, rep)] = run
+                bar.update(1)
     bar.close()
     return results
 

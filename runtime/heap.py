@@ -11,6 +11,9 @@ Frozen once the engine is open and warm, those objects are never walked again: t
 from __future__ import annotations
 
 import gc
+import time
+
+OLDEST = 2  # the collector's oldest generation: collecting it walks every tracked object
 
 
 def freeze_heap() -> int:
@@ -19,3 +22,28 @@ def freeze_heap() -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
+
+
+class CollectionClock:
+    """While entered, the time the collector spends and how many full collections it runs (a benchmark records both
+    per request: a full collection is a stall inside some cycle, and its cost grows with the heap it walks)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.full = 0
+        self._started: float | None = None
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started is not None:
+            self.seconds += time.perf_counter() - self._started
+            self.full += info["generation"] == OLDEST
+            self._started = None
+
+    def __enter__(self) -> "CollectionClock":
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self._callback)

@@ -55,12 +55,14 @@ def test_the_report_shows_both_states_under_the_table():
 def test_the_report_sets_the_decoding_phase_beside_the_end_to_end_speedup():
     """A long prompt's prefill is paid by every method: the end-to-end speedup adds it to both sides, the decoding
     phase's leaves it out (a reference timed from outside has no per-request stats, so no decoding-phase ratio)."""
-    from specdec_kit.bench.speedup import summarize
+    from specdec_kit.bench.speedup import machine, summarize
     from specdec_kit.runtime.decoding.generate import RequestStats
+
+    pause = {"gc_s": 0.2, "full_gcs": 1}  # each timed request held one full collection of 200 ms
 
     def run(prefill_s: float, total_s: float) -> dict:
         stats = RequestStats(generated_tokens=100, cycles=50, accepted_tokens=50, prefill_s=prefill_s, total_s=total_s)
-        return {"tps": 100 / total_s, "tokens": 100, "total_s": total_s, "stats": stats, "copy_gbs": 45.0}
+        return {"tps": 100 / total_s, "tokens": 100, "total_s": total_s, "stats": stats, "copy_gbs": 45.0} | pause
 
     results = {
         ("spec_bench", 0.0, "plain"): {(0, 0): run(1.0, 3.0)},  # 1 s of prefill, 2 s decoding
@@ -72,3 +74,4 @@ def test_the_report_sets_the_decoding_phase_beside_the_end_to_end_speedup():
     assert rows["plain"]["decode_speedup"] == pytest.approx(1.0) and rows["outside"]["decode_speedup"] is None
     text = markdown(list(rows.values()), "a machine")
     assert "| speedup | decoding alone |" in text and "| 1.50x | 2.00x |" in text
+    assert "garbage collection 400 ms inside the 2 timed requests (2 full collections)" in machine(results)

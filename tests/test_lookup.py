@@ -541,6 +541,17 @@ def test_a_frozen_heap_leaves_the_collector_only_what_came_after():
         gc.unfreeze()
 
 
+def test_the_collection_clock_counts_full_collections_and_their_time_while_entered():
+    from specdec_kit.runtime.heap import CollectionClock
+
+    with CollectionClock() as clock:
+        gc.collect()
+        gc.collect(0)
+    assert clock.full == 1 and clock.seconds > 0
+    gc.collect()
+    assert clock.full == 1
+
+
 def test_a_suffix_tries_nodes_are_nothing_the_garbage_collector_walks():
     """However many nodes a trie grows, it adds a fixed handful of objects to every full collection's walk (a trie
     of objects added two per node)."""
