@@ -132,6 +132,7 @@ def generators(engine, methods: list[str], head_tree, lookup_kind: str, lookup_t
             lookup = lookup_drafter(lookup_kind, tree=lookup_tree)
             method = f"{head}+{lookup_kind}{label}"
             drafter = HybridDrafter(engine.drafter_for(head_tree), lookup, rule, lookup_alone)
+            drafter.choices = []  # for ``choice_table``
         else:
             raise ValueError(f"--methods: unknown method {method!r}; expected some of {METHODS}")
         out[method] = SpeculativeGenerator(engine.target, drafter)
@@ -196,6 +197,62 @@ def hybrids_against_parts(results: dict, rows: list[dict], head: str, lookup: st
             }
         )
     return out
+
+
+def hybrid_choices(results: dict, gens: dict) -> list[dict]:
+    """Per category and hybrid, its cycles grouped by whether the lookup found a proposal and which way the hybrid
+    chose: how many, the tokens a second each way promised when it chose, and what the chosen cycles gave (each
+    cycle's committed tokens over its seconds, from the choice to the next draft), all three means over the cycles
+    (an estimate is a cycle's, so it is set against cycles' rates, not against a pooled one)."""
+    from statistics import fmean
+
+    out = []
+    for (ps, temp, method), runs in results.items():
+        records = getattr(gens[method].drafter, "choices", None) if method in gens else None
+        if not records:
+            continue
+        spans = [r["span"] for r in runs.values()]
+        mine = [c for c in records if c.seconds is not None and any(a <= c.started <= b for a, b in spans)]
+        for matched in (True, False):
+            for lookup_only in (True, False):
+                group = [c for c in mine if (c.matched, c.lookup_only) == (matched, lookup_only)]
+                if not group:
+                    continue
+                lookup = [c.lookup_rate for c in group if c.lookup_rate is not None]
+                merged = [c.merged_rate for c in group if c.merged_rate is not None]
+                out.append(
+                    {
+                        "prompt_set": ps,
+                        "temperature": temp,
+                        "method": method,
+                        "matched": matched,
+                        "lookup_only": lookup_only,
+                        "cycles": len(group),
+                        "lookup_promised": fmean(lookup) if lookup else None,
+                        "merged_promised": fmean(merged) if merged else None,
+                        "given": fmean(c.tokens / c.seconds for c in group),
+                    }
+                )
+    return out
+
+
+def choice_table(choices: list[dict]) -> list[str]:
+    rate = lambda x: "-" if x is None else f"{x:.0f}"  # noqa: E731
+    lines = [
+        "Each hybrid's cycles by whether its lookup found a proposal and which way it chose: the tokens a second each "
+        "way promised when it chose and what the chosen cycles gave (each cycle's tokens committed over its seconds "
+        "from the choice to the next draft), means over the cycles",
+        "",
+        "| category | T | hybrid | lookup found | chose | cycles | lookup alone promised | merged promised | given |",
+        "|---|---:|---|---|---|---:|---:|---:|---:|",
+    ]
+    for c in choices:
+        lines.append(
+            f"| {c['prompt_set']} | {c['temperature']:g} | {c['method']} | {'yes' if c['matched'] else 'no'} | "
+            f"{'lookup alone' if c['lookup_only'] else 'merged'} | {c['cycles']} | {rate(c['lookup_promised'])} | "
+            f"{rate(c['merged_promised'])} | {c['given']:.0f} |"
+        )
+    return lines
 
 
 def paired_table(paired: list[dict]) -> list[str]:
@@ -286,6 +343,10 @@ def run(args) -> int:
         (out / "hybrid_vs_parts.json").write_text(json.dumps(paired, indent=1) + "\n")
         (out / "hybrid_vs_parts.md").write_text("\n".join(paired_lines) + "\n")
         table += ["", *paired_lines]
+    choices = hybrid_choices(results, gens)
+    if choices:
+        (out / "hybrid_choices.json").write_text(json.dumps(choices, indent=1) + "\n")
+        (out / "hybrid_choices.md").write_text("\n".join(choice_table(choices)) + "\n")
     print("\n".join(table))
     return 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -175,14 +176,19 @@ def measure(
             order = names[i % len(names) :] + names[: i % len(names)]  # rotate: interleaved
             gbs = copy_bandwidth_gbs()  # the machine's state for this prompt's turns (``memory_bandwidth``)
             for method in order:
-                collected, full = clock.seconds, clock.full
+                collected, full, started = clock.seconds, clock.full, time.perf_counter()
                 if method in generators:
                     st = generators[method].generate([ids], max_new_tokens, params)[0].stats
                     run = {"tps": st.tokens_per_s, "tokens": st.generated_tokens, "total_s": st.total_s, "stats": st}
                 else:
                     n, secs = hf.run(method, ids, max_new_tokens, params)
                     run = {"tps": n / secs, "tokens": n, "total_s": secs}
-                run.update(copy_gbs=gbs, gc_s=clock.seconds - collected, full_gcs=clock.full - full)
+                run.update(
+                    copy_gbs=gbs,
+                    gc_s=clock.seconds - collected,
+                    full_gcs=clock.full - full,
+                    span=(started, time.perf_counter()),  # when it ran: what a drafter logged in it falls inside
+                )
                 results.setdefault((set_name, temp, method), {})[(i, rep)] = run
                 bar.update(1)
     bar.close()

@@ -130,3 +130,6 @@ def test_the_model_free_benchmark_runs_every_method_on_every_category(tmp_path):
     hybrids = {"griffin+suffix", "griffin+suffix (lookup first)"}
     assert {(p["prompt_set"], p["method"]) for p in paired} == {(c, m) for c in CATEGORIES.split(",") for m in hybrids}
     assert all(p["better_part"] in ("griffin", "suffix") and p["min_ratio"] <= p["max_ratio"] for p in paired)
+    choices = json.loads((out / "hybrid_choices.json").read_text())
+    assert {c["method"] for c in choices} == hybrids and all(c["cycles"] > 0 and c["given"] > 0 for c in choices)
+    assert "lookup alone promised" in (out / "hybrid_choices.md").read_text()

@@ -319,6 +319,23 @@ def test_a_hybrid_without_lookup_only_cycles_merges_in_every_cycle(predictable_c
     assert merging._since_merged == 0  # no cycle drafted the lookup's tree alone
 
 
+def test_a_hybrid_keeps_each_choice_with_its_estimates_and_what_the_cycle_gave(predictable_case):
+    """With a list to keep them in, every choice's record is settled at the next draft (seconds to it, tokens the
+    cycle committed), and a request's last choice, which no draft follows, is dropped when the next batch starts."""
+    drafter = lookup_drafter("griffin+suffix", predictable_case.target)
+    drafter.choices = []
+    gen = SpeculativeGenerator(predictable_case.target, drafter)
+    results = gen.generate(predictable_case.prompts[:1], NEW_TOKENS)
+    first = list(drafter.choices)
+    assert len(first) == results[0].stats.cycles and first[-1].seconds is None
+    settled = first[:-1]
+    assert all(c.seconds > 0 and c.tokens >= 1 for c in settled)
+    assert any(c.lookup_only for c in settled) and any(c.merged_rate is not None for c in settled)
+    assert sum(c.tokens for c in settled) < results[0].stats.generated_tokens
+    gen.generate(predictable_case.prompts[1:2], 4)  # a new batch: the first request's last choice goes
+    assert drafter.choices[: len(settled)] == settled and first[-1] not in drafter.choices
+
+
 def measured(drafter, gains: dict[bool, float], seconds: float, cycles: int = 32) -> None:
     """``drafter`` has measured merged trees giving ``gains`` accepted tokens a greedy cycle (per kind: whether the
     lookup found a proposal, ``cycles`` of each) in ``seconds``; all greedy cycles together, their mean."""

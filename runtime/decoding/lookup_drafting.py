@@ -300,6 +300,24 @@ def head_proposals(tree: DraftTree) -> list[Proposal]:
     return out
 
 
+@dataclasses.dataclass
+class ChoiceRecord:
+    """One hybrid cycle's choice: whether the lookup found a proposal, whether the lookup's tree went alone, the
+    tokens per second each way promised (None: not yet measured), and, settled at the next draft, the seconds from
+    the choice to it and the tokens the cycle committed (its accepted drafts and one more)."""
+
+    matched: bool
+    lookup_only: bool
+    lookup_rate: float | None
+    merged_rate: float | None
+    started: float = dataclasses.field(default_factory=time.perf_counter)
+    seconds: float | None = None
+    tokens: float = 0.0
+
+    def settle(self, now: float, tokens: float) -> None:
+        self.seconds, self.tokens = now - self.started, tokens
+
+
 class HybridDrafter(Drafter):
     """A head's dynamic tree and a lookup's proposal merged into one tree under the head's node budget, cut to the
     width that pays (``sized``); where the lookup alone promises more tokens per second (``lookup_suffices``), its
@@ -316,6 +334,9 @@ class HybridDrafter(Drafter):
     smoothing = 1 / 32  # the weight of each new measurement once 1 / its count is below it (``RunningMean``)
     prior_cycles = 8  # a kind's average of merged trees leans on its sampling's as much as on that many of its own
     couples_draws = True  # the head's part of a merged tree; the lookup proposes what the text holds
+    # a benchmark's list (None: nothing kept): each choice with its two estimates, then what its cycle gave
+    # (``ChoiceRecord``); the estimates are what the choice rests on, so set against the outcome they say where it errs
+    choices: list["ChoiceRecord"] | None = None
 
     def __init__(
         self, head: FeatureTreeDrafter, lookup: LookupDrafter, rule: str = "calibrated", lookup_alone: bool = True
@@ -381,6 +402,8 @@ class HybridDrafter(Drafter):
         self.head.reset(batch, capacity)
         self.lookup.reset(batch, capacity)
         self.unread, self._last, self._trial, self._tried = None, (None, None, None, 0), None, False
+        if self.choices and self.choices[-1].seconds is None:  # the batch ended before its next draft
+            self.choices.pop()
 
     def select_rows(self, rows: torch.Tensor) -> None:
         self._end_trial()
@@ -470,6 +493,8 @@ class HybridDrafter(Drafter):
     def draft(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
         started = time.perf_counter()
         self._credit(counts)
+        if self.choices and self.choices[-1].seconds is None:
+            self.choices[-1].settle(started, float(counts.float().mean()))
         self._end_trial()
         if self.source == LOOKUP:
             return self._lookup_only(features, tokens, counts, *self.lookup.proposals(tokens, counts))
@@ -541,6 +566,11 @@ class HybridDrafter(Drafter):
         """This cycle's choice (``lookup_suffices``), counted per kind of cycle for its probes."""
         kind = self._kind(found)
         alone = self.lookup_suffices(found)
+        if self.choices is not None:
+            merged = None
+            if kind in self.gains and self.seconds.value:
+                merged = (1 + self.merged_gain(kind, found)) / self.seconds.value
+            self.choices.append(ChoiceRecord(kind[0], alone, self.lookup.sizing.rate(found), merged))
         if alone:
             self._since_merged += 1
             self._lookup_runs[kind] = self._lookup_runs.get(kind, 0) + 1
