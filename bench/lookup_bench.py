@@ -132,7 +132,7 @@ def generators(engine, methods: list[str], head_tree, lookup_kind: str, lookup_t
             lookup = lookup_drafter(lookup_kind, tree=lookup_tree)
             method = f"{head}+{lookup_kind}{label}"
             drafter = HybridDrafter(engine.drafter_for(head_tree), lookup, rule, lookup_alone)
-            drafter.choices = []  # for ``choice_table``
+            drafter.choices = []  # each cycle's choice, for ``hybrid_choices``
         else:
             raise ValueError(f"--methods: unknown method {method!r}; expected some of {METHODS}")
         out[method] = SpeculativeGenerator(engine.target, drafter)
@@ -237,6 +237,7 @@ def hybrid_choices(results: dict, gens: dict) -> list[dict]:
 
 
 def choice_table(choices: list[dict]) -> list[str]:
+    """``hybrid_choices``' groups as a markdown table."""
     rate = lambda x: "-" if x is None else f"{x:.0f}"  # noqa: E731
     lines = [
         "Each hybrid's cycles by whether its lookup found a proposal and which way it chose: the tokens a second each "
