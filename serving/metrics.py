@@ -8,7 +8,17 @@ counters follow vLLM's ``spec_decode`` family, and ``specdec:spec_accept_length`
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import gc
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 
 LATENCY_BUCKETS = (
     0.001,
@@ -39,6 +49,17 @@ class ServerMetrics:
     def __init__(self, model: str):
         self.registry = CollectorRegistry()
         r, label = self.registry, ["model_name"]
+        # the process's own families, as vLLM's endpoint has them: python_gc_collections_total{generation="2"} counts
+        # the full collections, each a stall inside some cycle of the batch; the start-up heap is frozen out of them
+        GCCollector(registry=r)
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        self.frozen = Gauge(
+            "specdec:gc_frozen_objects",
+            "Objects frozen out of the garbage collector's walks at start-up (runtime/heap.py)",
+            registry=r,
+        )
+        self.frozen.set_function(gc.get_freeze_count)
         self.running = Gauge("specdec:num_requests_running", "Requests in the running batch", label, registry=r)
         self.waiting = Gauge("specdec:num_requests_waiting", "Requests waiting in the queue", label, registry=r)
         self.kv_usage = Gauge(

@@ -275,8 +275,11 @@ def test_metrics_parse_and_move(server):
         "specdec:spec_decode_num_drafts_total",
         "specdec:spec_decode_num_accepted_tokens_total",
         "specdec:request_errors_total{type=invalid_api_key}",
+        "python_gc_collections_total{generation=2}",
+        "process_resident_memory_bytes",
     ):
         assert name in after, name
+    assert after["specdec:gc_frozen_objects"] > 100_000  # the start-up heap (torch, transformers, the engine)
 
 
 def test_a_repeated_prompt_computes_only_its_uncached_tail(server, runtime_engine):
