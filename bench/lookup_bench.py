@@ -120,6 +120,7 @@ def generators(engine, methods: list[str], head_tree, lookup_kind: str, lookup_t
             drafter = NoDrafter()
         elif method in ("ngram", "suffix"):
             drafter = lookup_drafter(method, tree=lookup_tree)
+            drafter.choices = []  # each cycle's estimate and outcome, for ``lookup_calibration``
         elif method == "head":
             method, drafter = head, engine.drafter_for(head_tree)
         elif method == "head-own-vocab":  # the head without the request's tokens joining its draft vocabulary
@@ -206,9 +207,12 @@ def hybrid_choices(results: dict, gens: dict) -> list[dict]:
     (an estimate is a cycle's, so it is set against cycles' rates, not against a pooled one)."""
     from statistics import fmean
 
+    from specdec_kit.runtime.decoding.lookup_drafting import HybridDrafter
+
     out = []
     for (ps, temp, method), runs in results.items():
-        records = getattr(gens[method].drafter, "choices", None) if method in gens else None
+        drafter = gens[method].drafter if method in gens else None
+        records = drafter.choices if isinstance(drafter, HybridDrafter) else None
         if not records:
             continue
         spans = [r["span"] for r in runs.values()]
@@ -234,6 +238,63 @@ def hybrid_choices(results: dict, gens: dict) -> list[dict]:
                     }
                 )
     return out
+
+
+def lookup_calibration(results: dict, gens: dict, bins: int = 4) -> list[dict]:
+    """Per category and model-free method, its cycles with a proposal in ``bins`` groups by the tokens a second the
+    sizing estimated for them (lowest first): how many, the mean estimate, and the mean of what they gave (each
+    cycle's committed tokens over its seconds). A hybrid sets such estimates against its merged trees', so where they
+    run low or high it chooses wrong."""
+    from statistics import fmean
+
+    from specdec_kit.runtime.decoding.lookup_drafting import HybridDrafter
+
+    out = []
+    for (ps, temp, method), runs in results.items():
+        drafter = gens[method].drafter if method in gens else None
+        if isinstance(drafter, HybridDrafter) or not getattr(drafter, "choices", None):
+            continue
+        spans = [r["span"] for r in runs.values()]
+        mine = sorted(
+            (
+                c
+                for c in drafter.choices
+                if c.matched and c.seconds and c.lookup_rate and any(a <= c.started <= b for a, b in spans)
+            ),
+            key=lambda c: c.lookup_rate,
+        )
+        for i in range(bins):
+            group = mine[len(mine) * i // bins : len(mine) * (i + 1) // bins]
+            if group:
+                out.append(
+                    {
+                        "prompt_set": ps,
+                        "temperature": temp,
+                        "method": method,
+                        "group": i + 1,
+                        "cycles": len(group),
+                        "promised": fmean(c.lookup_rate for c in group),
+                        "given": fmean(c.tokens / c.seconds for c in group),
+                    }
+                )
+    return out
+
+
+def calibration_table(groups: list[dict], bins: int = 4) -> list[str]:
+    """``lookup_calibration``'s groups as a markdown table."""
+    lines = [
+        f"Each model-free draft's cycles with a proposal in {bins} equal groups by the tokens a second its sizing "
+        "estimated (1: the lowest estimates): the mean estimate and the mean of what the cycles gave",
+        "",
+        "| category | T | method | group | cycles | promised | given | given / promised |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for g in groups:
+        lines.append(
+            f"| {g['prompt_set']} | {g['temperature']:g} | {g['method']} | {g['group']} | {g['cycles']} | "
+            f"{g['promised']:.0f} | {g['given']:.0f} | {g['given'] / g['promised']:.2f} |"
+        )
+    return lines
 
 
 def choice_table(choices: list[dict]) -> list[str]:
@@ -344,6 +405,10 @@ def run(args) -> int:
         (out / "hybrid_vs_parts.json").write_text(json.dumps(paired, indent=1) + "\n")
         (out / "hybrid_vs_parts.md").write_text("\n".join(paired_lines) + "\n")
         table += ["", *paired_lines]
+    calibration = lookup_calibration(results, gens)
+    if calibration:
+        (out / "lookup_calibration.json").write_text(json.dumps(calibration, indent=1) + "\n")
+        (out / "lookup_calibration.md").write_text("\n".join(calibration_table(calibration)) + "\n")
     choices = hybrid_choices(results, gens)
     if choices:
         (out / "hybrid_choices.json").write_text(json.dumps(choices, indent=1) + "\n")

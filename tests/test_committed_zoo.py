@@ -133,3 +133,6 @@ def test_the_model_free_benchmark_runs_every_method_on_every_category(tmp_path):
     choices = json.loads((out / "hybrid_choices.json").read_text())
     assert {c["method"] for c in choices} == hybrids and all(c["cycles"] > 0 and c["given"] > 0 for c in choices)
     assert "lookup alone promised" in (out / "hybrid_choices.md").read_text()
+    calibration = json.loads((out / "lookup_calibration.json").read_text())
+    assert {c["method"] for c in calibration} <= {"ngram", "suffix"} and calibration
+    assert all(c["cycles"] > 0 and c["promised"] > 0 and c["given"] > 0 for c in calibration)

@@ -336,6 +336,15 @@ def test_a_hybrid_keeps_each_choice_with_its_estimates_and_what_the_cycle_gave(p
     assert drafter.choices[: len(settled)] == settled and first[-1] not in drafter.choices
 
 
+def test_a_model_free_draft_keeps_each_cycles_estimate_and_what_it_gave(predictable_case):
+    drafter = lookup_drafter("suffix", predictable_case.target)
+    drafter.choices = []
+    results = SpeculativeGenerator(predictable_case.target, drafter).generate(predictable_case.prompts[:1], NEW_TOKENS)
+    assert len(drafter.choices) == results[0].stats.cycles and drafter.choices[-1].seconds is None
+    assert all(c.lookup_only and c.seconds > 0 and c.tokens >= 1 for c in drafter.choices[:-1])
+    assert any(c.matched and c.lookup_rate for c in drafter.choices[:-1])
+
+
 def measured(drafter, gains: dict[bool, float], seconds: float, cycles: int = 32) -> None:
     """``drafter`` has measured merged trees giving ``gains`` accepted tokens a greedy cycle (per kind: whether the
     lookup found a proposal, ``cycles`` of each) in ``seconds``; all greedy cycles together, their mean."""

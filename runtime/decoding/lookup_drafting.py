@@ -154,6 +154,9 @@ class LookupDrafter(Drafter):
 
     couples_draws = True
     coupled_depth = 0
+    # a benchmark's list (None: nothing kept): each cycle's estimated tokens a second, then what the cycle gave
+    # (``ChoiceRecord``, every one a lookup-only cycle)
+    choices: list["ChoiceRecord"] | None = None
 
     def __init__(self, source: LookupSource, tree: Tree, size_by_cost: bool = False):
         self.source, self.sizing = source, ProposalSizing(cuts=size_by_cost)
@@ -181,6 +184,8 @@ class LookupDrafter(Drafter):
             self.source.finish(row)
         self.rows = [self.source.open() for _ in range(batch)]
         self.sizing.forget_cycle()
+        if self.choices and self.choices[-1].seconds is None:  # the batch ended before its next draft
+            self.choices.pop()
 
     def select_rows(self, rows: torch.Tensor) -> None:
         keep = rows.tolist()
@@ -206,6 +211,8 @@ class LookupDrafter(Drafter):
         """Append each row's new tokens to its sequence (the last sized cycle learns what it got); returns the roots
         (each row's last token)."""
         self.read_at = time.perf_counter()
+        if self.choices and self.choices[-1].seconds is None:
+            self.choices[-1].settle(self.read_at, float(counts.float().mean()))
         rows = [toks[:n] for toks, n in zip(tokens.tolist(), counts.tolist())]
         self.sizing.settle(rows, self.read_at)
         for row, toks in zip(self.rows, rows):
@@ -226,6 +233,9 @@ class LookupDrafter(Drafter):
     def sized(self, proposals: list[Proposal]) -> list[Proposal]:
         """``proposals`` as the sizing cuts them, remembered: what the cycle verifying them accepts and costs is learned
         at the next ``read``."""
+        if self.choices is not None:
+            matched = any(len(p) for p in proposals)
+            self.choices.append(ChoiceRecord(matched, True, self.sizing.rate(proposals), None))
         proposals = self.sizing.cut(proposals)
         self.sizing.begin(proposals, self.read_at)
         return proposals
