@@ -200,6 +200,12 @@ def hybrids_against_parts(results: dict, rows: list[dict], head: str, lookup: st
     return out
 
 
+def records_in(records: list, runs: dict) -> list:
+    """The drafter's settled records made while one of ``runs`` (a row's prompts, ``measure``'s spans) ran."""
+    spans = [r["span"] for r in runs.values()]
+    return [c for c in records if c.seconds is not None and any(a <= c.started <= b for a, b in spans)]
+
+
 def hybrid_choices(results: dict, gens: dict) -> list[dict]:
     """Per category and hybrid, its cycles grouped by whether the lookup found a proposal and which way the hybrid
     chose: how many, the tokens a second each way promised when it chose, and what the chosen cycles gave (each
@@ -215,8 +221,7 @@ def hybrid_choices(results: dict, gens: dict) -> list[dict]:
         records = drafter.choices if isinstance(drafter, HybridDrafter) else None
         if not records:
             continue
-        spans = [r["span"] for r in runs.values()]
-        mine = [c for c in records if c.seconds is not None and any(a <= c.started <= b for a, b in spans)]
+        mine = records_in(records, runs)
         for matched in (True, False):
             for lookup_only in (True, False):
                 group = [c for c in mine if (c.matched, c.lookup_only) == (matched, lookup_only)]
@@ -254,13 +259,8 @@ def lookup_calibration(results: dict, gens: dict, bins: int = 4) -> list[dict]:
         drafter = gens[method].drafter if method in gens else None
         if isinstance(drafter, HybridDrafter) or not getattr(drafter, "choices", None):
             continue
-        spans = [r["span"] for r in runs.values()]
         mine = sorted(
-            (
-                c
-                for c in drafter.choices
-                if c.matched and c.seconds and c.lookup_rate and any(a <= c.started <= b for a, b in spans)
-            ),
+            (c for c in records_in(drafter.choices, runs) if c.matched and c.seconds and c.lookup_rate),
             key=lambda c: c.lookup_rate,
         )
         for i in range(bins):

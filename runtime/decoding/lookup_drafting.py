@@ -144,6 +144,38 @@ def padded_tree(roots: list[int], proposals: Sequence[Proposal], device: torch.d
     return DraftTree.from_parents(tokens.to(device), parents.to(device), valid.to(device))
 
 
+@dataclasses.dataclass
+class ChoiceRecord:
+    """One cycle's choice (a hybrid's, or a model-free draft's, whose every cycle is its lookup's tree alone): whether
+    the lookup found a proposal, whether the lookup's tree went alone, the tokens per second each way promised (None:
+    not yet measured), and, settled at the next draft, the seconds from the choice to it and the tokens the cycle
+    committed (its accepted drafts and one more)."""
+
+    matched: bool
+    lookup_only: bool
+    lookup_rate: float | None
+    merged_rate: float | None
+    started: float = dataclasses.field(default_factory=time.perf_counter)
+    seconds: float | None = None
+    tokens: float = 0.0
+
+    def settle(self, now: float, tokens: float) -> None:
+        self.seconds, self.tokens = now - self.started, tokens
+
+
+def settle_last(choices: list[ChoiceRecord] | None, now: float, counts: torch.Tensor) -> None:
+    """A drafter's next draft (or read) settles the last choice: its seconds until ``now``, the tokens ``counts``
+    says its cycle committed."""
+    if choices and choices[-1].seconds is None:
+        choices[-1].settle(now, float(counts.float().mean()))
+
+
+def drop_open(choices: list[ChoiceRecord] | None) -> None:
+    """The batch ended before a next draft: its last choice has no outcome and goes."""
+    if choices and choices[-1].seconds is None:
+        choices.pop()
+
+
 class LookupDrafter(Drafter):
     """Model-free drafting over any ``LookupSource``; ``tree`` (dynamic) bounds each row's proposal. Its sizing learns
     what each cycle's proposals got and cost; with ``size_by_cost`` it cuts them to what that promises to pay for.
@@ -156,7 +188,7 @@ class LookupDrafter(Drafter):
     coupled_depth = 0
     # a benchmark's list (None: nothing kept): each cycle's estimated tokens a second, then what the cycle gave
     # (``ChoiceRecord``, every one a lookup-only cycle)
-    choices: list["ChoiceRecord"] | None = None
+    choices: list[ChoiceRecord] | None = None
 
     def __init__(self, source: LookupSource, tree: Tree, size_by_cost: bool = False):
         self.source, self.sizing = source, ProposalSizing(cuts=size_by_cost)
@@ -184,8 +216,7 @@ class LookupDrafter(Drafter):
             self.source.finish(row)
         self.rows = [self.source.open() for _ in range(batch)]
         self.sizing.forget_cycle()
-        if self.choices and self.choices[-1].seconds is None:  # the batch ended before its next draft
-            self.choices.pop()
+        drop_open(self.choices)
 
     def select_rows(self, rows: torch.Tensor) -> None:
         keep = rows.tolist()
@@ -211,8 +242,7 @@ class LookupDrafter(Drafter):
         """Append each row's new tokens to its sequence (the last sized cycle learns what it got); returns the roots
         (each row's last token)."""
         self.read_at = time.perf_counter()
-        if self.choices and self.choices[-1].seconds is None:
-            self.choices[-1].settle(self.read_at, float(counts.float().mean()))
+        settle_last(self.choices, self.read_at, counts)
         rows = [toks[:n] for toks, n in zip(tokens.tolist(), counts.tolist())]
         self.sizing.settle(rows, self.read_at)
         for row, toks in zip(self.rows, rows):
@@ -310,24 +340,6 @@ def head_proposals(tree: DraftTree) -> list[Proposal]:
     return out
 
 
-@dataclasses.dataclass
-class ChoiceRecord:
-    """One hybrid cycle's choice: whether the lookup found a proposal, whether the lookup's tree went alone, the
-    tokens per second each way promised (None: not yet measured), and, settled at the next draft, the seconds from
-    the choice to it and the tokens the cycle committed (its accepted drafts and one more)."""
-
-    matched: bool
-    lookup_only: bool
-    lookup_rate: float | None
-    merged_rate: float | None
-    started: float = dataclasses.field(default_factory=time.perf_counter)
-    seconds: float | None = None
-    tokens: float = 0.0
-
-    def settle(self, now: float, tokens: float) -> None:
-        self.seconds, self.tokens = now - self.started, tokens
-
-
 class HybridDrafter(Drafter):
     """A head's dynamic tree and a lookup's proposal merged into one tree under the head's node budget, cut to the
     width that pays (``sized``); where the lookup alone promises more tokens per second (``lookup_suffices``), its
@@ -346,7 +358,7 @@ class HybridDrafter(Drafter):
     couples_draws = True  # the head's part of a merged tree; the lookup proposes what the text holds
     # a benchmark's list (None: nothing kept): each choice with its two estimates, then what its cycle gave
     # (``ChoiceRecord``); the estimates are what the choice rests on, so set against the outcome they say where it errs
-    choices: list["ChoiceRecord"] | None = None
+    choices: list[ChoiceRecord] | None = None
 
     def __init__(
         self, head: FeatureTreeDrafter, lookup: LookupDrafter, rule: str = "calibrated", lookup_alone: bool = True
@@ -412,8 +424,7 @@ class HybridDrafter(Drafter):
         self.head.reset(batch, capacity)
         self.lookup.reset(batch, capacity)
         self.unread, self._last, self._trial, self._tried = None, (None, None, None, 0), None, False
-        if self.choices and self.choices[-1].seconds is None:  # the batch ended before its next draft
-            self.choices.pop()
+        drop_open(self.choices)
 
     def select_rows(self, rows: torch.Tensor) -> None:
         self._end_trial()
@@ -503,8 +514,7 @@ class HybridDrafter(Drafter):
     def draft(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor) -> DraftTree:
         started = time.perf_counter()
         self._credit(counts)
-        if self.choices and self.choices[-1].seconds is None:
-            self.choices[-1].settle(started, float(counts.float().mean()))
+        settle_last(self.choices, started, counts)
         self._end_trial()
         if self.source == LOOKUP:
             return self._lookup_only(features, tokens, counts, *self.lookup.proposals(tokens, counts))
