@@ -381,6 +381,60 @@ def test_the_recipe_goes_on_training_a_head_when_asked_more_epochs(
     assert run_without_state == 0 and "no training_state.pt to go on from" in capsys.readouterr().err
 
 
+def test_a_recipe_head_reads_only_the_shards_from_its_first_chunk_on(chat_target, distilled, tmp_path):
+    """``shards_from``: a head continued over the data an earlier run had not read trains on the shards of the pool's
+    chunks from that number on, and its log names those shards' answer tokens and fingerprint."""
+    from specdec_kit.train.distilled import shard_chunk
+    from specdec_kit.train.recipe import index_fingerprint, main
+
+    out, _ = distilled
+    index = json.loads((out / INDEX).read_text())
+    shards = sorted(index["shards"], key=lambda shard: shard["file"])
+    start = shard_chunk(shards[1]["file"])
+    later = [shard for shard in shards if shard_chunk(shard["file"]) >= start]
+    assert 0 < len(later) < len(shards)
+    reader = DistilledData(out, [4], tokens_per_batch=128, shards_from=start)
+    assert len(reader.tokens) == sum(len(shard["samples"]) for shard in later)
+    heads = tmp_path / "heads"
+    recipe = {
+        "name": "tiny",
+        "target": str(chat_target),
+        "out": str(heads),
+        "save_dtype": "float32",
+        "heads": {
+            "griffin": {
+                "epochs": 1,
+                "lr": 3e-3,
+                "warmup": 1,
+                "draft_vocab": 64,
+                "tokens_per_batch": 128,
+                "shards_from": start,
+            }
+        },
+    }
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(recipe))
+    assert main([str(path), "--data", str(out), "--stages", "heads"]) == 0
+    logged = json.loads((heads / "training_log.json").read_text())["heads"]["griffin"]
+    assert logged["steps"] == len(reader) < len(DistilledData(out, [4], tokens_per_batch=128))
+    assert logged["answer_tokens"] == sum(x["answer_tokens"] for shard in later for x in shard["samples"])
+    assert logged["data_fingerprint"] == index_fingerprint(index, None, start) != index["fingerprint"]
+
+
+def test_a_shard_file_names_its_pool_chunk():
+    from specdec_kit.train.distilled import shard_chunk
+
+    assert [
+        shard_chunk(f) for f in ("answers-00112.safetensors", "answers-p1-00003.jsonl", "plain-0007.safetensors")
+    ] == [
+        112,
+        3,
+        7,
+    ]
+    with pytest.raises(ValueError, match="not a shard file name"):
+        shard_chunk("index.json")
+
+
 def test_a_recipe_head_can_start_from_a_head_the_recipe_trained_before_it(chat_target, distilled, tmp_path):
     """A recipe head's ``init_from`` naming another of its heads starts from that head's folder (its weights, its
     draft vocabulary) and logs the start's held-out measurement; the learning curve's points are new heads."""

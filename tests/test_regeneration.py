@@ -342,6 +342,30 @@ def test_no_group_starts_past_the_deadline_and_a_rerun_writes_the_rest(smollm2, 
     assert [s["sha256"] for s in rest["shards"]] == [s["sha256"] for s in kit["shards"]] and len(kit["shards"]) == 2
 
 
+@pytest.mark.slow
+def test_chosen_chunks_are_answered_alone_and_a_rerun_fills_in_the_others(smollm2, regenerated, tmp_path):
+    """``chunks`` answers only those chunks of the pool, each shard the same as the uninterrupted run's; a rerun
+    without it writes the chunks left out, in their own files, and the index ends as the whole run's."""
+    how = BackendSpec("kit", batch=2)
+    kit = json.loads((regenerated / "answers" / ANSWERS_INDEX).read_text())
+    later = regenerate(smollm2, regenerated / "pool", tmp_path, SPEC, how, progress=False, chunks={1})
+    assert [(s["file"], s["sha256"]) for s in later["shards"]] == [(s["file"], s["sha256"]) for s in kit["shards"][1:]]
+    rest = regenerate(smollm2, regenerated / "pool", tmp_path, SPEC, how, progress=False)
+    assert sorted(s["sha256"] for s in rest["shards"]) == sorted(s["sha256"] for s in kit["shards"])
+    assert rest["answer_tokens"] == kit["answer_tokens"]
+
+
+def test_chunk_ranges_read_as_the_shard_numbers_they_name():
+    import argparse
+
+    from specdec_kit.train.regenerate import chunk_ranges
+
+    assert chunk_ranges("0-2,7, 10-11") == {0, 1, 2, 7, 10, 11}
+    for wrong in ("5-3", "a-b", "-1", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="chunks"):
+            chunk_ranges(wrong)
+
+
 def test_a_recipe_head_is_not_started_past_the_time_limit(tmp_path, capsys):
     import time
 

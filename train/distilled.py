@@ -16,6 +16,7 @@ tokens: ``train/foreign_features.py``).
 from __future__ import annotations
 
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,10 +50,11 @@ class DistilledData:
         variants: tuple[str, ...] | None = None,
         select: Callable[[dict], bool] | None = None,
         answer_tokens: int | None = None,
+        shards_from: int = 0,
     ):
         """``select``: which samples (by their index entry: prompt_id, variant, ...) to take, e.g. a held-out split;
         ``answer_tokens``: only the first shards (in file order), as many as hold that many answer tokens (a part of
-        the data, for a learning curve)."""
+        the data, for a learning curve); ``shards_from``: only the shards of the pool's chunks from that number on."""
         index_file = path / INDEX
         if not index_file.is_file():
             raise FileNotFoundError(
@@ -70,7 +72,7 @@ class DistilledData:
         self.columns = [stored.index(i) for i in hidden_indices]
         self.final = len(stored) - 1  # the final, normed state is stored last
         tokens, tops, starts, lengths, self.spans, self.shards = [], [], [], [], [], []
-        for shard in first_shards(index["shards"], answer_tokens):
+        for shard in first_shards(index["shards"], answer_tokens, shards_from):
             keep = [
                 n
                 for n, s in enumerate(shard["samples"])
@@ -185,9 +187,12 @@ class DistilledData:
         return tokens, feats, logits, BatchMasks(valid, counted, top)
 
 
-def first_shards(shards: list[dict], answer_tokens: int | None) -> list[dict]:
-    """The shards in file order; with ``answer_tokens``, only as many as hold that many answer tokens."""
-    ordered = sorted(shards, key=lambda s: s["file"])
+def first_shards(shards: list[dict], answer_tokens: int | None, shards_from: int = 0) -> list[dict]:
+    """The shards in file order; with ``answer_tokens``, only as many as hold that many answer tokens; with
+    ``shards_from``, only those of the pool's chunks from that number on (the data a continued run had not read)."""
+    ordered = sorted(
+        (s for s in shards if not shards_from or shard_chunk(s["file"]) >= shards_from), key=lambda s: s["file"]
+    )
     if answer_tokens is None:
         return ordered
     taken, total = [], 0
@@ -197,3 +202,11 @@ def first_shards(shards: list[dict], answer_tokens: int | None) -> list[dict]:
         taken.append(shard)
         total += sum(s["answer_tokens"] for s in shard["samples"])
     return taken
+
+
+def shard_chunk(file: str) -> int:
+    """The pool chunk a shard file holds (``answers-00112.safetensors``, ``answers-p1-00003.jsonl``: 112, 3)."""
+    found = re.search(r"(\d+)\.\w+$", file)
+    if found is None:
+        raise ValueError(f"{file}: not a shard file name (expected answers-NNNNN.<ext>)")
+    return int(found.group(1))

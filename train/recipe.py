@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from specdec_kit.train.regenerate import chunk_ranges
+
 if TYPE_CHECKING:
     from specdec_kit.train.distilled import DistilledData
 
@@ -54,15 +56,20 @@ def minutes_left(deadline: float | None) -> float | None:
 
 
 def run_distill(
-    recipe: dict, recipe_dir: Path, data: Path, backend: dict | None = None, deadline: float | None = None
+    recipe: dict,
+    recipe_dir: Path,
+    data: Path,
+    backend: dict | None = None,
+    deadline: float | None = None,
+    chunks: set[int] | None = None,
 ) -> dict:
     """The training data: regenerated from a prompt pool when the recipe has a ``regenerate`` section (pool, answers
     turn by turn, then teacher-forced features: ``data/pool``, ``data/answers``, ``data/features``), else distilled
-    from the recipe's prompt file with features written while generating."""
+    from the recipe's prompt file with features written while generating (``chunks`` is for a pool's)."""
     from specdec_kit.runtime.models.pretrained import resolve_target
 
     if "regenerate" in recipe:
-        return run_regenerate(recipe, data, resolve_target(recipe["target"]), backend or {}, deadline)
+        return run_regenerate(recipe, data, resolve_target(recipe["target"]), backend or {}, deadline, chunks)
     from specdec_kit.train.distill import DistillSpec, distill
 
     return distill(
@@ -74,10 +81,18 @@ def run_distill(
     )
 
 
-def run_regenerate(recipe: dict, data: Path, target: Path, backend: dict, deadline: float | None = None) -> dict:
+def run_regenerate(
+    recipe: dict,
+    data: Path,
+    target: Path,
+    backend: dict,
+    deadline: float | None = None,
+    chunks: set[int] | None = None,
+) -> dict:
     """``backend``: fields of ``BackendSpec`` over the recipe's (how answers are generated is not part of the data's
     identity: greedy float32 answers are the same from each). ``deadline``: no answers are started after it; the
-    features follow over the answers written."""
+    features follow over the answers written. ``chunks``: only these chunks of the pool are answered, all of them
+    (the recipe's milestones then do not apply)."""
     from specdec_kit.data.prompts import DEFAULT_SPEC_BENCH
     from specdec_kit.train.prompt_pool import MANIFEST_FILE, RECIPE_PROMPTS, PoolSpec, build_pool, write_pool
     from specdec_kit.train.regenerate import BackendSpec, RegenSpec, regenerate
@@ -91,7 +106,7 @@ def run_regenerate(recipe: dict, data: Path, target: Path, backend: dict, deadli
     # answer_tokens: one goal, or milestones: the features follow each, so a part of the data can be trained on
     # (and a learning curve drawn) while the rest is generated
     goals = section.get("answer_tokens")
-    for goal in goals if isinstance(goals, list) else [goals]:
+    for goal in [None] if chunks else goals if isinstance(goals, list) else [goals]:
         answers = regenerate(
             target,
             data / "pool",
@@ -100,6 +115,7 @@ def run_regenerate(recipe: dict, data: Path, target: Path, backend: dict, deadli
             BackendSpec(**{**section.get("backend", {}), **backend}),
             goal,
             deadline=deadline,
+            chunks=chunks,
         )
         index = teacher_features(
             target, data / "answers", data / "features", FeatureSpec(**section.get("features", {}))
@@ -115,24 +131,25 @@ def trained_steps(folder: Path) -> int:
     return int(json.loads(spec.read_text())["steps"])
 
 
-def data_fingerprint(data: Path, answer_tokens: int | None = None) -> str:
+def data_fingerprint(data: Path, answer_tokens: int | None = None, shards_from: int = 0) -> str:
     """The fingerprint of the distilled data in ``data`` (written by the distill stage); with ``answer_tokens``, of
     the first shards holding that many, all a head so limited reads: a regeneration writing more shards after them
-    leaves it unchanged, so such a head goes on training while the data grows."""
+    leaves it unchanged, so such a head goes on training while the data grows (``shards_from``: of the shards from
+    that chunk on)."""
     path = data / "index.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no distilled data there; run the distill stage first")
-    return index_fingerprint(json.loads(path.read_text()), answer_tokens)
+    return index_fingerprint(json.loads(path.read_text()), answer_tokens, shards_from)
 
 
-def index_fingerprint(index: dict, answer_tokens: int | None = None) -> str:
+def index_fingerprint(index: dict, answer_tokens: int | None = None, shards_from: int = 0) -> str:
     """``data_fingerprint`` of an index already read."""
     from specdec_kit.train.distill import fingerprint
     from specdec_kit.train.distilled import first_shards
 
-    if answer_tokens is None:
+    if answer_tokens is None and not shards_from:
         return index["fingerprint"]
-    return fingerprint({**index, "shards": first_shards(index["shards"], answer_tokens)})
+    return fingerprint({**index, "shards": first_shards(index["shards"], answer_tokens, shards_from)})
 
 
 @dataclass(frozen=True)
@@ -145,6 +162,7 @@ class HeadSettings:
     variants: tuple[str, ...] | None
     heldout_percent: int | None  # of the prompt ids (default: heldout's), with eval_every
     answer_tokens: int | None  # train on the first shards holding this many answer tokens (None: all the data)
+    shards_from: int  # train on the shards of the pool's chunks from this number on (0: from the first)
     schedule: dict
 
     @classmethod
@@ -157,6 +175,7 @@ class HeadSettings:
             variants=tuple(rest.pop("variants")) if "variants" in rest else None,
             heldout_percent=rest.pop("heldout_percent", None),
             answer_tokens=rest.pop("answer_tokens", None),
+            shards_from=int(rest.pop("shards_from", 0)),
             schedule=rest,
         )
 
@@ -218,7 +237,8 @@ def run_head(
         )
         return None
     answer_tokens = HeadSettings.of(name, settings).answer_tokens if answer_tokens is None else answer_tokens
-    current = data_fingerprint(data, answer_tokens) if done and not force else None
+    shards_from = HeadSettings.of(name, settings).shards_from
+    current = data_fingerprint(data, answer_tokens, shards_from) if done and not force else None
     if current is not None and trained_on != current:
         print(
             f"{name}: {folder} was trained on distilled data {str(trained_on)[:12]}, the data now is "
@@ -259,6 +279,7 @@ def run_head(
         variants=head.variants,
         select=for_training,
         answer_tokens=answer_tokens,
+        shards_from=shards_from,
     )
     spec.steps = round(head.epochs * len(source)) if head.epochs else spec.steps
     if done >= spec.steps and not force:
@@ -357,11 +378,14 @@ def saved_history(folder: Path) -> list[dict]:
     return torch.load(folder / "training_state.pt", weights_only=True, map_location="cpu")["history"]
 
 
-def shards_answer_tokens(shards: list[dict], answer_tokens: int | None) -> int:
-    """Answer tokens in the first shards holding ``answer_tokens`` (None: in all): what a head limited so trains on."""
+def shards_answer_tokens(shards: list[dict], answer_tokens: int | None, shards_from: int = 0) -> int:
+    """Answer tokens in the first shards holding ``answer_tokens`` (None: in all; ``shards_from``: of the chunks
+    from that number on): what a head limited so trains on."""
     from specdec_kit.train.distilled import first_shards
 
-    return sum(x["answer_tokens"] for shard in first_shards(shards, answer_tokens) for x in shard["samples"])
+    return sum(
+        x["answer_tokens"] for shard in first_shards(shards, answer_tokens, shards_from) for x in shard["samples"]
+    )
 
 
 def update_log(path: Path, recipe_name: str, change: Callable[[dict], None]) -> dict:
@@ -507,6 +531,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--batch", type=int, help="rows per batch of the kit, engine and transformers backends")
     p.add_argument("--group", type=int, help="chunks of the pool answered together (bigger batches on a GPU)")
+    p.add_argument(
+        "--chunks",
+        type=chunk_ranges,
+        help="regenerate only these chunks of the prompt pool (shard numbers, ranges comma-separated, e.g. "
+        "0-15,112-164: the held-out bucket's shards and those a head continues over), all of them, in place of the "
+        "recipe's milestones; the others stay for a later run",
+    )
     p.add_argument("--heads", help="only these heads, comma-separated (default: every head of the recipe)")
     p.add_argument("--force", action="store_true", help="retrain heads from the start (their saved state discarded)")
     p.add_argument(
@@ -554,7 +585,7 @@ def main(argv: list[str] | None = None) -> int:
             backend = {
                 k: v for k, v in (("name", args.backend), ("batch", args.batch), ("group", args.group)) if v is not None
             }
-            index = run_distill(recipe, path.parent, data, backend, deadline)
+            index = run_distill(recipe, path.parent, data, backend, deadline, args.chunks)
             summary = {
                 "fingerprint": index["fingerprint"],
                 "tokens": index["tokens"],
@@ -581,11 +612,12 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 result["minutes"] = round(before + result["minutes"], 2)  # a continued head's minutes add up
                 index = json.loads((features / "index.json").read_text())
-                limit = HeadSettings.of(name, recipe["heads"][name]).answer_tokens
+                chosen = HeadSettings.of(name, recipe["heads"][name])
+                limit, start = chosen.answer_tokens, chosen.shards_from
                 entry = {
                     "settings": recipe["heads"][name],
-                    "data_fingerprint": index_fingerprint(index, limit),
-                    "answer_tokens": shards_answer_tokens(index["shards"], limit),
+                    "data_fingerprint": index_fingerprint(index, limit, start),
+                    "answer_tokens": shards_answer_tokens(index["shards"], limit, start),
                     **{k: v for k, v in result.items() if k != "last"},
                 }
                 history = saved_history(out / name)

@@ -283,9 +283,12 @@ def regenerate(
     answer_tokens: int | None = None,
     progress: bool = True,
     deadline: float | None = None,
+    chunks: set[int] | None = None,
 ) -> dict:
     """Write (or go on writing) answer shards into ``out`` until the pool is done or ``answer_tokens`` are written;
-    ``deadline`` (a ``time.monotonic()`` value): no new group is started after it (a later run goes on from there)."""
+    ``deadline`` (a ``time.monotonic()`` value): no new group is started after it (a later run goes on from there).
+    ``chunks``: answer only these chunks of the pool (e.g. the held-out bucket's first shards and those a run has not
+    read yet); the others stay for a later run, and a shard is the same whichever run writes it."""
     from specdec_kit.runtime.loader import load_tokenizer
 
     pool = read_pool(pool_dir)
@@ -309,7 +312,7 @@ def regenerate(
     check_context(spec, target_path)
     tokenizer = load_tokenizer(target_path)
     eos: set[int] | None = None  # the backend's target says
-    chunks = [pool[i : i + spec.chunk] for i in range(0, len(pool), spec.chunk)]
+    pool_chunks = [pool[i : i + spec.chunk] for i in range(0, len(pool), spec.chunk)]
     done = {s["file"] for s in index["shards"]}
     written = sum(s["answer_tokens"] for s in index["shards"])
     if answer_tokens is not None and written >= answer_tokens:
@@ -324,7 +327,12 @@ def regenerate(
         file=sys.stderr,
     )
     passes = range(len(spec.answer_passes()))
-    pending = [(p, c, convs) for p in passes for c, convs in enumerate(chunks) if shard_name(p, c) not in done]
+    pending = [
+        (p, c, convs)
+        for p in passes
+        for c, convs in enumerate(pool_chunks)
+        if shard_name(p, c) not in done and (chunks is None or c in chunks)
+    ]
     finished = False  # else interrupted (an error, or SIGTERM: exit_cleanly_on_signals): the engine ends at once
     try:
         for group in pass_groups(pending, max(how.group, 1)):
@@ -363,6 +371,21 @@ def regenerate(
         if backend is not None:
             backend.close(graceful=finished)
     return index
+
+
+def chunk_ranges(text: str) -> set[int]:
+    """``0-15,112-164`` -> the chunk numbers it names (both ends included)."""
+    chosen: set[int] = set()
+    for part in text.split(","):
+        low, sep, high = part.strip().partition("-")
+        try:
+            first, last = int(low), int(high) if sep else int(low)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"chunks: {part!r} is not a number or a range like 112-164") from None
+        if first < 0 or last < first:
+            raise argparse.ArgumentTypeError(f"chunks: {part!r} is not a range of shard numbers from low to high")
+        chosen.update(range(first, last + 1))
+    return chosen
 
 
 def pass_groups(pending: list[tuple], size: int) -> list[list[tuple]]:
@@ -459,6 +482,11 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="chunks of the pool answered together (bigger batches, e.g. on a GPU); one shard each still",
     )
+    p.add_argument(
+        "--chunks",
+        type=chunk_ranges,
+        help="answer only these chunks of the pool (shard numbers), ranges comma-separated, e.g. 0-15,112-164",
+    )
     p.add_argument("--spec", type=Path, help="JSON with RegenSpec fields")
     p.add_argument(
         "--time-limit", type=float, help="minutes: start no new group after them (a rerun goes on from there)"
@@ -491,6 +519,7 @@ def main(argv: list[str] | None = None) -> int:
             ),
             args.answer_tokens,
             deadline=None if args.time_limit is None else time.monotonic() + 60 * args.time_limit,
+            chunks=args.chunks,
         ),
         ("samples", "answer_tokens", "pool_fingerprint"),
     )
