@@ -6,6 +6,12 @@ what the target costs to verify that many tokens (``specdec-verify-cost``, or th
 ``specdec-bench-lookup``), it bounds what any sizing of the proposals can gain. Each kind keeps its shared state
 (suffix trees: earlier responses) over a category's prompts, as a server's drafter would.
 
+How close the kit's sizing comes to that ceiling, apart from timing too: with a cycle's cost as a line in its tree's
+width (``--cost-line``: in plain decoding steps, as ``specdec-verify-cost`` measures them), each kind is replayed
+again with each fixed budget, with the sizing the drafter runs (``proposal_sizing.py``: its calibration learning from
+the replayed verdicts, its cost line given) and with an oracle that verifies exactly the nodes the answer accepts
+(no sizing does better): the decoding phase's simulated speedup over plain decoding for each.
+
 Writes replay.json, replay.md and replay.png (tau against budget per category and kind) to ``--out``.
 """
 
@@ -15,34 +21,149 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 if TYPE_CHECKING:  # the runtime (torch) loads when a replay runs, so that --help answers at once
-    from specdec_kit.runtime.core.lookup import Budget
+    from specdec_kit.runtime.core.lookup import Budget, Proposal
     from specdec_kit.runtime.decoding.lookup_drafting import LookupSource
 
 KINDS = "ngram,suffix"
 BUDGETS = "1,2,4,8,16,24"
+# a cycle verifying w tokens costs 1.08 + 0.033 (w - 1) plain steps: the line through SmolLM2's verification cost at
+# 1024 tokens of context with the kit's MatMul, N = 1 to 16 (bench/results/smollm2/verify_cost/matmul-context-1024:
+# t(N)/t(1) 1.06 / 1.09 / 1.14 / 1.18 / 1.36 / 1.51 at N = 2 / 4 / 6 / 8 / 12 / 16), and 8% more for a cycle's own
+# work beside the target's step (the proposal, the tree, the acceptance: about 1 ms of a 12-16 ms step)
+COST_LINE = "1.08,0.033"
 
 
-def replay(source: LookupSource, prompt: Sequence[int], answer: Sequence[int], budget: Budget) -> tuple[int, int]:
-    """(tokens, cycles) of drafting ``answer`` after ``prompt`` with ``source`` under ``budget``: the answer's first
-    token comes from the prefill, as in decoding, and every cycle after it gains its accepted path and one token."""
+class Cut:
+    """Which of a proposal's nodes a replayed cycle verifies (the whole proposal: the budget alone bounds it)."""
+
+    def keep(self, proposal: Proposal, answer: Sequence[int]) -> Proposal:
+        return proposal
+
+    def read(self, tokens: Sequence[int]) -> None:
+        """The cycle gained ``tokens`` (its accepted path, then the next token)."""
+
+
+class FixedCut(Cut):
+    """The proposal's best ``nodes`` nodes (best first: a smaller budget's proposal)."""
+
+    def __init__(self, nodes: int):
+        self.nodes = nodes
+
+    def keep(self, proposal: Proposal, answer: Sequence[int]) -> Proposal:
+        from specdec_kit.runtime.decoding.proposal_sizing import prefix
+
+        return prefix(proposal, self.nodes)
+
+
+class OracleCut(Cut):
+    """Exactly the nodes the answer accepts: what no sizing can beat."""
+
+    def keep(self, proposal: Proposal, answer: Sequence[int]) -> Proposal:
+        from specdec_kit.runtime.decoding.proposal_sizing import walk
+
+        return proposal.subset(sorted(walk(proposal, answer)[0]))
+
+
+class SizingCut(Cut):
+    """The drafter's own sizing (its calibration learning from each replayed verdict), over a given cost line."""
+
+    def __init__(self, intercept: float, slope: float):
+        from collections import deque
+
+        from specdec_kit.runtime.decoding.proposal_sizing import ProposalSizing
+
+        self.sizing = ProposalSizing()
+        cost = self.sizing.cost
+        line = [(w, intercept + slope * (w - 1)) for w in range(1, 26)]
+        cost.seen[1] = deque((line * 3)[-cost.window :], maxlen=cost.window)
+        self.last_accepted = 0
+
+    def keep(self, proposal: Proposal, answer: Sequence[int]) -> Proposal:
+        proposal.last_accepted = self.last_accepted
+        kept = self.sizing.cut([proposal])[0]
+        self.sizing.begin([kept], None)  # no start time: the cost line stays the one given
+        return kept
+
+    def read(self, tokens: Sequence[int]) -> None:
+        self.sizing.settle([list(tokens)], 0.0)
+        self.last_accepted = len(tokens) - 1
+
+
+def replay_cycles(
+    source: LookupSource, prompt: Sequence[int], answer: Sequence[int], budget: Budget, cut: Cut | None = None
+) -> list[tuple[int, int]]:
+    """(tokens verified, tokens gained) of each cycle drafting ``answer`` after ``prompt`` with ``source`` under
+    ``budget``, ``cut`` choosing the nodes verified: the answer's first token comes from the prefill, as in decoding,
+    and every cycle after it gains its accepted path and one token."""
     from specdec_kit.runtime.decoding.proposal_sizing import walk
 
+    cut = cut or Cut()
     row = source.open()
     source.extend(row, list(prompt))
     source.prompt_read(row)
     source.extend(row, list(answer[:1]))
-    first = at = min(1, len(answer))
-    cycles = 0
+    at = min(1, len(answer))
+    cycles = []
     while at < len(answer):
-        accepted = len(walk(source.propose(row, budget), answer[at:])[0])
-        gained = min(accepted + 1, len(answer) - at)
+        verified = cut.keep(source.propose(row, budget), answer[at:])
+        gained = min(len(walk(verified, answer[at:])[0]) + 1, len(answer) - at)
+        cut.read(answer[at : at + gained])
         source.extend(row, list(answer[at : at + gained]))
-        at, cycles = at + gained, cycles + 1
+        at += gained
+        cycles.append((1 + len(verified), gained))
     source.finish(row)
-    return len(answer) - first, cycles
+    return cycles
+
+
+def replay(source: LookupSource, prompt: Sequence[int], answer: Sequence[int], budget: Budget) -> tuple[int, int]:
+    """(tokens, cycles) of drafting ``answer`` after ``prompt`` with ``source`` under ``budget`` (``replay_cycles``)."""
+    cycles = replay_cycles(source, prompt, answer, budget)
+    return sum(gained for _, gained in cycles), len(cycles)
+
+
+def simulated_speedup(
+    kind: str,
+    prompts: Sequence[Sequence[int]],
+    answers: Sequence[Sequence[int]],
+    cut: Callable[[], Cut],
+    cost_line: tuple[float, float],
+) -> float:
+    """The decoding phase's speedup over plain decoding (one plain step a token) of ``kind``'s proposals over one
+    category's answers, each cycle costing ``intercept + slope * (width - 1)`` plain steps; one ``cut()`` (its
+    learned state) and one shared state of the kind over the category, as a server's drafter keeps them."""
+    from specdec_kit.runtime.core.trees import parse_tree_spec
+    from specdec_kit.runtime.decoding.lookup_drafting import lookup_budget, source_for
+    from specdec_kit.runtime.registry import default_settings, draft_kind
+
+    budget = lookup_budget(parse_tree_spec(draft_kind(kind).default_tree))
+    source, chosen = source_for(default_settings(kind)), cut()
+    intercept, slope = cost_line
+    tokens = steps = 0.0
+    for prompt, answer in zip(prompts, answers):
+        for width, gained in replay_cycles(source, prompt, answer, budget, chosen):
+            tokens, steps = tokens + gained, steps + intercept + slope * (width - 1)
+    return tokens / steps if steps else 1.0
+
+
+def category_speedups(
+    kind: str,
+    prompts: Sequence[Sequence[int]],
+    answers: Sequence[Sequence[int]],
+    budgets: Sequence[int],
+    cost_line: tuple[float, float],
+) -> dict[str, float]:
+    """Simulated speedups of ``kind`` on one category: per fixed budget (``"4"``), with the drafter's sizing and with
+    the oracle."""
+    out = {
+        str(nodes): simulated_speedup(kind, prompts, answers, lambda n=nodes: FixedCut(n), cost_line)
+        for nodes in budgets
+    }
+    out["sizing"] = simulated_speedup(kind, prompts, answers, lambda: SizingCut(*cost_line), cost_line)
+    out["oracle"] = simulated_speedup(kind, prompts, answers, OracleCut, cost_line)
+    return out
 
 
 def category_taus(
@@ -77,7 +198,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_target_and_prompt_arguments(p)
     p.add_argument("--kinds", default=KINDS, help=f"model-free kinds to replay, any of {KINDS}")
     p.add_argument("--budgets", default=BUDGETS, help="node budgets (draft tokens per cycle at most)")
+    p.add_argument(
+        "--cost-line",
+        default=COST_LINE,
+        help="INTERCEPT,SLOPE: a cycle verifying w tokens costs INTERCEPT + SLOPE * (w - 1) plain decoding steps, for "
+        "the simulated speedups (default: SmolLM2 at 1024 tokens of context with the kit's MatMul, from "
+        "specdec-verify-cost, and 8%% for the cycle's own work)",
+    )
     return p.parse_args(argv)
+
+
+def cost_line(text: str) -> tuple[float, float]:
+    """``--cost-line`` as (intercept, slope), each checked."""
+    try:
+        intercept, slope = (float(x) for x in text.split(","))
+    except ValueError:
+        raise SystemExit(f"--cost-line: expected INTERCEPT,SLOPE (e.g. {COST_LINE}), got {text!r}") from None
+    if intercept <= 0 or slope < 0:
+        raise SystemExit(f"--cost-line: expected a positive intercept and a slope of at least 0, got {text!r}")
+    return intercept, slope
 
 
 def table(taus: dict, budgets: Sequence[int]) -> list[str]:
@@ -91,6 +230,28 @@ def table(taus: dict, budgets: Sequence[int]) -> list[str]:
     for category, kinds in taus.items():
         for kind, by_budget in kinds.items():
             lines.append(f"| {category} | {kind} | " + " | ".join(f"{by_budget[b]:.2f}" for b in budgets) + " |")
+    return lines
+
+
+def speedup_table(speedups: dict, budgets: Sequence[int], line: tuple[float, float]) -> list[str]:
+    lines = [
+        "Simulated decoding-phase speedup over plain decoding of the same replays, a cycle verifying w tokens costing "
+        f"{line[0]:g} + {line[1]:g} (w - 1) plain steps:",
+        "each fixed budget's best, the drafter's sizing (learning as it drafts), and the oracle that verifies exactly "
+        "the nodes accepted",
+        "",
+        "| category | kind | " + " | ".join(f"budget {b}" for b in budgets) + " | sizing | oracle |",
+        "|---|---|" + "---:|" * (len(budgets) + 2),
+    ]
+    for category, kinds in speedups.items():
+        for kind, by_cut in kinds.items():
+            best = max((str(b) for b in budgets), key=lambda b: by_cut[b])
+            cells = [f"**{by_cut[str(b)]:.2f}**" if str(b) == best else f"{by_cut[str(b)]:.2f}" for b in budgets]
+            lines.append(
+                f"| {category} | {kind} | "
+                + " | ".join(cells)
+                + f" | {by_cut['sizing']:.2f} | {by_cut['oracle']:.2f} |"
+            )
     return lines
 
 
@@ -133,6 +294,7 @@ def run(args) -> int:
         raise SystemExit(f"--budgets: expected whole numbers separated by commas, got {args.budgets!r}") from None
     if not budgets or budgets[0] < 1:
         raise SystemExit(f"--budgets: expected node budgets of at least 1, got {args.budgets!r}")
+    line = cost_line(args.cost_line)
     if args.smoke:
         args.prompts, args.max_new_tokens = 1, 8
     set_threads()
@@ -142,17 +304,25 @@ def run(args) -> int:
     categories = [c for c in args.categories.split(",") if c]
     sets = prompt_sets(categories, args.prompts, engine.tokenizer, plain, args.max_new_tokens)
     taus: dict[str, dict[str, dict[int, float]]] = {}
+    speedups: dict[str, dict[str, dict[str, float]]] = {}
     for category in categories:
         prompts = sets[category]
         answers = [plain.generate([p], args.max_new_tokens)[0].tokens for p in prompts]
         taus[category] = {kind: category_taus(kind, prompts, answers, budgets) for kind in kinds}
+        speedups[category] = {kind: category_speedups(kind, prompts, answers, budgets, line) for kind in kinds}
         print(
             f"{category}: " + "; ".join(f"{k} {v[budgets[-1]]:.2f}" for k, v in taus[category].items()), file=sys.stderr
         )
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"target": args.target, "prompts_per_category": args.prompts, "max_new_tokens": args.max_new_tokens}
-    (out / "replay.json").write_text(json.dumps({"meta": meta, "budgets": budgets, "tau": taus}, indent=1) + "\n")
-    lines = table(taus, budgets)
+    meta = {
+        "target": args.target,
+        "prompts_per_category": args.prompts,
+        "max_new_tokens": args.max_new_tokens,
+        "cost_line": list(line),
+    }
+    result = {"meta": meta, "budgets": budgets, "tau": taus, "simulated_speedup": speedups}
+    (out / "replay.json").write_text(json.dumps(result, indent=1) + "\n")
+    lines = table(taus, budgets) + [""] + speedup_table(speedups, budgets, line)
     (out / "replay.md").write_text("\n".join(lines) + "\n")
     plot(taus, budgets, out / "replay.png")
     print("\n".join(lines))

@@ -9,7 +9,15 @@ import json
 import pytest
 
 from specdec_kit.bench.lookup_bench import hybrids_against_parts, paired_table
-from specdec_kit.bench.lookup_replay import main, replay
+from specdec_kit.bench.lookup_replay import (
+    FixedCut,
+    OracleCut,
+    SizingCut,
+    category_speedups,
+    main,
+    replay,
+    replay_cycles,
+)
 from specdec_kit.runtime.core.lookup import Budget, NgramSettings, SuffixSettings
 from specdec_kit.runtime.decoding.lookup_drafting import NgramSource, SuffixSource
 
@@ -47,6 +55,27 @@ def test_suffix_trees_replay_a_finished_response_to_the_next_request():
     assert replay(alone, PROMPT, NOVEL, Budget(8, 25, 2)) == (29, 29)
 
 
+def test_the_oracle_verifies_only_accepted_nodes_and_a_fixed_budget_at_most_its_nodes():
+    budget = Budget(16, 25, 2)
+    oracle = replay_cycles(SuffixSource(SuffixSettings()), PROMPT, COPY, budget, OracleCut())
+    assert all(width == gained for width, gained in oracle[:-1])  # every verified node accepted, then one token
+    one = replay_cycles(SuffixSource(SuffixSettings()), PROMPT, COPY, budget, FixedCut(1))
+    assert max(width for width, _ in one) == 2 and sum(g for _, g in one) == sum(g for _, g in oracle) == 29
+
+
+def test_simulated_speedups_rank_the_oracle_first_and_the_sizing_learns_a_copy():
+    prompts = [PROMPT, [7, *PROMPT]]
+    answers = [COPY + NOVEL, PROMPT[2:30] + NOVEL[:10]]  # copies, then text never seen
+    line = (1.1, 0.035)
+    speedups = category_speedups("suffix", prompts, answers, [1, 4, 16], line)
+    assert speedups["oracle"] >= max(speedups.values()) and speedups["16"] > speedups["1"] > 1.0
+    assert speedups["sizing"] > speedups["1"]  # it learned to verify more than one node of a copy
+    sizing = SizingCut(*line)
+    cycles = replay_cycles(SuffixSource(SuffixSettings()), PROMPT, COPY * 3, Budget(16, 25, 2), sizing)
+    assert max(width for width, _ in cycles) > 2
+    assert sizing.sizing.calibration.proposed  # every verdict reached its calibration
+
+
 @pytest.mark.slow
 def test_the_replay_writes_tau_per_category_kind_and_budget(tmp_path):
     out = tmp_path / "replay"
@@ -59,9 +88,15 @@ def test_the_replay_writes_tau_per_category_kind_and_budget(tmp_path):
         assert set(by_kind) == {"ngram", "suffix"}
         assert all(1.0 <= tau <= 5.0 for taus in by_kind.values() for tau in taus.values())
     assert "| code_editing | suffix |" in (out / "replay.md").read_text()
+    for by_kind in result["simulated_speedup"].values():
+        for by_cut in by_kind.values():
+            assert set(by_cut) == {"1", "4", "sizing", "oracle"} and by_cut["oracle"] >= max(by_cut.values())
+    assert result["meta"]["cost_line"] == [1.08, 0.033] and "| sizing | oracle |" in (out / "replay.md").read_text()
     assert (out / "replay.png").stat().st_size > 0
     with pytest.raises(SystemExit, match="--budgets: expected node budgets of at least 1"):
         main([*argv, "--budgets", "0"])
+    with pytest.raises(SystemExit, match="--cost-line: expected INTERCEPT,SLOPE"):
+        main([*argv, "--cost-line", "1.1"])
 
 
 def test_a_hybrid_is_compared_prompt_by_prompt_with_the_better_of_its_parts():
