@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -233,12 +234,8 @@ def test_the_learning_curve_trains_on_growing_parts_of_the_data_and_measures_the
     first = sorted(index["shards"], key=lambda s: s["file"])[0]
     first_tokens = sum(s["answer_tokens"] for s in first["samples"])
     recipe = {
-        "name": "tiny",
-        "target": str(chat_target),
+        **tiny_recipe(chat_target, heads, {"griffin-stable": {"method": "griffin", **settings}}),
         "prompts": "unused.jsonl",
-        "out": str(heads),
-        "save_dtype": "float32",
-        "heads": {"griffin-stable": {"method": "griffin", **settings}},
         "learning_curve": {"heads": ["griffin-stable"], "answer_tokens": [1, first_tokens + 1]},
     }
     path = tmp_path / "tiny.json"
@@ -315,6 +312,11 @@ def test_heads_trained_by_processes_at_once_each_keep_their_entry_in_the_log(tmp
     assert sorted(json.loads(path.read_text())["heads"]) == sorted(f"{w}{n}" for w in "ab" for n in range(10))
 
 
+def tiny_recipe(target: Path, out: Path, heads: dict) -> dict:
+    """A recipe training ``heads`` for the tiny chat target, float32 heads written to ``out``."""
+    return {"name": "tiny", "target": str(target), "out": str(out), "save_dtype": "float32", "heads": heads}
+
+
 def test_the_recipe_goes_on_training_a_head_when_asked_more_epochs(
     chat_target, prompts_file, distilled, tmp_path, capsys
 ):
@@ -324,14 +326,8 @@ def test_the_recipe_goes_on_training_a_head_when_asked_more_epochs(
 
     out, _ = distilled
     heads = tmp_path / "heads"
-    recipe = {
-        "name": "tiny",
-        "target": str(chat_target),
-        "prompts": "unused.jsonl",
-        "out": str(heads),
-        "save_dtype": "float32",
-        "heads": {"griffin": {"epochs": 1, "lr": 3e-3, "warmup": 1, "draft_vocab": 64, "tokens_per_batch": 128}},
-    }
+    griffin = {"epochs": 1, "lr": 3e-3, "warmup": 1, "draft_vocab": 64, "tokens_per_batch": 128}
+    recipe = {**tiny_recipe(chat_target, heads, {"griffin": griffin}), "prompts": "unused.jsonl"}
     path = tmp_path / "tiny.json"
 
     def run(epochs: int, *extra: str) -> list[int]:
@@ -396,22 +392,8 @@ def test_a_recipe_head_reads_only_the_shards_from_its_first_chunk_on(chat_target
     reader = DistilledData(out, [4], tokens_per_batch=128, shards_from=start)
     assert len(reader.tokens) == sum(len(shard["samples"]) for shard in later)
     heads = tmp_path / "heads"
-    recipe = {
-        "name": "tiny",
-        "target": str(chat_target),
-        "out": str(heads),
-        "save_dtype": "float32",
-        "heads": {
-            "griffin": {
-                "epochs": 1,
-                "lr": 3e-3,
-                "warmup": 1,
-                "draft_vocab": 64,
-                "tokens_per_batch": 128,
-                "shards_from": start,
-            }
-        },
-    }
+    griffin = {"epochs": 1, "lr": 3e-3, "warmup": 1, "draft_vocab": 64, "tokens_per_batch": 128, "shards_from": start}
+    recipe = tiny_recipe(chat_target, heads, {"griffin": griffin})
     path = tmp_path / "tiny.json"
     path.write_text(json.dumps(recipe))
     assert main([str(path), "--data", str(out), "--stages", "heads"]) == 0
@@ -443,17 +425,10 @@ def test_a_recipe_head_can_start_from_a_head_the_recipe_trained_before_it(chat_t
     out, _ = distilled
     heads = tmp_path / "heads"
     common = {"lr": 3e-3, "warmup": 1, "draft_vocab": 64, "tokens_per_batch": 128, "eval_every": 2}
-    recipe = {
-        "name": "tiny",
-        "target": str(chat_target),
-        "out": str(heads),
-        "save_dtype": "float32",
-        "heads": {
-            "stable": {"method": "griffin", "epochs": 1, "heldout_percent": 50, **common},
-            "griffin": {"epochs": 1, "decay": 1.0, "init_from": "stable", "heldout_percent": 50, **common},
-        },
-        "learning_curve": {"heads": ["griffin"], "answer_tokens": [10**9], "epochs": 1},
-    }
+    stable = {"method": "griffin", "epochs": 1, "heldout_percent": 50, **common}
+    griffin = {"epochs": 1, "decay": 1.0, "init_from": "stable", "heldout_percent": 50, **common}
+    recipe = tiny_recipe(chat_target, heads, {"stable": stable, "griffin": griffin})
+    recipe["learning_curve"] = {"heads": ["griffin"], "answer_tokens": [10**9], "epochs": 1}
     path = tmp_path / "tiny.json"
     path.write_text(json.dumps(recipe))
     assert main([str(path), "--data", str(out), "--stages", "heads,curve"]) == 0
