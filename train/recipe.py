@@ -12,7 +12,9 @@ Every head with ``eval_every`` is measured while it trains on the same held-out 
 in the first shards holding the recipe's ``heldout_answer_tokens`` (``heldout_split``).
 
 A head's ``init_from`` naming another head of the recipe starts from that head's folder, trained first: one schedule
-in two runs (SmolLM2's GRIFFIN: a constant rate over all the data, then its decay from that head).
+in two runs (SmolLM2's GRIFFIN: a constant rate over all the data, then its decay from that head). A head's
+``shards_from`` trains it on the pool's shards from that chunk number on: a run continued over the data its start
+had not read (``--chunks`` regenerates just those and the held-out bucket's first shards).
 
 Every stage resumes: the data generation skips the shards it has, each head continues from its
 ``training_state.pt``, and a finished head is left alone unless the recipe now asks more steps of it (more epochs:
