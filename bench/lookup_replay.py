@@ -71,14 +71,11 @@ class SizingCut(Cut):
     """The drafter's own sizing (its calibration learning from each replayed verdict), over a given cost line."""
 
     def __init__(self, intercept: float, slope: float):
-        from collections import deque
-
         from specdec_kit.runtime.decoding.proposal_sizing import ProposalSizing
 
         self.sizing = ProposalSizing()
-        cost = self.sizing.cost
-        line = [(w, intercept + slope * (w - 1)) for w in range(1, 26)]
-        cost.seen[1] = deque((line * 3)[-cost.window :], maxlen=cost.window)
+        for width in list(range(1, 26)) * 3:  # the cycles its cost line is fit to, as if measured (its window's last)
+            self.sizing.cost.observe(1, width, intercept + slope * (width - 1))
         self.last_accepted = 0
 
     def keep(self, proposal: Proposal, answer: Sequence[int]) -> Proposal:

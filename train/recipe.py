@@ -238,8 +238,9 @@ def run_head(
             file=sys.stderr,
         )
         return None
-    answer_tokens = HeadSettings.of(name, settings).answer_tokens if answer_tokens is None else answer_tokens
-    shards_from = HeadSettings.of(name, settings).shards_from
+    chosen = HeadSettings.of(name, settings)
+    answer_tokens = chosen.answer_tokens if answer_tokens is None else answer_tokens
+    shards_from = chosen.shards_from
     current = data_fingerprint(data, answer_tokens, shards_from) if done and not force else None
     if current is not None and trained_on != current:
         print(
