@@ -100,9 +100,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--matmul",
         default=None,
-        help="with --engine (ONNX Runtime, CPU): packed, onnxruntime or both as packed,onnxruntime: the engine's target "
-        "step with the kit's PackedMatMul and with ONNX Runtime's own MatMul, the two taking turns in every round "
-        "(default: the engine as it opens)",
+        help="with --engine (ONNX Runtime, CPU): kernel sets, comma-separated, taking turns in every round: packed (the "
+        "kit's PackedMatMul and TreeAttention), packed-matmul-only (the kit's MatMul, ONNX Runtime's Attention), "
+        "onnxruntime (ONNX Runtime's own) (default: the engine as it opens)",
     )
     p.add_argument("--out", type=Path, default=Path("bench/results/verify_cost"))
     return p.parse_args(argv)
@@ -234,12 +234,13 @@ def time_engine_curve(
         return interleaved_curve(steps, device, batch, repeats, progress, check)
 
 
-MATMUL_KERNELS = ("packed", "onnxruntime")
+MATMUL_KERNELS = ("packed", "packed-matmul-only", "onnxruntime")
 
 
 def engine_targets(path: Path, device: str | None, matmul: str | None) -> tuple[str, dict[str | None, Any]]:
-    """The engine's backend and its target step, opened once per MatMul kernel of ``matmul`` (``packed``: the kit's
-    ``PackedMatMul``; ``onnxruntime``: ONNX Runtime's own), or once as it opens (None)."""
+    """The engine's backend and its target step, opened once per kernel set of ``matmul`` (``packed``: the kit's
+    ``PackedMatMul`` and ``TreeAttention``; ``packed-matmul-only``: the kit's MatMul beside ONNX Runtime's Attention;
+    ``onnxruntime``: ONNX Runtime's own), or once as it opens (None)."""
     from specdec_kit.runtime.engine import open_engine
     from specdec_kit.runtime.ort.custom_ops import packed_matmul_switched
 
@@ -252,13 +253,13 @@ def engine_targets(path: Path, device: str | None, matmul: str | None) -> tuple[
         raise ValueError(f"--matmul {matmul!r}: expected distinct kernels of {', '.join(MATMUL_KERNELS)}")
     targets = {}
     for kernel in kernels:
-        with packed_matmul_switched(kernel == "packed"):
+        with packed_matmul_switched(kernel != "onnxruntime", tree_attention=kernel == "packed"):
             target = open_engine(path, device=device).target
         graph = getattr(target, "graph", None)
         if graph is None:
             raise ValueError(f"--matmul: {path} is not an ONNX Runtime engine")
-        if kernel == "packed" and graph.packed_matmul != "on":
-            raise ValueError(f"--matmul packed: {path}'s target step cannot run it ({graph.packed_matmul})")
+        if kernel != "onnxruntime" and graph.packed_matmul != "on":
+            raise ValueError(f"--matmul {kernel}: {path}'s target step cannot run it ({graph.packed_matmul})")
         targets[kernel] = target
     return "onnxruntime", targets
 
@@ -274,7 +275,7 @@ def write_results(result: dict, out: Path) -> None:
     lines = [
         f"# Verification cost: {result['model']}, {result['device_name']}, {result['dtype']}, context {result['context']}",
         "",
-        f"| batch |{' MatMul |' if kernel_column else ''} N new tokens | ms (median) | t(N) / t({first}) |",
+        f"| batch |{' kernels |' if kernel_column else ''} N new tokens | ms (median) | t(N) / t({first}) |",
         f"|---:|{'---|' if kernel_column else ''}---:|---:|---:|",
     ]
     for r in result["points"]:
@@ -286,7 +287,7 @@ def write_results(result: dict, out: Path) -> None:
     for batch in result["batches"]:
         for variant in variants:
             pts = [r for r in result["points"] if r["batch"] == batch and r.get("matmul") == variant]
-            label = f"batch {batch}" + (f", {variant} MatMul" if kernel_column else "")
+            label = f"batch {batch}" + (f", {variant}" if kernel_column else "")
             ax.plot([r["tokens"] for r in pts], [r["ms"] for r in pts], marker=".", label=label)
     ax.set_xlabel("new tokens checked in one step (N)")
     ax.set_ylabel("ms per step (median)")

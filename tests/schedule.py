@@ -41,6 +41,7 @@ MODULE_SECONDS = {
     "test_engine_cache.py": 31,
     "test_speculators_format.py": 60,
     "test_verify_cost.py": 24,
+    "test_tree_attention.py": 24,
     "test_bandwidth_state.py": 15,
     "test_bandwidth_split.py": 2,
 }

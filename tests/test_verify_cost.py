@@ -62,20 +62,19 @@ def test_an_engines_own_target_step_is_timed_over_its_context(backend, demo_engi
     assert f"# Verification cost: engine {engine.name}" in (out / "verify_cost.md").read_text()
 
 
-def test_the_two_matmul_kernels_take_turns_over_one_engine(demo_engine, tmp_path, capsys):
-    """``--matmul packed,onnxruntime``: the engine's target step with the kit's PackedMatMul and with ONNX Runtime's
-    own MatMul, a curve each, each point's kernel named; a kernel the tool does not know, or one without an engine,
-    is refused."""
+def test_the_kernel_sets_take_turns_over_one_engine(demo_engine, tmp_path, capsys):
+    """``--matmul packed,packed-matmul-only,onnxruntime``: the engine's target step with the kit's operators, with
+    the kit's MatMul beside ONNX Runtime's Attention, and with ONNX Runtime's own, a curve each, each point's kernels
+    named; a kernel set the tool does not know, or one without an engine, is refused."""
     out = tmp_path / "out"
     argv = ["--engine", str(demo_engine), "--tokens", "1,4", "--context", "16", "--repeats", "1"]
-    assert main([*argv, "--matmul", "packed,onnxruntime", "--out", str(out)]) == 0
+    kernels = ("packed", "packed-matmul-only", "onnxruntime")
+    assert main([*argv, "--matmul", ",".join(kernels), "--out", str(out)]) == 0
     result = json.loads((out / "verify_cost.json").read_text())
-    assert [(p["matmul"], p["tokens"]) for p in result["points"]] == [
-        (k, n) for k in ("packed", "onnxruntime") for n in (1, 4)
-    ]
-    assert [p["ratio_to_first"] for p in result["points"] if p["tokens"] == 1] == [1.0, 1.0]
+    assert [(p["matmul"], p["tokens"]) for p in result["points"]] == [(k, n) for k in kernels for n in (1, 4)]
+    assert [p["ratio_to_first"] for p in result["points"] if p["tokens"] == 1] == [1.0, 1.0, 1.0]
     table = (out / "verify_cost.md").read_text()
-    assert "| batch | MatMul | N new tokens |" in table and "| 1 | onnxruntime | 4 |" in table
+    assert "| batch | kernels | N new tokens |" in table and "| 1 | onnxruntime | 4 |" in table
     assert main([*argv, "--matmul", "packed,mkl", "--out", str(out)]) == 2
     assert "--matmul 'packed,mkl'" in capsys.readouterr().err
     assert main(["--shape", "tiny", "--matmul", "packed", "--out", str(out)]) == 2

@@ -2,7 +2,9 @@
 
 The library holds ``specdec.PackedMatMul`` (``packed_matmul.c``): ONNX Runtime's float MatMul on a small x86 CPU
 costs 1.2-1.6x for the handful of rows a speculative cycle verifies what it costs for one row, where a product that
-reads each weight once for all rows costs barely more, so speculation pays more. It is built with the
+reads each weight once for all rows costs barely more, so speculation pays more. And ``specdec.TreeAttention``
+(``tree_attention.c``): ONNX's Attention with a boolean mask and grouped-query heads, which ONNX Runtime's CPU kernel
+runs several times slower than reading the cache costs at long contexts. ``register_ops.c`` registers both. It is built with the
 machine's C compiler for the machine's own instruction set (``-march=native``); the cache key holds the source,
 the compiler and the CPU, so another machine sharing the cache builds its own. Where no compiler is found, or
 ``SPECDEC_PACKED_MATMUL=0`` is set, ``custom_op_library`` says why and the engines run ONNX Runtime's own MatMul.
@@ -24,9 +26,13 @@ from typing import Iterator
 
 from specdec_kit.runtime.models.pretrained import cache_root
 
-SOURCE = Path(__file__).with_name("packed_matmul.c")
-SWITCH_ENV = "SPECDEC_PACKED_MATMUL"  # "0": ONNX Runtime's own MatMul everywhere
+SOURCES = tuple(
+    Path(__file__).with_name(name) for name in ("ort_api.h", "packed_matmul.c", "tree_attention.c", "register_ops.c")
+)
+SWITCH_ENV = "SPECDEC_PACKED_MATMUL"  # "0": ONNX Runtime's own MatMul and Attention everywhere (no library)
+ATTENTION_SWITCH_ENV = "SPECDEC_TREE_ATTENTION"  # "0": ONNX Runtime's own Attention, the kit's MatMul kept
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-shared", "-fPIC")
+LIBRARIES = ("-lm",)
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,11 @@ class CustomOps:
 
 def enabled() -> bool:
     return os.environ.get(SWITCH_ENV, "1") != "0"
+
+
+def tree_attention_enabled() -> bool:
+    """Whether graphs rewritten for the library run their attention as ``TreeAttention`` too."""
+    return os.environ.get(ATTENTION_SWITCH_ENV, "1") != "0"
 
 
 def _compiler() -> str | None:
@@ -68,7 +79,7 @@ def custom_op_library() -> CustomOps:
         return CustomOps(None, "no C compiler (cc, gcc or clang) on PATH")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
     key = hashlib.sha256(
-        "\0".join([SOURCE.read_text(), compiler, *version, *FLAGS, _cpu_identity()]).encode()
+        "\0".join([*(source.read_text() for source in SOURCES), compiler, *version, *FLAGS, _cpu_identity()]).encode()
     ).hexdigest()[:16]
     library = cache_root() / "kernels" / key / "libspecdec_ort_ops.so"
     if library.exists():
@@ -76,25 +87,38 @@ def custom_op_library() -> CustomOps:
     library.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=library.parent) as scratch:  # processes building at once each rename theirs
         built = Path(scratch) / library.name
-        result = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True, text=True)
+        compiled = [str(source) for source in SOURCES if source.suffix == ".c"]
+        result = subprocess.run(
+            [compiler, *FLAGS, *compiled, "-o", str(built), *LIBRARIES], capture_output=True, text=True
+        )
         if result.returncode != 0:
-            return CustomOps(None, f"{compiler} could not build {SOURCE.name}: {result.stderr.strip()[-400:]}")
+            return CustomOps(None, f"{compiler} could not build the kit's operators: {result.stderr.strip()[-400:]}")
         os.replace(built, library)
     return CustomOps(library)
 
 
 @contextlib.contextmanager
-def packed_matmul_switched(on: bool) -> Iterator[None]:
-    """Sessions opened inside run the kit's ``PackedMatMul`` (``on``, where it builds) or ONNX Runtime's MatMul:
-    what a benchmark that sets the two side by side opens its engines under."""
-    before = os.environ.get(SWITCH_ENV)
-    os.environ[SWITCH_ENV] = "1" if on else "0"
+def _environment(name: str, value: str) -> Iterator[None]:
+    before = os.environ.get(name)
+    os.environ[name] = value
     custom_op_library.cache_clear()
     try:
         yield
     finally:
         if before is None:
-            os.environ.pop(SWITCH_ENV, None)
+            os.environ.pop(name, None)
         else:
-            os.environ[SWITCH_ENV] = before
+            os.environ[name] = before
         custom_op_library.cache_clear()
+
+
+@contextlib.contextmanager
+def packed_matmul_switched(on: bool, tree_attention: bool = True) -> Iterator[None]:
+    """Sessions opened inside run the kit's operators (``on``, where they build: ``PackedMatMul``, and
+    ``TreeAttention`` unless ``tree_attention`` is off) or ONNX Runtime's own: what a benchmark that sets them side
+    by side opens its engines under."""
+    with (
+        _environment(SWITCH_ENV, "1" if on else "0"),
+        _environment(ATTENTION_SWITCH_ENV, "1" if tree_attention else "0"),
+    ):
+        yield

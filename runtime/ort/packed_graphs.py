@@ -1,8 +1,10 @@
-"""Graphs whose MatMuls over constant float weights run as the kit's ``specdec.PackedMatMul`` (``custom_ops``).
+"""Graphs whose MatMuls over constant float weights run as the kit's ``specdec.PackedMatMul``, and whose attention runs
+as ``specdec.TreeAttention`` (``custom_ops``).
 
 A MatMul ``X[..., K] @ W[K, N]`` with ``W`` a float initializer becomes ``PackedMatMul(X, W_packed, n=N)``, where
 ``W_packed`` holds the same numbers as ``[ceil(N / 32), K, 32]``: each block of 32 output columns contiguous, the
-order the kernel reads them in. Only graphs the build already optimized are rewritten (ONNX Runtime's optimizer
+order the kernel reads them in. An ONNX ``Attention`` over 4-D inputs with a boolean mask (the target step's: no causal
+flag, soft cap or extra outputs) becomes ``TreeAttention`` on the same inputs, its scale kept. Only graphs the build already optimized are rewritten (ONNX Runtime's optimizer
 would otherwise meet an operator it cannot fuse through). The rewritten graph is written once per source graph
 under ``$SPECDEC_CACHE/packed-graphs`` and reused: the engine directory stays as the build wrote it, read-only
 mounts included. Each copy names its source; a copy whose source is gone or was rebuilt is removed when the next one
@@ -24,7 +26,10 @@ from specdec_kit.runtime.models.pretrained import cache_root
 DOMAIN = "specdec"
 OP = "PackedMatMul"
 COLUMNS = 32  # the kernel's block of output columns
-LAYOUT = "columns32-v1"  # in the cache key: a new layout never reads an old graph
+LAYOUT = "columns32-v1+tree-attention-v1"  # in the cache key: a new layout never reads an old graph
+ATTENTION_OP = "TreeAttention"
+BOOL = 9  # onnx.TensorProto.BOOL
+SHAPE_ONLY = {"Unsqueeze", "Squeeze", "Reshape", "Expand", "Identity", "Slice", "Transpose"}  # keep the element type
 
 
 def pack_weight(weight: np.ndarray) -> np.ndarray:
@@ -38,7 +43,9 @@ def pack_weight(weight: np.ndarray) -> np.ndarray:
 
 def _source_key(graph: Path) -> str:
     """The graph file's bytes and its external data files' sizes and times: a rebuilt engine gets a new key."""
-    digest = hashlib.sha256(LAYOUT.encode())
+    from specdec_kit.runtime.ort.custom_ops import tree_attention_enabled
+
+    digest = hashlib.sha256((LAYOUT + ("" if tree_attention_enabled() else "-attention-off")).encode())
     digest.update(graph.read_bytes())
     for data in sorted(graph.parent.glob(graph.name + "*")):
         if data != graph:
@@ -47,14 +54,69 @@ def _source_key(graph: Path) -> str:
     return digest.hexdigest()[:20]
 
 
-def rewrite(model) -> int:
-    """Rewrite ``model`` (an ``onnx.ModelProto`` with its weights loaded) in place; returns the MatMuls replaced."""
+def _element_type(model, name: str) -> int | None:
+    """A tensor's element type where the graph says it: its declaration, or the input of the shape-only nodes it
+    comes through."""
+    declared = {v.name: v.type.tensor_type.elem_type for v in [*model.graph.input, *model.graph.value_info]}
+    declared.update({init.name: init.data_type for init in model.graph.initializer})
+    made_by = {out: node for node in model.graph.node for out in node.output}
+    for _ in range(16):
+        if declared.get(name):
+            return declared[name]
+        node = made_by.get(name)
+        if node is None or node.op_type not in SHAPE_ONLY or not node.input:
+            return None
+        name = node.input[0]
+    return None
+
+
+def _as_tree_attention(model, node):
+    """The ``TreeAttention`` node for an ``Attention`` node it computes exactly as ONNX defines it, or None."""
+    from onnx import helper
+
+    if node.op_type != "Attention" or node.domain not in ("", "ai.onnx"):
+        return None
+    inputs, outputs = list(node.input), [o for o in node.output if o]
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    plain = (
+        len(inputs) == 4
+        and all(inputs)
+        and len(outputs) == 1
+        and node.output[0]
+        and not attrs.get("is_causal", 0)
+        and not attrs.get("softcap", 0.0)
+        and not attrs.get("qk_matmul_output_mode", 0)
+        and "q_num_heads" not in attrs  # their presence means 3-D inputs
+        and "kv_num_heads" not in attrs
+        and attrs.get("softmax_precision", 1) == 1
+        and _element_type(model, inputs[3]) == BOOL
+    )
+    if not plain:
+        return None
+    extra = {"scale": float(attrs["scale"])} if "scale" in attrs else {}
+    return helper.make_node(
+        ATTENTION_OP, inputs, outputs, name=f"{node.name or 'attention'}.tree", domain=DOMAIN, **extra
+    )
+
+
+def rewrite(model, attention: bool | None = None) -> int:
+    """Rewrite ``model`` (an ``onnx.ModelProto`` with its weights loaded) in place; returns the nodes replaced. Its
+    attention too where ``attention`` (default: unless ``SPECDEC_TREE_ATTENTION=0``)."""
     from onnx import TensorProto, helper, numpy_helper
+
+    from specdec_kit.runtime.ort.custom_ops import tree_attention_enabled
+
+    attention = tree_attention_enabled() if attention is None else attention
 
     initializers = {init.name: init for init in model.graph.initializer}
     packed: dict[str, tuple[str, int]] = {}
     nodes, replaced = [], 0
     for node in model.graph.node:
+        tree_attention = _as_tree_attention(model, node) if attention else None
+        if tree_attention is not None:
+            nodes.append(tree_attention)
+            replaced += 1
+            continue
         weight = (
             initializers.get(node.input[1]) if node.op_type == "MatMul" and node.domain in ("", "ai.onnx") else None
         )
@@ -98,7 +160,7 @@ def remove_orphans(root: Path) -> None:
 
 
 def packed_graph(graph: Path) -> Path | None:
-    """The rewritten copy of ``graph`` (written on first use), or None where it has no MatMul to rewrite."""
+    """The rewritten copy of ``graph`` (written on first use), or None where it has nothing to rewrite."""
     import onnx
 
     root = cache_root() / "packed-graphs"

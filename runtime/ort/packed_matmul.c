@@ -9,79 +9,16 @@
  * row's result is the same bit for bit whichever rows share the call: a token gets the same products alone in a
  * plain step as inside a verified tree.
  *
- * The ONNX Runtime C API is reached through its function table (entries are only ever appended, so an entry's
- * index is stable across versions); only the entries this operator calls are named below. */
+ */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct OrtStatus OrtStatus;
-typedef struct OrtApi OrtApi;
-typedef struct OrtValue OrtValue;
-typedef struct OrtKernelInfo OrtKernelInfo;
-typedef struct OrtKernelContext OrtKernelContext;
-typedef struct OrtSessionOptions OrtSessionOptions;
-typedef struct OrtCustomOpDomain OrtCustomOpDomain;
-typedef struct OrtTensorTypeAndShapeInfo OrtTensorTypeAndShapeInfo;
-typedef struct OrtApiBase {
-  const OrtApi *(*GetApi)(uint32_t version);
-  const char *(*GetVersionString)(void);
-} OrtApiBase;
-
-/* The custom-operator record as of API version 13: ONNX Runtime reads no field past those of the declared version. */
-typedef struct OrtCustomOp {
-  uint32_t version;
-  void *(*CreateKernel)(const struct OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info);
-  const char *(*GetName)(const struct OrtCustomOp *op);
-  const char *(*GetExecutionProviderType)(const struct OrtCustomOp *op);
-  int (*GetInputType)(const struct OrtCustomOp *op, size_t index);
-  size_t (*GetInputTypeCount)(const struct OrtCustomOp *op);
-  int (*GetOutputType)(const struct OrtCustomOp *op, size_t index);
-  size_t (*GetOutputTypeCount)(const struct OrtCustomOp *op);
-  void (*KernelCompute)(void *kernel, OrtKernelContext *context);
-  void (*KernelDestroy)(void *kernel);
-  int (*GetInputCharacteristic)(const struct OrtCustomOp *op, size_t index);
-  int (*GetOutputCharacteristic)(const struct OrtCustomOp *op, size_t index);
-  int (*GetInputMemoryType)(const struct OrtCustomOp *op, size_t index);
-} OrtCustomOp;
-
-enum { CUSTOM_OP_VERSION = 13, API_WITH_PARALLEL_FOR = 17, API_BASIC = 13, TENSOR_FLOAT = 1 };
-enum {
-  API_CreateCustomOpDomain = 26,
-  API_CustomOpDomain_Add = 27,
-  API_AddCustomOpDomain = 28,
-  API_GetTensorMutableData = 51,
-  API_GetDimensionsCount = 61,
-  API_GetDimensions = 62,
-  API_GetTensorTypeAndShape = 65,
-  API_KernelInfoGetAttribute_int64 = 86,
-  API_KernelContext_GetInput = 90,
-  API_KernelContext_GetOutput = 91,
-  API_ReleaseTensorTypeAndShapeInfo = 99,
-  API_KernelContext_ParallelFor = 274,
-};
-#define API_FN(api, index) (((void *const *)(api))[index])
-
-typedef OrtStatus *(*CreateCustomOpDomainFn)(const char *, OrtCustomOpDomain **);
-typedef OrtStatus *(*CustomOpDomainAddFn)(OrtCustomOpDomain *, const OrtCustomOp *);
-typedef OrtStatus *(*AddCustomOpDomainFn)(OrtSessionOptions *, OrtCustomOpDomain *);
-typedef OrtStatus *(*GetTensorMutableDataFn)(OrtValue *, void **);
-typedef OrtStatus *(*GetDimensionsCountFn)(const OrtTensorTypeAndShapeInfo *, size_t *);
-typedef OrtStatus *(*GetDimensionsFn)(const OrtTensorTypeAndShapeInfo *, int64_t *, size_t);
-typedef OrtStatus *(*GetTensorTypeAndShapeFn)(const OrtValue *, OrtTensorTypeAndShapeInfo **);
-typedef OrtStatus *(*GetAttributeInt64Fn)(const OrtKernelInfo *, const char *, int64_t *);
-typedef OrtStatus *(*GetInputFn)(const OrtKernelContext *, size_t, const OrtValue **);
-typedef OrtStatus *(*GetOutputFn)(OrtKernelContext *, size_t, const int64_t *, size_t, OrtValue **);
-typedef void (*ReleaseShapeFn)(OrtTensorTypeAndShapeInfo *);
-typedef OrtStatus *(*ParallelForFn)(const OrtKernelContext *, void (*)(void *, size_t), size_t, size_t, void *);
-
-static const OrtApi *g_api;
-static int g_parallel;
+#include "ort_api.h"
 
 #define COLS 32     /* output columns of a block: two vectors of 16 floats */
 #define MAX_ROWS 8  /* rows a tile keeps in registers: 16 accumulators */
-#define MAX_RANK 16
 #define MAX_CHUNKS 8
 /* Weights are requested this far ahead of the product (16 KB): with several rows the cores are busy multiplying,
  * and without the request a block waits on memory (measured on the 2-core AMD EPYC, SmolLM2's LM head on one
@@ -163,25 +100,6 @@ static void *create_kernel(const OrtCustomOp *op, const OrtApi *api, const OrtKe
   return kernel;
 }
 
-/* A tensor's dimensions; returns the product of all but the last (the rows of a MatMul's left side). */
-static int64_t leading_rows(const OrtValue *value, int64_t *dims, size_t *rank) {
-  OrtTensorTypeAndShapeInfo *info;
-  ((GetTensorTypeAndShapeFn)API_FN(g_api, API_GetTensorTypeAndShape))(value, &info);
-  ((GetDimensionsCountFn)API_FN(g_api, API_GetDimensionsCount))(info, rank);
-  if (*rank > MAX_RANK) *rank = MAX_RANK;
-  ((GetDimensionsFn)API_FN(g_api, API_GetDimensions))(info, dims, *rank);
-  ((ReleaseShapeFn)API_FN(g_api, API_ReleaseTensorTypeAndShapeInfo))(info);
-  int64_t rows = 1;
-  for (size_t d = 0; d + 1 < *rank; d++) rows *= dims[d];
-  return rows;
-}
-
-static void *data_of(const OrtValue *value) {
-  void *data;
-  ((GetTensorMutableDataFn)API_FN(g_api, API_GetTensorMutableData))((OrtValue *)value, &data);
-  return data;
-}
-
 static void compute(void *kernel_data, OrtKernelContext *context) {
   const Kernel *kernel = kernel_data;
   const OrtValue *x, *w;
@@ -221,20 +139,8 @@ static size_t one(const OrtCustomOp *op) { (void)op; return 1; }
 static int required(const OrtCustomOp *op, size_t index) { (void)op; (void)index; return 0; }
 static int default_memory(const OrtCustomOp *op, size_t index) { (void)op; (void)index; return 0; }
 
-static const OrtCustomOp packed_matmul = {
+const OrtCustomOp specdec_packed_matmul = {
     CUSTOM_OP_VERSION, create_kernel, op_name, op_provider, float_type, two, float_type, one,
     compute, destroy_kernel, required, required, default_memory,
 };
 
-/* Called by ONNX Runtime's register_custom_ops_library. */
-OrtStatus *RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *base) {
-  g_api = base->GetApi(API_WITH_PARALLEL_FOR);
-  g_parallel = g_api != NULL;
-  if (!g_api) g_api = base->GetApi(API_BASIC);
-  OrtCustomOpDomain *domain;
-  OrtStatus *status = ((CreateCustomOpDomainFn)API_FN(g_api, API_CreateCustomOpDomain))("specdec", &domain);
-  if (status) return status;
-  status = ((CustomOpDomainAddFn)API_FN(g_api, API_CustomOpDomain_Add))(domain, &packed_matmul);
-  if (status) return status;
-  return ((AddCustomOpDomainFn)API_FN(g_api, API_AddCustomOpDomain))(options, domain);
-}
