@@ -109,12 +109,15 @@ def run(args) -> int:
 
 
 def matmul_kernel() -> str:
-    """Which product an ONNX Runtime engine's float MatMuls run here: the kit's ``PackedMatMul`` or ONNX Runtime's own
-    (and why), since verifying a tree costs much less with the first."""
-    from specdec_kit.runtime.ort.custom_ops import custom_op_library
+    """Which products an ONNX Runtime engine's float MatMuls and attention run here: the kit's ``PackedMatMul`` and
+    ``TreeAttention`` or ONNX Runtime's own (and why), since both move a step's and a tree's cost."""
+    from specdec_kit.runtime.ort.custom_ops import ATTENTION_SWITCH_ENV, custom_op_library, tree_attention_enabled
 
     ops = custom_op_library()
-    return "float MatMuls by the kit's PackedMatMul" if ops.library else f"float MatMuls by ONNX Runtime ({ops.reason})"
+    if not ops.library:
+        return f"float MatMuls by ONNX Runtime ({ops.reason})"
+    attention = "its TreeAttention" if tree_attention_enabled() else f"ONNX Runtime ({ATTENTION_SWITCH_ENV}=0)"
+    return f"float MatMuls by the kit's PackedMatMul, attention by {attention}"
 
 
 def machine(results: dict | None = None) -> str:
