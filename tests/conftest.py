@@ -239,3 +239,14 @@ def chi_square_pvalue(observed: torch.Tensor, expected_probs: torch.Tensor) -> f
     return float(
         stats.chisquare(obs[keep].numpy(), exp[keep].numpy() * obs[keep].sum().item() / exp[keep].sum().item()).pvalue
     )
+
+
+@pytest.fixture
+def own_kernel_cache(tmp_path, monkeypatch):
+    """The kit's CPU operators, and the graphs rewritten for them, built in a cache of this test's own."""
+    from specdec_kit.runtime.ort.custom_ops import custom_op_library
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    custom_op_library.cache_clear()
+    yield
+    custom_op_library.cache_clear()

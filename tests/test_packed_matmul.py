@@ -15,14 +15,7 @@ from specdec_kit.runtime.ort.backend import OrtGraph
 from specdec_kit.runtime.ort.custom_ops import custom_op_library
 from specdec_kit.runtime.ort.packed_graphs import pack_weight, packed_graph, rewrite
 
-
-@pytest.fixture(autouse=True)
-def own_cache(tmp_path, monkeypatch):
-    """Each test builds the library and its graphs in a cache of its own."""
-    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-    custom_op_library.cache_clear()
-    yield
-    custom_op_library.cache_clear()
+pytestmark = pytest.mark.usefixtures("own_kernel_cache")  # the library and graphs built per test
 
 
 def library():

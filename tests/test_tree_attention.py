@@ -16,14 +16,7 @@ from specdec_kit.runtime.ort import custom_ops
 from specdec_kit.runtime.ort.custom_ops import custom_op_library
 from specdec_kit.runtime.ort.packed_graphs import rewrite
 
-
-@pytest.fixture(autouse=True)
-def own_cache(tmp_path, monkeypatch):
-    """Each test builds the library in a cache of its own."""
-    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-    custom_op_library.cache_clear()
-    yield
-    custom_op_library.cache_clear()
+pytestmark = pytest.mark.usefixtures("own_kernel_cache")  # the library and graphs built per test
 
 
 def attention_model(mask_rank: int = 4, mask_type: int = TensorProto.BOOL, **attrs) -> onnx.ModelProto:

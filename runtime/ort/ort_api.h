@@ -94,6 +94,13 @@ static inline void *data_of(const OrtValue *value) {
   return data;
 }
 
+/* The callbacks every operator record shares: CPU kernels, one output, every input and output required, inputs in CPU
+ * memory. */
+static inline const char *op_cpu_provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
+static inline size_t op_one_output(const OrtCustomOp *op) { (void)op; return 1; }
+static inline int op_required(const OrtCustomOp *op, size_t index) { (void)op; (void)index; return 0; }
+static inline int op_default_memory(const OrtCustomOp *op, size_t index) { (void)op; (void)index; return 0; }
+
 /* The operators the library registers in the "specdec" domain. */
 extern const OrtCustomOp specdec_packed_matmul;
 extern const OrtCustomOp specdec_tree_attention;

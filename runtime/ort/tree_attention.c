@@ -377,15 +377,11 @@ static void compute(void *kernel_data, OrtKernelContext *context) {
 
 static void destroy_kernel(void *kernel) { free(kernel); }
 static const char *op_name(const OrtCustomOp *op) { (void)op; return "TreeAttention"; }
-static const char *op_provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }
 static int input_type(const OrtCustomOp *op, size_t index) { (void)op; return index == 3 ? TENSOR_BOOL : TENSOR_FLOAT; }
 static int output_type(const OrtCustomOp *op, size_t index) { (void)op; (void)index; return TENSOR_FLOAT; }
 static size_t four(const OrtCustomOp *op) { (void)op; return 4; }
-static size_t one(const OrtCustomOp *op) { (void)op; return 1; }
-static int required(const OrtCustomOp *op, size_t index) { (void)op; (void)index; return 0; }
-static int default_memory(const OrtCustomOp *op, size_t index) { (void)op; (void)index; return 0; }
 
 const OrtCustomOp specdec_tree_attention = {
-    CUSTOM_OP_VERSION, create_kernel, op_name, op_provider, input_type, four, output_type, one,
-    compute, destroy_kernel, required, required, default_memory,
+    CUSTOM_OP_VERSION, create_kernel, op_name, op_cpu_provider, input_type, four, output_type, op_one_output,
+    compute, destroy_kernel, op_required, op_required, op_default_memory,
 };
