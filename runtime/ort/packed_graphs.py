@@ -3,9 +3,10 @@ as ``specdec.TreeAttention`` (``custom_ops``).
 
 A MatMul ``X[..., K] @ W[K, N]`` with ``W`` a float initializer becomes ``PackedMatMul(X, W_packed, n=N)``, where
 ``W_packed`` holds the same numbers as ``[ceil(N / 32), K, 32]``: each block of 32 output columns contiguous, the
-order the kernel reads them in. An ONNX ``Attention`` over 4-D inputs with a boolean mask (the target step's: no causal
-flag, soft cap or extra outputs) becomes ``TreeAttention`` on the same inputs, its scale kept. Only graphs the build already optimized are rewritten (ONNX Runtime's optimizer
-would otherwise meet an operator it cannot fuse through). The rewritten graph is written once per source graph
+order the kernel reads them in. An ONNX ``Attention`` over 4-D inputs with a boolean mask (the target step's: no
+causal flag, soft cap or extra outputs) becomes ``TreeAttention`` on the same inputs, its scale kept. Only graphs the
+build already optimized are rewritten (ONNX Runtime's optimizer would otherwise meet an operator it cannot fuse
+through). The rewritten graph is written once per source graph
 under ``$SPECDEC_CACHE/packed-graphs`` and reused: the engine directory stays as the build wrote it, read-only
 mounts included. Each copy names its source; a copy whose source is gone or was rebuilt is removed when the next one
 is written, so engines built and deleted (a test run builds dozens) leave nothing behind.
