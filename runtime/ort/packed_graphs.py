@@ -14,11 +14,13 @@ is written, so engines built and deleted (a test run builds dozens) leave nothin
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -55,24 +57,30 @@ def _source_key(graph: Path) -> str:
     return digest.hexdigest()[:20]
 
 
-def _element_type(model, name: str) -> int | None:
-    """A tensor's element type where the graph says it: its declaration, or the input of the shape-only nodes it
-    comes through."""
-    declared = {v.name: v.type.tensor_type.elem_type for v in [*model.graph.input, *model.graph.value_info]}
-    declared.update({init.name: init.data_type for init in model.graph.initializer})
-    made_by = {out: node for node in model.graph.node for out in node.output}
-    for _ in range(16):
-        if declared.get(name):
-            return declared[name]
-        node = made_by.get(name)
-        if node is None or node.op_type not in SHAPE_ONLY or not node.input:
-            return None
-        name = node.input[0]
-    return None
+class _ElementTypes:
+    """Tensors' element types where the graph says them: a declaration, or the input of the shape-only nodes a tensor
+    comes through (the graph's declarations and producers read once)."""
+
+    def __init__(self, model):
+        graph = model.graph
+        self.declared = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.value_info]}
+        self.declared.update({init.name: init.data_type for init in graph.initializer})
+        self.made_by = {out: node for node in graph.node for out in node.output}
+
+    def of(self, name: str) -> int | None:
+        for _ in range(16):
+            if self.declared.get(name):
+                return self.declared[name]
+            node = self.made_by.get(name)
+            if node is None or node.op_type not in SHAPE_ONLY or not node.input:
+                return None
+            name = node.input[0]
+        return None
 
 
-def _as_tree_attention(model, node):
-    """The ``TreeAttention`` node for an ``Attention`` node it computes exactly as ONNX defines it, or None."""
+def _as_tree_attention(node, types: Callable[[], _ElementTypes]):
+    """The ``TreeAttention`` node for an ``Attention`` node it computes exactly as ONNX defines it, or None
+    (``types``: the graph's element types, read on first need)."""
     from onnx import helper
 
     if node.op_type != "Attention" or node.domain not in ("", "ai.onnx"):
@@ -90,7 +98,7 @@ def _as_tree_attention(model, node):
         and "q_num_heads" not in attrs  # their presence means 3-D inputs
         and "kv_num_heads" not in attrs
         and attrs.get("softmax_precision", 1) == 1
-        and _element_type(model, inputs[3]) == BOOL
+        and types().of(inputs[3]) == BOOL
     )
     if not plain:
         return None
@@ -112,8 +120,9 @@ def rewrite(model, attention: bool | None = None) -> int:
     initializers = {init.name: init for init in model.graph.initializer}
     packed: dict[str, tuple[str, int]] = {}
     nodes, replaced = [], 0
+    types = functools.cache(lambda: _ElementTypes(model))
     for node in model.graph.node:
-        tree_attention = _as_tree_attention(model, node) if attention else None
+        tree_attention = _as_tree_attention(node, types) if attention else None
         if tree_attention is not None:
             nodes.append(tree_attention)
             replaced += 1

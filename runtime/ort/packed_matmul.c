@@ -7,9 +7,7 @@
  * Here each block of 32 columns is read from memory once and multiplied into every row while it is in registers,
  * so a few rows cost little more than one. Each output is summed over K in order, in a register of its own, so a
  * row's result is the same bit for bit whichever rows share the call: a token gets the same products alone in a
- * plain step as inside a verified tree.
- *
- */
+ * plain step as inside a verified tree. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>

@@ -3,10 +3,10 @@
  * heads: query head h reads key/value head h / (Hq / Hkv)), a boolean mask broadcast to [B, Hq, N, L] (true: the
  * position takes part) and Y [B, Hq, N, Dv]; the attribute scale, where nonzero, replaces 1 / sqrt(D).
  *
- * Why: ONNX Runtime's own CPU Attention spends far more than reading the cache costs at long contexts (SmolLM2-135M,
- * 30 layers over 2,112 cached positions on 2 cores: 9 ms a step for one token and 20 ms for the 8 of a verified tree,
- * where its keys and values are 97 MB), so long prompts made both plain decoding and verification slow, and
- * verification more so. Here each key/value head's positions are read once per query head, masked positions are
+ * Why: ONNX Runtime's own CPU Attention spends far more than reading the cache costs at long contexts (SmolLM2-135M on
+ * 2 Intel Xeon vCPUs: its one-token step 12.1 ms longer at 2,048 tokens of context than at 512, where the keys and
+ * values grow by 71 MB, under 4 ms to read; 7.5 ms longer with this operator), so long prompts made both plain
+ * decoding and verification slow. Here each key/value head's positions are read once per query head, masked positions are
  * never read, and a position's score is one dot product.
  *
  * Each query row is computed alone, in an order fixed by position (its scores, their maximum, the exponentials summed
