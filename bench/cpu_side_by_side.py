@@ -27,8 +27,8 @@ the goals: at equal weight precision (f32 with f32, the kit's int4 with llama.cp
 blocks of 32) the kit's best at least llama.cpp's best at the fewest and the most streams. Writes
 ``cpu_side_by_side.{json,md,png}`` and the servers' logs. Numbers are reported, never asserted.
 
-Threads: the kit's ONNX Runtime takes one intra-op thread per physical core, ``llama-server`` gets ``-t`` = the
-core count, vLLM-CPU its default binding (one compute thread per core but the last).
+Threads: the kit's ONNX Runtime takes one intra-op thread per core, ``llama-server`` gets ``-t`` = the cores (both
+``OMP_NUM_THREADS`` where it is set), vLLM-CPU its default binding (one compute thread per core but the last).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from specdec_kit.runtime.core.cpu import cpu_description
+from specdec_kit.runtime.core.cpu import cpu_description, process_threads
 
 RESULTS = Path("bench/results/smollm2")
 STARTUP_S = 1800  # vLLM's first start on 2 cores compiles the model (minutes)
@@ -303,9 +303,9 @@ def settings(args, specs: list[Spec], runs: dict) -> dict:
         "onnxruntime": onnxruntime.__version__,
         "servers": [s.label for s in specs],
         "runs": {s.label: {k: str(v) for k, v in runs[s].items()} for s in specs},
-        "kit_threads": f"{args.kit_backend}; intra-op threads one per physical core; speculation policy "
+        "kit_threads": f"{args.kit_backend}; {process_threads()} intra-op threads; speculation policy "
         f"{args.kit_policy}",
-        "llamacpp_threads": f"-t {os.cpu_count()}; EAGLE-3 chains of {args.llamacpp_draft_tokens}",
+        "llamacpp_threads": f"-t {process_threads()}; EAGLE-3 chains of {args.llamacpp_draft_tokens}",
         "vllm_threads": "VLLM_CPU_OMP_THREADS_BIND=" + os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),
         "vllm_chains": {
             s.label: vllm_chain(runs[s]["engine"]) for s in specs if s.server == "vllm" and s.mode != "plain"

@@ -221,10 +221,12 @@ def start_llamacpp(
     label: str, target: Path, draft: Path | None, streams: int, context_per_stream: int, log: Path, extra: list[str]
 ) -> ServerProcess:
     """``llama-server`` over a GGUF ``target`` with ``streams`` slots of ``context_per_stream`` tokens each, with
-    /metrics on, speculating with an EAGLE-3 GGUF ``draft`` when given; returns before it is ready."""
+    /metrics on, speculating with an EAGLE-3 GGUF ``draft`` when given, on as many threads as this process may run;
+    returns before it is ready."""
     from specdec_kit.export.llamacpp import server_command
+    from specdec_kit.runtime.core.cpu import process_threads
 
     port = free_port()
-    cmd = server_command(target, draft, port, slots=streams, context=streams * context_per_stream)
+    cmd = server_command(target, draft, port, process_threads(), slots=streams, context=streams * context_per_stream)
     cmd += ["--host", "127.0.0.1", "--metrics", "--alias", SERVED_NAME, *extra]
     return _spawn(label, cmd, dict(os.environ), log, port, "llamacpp:")

@@ -104,14 +104,17 @@ def server_command(
     target: Path,
     draft: Path | None,
     port: int,
-    threads: int = 2,
+    threads: int | None = None,
     draft_tokens: int = 3,
     slots: int = 1,
     context: int = 4096,
 ) -> list[str]:
     """``llama-server`` over ``target`` with ``slots`` parallel sequences sharing ``context`` tokens of KV cache,
-    speculating with an EAGLE-3 ``draft`` when given."""
-    command = [str(tool("llama-server")), "-m", str(target), "--port", str(port), "-t", str(threads)]
+    speculating with an EAGLE-3 ``draft`` when given, on ``threads`` compute threads (None: llama.cpp's own choice,
+    the machine's physical cores)."""
+    command = [str(tool("llama-server")), "-m", str(target), "--port", str(port)]
+    if threads is not None:
+        command += ["-t", str(threads)]
     command += ["-c", str(context), "-np", str(slots), "--no-webui"]
     if draft is not None:
         command += ["-md", str(draft), "--spec-type", "draft-eagle3", "--spec-draft-n-max", str(draft_tokens)]

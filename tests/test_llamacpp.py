@@ -16,6 +16,7 @@ import torch
 from tiers import missing_tool
 
 from specdec_kit.export.llamacpp import LlamaCppError, LlamaServer, export, server_command, tool
+from specdec_kit.runtime.core.cpu import process_threads
 from specdec_kit.runtime.core.trees import DynamicTreeConfig
 from specdec_kit.runtime.decoding.generate import SpeculativeGenerator
 from specdec_kit.runtime.loader import load_draft_for, load_tokenizer
@@ -55,7 +56,7 @@ def prompts(gguf):
 
 def served(gguf, draft: bool, port: int, tmp_path, prompts) -> list[dict]:
     _, files = gguf
-    command = server_command(files["target"], files["draft"] if draft else None, port)
+    command = server_command(files["target"], files["draft"] if draft else None, port, process_threads())
     with LlamaServer(command, port, tmp_path / f"llama-server-{port}.log") as server:
         return [server.complete(p, NEW_TOKENS) for p in prompts]
 

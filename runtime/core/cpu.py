@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import platform
 from pathlib import Path
 
@@ -31,3 +32,16 @@ def cpu_description() -> str:
         (isa for isa, flag in (("AMX", "amx_tile"), ("AVX-512", "avx512f"), ("AVX2", "avx2")) if flag in flags), None
     )
     return f"{name} ({widest})" if widest else name
+
+
+def process_threads() -> int:
+    """The compute threads one process should run: ``OMP_NUM_THREADS`` where set (processes sharing the cores set it,
+    as the kit's own runtime honours it), else every core this process may use. A server given more threads than it
+    has cores stalls in its own barriers: ``llama-server -t 2`` beside one busy process decodes 50x slower."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
