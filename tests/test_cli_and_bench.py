@@ -157,3 +157,24 @@ def test_coupled_drafting_is_measured_against_uncoupled_and_plain_with_the_same_
     assert set(result["modes"]) == {"plain", "uncoupled", "coupled"} and "tau" not in result["modes"]["plain"]
     assert all(result["modes"][m]["tau"] >= 1.0 for m in ("uncoupled", "coupled"))
     assert out.with_suffix(".md").read_text().count("| coupled |") == 1
+
+
+def test_servers_run_the_threads_their_process_may(monkeypatch):
+    """A benchmark's or test's llama-server gets ``-t`` = ``OMP_NUM_THREADS`` where set (test processes side by side set
+    it to 1), else this process's cores; the printed serve command leaves the count to llama.cpp."""
+    import os
+    from pathlib import Path
+
+    from specdec_kit.export import llamacpp
+    from specdec_kit.runtime.core.cpu import process_threads
+
+    cores = len(os.sched_getaffinity(0))
+    for value, expected in (("1", 1), ("3", 3), ("", cores), ("0", cores), ("two", cores)):
+        monkeypatch.setenv("OMP_NUM_THREADS", value)
+        assert process_threads() == expected, value
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert process_threads() == cores
+    monkeypatch.setattr(llamacpp, "tool", lambda name: Path("/opt/llama.cpp/bin") / name)
+    pinned = llamacpp.server_command(Path("t.gguf"), None, 8080, threads=1)
+    assert pinned[pinned.index("-t") + 1] == "1"
+    assert "-t" not in llamacpp.server_command(Path("t.gguf"), Path("d.gguf"), 8080)
