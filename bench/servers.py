@@ -227,6 +227,8 @@ def start_llamacpp(
     from specdec_kit.runtime.core.cpu import process_threads
 
     port = free_port()
-    cmd = server_command(target, draft, port, process_threads(), slots=streams, context=streams * context_per_stream)
+    cmd = server_command(
+        target, draft, port, threads=process_threads(), slots=streams, context=streams * context_per_stream
+    )
     cmd += ["--host", "127.0.0.1", "--metrics", "--alias", SERVED_NAME, *extra]
     return _spawn(label, cmd, dict(os.environ), log, port, "llamacpp:")

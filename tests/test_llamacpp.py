@@ -56,7 +56,7 @@ def prompts(gguf):
 
 def served(gguf, draft: bool, port: int, tmp_path, prompts) -> list[dict]:
     _, files = gguf
-    command = server_command(files["target"], files["draft"] if draft else None, port, process_threads())
+    command = server_command(files["target"], files["draft"] if draft else None, port, threads=process_threads())
     with LlamaServer(command, port, tmp_path / f"llama-server-{port}.log") as server:
         return [server.complete(p, NEW_TOKENS) for p in prompts]
 

@@ -6,8 +6,8 @@
  * Why: ONNX Runtime's own CPU Attention spends far more than reading the cache costs at long contexts (SmolLM2-135M on
  * 2 Intel Xeon vCPUs: its one-token step 12.1 ms longer at 2,048 tokens of context than at 512, where the keys and
  * values grow by 71 MB, under 4 ms to read; 7.5 ms longer with this operator), so long prompts made both plain
- * decoding and verification slow. Here each key/value head's positions are read once per query head, masked positions are
- * never read, and a position's score is one dot product.
+ * decoding and verification slow. Here each key/value head's positions are read once per query head, masked
+ * positions are never read, and a position's score is one dot product.
  *
  * Each query row is computed alone, in an order fixed by position (its scores, their maximum, the exponentials summed
  * lane by lane from position 0, the values summed in position order), so a row's result is the same bit for bit
