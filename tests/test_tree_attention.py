@@ -75,6 +75,9 @@ def inputs(rng, batch, heads, kv_heads, rows, length, dim, vdim=None, mask_shape
         (1, 6, 2, 3, 50, 24, 40),  # a head size that is no multiple of 16, another value size
         (1, 2, 1, 40, 40, 16, None),  # a prompt's rows
         (1, 3, 1, 150, 160, 64, None),  # a longer prompt's, scored 64 rows at a time
+        (1, 9, 3, 8, 700, 64, None),  # a tree over a long context: several chunks of positions, the last one partial
+        (1, 9, 3, 70, 300, 64, None),  # rows in two passes over several chunks
+        (1, 6, 2, 4, 290, 24, 40),  # several chunks with the generic head size
     ],
 )
 def test_tree_attention_equals_onnx_runtimes_attention(batch, heads, kv_heads, rows, length, dim, vdim):
@@ -104,12 +107,25 @@ def test_a_row_that_sees_nothing_gets_zeros_as_onnx_runtime_gives():
     np.testing.assert_allclose(got, reference.run(None, feeds)[0], rtol=1e-5, atol=2e-6)
 
 
-def test_a_rows_result_is_the_same_bit_for_bit_alone_in_a_tree_and_before_more_masked_slots():
+def test_chunks_no_row_sees_are_skipped_and_a_row_may_see_only_the_last():
+    """Positions come in chunks, each row's merged in order: a chunk in the middle that every row misses, and a row
+    that sees nothing before the last chunk, give what ONNX Runtime gives."""
+    rng = np.random.default_rng(11)
+    reference, kit = pair()
+    feeds = inputs(rng, 1, 9, 3, 4, 520, 64)
+    feeds["mask"][..., 128:300] = False
+    feeds["mask"][:, :, 2, :500] = False
+    want, got = reference.run(None, feeds)[0], kit.run(None, feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("length", [192, 600])  # one chunk and a partial one; several
+def test_a_rows_result_is_the_same_bit_for_bit_alone_in_a_tree_and_before_more_masked_slots(length):
     """A plain step (one row over the cache) and a verified tree (that row among others, the cache grown by a block
     of slots no row sees) give the row the same bits: greedy verification then accepts what plain decoding picks."""
     rng = np.random.default_rng(7)
     _, kit = pair()
-    feeds = inputs(rng, 1, 9, 3, 8, 192, 64, visible=1.0)
+    feeds = inputs(rng, 1, 9, 3, 8, length, 64, visible=1.0)
     tree = kit.run(None, feeds)[0]
     for row in (0, 3, 7):
         alone = {name: value for name, value in feeds.items()}

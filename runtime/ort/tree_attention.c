@@ -6,13 +6,21 @@
  * Why: ONNX Runtime's own CPU Attention spends far more than reading the cache costs at long contexts (SmolLM2-135M on
  * 2 Intel Xeon vCPUs: its one-token step 12.1 ms longer at 2,048 tokens of context than at 512, where the keys and
  * values grow by 71 MB, under 4 ms to read; 7.5 ms longer with this operator), so long prompts made both plain
- * decoding and verification slow. Here each key/value head's positions are read once per query head, masked
- * positions are never read, and a position's score is one dot product.
+ * decoding and verification slow. Here masked positions are never read and a position's score is one dot product.
  *
- * Each query row is computed alone, in an order fixed by position (its scores, their maximum, the exponentials summed
- * lane by lane from position 0, the values summed in position order), so a row's result is the same bit for bit
- * whichever rows share the call and however many masked slots follow: a token gets the same attention alone in a
- * plain step as inside a verified tree. A row that may see no position gets zeros. */
+ * The work is split as flash-decoding splits it: a work item is one key/value head's positions in one chunk of CHUNK,
+ * for every query row of every query head that reads that head, so its keys and values are read once for all of them
+ * and a long context gives both threads work even at one row (9 query heads no longer split 5 to 4 over 2 threads).
+ * Each row keeps, per chunk, its maximum score, the sum of its exponentials and its weighted values; the group's last
+ * chunk to finish merges them in chunk order. Against one work item per query head, at 2,048 tokens of context the
+ * attention of 30 layers of SmolLM2-135M's shapes took 15-18% less time at one row and 9-24% at 4-16 rows (a whole
+ * target step 1-8%); at 1,024 and under the two are within noise (2 Xeon vCPUs).
+ *
+ * A row's arithmetic is fixed by position alone (chunks start at multiples of CHUNK; within one, its scores, their
+ * maximum, the exponentials summed lane by lane, the values in position order; then the chunks in order), so a row's
+ * result is the same bit for bit whichever rows share the call, however many masked slots follow and however many
+ * threads run it: a token gets the same attention alone in a plain step as inside a verified tree. A row that may see
+ * no position gets zeros. */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -22,7 +30,8 @@
 #include "ort_api.h"
 
 #define LANES 16
-#define ROW_CHUNK 64 /* query rows scored together */
+#define CHUNK 128    /* positions one work item covers; fixed, so a row's sums never depend on the call */
+#define PASS_ROWS 64 /* rows of each query head per pass (a prompt's partial results would take N x chunks x Dv) */
 typedef float v16 __attribute__((vector_size(64)));
 typedef int32_t vi16 __attribute__((vector_size(64)));
 typedef uint8_t vb16 __attribute__((vector_size(16)));
@@ -136,168 +145,264 @@ typedef struct {
   const float *q, *k, *v;
   const uint8_t *mask;
   float *y;
-  int64_t heads, kv_heads, rows, length, dim, vdim;
-  int64_t mask_stride[4]; /* elements between neighbours along B, Hq, N, L (0 where the mask is broadcast) */
+  float *part; /* the pass's [B, Hq, pass rows, chunks, Dv + 2]: a chunk's weighted values, its maximum, its sum */
+  int64_t heads, kv_heads, rows, length, dim, vdim, chunks;
+  int64_t first_row, pass_rows; /* the rows of each head this pass computes */
+  int64_t *pending;             /* per sequence and key/value head: its chunks not yet done this pass */
+  int64_t mask_stride[4];       /* elements between neighbours along B, Hq, N, L (0 where the mask is broadcast) */
   float scale;
 } Work;
 
-/* Each row's scores over the head's positions, -inf where masked (``scores``: rows x padded, padded a multiple of
- * 16 whose last slots are -inf): blocks of 16 positions where the head size is a multiple of 16 (a tail block read
- * from a zero-padded copy, so a position's score never depends on where the keys end), else one dot product each. */
-static void head_scores(const Work *a, int64_t rows, const float *q, const float *k, const uint8_t *mask,
-                        float *scores, int64_t padded) {
-  int64_t L = a->length, D = a->dim;
-  int64_t row_step = a->mask_stride[2], position_step = a->mask_stride[3];
-  for (int64_t i = 0; i < rows * padded; i++) scores[i] = -INFINITY;
+/* Which lanes of the 16 positions from ``seen`` take part (``count`` of them exist); 0 if none does. */
+static inline int block_keep(const uint8_t *seen, int64_t step, int64_t count, vi16 *keep) {
+  if (step == 1 && count == LANES) { /* 16 mask bytes at once */
+    uint64_t halves[2];
+    memcpy(halves, seen, sizeof halves);
+    if (!(halves[0] | halves[1])) return 0;
+    vb16 bytes;
+    memcpy(&bytes, seen, sizeof bytes);
+    *keep = __builtin_convertvector(bytes, vi16) != 0;
+    return 1;
+  }
+  int32_t each[LANES] = {0};
+  int any = 0;
+  for (int64_t j = 0; j < count; j++) any |= each[j] = -(seen[j * step] != 0);
+  memcpy(keep, each, sizeof *keep);
+  return any;
+}
+
+/* One work item: the pass's rows of every query head that reads one key/value head (head by head), over one chunk of
+ * its positions. */
+typedef struct {
+  int64_t all, count;      /* rows; positions (CHUNK but for the last chunk) */
+  const float *k, *v;      /* the chunk's keys and values */
+  const float **queries;   /* each row's query */
+  const uint8_t **masks;   /* each row's mask at the chunk's first position */
+  float **parts;           /* where each row keeps its result for the chunk */
+  float *scores;           /* all x CHUNK: scores, then weights */
+  int64_t *seeing, seers;  /* the rows that see one of the chunk's positions */
+} Item;
+
+/* The item's scores (-inf where masked or past the keys): each block of 16 keys is scored against every row while it
+ * is in the core's cache (a tail block read from a zero-padded copy, so a position's score never depends on where the
+ * keys end); a head size that is no multiple of 16 takes one dot product per position. */
+static void chunk_scores(const Work *a, const Item *it) {
+  int64_t D = a->dim, step = a->mask_stride[3];
+  for (int64_t i = 0; i < it->all * CHUNK; i++) it->scores[i] = -INFINITY;
   if (D % LANES) {
-    for (int64_t l = 0; l < L; l++)
-      for (int64_t n = 0; n < rows; n++)
-        if (mask[n * row_step + l * position_step]) scores[n * padded + l] = dot(q + n * D, k + l * D, D) * a->scale;
+    for (int64_t r = 0; r < it->all; r++)
+      for (int64_t l = 0; l < it->count; l++)
+        if (it->masks[r][l * step]) it->scores[r * CHUNK + l] = dot(it->queries[r], it->k + l * D, D) * a->scale;
     return;
   }
-  float *tail = NULL;
-  for (int64_t l0 = 0; l0 < L; l0 += LANES) {
-    const float *keys = k + l0 * D;
-    int64_t count = L - l0 < LANES ? L - l0 : LANES;
-    if (count < LANES) {
-      tail = calloc((size_t)(LANES * D), sizeof(float));
-      if (!tail) return; /* every score stays -inf: the rows see nothing */
-      memcpy(tail, keys, (size_t)(count * D) * sizeof(float));
-      keys = tail;
+  float tail[LANES * 128]; /* 16 keys of a head size up to 128; larger ones take the heap */
+  float *spare = D <= 128 ? tail : NULL;
+  for (int64_t j0 = 0; j0 < it->count; j0 += LANES) {
+    const float *keys = it->k + j0 * D;
+    int64_t block = it->count - j0 < LANES ? it->count - j0 : LANES;
+    if (block < LANES) {
+      if (!spare) spare = malloc((size_t)(LANES * D) * sizeof(float));
+      if (!spare) return; /* every score stays -inf: the rows see nothing */
+      memset(spare, 0, (size_t)(LANES * D) * sizeof(float));
+      memcpy(spare, keys, (size_t)(block * D) * sizeof(float));
+      keys = spare;
     }
-    for (int64_t n = 0; n < rows; n++) {
+    int seen = 0;
+    for (int64_t r = 0; r < it->all; r++) {
       vi16 keep;
-      const uint8_t *seen = mask + n * row_step + l0 * position_step;
-      if (position_step == 1 && count == LANES) { /* 16 mask bytes at once */
-        uint64_t halves[2];
-        memcpy(halves, seen, sizeof halves);
-        if (!(halves[0] | halves[1])) continue;
-        vb16 bytes;
-        memcpy(&bytes, seen, sizeof bytes);
-        keep = __builtin_convertvector(bytes, vi16) != 0;
-      } else {
-        int32_t each[LANES] = {0};
-        int any = 0;
-        for (int64_t j = 0; j < count; j++) any |= each[j] = -(seen[j * position_step] != 0);
-        if (!any) continue;
-        memcpy(&keep, each, sizeof keep);
-      }
-      const float *query = q + n * D;
+      if (!block_keep(it->masks[r] + j0 * step, step, block, &keep)) continue;
+      seen = 1;
+      const float *query = it->queries[r];
       v16 s = D == 64 ? block_scores64(load(query), load(query + 16), load(query + 32), load(query + 48), keys)
                       : block_scores(query, keys, D);
       s = (v16)(((vi16)(s * splat(a->scale)) & keep) | ((vi16)splat(-INFINITY) & ~keep));
-      memcpy(scores + n * padded + l0, &s, sizeof s);
+      memcpy(it->scores + r * CHUNK + j0, &s, sizeof s);
     }
+    if (seen) /* the block's values, read next, on their way while its keys are scored */
+      for (int64_t i = 0; i < block * a->vdim; i += 16) __builtin_prefetch(it->v + j0 * a->vdim + i, 0, 3);
   }
-  free(tail);
+  if (spare != tail) free(spare);
 }
 
-/* Each row's scores -> its weights exp(score - max) in place; ``inverse`` gets 1 / their sum (0 for a row that
- * sees nothing, whose weights are all 0). */
-static void head_weights(int64_t rows, int64_t padded, float *scores, float *inverse) {
-  for (int64_t n = 0; n < rows; n++) {
-    float *row = scores + n * padded;
-    v16 most = splat(-INFINITY);
-    for (int64_t l = 0; l < padded; l += LANES) {
-      v16 x = load(row + l);
-      most = (v16)(((vi16)x & (x > most)) | ((vi16)most & ~(x > most)));
-    }
-    float top = -INFINITY; /* exact whatever the order */
-    for (int j = 0; j < LANES; j++) top = most[j] > top ? most[j] : top;
-    v16 total = splat(0.0f), shift = splat(top == -INFINITY ? 0.0f : top);
-    for (int64_t l = 0; l < padded; l += LANES) {
-      v16 p = exp_nonpositive(load(row + l) - shift);
-      memcpy(row + l, &p, sizeof p);
-      total += p;
-    }
-    float sum = lane_sum(total);
-    inverse[n] = sum > 0.0f ? 1.0f / sum : 0.0f;
+/* A row's scores over a chunk -> its weights exp(score - max) in place; returns the maximum (-inf where the row sees
+ * none of the chunk's positions, its weights then all 0) and sets ``sum`` to the weights' sum. */
+static float chunk_weights(float *row, float *sum) {
+  v16 most = splat(-INFINITY);
+  for (int64_t l = 0; l < CHUNK; l += LANES) {
+    v16 x = load(row + l);
+    most = (v16)(((vi16)x & (x > most)) | ((vi16)most & ~(x > most)));
+  }
+  float top = -INFINITY; /* exact whatever the order */
+  for (int j = 0; j < LANES; j++) top = most[j] > top ? most[j] : top;
+  *sum = 0.0f;
+  if (top == -INFINITY) return top; /* the row's part is skipped: its weights are never read */
+  v16 total = splat(0.0f), shift = splat(top);
+  for (int64_t l = 0; l < CHUNK; l += LANES) {
+    v16 p = exp_nonpositive(load(row + l) - shift);
+    memcpy(row + l, &p, sizeof p);
+    total += p;
+  }
+  *sum = lane_sum(total);
+  return top;
+}
+
+/* Whether every one of ``rows`` rows gives all 16 positions from ``l`` a nonzero weight. */
+static inline int block_weighed(int rows, const float *const *weights, int64_t l) {
+  vi16 all = (vi16)splat(0.0f) == 0;
+  for (int r = 0; r < rows; r++) all &= load(weights[r] + l) != splat(0.0f);
+  for (int j = 0; j < LANES; j++)
+    if (!all[j]) return 0;
+  return 1;
+}
+
+/* One position's value added to ``rows`` rows' sums with their weights ``p``. */
+static inline __attribute__((always_inline)) void add_value(int rows, v16 acc[4][4], const float *p,
+                                                            const float *value) {
+  v16 v0 = load(value), v1 = load(value + 16), v2 = load(value + 32), v3 = load(value + 48);
+  for (int r = 0; r < rows; r++) {
+    v16 w = splat(p[r]);
+    acc[r][0] += w * v0;
+    acc[r][1] += w * v1;
+    acc[r][2] += w * v2;
+    acc[r][3] += w * v3;
   }
 }
 
-/* ``rows`` (1-4) rows' outputs for a value size of 64: the values weighted in position order, each value read once
- * for the tile; a position every row gives weight 0 is skipped (masked slots are never read). */
-static inline __attribute__((always_inline)) void values_tile64(int rows, const float *weights, int64_t padded,
-                                                                const float *v, int64_t L, const float *inverse,
-                                                                float *y) {
+/* ``rows`` (1-4) rows' weighted values for a value size of 64, in position order, each value read once for the tile.
+ * A position every row gives weight 0 is skipped, so masked slots are never read; a block of 16 positions that every
+ * row weighs is added without looking (the same sums: a visible position's weight is only 0 where its exponential
+ * underflows, and adding 0 times a finite value changes nothing). */
+static inline __attribute__((always_inline)) void values_tile64(int rows, const float *const *weights, const float *v,
+                                                                int64_t count, float *const *out) {
   v16 acc[4][4];
   for (int r = 0; r < rows; r++)
     for (int c = 0; c < 4; c++) acc[r][c] = splat(0.0f);
-  for (int64_t l = 0; l < L; l++) {
-    float p[4];
-    int any = 0;
-    for (int r = 0; r < rows; r++) any |= (p[r] = weights[r * padded + l]) != 0.0f;
-    if (!any) continue;
-    const float *value = v + l * 64;
-    v16 v0 = load(value), v1 = load(value + 16), v2 = load(value + 32), v3 = load(value + 48);
-    for (int r = 0; r < rows; r++) {
-      v16 w = splat(p[r]);
-      acc[r][0] += w * v0;
-      acc[r][1] += w * v1;
-      acc[r][2] += w * v2;
-      acc[r][3] += w * v3;
+  for (int64_t l0 = 0; l0 < count; l0 += LANES) {
+    int64_t end = count - l0 < LANES ? count : l0 + LANES;
+    if (end - l0 == LANES && block_weighed(rows, weights, l0)) {
+      for (int64_t l = l0; l < end; l++) {
+        float p[4];
+        for (int r = 0; r < rows; r++) p[r] = weights[r][l];
+        add_value(rows, acc, p, v + l * 64);
+      }
+      continue;
+    }
+    for (int64_t l = l0; l < end; l++) {
+      float p[4];
+      int any = 0;
+      for (int r = 0; r < rows; r++) any |= (p[r] = weights[r][l]) != 0.0f;
+      if (any) add_value(rows, acc, p, v + l * 64);
     }
   }
   for (int r = 0; r < rows; r++)
-    for (int c = 0; c < 4; c++) {
-      v16 out = acc[r][c] * splat(inverse[r]);
-      memcpy(y + r * 64 + c * 16, &out, sizeof out);
-    }
+    for (int c = 0; c < 4; c++) memcpy(out[r] + c * 16, &acc[r][c], sizeof acc[r][c]);
 }
 
-/* Each row's output: its weights times the values, in position order, times its ``inverse``. */
-static void head_values(const Work *a, int64_t rows, const float *weights, int64_t padded, const float *v,
-                        const float *inverse, float *y) {
-  int64_t L = a->length, Dv = a->vdim;
+/* The seeing rows' weighted values over the chunk, unnormalized, into their parts. */
+static void chunk_values(const Work *a, const Item *it) {
+  int64_t Dv = a->vdim;
   if (Dv == 64) {
-    for (int64_t n0 = 0; n0 < rows; n0 += 4) {
-      const float *w = weights + n0 * padded;
-      float *out = y + n0 * 64;
-      switch (rows - n0 < 4 ? rows - n0 : 4) {
-        case 1: values_tile64(1, w, padded, v, L, inverse + n0, out); break;
-        case 2: values_tile64(2, w, padded, v, L, inverse + n0, out); break;
-        case 3: values_tile64(3, w, padded, v, L, inverse + n0, out); break;
-        default: values_tile64(4, w, padded, v, L, inverse + n0, out); break;
+    for (int64_t i0 = 0; i0 < it->seers; i0 += 4) {
+      float *out[4];
+      const float *w[4];
+      int tile = it->seers - i0 < 4 ? (int)(it->seers - i0) : 4;
+      for (int i = 0; i < tile; i++) {
+        out[i] = it->parts[it->seeing[i0 + i]];
+        w[i] = it->scores + it->seeing[i0 + i] * CHUNK;
+      }
+      switch (tile) {
+        case 1: values_tile64(1, w, it->v, it->count, out); break;
+        case 2: values_tile64(2, w, it->v, it->count, out); break;
+        case 3: values_tile64(3, w, it->v, it->count, out); break;
+        default: values_tile64(4, w, it->v, it->count, out); break;
       }
     }
     return;
   }
-  for (int64_t n = 0; n < rows; n++) {
-    float *out = y + n * Dv;
+  for (int64_t i = 0; i < it->seers; i++) {
+    const float *weights = it->scores + it->seeing[i] * CHUNK;
+    float *out = it->parts[it->seeing[i]];
     memset(out, 0, (size_t)Dv * sizeof(float));
-    for (int64_t l = 0; l < L; l++) {
-      float p = weights[n * padded + l];
-      if (p == 0.0f) continue;
-      for (int64_t d = 0; d < Dv; d++) out[d] += p * v[l * Dv + d];
+    for (int64_t l = 0; l < it->count; l++) {
+      if (weights[l] == 0.0f) continue;
+      for (int64_t d = 0; d < Dv; d++) out[d] += weights[l] * it->v[l * Dv + d];
     }
-    for (int64_t d = 0; d < Dv; d++) out[d] *= inverse[n];
   }
 }
 
-/* One query head of one sequence: its N rows over the L positions of its key/value head, ``ROW_CHUNK`` rows at a time
- * (a long prompt's scores would otherwise take N x L floats at once). */
-static void head(void *data, size_t index) {
+/* One query head of one sequence: each of the pass's rows merges its chunks in chunk order (their weights rescaled to
+ * the row's maximum) and divides by its sum; a row that sees no position gets zeros. */
+static void merge_head(const Work *a, int64_t b, int64_t h) {
+  int64_t Dv = a->vdim, stride = Dv + 2;
+  for (int64_t n = 0; n < a->pass_rows; n++) {
+    const float *part = a->part + ((b * a->heads + h) * a->pass_rows + n) * a->chunks * stride;
+    float *out = a->y + ((b * a->heads + h) * a->rows + a->first_row + n) * Dv;
+    memset(out, 0, (size_t)Dv * sizeof(float));
+    float top = -INFINITY;
+    int lost = 0; /* a chunk whose scratch could not be had: the row's result is NaN */
+    for (int64_t c = 0; c < a->chunks; c++) {
+      float most = part[c * stride + Dv];
+      lost |= most != most;
+      top = most > top ? most : top;
+    }
+    if (lost)
+      for (int64_t d = 0; d < Dv; d++) out[d] = NAN;
+    if (lost || top == -INFINITY) continue;
+    float total = 0.0f;
+    for (int64_t c = 0; c < a->chunks; c++) {
+      const float *chunk = part + c * stride;
+      if (chunk[Dv] == -INFINITY) continue;
+      float scale = expf(chunk[Dv] - top);
+      total += scale * chunk[Dv + 1];
+      for (int64_t d = 0; d < Dv; d++) out[d] += scale * chunk[d];
+    }
+    float inverse = total > 0.0f ? 1.0f / total : 0.0f;
+    for (int64_t d = 0; d < Dv; d++) out[d] *= inverse;
+  }
+}
+
+/* One work item: one chunk of ``CHUNK`` positions of one key/value head of one sequence, for the pass's rows of every
+ * query head that reads it (its keys and values read once for all of them). Chunks are fixed by position, so a row's
+ * partial results do not depend on the rows beside it, on the pass, or on how many threads share the call. */
+static void chunk_item(void *data, size_t index) {
   const Work *a = data;
-  int64_t b = (int64_t)index / a->heads, h = (int64_t)index % a->heads, g = h / (a->heads / a->kv_heads);
-  int64_t L = a->length, D = a->dim, Dv = a->vdim;
-  int64_t padded = (L + LANES - 1) / LANES * LANES, chunk = a->rows < ROW_CHUNK ? a->rows : ROW_CHUNK;
-  const float *q = a->q + (b * a->heads + h) * a->rows * D;
-  const float *k = a->k + (b * a->kv_heads + g) * L * D, *v = a->v + (b * a->kv_heads + g) * L * Dv;
-  const uint8_t *mask = a->mask + b * a->mask_stride[0] + h * a->mask_stride[1];
-  float *y = a->y + (b * a->heads + h) * a->rows * Dv;
-  float *scores = malloc((size_t)(chunk * padded + chunk) * sizeof(float));
-  if (!scores) {
-    for (int64_t i = 0; i < a->rows * Dv; i++) y[i] = NAN;
-    return;
-  }
-  float *inverse = scores + chunk * padded;
-  for (int64_t n0 = 0; n0 < a->rows; n0 += chunk) {
-    int64_t rows = a->rows - n0 < chunk ? a->rows - n0 : chunk;
-    head_scores(a, rows, q + n0 * D, k, mask + n0 * a->mask_stride[2], scores, padded);
-    head_weights(rows, padded, scores, inverse);
-    head_values(a, rows, scores, padded, v, inverse, y + n0 * Dv);
-  }
-  free(scores);
+  int64_t c = (int64_t)index % a->chunks, g = (int64_t)index / a->chunks % a->kv_heads;
+  int64_t b = (int64_t)index / a->chunks / a->kv_heads, group = a->heads / a->kv_heads;
+  int64_t L = a->length, l0 = c * CHUNK, D = a->dim, Dv = a->vdim;
+  Item it = {.all = group * a->pass_rows, .count = L - l0 < CHUNK ? L - l0 : CHUNK};
+  it.k = a->k + ((b * a->kv_heads + g) * L + l0) * D;
+  it.v = a->v + ((b * a->kv_heads + g) * L + l0) * Dv;
+  char *scratch = malloc((size_t)it.all * (CHUNK * sizeof(float) + 3 * sizeof(void *) + sizeof(int64_t)));
+  if (scratch) {
+    it.scores = (float *)scratch;
+    it.queries = (const float **)(scratch + it.all * CHUNK * sizeof(float));
+    it.masks = (const uint8_t **)(it.queries + it.all);
+    it.parts = (float **)(it.masks + it.all);
+    it.seeing = (int64_t *)(it.parts + it.all);
+    for (int64_t r = 0; r < it.all; r++) {
+      int64_t h = g * group + r / a->pass_rows, n = a->first_row + r % a->pass_rows;
+      it.queries[r] = a->q + ((b * a->heads + h) * a->rows + n) * D;
+      it.masks[r] = a->mask + b * a->mask_stride[0] + h * a->mask_stride[1] + n * a->mask_stride[2] +
+                    l0 * a->mask_stride[3];
+      it.parts[r] = a->part + (((b * a->heads + h) * a->pass_rows + n - a->first_row) * a->chunks + c) * (Dv + 2);
+    }
+    chunk_scores(a, &it);
+    for (int64_t r = 0; r < it.all; r++) {
+      float *part = it.parts[r];
+      part[Dv] = chunk_weights(it.scores + r * CHUNK, part + Dv + 1);
+      if (part[Dv] != -INFINITY) it.seeing[it.seers++] = r;
+    }
+    chunk_values(a, &it);
+    free(scratch);
+  } else /* a loud result, not a silent one */
+    for (int64_t r = 0; r < it.all; r++) {
+      int64_t h = g * group + r / a->pass_rows, n = r % a->pass_rows;
+      float *part = a->part + (((b * a->heads + h) * a->pass_rows + n) * a->chunks + c) * (Dv + 2);
+      for (int64_t d = 0; d < Dv + 2; d++) part[d] = NAN;
+    }
+  /* The group's last chunk to finish merges its rows (the others' parts are visible to it: acquire and release). */
+  if (__atomic_sub_fetch(&a->pending[b * a->kv_heads + g], 1, __ATOMIC_ACQ_REL) == 0)
+    for (int64_t h = g * (a->heads / a->kv_heads); h < (g + 1) * (a->heads / a->kv_heads); h++) merge_head(a, b, h);
 }
 
 typedef struct {
@@ -331,6 +436,14 @@ static int mask_strides(const int64_t *dims, size_t rank, const int64_t *want, i
     step *= mine;
   }
   return 1;
+}
+
+/* ``fn`` over ``units`` items, on ONNX Runtime's threads where it lends them. */
+static void run_items(OrtKernelContext *context, void (*fn)(void *, size_t), size_t units, Work *work) {
+  if (g_parallel && units > 1)
+    ((ParallelForFn)API_FN(g_api, API_KernelContext_ParallelFor))(context, fn, units, 0, work);
+  else
+    for (size_t i = 0; i < units; i++) fn(work, i);
 }
 
 static void compute(void *kernel_data, OrtKernelContext *context) {
@@ -368,11 +481,26 @@ static void compute(void *kernel_data, OrtKernelContext *context) {
   work.dim = qd[3];
   work.vdim = vd[3];
   work.scale = kernel->scale != 0.0f ? kernel->scale : 1.0f / sqrtf((float)qd[3]);
-  size_t units = (size_t)(qd[0] * qd[1]);
-  if (g_parallel && units > 1)
-    ((ParallelForFn)API_FN(g_api, API_KernelContext_ParallelFor))(context, head, units, 0, &work);
-  else
-    for (size_t i = 0; i < units; i++) head(&work, i);
+  work.chunks = (work.length + CHUNK - 1) / CHUNK;
+  if (work.chunks == 0) { /* no positions: every row sees nothing */
+    memset(out, 0, (size_t)count * sizeof(float));
+    return;
+  }
+  int64_t pass_rows = work.rows < PASS_ROWS ? work.rows : PASS_ROWS;
+  size_t groups = (size_t)(qd[0] * kd[1]), items = groups * (size_t)work.chunks;
+  work.part = malloc((size_t)(qd[0] * qd[1] * pass_rows * work.chunks * (work.vdim + 2)) * sizeof(float) +
+                     groups * sizeof(int64_t));
+  if (!work.part) {
+    for (int64_t i = 0; i < count; i++) out[i] = NAN;
+    return;
+  }
+  work.pending = (int64_t *)(work.part + qd[0] * qd[1] * pass_rows * work.chunks * (work.vdim + 2));
+  for (work.first_row = 0; work.first_row < work.rows; work.first_row += PASS_ROWS) {
+    work.pass_rows = work.rows - work.first_row < PASS_ROWS ? work.rows - work.first_row : PASS_ROWS;
+    for (size_t i = 0; i < groups; i++) work.pending[i] = work.chunks;
+    run_items(context, chunk_item, items, &work);
+  }
+  free(work.part);
 }
 
 static void destroy_kernel(void *kernel) { free(kernel); }
