@@ -175,6 +175,7 @@ static inline int block_keep(const uint8_t *seen, int64_t step, int64_t count, v
  * its positions. */
 typedef struct {
   int64_t all, count;      /* rows; positions (CHUNK but for the last chunk) */
+  int64_t rest;            /* positions from the chunk's first to the head's last */
   const float *k, *v;      /* the chunk's keys and values */
   const float **queries;   /* each row's query */
   const uint8_t **masks;   /* each row's mask at the chunk's first position */
@@ -199,6 +200,8 @@ static void chunk_scores(const Work *a, const Item *it) {
   float *spare = D <= 128 ? tail : NULL;
   for (int64_t j0 = 0; j0 < it->count; j0 += LANES) {
     const float *keys = it->k + j0 * D;
+    if (j0 + 2 * LANES < it->rest) /* the keys two blocks on, past the chunk too (often the thread's next item) */
+      for (int64_t i = 0; i < LANES * D; i += 16) __builtin_prefetch(keys + 2 * LANES * D + i, 0, 3);
     int64_t block = it->count - j0 < LANES ? it->count - j0 : LANES;
     if (block < LANES) {
       if (!spare) spare = malloc((size_t)(LANES * D) * sizeof(float));
@@ -369,7 +372,7 @@ static void chunk_item(void *data, size_t index) {
   int64_t c = (int64_t)index % a->chunks, g = (int64_t)index / a->chunks % a->kv_heads;
   int64_t b = (int64_t)index / a->chunks / a->kv_heads, group = a->heads / a->kv_heads;
   int64_t L = a->length, l0 = c * CHUNK, D = a->dim, Dv = a->vdim;
-  Item it = {.all = group * a->pass_rows, .count = L - l0 < CHUNK ? L - l0 : CHUNK};
+  Item it = {.all = group * a->pass_rows, .count = L - l0 < CHUNK ? L - l0 : CHUNK, .rest = L - l0};
   it.k = a->k + ((b * a->kv_heads + g) * L + l0) * D;
   it.v = a->v + ((b * a->kv_heads + g) * L + l0) * Dv;
   char *scratch = malloc((size_t)it.all * (CHUNK * sizeof(float) + 3 * sizeof(void *) + sizeof(int64_t)));
