@@ -153,6 +153,11 @@ typedef struct {
   float scale;
 } Work;
 
+/* Where row n of the pass (query head h, sequence b) keeps its result for chunk c; its chunks follow one another. */
+static inline float *part_of(const Work *a, int64_t b, int64_t h, int64_t n, int64_t c) {
+  return a->part + (((b * a->heads + h) * a->pass_rows + n) * a->chunks + c) * (a->vdim + 2);
+}
+
 /* Which lanes of the 16 positions from ``seen`` take part (``count`` of them exist); 0 if none does. */
 static inline int block_keep(const uint8_t *seen, int64_t step, int64_t count, vi16 *keep) {
   if (step == 1 && count == LANES) { /* 16 mask bytes at once */
@@ -338,7 +343,7 @@ static void chunk_values(const Work *a, const Item *it) {
 static void merge_head(const Work *a, int64_t b, int64_t h) {
   int64_t Dv = a->vdim, stride = Dv + 2;
   for (int64_t n = 0; n < a->pass_rows; n++) {
-    const float *part = a->part + ((b * a->heads + h) * a->pass_rows + n) * a->chunks * stride;
+    const float *part = part_of(a, b, h, n, 0);
     float *out = a->y + ((b * a->heads + h) * a->rows + a->first_row + n) * Dv;
     memset(out, 0, (size_t)Dv * sizeof(float));
     float top = -INFINITY;
@@ -387,7 +392,7 @@ static void chunk_item(void *data, size_t index) {
       it.queries[r] = a->q + ((b * a->heads + h) * a->rows + n) * D;
       it.masks[r] = a->mask + b * a->mask_stride[0] + h * a->mask_stride[1] + n * a->mask_stride[2] +
                     l0 * a->mask_stride[3];
-      it.parts[r] = a->part + (((b * a->heads + h) * a->pass_rows + n - a->first_row) * a->chunks + c) * (Dv + 2);
+      it.parts[r] = part_of(a, b, h, n - a->first_row, c);
     }
     chunk_scores(a, &it);
     for (int64_t r = 0; r < it.all; r++) {
@@ -399,8 +404,7 @@ static void chunk_item(void *data, size_t index) {
     free(scratch);
   } else /* a loud result, not a silent one */
     for (int64_t r = 0; r < it.all; r++) {
-      int64_t h = g * group + r / a->pass_rows, n = r % a->pass_rows;
-      float *part = a->part + (((b * a->heads + h) * a->pass_rows + n) * a->chunks + c) * (Dv + 2);
+      float *part = part_of(a, b, g * group + r / a->pass_rows, r % a->pass_rows, c);
       for (int64_t d = 0; d < Dv + 2; d++) part[d] = NAN;
     }
   /* The group's last chunk to finish merges its rows (the others' parts are visible to it: acquire and release). */
