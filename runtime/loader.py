@@ -119,11 +119,15 @@ def load_tokenizer(path: str | Path):
 
 
 def set_threads() -> None:
-    """Use every core for intra-op parallelism on CPU (torch's default may be fewer in containers); processes that
-    share the cores (``torchrun``'s ranks) split them. ``OMP_NUM_THREADS``, where set, is the user's choice and
-    stays (processes that run side by side on few cores set it to 1 so that their threads do not compete)."""
+    """Use every core this process may run on for intra-op parallelism on CPU (torch's default may be fewer in
+    containers; the machine's count is too many where a cpuset or ``taskset`` gives the process fewer: threads beyond
+    its cores wait on each other); processes that share the cores (``torchrun``'s ranks) split them.
+    ``OMP_NUM_THREADS``, where set, is the user's choice and stays (processes that run side by side on few cores set it
+    to 1 so that their threads do not compete)."""
     import os
+
+    from specdec_kit.runtime.core.cpu import process_threads
 
     if not torch.cuda.is_available() and not os.environ.get("OMP_NUM_THREADS"):
         ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks))
+        torch.set_num_threads(max(1, process_threads() // ranks))

@@ -159,6 +159,39 @@ def test_coupled_drafting_is_measured_against_uncoupled_and_plain_with_the_same_
     assert out.with_suffix(".md").read_text().count("| coupled |") == 1
 
 
+def test_the_kits_threads_are_the_cores_its_process_may_run_on():
+    """``set_threads`` counts the cores the process may run on (a container's cpuset, ``taskset``), not the machine's:
+    on one core of this machine one thread, split further between ``torchrun``'s ranks; ``OMP_NUM_THREADS`` stays."""
+    import os
+    import subprocess
+    import sys
+
+    cores = sorted(os.sched_getaffinity(0))
+    probe = (
+        "import os, sys, torch\n"
+        "os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(',')})\n"
+        "from specdec_kit.runtime.loader import set_threads\n"
+        "before = torch.get_num_threads()\n"
+        "set_threads()\n"
+        "print(before, torch.get_num_threads())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "LOCAL_WORLD_SIZE")}
+
+    def threads(allowed: list[int], **extra: str) -> tuple[int, int]:
+        """torch's thread count in a process on ``allowed`` cores: its own, then after ``set_threads``."""
+        cpus = ",".join(str(c) for c in allowed)
+        run = subprocess.run([sys.executable, "-c", probe, cpus], env={**env, **extra}, capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr[-2000:]
+        before, after = run.stdout.split()[-2:]
+        return int(before), int(after)
+
+    assert threads(cores[:1])[1] == 1
+    assert threads(cores)[1] == len(cores)
+    assert threads(cores, LOCAL_WORLD_SIZE="2")[1] == max(1, len(cores) // 2)
+    before, after = threads(cores[:1], OMP_NUM_THREADS="3")
+    assert after == before  # the user's setting, as torch reads it
+
+
 def test_servers_run_the_threads_their_process_may(monkeypatch):
     """A benchmark's or test's llama-server gets ``-t`` = ``OMP_NUM_THREADS`` where set (test processes side by side set
     it to 1), else this process's cores; the printed serve command leaves the count to llama.cpp."""
