@@ -159,37 +159,59 @@ def test_coupled_drafting_is_measured_against_uncoupled_and_plain_with_the_same_
     assert out.with_suffix(".md").read_text().count("| coupled |") == 1
 
 
-def test_the_kits_threads_are_the_cores_its_process_may_run_on():
-    """``set_threads`` counts the cores the process may run on (a container's cpuset, ``taskset``), not the machine's:
-    on one core of this machine one thread, split further between ``torchrun``'s ranks; ``OMP_NUM_THREADS`` stays."""
+def test_the_kits_threads_are_the_cores_its_process_may_run_on(tmp_path):
+    """``set_threads`` (torch) and an engine's ONNX Runtime sessions on a CPU count the cores the process may run on
+    (a container's cpuset, ``taskset``), not the machine's, which both torch's and ONNX Runtime's own counts take:
+    on one core of this machine one thread; split further between ``torchrun``'s ranks; ``OMP_NUM_THREADS`` kept
+    where set. A session's threads are counted as those opening one graph adds (its intra-op pool's workers, beside
+    one of ONNX Runtime's own)."""
     import os
     import subprocess
     import sys
 
-    cores = sorted(os.sched_getaffinity(0))
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "relu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.save(model, tmp_path / "relu.onnx")
     probe = (
         "import os, sys, torch\n"
         "os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(',')})\n"
         "from specdec_kit.runtime.loader import set_threads\n"
-        "before = torch.get_num_threads()\n"
+        "from specdec_kit.runtime.ort.backend import OrtGraph\n"
+        "own = torch.get_num_threads()\n"
         "set_threads()\n"
-        "print(before, torch.get_num_threads())\n"
+        "tasks = len(os.listdir('/proc/self/task'))\n"
+        "graph = OrtGraph(sys.argv[2], torch.device('cpu'))\n"
+        "print(own, torch.get_num_threads(), len(os.listdir('/proc/self/task')) - tasks)\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "LOCAL_WORLD_SIZE")}
 
-    def threads(allowed: list[int], **extra: str) -> tuple[int, int]:
-        """torch's thread count in a process on ``allowed`` cores: its own, then after ``set_threads``."""
+    def threads(allowed: list[int], **extra: str) -> tuple[int, int, int]:
+        """In a process on ``allowed`` cores: torch's own count, torch's after ``set_threads``, the threads a
+        session adds."""
         cpus = ",".join(str(c) for c in allowed)
-        run = subprocess.run([sys.executable, "-c", probe, cpus], env={**env, **extra}, capture_output=True, text=True)
+        argv = [sys.executable, "-c", probe, cpus, str(tmp_path / "relu.onnx")]
+        run = subprocess.run(argv, env={**env, **extra}, capture_output=True, text=True)
         assert run.returncode == 0, run.stderr[-2000:]
-        before, after = run.stdout.split()[-2:]
-        return int(before), int(after)
+        own, after, added = run.stdout.split()[-3:]
+        return int(own), int(after), int(added)
 
-    assert threads(cores[:1])[1] == 1
-    assert threads(cores)[1] == len(cores)
+    cores = sorted(os.sched_getaffinity(0))
+    _, torch_on_one, session_on_one = threads(cores[:1])
+    assert torch_on_one == 1
+    _, torch_on_all, session_on_all = threads(cores)
+    assert torch_on_all == len(cores) and session_on_all == session_on_one + len(cores) - 1
     assert threads(cores, LOCAL_WORLD_SIZE="2")[1] == max(1, len(cores) // 2)
-    before, after = threads(cores[:1], OMP_NUM_THREADS="3")
-    assert after == before  # the user's setting, as torch reads it
+    own, after, added = threads(cores, OMP_NUM_THREADS="1")
+    assert after == own and added == session_on_one  # the user's setting, as torch reads it, and the sessions' too
 
 
 def test_servers_run_the_threads_their_process_may(monkeypatch):

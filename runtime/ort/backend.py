@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from specdec_kit.runtime.core.coupling import DrawCoupling
+from specdec_kit.runtime.core.cpu import process_threads
 from specdec_kit.runtime.core.kv_cache import KVCache
 from specdec_kit.runtime.core.trees import DynamicTreeConfig
 from specdec_kit.runtime.decoding.moa_drafting import MoAStep
@@ -74,8 +75,10 @@ class OrtGraph:
         options.graph_optimization_level = (
             ort.GraphOptimizationLevel.ORT_ENABLE_ALL if self.optimize else ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         )
-        if self.threads:
-            options.intra_op_num_threads = self.threads
+        # On a CPU, the cores this process may run on, or OMP_NUM_THREADS (ONNX Runtime's own count is the
+        # machine's, whatever cpuset or taskset confines the process).
+        if self.threads or self.device.type == "cpu":
+            options.intra_op_num_threads = self.threads or process_threads()
         options.log_severity_level = 3
         # Workers spin between one node's parallel work and the next (a decoding step is a few hundred of them, and
         # waking a sleeping worker for each costs SmolLM2-135M about 15% of its step on 2 cores), and stop spinning
