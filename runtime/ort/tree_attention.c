@@ -254,52 +254,26 @@ static float chunk_weights(float *row, float *sum) {
   return top;
 }
 
-/* Whether every one of ``rows`` rows gives all 16 positions from ``l`` a nonzero weight. */
-static inline int block_weighed(int rows, const float *const *weights, int64_t l) {
-  vi16 all = (vi16)splat(0.0f) == 0;
-  for (int r = 0; r < rows; r++) all &= load(weights[r] + l) != splat(0.0f);
-  for (int j = 0; j < LANES; j++)
-    if (!all[j]) return 0;
-  return 1;
-}
-
-/* One position's value added to ``rows`` rows' sums with their weights ``p``. */
-static inline __attribute__((always_inline)) void add_value(int rows, v16 acc[4][4], const float *p,
-                                                            const float *value) {
-  v16 v0 = load(value), v1 = load(value + 16), v2 = load(value + 32), v3 = load(value + 48);
-  for (int r = 0; r < rows; r++) {
-    v16 w = splat(p[r]);
-    acc[r][0] += w * v0;
-    acc[r][1] += w * v1;
-    acc[r][2] += w * v2;
-    acc[r][3] += w * v3;
-  }
-}
-
-/* ``rows`` (1-4) rows' weighted values for a value size of 64, in position order, each value read once for the tile.
- * A position every row gives weight 0 is skipped, so masked slots are never read; a block of 16 positions that every
- * row weighs is added without looking (the same sums: a visible position's weight is only 0 where its exponential
- * underflows, and adding 0 times a finite value changes nothing). */
+/* ``rows`` (1-4) rows' weighted values for a value size of 64, in position order, each value read once for the tile;
+ * a position every row gives weight 0 is skipped (masked slots are never read). */
 static inline __attribute__((always_inline)) void values_tile64(int rows, const float *const *weights, const float *v,
                                                                 int64_t count, float *const *out) {
   v16 acc[4][4];
   for (int r = 0; r < rows; r++)
     for (int c = 0; c < 4; c++) acc[r][c] = splat(0.0f);
-  for (int64_t l0 = 0; l0 < count; l0 += LANES) {
-    int64_t end = count - l0 < LANES ? count : l0 + LANES;
-    if (end - l0 == LANES && block_weighed(rows, weights, l0)) {
-      for (int64_t l = l0; l < end; l++) {
-        float p[4];
-        for (int r = 0; r < rows; r++) p[r] = weights[r][l];
-        add_value(rows, acc, p, v + l * 64);
-      }
-      continue;
-    }
-    for (int64_t l = l0; l < end; l++) {
-      float p[4];
-      int any = 0;
-      for (int r = 0; r < rows; r++) any |= (p[r] = weights[r][l]) != 0.0f;
-      if (any) add_value(rows, acc, p, v + l * 64);
+  for (int64_t l = 0; l < count; l++) {
+    float p[4];
+    int any = 0;
+    for (int r = 0; r < rows; r++) any |= (p[r] = weights[r][l]) != 0.0f;
+    if (!any) continue;
+    const float *value = v + l * 64;
+    v16 v0 = load(value), v1 = load(value + 16), v2 = load(value + 32), v3 = load(value + 48);
+    for (int r = 0; r < rows; r++) {
+      v16 w = splat(p[r]);
+      acc[r][0] += w * v0;
+      acc[r][1] += w * v1;
+      acc[r][2] += w * v2;
+      acc[r][3] += w * v3;
     }
   }
   for (int r = 0; r < rows; r++)
@@ -495,19 +469,20 @@ static void compute(void *kernel_data, OrtKernelContext *context) {
   }
   int64_t pass_rows = work.rows < PASS_ROWS ? work.rows : PASS_ROWS;
   size_t groups = (size_t)(qd[0] * kd[1]), items = groups * (size_t)work.chunks;
-  work.part = malloc((size_t)(qd[0] * qd[1] * pass_rows * work.chunks * (work.vdim + 2)) * sizeof(float) +
-                     groups * sizeof(int64_t));
-  if (!work.part) {
+  /* the counters first, so that they are aligned whatever the parts' size */
+  work.pending = malloc(groups * sizeof(int64_t) +
+                        (size_t)(qd[0] * qd[1] * pass_rows * work.chunks * (work.vdim + 2)) * sizeof(float));
+  if (!work.pending) {
     for (int64_t i = 0; i < count; i++) out[i] = NAN;
     return;
   }
-  work.pending = (int64_t *)(work.part + qd[0] * qd[1] * pass_rows * work.chunks * (work.vdim + 2));
+  work.part = (float *)(work.pending + groups);
   for (work.first_row = 0; work.first_row < work.rows; work.first_row += PASS_ROWS) {
     work.pass_rows = work.rows - work.first_row < PASS_ROWS ? work.rows - work.first_row : PASS_ROWS;
     for (size_t i = 0; i < groups; i++) work.pending[i] = work.chunks;
     run_items(context, chunk_item, items, &work);
   }
-  free(work.part);
+  free(work.pending);
 }
 
 static void destroy_kernel(void *kernel) { free(kernel); }
