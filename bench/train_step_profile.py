@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from specdec_kit.runtime.models.pretrained import resolve_target
     from specdec_kit.runtime.models.target import TargetModel
-    from specdec_kit.train.distilled import DistilledData
+    from specdec_kit.train.distilled import DistilledData, ShardSelection
     from specdec_kit.train.heads import feature_step, head_vocab, new_head
     from specdec_kit.train.methods import trainer_for
     from specdec_kit.train.recipe import RECIPES, HeadSettings, data_dir, training_data
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         where,
         trainer.distilled_layers(spec, target.num_layers),
         tokens_per_batch=budget,
-        answer_tokens=args.answer_tokens,
+        shards=ShardSelection(answer_tokens=args.answer_tokens),
     )
     from specdec_kit.train.eagle3 import draft_vocabulary
 

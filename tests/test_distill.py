@@ -24,7 +24,7 @@ from specdec_kit.runtime.loader import load_draft_for, load_tokenizer, make_draf
 from specdec_kit.runtime.models.target import TargetModel
 from specdec_kit.runtime.registry import draft_kind
 from specdec_kit.train.distill import INDEX, DistillSpec, Variant, chat_ids, distill, fingerprint, read_shard
-from specdec_kit.train.distilled import DistilledData
+from specdec_kit.train.distilled import DistilledData, ShardSelection
 from specdec_kit.train.prompt_sources import Prompt, read_prompts, write_prompts
 
 TEMPLATE = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}> {% endif %}"
@@ -361,7 +361,7 @@ def test_the_recipe_goes_on_training_a_head_when_asked_more_epochs(
     shards = sorted(json.loads((out / INDEX).read_text())["shards"], key=lambda shard: shard["file"])
     first = sum(sample["answer_tokens"] for sample in shards[0]["samples"])
     recipe["heads"]["griffin"]["answer_tokens"] = first  # a head limited to the first shards holding that many
-    fewer_batches = len(DistilledData(out, [4], tokens_per_batch=128, answer_tokens=first))
+    fewer_batches = len(DistilledData(out, [4], tokens_per_batch=128, shards=ShardSelection(answer_tokens=first)))
     assert len(shards) > 1 and run(1, "--force") == list(range(fewer_batches)) and fewer_batches < batches
     assert json.loads((heads / "training_log.json").read_text())["heads"]["griffin"]["answer_tokens"] == first
     growing = tmp_path / "growing"  # the same first shard, then a regeneration writes the others after it
@@ -389,7 +389,7 @@ def test_a_recipe_head_reads_only_the_shards_from_its_first_chunk_on(chat_target
     start = shard_chunk(shards[1]["file"])
     later = [shard for shard in shards if shard_chunk(shard["file"]) >= start]
     assert 0 < len(later) < len(shards)
-    reader = DistilledData(out, [4], tokens_per_batch=128, shards_from=start)
+    reader = DistilledData(out, [4], tokens_per_batch=128, shards=ShardSelection(shards_from=start))
     assert len(reader.tokens) == sum(len(shard["samples"]) for shard in later)
     heads = tmp_path / "heads"
     griffin = {"epochs": 1, "lr": 3e-3, "warmup": 1, "draft_vocab": 64, "tokens_per_batch": 128, "shards_from": start}
@@ -400,7 +400,57 @@ def test_a_recipe_head_reads_only_the_shards_from_its_first_chunk_on(chat_target
     logged = json.loads((heads / "training_log.json").read_text())["heads"]["griffin"]
     assert logged["steps"] == len(reader) < len(DistilledData(out, [4], tokens_per_batch=128))
     assert logged["answer_tokens"] == sum(x["answer_tokens"] for shard in later for x in shard["samples"])
-    assert logged["data_fingerprint"] == index_fingerprint(index, None, start) != index["fingerprint"]
+    assert (
+        logged["data_fingerprint"]
+        == index_fingerprint(index, ShardSelection(shards_from=start))
+        != index["fingerprint"]
+    )
+
+
+def test_a_recipe_head_reads_only_the_passes_it_names_and_is_measured_on_the_first(
+    chat_target, distilled, tmp_path, capsys
+):
+    """``passes``: a head continued over a new sampled pass over the pool (shards ``answers-p1-*``) trains on those
+    shards alone, its log names their answer tokens and fingerprint, and its held-out samples are still the first
+    pass's; a setting that names no pass is refused, naming the head and the key."""
+    from specdec_kit.train.distilled import shard_pass_number
+    from specdec_kit.train.heldout import is_held_out
+    from specdec_kit.train.recipe import HeadSettings, heldout_split, index_fingerprint, main
+
+    data = tmp_path / "data"
+    shutil.copytree(distilled[0], data)
+    index = json.loads((data / INDEX).read_text())
+    shards = sorted(index["shards"], key=lambda shard: shard["file"])
+    for n, shard in enumerate(shards):  # the first shard is the first pass's, the later ones a second pass's
+        name = f"answers-{n:05d}.safetensors" if n == 0 else f"answers-p1-{n:05d}.safetensors"
+        (data / shard["file"]).rename(data / name)
+        shard["file"] = name
+    (data / INDEX).write_text(json.dumps(index))
+    assert [shard_pass_number(s["file"]) for s in sorted(index["shards"], key=lambda s: s["file"])] == [0] + [1] * (
+        len(shards) - 1
+    )
+    second = ShardSelection(passes=(1,))
+    assert second.pick(index["shards"]) == shards[1:]
+    assert ShardSelection(passes=(0,)).pick(index["shards"]) == shards[:1]
+    reader = DistilledData(data, [4], tokens_per_batch=128, shards=second)
+    assert len(reader.tokens) == sum(len(shard["samples"]) for shard in shards[1:])
+    heads = tmp_path / "heads"
+    griffin = {"epochs": 1, "lr": 3e-3, "warmup": 1, "draft_vocab": 64, "tokens_per_batch": 128, "eval_every": 1}
+    recipe = tiny_recipe(chat_target, heads, {"griffin": {**griffin, "passes": [1], "heldout_percent": 50}})
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(recipe))
+    assert main([str(path), "--data", str(data), "--stages", "heads"]) == 0
+    logged = json.loads((heads / "training_log.json").read_text())["heads"]["griffin"]
+    assert logged["answer_tokens"] == sum(x["answer_tokens"] for shard in shards[1:] for x in shard["samples"])
+    assert logged["data_fingerprint"] == index_fingerprint(index, second) != index["fingerprint"]
+    _, heldout = heldout_split(recipe, data, [4], HeadSettings.of("griffin", recipe["heads"]["griffin"]))
+    first = [x for x in shards[0]["samples"] if is_held_out(x["prompt_id"], 50)]
+    assert 0 < len(heldout.tokens) == len(first)
+    recipe["heads"]["griffin"]["passes"] = "p1"
+    path.write_text(json.dumps(recipe))
+    capsys.readouterr()
+    assert main([str(path), "--data", str(data), "--stages", "heads", "--force"]) == 2
+    assert "heads.griffin.passes: 'p1'; expected a list of pass numbers" in capsys.readouterr().err
 
 
 def test_a_shard_file_names_its_pool_chunk():

@@ -39,6 +39,40 @@ class BatchMasks:
         return BatchMasks(self.valid[rows], self.counted[rows], self.top[rows])
 
 
+@dataclass(frozen=True)
+class ShardSelection:
+    """Which of the distilled data's shards a head reads, in file order: with ``answer_tokens``, the first ones
+    holding that many answer tokens (a part of the data, for a learning curve); with ``shards_from``, those of the
+    pool's chunks from that number on (the data a continued run had not read); with ``passes``, those of these passes
+    over the pool (0: the first pass, ``answers-NNNNN``; 1, 2, ...: the passes answered after it, ``answers-pK-NNNNN``:
+    a head continued over a new sampled pass alone)."""
+
+    answer_tokens: int | None = None
+    shards_from: int = 0
+    passes: tuple[int, ...] | None = None
+
+    @property
+    def everything(self) -> bool:
+        return self.answer_tokens is None and not self.shards_from and self.passes is None
+
+    def pick(self, shards: list[dict]) -> list[dict]:
+        ordered = sorted((s for s in shards if self._wanted(s["file"])), key=lambda s: s["file"])
+        if self.answer_tokens is None:
+            return ordered
+        taken, total = [], 0
+        for shard in ordered:
+            if total >= self.answer_tokens:
+                break
+            taken.append(shard)
+            total += sum(s["answer_tokens"] for s in shard["samples"])
+        return taken
+
+    def _wanted(self, file: str) -> bool:
+        if self.shards_from and shard_chunk(file) < self.shards_from:
+            return False
+        return self.passes is None or shard_pass_number(file) in self.passes
+
+
 class DistilledData:
     def __init__(
         self,
@@ -49,12 +83,10 @@ class DistilledData:
         seed: int = 0,
         variants: tuple[str, ...] | None = None,
         select: Callable[[dict], bool] | None = None,
-        answer_tokens: int | None = None,
-        shards_from: int = 0,
+        shards: ShardSelection = ShardSelection(),
     ):
         """``select``: which samples (by their index entry: prompt_id, variant, ...) to take, e.g. a held-out split;
-        ``answer_tokens``: only the first shards (in file order), as many as hold that many answer tokens (a part of
-        the data, for a learning curve); ``shards_from``: only the shards of the pool's chunks from that number on."""
+        ``shards``: which shards to read (every one by default)."""
         index_file = path / INDEX
         if not index_file.is_file():
             raise FileNotFoundError(
@@ -72,7 +104,7 @@ class DistilledData:
         self.columns = [stored.index(i) for i in hidden_indices]
         self.final = len(stored) - 1  # the final, normed state is stored last
         tokens, tops, starts, lengths, self.spans, self.shards = [], [], [], [], [], []
-        for shard in first_shards(index["shards"], answer_tokens, shards_from):
+        for shard in shards.pick(index["shards"]):
             keep = [
                 n
                 for n, s in enumerate(shard["samples"])
@@ -187,21 +219,10 @@ class DistilledData:
         return tokens, feats, logits, BatchMasks(valid, counted, top)
 
 
-def first_shards(shards: list[dict], answer_tokens: int | None, shards_from: int = 0) -> list[dict]:
-    """The shards in file order; with ``answer_tokens``, only as many as hold that many answer tokens; with
-    ``shards_from``, only those of the pool's chunks from that number on (the data a continued run had not read)."""
-    ordered = sorted(
-        (s for s in shards if not shards_from or shard_chunk(s["file"]) >= shards_from), key=lambda s: s["file"]
-    )
-    if answer_tokens is None:
-        return ordered
-    taken, total = [], 0
-    for shard in ordered:
-        if total >= answer_tokens:
-            break
-        taken.append(shard)
-        total += sum(s["answer_tokens"] for s in shard["samples"])
-    return taken
+def shard_pass_number(file: str) -> int:
+    """The pass over the pool a shard file holds (``answers-00112.safetensors``: 0, ``answers-p1-00003.jsonl``: 1)."""
+    found = re.search(r"-p(\d+)-\d+\.\w+$", file)
+    return int(found.group(1)) if found else 0
 
 
 def shard_chunk(file: str) -> int:

@@ -14,7 +14,9 @@ in the first shards holding the recipe's ``heldout_answer_tokens`` (``heldout_sp
 A head's ``init_from`` naming another head of the recipe starts from that head's folder, trained first: one schedule
 in two runs (SmolLM2's GRIFFIN: a constant rate over all the data, then its decay from that head). A head's
 ``shards_from`` trains it on the pool's shards from that chunk number on: a run continued over the data its start
-had not read (``--chunks`` regenerates just those and the held-out bucket's first shards).
+had not read (``--chunks`` regenerates just those and the held-out bucket's first shards); its ``passes`` ([1]: the
+shards ``answers-p1-*``) trains it on those passes over the pool alone: a head continued over a new sampled pass. The
+held-out samples stay those of the first pass either way.
 
 Every stage resumes: the data generation skips the shards it has, each head continues from its
 ``training_state.pt``, and a finished head is left alone unless the recipe now asks more steps of it (more epochs:
@@ -36,7 +38,7 @@ from typing import TYPE_CHECKING, Callable
 from specdec_kit.train.regenerate import chunk_ranges
 
 if TYPE_CHECKING:
-    from specdec_kit.train.distilled import DistilledData
+    from specdec_kit.train.distilled import DistilledData, ShardSelection
 
 RECIPES = Path(__file__).resolve().parent / "recipes"
 
@@ -133,25 +135,23 @@ def trained_steps(folder: Path) -> int:
     return int(json.loads(spec.read_text())["steps"])
 
 
-def data_fingerprint(data: Path, answer_tokens: int | None = None, shards_from: int = 0) -> str:
-    """The fingerprint of the distilled data in ``data`` (written by the distill stage); with ``answer_tokens``, of
-    the first shards holding that many, all a head so limited reads: a regeneration writing more shards after them
-    leaves it unchanged, so such a head goes on training while the data grows (``shards_from``: of the shards from
-    that chunk on)."""
+def data_fingerprint(data: Path, shards: ShardSelection | None = None) -> str:
+    """The fingerprint of the distilled data in ``data`` (written by the distill stage); with a selection of its
+    ``shards``, of the shards a head so limited reads (e.g. the first ones holding some answer tokens): a regeneration
+    writing more shards after them leaves it unchanged, so such a head goes on training while the data grows."""
     path = data / "index.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no distilled data there; run the distill stage first")
-    return index_fingerprint(json.loads(path.read_text()), answer_tokens, shards_from)
+    return index_fingerprint(json.loads(path.read_text()), shards)
 
 
-def index_fingerprint(index: dict, answer_tokens: int | None = None, shards_from: int = 0) -> str:
+def index_fingerprint(index: dict, shards: ShardSelection | None = None) -> str:
     """``data_fingerprint`` of an index already read."""
     from specdec_kit.train.distill import fingerprint
-    from specdec_kit.train.distilled import first_shards
 
-    if answer_tokens is None and not shards_from:
+    if shards is None or shards.everything:
         return index["fingerprint"]
-    return fingerprint({**index, "shards": first_shards(index["shards"], answer_tokens, shards_from)})
+    return fingerprint({**index, "shards": shards.pick(index["shards"])})
 
 
 @dataclass(frozen=True)
@@ -165,6 +165,7 @@ class HeadSettings:
     heldout_percent: int | None  # of the prompt ids (default: heldout's), with eval_every
     answer_tokens: int | None  # train on the first shards holding this many answer tokens (None: all the data)
     shards_from: int  # train on the shards of the pool's chunks from this number on (0: from the first)
+    passes: tuple[int, ...] | None  # train on these passes over the pool (0: the first; None: every pass)
     schedule: dict
 
     @classmethod
@@ -178,18 +179,39 @@ class HeadSettings:
             heldout_percent=rest.pop("heldout_percent", None),
             answer_tokens=rest.pop("answer_tokens", None),
             shards_from=int(rest.pop("shards_from", 0)),
+            passes=pass_numbers(name, rest.pop("passes", None)),
             schedule=rest,
         )
+
+    def shards(self, answer_tokens: int | None = None) -> ShardSelection:
+        """The shards this head reads (``answer_tokens``: the first ones holding that many, in place of its own
+        setting: a learning curve's point)."""
+        from specdec_kit.train.distilled import ShardSelection
+
+        limit = self.answer_tokens if answer_tokens is None else answer_tokens
+        return ShardSelection(limit, self.shards_from, self.passes)
+
+
+def pass_numbers(name: str, passes: object) -> tuple[int, ...] | None:
+    """A head's ``passes`` setting: the numbers of the passes over the pool it reads (0: the first)."""
+    if passes is None:
+        return None
+    if not isinstance(passes, list) or not passes or not all(type(p) is int and p >= 0 for p in passes):
+        raise ValueError(
+            f"heads.{name}.passes: {passes!r}; expected a list of pass numbers over the pool, e.g. [1] "
+            "(0: the first pass, answers-NNNNN; 1: answers-p1-NNNNN, ...)"
+        )
+    return tuple(passes)
 
 
 def heldout_split(
     recipe: dict, data: Path, layers: list[int], head: HeadSettings
 ) -> tuple[Callable[[dict], bool], DistilledData]:
     """(the selector of the samples a head trains on, the held-out samples measured while it trains). The held-out
-    samples are a fixed bucket of prompt ids in the first shards holding the recipe's ``heldout_answer_tokens`` (all
-    the shards without it), so a head's numbers compare with every other head's however much data has been
-    regenerated since."""
-    from specdec_kit.train.distilled import DistilledData
+    samples are a fixed bucket of prompt ids in the first pass's first shards holding the recipe's
+    ``heldout_answer_tokens`` (all of its shards without it), so a head's numbers compare with every other head's
+    however much data has been regenerated since, other passes over the pool included."""
+    from specdec_kit.train.distilled import DistilledData, ShardSelection
     from specdec_kit.train.heldout import split
 
     for_training, for_evaluation = split() if head.heldout_percent is None else split(head.heldout_percent)
@@ -199,7 +221,7 @@ def heldout_split(
         tokens_per_batch=head.tokens_per_batch,
         variants=head.variants,
         select=for_evaluation,
-        answer_tokens=recipe.get("heldout_answer_tokens"),
+        shards=ShardSelection(answer_tokens=recipe.get("heldout_answer_tokens"), passes=(0,)),
     )
     return for_training, heldout
 
@@ -238,10 +260,8 @@ def run_head(
             file=sys.stderr,
         )
         return None
-    chosen = HeadSettings.of(name, settings)
-    answer_tokens = chosen.answer_tokens if answer_tokens is None else answer_tokens
-    shards_from = chosen.shards_from
-    current = data_fingerprint(data, answer_tokens, shards_from) if done and not force else None
+    shards = HeadSettings.of(name, settings).shards(answer_tokens)
+    current = data_fingerprint(data, shards) if done and not force else None
     if current is not None and trained_on != current:
         print(
             f"{name}: {folder} was trained on distilled data {str(trained_on)[:12]}, the data now is "
@@ -281,8 +301,7 @@ def run_head(
         seed=spec.seed,
         variants=head.variants,
         select=for_training,
-        answer_tokens=answer_tokens,
-        shards_from=shards_from,
+        shards=shards,
     )
     spec.steps = round(head.epochs * len(source)) if head.epochs else spec.steps
     if done >= spec.steps and not force:
@@ -312,6 +331,7 @@ def run_learning_curve(
     acceptance). A finished point is read back from its folder's ``curve_point.json``. ``only``: train those counts
     alone (the others' finished points are still read back, so the curve stays whole)."""
     from specdec_kit.train.distill import INDEX
+    from specdec_kit.train.distilled import ShardSelection
 
     section = dict(recipe["learning_curve"])
     heads, sizes = section.pop("heads"), section.pop("answer_tokens")
@@ -332,7 +352,7 @@ def run_learning_curve(
                     data,
                     folder.parent,
                     force,
-                    trained_on=data_fingerprint(data, size),
+                    trained_on=data_fingerprint(data, ShardSelection(answer_tokens=size)),
                     answer_tokens=size,
                     deadline=deadline,
                 )
@@ -340,7 +360,7 @@ def run_learning_curve(
                 held = result.get("heldout_best", {})
                 point = {
                     "head": name,
-                    "answer_tokens": shards_answer_tokens(shards, size),
+                    "answer_tokens": shards_answer_tokens(shards, ShardSelection(answer_tokens=size)),
                     "epochs": settings.get("epochs"),
                     "steps": result["steps"],
                     "heldout_best": held,
@@ -381,14 +401,10 @@ def saved_history(folder: Path) -> list[dict]:
     return torch.load(folder / "training_state.pt", weights_only=True, map_location="cpu")["history"]
 
 
-def shards_answer_tokens(shards: list[dict], answer_tokens: int | None, shards_from: int = 0) -> int:
-    """Answer tokens in the first shards holding ``answer_tokens`` (None: in all; ``shards_from``: of the chunks
-    from that number on): what a head limited so trains on."""
-    from specdec_kit.train.distilled import first_shards
-
-    return sum(
-        x["answer_tokens"] for shard in first_shards(shards, answer_tokens, shards_from) for x in shard["samples"]
-    )
+def shards_answer_tokens(shards: list[dict], selection: ShardSelection | None = None) -> int:
+    """Answer tokens in the ``selection`` of ``shards`` (None: in all): what a head limited so trains on."""
+    picked = shards if selection is None else selection.pick(shards)
+    return sum(x["answer_tokens"] for shard in picked for x in shard["samples"])
 
 
 def update_log(path: Path, recipe_name: str, change: Callable[[dict], None]) -> dict:
@@ -566,6 +582,8 @@ def main(argv: list[str] | None = None) -> int:
     recipe = json.loads(path.read_text())
     try:
         only = curve_sizes(args.curve_sizes, recipe, path)
+        for name, settings in recipe.get("heads", {}).items():
+            HeadSettings.of(name, settings)
     except ValueError as exc:  # before any stage: a typo must not surface after hours of regeneration
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -615,12 +633,11 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 result["minutes"] = round(before + result["minutes"], 2)  # a continued head's minutes add up
                 index = json.loads((features / "index.json").read_text())
-                chosen = HeadSettings.of(name, recipe["heads"][name])
-                limit, start = chosen.answer_tokens, chosen.shards_from
+                read = HeadSettings.of(name, recipe["heads"][name]).shards()
                 entry = {
                     "settings": recipe["heads"][name],
-                    "data_fingerprint": index_fingerprint(index, limit, start),
-                    "answer_tokens": shards_answer_tokens(index["shards"], limit, start),
+                    "data_fingerprint": index_fingerprint(index, read),
+                    "answer_tokens": shards_answer_tokens(index["shards"], read),
                     **{k: v for k, v in result.items() if k != "last"},
                 }
                 history = saved_history(out / name)
