@@ -180,7 +180,7 @@ def test_helm_tests_speculation_check_on_vllm(vllm_python, chart, tmp_path):
                 "backend": "vllm",
                 "engine": {"source": "build"},
                 "model": {"pvc": {"claimName": "m"}},
-                "tests": {"speculationDeadlineSeconds": 30},
+                "tests": {"speculationDeadlineSeconds": 5},
             }
         )
     )
