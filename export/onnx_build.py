@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from specdec_kit.export.export_cache import OFF_HINT, cached_export
 from specdec_kit.export.graph_fusions import fuse_graph
 from specdec_kit.export.inputs import BuildError
 from specdec_kit.export.onnx_graphs import export_plan
@@ -141,6 +142,14 @@ def quantized_greedy_checks(
     }
 
 
+def export_graph(plan, graphs: Path, step: Callable[[str], None]) -> None:
+    """``graphs/<role>.onnx``: from the export cache where the same graph was exported before, else exported now."""
+    with quiet_export():
+        _, reused = cached_export(plan, graphs, export_plan)
+    if reused:
+        step(f"{plan.role}.onnx: exported before, taken from the export cache ({OFF_HINT})")
+
+
 def build_onnx(
     staging: Path,
     target: TargetModel,
@@ -174,8 +183,7 @@ def build_onnx(
     providers = providers_for(device)
     step("exporting the target's tree-verification step to ONNX")
     target_graph = target_plan(target)
-    with quiet_export():
-        export_plan(target_graph, graphs)
+    export_graph(target_graph, graphs, step)
     step(f"exporting the {draft_kind_name} draft to ONNX")
     plans = family.graph_plans(draft_module, target)
     whole = family.whole_tree_plan(draft_module, target, tree) if draft_tree else None
@@ -185,8 +193,9 @@ def build_onnx(
         for extra in extra_trees:  # the builder checked the kind has them and left out the engine's own tree
             plans.append(family.whole_tree_plan(draft_module, target, extra, extra_tree_role(extra)))
             extras[plans[-1].role] = extra
-    with quiet_export():
-        roles = [export_plan(plan, graphs).stem for plan in plans]
+    for plan in plans:
+        export_graph(plan, graphs, step)
+    roles = [plan.role for plan in plans]
     opsets = {plan.role: plan.opset for plan in (target_graph, *plans)}
     joins = {}
     head = family.head(draft_module, target) if hasattr(family, "head") else None
