@@ -9,8 +9,9 @@ and export packages) and the exporter's library versions. A hit copies the graph
 build then checks them against PyTorch as it checks a new export (logits, features, greedy identity).
 
 The cache lives in ``$SPECDEC_CACHE/onnx-exports`` (``~/.cache/specdec-kit``), bounded by
-``SPECDEC_EXPORT_CACHE_GB`` (default 2; 0 turns it off): the graphs used longest ago go first, and a graph larger than
-a quarter of the bound is never kept (a large target's export is not copied into a cache it would fill).
+``SPECDEC_EXPORT_CACHE_GB`` (default 4, room for SmolLM2-135M's float32 target graph; 0 turns it off): the graphs used
+longest ago go first, and a graph larger than a quarter of the bound is never kept (a large target's export is not
+copied into a cache it would fill).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import torch
 from specdec_kit.runtime.models.pretrained import cache_root
 
 BUDGET_ENV = "SPECDEC_EXPORT_CACHE_GB"
-DEFAULT_BUDGET_GB = 2.0
+DEFAULT_BUDGET_GB = 4.0
 OFF_HINT = f"{BUDGET_ENV}=0 exports every graph anew"
 LARGEST_SHARE = 4  # a graph larger than budget / LARGEST_SHARE is not kept
 STALE_STAGING_S = 3600  # a staging copy this old was left by a build that died
