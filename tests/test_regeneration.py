@@ -258,6 +258,31 @@ def test_vllm_gives_the_same_answers_as_the_kit(smollm2, regenerated, vllm_pytho
     assert (tmp_path / "vllm-worker-0.log").is_file() and (tmp_path / "vllm-worker-1.log").is_file()
 
 
+def test_vllm_answers_a_sampled_pass_whose_prompts_outgrow_one_step(smollm2, vllm_python, monkeypatch, tmp_path):
+    """A seeded sampled pass through vLLM's CPU build in a run of its own (the greedy pass answered before, here by
+    the kit's runtime, as a recipe resumes), its prompts together more than one step prefills (vLLM's CPU budget, 4,096 tokens, none of
+    them cached): with chunked prefill, vLLM rewinds a partly prefilled seeded request's generator by an offset a CPU
+    generator does not have and its engine stops; the worker prefills whole prompts, and every conversation is
+    answered."""
+    monkeypatch.setenv("SPECDEC_VLLM_PYTHON", vllm_python)
+    turns = []
+    for i in range(8):  # no two prompts share more than the chat template's opening
+        days = " ".join(f"On day {d} caravan {i} crossed river {d % 7} and counted {d * i} goats." for d in range(40))
+        turns.append(Conversation(f"long/{i}", "test", (f"Caravan {i}. {days} Which day had the most goats?",)))
+    write_pool(turns, {"source": "test"}, tmp_path / "pool")
+    greedy = RegenSpec(max_prompt_tokens=1024, max_new_tokens=4, max_turns=1, chunk=8)
+    regenerate(smollm2, tmp_path / "pool", tmp_path / "answers", greedy, BackendSpec("kit", batch=8), progress=False)
+    prompts = [len(s["prompt"]) for s in read_answers(tmp_path / "answers" / "answers-00000.jsonl")]
+    assert len(prompts) == 8 and sum(prompts) > 4096, prompts
+    sampled = replace(greedy, passes=[{"temperature": 1.0, "seed": 3}])
+    how = BackendSpec("vllm", eager=True)
+    index = regenerate(smollm2, tmp_path / "pool", tmp_path / "answers", sampled, how, progress=False)
+    assert [s["file"] for s in index["shards"]] == ["answers-00000.jsonl", "answers-p1-00000.jsonl"]
+    answers = read_answers(tmp_path / "answers" / "answers-p1-00000.jsonl")
+    assert sorted(s["conversation"] for s in answers) == sorted(c.id for c in turns)
+    assert all(s["pass"] == 1 and s["answer"] for s in answers)
+
+
 def session_members(session: int) -> list[int]:
     """The live processes of a session (from /proc: the fields after the command's closing parenthesis are state,
     parent, process group, session)."""

@@ -9,12 +9,23 @@ from __future__ import annotations
 
 from generate_worker_protocol import Request, answers_channel, parse, serve
 
+CPU_BATCHED_TOKENS = 4096  # vLLM's own token budget a step for the offline engine on a CPU
+
+
+def whole_prompts(max_model_len: int) -> dict:
+    """No chunked prefill: every prompt prefilled in one step. vLLM draws a token for a request whose prompt is only
+    partly prefilled and discards it, rewinding the request's seeded generator by its offset, which a CPU generator
+    does not have ("CPU Generator does not use offset"): on vLLM's CPU build a seeded sampled answer stops the engine
+    as soon as prompts arrive faster than one step prefills them (a sampled pass over the pool does at once)."""
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, CPU_BATCHED_TOKENS)}
+
 
 def main() -> None:
     args = parse(__doc__, "float32")
     out = answers_channel()  # before vLLM prints anything
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
+    from vllm.platforms import current_platform
 
     llm = LLM(
         model=args.model,
@@ -25,6 +36,7 @@ def main() -> None:
         enable_prefix_caching=True,
         enforce_eager=args.enforce_eager,
         tensor_parallel_size=args.tp,
+        **whole_prompts(args.max_model_len) if current_platform.is_cpu() else {},
     )
 
     def answer(request: Request) -> list[tuple[list[int], bool]]:
