@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_export_onnx import inputs_for
 
 from specdec_kit.export.builder import build_engine
 from specdec_kit.export.export_cache import BUDGET_ENV, budget_bytes, cached_export, plan_key, prune
@@ -23,16 +24,7 @@ from specdec_kit.runtime.ort.graphs import target_plan
 
 
 def griffin_inputs(checkpoints: dict, tree: DynamicTreeConfig) -> BuildInputs:
-    return BuildInputs(
-        draft="griffin",
-        target=checkpoints["target"],
-        draft_path=checkpoints["griffin"],
-        tokenizer=checkpoints["target"],
-        backend="onnxruntime",
-        dtype="float32",
-        tree=tree_to_dict(tree),
-        draft_tree=False,
-    )
+    return inputs_for(checkpoints, "griffin", tree=tree_to_dict(tree), draft_tree=False)
 
 
 def test_a_second_build_takes_the_exported_graphs_from_the_cache(demo_checkpoints, tmp_path):
