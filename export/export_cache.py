@@ -171,7 +171,10 @@ def cached_export(plan, graphs: Path, export: Callable[[object, Path], Path]) ->
     role = plan.spec.name
     if entry.is_dir():
         try:
-            for source in _graph_files(entry, role):
+            files = _graph_files(entry, role)
+            if entry / f"{role}.onnx" not in files:  # being pruned by another build
+                raise FileNotFoundError(entry / f"{role}.onnx")
+            for source in files:
                 shutil.copyfile(source, graphs / source.name)
             os.utime(entry)  # used now: pruned last
             return graphs / f"{role}.onnx", True
