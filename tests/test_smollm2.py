@@ -187,14 +187,15 @@ def test_the_chat_benchmark_runs(tmp_path):
     assert all(r["acceptance_length"] > 1 for r in result["rows"] if r["method"] != "plain" and r["temperature"] == 0)
     calibrated = len(search["methods"]["griffin"]["candidates"][0]["speedups"])
     assert calibrated == search["calibration"]["prompts"] == 1  # each candidate against plain on the same prompts
+    one_set = ["--sets", "chat", "--temperatures", "0"]  # what the next two runs change is not per set
     every = tmp_path / "every"  # every candidate tree side by side in the benchmark, no search
-    assert main([*argv[:-1], str(every), "--methods", "griffin", "--measure", "all"]) == 0
+    assert main([*argv[:-1], str(every), *one_set, "--methods", "griffin", "--measure", "all"]) == 0
     result = json.loads((every / "results.json").read_text())
     assert {r["method"] for r in result["rows"]} == {"plain", "griffin (4, 3, 1)", "griffin (8, 3, 2)"}
     assert result["meta"]["trees"] == {"griffin (4, 3, 1)": [4, 3, 1], "griffin (8, 3, 2)": [8, 3, 2]}
     assert not (every / "tree_search.json").exists()
     cut = tmp_path / "cut"  # the head's engine again, each cycle's tree cut to the width that pays
-    assert main([*argv[:-1], str(cut), "--methods", "griffin", "--width-cut", "on"]) == 0
+    assert main([*argv[:-1], str(cut), *one_set, "--methods", "griffin", "--width-cut", "on"]) == 0
     assert json.loads((cut / "results.json").read_text())["meta"]["width_cut"] == "on"
     assert "the width cut" in (cut / "tree_search.md").read_text()
 
