@@ -331,7 +331,6 @@ def run_learning_curve(
     acceptance). A finished point is read back from its folder's ``curve_point.json``. ``only``: train those counts
     alone (the others' finished points are still read back, so the curve stays whole)."""
     from specdec_kit.train.distill import INDEX
-    from specdec_kit.train.distilled import ShardSelection
 
     section = dict(recipe["learning_curve"])
     heads, sizes = section.pop("heads"), section.pop("answer_tokens")
@@ -343,16 +342,18 @@ def run_learning_curve(
             saved = folder / "curve_point.json"
             settings = {**recipe["heads"][name], **section}
             settings.pop("init_from", None)  # each point a new head: what that much data alone teaches
+            point_head = {"method": name, **settings}  # a head named otherwise (griffin-stable) says its method
+            read = HeadSettings.of(folder.name, point_head).shards(size)  # the shards run_head reads for it
             result = None
             if only is None or size in only:
                 result = run_head(
                     folder.name,
-                    {"method": name, **settings},  # a head named otherwise (griffin-stable) says its method
+                    point_head,
                     recipe,
                     data,
                     folder.parent,
                     force,
-                    trained_on=data_fingerprint(data, ShardSelection(answer_tokens=size)),
+                    trained_on=data_fingerprint(data, read),
                     answer_tokens=size,
                     deadline=deadline,
                 )
@@ -360,7 +361,7 @@ def run_learning_curve(
                 held = result.get("heldout_best", {})
                 point = {
                     "head": name,
-                    "answer_tokens": shards_answer_tokens(shards, ShardSelection(answer_tokens=size)),
+                    "answer_tokens": shards_answer_tokens(shards, read),
                     "epochs": settings.get("epochs"),
                     "steps": result["steps"],
                     "heldout_best": held,
@@ -401,10 +402,9 @@ def saved_history(folder: Path) -> list[dict]:
     return torch.load(folder / "training_state.pt", weights_only=True, map_location="cpu")["history"]
 
 
-def shards_answer_tokens(shards: list[dict], selection: ShardSelection | None = None) -> int:
-    """Answer tokens in the ``selection`` of ``shards`` (None: in all): what a head limited so trains on."""
-    picked = shards if selection is None else selection.pick(shards)
-    return sum(x["answer_tokens"] for shard in picked for x in shard["samples"])
+def shards_answer_tokens(shards: list[dict], selection: ShardSelection) -> int:
+    """Answer tokens in the ``selection`` of ``shards``: what a head limited so trains on."""
+    return sum(x["answer_tokens"] for shard in selection.pick(shards) for x in shard["samples"])
 
 
 def update_log(path: Path, recipe_name: str, change: Callable[[dict], None]) -> dict:
