@@ -19,6 +19,8 @@ from functools import lru_cache
 
 import torch
 
+from specdec_kit.runtime.core.argmax import argmax_last
+
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 _MASK64 = (1 << 64) - 1
 
@@ -105,4 +107,4 @@ def sampled_tokens(logits: torch.Tensor, params: SamplingParams, seed: int, indi
     else:
         drawn = {k: gumbel_noise(seed, k, vocab) for k in set(indices)}
         noise = torch.stack([drawn[k] for k in indices])
-    return (scores + noise).argmax(dim=-1).to(logits.device)
+    return argmax_last(scores + noise).to(logits.device)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec_kit.runtime.core.argmax import argmax_last
 from specdec_kit.runtime.core.sampling import SamplingParams, sampled_tokens
 
 
@@ -69,7 +70,7 @@ def verify_batch(
 ) -> Verdict:
     """Each row follows its own parameters: greedy rows by argmax, sampled rows by their seeded draws
     (``first_index[b]``: the generated index of the token the root's child takes)."""
-    choices = logits.argmax(dim=-1)
+    choices = argmax_last(logits)
     for b, p in enumerate(params):
         if not p.greedy:
             choices[b] = accepted_draws(

@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from specdec_kit.runtime.core.argmax import argmax_last
 from specdec_kit.runtime.core.contract import TargetOutput, TargetStep
 from specdec_kit.runtime.core.coupling import DrawCoupling, draw_coupling
 from specdec_kit.runtime.core.device import now, torch_threads
@@ -384,7 +385,7 @@ class SpeculativeGenerator:
                 self.prefix_cache.store(p, cache.keys[:, first_row + b], cache.values[:, first_row + b], feats[b])
                 for b, p in enumerate(ready.prompts)
             ]
-        first = logits.argmax(dim=-1)
+        first = argmax_last(logits)
         for b, row in enumerate(rows):
             if ready.first_tokens is not None and ready.first_tokens[b] is not None:
                 first[b] = ready.first_tokens[b]
