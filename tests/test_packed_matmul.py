@@ -73,7 +73,7 @@ def test_packed_products_equal_onnx_runtimes_matmul(tmp_path, rank):
     assert [n.op_type for n in rewritten.graph.node].count("MatMul") == 1
     packed = session(rewritten, tmp_path / "packed.onnx", packed=True)
     free = rng.standard_normal((k, 3)).astype(np.float32)
-    shapes = {1: [(k,)], 2: [(r, k) for r in (0, 1, 3, 8, 9, 17)], 3: [(2, r, k) for r in (1, 6, 13)]}[rank]
+    shapes = {1: [(k,)], 2: [(r, k) for r in (0, 1, 3, 8, 9, 14, 15, 17, 43)], 3: [(2, r, k) for r in (1, 6, 13)]}[rank]
     for shape in shapes:
         x = rng.standard_normal(shape).astype(np.float32)
         want = reference.run(None, {"x": x, "free": free})
@@ -90,9 +90,9 @@ def test_a_rows_product_is_the_same_bit_for_bit_whichever_rows_share_the_call(tm
     rewrite(model)
     packed = session(model, tmp_path / "packed.onnx", packed=True)
     free = np.zeros((576, 3), np.float32)
-    rows = rng.standard_normal((12, 576)).astype(np.float32)
+    rows = rng.standard_normal((31, 576)).astype(np.float32)  # three tiles of 10-11 rows
     together = packed.run(["y0"], {"x": rows, "free": free})[0]
-    for i in (0, 5, 11):
+    for i in (0, 5, 11, 20, 30):
         alone = packed.run(["y0"], {"x": rows[i : i + 1], "free": free})[0]
         assert np.array_equal(alone[0], together[i])
 
