@@ -109,15 +109,22 @@ def run(args) -> int:
 
 
 def matmul_kernel() -> str:
-    """Which products an ONNX Runtime engine's float MatMuls and attention run here: the kit's ``PackedMatMul`` and
-    ``TreeAttention`` or ONNX Runtime's own (and why), since both move a step's and a tree's cost."""
-    from specdec_kit.runtime.ort.custom_ops import ATTENTION_SWITCH_ENV, custom_op_library, tree_attention_enabled
+    """Which products an ONNX Runtime engine's float MatMuls, 8-bit draft products and attention run here: the kit's
+    ``PackedMatMul``, ``Int8MatMul`` and ``TreeAttention`` or ONNX Runtime's own (and why), since they move a step's,
+    a draft's and a tree's cost."""
+    from specdec_kit.runtime.ort.custom_ops import (
+        ATTENTION_SWITCH_ENV,
+        custom_op_library,
+        int8_matmul_vectorized,
+        tree_attention_enabled,
+    )
 
     ops = custom_op_library()
     if not ops.library:
         return f"float MatMuls by ONNX Runtime ({ops.reason})"
     attention = "its TreeAttention" if tree_attention_enabled() else f"ONNX Runtime ({ATTENTION_SWITCH_ENV}=0)"
-    return f"float MatMuls by the kit's PackedMatMul, attention by {attention}"
+    int8 = "its Int8MatMul" if int8_matmul_vectorized() else "ONNX Runtime (no AVX-512 VNNI)"
+    return f"float MatMuls by the kit's PackedMatMul, 8-bit draft products by {int8}, attention by {attention}"
 
 
 def machine(results: dict | None = None) -> str:

@@ -176,7 +176,8 @@ def test_the_benchmarks_machine_line_names_the_matmul_kernel(monkeypatch):
     from specdec_kit.bench.speedup import machine
 
     library()
-    assert "float MatMuls by the kit's PackedMatMul, attention by its TreeAttention" in machine()
+    assert "float MatMuls by the kit's PackedMatMul, 8-bit draft products by " in machine()
+    assert "attention by its TreeAttention" in machine()
     monkeypatch.setenv(custom_ops.ATTENTION_SWITCH_ENV, "0")
     assert f"attention by ONNX Runtime ({custom_ops.ATTENTION_SWITCH_ENV}=0)" in machine()
     monkeypatch.setenv(custom_ops.SWITCH_ENV, "0")

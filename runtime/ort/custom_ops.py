@@ -2,12 +2,14 @@
 
 The library holds ``specdec.PackedMatMul`` (``packed_matmul.c``): ONNX Runtime's float MatMul on a small x86 CPU
 costs 1.2-1.6x for the handful of rows a speculative cycle verifies what it costs for one row, where a product that
-reads each weight once for all rows costs barely more, so speculation pays more. And ``specdec.TreeAttention``
+reads each weight once for all rows costs barely more, so speculation pays more. ``specdec.TreeAttention``
 (``tree_attention.c``): ONNX's Attention with a boolean mask and grouped-query heads, which ONNX Runtime's CPU kernel
-runs about three times slower than reading the cache costs at long contexts on an Intel Xeon. ``register_ops.c``
-registers both. It is built with the machine's C compiler for the machine's own instruction set (``-march=native``);
-the cache key holds the sources, the compiler and the CPU, so another machine sharing the cache builds its own. Where no compiler is found, or
-``SPECDEC_PACKED_MATMUL=0`` is set, ``custom_op_library`` says why and the engines run ONNX Runtime's own MatMul.
+runs about three times slower than reading the cache costs at long contexts on an Intel Xeon. And
+``specdec.Int8MatMul`` (``int8_matmul.c``): a draft's 8-bit ``MatMulNBits`` on AVX-512 VNNI, which ONNX Runtime's
+kernel took about half of a draft tree's call for. ``register_ops.c`` registers them. It is built with the machine's
+C compiler for the machine's own instruction set (``-march=native``); the cache key holds the sources, the compiler
+and the CPU, so another machine sharing the cache builds its own. Where no compiler is found, or
+``SPECDEC_PACKED_MATMUL=0`` is set, ``custom_op_library`` says why and the engines run ONNX Runtime's own operators.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from typing import Iterator
 from specdec_kit.runtime.models.pretrained import cache_root
 
 SOURCES = tuple(
-    Path(__file__).with_name(name) for name in ("ort_api.h", "packed_matmul.c", "tree_attention.c", "register_ops.c")
+    Path(__file__).with_name(name)
+    for name in ("ort_api.h", "packed_matmul.c", "tree_attention.c", "int8_matmul.c", "register_ops.c")
 )
 SWITCH_ENV = "SPECDEC_PACKED_MATMUL"  # "0": ONNX Runtime's own MatMul and Attention everywhere (no library)
 ATTENTION_SWITCH_ENV = "SPECDEC_TREE_ATTENTION"  # "0": ONNX Runtime's own Attention, the kit's MatMul kept
@@ -97,11 +100,22 @@ def custom_op_library() -> CustomOps:
     return CustomOps(library)
 
 
+@functools.cache
+def int8_matmul_vectorized() -> bool:
+    """Whether the library's ``Int8MatMul`` runs on AVX-512 VNNI here (compiled for this CPU); without it the operator
+    computes the same in scalar C, slower than ONNX Runtime's ``MatMulNBits``, so graphs keep that."""
+    import ctypes
+
+    library = custom_op_library().library
+    return library is not None and bool(ctypes.CDLL(str(library)).specdec_int8_matmul_vectorized())
+
+
 @contextlib.contextmanager
 def _environment(name: str, value: str) -> Iterator[None]:
     before = os.environ.get(name)
     os.environ[name] = value
     custom_op_library.cache_clear()
+    int8_matmul_vectorized.cache_clear()
     try:
         yield
     finally:
@@ -110,6 +124,7 @@ def _environment(name: str, value: str) -> Iterator[None]:
         else:
             os.environ[name] = before
         custom_op_library.cache_clear()
+        int8_matmul_vectorized.cache_clear()
 
 
 @contextlib.contextmanager

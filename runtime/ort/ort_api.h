@@ -1,6 +1,7 @@
 /* The part of ONNX Runtime's C API the kit's CPU operators call, reached through its function table (entries are
  * only ever appended, so an entry's index is stable across versions); only the entries the operators call are named.
- * Shared by the operators' sources (packed_matmul.c, tree_attention.c) and their registration (register_ops.c). */
+ * Shared by the operators' sources (packed_matmul.c, tree_attention.c, int8_matmul.c) and their registration
+ * (register_ops.c). */
 #ifndef SPECDEC_ORT_API_H
 #define SPECDEC_ORT_API_H
 #include <stddef.h>
@@ -38,7 +39,15 @@ typedef struct OrtCustomOp {
   int (*GetInputMemoryType)(const struct OrtCustomOp *op, size_t index);
 } OrtCustomOp;
 
-enum { CUSTOM_OP_VERSION = 13, API_WITH_PARALLEL_FOR = 17, API_BASIC = 13, TENSOR_FLOAT = 1, TENSOR_BOOL = 9 };
+enum {
+  CUSTOM_OP_VERSION = 13,
+  API_WITH_PARALLEL_FOR = 17,
+  API_BASIC = 13,
+  TENSOR_FLOAT = 1,
+  TENSOR_INT8 = 3,
+  TENSOR_INT32 = 6,
+  TENSOR_BOOL = 9,
+};
 enum {
   API_CreateCustomOpDomain = 26,
   API_CustomOpDomain_Add = 27,
@@ -104,5 +113,6 @@ static inline int op_default_memory(const OrtCustomOp *op, size_t index) { (void
 /* The operators the library registers in the "specdec" domain. */
 extern const OrtCustomOp specdec_packed_matmul;
 extern const OrtCustomOp specdec_tree_attention;
+extern const OrtCustomOp specdec_int8_matmul;
 
 #endif

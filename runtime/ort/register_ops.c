@@ -15,7 +15,7 @@ OrtStatus *RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *base)
   OrtCustomOpDomain *domain;
   OrtStatus *status = ((CreateCustomOpDomainFn)API_FN(g_api, API_CreateCustomOpDomain))("specdec", &domain);
   if (status) return status;
-  const OrtCustomOp *ops[] = {&specdec_packed_matmul, &specdec_tree_attention};
+  const OrtCustomOp *ops[] = {&specdec_packed_matmul, &specdec_tree_attention, &specdec_int8_matmul};
   for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
     status = ((CustomOpDomainAddFn)API_FN(g_api, API_CustomOpDomain_Add))(domain, ops[i]);
     if (status) return status;
