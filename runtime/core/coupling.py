@@ -79,8 +79,11 @@ def ranked_children(
     pool_logp, pool_tokens = torch.topk(logp, min(max(POOL, k), logp.shape[-1]), dim=-1)  # [B, n, P]
     if vocab_ids is not None:
         pool_tokens = vocab_tokens(vocab_ids, pool_tokens)
-    level_noise = coupling.noise[:, level, None, :].expand(-1, logp.shape[1], -1)
-    noise = torch.gather(level_noise, -1, pool_tokens)
+    # Each pooled token's noise read straight from the rows' [L, V] noise by flat index: a graph then copies none of
+    # it (expanding a level's noise to every node copied [n, V] floats a level, most of a greedy draft call's gathers).
+    bsz, vocab = pool_tokens.shape[0], coupling.noise.shape[-1]
+    flat_index = (pool_tokens + level * vocab).reshape(bsz, -1)
+    noise = torch.gather(coupling.noise.reshape(bsz, -1), 1, flat_index).view(pool_tokens.shape)
     inv_t = coupling.inv_temperature[:, None, None]
     coupled = torch.log_softmax(SHARPNESS * (pool_logp * inv_t + noise), dim=-1)
     scores = torch.where(inv_t > 0, coupled, pool_logp)
