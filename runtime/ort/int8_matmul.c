@@ -141,10 +141,10 @@ static void tile(int rows, const Work *work, int64_t g, int64_t r0) {
 #endif
 
 /* Every row through one group of columns, in the fewest tiles of at most MAX_ROWS rows, of even sizes. */
-static void group(const Work *work, int64_t g) {
-  int64_t tiles = (work->rows + MAX_ROWS - 1) / MAX_ROWS;
-  for (int64_t t = 0, r0 = 0; t < tiles; t++) {
-    int64_t r1 = work->rows * (t + 1) / tiles;
+static void group(const void *data, int64_t g) {
+  const Work *work = data;
+  for (int64_t t = 0, r0 = 0; r0 < work->rows; t++) {
+    int64_t r1 = tile_start(work->rows, MAX_ROWS, t + 1);
     switch (r1 - r0) {
 #define TILE_CASE(n) \
   case n: tile(n, work, g, r0); break;
@@ -159,25 +159,11 @@ static void group(const Work *work, int64_t g) {
 /* One thread's contiguous share of the groups. */
 static void chunk(void *data, size_t i) {
   const Work *work = data;
-  int64_t first = work->groups * (int64_t)i / (int64_t)work->chunks;
-  int64_t last = work->groups * (int64_t)(i + 1) / (int64_t)work->chunks;
-  for (int64_t g = first; g < last; g++) group(work, g);
-}
-
-typedef struct {
-  int64_t n;
-} Kernel;
-
-static void *create_kernel(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info) {
-  (void)op;
-  Kernel *kernel = calloc(1, sizeof *kernel);
-  if (kernel && ((GetAttributeInt64Fn)API_FN(api, API_KernelInfoGetAttribute_int64))(info, "n", &kernel->n) != NULL)
-    kernel->n = -1;
-  return kernel;
+  each_of_share(work, i, work->chunks, work->groups, group);
 }
 
 static void compute(void *kernel_data, OrtKernelContext *context) {
-  const Kernel *kernel = kernel_data;
+  const ColumnsKernel *kernel = kernel_data;
   const OrtValue *x, *codes, *ws, *corr, *bias;
   ((GetInputFn)API_FN(g_api, API_KernelContext_GetInput))(context, 0, &x);
   ((GetInputFn)API_FN(g_api, API_KernelContext_GetInput))(context, 1, &codes);
@@ -215,16 +201,12 @@ static void compute(void *kernel_data, OrtKernelContext *context) {
     work.corr = data_of(corr);
     work.bias = data_of(bias);
     work.chunks = work.groups < MAX_CHUNKS ? (size_t)work.groups : MAX_CHUNKS;
-    if (g_parallel && work.chunks > 1)
-      ((ParallelForFn)API_FN(g_api, API_KernelContext_ParallelFor))(context, chunk, work.chunks, 0, &work);
-    else
-      for (size_t i = 0; i < work.chunks; i++) chunk(&work, i);
+    parallel_for(context, chunk, work.chunks, &work);
   }
   free(xq);
   free(xs);
 }
 
-static void destroy_kernel(void *kernel) { free(kernel); }
 static const char *op_name(const OrtCustomOp *op) { (void)op; return "Int8MatMul"; }
 static int input_type(const OrtCustomOp *op, size_t index) {
   (void)op;
@@ -235,6 +217,6 @@ static int output_type(const OrtCustomOp *op, size_t index) { (void)op; (void)in
 static size_t five(const OrtCustomOp *op) { (void)op; return 5; }
 
 const OrtCustomOp specdec_int8_matmul = {
-    CUSTOM_OP_VERSION, create_kernel, op_name, op_cpu_provider, input_type, five, output_type, op_one_output,
+    CUSTOM_OP_VERSION, create_columns_kernel, op_name, op_cpu_provider, input_type, five, output_type, op_one_output,
     compute, destroy_kernel, op_required, op_required, op_default_memory,
 };

@@ -103,6 +103,44 @@ static inline void *data_of(const OrtValue *value) {
   return data;
 }
 
+/* ``fn`` over ``units`` work items, on ONNX Runtime's threads where it lends them (one at a time otherwise). */
+static inline void parallel_for(OrtKernelContext *context, void (*fn)(void *, size_t), size_t units, void *data) {
+  if (g_parallel && units > 1)
+    ((ParallelForFn)API_FN(g_api, API_KernelContext_ParallelFor))(context, fn, units, 0, data);
+  else
+    for (size_t i = 0; i < units; i++) fn(data, i);
+}
+
+/* ``unit`` over part ``i`` of ``parts`` contiguous, even shares of ``total`` units (one thread's share of a product's
+ * column blocks). */
+static inline void each_of_share(const void *work, size_t i, size_t parts, int64_t total,
+                                 void (*unit)(const void *, int64_t)) {
+  for (int64_t u = total * (int64_t)i / (int64_t)parts; u < total * (int64_t)(i + 1) / (int64_t)parts; u++)
+    unit(work, u);
+}
+
+/* Where tile ``t`` of ``rows`` rows starts, the rows split into the fewest tiles of at most ``most`` rows whose sizes
+ * are within one of each other (t = the tile count: the end). A second pass over a weight block is arithmetic with
+ * nothing in flight, so 16 rows under a limit of 14 go as 8 + 8, not 14 + 2. */
+static inline int64_t tile_start(int64_t rows, int64_t most, int64_t t) {
+  return rows * t / ((rows + most - 1) / most);
+}
+
+/* A product operator's kernel: its attribute n, the output columns (-1 where the node has none). */
+typedef struct {
+  int64_t n;
+} ColumnsKernel;
+
+static inline void *create_columns_kernel(const struct OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info) {
+  (void)op;
+  ColumnsKernel *kernel = calloc(1, sizeof *kernel);
+  if (kernel && ((GetAttributeInt64Fn)API_FN(api, API_KernelInfoGetAttribute_int64))(info, "n", &kernel->n) != NULL)
+    kernel->n = -1;
+  return kernel;
+}
+
+static inline void destroy_kernel(void *kernel) { free(kernel); }
+
 /* The callbacks every operator record shares: CPU kernels, one output, every input and output required, inputs in CPU
  * memory. */
 static inline const char *op_cpu_provider(const OrtCustomOp *op) { (void)op; return "CPUExecutionProvider"; }

@@ -74,12 +74,12 @@ typedef struct {
 
 /* Every row through one block of columns, in the fewest tiles of at most MAX_ROWS rows, their sizes within one of
  * each other (a constant count each, so the tile stays in registers). */
-static void block(const Work *work, int64_t b) {
+static void block(const void *data, int64_t b) {
+  const Work *work = data;
   const float *w = work->w + b * work->K * COLS;
   int64_t cols = work->N - b * COLS < COLS ? work->N - b * COLS : COLS;
-  int64_t tiles = (work->rows + MAX_ROWS - 1) / MAX_ROWS;
-  for (int64_t t = 0, r0 = 0; t < tiles; t++) {
-    int64_t r1 = work->rows * (t + 1) / tiles;
+  for (int64_t t = 0, r0 = 0; r0 < work->rows; t++) {
+    int64_t r1 = tile_start(work->rows, MAX_ROWS, t + 1);
     const float *x = work->x + r0 * work->K;
     float *y = work->y + r0 * work->N + b * COLS;
     switch (r1 - r0) {
@@ -97,25 +97,11 @@ static void block(const Work *work, int64_t b) {
 /* One thread's contiguous share of the column blocks. */
 static void chunk(void *data, size_t i) {
   const Work *work = data;
-  int64_t first = work->blocks * (int64_t)i / (int64_t)work->chunks;
-  int64_t last = work->blocks * (int64_t)(i + 1) / (int64_t)work->chunks;
-  for (int64_t b = first; b < last; b++) block(work, b);
-}
-
-typedef struct {
-  int64_t n;
-} Kernel;
-
-static void *create_kernel(const OrtCustomOp *op, const OrtApi *api, const OrtKernelInfo *info) {
-  (void)op;
-  Kernel *kernel = calloc(1, sizeof *kernel);
-  if (kernel && ((GetAttributeInt64Fn)API_FN(api, API_KernelInfoGetAttribute_int64))(info, "n", &kernel->n) != NULL)
-    kernel->n = -1;
-  return kernel;
+  each_of_share(work, i, work->chunks, work->blocks, block);
 }
 
 static void compute(void *kernel_data, OrtKernelContext *context) {
-  const Kernel *kernel = kernel_data;
+  const ColumnsKernel *kernel = kernel_data;
   const OrtValue *x, *w;
   ((GetInputFn)API_FN(g_api, API_KernelContext_GetInput))(context, 0, &x);
   ((GetInputFn)API_FN(g_api, API_KernelContext_GetInput))(context, 1, &w);
@@ -138,19 +124,15 @@ static void compute(void *kernel_data, OrtKernelContext *context) {
       work.N > work.blocks * COLS)
     return;
   work.chunks = work.blocks < MAX_CHUNKS ? (size_t)work.blocks : MAX_CHUNKS;
-  if (g_parallel && work.chunks > 1)
-    ((ParallelForFn)API_FN(g_api, API_KernelContext_ParallelFor))(context, chunk, work.chunks, 0, &work);
-  else
-    for (size_t i = 0; i < work.chunks; i++) chunk(&work, i);
+  parallel_for(context, chunk, work.chunks, &work);
 }
 
-static void destroy_kernel(void *kernel) { free(kernel); }
 static const char *op_name(const OrtCustomOp *op) { (void)op; return "PackedMatMul"; }
 static int float_type(const OrtCustomOp *op, size_t index) { (void)op; (void)index; return TENSOR_FLOAT; }
 static size_t two(const OrtCustomOp *op) { (void)op; return 2; }
 
 const OrtCustomOp specdec_packed_matmul = {
-    CUSTOM_OP_VERSION, create_kernel, op_name, op_cpu_provider, float_type, two, float_type, op_one_output,
+    CUSTOM_OP_VERSION, create_columns_kernel, op_name, op_cpu_provider, float_type, two, float_type, op_one_output,
     compute, destroy_kernel, op_required, op_required, op_default_memory,
 };
 

@@ -419,14 +419,6 @@ static int mask_strides(const int64_t *dims, size_t rank, const int64_t *want, i
   return 1;
 }
 
-/* ``fn`` over ``units`` items, on ONNX Runtime's threads where it lends them. */
-static void run_items(OrtKernelContext *context, void (*fn)(void *, size_t), size_t units, Work *work) {
-  if (g_parallel && units > 1)
-    ((ParallelForFn)API_FN(g_api, API_KernelContext_ParallelFor))(context, fn, units, 0, work);
-  else
-    for (size_t i = 0; i < units; i++) fn(work, i);
-}
-
 static void compute(void *kernel_data, OrtKernelContext *context) {
   const Kernel *kernel = kernel_data;
   int64_t qd[MAX_RANK], kd[MAX_RANK], vd[MAX_RANK], md[MAX_RANK];
@@ -480,12 +472,11 @@ static void compute(void *kernel_data, OrtKernelContext *context) {
   for (work.first_row = 0; work.first_row < work.rows; work.first_row += PASS_ROWS) {
     work.pass_rows = work.rows - work.first_row < PASS_ROWS ? work.rows - work.first_row : PASS_ROWS;
     for (size_t i = 0; i < groups; i++) work.pending[i] = work.chunks;
-    run_items(context, chunk_item, items, &work);
+    parallel_for(context, chunk_item, items, &work);
   }
   free(work.pending);
 }
 
-static void destroy_kernel(void *kernel) { free(kernel); }
 static const char *op_name(const OrtCustomOp *op) { (void)op; return "TreeAttention"; }
 static int input_type(const OrtCustomOp *op, size_t index) { (void)op; return index == 3 ? TENSOR_BOOL : TENSOR_FLOAT; }
 static int output_type(const OrtCustomOp *op, size_t index) { (void)op; (void)index; return TENSOR_FLOAT; }
