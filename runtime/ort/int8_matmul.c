@@ -1,14 +1,14 @@
 /* specdec.Int8MatMul, an ONNX Runtime CPU operator: what ONNX Runtime's MatMulNBits computes for 8-bit symmetric
- * weights in blocks of 32 along K with int8 compute (accuracy level 4), Y[..., N] = X[..., K] . W, W[k, n] =
- * scale[b, n] * code[k, n] (b = k / 32, codes -128..127), plus a bias [N]. Each row's activations are quantized per block of 32 to
+ * weights in blocks of 32 along K with int8 compute (accuracy level 4), Y[..., N] = X[..., K] . W + bias, W[k, n] =
+ * scale[b, n] * code[k, n] (b = k / 32, codes -128..127). Each row's activations are quantized per block of 32 to
  * -127..127 by the block's largest magnitude, each block's integer dot product is exact, and the float result sums
  * the blocks in order, out += float(dot) * (scale_w * scale_x), and adds the bias last.
  *
  * Why: a draft head's products are small (a few rows, SmolLM2's GRIFFIN head 12.6M weights a tree level), and
- * MatMulNBits spent 0.93 ms on one level's 11 products at 4 rows (0.45 at 1 row) on 2 Intel Xeon vCPUs, weights hot
- * in the cache: about half of a draft tree's call. Here each 16 output columns' codes are laid out as AVX-512 VNNI
- * reads them ([ceil(N / 16), K / 4, 16, 4]: four consecutive k of a column in one 32-bit lane) and multiplied into
- * every row of a tile while in a register, one VPDPBUSD per 64 weights and row.
+ * MatMulNBits spent 0.64-1.0 ms on one level's 11 products at 4 rows on 2 Intel Xeon vCPUs, weights in the cache:
+ * about half of a draft tree's call; this operator 0.42-0.49 ms. Each 16 output columns' codes are laid out as AVX-512
+ * VNNI reads them ([ceil(N / 16), K / 4, 16, 4]: four consecutive k of a column in one 32-bit lane) and multiplied
+ * into every row of a tile while in a register, one VPDPBUSD per 64 weights and row.
  *
  * VPDPBUSD multiplies unsigned by signed bytes, so activations are stored offset by 128 (1..255) and the offset's
  * share, 128 times each block's column sum of codes, is taken off the block's dot product (corr, precomputed).
@@ -32,7 +32,7 @@
 
 #define GROUP 16    /* output columns per group: one vector of 16 int32 or float lanes */
 #define BLOCK 32    /* k per quantization block */
-#define MAX_ROWS 8 /* rows a tile keeps in registers: two integer and a float accumulator each */
+#define MAX_ROWS 8   /* rows a tile keeps in registers: two integer and a float accumulator each */
 #define MAX_CHUNKS 8
 #define PREFETCH_BYTES 4096 /* codes requested this far ahead of the products (into L2, like PackedMatMul) */
 
@@ -130,7 +130,8 @@ static void tile(int rows, const Work *work, int64_t g, int64_t r0) {
       float acc = 0.0f;
       for (int64_t b = 0; b < blocks; b++) {
         int32_t dot = 0;
-        for (int64_t k = b * BLOCK; k < (b + 1) * BLOCK; k++) dot += (int32_t)xq[k] * w[(k / 4) * GROUP * 4 + c * 4 + k % 4];
+        for (int64_t k = b * BLOCK; k < (b + 1) * BLOCK; k++)
+          dot += (int32_t)xq[k] * w[(k / 4) * GROUP * 4 + c * 4 + k % 4];
         float scale = work->ws[(g * blocks + b) * GROUP + c] * work->xs[(r0 + r) * blocks + b];
         acc = fmaf((float)(dot - work->corr[(g * blocks + b) * GROUP + c]), scale, acc);
       }
@@ -202,7 +203,8 @@ static void compute(void *kernel_data, OrtKernelContext *context) {
     work.bias = data_of(bias);
     work.chunks = work.groups < MAX_CHUNKS ? (size_t)work.groups : MAX_CHUNKS;
     parallel_for(context, chunk, work.chunks, &work);
-  }
+  } else /* no scratch: a loud result, not a silent one */
+    for (int64_t i = 0; i < work.rows * work.N; i++) work.y[i] = NAN;
   free(xq);
   free(xs);
 }

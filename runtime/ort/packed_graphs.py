@@ -5,9 +5,10 @@
 A MatMul ``X[..., K] @ W[K, N]`` with ``W`` a float initializer becomes ``PackedMatMul(X, W_packed, n=N)``, where
 ``W_packed`` holds the same numbers as ``[ceil(N / 32), K, 32]``: each block of 32 output columns contiguous, the
 order the kernel reads them in. A ``MatMulNBits`` of 8-bit symmetric codes in blocks of 32 with int8 compute
-(accuracy level 4) becomes ``Int8MatMul(X, codes, scales, corrections, bias, n=N)`` over the same codes and scales laid out
-for AVX-512 VNNI (``int8_matmul.c``), where the library has that instruction set. An ONNX ``Attention`` over 4-D inputs with a boolean mask (the target step's: no
-causal flag, soft cap or extra outputs) becomes ``TreeAttention`` on the same inputs, its scale kept. Only graphs the
+(accuracy level 4) becomes ``Int8MatMul(X, codes, scales, corrections, bias, n=N)`` over the same codes and scales
+laid out for AVX-512 VNNI (``int8_matmul.c``), where the library has that instruction set. An ONNX ``Attention`` over
+4-D inputs with a boolean mask (the target step's: no causal flag, soft cap or extra outputs) becomes
+``TreeAttention`` on the same inputs, its scale kept. Only graphs the
 build already optimized are rewritten (ONNX Runtime's optimizer would otherwise meet an operator it cannot fuse
 through). The rewritten graph is written once per source graph
 under ``$SPECDEC_CACHE/packed-graphs`` and reused: the engine directory stays as the build wrote it, read-only
@@ -72,7 +73,7 @@ def pack_int8_codes(codes: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, 
 def _as_int8_matmul(node, initializers: dict, packed: dict[str, list[str]], model) -> object | None:
     """The ``Int8MatMul`` node for a ``MatMulNBits`` node it computes (8-bit symmetric codes in blocks of 32, int8
     compute, no zero points or group indices; a bias kept), or None. Its constants are added to ``model`` once per
-    weight (``packed``: the codes' name -> theirs), however many nodes share it."""
+    weight (``packed``: the codes' name -> theirs, and each zero bias given), however many nodes share it."""
     from onnx import helper, numpy_helper
 
     if node.op_type != "MatMulNBits" or node.domain != "com.microsoft":
@@ -104,11 +105,10 @@ def _as_int8_matmul(node, initializers: dict, packed: dict[str, list[str]], mode
         arrays = pack_int8_codes(code_array, numpy_helper.to_array(scales))
         model.graph.initializer.extend(numpy_helper.from_array(a, name) for a, name in zip(arrays, names))
         packed[codes.name] = names
-    if bias is None:
-        bias_name = f"{node.name or codes.name}.no_bias"
+    bias_name = bias.name if bias is not None else f"int8_matmul.zero_bias{n}"
+    if bias is None and bias_name not in packed:  # one zero bias per width, for every node without one
         model.graph.initializer.append(numpy_helper.from_array(np.zeros(n, dtype=np.float32), bias_name))
-    else:
-        bias_name = bias.name
+        packed[bias_name] = [bias_name]
     return helper.make_node(
         INT8_OP,
         [inputs[0], *packed[codes.name], bias_name],
