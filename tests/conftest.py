@@ -244,11 +244,9 @@ def chi_square_pvalue(observed: torch.Tensor, expected_probs: torch.Tensor) -> f
 @pytest.fixture
 def own_kernel_cache(tmp_path, monkeypatch):
     """The kit's CPU operators, and the graphs rewritten for them, built in a cache of this test's own."""
-    from specdec_kit.runtime.ort.custom_ops import custom_op_library, int8_matmul_vectorized
+    from specdec_kit.runtime.ort.custom_ops import forget_library
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-    custom_op_library.cache_clear()
-    int8_matmul_vectorized.cache_clear()
+    forget_library()
     yield
-    custom_op_library.cache_clear()
-    int8_matmul_vectorized.cache_clear()
+    forget_library()

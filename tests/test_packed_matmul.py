@@ -158,7 +158,7 @@ def test_an_ort_graph_runs_packed_on_cpu_and_says_why_not_when_switched_off(tmp_
     unoptimized = OrtGraph(source, torch.device("cpu"), optimize=True)
     assert unoptimized.packed_matmul.startswith("off: graph not yet optimized")
     monkeypatch.setenv(custom_ops.SWITCH_ENV, "0")
-    custom_op_library.cache_clear()
+    custom_ops.forget_library()
     plain = OrtGraph(source, torch.device("cpu"))
     assert plain.packed_matmul == f"off: {custom_ops.SWITCH_ENV}=0"
     got, want = packed.run(feeds, outputs), plain.run(feeds, outputs)
@@ -181,5 +181,5 @@ def test_the_benchmarks_machine_line_names_the_matmul_kernel(monkeypatch):
     monkeypatch.setenv(custom_ops.ATTENTION_SWITCH_ENV, "0")
     assert f"attention by ONNX Runtime ({custom_ops.ATTENTION_SWITCH_ENV}=0)" in machine()
     monkeypatch.setenv(custom_ops.SWITCH_ENV, "0")
-    custom_op_library.cache_clear()
+    custom_ops.forget_library()
     assert f"float MatMuls by ONNX Runtime ({custom_ops.SWITCH_ENV}=0)" in machine()

@@ -110,12 +110,18 @@ def int8_matmul_vectorized() -> bool:
     return library is not None and bool(ctypes.CDLL(str(library)).specdec_int8_matmul_vectorized())
 
 
+def forget_library() -> None:
+    """Forget the library found and what it was built with, so the next call looks again (after a switch or a cache
+    directory changed)."""
+    custom_op_library.cache_clear()
+    int8_matmul_vectorized.cache_clear()
+
+
 @contextlib.contextmanager
 def _environment(name: str, value: str) -> Iterator[None]:
     before = os.environ.get(name)
     os.environ[name] = value
-    custom_op_library.cache_clear()
-    int8_matmul_vectorized.cache_clear()
+    forget_library()
     try:
         yield
     finally:
@@ -123,8 +129,7 @@ def _environment(name: str, value: str) -> Iterator[None]:
             os.environ.pop(name, None)
         else:
             os.environ[name] = before
-        custom_op_library.cache_clear()
-        int8_matmul_vectorized.cache_clear()
+        forget_library()
 
 
 @contextlib.contextmanager
