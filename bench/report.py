@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from specdec_kit.bench.bandwidth_split import state_table
+from specdec_kit.bench.per_prompt import per_prompt_table
 
 COLUMNS = [
     "prompt_set",
@@ -55,6 +56,9 @@ def markdown(rows: list[dict], machine: str) -> str:
 def write_all(rows: list[dict], out: Path, machine: str, meta: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.md").write_text(markdown(rows, machine))
+    prompts = per_prompt_table(rows)
+    if prompts:
+        (out / "per_prompt.md").write_text(prompts)
     (out / "results.json").write_text(json.dumps({"machine": machine, "meta": meta, "rows": rows}, indent=2))
     with open(out / "results.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS)

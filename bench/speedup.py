@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from specdec_kit.bench.bandwidth_split import by_state, copy_samples, split_point
 from specdec_kit.bench.methods import SPEEDUP_METHODS as METHODS
+from specdec_kit.bench.per_prompt import by_prompt
 from specdec_kit.bench.report import write_all
 from specdec_kit.data import prompts as prompt_sets
 from specdec_kit.paths import default_zoo
@@ -269,6 +270,8 @@ def summarize(results: dict, names: list[str]) -> list[dict]:
         }
         if split is not None and method != "plain":
             row["by_bandwidth"] = by_state(runs, plain, split)
+        if method != "plain":
+            row["by_prompt"] = by_prompt(runs, plain)
         if "stats" in next(iter(runs.values())) and method != "plain":
             pooled = RequestStats.combined([r["stats"] for r in runs.values()])
             tau = pooled.acceptance_length
