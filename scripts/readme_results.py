@@ -2,7 +2,8 @@
 and the parallel drafts P-EAGLE and DFlash) against plain decoding at T=0 with its draft's milliseconds per cycle, on
 SmolLM2 (the GRIFFIN head continued over 3.26M answer tokens with the target's MatMuls run by the kit's operator,
 its tree chosen among wide, shallow ones too, ``bench/results/smollm2/griffin_wide``; the committed head on an Intel
-Xeon with the kit's 8-bit draft operator, ``bench/results/smollm2/griffin_int8_draft``; the earlier run with EAGLE-3,
+Xeon with the kit's 8-bit draft operator, alone and merged with suffix trees (``griffin+suffix``),
+``bench/results/smollm2/griffin_suffix_intel``; the earlier run with EAGLE-3,
 ``bench/results/smollm2/heldout_calibration``)
 and on the demo zoo (``bench/results/dflash_rows``); model-free drafting and the hybrid by task category on SmolLM2
 (``bench/results/lookup/smollm2``); each written between its markers in README.md.
@@ -34,8 +35,8 @@ SOURCES = (
     ),
     (
         "SmolLM2, GRIFFIN over 4.8M tokens, tree (7, 2, 4), the kit's MatMul, attention and 8-bit draft products "
-        "(Intel Xeon, copy 23 GB/s)",
-        "bench/results/smollm2/griffin_int8_draft/results.json",
+        "(Intel Xeon, copy 21 GB/s)",
+        "bench/results/smollm2/griffin_suffix_intel/results.json",
         ("chat", "humaneval", "spec_bench"),
     ),
     (
@@ -45,7 +46,13 @@ SOURCES = (
     ),
     ("demo zoo (9M)", "bench/results/dflash_rows/results.json", ("heldout", "humaneval", "spec_bench")),
 )
-METHODS = {"griffin": "GRIFFIN", "eagle3": "EAGLE-3", "peagle": "P-EAGLE", "dflash": "DFlash"}
+METHODS = {
+    "griffin": "GRIFFIN",
+    "griffin+suffix": "GRIFFIN+suffix",
+    "eagle3": "EAGLE-3",
+    "peagle": "P-EAGLE",
+    "dflash": "DFlash",
+}
 PROMPT_SETS = {"chat": "MT-Bench (chat)", "humaneval": "HumanEval", "spec_bench": "Spec-Bench", "heldout": "held-out"}
 
 
