@@ -12,6 +12,12 @@ from __future__ import annotations
 from statistics import median
 
 
+def median_or_none(values) -> float | None:
+    """The median, or None where nothing was measured (a request that generated no token, say)."""
+    values = list(values)
+    return median(values) if values else None
+
+
 def by_prompt(runs: dict, plain: dict) -> list[dict]:
     """Per prompt of a method's runs ({(prompt, repeat): run}, as ``speedup.measure`` keeps them), the medians over
     its repeats: tokens, the prefill's share of plain decoding's request, the end-to-end and decoding-phase ratios to
@@ -30,9 +36,9 @@ def by_prompt(runs: dict, plain: dict) -> list[dict]:
                 "prompt": prompt,
                 "prompt_tokens": mine[0].prompt_tokens,
                 "generated_tokens": median(s.generated_tokens for s in mine),
-                "prefill_share": median(p.prefill_s / p.total_s for p in theirs if p.total_s > 0),
+                "prefill_share": median_or_none(p.prefill_s / p.total_s for p in theirs if p.total_s > 0),
                 "speedup": median(runs[k]["tps"] / plain[k]["tps"] for k in keys),
-                "decode_speedup": median(
+                "decode_speedup": median_or_none(
                     p.decode_s_per_token / s.decode_s_per_token
                     for p, s in zip(theirs, mine)
                     if s.decode_s_per_token > 0
@@ -53,9 +59,10 @@ def per_prompt_table(rows: list[dict]) -> str:
     for r in rows:
         for p in r.get("by_prompt") or []:
             tau = f"{p['acceptance_length']:.2f}" if p["acceptance_length"] else "-"
+            share = "-" if p["prefill_share"] is None else f"{p['prefill_share']:.0%}"
+            decoding = "-" if p["decode_speedup"] is None else f"{p['decode_speedup']:.2f}x"
             lines.append(
                 f"| {r['prompt_set']} | {r['temperature']:g} | {r['method']} | {p['prompt']} | {p['prompt_tokens']} "
-                f"| {p['generated_tokens']:g} | {p['prefill_share']:.0%} | {p['speedup']:.2f}x "
-                f"| {p['decode_speedup']:.2f}x | {tau} |"
+                f"| {p['generated_tokens']:g} | {share} | {p['speedup']:.2f}x | {decoding} | {tau} |"
             )
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""

@@ -51,3 +51,11 @@ def test_a_reference_timed_from_outside_has_no_prompt_rows_and_the_table_lists_t
     assert table.count("\n") == 3  # header, rule, one prompt
     assert "| spec_bench | 0 | griffin (7, 2, 4) | 3 | 769 | 100 | 25% | 1.20x | 1.29x | 1.00 |" in table
     assert per_prompt_table([dict(row, by_prompt=[])]) == ""
+
+
+def test_a_request_that_generated_nothing_has_no_decoding_ratio_and_the_table_says_so():
+    nothing = {(0, 0): run(40, 0.1, 0.1, tokens=0)}
+    (row,) = by_prompt(nothing, {(0, 0): run(40, 0.1, 2.1)})
+    assert row["decode_speedup"] is None and row["prefill_share"] == pytest.approx(0.1 / 2.1)
+    table = per_prompt_table([{"prompt_set": "chat", "temperature": 0.7, "method": "griffin", "by_prompt": [row]}])
+    assert "| chat | 0.7 | griffin | 0 | 40 | 0 | 5% |" in table and "| - |" in table
