@@ -13,7 +13,7 @@ from statistics import median
 
 
 def median_or_none(values) -> float | None:
-    """The median, or None where nothing was measured (a request that generated no token, say)."""
+    """The median, or None where nothing was measured."""
     values = list(values)
     return median(values) if values else None
 
@@ -23,6 +23,7 @@ def by_prompt(runs: dict, plain: dict) -> list[dict]:
     its repeats: tokens, the prefill's share of plain decoding's request, the end-to-end and decoding-phase ratios to
     plain decoding, and tau (pooled). Empty where the runs carry no per-request stats (a reference timed from
     outside)."""
+    from specdec_kit.bench.speedup import decode_speedup
     from specdec_kit.runtime.decoding.generate import RequestStats
 
     out = []
@@ -38,11 +39,7 @@ def by_prompt(runs: dict, plain: dict) -> list[dict]:
                 "generated_tokens": median(s.generated_tokens for s in mine),
                 "prefill_share": median_or_none(p.prefill_s / p.total_s for p in theirs if p.total_s > 0),
                 "speedup": median(runs[k]["tps"] / plain[k]["tps"] for k in keys),
-                "decode_speedup": median_or_none(
-                    p.decode_s_per_token / s.decode_s_per_token
-                    for p, s in zip(theirs, mine)
-                    if s.decode_s_per_token > 0
-                ),
+                "decode_speedup": decode_speedup({k: runs[k] for k in keys}, plain),
                 "acceptance_length": RequestStats.combined(mine).acceptance_length or None,
             }
         )
