@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from statistics import median
 
+from specdec_kit.bench.decoding_phase import decode_speedup
+
 
 def median_or_none(values) -> float | None:
     """The median, or None where nothing was measured."""
@@ -23,7 +25,6 @@ def by_prompt(runs: dict, plain: dict) -> list[dict]:
     its repeats: tokens, the prefill's share of plain decoding's request, the end-to-end and decoding-phase ratios to
     plain decoding, and tau (pooled). Empty where the runs carry no per-request stats (a reference timed from
     outside)."""
-    from specdec_kit.bench.speedup import decode_speedup
     from specdec_kit.runtime.decoding.generate import RequestStats
 
     out = []

@@ -12,6 +12,7 @@ import torch
 from tqdm import tqdm
 
 from specdec_kit.bench.bandwidth_split import by_state, copy_samples, split_point
+from specdec_kit.bench.decoding_phase import decode_speedup
 from specdec_kit.bench.methods import SPEEDUP_METHODS as METHODS
 from specdec_kit.bench.per_prompt import by_prompt
 from specdec_kit.bench.report import write_all
@@ -229,17 +230,6 @@ def turns(
         if i < len(prompts)
         for temp in temps
     ]
-
-
-def decode_speedup(runs: dict, plain: dict) -> float | None:
-    """The median over prompts of plain decoding's seconds per generated token over the method's, the prompt's prefill
-    left out of both; None where the runs carry no per-request stats (a reference run timed from outside)."""
-    ratios = [
-        plain[k]["stats"].decode_s_per_token / r["stats"].decode_s_per_token
-        for k, r in runs.items()
-        if k in plain and "stats" in r and "stats" in plain[k] and r["stats"].decode_s_per_token > 0
-    ]
-    return median(ratios) if ratios else None
 
 
 def summarize(results: dict, names: list[str]) -> list[dict]:
