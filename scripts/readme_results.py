@@ -29,8 +29,9 @@ LOOKUP_METHODS = ("ngram", "suffix", "griffin", "griffin+suffix")
 # (label, result file, the prompt sets to show, in order)
 SOURCES = (
     (
-        "SmolLM2-135M-Instruct, GRIFFIN over 3.26M tokens, the kit's MatMul, tree (6, 2, 3) (AVX-512, copy 46 GB/s)",
-        "bench/results/smollm2/griffin_wide/results.json",
+        "SmolLM2, GRIFFIN over 4.8M tokens, tree (7, 2, 4), the kit's MatMul, attention and 8-bit draft products "
+        "(AMD EPYC, copy 38 GB/s)",
+        "bench/results/smollm2/griffin_suffix_amd/results.json",
         ("chat", "humaneval", "spec_bench"),
     ),
     (
