@@ -365,6 +365,7 @@ def test_no_group_starts_past_the_deadline_and_a_rerun_writes_the_rest(smollm2, 
     assert [s["sha256"] for s in first["shards"]] == [s["sha256"] for s in kit["shards"][:1]]
     rest = regenerate(smollm2, regenerated / "pool", tmp_path, SPEC, how, progress=False)
     assert [s["sha256"] for s in rest["shards"]] == [s["sha256"] for s in kit["shards"]] and len(kit["shards"]) == 2
+    assert not first["complete"] and rest["complete"]
 
 
 @pytest.mark.slow
@@ -378,6 +379,7 @@ def test_chosen_chunks_are_answered_alone_and_a_rerun_fills_in_the_others(smollm
     rest = regenerate(smollm2, regenerated / "pool", tmp_path, SPEC, how, progress=False)
     assert sorted(s["sha256"] for s in rest["shards"]) == sorted(s["sha256"] for s in kit["shards"])
     assert rest["answer_tokens"] == kit["answer_tokens"]
+    assert not later["complete"] and rest["complete"]
 
 
 def test_chunk_ranges_read_as_the_shard_numbers_they_name():
@@ -389,6 +391,30 @@ def test_chunk_ranges_read_as_the_shard_numbers_they_name():
     for wrong in ("5-3", "a-b", "-1", ""):
         with pytest.raises(argparse.ArgumentTypeError, match="chunks"):
             chunk_ranges(wrong)
+
+
+def test_only_complete_data_rewrites_the_training_logs_data_record(tmp_path, capsys):
+    """A run of chosen chunks (or one cut by its time limit) must not pass its part of the data off as the data the
+    log records; a complete run records its own."""
+    from specdec_kit.train.recipe import record_data, update_log
+
+    log_path = tmp_path / "training_log.json"
+    update_log(log_path, "r", lambda log: log.update(data={"answer_tokens": 4_800_000}, heads={"griffin": {}}))
+    index = {
+        "fingerprint": "f",
+        "tokens": 30,
+        "answer_tokens": 20,
+        "shards": [{"samples": [{}, {}]}],
+        "skipped": [],
+        "spec": {},
+        "prompts_sha256": "p",
+    }
+    assert record_data(log_path, "r", {**index, "complete": False})["data"] == {"answer_tokens": 4_800_000}
+    assert "partial so far (20 answer tokens" in capsys.readouterr().err
+    assert json.loads(log_path.read_text())["data"] == {"answer_tokens": 4_800_000}
+    recorded = json.loads(log_path.read_text()) | record_data(log_path, "r", {**index, "complete": True})
+    assert recorded["data"]["answer_tokens"] == 20 and recorded["data"]["samples"] == 2
+    assert recorded["heads"] == {"griffin": {}} and json.loads(log_path.read_text()) == recorded
 
 
 def test_a_recipe_head_is_not_started_past_the_time_limit(tmp_path, capsys):

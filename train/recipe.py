@@ -124,7 +124,12 @@ def run_regenerate(
         index = teacher_features(
             target, data / "answers", data / "features", FeatureSpec(**section.get("features", {}))
         )
-    return {**index, "pool": json.loads(manifest.read_text()), "answers_regenerated": answers["answer_tokens"]}
+    return {
+        **index,
+        "pool": json.loads(manifest.read_text()),
+        "answers_regenerated": answers["answer_tokens"],
+        "complete": answers["complete"],
+    }
 
 
 def trained_steps(folder: Path) -> int:
@@ -424,6 +429,31 @@ def update_log(path: Path, recipe_name: str, change: Callable[[dict], None]) -> 
     return log
 
 
+def record_data(log_path: Path, recipe_name: str, index: dict) -> dict:
+    """The training log with its ``data`` record set to the distilled data's summary, when that data is complete:
+    a run of chosen chunks, or one a time limit cut short, leaves the record of the whole data as it was (the heads'
+    own entries say what each trained on)."""
+    if not index.get("complete", True):
+        print(
+            f"distill: the data is partial so far ({index['answer_tokens']} answer tokens: chosen chunks, or the time "
+            f"limit); {log_path}'s data record is left as it was",
+            file=sys.stderr,
+        )
+        return update_log(log_path, recipe_name, lambda log: None)
+    summary = {
+        "fingerprint": index["fingerprint"],
+        "tokens": index["tokens"],
+        "answer_tokens": index["answer_tokens"],
+        "samples": sum(len(s["samples"]) for s in index["shards"]),
+        "skipped_prompts": len(index["skipped"]),
+        "spec": index["spec"],
+        "prompts_sha256": index["prompts_sha256"],
+    }
+    if "pool" in index:
+        summary["pool"] = {k: index["pool"][k] for k in ("fingerprint", "conversations", "user_turns", "mix")}
+    return update_log(log_path, recipe_name, lambda log: log.update(data=summary))
+
+
 def curve_acceptance(point: dict) -> list[float]:
     """A learning-curve point's held-out acceptance per depth counted over every answer position: its
     ``per_position``, or, for a point measured before the count per decoding cycle (none recorded beside it), its
@@ -607,18 +637,7 @@ def main(argv: list[str] | None = None) -> int:
                 k: v for k, v in (("name", args.backend), ("batch", args.batch), ("group", args.group)) if v is not None
             }
             index = run_distill(recipe, path.parent, data, backend, deadline, args.chunks)
-            summary = {
-                "fingerprint": index["fingerprint"],
-                "tokens": index["tokens"],
-                "answer_tokens": index["answer_tokens"],
-                "samples": sum(len(s["samples"]) for s in index["shards"]),
-                "skipped_prompts": len(index["skipped"]),
-                "spec": index["spec"],
-                "prompts_sha256": index["prompts_sha256"],
-            }
-            if "pool" in index:
-                summary["pool"] = {k: index["pool"][k] for k in ("fingerprint", "conversations", "user_turns", "mix")}
-            log = update_log(log_path, recipe["name"], lambda log: log.update(data=summary))
+            log = record_data(log_path, recipe["name"], index)
         if "heads" in stages:
             wanted = args.heads.split(",") if args.heads else list(recipe["heads"])
             for name in wanted:

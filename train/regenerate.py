@@ -288,7 +288,8 @@ def regenerate(
     """Write (or go on writing) answer shards into ``out`` until the pool is done or ``answer_tokens`` are written;
     ``deadline`` (a ``time.monotonic()`` value): no new group is started after it (a later run goes on from there).
     ``chunks``: answer only these chunks of the pool (e.g. the held-out bucket's first shards and those a run has not
-    read yet); the others stay for a later run, and a shard is the same whichever run writes it."""
+    read yet); the others stay for a later run, and a shard is the same whichever run writes it. The index returned
+    says whether the data is ``complete`` (the goal or the whole pool written) beside what the index file holds."""
     from specdec_kit.runtime.loader import load_tokenizer
 
     pool = read_pool(pool_dir)
@@ -315,8 +316,9 @@ def regenerate(
     pool_chunks = [pool[i : i + spec.chunk] for i in range(0, len(pool), spec.chunk)]
     done = {s["file"] for s in index["shards"]}
     written = sum(s["answer_tokens"] for s in index["shards"])
+    passes = range(len(spec.answer_passes()))
     if answer_tokens is not None and written >= answer_tokens:
-        return index
+        return {**index, "complete": True}
     backend = None
     bar = tqdm(
         total=answer_tokens,
@@ -326,7 +328,6 @@ def regenerate(
         disable=not progress,
         file=sys.stderr,
     )
-    passes = range(len(spec.answer_passes()))
     pending = [
         (p, c, convs)
         for p in passes
@@ -370,7 +371,9 @@ def regenerate(
         bar.close()
         if backend is not None:
             backend.close(graceful=finished)
-    return index
+    # complete: the goal is written or the whole pool is (not when chosen chunks or a deadline left shards out)
+    reached = answer_tokens is not None and written >= answer_tokens
+    return {**index, "complete": reached or len(index["shards"]) >= len(passes) * len(pool_chunks)}
 
 
 def chunk_ranges(text: str) -> set[int]:
