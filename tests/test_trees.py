@@ -185,3 +185,40 @@ def test_sampled_verification_draws_at_the_accepted_nodes_alone_and_agrees_with_
             accepted.add(node)
     assert {node for node in range(n) if drawn[node] >= 0} == accepted
     assert all(drawn[node] == everywhere[0, node] for node in accepted)
+
+
+tree_batches = st.tuples(st.integers(1, 4), st.integers(1, 12), st.booleans(), st.integers(0, 2**31 - 1))
+
+
+@given(tree_batches)
+@settings(max_examples=150, deadline=None)
+def test_small_trees_walked_in_python_give_the_tensor_forms_masks_and_verdicts(batch):
+    """On the CPU a cycle's small trees are walked in Python (``SMALL_TREES``): the ancestor masks, depths and verdicts
+    are the tensor form's, for well-formed trees, padding, and pointers in any order (loops included)."""
+    import random
+
+    from specdec_kit.runtime.core import trees, verify
+
+    rows, n, arbitrary, seed = batch
+    rng = random.Random(seed)
+    if arbitrary:
+        parents = [[-1] + [rng.randrange(-1, n) for _ in range(1, n)] for _ in range(rows)]
+    else:
+        parents = [[-1] + [-1 if rng.random() < 0.1 else rng.randrange(i) for i in range(1, n)] for _ in range(rows)]
+    parents = torch.tensor(parents)
+    valid = torch.tensor([[i == 0 or rng.random() < 0.85 for i in range(n)] for _ in range(rows)])
+    tokens = torch.tensor([[rng.randrange(3) for _ in range(n)] for _ in range(rows)])
+    choices = torch.tensor([[rng.randrange(3) for _ in range(n)] for _ in range(rows)])
+    results = []
+    for small in (0, trees.SMALL_TREES):  # 0: every tree takes the tensor form
+        saved = trees.SMALL_TREES, verify.SMALL_TREES
+        trees.SMALL_TREES = verify.SMALL_TREES = small
+        try:
+            mask, depth = trees.ancestor_masks(parents, valid)
+            unmasked = trees.ancestor_masks(parents)
+            verdict = verify_choices(tokens, parents, valid, depth, mask, choices)
+        finally:
+            trees.SMALL_TREES, verify.SMALL_TREES = saved
+        results.append([mask, depth, *unmasked, verdict.path, verdict.counts, verdict.next_tokens])
+    for tensor_form, walked in zip(*results):
+        assert walked.dtype == tensor_form.dtype and torch.equal(walked, tensor_form)

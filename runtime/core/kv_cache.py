@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specdec_kit.runtime.core.trees import SMALL_TREES
+
 
 @dataclass
 class KVCache:
@@ -163,6 +165,10 @@ class KVCache:
         """
         if pending_index.numel() == 0:
             return
+        if self.lengths.device.type == "cpu" and pending_index.numel() <= SMALL_TREES:
+            self._move_listed(pending_index.tolist(), counts.tolist())
+            self.lengths += counts
+            return
         ar = torch.arange(pending_index.shape[1], device=pending_index.device)
         valid = ar[None, :] < counts[:, None]
         src_rel = torch.where(valid, pending_index, ar[None, :])
@@ -176,6 +182,23 @@ class KVCache:
             for tensor in (self.keys, self.values):
                 moved = torch.gather(tensor, 3, src_idx)
                 tensor.scatter_(3, dst_idx, moved)
+        self.lengths += counts
+
+    def _move_listed(self, pending_index: list[list[int]], counts: list[int]) -> None:
+        """``commit``'s copies for a few rows on the CPU, listed in Python: only the entries that move, each row's
+        in one indexed copy (its sources read before any is written, as the gathered form reads them), where the
+        gathered form runs a dozen tensor operations whatever moves."""
+        for b, (row, count, length) in enumerate(zip(pending_index, counts, self.lengths.tolist())):
+            moved = [(length + j, length + src) for j, src in enumerate(row[:count]) if src != j]
+            if moved:
+                dst, src = (list(x) for x in zip(*moved))
+                for tensor in (self.keys, self.values):
+                    tensor[:, b, :, dst] = tensor[:, b, :, src]
+
+    @torch.inference_mode()
+    def advance(self, counts: torch.Tensor) -> None:
+        """``commit`` of each row's first ``counts`` pending slots in order: they already hold the sequence's next
+        entries, so nothing moves."""
         self.lengths += counts
 
     @torch.inference_mode()

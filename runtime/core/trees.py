@@ -41,6 +41,8 @@ def ancestor_masks(parents: torch.Tensor, valid: torch.Tensor | None = None) -> 
     parents: [..., N] long with -1 for the root (and for padding nodes); valid: optional [..., N] bool
     (padding nodes see only themselves and have depth 0). Uses pointer jumping: O(max_depth) tensor ops.
     """
+    if parents.device.type == "cpu" and parents.numel() <= SMALL_TREES:
+        return _ancestor_masks_walked(parents, valid)
     n = parents.shape[-1]
     eye = torch.eye(n, dtype=torch.bool, device=parents.device).expand(*parents.shape, n)
     mask = eye.clone()
@@ -57,6 +59,36 @@ def ancestor_masks(parents: torch.Tensor, valid: torch.Tensor | None = None) -> 
         mask = torch.where(valid[..., None], mask, eye)
         depth = torch.where(valid, depth, torch.zeros_like(depth))
     return mask, depth
+
+
+# Trees of at most this many nodes in all (a cycle's batch of small trees) are walked in Python on the CPU: a draft
+# tree of a few nodes is walked faster there than the dozens of small tensor operations of pointer jumping run (which
+# stay the path for a device, where a walk would wait on a copy to the host).
+SMALL_TREES = 512
+
+
+def _ancestor_masks_walked(parents: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ancestor_masks`` by walking each node's parents in Python: the same masks and depths (a walk stops after N
+    steps, as pointer jumping does, should the pointers loop)."""
+    n = parents.shape[-1]
+    rows = parents.reshape(-1, n).tolist()
+    real = valid.reshape(-1, n).tolist() if valid is not None else None
+    masks, depths = [], []
+    for r, row in enumerate(rows):
+        for i in range(n):
+            seen = [False] * n
+            seen[i] = True
+            depth = 0
+            if real is None or real[r][i]:
+                cursor = row[i]
+                while cursor >= 0 and depth < n:
+                    seen[cursor] = True
+                    depth += 1
+                    cursor = row[cursor]
+            masks.append(seen)
+            depths.append(depth)
+    mask = torch.tensor(masks, dtype=torch.bool).reshape(*parents.shape, n)
+    return mask, torch.tensor(depths, dtype=parents.dtype).reshape(parents.shape)
 
 
 def buffers_from_parents(parents: list[int] | torch.Tensor) -> TreeBuffers:

@@ -22,6 +22,7 @@ import torch
 
 from specdec_kit.runtime.core.argmax import argmax_last
 from specdec_kit.runtime.core.sampling import SamplingParams, sampled_tokens
+from specdec_kit.runtime.core.trees import SMALL_TREES
 
 
 @dataclass
@@ -45,6 +46,8 @@ def path_of(tree_mask: torch.Tensor, nodes: torch.Tensor) -> tuple[torch.Tensor,
 def verify_choices(tokens, parents, valid, depth, tree_mask, choices) -> Verdict:
     """All rows at once. tokens/parents/valid/depth [B, N]; tree_mask [B, N, N]; choices [B, N]: the target's
     token after each node."""
+    if tokens.device.type == "cpu" and tokens.numel() <= SMALL_TREES:
+        return _verify_walked(tokens, parents, valid, depth, tree_mask, choices)
     parent_choice = torch.gather(choices, 1, parents.clamp(min=0))
     match = valid & ((parents < 0) | (tokens == parent_choice))
     accepted = match.clone()
@@ -55,6 +58,32 @@ def verify_choices(tokens, parents, valid, depth, tree_mask, choices) -> Verdict
     path, counts = path_of(tree_mask, deepest)
     nxt = torch.gather(choices, 1, deepest[:, None]).squeeze(1)
     return Verdict(path=path, counts=counts, next_tokens=nxt)
+
+
+def _verify_walked(tokens, parents, valid, depth, tree_mask, choices) -> Verdict:
+    """``verify_choices`` in Python, node by node (small trees on the CPU, see ``SMALL_TREES``): the same verdict.
+    A node is accepted when it is real, its token is its parent's choice and its parent is accepted (the root: when
+    real); the path ends at the first of the deepest accepted nodes."""
+    rows = zip(tokens.tolist(), parents.tolist(), valid.tolist(), depth.tolist(), choices.tolist())
+    passes = int(depth.max().item())  # the tensor form's passes (parents need not precede their children)
+    paths, counts, next_tokens = [], [], []
+    for b, (toks, pars, real, depths, chosen) in enumerate(rows):
+        nodes = range(len(toks))
+        match = [real[i] and (pars[i] < 0 or toks[i] == chosen[pars[i]]) for i in nodes]
+        accepted = match
+        for _ in range(passes):
+            accepted = [match[i] and (pars[i] < 0 or accepted[pars[i]]) for i in nodes]
+        scores = [depths[i] if accepted[i] else -1 for i in nodes]
+        deepest = scores.index(max(scores))
+        paths.append([j for j, seen in enumerate(tree_mask[b, deepest].tolist()) if seen])
+        counts.append(len(paths[-1]))
+        next_tokens.append(chosen[deepest])
+    width = max(counts)
+    return Verdict(
+        path=torch.tensor([path + [0] * (width - len(path)) for path in paths], dtype=torch.long),
+        counts=torch.tensor(counts, dtype=torch.long),
+        next_tokens=torch.tensor(next_tokens, dtype=choices.dtype),
+    )
 
 
 def verify_batch(

@@ -398,9 +398,9 @@ class FeatureTreeDrafter(Drafter):
         positions = self.positions_from()[:, None] + ar[None, :]
         return features.to(self.step.dtype), tokens, counts, positions, causal
 
-    def _commit_context(self, counts: torch.Tensor, q_len: int) -> None:
+    def _commit_context(self, counts: torch.Tensor) -> None:
         """The context pairs join the draft's sequence in place."""
-        self.cache.commit(torch.arange(q_len, device=counts.device).expand(counts.shape[0], q_len), counts)
+        self.cache.advance(counts)
 
     @torch.inference_mode()
     def context_step(self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor):
@@ -410,7 +410,7 @@ class FeatureTreeDrafter(Drafter):
         logits, reg = self.step(
             features, tokens, positions, causal, self.cache, logits_at=(counts - 1)[:, None], **self._vocab()
         )
-        self._commit_context(counts, tokens.shape[1])
+        self._commit_context(counts)
         return self._logp(logits[:, 0]), last_real(reg, counts)
 
     @torch.inference_mode()
@@ -434,7 +434,7 @@ class FeatureTreeDrafter(Drafter):
         node_tokens, node_parents, scores = self.step.whole_tree(
             features, tokens, positions, causal, self.cache, counts - 1, coupling, **self._vocab()
         )
-        self._commit_context(counts, tokens.shape[1])
+        self._commit_context(counts)
         return DraftTree.from_parents(node_tokens, node_parents, scores=scores)
 
     def _step(self, feats, toks, level_pos, pending):

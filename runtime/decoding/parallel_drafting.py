@@ -115,7 +115,7 @@ class ParallelDrafter(OneForwardDrafter):
         positions = self.positions_from()[:, None] + ar[None, :]
         logits_at = (counts - 1)[:, None] + torch.arange(proposed, device=counts.device)[None, :]
         logits, _ = self.step(feats, toks, positions, causal, self.cache, logits_at=logits_at)
-        self._commit_context(counts, width)
+        self._commit_context(counts)
         return self._logp(logits)
 
 
@@ -134,7 +134,7 @@ class BlockDrafter(OneForwardDrafter):
         """The context's keys and values into the draft's cache, committed (nothing is proposed from them)."""
         features, tokens, counts, positions, _ = self._context(features, tokens, counts)
         self.step.context(features, positions, self.cache)
-        self._commit_context(counts, tokens.shape[1])
+        self._commit_context(counts)
 
     def proposals(
         self, features: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor, wanted: int | None = None
