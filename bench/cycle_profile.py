@@ -26,6 +26,8 @@ STAGES: list[tuple[str, str, str]] = [
     ("runtime/ort/backend.py", "_run_over_cache", "KV cache: writes, masks"),
     ("runtime/ort/backend.py", "*", "graph calls (Python side)"),
     ("runtime/core/kv_cache.py", "commit", "KV cache: commit (compaction)"),
+    ("runtime/core/kv_cache.py", "_move_listed", "KV cache: commit (compaction)"),
+    ("runtime/core/kv_cache.py", "advance", "KV cache: commit (compaction)"),
     ("runtime/core/kv_cache.py", "select_rows", "KV cache: rows joining/leaving"),
     ("runtime/core/kv_cache.py", "extend_rows", "KV cache: rows joining/leaving"),
     ("runtime/core/kv_cache.py", "*", "KV cache: writes, masks"),
