@@ -39,7 +39,8 @@ def ancestor_masks(parents: torch.Tensor, valid: torch.Tensor | None = None) -> 
     """Batched ancestor masks and depths from parent pointers.
 
     parents: [..., N] long with -1 for the root (and for padding nodes); valid: optional [..., N] bool
-    (padding nodes see only themselves and have depth 0). Uses pointer jumping: O(max_depth) tensor ops.
+    (padding nodes see only themselves and have depth 0). Uses pointer jumping: O(max_depth) tensor ops; a small
+    batch of trees on the CPU is walked in Python instead (``SMALL_TREES``).
     """
     if parents.device.type == "cpu" and parents.numel() <= SMALL_TREES:
         return _ancestor_masks_walked(parents, valid)
