@@ -83,15 +83,15 @@ def test_commit_compacts_accepted_slots_and_truncate_rolls_back():
 def test_commit_moves_the_same_entries_listed_as_gathered(monkeypatch):
     """A few rows on the CPU commit by listed copies, the rest by gathers: the same cache either way, whatever the
     accepted slots (paths through a tree, rows with nothing accepted, any order)."""
-    from specdec_kit.runtime.core import kv_cache
+    from specdec_kit.runtime.core import trees
 
     rng = torch.Generator().manual_seed(0)
     for _ in range(50):
         pending = torch.stack([torch.randperm(5, generator=rng)[:4] for _ in range(3)])
         counts = torch.randint(0, 5, (3,), generator=rng)
         caches = []
-        for small in (0, kv_cache.SMALL_TREES):  # 0: gathered
-            monkeypatch.setattr(kv_cache, "SMALL_TREES", small)
+        for small in (0, trees.SMALL_ROWS):  # 0 rows: gathered
+            monkeypatch.setattr(trees, "SMALL_ROWS", small)
             cache = filled_cache(batch=3, capacity=12)
             cache.values.copy_(torch.arange(cache.values.numel()).reshape(cache.values.shape).float())  # all differ
             cache.lengths = torch.tensor([2, 0, 5])

@@ -193,11 +193,11 @@ tree_batches = st.tuples(st.integers(1, 4), st.integers(1, 12), st.booleans(), s
 @given(tree_batches)
 @settings(max_examples=150, deadline=None)
 def test_small_trees_walked_in_python_give_the_tensor_forms_masks_and_verdicts(batch):
-    """On the CPU a cycle's small trees are walked in Python (``SMALL_TREES``): the ancestor masks, depths and verdicts
+    """On the CPU a cycle's small trees are walked in Python (``walked_on_cpu``): the ancestor masks, depths and verdicts
     are the tensor form's, for well-formed trees, padding, and pointers in any order (loops included)."""
     import random
 
-    from specdec_kit.runtime.core import trees, verify
+    from specdec_kit.runtime.core import trees
 
     rows, n, arbitrary, seed = batch
     rng = random.Random(seed)
@@ -209,16 +209,16 @@ def test_small_trees_walked_in_python_give_the_tensor_forms_masks_and_verdicts(b
     valid = torch.tensor([[i == 0 or rng.random() < 0.85 for i in range(n)] for _ in range(rows)])
     tokens = torch.tensor([[rng.randrange(3) for _ in range(n)] for _ in range(rows)])
     choices = torch.tensor([[rng.randrange(3) for _ in range(n)] for _ in range(rows)])
+    assert trees.walked_on_cpu(parents, rows, n)  # the walks are what runs here by default
     results = []
-    for small in (0, trees.SMALL_TREES):  # 0: every tree takes the tensor form
-        saved = trees.SMALL_TREES, verify.SMALL_TREES
-        trees.SMALL_TREES = verify.SMALL_TREES = small
+    for small in (0, trees.SMALL_ROWS):  # 0 rows: every batch takes the tensor form
+        saved, trees.SMALL_ROWS = trees.SMALL_ROWS, small
         try:
             mask, depth = trees.ancestor_masks(parents, valid)
             unmasked = trees.ancestor_masks(parents)
             verdict = verify_choices(tokens, parents, valid, depth, mask, choices)
         finally:
-            trees.SMALL_TREES, verify.SMALL_TREES = saved
+            trees.SMALL_ROWS = saved
         results.append([mask, depth, *unmasked, verdict.path, verdict.counts, verdict.next_tokens])
     for tensor_form, walked in zip(*results):
         assert walked.dtype == tensor_form.dtype and torch.equal(walked, tensor_form)

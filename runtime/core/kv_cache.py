@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from specdec_kit.runtime.core.trees import SMALL_TREES
+from specdec_kit.runtime.core.trees import walked_on_cpu
 
 
 @dataclass
@@ -165,7 +165,7 @@ class KVCache:
         """
         if pending_index.numel() == 0:
             return
-        if self.lengths.device.type == "cpu" and pending_index.numel() <= SMALL_TREES:
+        if walked_on_cpu(self.lengths, *pending_index.shape):
             self._move_listed(pending_index.tolist(), counts.tolist())
             self.lengths += counts
             return

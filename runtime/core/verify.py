@@ -22,7 +22,7 @@ import torch
 
 from specdec_kit.runtime.core.argmax import argmax_last
 from specdec_kit.runtime.core.sampling import SamplingParams, sampled_tokens
-from specdec_kit.runtime.core.trees import SMALL_TREES
+from specdec_kit.runtime.core.trees import walked_on_cpu
 
 
 @dataclass
@@ -46,7 +46,7 @@ def path_of(tree_mask: torch.Tensor, nodes: torch.Tensor) -> tuple[torch.Tensor,
 def verify_choices(tokens, parents, valid, depth, tree_mask, choices) -> Verdict:
     """All rows at once. tokens/parents/valid/depth [B, N]; tree_mask [B, N, N]; choices [B, N]: the target's
     token after each node."""
-    if tokens.device.type == "cpu" and tokens.numel() <= SMALL_TREES:
+    if walked_on_cpu(tokens, *tokens.shape):
         return _verify_walked(tokens, parents, valid, depth, tree_mask, choices)
     parent_choice = torch.gather(choices, 1, parents.clamp(min=0))
     match = valid & ((parents < 0) | (tokens == parent_choice))
@@ -61,7 +61,7 @@ def verify_choices(tokens, parents, valid, depth, tree_mask, choices) -> Verdict
 
 
 def _verify_walked(tokens, parents, valid, depth, tree_mask, choices) -> Verdict:
-    """``verify_choices`` in Python, node by node (small trees on the CPU, see ``SMALL_TREES``): the same verdict.
+    """``verify_choices`` in Python, node by node (a few small trees on the CPU, ``walked_on_cpu``): the same verdict.
     A node is accepted when it is real, its token is its parent's choice and its parent is accepted (the root: when
     real); the path ends at the first of the deepest accepted nodes."""
     rows = zip(tokens.tolist(), parents.tolist(), valid.tolist(), depth.tolist(), choices.tolist())
