@@ -27,6 +27,7 @@ STAGES: list[tuple[str, str, str]] = [
     ("runtime/ort/backend.py", "*", "graph calls (Python side)"),
     ("runtime/core/kv_cache.py", "commit", "KV cache: commit (compaction)"),
     ("runtime/core/kv_cache.py", "_move_listed", "KV cache: commit (compaction)"),
+    ("runtime/core/kv_cache.py", "_move_gathered", "KV cache: commit (compaction)"),
     ("runtime/core/kv_cache.py", "advance", "KV cache: commit (compaction)"),
     ("runtime/core/kv_cache.py", "select_rows", "KV cache: rows joining/leaving"),
     ("runtime/core/kv_cache.py", "extend_rows", "KV cache: rows joining/leaving"),

@@ -167,8 +167,12 @@ class KVCache:
             return
         if walked_on_cpu(self.lengths, *pending_index.shape):
             self._move_listed(pending_index.tolist(), counts.tolist())
-            self.lengths += counts
-            return
+        else:
+            self._move_gathered(pending_index, counts)
+        self.lengths += counts
+
+    def _move_gathered(self, pending_index: torch.Tensor, counts: torch.Tensor) -> None:
+        """``commit``'s copies for every row at once, by gather and scatter (any device, any batch)."""
         ar = torch.arange(pending_index.shape[1], device=pending_index.device)
         valid = ar[None, :] < counts[:, None]
         src_rel = torch.where(valid, pending_index, ar[None, :])
@@ -182,11 +186,10 @@ class KVCache:
             for tensor in (self.keys, self.values):
                 moved = torch.gather(tensor, 3, src_idx)
                 tensor.scatter_(3, dst_idx, moved)
-        self.lengths += counts
 
     def _move_listed(self, pending_index: list[list[int]], counts: list[int]) -> None:
         """``commit``'s copies for a few rows on the CPU, listed in Python: only the entries that move, each row's
-        in one indexed copy (its sources read before any is written, as the gathered form reads them), where the
+        in one indexed copy (its sources read before any is written, as ``_move_gathered`` reads them), where the
         gathered form runs a dozen tensor operations whatever moves."""
         for b, (row, count, length) in enumerate(zip(pending_index, counts, self.lengths.tolist())):
             moved = [(length + j, length + src) for j, src in enumerate(row[:count]) if src != j]
