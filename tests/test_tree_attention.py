@@ -71,6 +71,7 @@ def inputs(rng, batch, heads, kv_heads, rows, length, dim, vdim=None, mask_shape
     [
         (1, 9, 3, 1, 64, 64, None),  # SmolLM2's heads, a plain step
         (1, 9, 3, 8, 200, 64, None),  # a verified tree; positions not a multiple of 16
+        (1, 9, 3, 7, 333, 64, None),  # 21 rows a key/value head: value tiles of 6, 5, 5 and 5 rows
         (2, 4, 4, 5, 37, 32, None),  # several sequences, as many key heads as query heads
         (1, 6, 2, 3, 50, 24, 40),  # a head size that is no multiple of 16, another value size
         (1, 2, 1, 40, 40, 16, None),  # a prompt's rows
