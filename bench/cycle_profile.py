@@ -199,15 +199,20 @@ def profile_batch(gen, graphs: dict, prompts: list[list[int]], new_tokens: int, 
     }
 
 
-def operator_times(trace: Path) -> dict:
+def operator_times(trace: Path, skip_runs: int = 0) -> dict:
     """One graph's ONNX Runtime profile (Chrome trace events) as calls and, per operator type, the milliseconds and
-    nodes per call, heaviest first."""
+    nodes per call, heaviest first; the first ``skip_runs`` calls left out (a new session's first run plans its
+    memory)."""
     events = json.loads(trace.read_text())
-    calls = sum(e.get("cat") == "Session" and e.get("name") == "model_run" for e in events)
+    runs = sorted(
+        (e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"), key=lambda e: e["ts"]
+    )
+    calls = len(runs) - skip_runs
+    after = runs[skip_runs - 1]["ts"] + runs[skip_runs - 1]["dur"] if 0 < skip_runs <= len(runs) else float("-inf")
     spent: dict[str, float] = {}
     nodes: dict[str, int] = {}
     for e in events:
-        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time"):
+        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time") and e.get("ts", 0) >= after:
             op = e["args"]["op_name"]
             spent[op] = spent.get(op, 0.0) + e["dur"] / 1000
             nodes[op] = nodes.get(op, 0) + 1

@@ -10,12 +10,17 @@ falls on every N alike); device synchronised around every call. Writes verify_co
 
 ``--engine`` times a built engine's own target step instead (ONNX Runtime or PyTorch backend; its weights, dtype and
 graph as it serves), the draft's tokens written into the cache's pending slots as verification writes them and never
-committed: the curve a tree search over that engine rests on.
+committed: the curve a tree search over that engine rests on. ``--ops`` (ONNX Runtime engines) then runs each N a few
+more times under ONNX Runtime's profiler and writes verify_cost_ops.md: each operator type's milliseconds a call at
+every N, and what it adds from the first N to the last, which says where a wider tree's price goes (the products,
+attention, the many small nodes). The profiler's own cost inflates the small operators: read the growth and the
+shares, not the sums.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -103,6 +108,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="with --engine (ONNX Runtime, CPU): kernel sets, comma-separated, taking turns in every round: packed (the "
         "kit's PackedMatMul and TreeAttention), packed-matmul-only (the kit's MatMul, ONNX Runtime's Attention), "
         "onnxruntime (ONNX Runtime's own) (default: the engine as it opens)",
+    )
+    p.add_argument(
+        "--ops",
+        action="store_true",
+        help="with an ONNX Runtime --engine: also profile each N by operator type (verify_cost_ops.md)",
     )
     p.add_argument("--out", type=Path, default=Path("bench/results/verify_cost"))
     return p.parse_args(argv)
@@ -198,12 +208,23 @@ def time_curve(model, context: int, tokens: list[int], batch: int, repeats: int,
         return interleaved_curve({(None, n): step(n) for n in tokens}, device, batch, repeats, progress, check)
 
 
+PROFILED_CALLS = 10  # calls of each width under ONNX Runtime's profiler (``--ops``), after the timed rounds
+
+
 def time_engine_curve(
-    targets: dict[str | None, Any], context: int, tokens: list[int], batch: int, repeats: int, progress
+    targets: dict[str | None, Any],
+    context: int,
+    tokens: list[int],
+    batch: int,
+    repeats: int,
+    progress,
+    operators: dict | None = None,
 ) -> list[dict]:
     """``time_curve`` for an engine's target step (``TargetStep``; ``targets``: variant -> the step, several where
     kernels take turns): a cache of ``context`` committed tokens, then each call's N tokens written into the slots
-    past them (causal among themselves) and left uncommitted, so every call reads the same context."""
+    past them (causal among themselves) and left uncommitted, so every call reads the same context. With
+    ``operators`` (a dict to fill), each step then runs ``PROFILED_CALLS`` times under ONNX Runtime's profiler, its
+    operator times kept under (variant, batch, N)."""
     import torch
 
     target = next(iter(targets.values()))
@@ -231,7 +252,38 @@ def time_engine_curve(
         target(prefix, places, causal(context), cache, logits_at=torch.full((batch, 1), context - 1, device=device))
         cache.commit(places, torch.full((batch,), context, device=device))
         steps = {(variant, n): step(variant, n) for variant in targets for n in tokens}
-        return interleaved_curve(steps, device, batch, repeats, progress, check)
+        points = interleaved_curve(steps, device, batch, repeats, progress, check)
+        if operators is not None:
+            for (variant, n), call in steps.items():
+                operators[(variant, batch, n)] = profiled_operators(targets[variant].graph, variant, call, check)
+        return points
+
+
+def kernels_switched(variant: str | None) -> contextlib.AbstractContextManager:
+    """What the sessions of a kernel set (``--matmul``) open under; None: the engine as it opens."""
+    from specdec_kit.runtime.ort.custom_ops import packed_matmul_switched
+
+    if variant is None:
+        return contextlib.nullcontext()
+    return packed_matmul_switched(variant != "onnxruntime", tree_attention=variant == "packed")
+
+
+def profiled_operators(graph, variant: str | None, call: Callable[[], None], check: Callable[[], None]) -> dict:
+    """One step's operator times (``cycle_profile.operator_times``) over ``PROFILED_CALLS`` calls of it. The
+    profiler needs a session of its own, opened (and the plain one reopened after) with the step's kernel set."""
+    import tempfile
+
+    from specdec_kit.bench.cycle_profile import operator_times
+
+    with tempfile.TemporaryDirectory() as traces:
+        with kernels_switched(variant):
+            graph.profile_nodes(str(Path(traces) / "step"))  # its first call is left out
+        for _ in range(1 + PROFILED_CALLS):
+            call()
+            check()
+        with kernels_switched(variant):
+            trace = graph.end_node_profile()
+        return operator_times(trace, skip_runs=1)
 
 
 MATMUL_KERNELS = ("packed", "packed-matmul-only", "onnxruntime")
@@ -242,7 +294,6 @@ def engine_targets(path: Path, device: str | None, matmul: str | None) -> tuple[
     ``PackedMatMul`` and ``TreeAttention``; ``packed-matmul-only``: the kit's MatMul beside ONNX Runtime's Attention;
     ``onnxruntime``: ONNX Runtime's own), or once as it opens (None)."""
     from specdec_kit.runtime.engine import open_engine
-    from specdec_kit.runtime.ort.custom_ops import packed_matmul_switched
 
     if not matmul:
         engine = open_engine(path, device=device)
@@ -253,7 +304,7 @@ def engine_targets(path: Path, device: str | None, matmul: str | None) -> tuple[
         raise ValueError(f"--matmul {matmul!r}: expected distinct kernels of {', '.join(MATMUL_KERNELS)}")
     targets = {}
     for kernel in kernels:
-        with packed_matmul_switched(kernel != "onnxruntime", tree_attention=kernel == "packed"):
+        with kernels_switched(kernel):
             target = open_engine(path, device=device).target
         graph = getattr(target, "graph", None)
         if graph is None:
@@ -299,6 +350,43 @@ def write_results(result: dict, out: Path) -> None:
     plt.close(fig)
 
 
+def operator_growth_table(result: dict) -> list[str]:
+    """Per kernel set and batch, each operator type's milliseconds a call at every N (ONNX Runtime's profiler) and
+    what it adds from the first N to the last, the largest growth first; a last row sums them."""
+    lines = [
+        f"# Verification cost by operator: {result['model']}, {result['device_name']}, context {result['context']}, "
+        f"{PROFILED_CALLS} profiled calls of each N (the profiler inflates small operators: read the growth)",
+    ]
+    groups: dict[tuple, dict[int, dict]] = {}
+    for found in result["operators"]:
+        groups.setdefault((found["matmul"], found["batch"]), {})[found["tokens"]] = found["operators"]
+    for (variant, batch), by_n in groups.items():
+        ns = sorted(by_n)
+        first, last = ns[0], ns[-1]
+        names = sorted({op for ops in by_n.values() for op in ops})
+
+        def ms(n: int, op: str) -> float:
+            return by_n[n].get(op, {}).get("ms", 0.0)
+
+        names.sort(key=lambda op: -(ms(last, op) - ms(first, op)))
+        title = f"batch {batch}" + (f", kernels {variant}" if variant else "")
+        lines += [
+            "",
+            f"## {title}",
+            "",
+            "| operator | nodes | " + " | ".join(f"N={n}: ms" for n in ns) + f" | N={last} - N={first} |",
+            "|---|---:|" + "---:|" * (len(ns) + 1),
+        ]
+        for op in names:
+            nodes = max(by_n[n].get(op, {}).get("nodes", 0) for n in ns)
+            cells = " | ".join(f"{ms(n, op):.2f}" for n in ns)
+            lines.append(f"| {op} | {nodes} | {cells} | {ms(last, op) - ms(first, op):+.2f} |")
+        totals = [sum(ms(n, op) for op in names) for n in ns]
+        cells = " | ".join(f"**{t:.2f}**" for t in totals)
+        lines.append(f"| **all** | | {cells} | **{totals[-1] - totals[0]:+.2f}** |")
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
@@ -312,16 +400,20 @@ def run(args: argparse.Namespace) -> int:
 
         set_threads()
         backend, targets = engine_targets(args.engine, args.device, args.matmul)
+        if args.ops and backend != "onnxruntime":
+            raise ValueError(f"--ops profiles ONNX Runtime's operators: {args.engine} is a {backend} engine")
         engine_target = next(iter(targets.values()))
         device, dtype, params = engine_target.device, engine_target.dtype, None
         model = f"engine {args.engine.name} ({backend} target step)"
         print(f"{model}: timing on {device} ({dtype})", file=sys.stderr)
 
         def curve(batch: int, progress) -> list[dict]:
-            return time_engine_curve(targets, args.context, tokens, batch, args.repeats, progress)
+            return time_engine_curve(targets, args.context, tokens, batch, args.repeats, progress, operators)
     else:
-        if args.matmul:
-            raise ValueError("--matmul applies to an engine's target step: give --engine too")
+        if args.matmul or args.ops:
+            raise ValueError(
+                f"{'--matmul' if args.matmul else '--ops'} applies to an engine's target step: give --engine too"
+            )
         device = resolve_device(args.device)
         dtype = resolve_dtype(args.dtype, device)
         print(f"{args.shape}: building with random weights on {device} ({dtype})", file=sys.stderr)
@@ -333,6 +425,7 @@ def run(args: argparse.Namespace) -> int:
             return time_curve(built, args.context, tokens, batch, args.repeats, progress)
 
     points = []
+    operators: dict | None = {} if args.ops else None
     rounds = (args.repeats + 2) * len(batches)
     with tqdm(total=rounds, desc="verify cost", unit="round", file=sys.stderr) as progress:
         for batch in batches:
@@ -354,9 +447,20 @@ def run(args: argparse.Namespace) -> int:
         "matmul": args.matmul,
         "points": points,
     }
+    if operators is not None:
+        result["operators"] = [
+            {"matmul": variant, "batch": batch, "tokens": n, **found}
+            for (variant, batch, n), found in operators.items()
+        ]
     write_results(result, args.out)
     print((args.out / "verify_cost.md").read_text())
-    print(f"wrote {args.out}/verify_cost.json, .md, .png", file=sys.stderr)
+    if operators is not None:
+        (args.out / "verify_cost_ops.md").write_text("\n".join(operator_growth_table(result)) + "\n")
+        print((args.out / "verify_cost_ops.md").read_text())
+    print(
+        f"wrote {args.out}/verify_cost.json, .md, .png" + (", _ops.md" if operators is not None else ""),
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -41,7 +41,7 @@ def test_the_curve_covers_every_batch_and_token_count(tmp_path):
 
 
 @pytest.mark.parametrize("backend", ["onnxruntime", "torch"])
-def test_an_engines_own_target_step_is_timed_over_its_context(backend, demo_engine, demo_checkpoints, tmp_path):
+def test_an_engines_own_target_step_is_timed_over_its_context(backend, demo_engine, demo_checkpoints, tmp_path, capsys):
     """``--engine``: the built engine's target step (its backend, weights and dtype), each call over the same context
     (the drafted tokens are never committed; the run checks the cache's length after every point)."""
     from conftest import griffin_inputs
@@ -60,6 +60,9 @@ def test_an_engines_own_target_step_is_timed_over_its_context(backend, demo_engi
     assert [(p["batch"], p["tokens"]) for p in result["points"]] == [(b, n) for b in (1, 2) for n in (1, 2, 5)]
     assert all(p["ms_min"] <= p["ms"] <= p["ms_max"] and p["ms"] > 0 for p in result["points"])
     assert f"# Verification cost: engine {engine.name}" in (out / "verify_cost.md").read_text()
+    if backend == "torch":  # no ONNX Runtime operators to profile
+        assert main([*argv, "--ops", "--out", str(out)]) == 2
+        assert "--ops profiles ONNX Runtime's operators" in capsys.readouterr().err
 
 
 def test_the_kernel_sets_take_turns_over_one_engine(demo_engine, tmp_path, capsys):
@@ -79,6 +82,35 @@ def test_the_kernel_sets_take_turns_over_one_engine(demo_engine, tmp_path, capsy
     assert "--matmul 'packed,mkl'" in capsys.readouterr().err
     assert main(["--shape", "tiny", "--matmul", "packed", "--out", str(out)]) == 2
     assert "give --engine too" in capsys.readouterr().err
+
+
+def test_ops_profiles_each_width_by_operator_and_says_where_it_grows(demo_engine, tmp_path, capsys):
+    """``--ops``: after the timed rounds, each N's calls under ONNX Runtime's profiler (the profiling session's first
+    call left out), per kernel set: every operator type's time a call at each N, and a growth column that is the last
+    N's time less the first's. Each kernel set is profiled in its own kernels (the kit's MatMul in one, ONNX
+    Runtime's in the other). A model shape (no engine) is refused."""
+    out = tmp_path / "out"
+    argv = ["--engine", str(demo_engine), "--tokens", "1,6", "--context", "24", "--repeats", "1", "--ops"]
+    assert main([*argv, "--matmul", "packed,onnxruntime", "--out", str(out)]) == 0
+    result = json.loads((out / "verify_cost.json").read_text())
+    found = {(f["matmul"], f["tokens"]): f for f in result["operators"]}
+    assert sorted(found) == [("onnxruntime", 1), ("onnxruntime", 6), ("packed", 1), ("packed", 6)]
+    for f in found.values():
+        assert f["calls"] == 10  # PROFILED_CALLS, the first of the new session's 11 left out
+        assert f["operators"] and all(o["ms"] > 0 and o["nodes"] > 0 for o in f["operators"].values())
+    for n in (1, 6):
+        assert "PackedMatMul" in found[("packed", n)]["operators"]
+        assert "PackedMatMul" not in found[("onnxruntime", n)]["operators"]
+        assert "MatMul" in found[("onnxruntime", n)]["operators"]
+    table = (out / "verify_cost_ops.md").read_text().splitlines()
+    assert "## batch 1, kernels packed" in table and "## batch 1, kernels onnxruntime" in table
+    assert "| operator | nodes | N=1: ms | N=6: ms | N=6 - N=1 |" in table
+    row = next(line for line in table if line.startswith("| PackedMatMul |")).split("|")
+    one, six, growth = (float(cell) for cell in row[3:6])
+    assert one == pytest.approx(found[("packed", 1)]["operators"]["PackedMatMul"]["ms"], abs=0.006)
+    assert growth == pytest.approx(six - one, abs=0.011)
+    assert main(["--shape", "tiny", "--ops", "--out", str(out)]) == 2
+    assert "--ops applies to an engine's target step" in capsys.readouterr().err
 
 
 def test_an_engine_that_is_not_there_is_named(tmp_path, capsys):
