@@ -395,6 +395,7 @@ def run(args: argparse.Namespace) -> int:
 
     tokens = parse_tokens(args.tokens)
     batches = [int(b) for b in args.batch.split(",")]
+    operators: dict | None = {} if args.ops else None  # (kernel set, batch, N) -> operator times, filled by the curve
     if args.engine is not None:
         from specdec_kit.runtime.loader import set_threads
 
@@ -425,7 +426,6 @@ def run(args: argparse.Namespace) -> int:
             return time_curve(built, args.context, tokens, batch, args.repeats, progress)
 
     points = []
-    operators: dict | None = {} if args.ops else None
     rounds = (args.repeats + 2) * len(batches)
     with tqdm(total=rounds, desc="verify cost", unit="round", file=sys.stderr) as progress:
         for batch in batches:
@@ -455,8 +455,9 @@ def run(args: argparse.Namespace) -> int:
     write_results(result, args.out)
     print((args.out / "verify_cost.md").read_text())
     if operators is not None:
-        (args.out / "verify_cost_ops.md").write_text("\n".join(operator_growth_table(result)) + "\n")
-        print((args.out / "verify_cost_ops.md").read_text())
+        table = "\n".join(operator_growth_table(result)) + "\n"
+        (args.out / "verify_cost_ops.md").write_text(table)
+        print(table)
     print(
         f"wrote {args.out}/verify_cost.json, .md, .png" + (", _ops.md" if operators is not None else ""),
         file=sys.stderr,
