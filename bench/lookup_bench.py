@@ -11,6 +11,9 @@ alternatives it was chosen over (``hybrid-probability``: the lookup's raw share 
 ``hybrid-lookup-first``), and without its choice of cycles that draft the lookup's tree alone (``hybrid-merged``:
 every cycle merges). ``head-own-vocab``: the head without the request's own tokens joining its reduced draft
 vocabulary (``runtime/decoding/joined_vocab.py``), beside the head as the runtime drafts with it.
+
+``ceiling.md`` says what each category leaves to gain (``copy_ceiling.py``): the share of plain decoding's answer
+tokens that any lookup could copy, and the best of the methods prompt by prompt, the most a choice among them gives.
 """
 
 from __future__ import annotations
@@ -367,6 +370,7 @@ def plot_speedups(rows: list[dict], names: list[str], out: Path) -> None:
 
 
 def run(args) -> int:
+    from specdec_kit.bench.copy_ceiling import best_per_prompt, ceiling_table, copy_shares
     from specdec_kit.bench.report import write_all
     from specdec_kit.bench.speedup import machine, measure, summarize
     from specdec_kit.runtime.core.trees import parse_tree_spec
@@ -411,6 +415,9 @@ def run(args) -> int:
         (out / "hybrid_vs_parts.json").write_text(json.dumps(paired, indent=1) + "\n")
         (out / "hybrid_vs_parts.md").write_text("\n".join(paired_lines) + "\n")
         table += ["", *paired_lines]
+    shares, best = copy_shares(results, sets), best_per_prompt(rows)
+    (out / "ceiling.json").write_text(json.dumps({"copyable": shares, "best_per_prompt": best}, indent=1) + "\n")
+    (out / "ceiling.md").write_text("\n".join(ceiling_table(shares, best)) + "\n")
     calibration = lookup_calibration(results, gens)
     if calibration:
         (out / "lookup_calibration.json").write_text(json.dumps(calibration, indent=1) + "\n")

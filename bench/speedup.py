@@ -190,8 +190,10 @@ def measure(
             for method in order:
                 collected, full, started = clock.seconds, clock.full, time.perf_counter()
                 if method in generators:
-                    st = generators[method].generate([ids], max_new_tokens, params)[0].stats
+                    result = generators[method].generate([ids], max_new_tokens, params)[0]
+                    st = result.stats
                     run = {"tps": st.tokens_per_s, "tokens": st.generated_tokens, "total_s": st.total_s, "stats": st}
+                    run["output"] = list(result.tokens)  # the answer itself (``copy_ceiling`` counts what it copies)
                 else:
                     n, secs = hf.run(method, ids, max_new_tokens, params)
                     run = {"tps": n / secs, "tokens": n, "total_s": secs}

@@ -136,3 +136,13 @@ def test_the_model_free_benchmark_runs_every_method_on_every_category(tmp_path):
     calibration = json.loads((out / "lookup_calibration.json").read_text())
     assert {c["method"] for c in calibration} <= {"ngram", "suffix"} and calibration
     assert all(c["cycles"] > 0 and c["promised"] > 0 and c["given"] > 0 for c in calibration)
+    ceiling = json.loads((out / "ceiling.json").read_text())
+    assert {s["prompt_set"] for s in ceiling["copyable"]} == set(CATEGORIES.split(","))
+    assert all(
+        s["answer_tokens"] > 0 and 0 <= s["copyable"]["3"] <= s["copyable"]["1"] <= 1 for s in ceiling["copyable"]
+    )
+    drafted = [r for r in rows if r["method"] != "plain"]
+    for best in ceiling["best_per_prompt"]:  # one prompt a category: its best method's is the best single median
+        mine = [r for r in drafted if r["prompt_set"] == best["prompt_set"]]
+        assert best["best_per_prompt"] == pytest.approx(max(r["speedup"] for r in mine))
+    assert {b["prompt_set"] for b in ceiling["best_per_prompt"]} == set(CATEGORIES.split(","))

@@ -119,3 +119,39 @@ def test_a_hybrid_is_compared_prompt_by_prompt_with_the_better_of_its_parts():
     assert paired["max_ratio"] == pytest.approx(1.2) and (paired["prompts_faster"], paired["prompts"]) == (1, 3)
     assert "| rag | 0 | griffin+suffix | suffix | 1.00 [0.90, 1.20] | 1 of 3 |" in paired_table([paired])
     assert hybrids_against_parts({k: v for k, v in results.items() if "+" not in k[2]}, rows, "griffin", "suffix") == []
+
+
+def test_copyable_tokens_follow_an_earlier_occurrence_of_their_preceding_tokens():
+    from specdec_kit.bench.copy_ceiling import copyable
+
+    # prompt 1 2 3 4, answer 2 3 9 3 4: the 3 follows a 2 as in the prompt, the last 4 a 3 (not "9 3"): 2 after one
+    # token; the first 2 follows a 4, which nothing followed before; nothing follows two earlier tokens
+    found = copyable([1, 2, 3, 4], [2, 3, 9, 3, 4])
+    assert found == {1: 2, 2: 0, 3: 0}
+    assert copyable([5, 6, 7], [5, 6, 7], orders=(1, 2)) == {1: 2, 2: 1}  # the first 5 follows nothing seen
+    assert copyable([], [8, 8, 8]) == {1: 1, 2: 0, 3: 0}
+
+
+def test_the_ceiling_takes_each_prompts_best_method_and_counts_plain_answers():
+    from specdec_kit.bench.copy_ceiling import best_per_prompt, ceiling_table, copy_shares
+
+    def prompts(*speedups):
+        return [{"prompt": i, "speedup": s, "decode_speedup": s + 0.1} for i, s in enumerate(speedups)]
+
+    def row(method, speedup, by_prompt=None):
+        return {"prompt_set": "rag", "temperature": 0.0, "method": method, "speedup": speedup, "by_prompt": by_prompt}
+
+    rows = [row("plain", 1.0), row("suffix", 1.2, prompts(1.2, 1.0, 1.3)), row("griffin", 1.1, prompts(1.0, 1.6, 1.1))]
+    (best,) = best_per_prompt(rows)
+    assert best["best_per_prompt"] == pytest.approx(1.3) and best["best_per_prompt_decoding"] == pytest.approx(1.4)
+    assert (best["best_method"], best["best_method_speedup"], best["prompts"]) == ("suffix", 1.2, 3)
+    assert best["wins"] == {"suffix": 2, "griffin": 1}
+    results = {
+        ("rag", 0.0, "plain"): {(0, 0): {"output": [2, 3, 4]}, (1, 0): {"output": [7, 6, 7]}},
+        ("rag", 0.0, "suffix"): {(0, 0): {"output": [9, 9, 9]}},  # only plain decoding's answers count
+    }
+    (shares,) = copy_shares(results, {"rag": [[1, 2, 3, 4], [6]]})
+    assert shares["answer_tokens"] == 6
+    assert shares["copyable"] == {"1": pytest.approx(3 / 6), "2": pytest.approx(1 / 6), "3": 0.0}
+    table = "\n".join(ceiling_table([shares], [best]))
+    assert "| rag | 0 | 6 | 50% / 17% / 0% | 1.30x (1.40x) | suffix | 1.20x | suffix 2, griffin 1 |" in table
