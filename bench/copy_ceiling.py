@@ -3,9 +3,9 @@ prompt by prompt.
 
 Model-free drafting proposes what followed an earlier occurrence of the last few tokens (in the prompt, the answer so
 far). An answer token that no earlier occurrence of its k preceding tokens was followed by is one no lookup of k
-tokens proposes, however it ranks candidates or sizes its tree: the share of answer tokens that some earlier
-occurrence does predict is the ceiling of copying on that workload (and a serving team can count it over its own
-logs before choosing a draft). The best method per prompt is the ceiling of any policy that picks among the measured
+tokens over the request's own text proposes, however it ranks candidates or sizes its tree (a shared trie of other
+requests' responses may still): the share of answer tokens that some earlier occurrence does predict is the ceiling
+of copying on that workload (and a serving team can count it over its own logs before choosing a draft). The best method per prompt is the ceiling of any policy that picks among the measured
 methods request by request (a maximum over noisy runs, so if anything above what such a policy would get): where
 even that median is short of a goal, no choice between them reaches it, and what is missing is acceptance (a better
 head) or cheaper cycles.
