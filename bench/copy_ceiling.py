@@ -5,10 +5,10 @@ Model-free drafting proposes what followed an earlier occurrence of the last few
 far). An answer token that no earlier occurrence of its k preceding tokens was followed by is one no lookup of k
 tokens over the request's own text proposes, however it ranks candidates or sizes its tree (a shared trie of other
 requests' responses may still): the share of answer tokens that some earlier occurrence does predict is the ceiling
-of copying on that workload (and a serving team can count it over its own logs before choosing a draft). The best method per prompt is the ceiling of any policy that picks among the measured
-methods request by request (a maximum over noisy runs, so if anything above what such a policy would get): where
-even that median is short of a goal, no choice between them reaches it, and what is missing is acceptance (a better
-head) or cheaper cycles.
+of copying on that workload (and a serving team can count it over its own logs before choosing a draft). The best
+method per prompt is the ceiling of any policy that picks among the measured methods request by request (a maximum
+over noisy runs, so if anything above what such a policy would get): where even that median is short of a goal, no
+choice between them reaches it, and what is missing is acceptance (a better head) or cheaper cycles.
 """
 
 from __future__ import annotations
@@ -101,9 +101,10 @@ def ceiling_table(shares: list[dict], best: list[dict]) -> list[str]:
     copy = {(s["prompt_set"], s["temperature"]): s for s in shares}
     header = " / ".join(str(k) for k in ORDERS)
     lines = [
-        f"Per category: the share of plain decoding's answer tokens that follow an earlier occurrence of their {header} "
-        "preceding tokens (the most any lookup could copy), and the speedup over plain decoding end to end (decoding "
-        "alone) of the best method prompt by prompt, median over prompts, beside the best single method's median",
+        "Per category: the share of plain decoding's answer tokens that follow an earlier occurrence of their "
+        f"{header} preceding tokens (the most any lookup could copy), and the speedup over plain decoding end to end "
+        "(decoding alone) of the best method prompt by prompt, median over prompts, beside the best single method's "
+        "median",
         "",
         f"| category | T | answer tokens | copyable after {header} tokens | best method per prompt | best method "
         "| its median | best per prompt, by method |",
